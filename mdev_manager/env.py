@@ -1,0 +1,83 @@
+"""The one object that owns every host path (as mdevctl's Environment does).
+
+Every module takes a ``HostEnv`` instead of hard-coding ``/sys`` or ``/etc``, which
+is what lets the whole manager run unchanged on a simulated tree in a temp dir.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class HostEnv:
+    sys_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    proc_root: Path = Path("/proc")
+    mdevctl_root: Path = Path("/etc/mdevctl.d")
+    state_root: Path = Path("/var/lib/vgpuctl")
+    pci_ids: tuple[Path, ...] = (Path("/usr/share/misc/pci.ids"), Path("/usr/share/hwdata/pci.ids"))
+    libvirt_uri: str | None = "qemu:///system"
+
+    # --- sysfs ---------------------------------------------------------------
+    @property
+    def pci_devices(self) -> Path:
+        return self.sys_root / "bus/pci/devices"
+
+    @property
+    def pci_drivers(self) -> Path:
+        return self.sys_root / "bus/pci/drivers"
+
+    @property
+    def drivers_probe(self) -> Path:
+        return self.sys_root / "bus/pci/drivers_probe"
+
+    @property
+    def mdev_bus(self) -> Path:
+        return self.sys_root / "class/mdev_bus"
+
+    @property
+    def mdev_devices(self) -> Path:
+        return self.sys_root / "bus/mdev/devices"
+
+    @property
+    def iommu_groups(self) -> Path:
+        return self.sys_root / "kernel/iommu_groups"
+
+    def pci(self, address: str) -> Path:
+        return self.pci_devices / address
+
+    # --- /dev ------------------------------------------------------------------
+    @property
+    def vfio_dir(self) -> Path:
+        return self.dev_root / "vfio"
+
+    def vfio_group(self, group: int | str) -> Path:
+        return self.vfio_dir / str(group)
+
+    @property
+    def iommufd(self) -> Path:
+        return self.dev_root / "iommu"
+
+    # --- persistence -----------------------------------------------------------
+    @property
+    def vendor_vfio_state(self) -> Path:
+        """Saved vendor-VFIO vGPUs (mdevctl has no format for them)."""
+        return self.state_root / "vendor-vfio.json"
+
+    def with_(self, **changes) -> "HostEnv":
+        return replace(self, **changes)
+
+    @classmethod
+    def under(cls, root: Path, *, libvirt_uri: str | None = None, proc_root: Path = Path("/proc")) -> "HostEnv":
+        """An environment whose host paths all live below ``root`` (simulated hosts, tests)."""
+        root = Path(root)
+        return cls(
+            sys_root=root / "sys",
+            dev_root=root / "dev",
+            proc_root=proc_root,
+            mdevctl_root=root / "etc/mdevctl.d",
+            state_root=root / "var/lib/vgpuctl",
+            libvirt_uri=libvirt_uri,
+        )
