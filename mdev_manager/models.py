@@ -65,6 +65,7 @@ class PciFunction(_Model):
     driver: str | None = None
     driver_override: str | None = None
     vfio_dev: str | None = Field(None, description="vfioN under vfio-dev/ when bound with iommufd support")
+    pcie_root: str | None = Field(None, description="PCI root complex, e.g. pci0000:40")
 
 
 class VirtualFunction(PciFunction):
@@ -82,6 +83,7 @@ class Gpu(PciFunction):
     parents: list[MdevParent] = []
     types: list[VgpuType] = Field([], description="types offered by the GPU, instances summed over its parents")
     vgpus: list[Vgpu] = []
+    mixed_size: bool | None = Field(None, description="None when the driver does not say")
 
     @property
     def model(self) -> str:

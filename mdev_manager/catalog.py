@@ -1,0 +1,204 @@
+"""Real GPU boards and their vGPU types, as a knowledge table.
+
+Data from ../shared/reference/vgpu-types.md (NVIDIA vgpuConfig.xml of driver 510.47.03,
+vgpu-device-manager examples, harvester/pcidevices dumps, mdevctl and libvirt test data).
+Used by the simulated host to build boards, and by discovery to know a type's maximum
+count where the driver does not print it (vendor-specific VFIO lists no ``max_instance``).
+Ids marked ``made_up`` are placeholders: the source lists them as unconfirmed.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Literal
+
+from pydantic import BaseModel
+
+from .names import framebuffer_mib_from_name, is_mig_backed, short_type_name
+
+BoardFramework = Literal["mdev", "mdev-sriov", "vendor-vfio"]
+
+
+class TypeSpec(BaseModel):
+    num: int | str  # numeric id (nvidia-<num> on mdev, <num> on vendor VFIO) or a full id (i915-GVTg_V5_4)
+    name: str
+    max_instances: int
+    framebuffer_mib: int | None = None
+    description: str | None = None
+
+    @property
+    def fb_mib(self) -> int | None:
+        return self.framebuffer_mib or framebuffer_mib_from_name(self.name)
+
+    @property
+    def short_name(self) -> str:
+        return short_type_name(self.name)
+
+    @property
+    def mig_backed(self) -> bool:
+        return is_mig_backed(self.name)
+
+    def mdev_id(self, driver: str = "nvidia") -> str:
+        return self.num if isinstance(self.num, str) else f"{driver}-{self.num}"
+
+
+class BoardSpec(BaseModel):
+    key: str
+    vendor_id: str
+    device_id: str
+    class_code: str = "0x030200"
+    subsystem_vendor_id: str = "0x10de"
+    subsystem_device_id: str = "0x0000"
+    framebuffer_mib: int
+    framework: BoardFramework
+    sriov_total_vfs: int = 0
+    gpus_per_board: int = 1
+    driver: str = "nvidia"
+    types: list[TypeSpec]
+    made_up_ids: bool = False
+
+
+def _nv_desc(t: TypeSpec, heads: int = 4) -> str:
+    """NVIDIA prints the type's limits in ``description`` (seen on A2: max_instance=16)."""
+    fb = t.fb_mib or 0
+    return f"num_heads={heads}, frl_config=45, framebuffer={fb}M, max_resolution=5120x2880, max_instance={t.max_instances}"
+
+
+def _series(board: str, prefix: str, start: int, sizes: list[tuple[int, int]], series: str) -> list[TypeSpec]:
+    """Consecutive ids for one series: sizes is [(GB, max instances)]."""
+    return [
+        TypeSpec(num=start + i, name=f"{prefix} {board}-{gb}{series}", max_instances=n)
+        for i, (gb, n) in enumerate(sizes)
+    ]
+
+
+_T4_SIZES = [(1, 16), (2, 8), (4, 4), (8, 2), (16, 1)]
+_A16_SIZES = _T4_SIZES
+_L40S_SIZES = [(1, 32), (2, 24), (3, 16), (4, 12), (6, 8), (8, 6), (12, 4), (16, 3), (24, 2), (48, 1)]
+
+BOARDS: dict[str, BoardSpec] = {}
+
+
+def _add(b: BoardSpec) -> None:
+    for t in b.types:
+        if t.description is None and b.vendor_id == "0x10de":
+            t.description = _nv_desc(t)
+    BOARDS[b.key] = b
+
+
+_add(BoardSpec(
+    key="T4", vendor_id="0x10de", device_id="0x1eb8", subsystem_device_id="0x12a2",
+    framebuffer_mib=16384, framework="mdev",
+    types=[
+        TypeSpec(num=222, name="GRID T4-1B", max_instances=16),
+        TypeSpec(num=223, name="GRID T4-2B", max_instances=8),
+        TypeSpec(num=224, name="GRID T4-2B4", max_instances=8, framebuffer_mib=2048),
+        TypeSpec(num=252, name="GRID T4-1B4", max_instances=16, framebuffer_mib=1024),
+        *_series("T4", "GRID", 225, _T4_SIZES, "A"),
+        *_series("T4", "GRID", 230, _T4_SIZES, "Q"),
+        *_series("T4", "GRID", 319, [(4, 4), (8, 2), (16, 1)], "C"),
+    ],
+))
+_add(BoardSpec(
+    key="A100-40GB", vendor_id="0x10de", device_id="0x20f1", subsystem_device_id="0x145f",
+    framebuffer_mib=40960, framework="mdev-sriov", sriov_total_vfs=16,
+    types=[
+        *_series("A100", "NVIDIA", 468, [(4, 10), (5, 8), (8, 5), (10, 4), (20, 2), (40, 1)], "C"),
+        TypeSpec(num=474, name="NVIDIA A100-1-5C", max_instances=7),
+        TypeSpec(num=475, name="NVIDIA A100-2-10C", max_instances=3),
+        TypeSpec(num=476, name="NVIDIA A100-3-20C", max_instances=2),
+        TypeSpec(num=477, name="NVIDIA A100-4-20C", max_instances=1),
+        TypeSpec(num=478, name="NVIDIA A100-7-40C", max_instances=1),
+        TypeSpec(num=706, name="NVIDIA A100-1-5CME", max_instances=1),
+    ],
+))
+_add(BoardSpec(
+    key="A100D-80GB", vendor_id="0x10de", device_id="0x20b5", subsystem_device_id="0x1533",
+    framebuffer_mib=81920, framework="mdev-sriov", sriov_total_vfs=20,
+    types=[
+        *_series("A100D", "NVIDIA", 692, [(4, 20), (8, 10), (10, 8), (16, 5), (20, 4), (40, 2), (80, 1)], "C"),
+        TypeSpec(num=699, name="NVIDIA A100D-1-10C", max_instances=7),
+        TypeSpec(num=700, name="NVIDIA A100D-2-20C", max_instances=3),
+        TypeSpec(num=701, name="NVIDIA A100D-3-40C", max_instances=2),
+        TypeSpec(num=702, name="NVIDIA A100D-4-40C", max_instances=1),
+        TypeSpec(num=703, name="NVIDIA A100D-7-80C", max_instances=1),
+        TypeSpec(num=707, name="NVIDIA A100D-1-10CME", max_instances=1),
+    ],
+))
+_add(BoardSpec(
+    key="A16", vendor_id="0x10de", device_id="0x25b6", subsystem_device_id="0x14a9",
+    framebuffer_mib=16384, framework="mdev-sriov", sriov_total_vfs=16, gpus_per_board=4,
+    types=[
+        TypeSpec(num=709, name="NVIDIA A16-1B", max_instances=16),
+        TypeSpec(num=710, name="NVIDIA A16-2B", max_instances=8),
+        *_series("A16", "NVIDIA", 711, _A16_SIZES, "Q"),
+        *_series("A16", "NVIDIA", 716, _A16_SIZES, "A"),
+        *_series("A16", "NVIDIA", 721, [(4, 4), (8, 2), (16, 1)], "C"),
+    ],
+))
+_add(BoardSpec(
+    key="A2", vendor_id="0x10de", device_id="0x25b6", subsystem_device_id="0x157e",
+    framebuffer_mib=16384, framework="mdev-sriov", sriov_total_vfs=16,
+    types=[
+        TypeSpec(num=742, name="NVIDIA A2-1B", max_instances=16,
+                 description="num_heads=4, frl_config=45, framebuffer=1024M, max_resolution=5120x2880, max_instance=16"),
+        TypeSpec(num=746, name="NVIDIA A2-4Q", max_instances=4),
+        TypeSpec(num=754, name="NVIDIA A2-4C", max_instances=4,
+                 description="num_heads=1, frl_config=60, framebuffer=4096M, max_resolution=4096x2400, max_instance=4"),
+    ],
+))
+_add(BoardSpec(
+    key="L40S", vendor_id="0x10de", device_id="0x26b9", subsystem_device_id="0x1851",
+    framebuffer_mib=49152, framework="vendor-vfio", sriov_total_vfs=32,
+    types=[
+        TypeSpec(num=1145, name="NVIDIA L40S-1B", max_instances=32),
+        TypeSpec(num=1146, name="NVIDIA L40S-2B", max_instances=24),
+        TypeSpec(num=2164, name="NVIDIA L40S-3B", max_instances=16),
+        *_series("L40S", "NVIDIA", 1147, _L40S_SIZES, "Q"),
+        *_series("L40S", "NVIDIA", 1157, _L40S_SIZES, "A"),
+    ],
+))
+_add(BoardSpec(
+    key="UHD630", vendor_id="0x8086", device_id="0x3e92", class_code="0x030000",
+    subsystem_vendor_id="0x8086", subsystem_device_id="0x2212",
+    framebuffer_mib=4096, framework="mdev", driver="i915",
+    types=[
+        TypeSpec(num="i915-GVTg_V5_8", name="GVTg_V5_8", max_instances=7, framebuffer_mib=448,
+                 description="low_gm_size: 64MB\nhigh_gm_size: 384MB\nfence: 4\nresolution: 1024x768\nweight: 2\n"),
+        TypeSpec(num="i915-GVTg_V5_4", name="GVTg_V5_4", max_instances=5, framebuffer_mib=640,
+                 description="low_gm_size: 128MB\nhigh_gm_size: 512MB\nfence: 4\nresolution: 1920x1200\nweight: 4\n"),
+        TypeSpec(num="i915-GVTg_V5_2", name="GVTg_V5_2", max_instances=2, framebuffer_mib=1280,
+                 description="low_gm_size: 256MB\nhigh_gm_size: 1024MB\nfence: 4\nresolution: 1920x1200\nweight: 8\n"),
+        TypeSpec(num="i915-GVTg_V5_1", name="GVTg_V5_1", max_instances=1, framebuffer_mib=2560,
+                 description="low_gm_size: 512MB\nhigh_gm_size: 2048MB\nfence: 4\nresolution: 1920x1200\nweight: 16\n"),
+    ],
+))
+
+
+@cache
+def _by_name() -> dict[str, TypeSpec]:
+    out: dict[str, TypeSpec] = {}
+    for b in BOARDS.values():
+        for t in b.types:
+            out[t.name.lower()] = t
+            out.setdefault(t.short_name.lower(), t)
+    return out
+
+
+def known_type(name: str) -> TypeSpec | None:
+    """The catalog entry for a type by full or short name, for limits the driver does not print."""
+    return _by_name().get(name.lower()) or _by_name().get(short_type_name(name).lower())
+
+
+def board(key: str) -> BoardSpec:
+    try:
+        return BOARDS[key]
+    except KeyError:
+        raise KeyError(f"board: {key!r} is not in the catalog; known boards: {', '.join(sorted(BOARDS))}") from None
+
+
+def match_board(vendor_id: str, device_id: str, subsystem_device_id: str | None = None) -> BoardSpec | None:
+    """The catalog board for a PCI function (subsystem id breaks ties such as A2 / A16)."""
+    hits = [b for b in BOARDS.values() if b.vendor_id == vendor_id and b.device_id == device_id]
+    exact = [b for b in hits if b.subsystem_device_id == subsystem_device_id]
+    return (exact or hits or [None])[0]

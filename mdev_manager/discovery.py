@@ -1,0 +1,235 @@
+"""Read the node: GPUs, their SR-IOV state, offered vGPU types and existing vGPUs.
+
+All reads go through a ``HostIO`` under ``env.sys_root``. Enumeration uses pyudev on a
+real ``/sys`` where udev is present, and plain directory listing otherwise (simulated
+trees, containers without udev); both read the same attributes afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+from . import catalog, pciids
+from .env import HostEnv
+from .hostio import HostIO, RealIO, link_name, read_attr
+from .models import Gpu, Inventory, MdevParent, PciFunction, Vgpu, VgpuType, VirtualFunction
+from .names import framebuffer_mib_from_name, is_mig_backed, short_type_name
+
+log = logging.getLogger(__name__)
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_MAX_INSTANCE = re.compile(r"max_instance=(\d+)")
+_FRAMEBUFFER = re.compile(r"framebuffer=(\d+)M")
+_GVT_GM = re.compile(r"(low|high)_gm_size:\s*(\d+)MB")
+
+
+def pci_addresses(env: HostEnv, io: HostIO) -> list[str]:
+    """Every PCI function, from udev where it runs on the real /sys, else from sysfs."""
+    if env.sys_root == Path("/sys"):
+        try:
+            import pyudev
+
+            ctx = pyudev.Context()
+            return sorted(d.sys_name for d in ctx.list_devices(subsystem="pci"))
+        except Exception as exc:  # no libudev, or no udev database: plain sysfs works everywhere
+            log.debug("pyudev enumeration unavailable: %s", exc)
+    return io.listdir(env.pci_devices)
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        n = int(value, 0) if value is not None else None
+    except ValueError:
+        return None
+    return None if n is None or n < 0 else n
+
+
+def read_function(env: HostEnv, io: HostIO, addr: str) -> dict:
+    """The attributes common to every PCI function, as model fields."""
+    d = env.pci(addr)
+    vendor = read_attr(io, d / "vendor", "0x0000")
+    device = read_attr(io, d / "device", "0x0000")
+    vname, dname = pciids.lookup(env.pci_ids, vendor, device)
+    override = read_attr(io, d / "driver_override")
+    vfio_dev = io.listdir(d / "vfio-dev")
+    real = str(io.realpath(d))
+    root = next((part for part in real.split(os.sep) if part.startswith("pci") and ":" in part), None)
+    group = link_name(io, d / "iommu_group")
+    return dict(
+        address=addr, vendor_id=vendor, device_id=device,
+        class_code=read_attr(io, d / "class", "0x000000"),
+        subsystem_vendor_id=read_attr(io, d / "subsystem_vendor"),
+        subsystem_device_id=read_attr(io, d / "subsystem_device"),
+        vendor_name=vname, product_name=dname,
+        numa_node=_int(read_attr(io, d / "numa_node")),
+        iommu_group=int(group) if group and group.isdigit() else None,
+        driver=link_name(io, d / "driver"),
+        driver_override=None if override in (None, "", "(null)") else override,
+        vfio_dev=vfio_dev[0] if vfio_dev else None,
+        pcie_root=root,
+    )
+
+
+def _framebuffer(name: str, description: str) -> int | None:
+    m = _FRAMEBUFFER.search(description)
+    if m:
+        return int(m.group(1))
+    gm = dict((k, int(v)) for k, v in _GVT_GM.findall(description))
+    if gm:
+        return gm.get("low", 0) + gm.get("high", 0)
+    return framebuffer_mib_from_name(name)
+
+
+def _max_instances(name: str, description: str) -> int | None:
+    m = _MAX_INSTANCE.search(description)
+    if m:
+        return int(m.group(1))
+    known = catalog.known_type(name)
+    return known.max_instances if known else None
+
+
+def read_mdev_types(env: HostEnv, io: HostIO, parent: str) -> list[VgpuType]:
+    base = env.pci(parent) / "mdev_supported_types"
+    out = []
+    for tid in io.listdir(base):
+        t = base / tid
+        name = read_attr(io, t / "name") or tid
+        desc = read_attr(io, t / "description", "") or ""
+        out.append(VgpuType(
+            id=tid, name=name, short_name=short_type_name(name), framework="mdev", description=desc,
+            device_api=read_attr(io, t / "device_api", "vfio-pci") or "vfio-pci",
+            available_instances=_int(read_attr(io, t / "available_instances")) or 0,
+            max_instances=_max_instances(name, desc), framebuffer_mib=_framebuffer(name, desc),
+            mig_backed=is_mig_backed(name),
+        ))
+    return out
+
+
+def parse_creatable(text: str) -> list[tuple[str, str]]:
+    """``creatable_vgpu_types``: a header line, then ``<id> : <name>`` per line."""
+    out = []
+    for line in text.splitlines()[1:]:
+        if ":" in line:
+            tid, name = (x.strip() for x in line.split(":", 1))
+            if tid.isdigit():
+                out.append((tid, name))
+    return out
+
+
+def _vendor_type(tid: str, name: str, available: int) -> VgpuType:
+    return VgpuType(id=tid, name=name, short_name=short_type_name(name), framework="vendor-vfio",
+                    available_instances=available, max_instances=_max_instances(name, ""),
+                    framebuffer_mib=framebuffer_mib_from_name(name), mig_backed=is_mig_backed(name))
+
+
+def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str) -> list[Vgpu]:
+    out = []
+    pdir = env.pci(parent)
+    for name in io.listdir(pdir):
+        if not _UUID.match(name) or not io.exists(pdir / name / "mdev_type"):
+            continue
+        tid = link_name(io, pdir / name / "mdev_type") or ""
+        tname = read_attr(io, pdir / name / "mdev_type" / "name") or tid
+        group = link_name(io, pdir / name / "iommu_group")
+        out.append(Vgpu(id=name, framework="mdev", type_id=tid, type_name=tname, parent=parent, gpu=gpu,
+                        iommu_group=int(group) if group and group.isdigit() else None))
+    return out
+
+
+def _merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, vendor_vfio: bool) -> list[VgpuType]:
+    merged: dict[str, VgpuType] = {}
+    for p in parents:
+        for t in p.types:
+            if t.id in merged:
+                merged[t.id].available_instances += t.available_instances
+            else:
+                merged[t.id] = t.model_copy()
+    if vendor_vfio and board:
+        # creatable_vgpu_types lists only what fits now; the board's full list comes from the catalog.
+        for spec in board.types:
+            merged.setdefault(str(spec.num), _vendor_type(str(spec.num), spec.name, 0))
+    return sorted(merged.values(), key=lambda t: (t.framebuffer_mib or 0, t.name))
+
+
+def _cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> None:
+    """On VFs each parent reads 0 or 1, so their sum overstates what the GPU still holds.
+
+    Cap it by occupancy: each vGPU of type t uses 1/max(t) of the GPU (vgpu-types.md).
+    """
+    from fractions import Fraction
+
+    by_id = {t.id: t for t in types}
+    used = sum((Fraction(1, by_id[v.type_id].max_instances) for v in vgpus
+                if v.type_id in by_id and by_id[v.type_id].max_instances), Fraction(0))
+    for t in types:
+        if t.max_instances:
+            t.available_instances = min(t.available_instances, max(0, int((1 - used) * t.max_instances)))
+
+
+def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict) -> Gpu:
+    d = env.pci(addr)
+    total = _int(read_attr(io, d / "sriov_totalvfs")) or 0
+    vfs = []
+    for entry in io.listdir(d):
+        if entry.startswith("virtfn") and entry[6:].isdigit():
+            vf_addr = link_name(io, d / entry)
+            if vf_addr:
+                vfs.append(VirtualFunction(index=int(entry[6:]), physfn=addr, **read_function(env, io, vf_addr)))
+    vfs.sort(key=lambda v: v.index)
+    parents: list[MdevParent] = []
+    vgpus: list[Vgpu] = []
+    framework = "none"
+    if io.exists(d / "mdev_supported_types"):
+        framework = "mdev"
+        parents.append(MdevParent(address=addr, types=read_mdev_types(env, io, addr)))
+        vgpus += read_mdevs(env, io, addr, addr)
+    for vf in vfs:
+        vd = env.pci(vf.address)
+        if io.exists(vd / "mdev_supported_types"):
+            framework = "mdev-sriov"
+            parents.append(MdevParent(address=vf.address, types=read_mdev_types(env, io, vf.address)))
+            vgpus += read_mdevs(env, io, vf.address, addr)
+        elif io.exists(vd / "nvidia" / "creatable_vgpu_types"):
+            framework = "vendor-vfio"
+            listed = parse_creatable(read_attr(io, vd / "nvidia" / "creatable_vgpu_types", "") or "")
+            parents.append(MdevParent(address=vf.address, types=[_vendor_type(t, n, 1) for t, n in listed]))
+            current = read_attr(io, vd / "nvidia" / "current_vgpu_type", "0") or "0"
+            if current != "0":
+                known = next((n for t, n in listed if t == current), None)
+                spec = catalog.match_board(fields["vendor_id"], fields["device_id"], fields.get("subsystem_device_id"))
+                if known is None and spec:
+                    known = next((t.name for t in spec.types if str(t.num) == current), None)
+                vgpus.append(Vgpu(id=vf.address, framework="vendor-vfio", type_id=current,
+                                  type_name=known or current, parent=vf.address, gpu=addr,
+                                  iommu_group=vf.iommu_group))
+    board = catalog.match_board(fields["vendor_id"], fields["device_id"], fields.get("subsystem_device_id"))
+    types = _merge_types(parents, board, framework == "vendor-vfio")
+    if framework in ("mdev-sriov", "vendor-vfio"):
+        _cap_by_occupancy(types, vgpus)
+    group_members = []
+    if fields.get("iommu_group") is not None:
+        group_members = io.listdir(env.iommu_groups / str(fields["iommu_group"]) / "devices")
+    return Gpu(index=index, framework=framework, iommu_group_members=group_members, sriov_total_vfs=total,
+               sriov_num_vfs=_int(read_attr(io, d / "sriov_numvfs")) or 0, vfs=vfs, parents=parents,
+               types=types, vgpus=vgpus, **fields)
+
+
+def is_gpu(fields: dict) -> bool:
+    """Display controllers (class 0x03xxxx): VGA, XGA and 3D controllers."""
+    return fields["class_code"].lower().startswith("0x03")
+
+
+def discover(env: HostEnv | None = None, io: HostIO | None = None, node: str = "") -> Inventory:
+    """The whole node inventory. GPUs are indexed in PCI address order; VFs belong to their PF."""
+    env = env or HostEnv()
+    io = io or RealIO()
+    gpus = []
+    for addr in pci_addresses(env, io):
+        if io.exists(env.pci(addr) / "physfn"):
+            continue
+        fields = read_function(env, io, addr)
+        if is_gpu(fields):
+            gpus.append(read_gpu(env, io, addr, len(gpus), fields))
+    return Inventory(node=node or os.uname().nodename, gpus=gpus, iommufd=io.exists(env.iommufd))

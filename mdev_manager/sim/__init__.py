@@ -1,0 +1,11 @@
+"""A simulated GPU host: a sysfs tree on disk that behaves like the kernel on writes.
+
+Production code never imports this package; it is handed a ``HostEnv`` rooted in the
+simulated tree and a ``SimIO`` transport (in-process) or a FUSE mount (real file I/O).
+"""
+
+from .hostspec import HostSpec, load_host, preset_names
+from .kernel import SimHost
+from .io import SimIO
+
+__all__ = ["HostSpec", "SimHost", "SimIO", "load_host", "preset_names"]

@@ -1,0 +1,62 @@
+"""The YAML description of a simulated host, and the named presets shipped with it."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .. import catalog
+
+
+class GpuGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    board: str = Field(description="catalog key: " + ", ".join(sorted(catalog.BOARDS)))
+    count: int = Field(1, ge=1, le=64, description="number of boards")
+    framework: Literal["mdev", "mdev-sriov", "vendor-vfio"] | None = Field(
+        None, description="override the board's framework (e.g. an L40S on a pre-17 driver uses mdev on VFs)")
+    driver: Literal["nvidia", "i915", "vfio-pci", "none"] | None = Field(None, description="initial binding")
+    vfs_enabled: bool = Field(False, description="SR-IOV VFs already enabled at boot")
+    audio_function: bool = Field(False, description="add an HDA audio function sharing the GPU's IOMMU group")
+    numa_node: int | None = None
+    mixed_size: bool = Field(False, description="GPU in mixed-size mode (NVIDIA heterogeneous vGPU)")
+
+    @field_validator("board")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        catalog.board(v)
+        return v
+
+
+class HostSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "sim"
+    node: str = "sim-node-1"
+    iommufd: bool = False
+    gpus: list[GpuGroup]
+
+
+PRESETS = resources.files(__package__) / "presets"
+DEFAULT_PRESET = "default"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in PRESETS.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_host(ref: str | Path | None = None) -> HostSpec:
+    """A preset name, or the path of a host YAML file; ``None`` is the default preset."""
+    ref = DEFAULT_PRESET if ref is None else ref
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        text = path.read_text()
+    elif str(ref) in preset_names():
+        text = (PRESETS / f"{ref}.yaml").read_text()
+    else:
+        raise ValueError(f"host: {ref!r} is neither a host YAML file nor a preset ({', '.join(preset_names())})")
+    return HostSpec.model_validate(yaml.safe_load(text))

@@ -1,0 +1,631 @@
+"""Kernel behaviour of a simulated GPU host, on a sysfs tree kept on disk.
+
+The tree under ``<root>/sys`` is the only state the manager sees: regular files for
+attributes, relative symlinks for links, directories for devices. Writes to the
+attributes the kernel acts on go through :meth:`SimHost.write`, which changes the tree
+the way the kernel does and fails with the kernel's errno (../shared/reference/kernel.md):
+
+* ``<type>/create``: 36-byte UUID else EINVAL; EEXIST for a UUID anywhere on the host;
+  EUSERS when no instance is left.
+* ``<mdev>/remove``: ``1`` removes, ``0`` does nothing, EBUSY while a process holds the
+  mdev's ``/dev/vfio/<group>`` (the vendor driver's refusal).
+* ``sriov_numvfs``: ERANGE above total, no-op for the current value, ENOENT without a
+  driver, EBUSY for a nonzero value while VFs exist.
+* ``driver_override``, ``drivers/<d>/unbind``, ``drivers/<d>/bind``, ``drivers_probe``.
+* ``nvidia/current_vgpu_type`` (vendor-specific VFIO): a listed id creates, ``0`` destroys.
+
+Two points the reference marks unconfirmed are settings here: the errno for a type
+missing from ``creatable_vgpu_types`` (``UNLISTED_TYPE_ERRNO``) and writing a new type
+over a set one (EBUSY). Capacity is modelled per physical GPU as occupancy: each vGPU
+of type t takes 1/max(t) of the GPU, so any mix fits iff the fractions sum to <= 1;
+equal-size mode (the default) then forbids a second framebuffer size.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import threading
+import uuid as uuidlib
+from contextlib import contextmanager
+from fractions import Fraction
+from pathlib import Path
+
+from .. import catalog
+from ..catalog import BoardSpec, TypeSpec
+from .hostspec import HostSpec
+
+UNLISTED_TYPE_ERRNO = errno.EINVAL
+_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+HEADER = "ID    : vGPU Name"
+
+
+def _err(code: int, what: str) -> OSError:
+    return OSError(code, f"{os.strerror(code)}: {what}")
+
+
+def _vf_address(pf: str, n: int, offset: int = 4) -> str:
+    """VF n of a PF at devfn offset 4, stride 1 (as NVIDIA boards report)."""
+    dom, bus, rest = pf.split(":")
+    devfn = int(rest.split(".")[0], 16) * 8 + int(rest.split(".")[1]) + offset + n
+    return f"{dom}:{bus}:{devfn >> 3:02x}.{devfn & 7}"
+
+
+class SimHost:
+    """A simulated host rooted at ``root`` (``sys/``, ``dev/``, ``etc/``, ``.sim/``)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.sys = self.root / "sys"
+        self.dev = self.root / "dev"
+        self._lock = threading.RLock()
+        self.state = json.loads((self.root / ".sim/state.json").read_text())
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def create(cls, root: Path, spec: HostSpec) -> "SimHost":
+        """Build a fresh tree for ``spec`` (a cold boot: no VFs unless asked, no vGPUs)."""
+        root = Path(root)
+        if (root / ".sim").exists():
+            raise FileExistsError(f"{root} already holds a simulated host")
+        for sub in ("sys/bus/pci/devices", "sys/bus/mdev/devices", "sys/bus/mdev/drivers/vfio_mdev",
+                    "sys/class/mdev_bus", "sys/kernel/iommu_groups", "dev/vfio", "etc/mdevctl.d/scripts.d/callouts",
+                    "etc/mdevctl.d/scripts.d/notifiers", ".sim"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / "sys/bus/pci/drivers_probe").write_text("")
+        (root / "dev/vfio/vfio").write_text("")
+        if spec.iommufd:
+            (root / "dev/iommu").write_text("")
+            (root / "dev/vfio/devices").mkdir()
+        state = {"spec": spec.model_dump(), "gpus": [], "functions": {}, "next_group": 1, "next_vfio": 0}
+        (root / ".sim/state.json").write_text(json.dumps(state))
+        host = cls(root)
+        host._populate(spec)
+        return host
+
+    @classmethod
+    def open_or_create(cls, root: Path, spec: HostSpec) -> "SimHost":
+        return cls(root) if (Path(root) / ".sim/state.json").exists() else cls.create(root, spec)
+
+    def _save(self) -> None:
+        tmp = self.root / ".sim/state.json.tmp"
+        tmp.write_text(json.dumps(self.state))
+        os.replace(tmp, self.root / ".sim/state.json")
+
+    def _new_group(self) -> int:
+        g = self.state["next_group"]
+        self.state["next_group"] = g + 1
+        (self.sys / f"kernel/iommu_groups/{g}/devices").mkdir(parents=True, exist_ok=True)
+        return g
+
+    def _populate(self, spec: HostSpec) -> None:
+        drivers = {"nvidia", "vfio-pci", "i915", "snd_hda_intel"}
+        for d in drivers:
+            ddir = self.sys / "bus/pci/drivers" / d
+            ddir.mkdir(parents=True, exist_ok=True)
+            for f in ("bind", "unbind", "new_id", "remove_id"):
+                (ddir / f).write_text("")
+        bus = 0x10
+        for group in spec.gpus:
+            board = catalog.board(group.board)
+            framework = group.framework or board.framework
+            for _ in range(group.count):
+                for _ in range(board.gpus_per_board):
+                    if board.vendor_id == "0x8086":
+                        pf, rel = "0000:00:02.0", "devices/pci0000:00"
+                    else:
+                        pf = f"0000:{bus:02x}:00.0"
+                        rel = f"devices/pci0000:{bus - 1:02x}/0000:{bus - 1:02x}:01.0"
+                        bus += 3
+                    native = board.driver
+                    initial = group.driver or native
+                    grp = self._new_group()
+                    self._add_function(pf, rel, board.vendor_id, board.device_id, board.class_code,
+                                       board.subsystem_vendor_id, board.subsystem_device_id,
+                                       group.numa_node, grp, native)
+                    gpu = {"pf": pf, "board": board.key, "framework": framework,
+                           "mixed_size": group.mixed_size or board.vendor_id != "0x10de",
+                           "vf_total": board.sriov_total_vfs if framework != "mdev" else 0}
+                    self.state["gpus"].append(gpu)
+                    if gpu["vf_total"]:
+                        self._write(self._fdir(pf) / "sriov_totalvfs", f"{gpu['vf_total']}\n")
+                        self._write(self._fdir(pf) / "sriov_numvfs", "0\n")
+                    if group.audio_function:
+                        audio = pf[:-1] + "1"
+                        self._add_function(audio, rel, board.vendor_id, "0x10f8", "0x040300",
+                                           board.subsystem_vendor_id, board.subsystem_device_id,
+                                           group.numa_node, grp, "snd_hda_intel")
+                        self._bind(audio, "snd_hda_intel")
+                    if initial != "none":
+                        self._bind(pf, initial)
+                    if group.vfs_enabled and gpu["vf_total"] and initial == "nvidia":
+                        self._enable_vfs(gpu, gpu["vf_total"])
+        self._save()
+
+    def _add_function(self, addr, rel, vendor, device, cls_, svendor, sdevice, numa, grp, native, physfn=None):
+        fdir = self.sys / rel / addr
+        fdir.mkdir(parents=True, exist_ok=True)
+        for name, value in (("vendor", vendor), ("device", device), ("class", cls_),
+                            ("subsystem_vendor", svendor), ("subsystem_device", sdevice),
+                            ("numa_node", str(-1 if numa is None else numa)), ("driver_override", "(null)")):
+            (fdir / name).write_text(value + "\n")
+        self._link(self.sys / "bus/pci/devices" / addr, fdir)
+        self._link(fdir / "iommu_group", self.sys / f"kernel/iommu_groups/{grp}")
+        self._link(self.sys / f"kernel/iommu_groups/{grp}/devices/{addr}", fdir)
+        if physfn:
+            self._link(fdir / "physfn", self._fdir(physfn))
+        self.state["functions"][addr] = {"rel": f"{rel}/{addr}", "native": native, "group": grp}
+
+    # ------------------------------------------------------------------ helpers
+    def _fdir(self, addr: str) -> Path:
+        return self.sys / self.state["functions"][addr]["rel"]
+
+    def _link(self, link: Path, target: Path) -> None:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(os.path.relpath(target, link.parent), link)
+
+    @staticmethod
+    def _write(path: Path, value: str) -> None:
+        """Rewrite an attribute file only when its value changes (sysfs reads are cheap here)."""
+        try:
+            if path.read_text() == value:
+                return
+        except FileNotFoundError:
+            pass
+        path.write_text(value)
+
+    def _driver(self, addr: str) -> str | None:
+        link = self._fdir(addr) / "driver"
+        return os.path.basename(os.readlink(link)) if os.path.lexists(link) else None
+
+    def _group(self, addr: str) -> int:
+        return self.state["functions"][addr]["group"]
+
+    def _gpu_of(self, addr: str) -> dict | None:
+        pf = self.state["functions"].get(addr, {}).get("physfn", addr)
+        return next((g for g in self.state["gpus"] if g["pf"] == pf), None)
+
+    def _board(self, gpu: dict) -> BoardSpec:
+        return catalog.board(gpu["board"])
+
+    def _vfs(self, gpu: dict) -> list[str]:
+        return sorted(a for a, f in self.state["functions"].items() if f.get("physfn") == gpu["pf"])
+
+    def _type_by_id(self, gpu: dict, type_id: str) -> TypeSpec | None:
+        board = self._board(gpu)
+        for t in board.types:
+            if type_id in (t.mdev_id(board.driver), str(t.num)):
+                return t
+        return None
+
+    @contextmanager
+    def _locked(self):
+        """One writer at a time, across threads (FUSE) and processes (CLI beside a mount)."""
+        with self._lock:
+            with open(self.root / ".sim/lock", "a") as lf:
+                fcntl.flock(lf, fcntl.LOCK_EX)
+                try:
+                    self.state = json.loads((self.root / ".sim/state.json").read_text())
+                    yield
+                finally:
+                    fcntl.flock(lf, fcntl.LOCK_UN)
+
+    def holders(self, paths: set[str]) -> list[int]:
+        """Pids holding any of ``paths`` open (the kernel's view of a busy vfio group)."""
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    try:
+                        if os.readlink(f"/proc/{pid}/fd/{fd}") in paths:
+                            pids.append(int(pid))
+                            break
+                    except OSError:
+                        continue
+            except OSError:
+                continue
+        return pids
+
+    def _busy(self, group: int) -> bool:
+        return bool(self.holders({str(self.dev / "vfio" / str(group))}))
+
+    # ------------------------------------------------------------------ capacity
+    def _existing(self, gpu: dict) -> list[tuple[str, str, str]]:
+        """(parent, vgpu id, type id) of every vGPU on the physical GPU."""
+        out = []
+        parents = [gpu["pf"], *self._vfs(gpu)]
+        for p in parents:
+            pdir = self._fdir(p)
+            for name in os.listdir(pdir):
+                if _UUID.match(name) and os.path.lexists(pdir / name / "mdev_type"):
+                    out.append((p, name, os.path.basename(os.readlink(pdir / name / "mdev_type"))))
+            cur = pdir / "nvidia/current_vgpu_type"
+            if cur.exists() and cur.read_text().strip() not in ("", "0"):
+                out.append((p, p, cur.read_text().strip()))
+        return out
+
+    def remaining(self, gpu: dict, t: TypeSpec) -> int:
+        """How many more vGPUs of ``t`` fit on the physical GPU now."""
+        if t.mig_backed:
+            return 0  # MIG is not enabled on simulated GPUs
+        used = Fraction(0)
+        for _, _, tid in self._existing(gpu):
+            et = self._type_by_id(gpu, tid)
+            if et is None:
+                continue
+            if not gpu["mixed_size"] and et.fb_mib != t.fb_mib:
+                return 0
+            used += Fraction(1, et.max_instances)
+        free = (1 - used) * t.max_instances
+        return max(0, int(free))
+
+    def _refresh(self, gpu: dict) -> None:
+        """Rewrite ``available_instances`` / ``creatable_vgpu_types`` of every parent of the GPU."""
+        board = self._board(gpu)
+        fw = gpu["framework"]
+        rem = {str(t.num): self.remaining(gpu, t) for t in board.types}
+        if fw == "mdev":
+            pf_dir = self._fdir(gpu["pf"])
+            if (pf_dir / "mdev_supported_types").exists():
+                for t in board.types:
+                    self._write(pf_dir / "mdev_supported_types" / t.mdev_id(board.driver) / "available_instances",
+                                f"{rem[str(t.num)]}\n")
+            return
+        for vf in self._vfs(gpu):
+            vdir = self._fdir(vf)
+            if fw == "mdev-sriov" and (vdir / "mdev_supported_types").exists():
+                has = any(_UUID.match(n) for n in os.listdir(vdir))
+                for t in board.types:
+                    self._write(vdir / "mdev_supported_types" / t.mdev_id(board.driver) / "available_instances",
+                                f"{0 if has else min(1, rem[str(t.num)])}\n")
+            elif fw == "vendor-vfio" and (vdir / "nvidia").exists():
+                current = (vdir / "nvidia/current_vgpu_type").read_text().strip()
+                lines = [HEADER]
+                if current == "0":
+                    lines += [f"{t.num:<6}: {t.name}" for t in board.types if rem[str(t.num)] > 0]
+                self._write(vdir / "nvidia/creatable_vgpu_types", "\n".join(lines) + "\n")
+
+    # ------------------------------------------------------------------ driver model
+    def _bind(self, addr: str, driver: str) -> None:
+        fdir = self._fdir(addr)
+        self._link(fdir / "driver", self.sys / "bus/pci/drivers" / driver)
+        self._link(self.sys / "bus/pci/drivers" / driver / addr, fdir)
+        gpu = self._gpu_of(addr)
+        fn = self.state["functions"][addr]
+        if driver == "vfio-pci":
+            if self.root.joinpath("dev/iommu").exists():
+                n = self.state["next_vfio"]
+                self.state["next_vfio"] = n + 1
+                (fdir / "vfio-dev" / f"vfio{n}").mkdir(parents=True, exist_ok=True)
+                (self.dev / f"vfio/devices/vfio{n}").write_text("")
+            self._update_group_node(fn["group"])
+        elif driver in ("nvidia", "i915") and gpu is not None:
+            is_pf = addr == gpu["pf"]
+            if gpu["framework"] == "mdev" and is_pf or gpu["framework"] == "mdev-sriov" and not is_pf:
+                self._make_mdev_parent(addr, gpu)
+            if gpu["framework"] == "vendor-vfio" and not is_pf:
+                nv = fdir / "nvidia"
+                nv.mkdir(exist_ok=True)
+                for name, val in (("current_vgpu_type", "0"), ("gpu_instance_id", "4294967295"),
+                                  ("placement_id", "65535"), ("vgpu_params", ""), ("warm_update", "0")):
+                    (nv / name).write_text(val + "\n")
+            self._refresh(gpu)
+
+    def _unbind(self, addr: str) -> None:
+        fdir = self._fdir(addr)
+        driver = self._driver(addr)
+        if driver is None:
+            raise _err(errno.ENODEV, f"{addr} has no driver")
+        gpu = self._gpu_of(addr)
+        mine = [e for e in (self._existing(gpu) if gpu else []) if e[0] == addr]
+        if any(self._busy(self._vgpu_group(p, v)) for p, v, _ in mine):
+            raise _err(errno.EBUSY, f"{addr} has vGPUs in use")
+        if gpu and addr == gpu["pf"] and self._vfs(gpu):
+            raise _err(errno.EBUSY, f"{addr} has VFs enabled; disable them first")
+        fn = self.state["functions"][addr]
+        if driver == "vfio-pci" and self._busy(fn["group"]):
+            raise _err(errno.EBUSY, f"/dev/vfio/{fn['group']} is open")
+        for p, v, _ in mine:
+            if p != v:
+                self._remove_mdev(p, v)
+        os.unlink(fdir / "driver")
+        os.unlink(self.sys / "bus/pci/drivers" / driver / addr)
+        shutil.rmtree(fdir / "mdev_supported_types", ignore_errors=True)
+        shutil.rmtree(fdir / "nvidia", ignore_errors=True)
+        if os.path.lexists(self.sys / "class/mdev_bus" / addr):
+            os.unlink(self.sys / "class/mdev_bus" / addr)
+        if (fdir / "vfio-dev").exists():
+            for n in os.listdir(fdir / "vfio-dev"):
+                (self.dev / "vfio/devices" / n).unlink(missing_ok=True)
+            shutil.rmtree(fdir / "vfio-dev")
+        self._update_group_node(fn["group"])
+        if gpu and addr != gpu["pf"]:
+            self._refresh(gpu)
+
+    def _update_group_node(self, group: int) -> None:
+        """``/dev/vfio/<group>`` exists while every function of the group is on vfio-pci or unbound."""
+        members = [a for a, f in self.state["functions"].items() if f["group"] == group]
+        drivers = [self._driver(a) for a in members]
+        node = self.dev / "vfio" / str(group)
+        if members and "vfio-pci" in drivers and all(d in ("vfio-pci", None) for d in drivers):
+            node.touch()
+        elif node.exists():
+            node.unlink()
+
+    def _make_mdev_parent(self, addr: str, gpu: dict) -> None:
+        board = self._board(gpu)
+        fdir = self._fdir(addr)
+        for t in board.types:
+            tdir = fdir / "mdev_supported_types" / t.mdev_id(board.driver)
+            (tdir / "devices").mkdir(parents=True, exist_ok=True)
+            (tdir / "name").write_text(t.name + "\n")
+            if t.description is not None:
+                (tdir / "description").write_text(t.description if t.description.endswith("\n") else t.description + "\n")
+            (tdir / "device_api").write_text("vfio-pci\n")
+            (tdir / "available_instances").write_text("0\n")
+            (tdir / "create").write_text("")
+        self._link(self.sys / "class/mdev_bus" / addr, fdir)
+
+    # ------------------------------------------------------------------ SR-IOV
+    def _enable_vfs(self, gpu: dict, n: int) -> None:
+        pf = gpu["pf"]
+        rel = self.state["functions"][pf]["rel"].rsplit("/", 1)[0]
+        board = self._board(gpu)
+        vf_groups = self.state.setdefault("vf_groups", {})
+        for i in range(n):
+            vf = _vf_address(pf, i)
+            grp = vf_groups.get(vf) or self._new_group()
+            vf_groups[vf] = grp
+            (self.sys / f"kernel/iommu_groups/{grp}/devices").mkdir(parents=True, exist_ok=True)
+            self._add_function(vf, rel, board.vendor_id, board.device_id, board.class_code,
+                               board.subsystem_vendor_id, board.subsystem_device_id, None, grp, board.driver, physfn=pf)
+            self.state["functions"][vf]["physfn"] = pf
+            numa = (self._fdir(pf) / "numa_node").read_text()
+            (self._fdir(vf) / "numa_node").write_text(numa)
+            self._link(self._fdir(pf) / f"virtfn{i}", self._fdir(vf))
+        self._write(self._fdir(pf) / "sriov_numvfs", f"{n}\n")
+        for vf in self._vfs(gpu):
+            self._bind(vf, board.driver)
+        self._refresh(gpu)
+
+    def _disable_vfs(self, gpu: dict) -> None:
+        vfs = self._vfs(gpu)
+        for vf in vfs:
+            fn = self.state["functions"][vf]
+            if self._busy(fn["group"]) or any(self._busy(self._vgpu_group(p, v))
+                                               for p, v, _ in self._existing(gpu) if p == vf):
+                raise _err(errno.EBUSY, f"VF {vf} is in use")
+        for i, vf in enumerate(vfs):
+            if self._driver(vf):
+                self._unbind(vf)
+            fdir = self._fdir(vf)
+            grp = self.state["functions"][vf]["group"]
+            os.unlink(self.sys / "bus/pci/devices" / vf)
+            os.unlink(self.sys / f"kernel/iommu_groups/{grp}/devices/{vf}")
+            (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
+            shutil.rmtree(fdir)
+            del self.state["functions"][vf]
+        for name in os.listdir(self._fdir(gpu["pf"])):
+            if name.startswith("virtfn"):
+                os.unlink(self._fdir(gpu["pf"]) / name)
+        self._write(self._fdir(gpu["pf"]) / "sriov_numvfs", "0\n")
+
+    # ------------------------------------------------------------------ mdev
+    def _vgpu_group(self, parent: str, vgpu: str) -> int:
+        if parent == vgpu:
+            return self._group(parent)
+        return int(os.path.basename(os.readlink(self._fdir(parent) / vgpu / "iommu_group")))
+
+    def _create_mdev(self, parent: str, type_dir: Path, raw: str) -> None:
+        text = raw[:-1] if raw.endswith("\n") else raw
+        if len(text) != 36 or not _UUID.match(text.lower()):
+            raise _err(errno.EINVAL, f"{raw!r} is not a UUID")
+        uid = str(uuidlib.UUID(text))
+        if os.path.lexists(self.sys / "bus/mdev/devices" / uid):
+            raise _err(errno.EEXIST, f"mdev {uid} exists")
+        if int((type_dir / "available_instances").read_text()) < 1:
+            raise _err(errno.EUSERS, f"no instances of {type_dir.name} left on {parent}")
+        gpu = self._gpu_of(parent)
+        mdir = self._fdir(parent) / uid
+        mdir.mkdir()
+        (mdir / "remove").write_text("")
+        (mdir / "uevent").write_text(f"MDEV_TYPE={type_dir.name}\n")
+        self._link(mdir / "mdev_type", type_dir)
+        grp = self._new_group()
+        self._link(mdir / "iommu_group", self.sys / f"kernel/iommu_groups/{grp}")
+        self._link(self.sys / f"kernel/iommu_groups/{grp}/devices/{uid}", mdir)
+        self._link(mdir / "driver", self.sys / "bus/mdev/drivers/vfio_mdev")
+        self._link(self.sys / "bus/mdev/devices" / uid, mdir)
+        self._link(type_dir / "devices" / uid, mdir)
+        (self.dev / "vfio" / str(grp)).touch()
+        self._refresh(gpu)
+
+    def _remove_mdev(self, parent: str, uid: str) -> None:
+        mdir = self._fdir(parent) / uid
+        grp = self._vgpu_group(parent, uid)
+        if self._busy(grp):
+            raise _err(errno.EBUSY, f"mdev {uid} is in use (/dev/vfio/{grp} open)")
+        type_dir = (mdir / os.readlink(mdir / "mdev_type")).resolve()
+        for link in (type_dir / "devices" / uid, self.sys / "bus/mdev/devices" / uid,
+                     self.sys / f"kernel/iommu_groups/{grp}/devices/{uid}"):
+            if os.path.lexists(link):
+                os.unlink(link)
+        shutil.rmtree(self.sys / f"kernel/iommu_groups/{grp}", ignore_errors=True)
+        (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
+        shutil.rmtree(mdir)
+        self._refresh(self._gpu_of(parent))
+
+    # ------------------------------------------------------------------ vendor VFIO
+    def _set_vgpu_type(self, vf: str, raw: str) -> None:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise _err(errno.EINVAL, f"{raw!r} is not a vGPU type id") from None
+        gpu = self._gpu_of(vf)
+        nv = self._fdir(vf) / "nvidia"
+        current = int((nv / "current_vgpu_type").read_text())
+        grp = self._group(vf)
+        if value == 0:
+            if current and self._busy(grp):
+                raise _err(errno.EBUSY, f"vGPU on {vf} is in use")
+            (nv / "current_vgpu_type").write_text("0\n")
+            (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
+        else:
+            if current:
+                raise _err(errno.EBUSY, f"{vf} already holds vGPU type {current}")
+            listed = {line.split(":")[0].strip() for line in (nv / "creatable_vgpu_types").read_text().splitlines()[1:]}
+            if str(value) not in listed:
+                raise _err(UNLISTED_TYPE_ERRNO, f"type {value} is not creatable on {vf}")
+            (nv / "current_vgpu_type").write_text(f"{value}\n")
+            (self.dev / "vfio" / str(grp)).touch()
+        self._refresh(gpu)
+
+    # ------------------------------------------------------------------ the write entry point
+    def write(self, path: Path, data: str | bytes) -> None:
+        """Apply a write to ``path`` (absolute, or relative to ``sys/``) as the kernel would."""
+        raw = data.decode() if isinstance(data, bytes) else data
+        p = Path(path)
+        rel = Path(os.path.relpath(os.path.realpath(p if p.is_absolute() else self.sys / p), os.path.realpath(self.sys)))
+        if rel.parts[:1] == ("..",):
+            raise _err(errno.EXDEV, f"{path} is outside the simulated sysfs")
+        with self._locked():
+            try:
+                self._dispatch(rel, raw)
+            finally:
+                self._save()
+
+    def _dispatch(self, rel: Path, raw: str) -> None:
+        full = self.sys / rel
+        name = rel.name
+        parts = rel.parts
+        owner = next((x for x in reversed(parts[:-1]) if _ADDR.match(x) and x in self.state["functions"]), None)
+        if not os.path.lexists(full):
+            raise _err(errno.ENOENT, str(rel))
+        if name == "create" and len(parts) >= 3 and parts[-3] == "mdev_supported_types":
+            return self._create_mdev(owner, full.parent, raw)
+        if name == "remove" and _UUID.match(parts[-2]):
+            value = raw.strip()
+            if value not in ("0", "1", "y", "n", "Y", "N"):
+                raise _err(errno.EINVAL, f"{raw!r}")
+            if value in ("1", "y", "Y"):
+                self._remove_mdev(owner, parts[-2])
+            return
+        if name == "sriov_numvfs" and owner == parts[-2]:
+            return self._sriov(owner, raw)
+        if name == "driver_override" and owner == parts[-2]:
+            value = raw.strip()
+            (full).write_text((value or "(null)") + "\n")
+            return
+        if parts[:3] == ("bus", "pci", "drivers") and len(parts) == 5 and name in ("bind", "unbind"):
+            addr = raw.strip()
+            if addr not in self.state["functions"]:
+                raise _err(errno.ENODEV, addr)
+            if name == "unbind":
+                if self._driver(addr) != parts[3]:
+                    raise _err(errno.ENODEV, f"{addr} is not bound to {parts[3]}")
+                return self._unbind(addr)
+            return self._bind_explicit(addr, parts[3])
+        if parts == ("bus", "pci", "drivers_probe"):
+            addr = raw.strip()
+            if addr not in self.state["functions"]:
+                raise _err(errno.ENODEV, addr)
+            if self._driver(addr) is None:
+                override = (self._fdir(addr) / "driver_override").read_text().strip()
+                self._bind(addr, self.state["functions"][addr]["native"] if override == "(null)" else override)
+            return
+        if parts[-2:-1] == ("nvidia",) and name == "current_vgpu_type":
+            return self._set_vgpu_type(owner, raw)
+        if parts[-2:-1] == ("nvidia",) and name in ("vgpu_params", "warm_update", "placement_id", "gpu_instance_id"):
+            full.write_text(raw if raw.endswith("\n") else raw + "\n")
+            return
+        if full.is_dir():
+            raise _err(errno.EISDIR, str(rel))
+        raise _err(errno.EACCES, f"{rel} is read-only")
+
+    def _bind_explicit(self, addr: str, driver: str) -> None:
+        if self._driver(addr):
+            raise _err(errno.EBUSY, f"{addr} is bound to {self._driver(addr)}")
+        override = (self._fdir(addr) / "driver_override").read_text().strip()
+        native = self.state["functions"][addr]["native"]
+        if driver != native and override != driver:
+            raise _err(errno.ENODEV, f"{driver} does not match {addr}")
+        self._bind(addr, driver)
+
+    def _sriov(self, pf: str, raw: str) -> None:
+        try:
+            n = int(raw.strip())
+        except ValueError:
+            raise _err(errno.EINVAL, f"{raw!r}") from None
+        gpu = self._gpu_of(pf)
+        total = gpu["vf_total"] if gpu else 0
+        current = len(self._vfs(gpu)) if gpu else 0
+        if n < 0 or n > total:
+            raise _err(errno.ERANGE, f"{n} VFs requested, {pf} has {total}")
+        if n == current:
+            return
+        if self._driver(pf) not in ("nvidia", "vfio-pci"):
+            raise _err(errno.ENOENT, f"{pf}: no driver with SR-IOV support bound")
+        if n == 0:
+            return self._disable_vfs(gpu)
+        if current:
+            raise _err(errno.EBUSY, f"{pf} has {current} VFs; write 0 first")
+        self._enable_vfs(gpu, n)
+
+    # ------------------------------------------------------------------ test and demo hooks
+    def gpus(self) -> list[dict]:
+        return list(self.state["gpus"])
+
+    def reboot(self) -> None:
+        """A cold boot: VFs and every vGPU are gone, drivers back to their initial binding."""
+        with self._locked():
+            for gpu in self.state["gpus"]:
+                for p, v, _ in self._existing(gpu):
+                    if p == v:
+                        (self._fdir(p) / "nvidia/current_vgpu_type").write_text("0\n")
+                        (self.dev / "vfio" / str(self._group(p))).unlink(missing_ok=True)
+                    else:
+                        self._force_remove_mdev(p, v)
+                if self._vfs(gpu):
+                    self._disable_vfs(gpu)
+                self._refresh(gpu)
+            self._save()
+
+    def _force_remove_mdev(self, parent: str, uid: str) -> None:
+        grp = self._vgpu_group(parent, uid)
+        mdir = self._fdir(parent) / uid
+        type_dir = (mdir / os.readlink(mdir / "mdev_type")).resolve()
+        for link in (type_dir / "devices" / uid, self.sys / "bus/mdev/devices" / uid):
+            if os.path.lexists(link):
+                os.unlink(link)
+        shutil.rmtree(self.sys / f"kernel/iommu_groups/{grp}", ignore_errors=True)
+        (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
+        shutil.rmtree(mdir)
+
+    def remove_gpu(self, pf: str) -> None:
+        """Hot-unplug: the GPU leaves the bus (health tests)."""
+        with self._locked():
+            gpu = self._gpu_of(pf)
+            if gpu and self._vfs(gpu):
+                self._disable_vfs(gpu)
+            for p, v, _ in (self._existing(gpu) if gpu else []):
+                if p != v:
+                    self._force_remove_mdev(p, v)
+            if self._driver(pf):
+                drv = self._driver(pf)
+                os.unlink(self.sys / "bus/pci/drivers" / drv / pf)
+            if os.path.lexists(self.sys / "class/mdev_bus" / pf):
+                os.unlink(self.sys / "class/mdev_bus" / pf)
+            grp = self._group(pf)
+            os.unlink(self.sys / "bus/pci/devices" / pf)
+            os.unlink(self.sys / f"kernel/iommu_groups/{grp}/devices/{pf}")
+            shutil.rmtree(self._fdir(pf))
+            del self.state["functions"][pf]
+            self.state["gpus"] = [g for g in self.state["gpus"] if g["pf"] != pf]
+            self._save()

@@ -1,0 +1,188 @@
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mdev_manager.env import HostEnv
+from mdev_manager.usage import (
+    Holder,
+    Usage,
+    collect_usage,
+    libvirt_devices,
+    parse_domain_devices,
+    scan_vfio_holders,
+)
+
+MDEV = "5f3a7f62-1b2c-4d5e-8f90-0a1b2c3d4e5f"
+
+try:
+    import libvirt  # noqa: F401
+
+    _LIBVIRT_MISSING = None
+except ImportError as e:  # pragma: no cover - depends on the machine
+    _LIBVIRT_MISSING = f"libvirt-python not importable: {e}"
+
+libvirt_only = pytest.mark.skipif(_LIBVIRT_MISSING is not None, reason=_LIBVIRT_MISSING or "")
+
+
+def _hold_open(path, ready):
+    code = (
+        "import sys, time\n"
+        f"f = open({str(path)!r})\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def _wait_for(path, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, "child never opened the file"
+        time.sleep(0.02)
+
+
+def test_child_holding_group_is_found_then_gone(tmp_path):
+    env = HostEnv.under(tmp_path)
+    env.vfio_dir.mkdir(parents=True)
+    group = env.vfio_group(12)
+    group.write_text("")
+    (env.vfio_dir / "vfio").write_text("")  # the container node is not a group
+    ready = tmp_path / "ready"
+    child = _hold_open(group, ready)
+    try:
+        _wait_for(ready)
+        held = scan_vfio_holders(env)
+        assert 12 in held
+        mine = [h for h in held[12] if h.pid == child.pid]
+        assert len(mine) == 1 and mine[0].comm.startswith("python")
+        assert all(h.pid != os.getpid() for h in held[12])
+        usage = collect_usage(env)
+        reasons = usage.mdev_users(MDEV, 12)
+        assert any(f"pid {child.pid} " in r and r.endswith(f"holds {group}") for r in reasons)
+        assert usage.mdev_users(MDEV, 13) == []
+        assert usage.pci_users("0000:65:00.0", None) == []
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in [h.pid for h in scan_vfio_holders(env).get(12, [])]
+
+
+def test_same_file_through_another_path_is_found(tmp_path):
+    """A process in another mount namespace sees the group under its own /dev/vfio."""
+    env = HostEnv.under(tmp_path / "host")
+    env.vfio_dir.mkdir(parents=True)
+    env.vfio_group(7).write_text("")
+    other = tmp_path / "container/dev/vfio"
+    other.mkdir(parents=True)
+    os.link(env.vfio_group(7), other / "7")  # same inode, different path
+    ready = tmp_path / "ready"
+    child = _hold_open(other / "7", ready)
+    try:
+        _wait_for(ready)
+        assert any(h.pid == child.pid for h in scan_vfio_holders(env).get(7, []))
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_missing_vfio_dir_and_proc(tmp_path):
+    env = HostEnv.under(tmp_path, proc_root=tmp_path / "noproc")
+    assert scan_vfio_holders(env) == {}
+    usage = collect_usage(env)
+    assert usage.warnings and "not checked" in usage.warnings[0]
+
+
+def test_parse_domain_devices_normalises():
+    xml = f"""
+    <domain type='kvm'><name>x</name><devices>
+      <hostdev mode='subsystem' type='mdev' model='vfio-pci'>
+        <source><address uuid='{MDEV.upper()}'/></source></hostdev>
+      <hostdev mode='subsystem' type='pci' managed='yes'>
+        <source><address domain='0x0000' bus='0x65' slot='0x00' function='0x0'/></source></hostdev>
+      <hostdev mode='subsystem' type='pci'>
+        <source><address bus='0x66' slot='0x1f' function='0x7'/></source></hostdev>
+      <interface type='hostdev'>
+        <source><address type='pci' domain='0x0000' bus='0x17' slot='0x02' function='0x1'/></source>
+      </interface>
+      <hostdev mode='capabilities' type='storage'><source><block>/dev/sdb</block></source></hostdev>
+    </devices></domain>"""
+    mdevs, pci = parse_domain_devices(xml)
+    assert mdevs == {MDEV}
+    assert pci == {"0000:65:00.0", "0000:66:1f.7", "0000:17:02.1"}
+
+
+def test_usage_merge_and_reasons():
+    base = Usage(vfio_dir="/dev/vfio", vfio_groups={3: [Holder(pid=10, comm="qemu-kvm")]},
+                 mdevs={MDEV: ["libvirt domain vm1"]})
+    extra = Usage(mdevs={MDEV: ["libvirt domain vm1", "ResourceClaim ns/c1"]},
+                  pci={"0000:65:00.0": ["ResourceClaim ns/c2"]}, warnings=["w"])
+    u = base.merged(extra)
+    assert u.mdev_users(MDEV.upper(), 3) == [
+        "pid 10 (qemu-kvm) holds /dev/vfio/3",
+        "libvirt domain vm1 references it",
+        "ResourceClaim ns/c1 references it",
+    ]
+    assert u.pci_users("65:00.0") == ["ResourceClaim ns/c2 references it"]
+    assert u.warnings == ["w"]
+    assert base.mdevs[MDEV] == ["libvirt domain vm1"]  # inputs untouched
+
+
+NODE_XML = f"""<?xml version='1.0'?>
+<node>
+  <domain type='test'>
+    <name>vm1</name>
+    <memory>1048576</memory>
+    <os><type>hvm</type></os>
+    <devices>
+      <hostdev mode='subsystem' type='mdev' model='vfio-pci'>
+        <source><address uuid='{MDEV}'/></source>
+      </hostdev>
+      <hostdev mode='subsystem' type='pci' managed='yes'>
+        <source><address domain='0x0000' bus='0x65' slot='0x00' function='0x0'/></source>
+      </hostdev>
+    </devices>
+  </domain>
+  <domain type='test'>
+    <name>idle</name>
+    <memory>1048576</memory>
+    <os><type>hvm</type></os>
+  </domain>
+</node>
+"""
+
+
+@pytest.mark.libvirt
+@libvirt_only
+def test_libvirt_test_driver(tmp_path):
+    node = tmp_path / "node.xml"
+    node.write_text(NODE_XML)
+    lv = libvirt_devices(f"test://{node}")
+    assert lv.warning is None
+    assert lv.mdevs == {MDEV: ["vm1"]}
+    assert lv.pci == {"0000:65:00.0": ["vm1"]}
+    assert lv.active["vm1"] is True
+
+    env = HostEnv.under(tmp_path, libvirt_uri=f"test://{node}")
+    u = collect_usage(env)
+    assert u.mdev_users(MDEV, None) == ["libvirt domain vm1 references it"]
+    assert u.pci_users("0000:65:00.0", None) == ["libvirt domain vm1 references it"]
+    assert u.pci_users("0000:66:00.0", None) == []
+
+
+@pytest.mark.libvirt
+@libvirt_only
+def test_libvirt_unreachable_is_a_warning(tmp_path, caplog):
+    lv = libvirt_devices(f"test://{tmp_path}/nonexistent/file.xml")
+    assert lv.mdevs == {} and lv.pci == {}
+    assert lv.warning and "cannot connect" in lv.warning
+    assert any("cannot connect" in r.getMessage() for r in caplog.records)
+    u = collect_usage(HostEnv.under(tmp_path, libvirt_uri=f"test://{tmp_path}/nonexistent/file.xml"))
+    assert u.warnings == [lv.warning]
+
+
+def test_libvirt_none_uri_is_silent():
+    lv = libvirt_devices(None)
+    assert lv.warning is None and lv.mdevs == {} and lv.pci == {}
