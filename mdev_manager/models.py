@@ -77,6 +77,7 @@ class Gpu(PciFunction):
     index: int = Field(description="position among the node's GPUs in PCI address order")
     framework: GpuFramework = "none"
     iommu_group_members: list[str] = []
+    iommu_group_drivers: dict[str, str | None] = Field({}, description="driver of each function in the GPU's IOMMU group")
     sriov_total_vfs: int = 0
     sriov_num_vfs: int = 0
     vfs: list[VirtualFunction] = []

@@ -1,0 +1,174 @@
+"""Run a plan's steps against the host: the only module of the manager that writes.
+
+Each step is one or a few attribute writes. A failed write is reported for its device
+with the kernel's errno and the steps that depend on it are skipped; the rest of the
+plan still runs, and nothing already correct is undone.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import logging
+from typing import Callable
+
+from pydantic import BaseModel
+
+from . import persist
+from .actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
+                      SaveDefinition, SaveVendorRecord, SetVgpuType)
+from .env import HostEnv
+from .hostio import HostIO, link_name
+from .names import check_pci_address, check_type_id, check_uuid
+
+log = logging.getLogger(__name__)
+
+
+class StepResult(BaseModel):
+    step: str
+    device: str
+    ok: bool
+    skipped: bool = False
+    error: str | None = None  # errno name, e.g. EBUSY
+    message: str | None = None
+
+
+class Report(BaseModel):
+    results: list[StepResult] = []
+
+    @property
+    def failed(self) -> list[StepResult]:
+        return [r for r in self.results if not r.ok]
+
+    @property
+    def changed(self) -> int:
+        return sum(1 for r in self.results if r.ok and not r.skipped)
+
+
+def _device(a) -> str:
+    for field in ("uuid", "vf", "address"):
+        if hasattr(a, field):
+            return getattr(a, field)
+    return a.gpu
+
+
+def _blocks(a) -> set[str]:
+    """Keys that, when this step fails, make later steps meaningless."""
+    if isinstance(a, (EnableVfs, DisableVfs, BindDriver)):
+        return {f"gpu:{a.gpu}"}
+    if isinstance(a, SaveDefinition):
+        return {f"mdev:{a.uuid}"}
+    if isinstance(a, RemoveMdev):
+        return {f"mdev:{a.uuid}"}
+    if isinstance(a, (SetVgpuType, SaveVendorRecord)):
+        return {f"vf:{a.vf}"}
+    return set()
+
+
+def _needs(a) -> set[str]:
+    keys = {f"gpu:{a.gpu}"}
+    if isinstance(a, (CreateMdev, RemoveDefinition)):
+        keys.add(f"mdev:{a.uuid}")
+    if isinstance(a, (SetVgpuType, SaveVendorRecord)):
+        keys.add(f"vf:{a.vf}")
+    return keys
+
+
+class Executor:
+    def __init__(self, env: HostEnv, io: HostIO, on_step: Callable[[object], None] | None = None):
+        self.env = env
+        self.io = io
+        self.on_step = on_step
+        self._records: dict[str, str] | None = None
+
+    def run(self, plan: Plan) -> Report:
+        report = Report()
+        broken: set[str] = set()
+        for a in plan.actions:
+            if _needs(a) & broken:
+                report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False, skipped=True,
+                                                 message="skipped: an earlier step for this device failed"))
+                broken |= _blocks(a)
+                continue
+            try:
+                self.apply(a)
+            except OSError as exc:
+                name = errno_mod.errorcode.get(exc.errno or 0, "EIO")
+                log.warning("%s failed: %s", a.describe(), exc)
+                report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False, error=name,
+                                                 message=exc.strerror or str(exc)))
+                broken |= _blocks(a)
+                continue
+            report.results.append(StepResult(step=a.describe(), device=_device(a), ok=True))
+            if self.on_step:
+                self.on_step(a)
+        return report
+
+    # ------------------------------------------------------------ one step
+    def apply(self, a) -> None:
+        env, io = self.env, self.io
+        if isinstance(a, EnableVfs):
+            io.write(env.pci(check_pci_address(a.gpu)) / "sriov_numvfs", f"{a.count}\n")
+        elif isinstance(a, DisableVfs):
+            io.write(env.pci(check_pci_address(a.gpu)) / "sriov_numvfs", "0\n")
+        elif isinstance(a, BindDriver):
+            self.bind(check_pci_address(a.address), a.driver)
+        elif isinstance(a, SaveDefinition):
+            persist.save_definition(env, io, persist.MdevDefinition(uuid=a.uuid, parent=a.parent, mdev_type=a.type_id))
+        elif isinstance(a, CreateMdev):
+            self.create_mdev(a.parent, a.type_id, a.uuid)
+        elif isinstance(a, RemoveMdev):
+            self.remove_mdev(a.parent, a.uuid)
+        elif isinstance(a, RemoveDefinition):
+            persist.remove_definition(env, io, a.parent, a.uuid)
+        elif isinstance(a, SetVgpuType):
+            self.set_vgpu_type(a.vf, a.type_id)
+        elif isinstance(a, SaveVendorRecord):
+            records = dict(self.records())
+            if a.type_id is None:
+                records.pop(a.vf, None)
+            else:
+                records[a.vf] = a.type_id
+            persist.save_vendor_vfio(env, io, records)
+            self._records = records
+        else:  # pragma: no cover
+            raise TypeError(f"unknown step {a!r}")
+
+    def records(self) -> dict[str, str]:
+        if self._records is None:
+            self._records = persist.load_vendor_vfio(self.env, self.io)
+        return self._records
+
+    # ------------------------------------------------------------ kernel operations (also used by the DRA bridge)
+    def create_mdev(self, parent: str, type_id: str, uuid: str) -> None:
+        path = self.env.pci(check_pci_address(parent)) / "mdev_supported_types" / check_type_id(type_id) / "create"
+        self.io.write(path, check_uuid(uuid) + "\n")
+
+    def remove_mdev(self, parent: str, uuid: str) -> None:
+        path = self.env.pci(check_pci_address(parent)) / check_uuid(uuid) / "remove"
+        if not self.io.exists(path):
+            return  # already gone: removal is idempotent
+        self.io.write(path, "1\n")
+
+    def set_vgpu_type(self, vf: str, type_id: str) -> None:
+        if type_id != "0":
+            check_type_id(type_id)
+        if not type_id.isdigit():
+            raise OSError(errno_mod.EINVAL, f"vendor-VFIO type ids are decimal, not {type_id!r}")
+        self.io.write(self.env.pci(check_pci_address(vf)) / "nvidia" / "current_vgpu_type", f"{type_id}\n")
+
+    def bind(self, address: str, driver: str | None) -> None:
+        """driver_override, unbind, drivers_probe (kernel.md); ``None`` returns to the native driver."""
+        env, io = self.env, self.io
+        current = link_name(io, env.pci(address) / "driver")
+        if driver is not None and current == driver:
+            return
+        if driver is None and current not in (None, "vfio-pci"):
+            return
+        io.write(env.pci(address) / "driver_override", f"{driver or ''}\n")
+        if current:
+            io.write(env.pci_drivers / current / "unbind", address)
+        io.write(env.drivers_probe, address)
+
+
+def execute(plan: Plan, env: HostEnv, io: HostIO, on_step=None) -> Report:
+    return Executor(env, io, on_step).run(plan)

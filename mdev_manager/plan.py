@@ -1,0 +1,393 @@
+"""Decide what to change: a pure function from (inventory, layout, usage, saved state) to a Plan.
+
+Nothing here touches the host, so every rule (in-use protection, adoption, equal-size
+mode, crash recovery) is tested on plain data. The rules:
+
+* Existing vGPUs that match the layout stay; nothing is cleared and re-created.
+* An extra vGPU is removed only when nothing uses it; otherwise it stays and is reported.
+* A definition is written before its device is created, and the device removed before its
+  definition, so a crash at any point leaves saved state the next plan completes
+  (a definition without a device is started again, or forgotten if no longer wanted).
+* Steps that change what a GPU offers (driver, VFs) are structural: the reconciler runs
+  them, discovers again and plans the vGPUs on the new state.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from collections import defaultdict
+from fractions import Fraction
+from typing import Callable, Iterable
+
+from . import catalog
+from .actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
+                      SaveDefinition, SaveVendorRecord, SetVgpuType, Skip)
+from .config import ConfigError, GpuLayout
+from .models import Gpu, Inventory, Vgpu, VgpuType
+from .persist import MdevDefinition
+from .usage import Usage
+
+NVIDIA = "0x10de"
+
+
+# ---------------------------------------------------------------- selection
+def select_gpus(inv: Inventory, layouts: list[GpuLayout]) -> dict[str, GpuLayout]:
+    """Map each selected GPU to its entry; a GPU selected twice, or a selector that matches nothing, is an error."""
+    chosen: dict[str, GpuLayout] = {}
+    problems = []
+    nvidia = [g for g in inv.gpus if g.vendor_id == NVIDIA]
+    for i, entry in enumerate(layouts):
+        where = f"gpus[{i}] ({entry.describe()})"
+        pool = nvidia if entry.nvidia_only else inv.gpus
+        if entry.all:
+            hits = pool
+        elif entry.index is not None:
+            hits = [pool[entry.index]] if entry.index < len(pool) else []
+            if not hits:
+                problems.append(f"{where}.index: the node has {len(pool)} GPUs (indices 0-{len(pool) - 1})")
+                continue
+        elif entry.pci_address:
+            hits = [g for g in inv.gpus if g.address == entry.pci_address]
+            if not hits:
+                problems.append(f"{where}.pciAddress: no GPU at {entry.pci_address}; GPUs are at "
+                                + ", ".join(g.address for g in inv.gpus))
+                continue
+        else:
+            m = entry.model.lower()
+            hits = [g for g in inv.gpus if m in (g.product_name or "").lower()
+                    or m == f"{g.vendor_id[2:]}:{g.device_id[2:]}".lower()]
+            if not hits:
+                problems.append(f"{where}.model: no GPU matches {entry.model!r}; models here: "
+                                + ", ".join(sorted({g.model for g in inv.gpus})))
+                continue
+        for g in hits:
+            if g.address in chosen:
+                problems.append(f"{where}: GPU {g.index} ({g.address}) is already selected by "
+                                f"({chosen[g.address].describe()}); select each GPU once")
+            else:
+                chosen[g.address] = entry
+    if problems:
+        raise ConfigError(problems)
+    return chosen
+
+
+# ---------------------------------------------------------------- types and capacity
+def offered_types(gpu: Gpu) -> list[VgpuType]:
+    """What the GPU offers; before its VFs are enabled the catalog says what they will offer."""
+    if gpu.types:
+        return gpu.types
+    board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
+    if not board:
+        return []
+    fw = "vendor-vfio" if board.framework == "vendor-vfio" else "mdev"
+    return [VgpuType(id=str(t.num) if fw == "vendor-vfio" else t.mdev_id(board.driver), name=t.name,
+                     short_name=t.short_name, framework=fw, available_instances=t.max_instances,
+                     max_instances=t.max_instances, framebuffer_mib=t.fb_mib, mig_backed=t.mig_backed)
+            for t in board.types]
+
+
+def resolve_type(types: list[VgpuType], ref: str) -> VgpuType | None:
+    low = ref.lower()
+    return next((t for t in types if ref == t.id or low in (t.name.lower(), t.short_name.lower())), None)
+
+
+def occupancy(counts: Iterable[tuple[VgpuType, int]]) -> Fraction:
+    """Share of a physical GPU: each vGPU of type t takes 1/max(t) (vgpu-types.md)."""
+    return sum((Fraction(n, t.max_instances) for t, n in counts if t.max_instances), Fraction(0))
+
+
+def _label(gpu: Gpu) -> str:
+    return f"GPU {gpu.index} ({gpu.address}, {gpu.model})"
+
+
+def validate_layout(gpu: Gpu, entry: GpuLayout, where: str) -> dict[str, int]:
+    """Type id -> count for a vgpu/dra entry, or a list of problems naming the field."""
+    types = offered_types(gpu)
+    problems: list[str] = []
+    wanted: dict[str, tuple[VgpuType, int]] = {}
+    for ref, count in entry.vgpus.items():
+        t = resolve_type(types, ref)
+        field = f"{where}.vgpus.{ref}"
+        if t is None:
+            names = ", ".join(t.short_name for t in types if not t.mig_backed) or "none (not a vGPU-capable GPU)"
+            problems.append(f"{field}: {_label(gpu)} offers no vGPU type {ref!r}; it offers {names}")
+            continue
+        if t.mig_backed:
+            problems.append(f"{field}: {t.name} is MIG-backed and needs MIG mode, which vgpuctl does not configure yet")
+            continue
+        if t.id in wanted:
+            problems.append(f"{field}: names the same type as another key ({t.name}); list each type once")
+            continue
+        if t.max_instances is not None and count > t.max_instances:
+            problems.append(f"{field}: {count} is more than the {t.max_instances} {t.short_name} vGPUs {_label(gpu)} holds")
+            continue
+        wanted[t.id] = (t, count)
+    active = [(t, n) for t, n in wanted.values() if n > 0]
+    sizes = sorted({t.framebuffer_mib for t, _ in active if t.framebuffer_mib})
+    if len(sizes) > 1 and not gpu.mixed_size and gpu.vendor_id == NVIDIA:
+        detail = ", ".join(f"{t.short_name} ({t.framebuffer_mib} MiB)" for t, _ in active)
+        problems.append(f"{where}.vgpus: {_label(gpu)} is in equal-size mode and holds one framebuffer size; "
+                        f"this layout mixes {detail}")
+    elif entry.mode == "vgpu" and occupancy(active) > 1:
+        detail = " + ".join(f"{n} x {t.short_name} (max {t.max_instances})" for t, n in active)
+        problems.append(f"{where}.vgpus: {detail} is more than {_label(gpu)} holds")
+    total = sum(n for _, n in active)
+    vf_bound = gpu.sriov_total_vfs if gpu.framework != "mdev" else 0
+    if entry.mode == "vgpu" and vf_bound and total > vf_bound:
+        problems.append(f"{where}.vgpus: {total} vGPUs need {total} VFs; {_label(gpu)} has {vf_bound}")
+    if problems:
+        raise ConfigError(problems)
+    return {tid: n for tid, (t, n) in wanted.items()}
+
+
+# ---------------------------------------------------------------- the plan
+def native_driver(gpu: Gpu) -> str | None:
+    board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
+    if board:
+        return board.driver
+    return {"0x10de": "nvidia", "0x8086": "i915"}.get(gpu.vendor_id)
+
+
+def make_plan(
+    inv: Inventory,
+    layouts: list[GpuLayout],
+    usage: Usage | None = None,
+    definitions: list[MdevDefinition] = (),
+    vendor_records: dict[str, str] | None = None,
+    new_uuid: Callable[[], str] = lambda: str(uuidlib.uuid4()),
+) -> Plan:
+    """The ordered steps that take the node to ``layouts``. Raises ConfigError before any step on bad input."""
+    usage = usage or Usage()
+    chosen = select_gpus(inv, layouts)
+    problems: list[str] = []
+    wanted: dict[str, dict[str, int]] = {}
+    for i, entry in enumerate(layouts):
+        for addr, e in chosen.items():
+            if e is not entry:
+                continue
+            gpu = inv.gpu(addr)
+            where = f"gpus[{i}]"
+            try:
+                if e.mode in ("vgpu", "dra"):
+                    wanted[addr] = validate_layout(gpu, e, where)
+                problems += _workload_conflicts(gpu, e, usage, where)
+            except ConfigError as exc:
+                problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    plan = Plan()
+    for addr, entry in chosen.items():
+        gpu = inv.gpu(addr)
+        if entry.mode == "passthrough":
+            _plan_passthrough(plan, gpu, usage, definitions, vendor_records or {})
+        elif entry.mode in ("vgpu", "dra"):
+            if _prepare_for_vgpu(plan, gpu, usage):
+                continue
+            if entry.mode == "dra":
+                continue  # the DRA bridge creates vGPUs per claim
+            if gpu.framework in ("mdev", "mdev-sriov"):
+                _plan_mdev(plan, gpu, wanted[addr], usage, definitions, new_uuid)
+            elif gpu.framework == "vendor-vfio":
+                _plan_vendor(plan, gpu, wanted[addr], usage, vendor_records or {})
+            elif any(wanted[addr].values()):
+                plan.notes.append(f"{_label(gpu)}: offers no vGPU types with driver {gpu.driver}; nothing to create")
+    return plan
+
+
+def _group_users(gpu: Gpu, usage: Usage) -> list[str]:
+    return usage.pci_users(gpu.address, gpu.iommu_group)
+
+
+def _vgpu_users(v: Vgpu, usage: Usage) -> list[str]:
+    if v.framework == "mdev":
+        return usage.mdev_users(v.id, v.iommu_group)
+    return usage.pci_users(v.id, v.iommu_group)
+
+
+def _workload_conflicts(gpu: Gpu, entry: GpuLayout, usage: Usage, where: str) -> list[str]:
+    """A GPU held by a workload in another form cannot change form under it."""
+    out = []
+    if entry.mode in ("vgpu", "dra"):
+        native = native_driver(gpu)
+        if gpu.driver == "vfio-pci" and _group_users(gpu, usage):
+            out.append(f"{where}.mode: {_label(gpu)} is passed through to a workload "
+                       f"({'; '.join(_group_users(gpu, usage))}); release it or mark the GPU unmanaged")
+        elif gpu.driver not in (None, "vfio-pci", native):
+            out.append(f"{where}.mode: {_label(gpu)} is bound to {gpu.driver}, not {native}; "
+                       "unbind it or mark the GPU unmanaged")
+    if entry.mode == "passthrough":
+        busy = [v for v in gpu.vgpus if _vgpu_users(v, usage)]
+        if busy:
+            out.append(f"{where}.mode: {_label(gpu)} has vGPUs in use ({', '.join(v.id for v in busy)}); "
+                       "it cannot be passed through until they are released")
+    return out
+
+
+def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
+    """Native driver and VFs first; True when the GPU needs another discovery before vGPUs."""
+    native = native_driver(gpu)
+    if gpu.driver in (None, "vfio-pci") and native:
+        drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
+        for addr, driver in sorted(drivers.items()):
+            if driver in (None, "vfio-pci"):
+                plan.actions.append(BindDriver(gpu=gpu.address, address=addr, driver=None))
+        return True
+    board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
+    needs_vfs = gpu.sriov_total_vfs > 0 and (gpu.framework == "none" or (board and board.framework != "mdev"))
+    if needs_vfs and gpu.sriov_num_vfs == 0 and gpu.vendor_id == NVIDIA:
+        plan.actions.append(EnableVfs(gpu=gpu.address, count=gpu.sriov_total_vfs))
+        return True
+    return False
+
+
+def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
+    for v in gpu.vgpus:
+        if v.framework == "mdev":
+            plan.actions.append(RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id))
+        else:
+            plan.actions.append(SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"))
+    parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
+    for d in definitions:
+        if d.parent in parents:
+            plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
+    for vf in sorted(set(records) & parents):
+        plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
+    if gpu.sriov_num_vfs:
+        plan.actions.append(DisableVfs(gpu=gpu.address))
+    drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
+    for addr, driver in sorted(drivers.items()):
+        if driver != "vfio-pci":
+            plan.actions.append(BindDriver(gpu=gpu.address, address=addr, driver="vfio-pci"))
+
+
+def _keep_order(v: Vgpu, users: list[str], saved: set[str]) -> tuple:
+    """Which existing vGPUs to keep first: in use, then already persisted, then by id."""
+    return (not users, v.id not in saved, v.id)
+
+
+def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
+               definitions: Iterable[MdevDefinition], new_uuid: Callable[[], str]) -> None:
+    types = {t.id: t for t in gpu.types}
+    parents = [p.address for p in gpu.parents]
+    defs = {d.uuid: d for d in definitions if d.parent in parents}
+    by_type: dict[str, list[Vgpu]] = defaultdict(list)
+    for v in gpu.vgpus:
+        if v.framework == "mdev":
+            by_type[v.type_id].append(v)
+    removals, saves, creates = [], [], []
+    kept: list[Vgpu] = []
+    for tid, lst in by_type.items():
+        users = {v.id: _vgpu_users(v, usage) for v in lst}
+        lst.sort(key=lambda v: _keep_order(v, users[v.id], set(defs)))
+        want = wanted.get(tid, 0)
+        for v in lst[:want]:
+            kept.append(v)
+            if v.id not in defs:
+                saves.append(SaveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id, type_id=tid))
+        for v in lst[want:]:
+            if users[v.id]:
+                kept.append(v)
+                plan.skipped.append(Skip(device=v.id, reason=f"not removed: in use ({'; '.join(users[v.id])})"))
+                continue
+            removals.append(RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id))
+            if v.id in defs:
+                removals.append(RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id))
+    active = {v.id for v in gpu.vgpus}
+    removed = {a.uuid for a in removals if isinstance(a, RemoveMdev)}
+    busy_parents = {v.parent for v in gpu.vgpus if v.id not in removed}
+    per_vf = gpu.framework == "mdev-sriov"
+    free = [p for p in parents if not per_vf or p not in busy_parents]
+    dormant = [d for d in defs.values() if d.uuid not in active]
+    used = occupancy((types[v.type_id], 1) for v in kept if v.type_id in types)
+    kept_sizes = {types[v.type_id].framebuffer_mib for v in kept if v.type_id in types}
+    for tid, want in sorted(wanted.items()):
+        t = types.get(tid)
+        need = want - sum(1 for v in kept if v.type_id == tid and v.id not in {s.device for s in plan.skipped})
+        if need <= 0 or t is None:
+            continue
+        if not gpu.mixed_size and gpu.vendor_id == NVIDIA and kept_sizes - {t.framebuffer_mib}:
+            plan.skipped.append(Skip(device=gpu.address, reason=(
+                f"{need} x {t.short_name} not created: the GPU keeps vGPUs of another framebuffer size "
+                f"({', '.join(f'{s} MiB' for s in sorted(kept_sizes - {t.framebuffer_mib}))}) and is in equal-size mode")))
+            continue
+        for _ in range(need):
+            if t.max_instances and used + Fraction(1, t.max_instances) > 1:
+                plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: the GPU is full"))
+                break
+            reuse = next((d for d in dormant if d.mdev_type == tid and d.parent in free), None)
+            if reuse:
+                dormant.remove(reuse)
+                parent, uid = reuse.parent, reuse.uuid
+            else:
+                if not free:
+                    plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: no free VF left"))
+                    break
+                parent, uid = free[0], new_uuid()
+                saves.append(SaveDefinition(gpu=gpu.address, parent=parent, uuid=uid, type_id=tid))
+            if per_vf:
+                free.remove(parent)
+            creates.append(CreateMdev(gpu=gpu.address, parent=parent, uuid=uid, type_id=tid))
+            used += Fraction(1, t.max_instances) if t.max_instances else 0
+            kept_sizes.add(t.framebuffer_mib)
+    for d in dormant:
+        removals.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
+    plan.actions += removals + saves + creates
+
+
+def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, records: dict[str, str]) -> None:
+    types = {t.id: t for t in gpu.types}
+    vfs = [vf.address for vf in gpu.vfs]
+    mine = {vf: tid for vf, tid in records.items() if vf in vfs}
+    by_type: dict[str, list[Vgpu]] = defaultdict(list)
+    for v in gpu.vgpus:
+        by_type[v.type_id].append(v)
+    removals, saves, creates = [], [], []
+    kept: list[Vgpu] = []
+    for tid, lst in by_type.items():
+        users = {v.id: _vgpu_users(v, usage) for v in lst}
+        lst.sort(key=lambda v: _keep_order(v, users[v.id], set(mine)))
+        want = wanted.get(tid, 0)
+        for v in lst[:want]:
+            kept.append(v)
+            if mine.get(v.id) != tid:
+                saves.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=tid))
+        for v in lst[want:]:
+            if users[v.id]:
+                kept.append(v)
+                plan.skipped.append(Skip(device=v.id, reason=f"not cleared: in use ({'; '.join(users[v.id])})"))
+                continue
+            removals.append(SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"))
+            if v.id in mine:
+                removals.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None))
+    holding = {v.id for v in kept}
+    free = [vf for vf in vfs if vf not in holding]
+    dormant = {vf: tid for vf, tid in mine.items() if vf not in {v.id for v in gpu.vgpus}}
+    used = occupancy((types[v.type_id], 1) for v in kept if v.type_id in types)
+    kept_sizes = {types[v.type_id].framebuffer_mib for v in kept if v.type_id in types}
+    for tid, want in sorted(wanted.items()):
+        t = types.get(tid)
+        need = want - sum(1 for v in kept if v.type_id == tid)
+        if need <= 0 or t is None:
+            continue
+        if not gpu.mixed_size and kept_sizes - {t.framebuffer_mib}:
+            plan.skipped.append(Skip(device=gpu.address, reason=(
+                f"{need} x {t.short_name} not created: the GPU keeps vGPUs of another framebuffer size "
+                "and is in equal-size mode")))
+            continue
+        for _ in range(need):
+            if t.max_instances and used + Fraction(1, t.max_instances) > 1:
+                plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: the GPU is full"))
+                break
+            vf = next((v for v, rt in dormant.items() if rt == tid and v in free), None) or (free[0] if free else None)
+            if vf is None:
+                plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: no free VF left"))
+                break
+            free.remove(vf)
+            if dormant.pop(vf, None) != tid:
+                saves.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=tid))
+            creates.append(SetVgpuType(gpu=gpu.address, vf=vf, type_id=tid))
+            used += Fraction(1, t.max_instances) if t.max_instances else 0
+            kept_sizes.add(t.framebuffer_mib)
+    for vf in dormant:
+        removals.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
+    plan.actions += removals + saves + creates

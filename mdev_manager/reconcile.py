@@ -1,0 +1,77 @@
+"""Discover, plan, execute, until the node matches the layout (or nothing more can change).
+
+Steps that change what a GPU offers (drivers, VFs) come first; after them the node is
+discovered again and planned again, so vGPU steps are always planned on real state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel
+
+from . import persist
+from .actions import Plan
+from .config import GpuLayout
+from .discovery import discover
+from .env import HostEnv
+from .executor import Executor, Report
+from .hostio import HostIO
+from .models import Inventory
+from .plan import make_plan
+from .usage import Usage, collect_usage
+
+log = logging.getLogger(__name__)
+
+
+class Round(BaseModel):
+    plan: Plan
+    report: Report | None = None
+
+
+class Outcome(BaseModel):
+    rounds: list[Round] = []
+    inventory: Inventory | None = None
+    warnings: list[str] = []
+
+    @property
+    def changed(self) -> int:
+        return sum(r.report.changed for r in self.rounds if r.report)
+
+    @property
+    def ok(self) -> bool:
+        return all(not r.report.failed for r in self.rounds if r.report)
+
+
+def plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None = None,
+              node: str = "") -> tuple[Inventory, Plan, list[str]]:
+    inv = discover(env, io, node=node)
+    usage = collect_usage(env, usage_extra)
+    defs, problems = persist.load_definitions(env, io)
+    records = persist.load_vendor_vfio(env, io)
+    plan = make_plan(inv, layouts, usage, defs, records)
+    return inv, plan, usage.warnings + problems
+
+
+def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bool = False,
+              usage_extra: Usage | None = None, node: str = "", max_rounds: int = 4, on_step=None) -> Outcome:
+    out = Outcome()
+    for _ in range(max_rounds):
+        inv, plan, warnings = plan_once(env, io, layouts, usage_extra, node)
+        out.inventory = inv
+        out.warnings = sorted(set(out.warnings + warnings))
+        if dry_run:
+            if plan.structural():
+                plan.notes.append("after the driver and VF steps, vgpuctl discovers the GPUs again and plans their vGPUs")
+            out.rounds.append(Round(plan=plan))
+            return out
+        if not plan.actions:
+            if not out.rounds or plan.skipped:
+                out.rounds.append(Round(plan=plan, report=Report()))
+            break
+        report = Executor(env, io, on_step).run(plan)
+        out.rounds.append(Round(plan=plan, report=report))
+        if not plan.structural() or report.failed:
+            break
+    out.inventory = discover(env, io, node=node)
+    return out
