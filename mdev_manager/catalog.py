@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .names import framebuffer_mib_from_name, is_mig_backed, short_type_name
 
@@ -56,6 +56,7 @@ class BoardSpec(BaseModel):
     driver: str = "nvidia"
     types: list[TypeSpec]
     made_up_ids: bool = False
+    product_name: str | None = Field(None, description="pci.ids name, for hosts whose pci.ids predates the board")
 
 
 def _nv_desc(t: TypeSpec, heads: int = 4) -> str:
@@ -148,7 +149,7 @@ _add(BoardSpec(
     ],
 ))
 _add(BoardSpec(
-    key="L40S", vendor_id="0x10de", device_id="0x26b9", subsystem_device_id="0x1851",
+    key="L40S", vendor_id="0x10de", device_id="0x26b9", subsystem_device_id="0x1851", product_name="AD102GL [L40S]",
     framebuffer_mib=49152, framework="vendor-vfio", sriov_total_vfs=32,
     types=[
         TypeSpec(num=1145, name="NVIDIA L40S-1B", max_instances=32),

@@ -52,6 +52,9 @@ def read_function(env: HostEnv, io: HostIO, addr: str) -> dict:
     vendor = read_attr(io, d / "vendor", "0x0000")
     device = read_attr(io, d / "device", "0x0000")
     vname, dname = pciids.lookup(env.pci_ids, vendor, device)
+    if dname is None:
+        board = catalog.match_board(vendor, device, read_attr(io, d / "subsystem_device"))
+        dname = board.product_name if board else None
     override = read_attr(io, d / "driver_override")
     vfio_dev = io.listdir(d / "vfio-dev")
     real = str(io.realpath(d))

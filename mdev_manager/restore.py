@@ -1,0 +1,59 @@
+"""Bring back saved vGPUs after a reboot or crash, without a layout (``vgpuctl restore``).
+
+mdevctl-format definitions with ``start: auto`` and saved vendor-VFIO records are
+re-created where their device is missing. A parent that is a VF of a PF whose VFs are
+not enabled (they vanish on reboot) gets its PF's VFs enabled first: the VF is taken to
+sit on its PF's bus, as NVIDIA's boards place them (offset 4, stride 1).
+"""
+
+from __future__ import annotations
+
+from . import persist
+from .actions import CreateMdev, EnableVfs, Plan, SetVgpuType
+from .discovery import discover
+from .env import HostEnv
+from .executor import Executor, Report
+from .hostio import HostIO
+from .models import Inventory
+
+
+def _bus(addr: str) -> str:
+    return addr.rsplit(":", 1)[0]
+
+
+def plan_restore(inv: Inventory, defs: list[persist.MdevDefinition], records: dict[str, str]) -> Plan:
+    plan = Plan()
+    present = {p.address for g in inv.gpus for p in g.parents} | {vf.address for g in inv.gpus for vf in g.vfs}
+    active = {v.id for v in inv.all_vgpus()}
+    vendor_active = {v.id: v.type_id for v in inv.all_vgpus() if v.framework == "vendor-vfio"}
+    missing_parents = {d.parent for d in defs if d.start == "auto" and d.parent not in present}
+    missing_parents |= {vf for vf in records if vf not in present}
+    for g in inv.gpus:
+        if g.sriov_total_vfs and not g.sriov_num_vfs and any(_bus(p) == _bus(g.address) for p in missing_parents):
+            plan.actions.append(EnableVfs(gpu=g.address, count=g.sriov_total_vfs))
+    if plan.actions:
+        return plan
+    gpu_of = {p.address: g.address for g in inv.gpus for p in g.parents}
+    gpu_of |= {vf.address: g.address for g in inv.gpus for vf in g.vfs}
+    for d in defs:
+        if d.start == "auto" and d.uuid not in active and d.parent in present:
+            plan.actions.append(CreateMdev(gpu=gpu_of[d.parent], parent=d.parent, uuid=d.uuid, type_id=d.mdev_type))
+        elif d.start == "auto" and d.parent not in present:
+            plan.notes.append(f"definition {d.uuid}: parent {d.parent} is not on this node")
+    for vf, tid in sorted(records.items()):
+        if vf in present and vendor_active.get(vf) is None:
+            plan.actions.append(SetVgpuType(gpu=gpu_of[vf], vf=vf, type_id=tid))
+    return plan
+
+
+def restore(env: HostEnv, io: HostIO) -> list[Report]:
+    reports = []
+    for _ in range(3):
+        defs, _problems = persist.load_definitions(env, io)
+        plan = plan_restore(discover(env, io), defs, persist.load_vendor_vfio(env, io))
+        if not plan.actions:
+            break
+        reports.append(Executor(env, io).run(plan))
+        if not plan.structural():
+            break
+    return reports
