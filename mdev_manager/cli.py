@@ -121,6 +121,36 @@ def cmd_sim(args) -> int:
     return 0
 
 
+def api_client_from(kubeconfig: str | None):
+    """In-cluster config when running in a pod, else the kubeconfig (flag, $KUBECONFIG, ~/.kube/config)."""
+    from kubernetes import client, config
+
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+        return client.ApiClient()
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def cmd_serve(args) -> int:
+    from dra_bridge.observe import setup_logging
+    from dra_bridge.serve import Daemon, ServeConfig
+
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO, json_logs=not args.plain_logs)
+    env, io = open_host(args)
+    node = args.node_name or os.environ.get("NODE_NAME") or _node(args, env)
+    if not node:
+        raise ValueError("node name: set NODE_NAME (the DaemonSet sets it from spec.nodeName) or pass --node-name")
+    version = tuple(int(x) for x in args.server_version.split(".")[:2]) if args.server_version else None
+    cfg = ServeConfig(node_name=node, driver=args.driver, layout_file=args.file, layout=args.layout,
+                      resync_seconds=args.resync, server_version=version, metrics_port=args.metrics_port,
+                      kubelet_root=Path(args.kubelet_root), cdi_root=Path(args.cdi_root))
+    daemon = Daemon(cfg, env, io, api_client_from(args.kubeconfig)).start()
+    daemon.run()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vgpuctl", description="vGPU and GPU passthrough manager for KubeVirt nodes")
     p.add_argument("--simulate", nargs="?", const="default", metavar="PRESET|HOST.yaml",
@@ -149,6 +179,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("restore", help="re-create saved vGPUs that are missing (after a reboot)")
     r.set_defaults(func=cmd_restore)
+
+    sv = sub.add_parser("serve", help="run the node agent: reconcile, publish ResourceSlices, serve the kubelet")
+    sv.add_argument("--node-name", help="node name (default $NODE_NAME)")
+    sv.add_argument("--driver", default="vgpu.kubevirt.io", help="DRA driver name")
+    sv.add_argument("-f", "--file", help="layout file to reconcile on every resync")
+    sv.add_argument("--layout", default="default")
+    sv.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    sv.add_argument("--server-version", help="override the API server version, e.g. 1.35")
+    sv.add_argument("--resync", type=float, default=30.0, help="seconds between resyncs")
+    sv.add_argument("--metrics-port", type=int, default=8080)
+    sv.add_argument("--kubelet-root", default="/var/lib/kubelet")
+    sv.add_argument("--cdi-root", default="/var/run/cdi")
+    sv.add_argument("--plain-logs", action="store_true", help="human-readable logs instead of JSON")
+    sv.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("sim", help="manage simulated hosts")
     ssub = s.add_subparsers(dest="sim_cmd", required=True)

@@ -1,0 +1,89 @@
+"""Structured logs, Prometheus metrics and the probe endpoints of the daemon."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+               "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        for key in ("node", "claim", "gpu", "device"):
+            if hasattr(record, key):
+                doc[key] = getattr(record, key)
+        if record.exc_info:
+            doc["error"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def setup_logging(level: int = logging.INFO, json_logs: bool = True) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if json_logs else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.resyncs = Counter("vgpuctl_resyncs_total", "Resyncs run", ["result"], registry=r)
+        self.api_writes = Counter("vgpuctl_api_writes_total", "ResourceSlice writes", ["verb"], registry=r)
+        self.prepare_seconds = Histogram("vgpuctl_prepare_seconds", "NodePrepareResources latency per claim",
+                                         buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5), registry=r)
+        self.prepare_errors = Counter("vgpuctl_prepare_errors_total", "Claims whose prepare failed", registry=r)
+        self.devices = Gauge("vgpuctl_published_devices", "Devices in the published pool", ["kind"], registry=r)
+        self.gpus = Gauge("vgpuctl_gpus", "GPUs discovered on the node", registry=r)
+        self.vgpus = Gauge("vgpuctl_vgpus", "vGPUs present on the node", registry=r)
+        self.prepared_claims = Gauge("vgpuctl_prepared_claims", "Claims prepared on this node", registry=r)
+
+
+class ProbeServer:
+    """``/metrics``, ``/healthz`` (process alive) and ``/readyz`` (first resync done, plugin up)."""
+
+    def __init__(self, metrics: Metrics, ready, host: str = "0.0.0.0", port: int = 8080):
+        registry = metrics.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                if self.path == "/metrics":
+                    body, ctype, code = generate_latest(registry), CONTENT_TYPE_LATEST, 200
+                elif self.path == "/healthz":
+                    body, ctype, code = b"ok\n", "text/plain", 200
+                elif self.path == "/readyz":
+                    ok = ready()
+                    body, ctype, code = (b"ready\n" if ok else b"not ready\n"), "text/plain", 200 if ok else 503
+                else:
+                    body, ctype, code = b"not found\n", "text/plain", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="probes")
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    def start(self) -> "ProbeServer":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
