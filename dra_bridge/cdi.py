@@ -56,4 +56,4 @@ def spec_path(cdi_root: Path, driver: str, claim_uid: str) -> Path:
 
 
 def write_spec(io: HostIO, path: Path, spec: dict) -> None:
-    io.write_atomic(path, json.dumps(spec, indent=2))
+    io.write_atomic(path, json.dumps(spec, indent=2), durable=False)

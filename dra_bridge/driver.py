@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mdev_manager.env import HostEnv
 from mdev_manager.executor import Executor
-from mdev_manager.hostio import HostIO, RealIO
+from mdev_manager.hostio import HostIO, RealIO, link_name
 from mdev_manager.usage import Usage
 
 from . import cdi, metadata
@@ -25,8 +25,8 @@ from .claims import ClaimSource, allocation_results
 from .devices import Pool
 from .grpc_plugin import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from .paths import PluginPaths
-from .state import (PrepareError, bind_passthrough, create_vgpu, plan_vgpu, read_one_gpu, release_passthrough,
-                    remove_vgpu)
+from .state import (PrepareError, bind_passthrough, create_vgpu, passthrough_moves, plan_vgpu, read_one_gpu,
+                    release_passthrough, remove_vgpu)
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,12 @@ class Driver:
         results = [r for r in allocation_results(claim) if r.get("driver") == self.paths.driver]
         if not results:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} has no devices allocated from {self.paths.driver}")
-        records = self._plan(ref, results)
+        records, gpus = self._plan(ref, results)
         rec = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=records)
         self.cp.claims[ref.uid] = rec
         self.store.save(self.cp)  # intent first: a crash from here on is undone by recover()
         try:
-            self._apply(rec, claim)
+            self._apply(rec, claim, gpus)
         except (OSError, PrepareError) as exc:
             self._undo(rec)
             del self.cp.claims[ref.uid]
@@ -109,7 +109,7 @@ class Driver:
         self.store.save(self.cp)
         return self._answer(rec)
 
-    def _plan(self, ref: ClaimRef, results: list[dict]) -> list[PreparedDeviceRecord]:
+    def _plan(self, ref: ClaimRef, results: list[dict]) -> tuple[list[PreparedDeviceRecord], dict]:
         pool = self.pool()
         taken: set[str] = set()
         records = []
@@ -134,26 +134,26 @@ class Driver:
                 except PrepareError as exc:
                     raise PrepareError(f"{where}: {exc}") from None
             records.append(rec)
-        return records
+        return records, gpus
 
-    def _apply(self, rec: ClaimRecord, claim: dict) -> None:
+    def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict) -> None:
+        """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""
         cdi_devices: dict[str, list[dict]] = {}
         by_request: dict[str, list[dict]] = {}
         for d in rec.devices:
-            gpu = read_one_gpu(self.env, self.io, d.gpu)
-            if gpu is None:
-                raise PrepareError(f"GPU {d.gpu} is gone")
+            gpu = gpus[d.gpu]
             if d.kind == "vgpu":
                 create_vgpu(self.ex, gpu, d)
-                after = read_one_gpu(self.env, self.io, d.gpu)
-                v = next((v for v in after.vgpus if v.id == d.vgpu_id), None)
-                d.iommu_group = v.iommu_group if v else None
+                link = (self.env.mdev_devices / d.vgpu_id if d.framework == "mdev" else self.env.pci(d.parent))
+                group = link_name(self.io, link / "iommu_group")
+                d.iommu_group = int(group) if group and group.isdigit() else None
                 vfio_dev = None
                 attrs = {"mdevUUID": {"string": d.vgpu_id}} if d.framework == "mdev" else \
                     {"resource.kubernetes.io/pciBusID": {"string": d.vgpu_id}}
             else:
-                d.rebound = bind_passthrough(self.ex, gpu)
-                self.store.save(self.cp)  # remember what to give back even if the next step fails
+                d.rebound = passthrough_moves(gpu)
+                self.store.save(self.cp)  # what to give back, on disk before the first bind (crash safety)
+                bind_passthrough(self.ex, gpu)
                 after = read_one_gpu(self.env, self.io, d.gpu)
                 d.iommu_group, vfio_dev = after.iommu_group, after.vfio_dev
                 attrs = {"resource.kubernetes.io/pciBusID": {"string": d.gpu}}
@@ -203,14 +203,25 @@ class Driver:
                 remove_vgpu(self.ex, self.env, self.io, d)
             elif d.kind == "passthrough" and d.rebound:
                 release_passthrough(self.ex, read_one_gpu(self.env, self.io, d.gpu), d)
-        for f in rec.cdi_files + rec.metadata_files:
+        cdi_files, metadata_files = self._files(rec)
+        for f in cdi_files + metadata_files:
             self.io.remove(f)
-        for f in rec.metadata_files:  # remove the per-claim directories the metadata lived in
+        for f in metadata_files:  # remove the per-claim directories the metadata lived in
             for parent in (Path(f).parent, Path(f).parent.parent):
                 try:
                     parent.rmdir()
                 except OSError:
                     pass
+
+    def _files(self, rec: ClaimRecord) -> tuple[list[str], list[str]]:
+        """The claim's CDI and metadata files: recorded ones plus the deterministic paths prepare
+        writes (a crash after writing them but before the final checkpoint left them unrecorded)."""
+        cdi_files = list(rec.cdi_files) + [str(cdi.spec_path(self.paths.cdi_root, self.paths.driver, rec.uid))]
+        metadata_files = list(rec.metadata_files)
+        for request in sorted({d.request for d in rec.devices}):
+            cdi_files.append(str(metadata.cdi_path(self.paths.cdi_root, self.paths.driver, rec.uid, request)))
+            metadata_files.append(str(metadata.host_file(self.paths.metadata_dir, rec.namespace, rec.name, request)))
+        return list(dict.fromkeys(cdi_files)), list(dict.fromkeys(metadata_files))
 
     # ------------------------------------------------------------ for the node manager and health
     def usage(self) -> Usage:

@@ -52,7 +52,7 @@ def document(claim: dict, request: str, devices: list[dict]) -> dict:
 
 def write(io: HostIO, path: Path, doc: dict) -> None:
     """A stream of JSON objects, one per metadata version, each followed by a newline."""
-    io.write_atomic(path, json.dumps(doc) + "\n")
+    io.write_atomic(path, json.dumps(doc) + "\n", durable=False)
     path.chmod(0o644)
 
 

@@ -16,7 +16,7 @@ from typing import Protocol
 class HostIO(Protocol):
     def read(self, path: Path) -> str: ...
     def write(self, path: Path, data: str) -> None: ...
-    def write_atomic(self, path: Path, data: str) -> None: ...
+    def write_atomic(self, path: Path, data: str, durable: bool = True) -> None: ...
     def remove(self, path: Path) -> None: ...
     def listdir(self, path: Path) -> list[str]: ...
     def readlink(self, path: Path) -> str: ...
@@ -42,16 +42,23 @@ class RealIO:
         finally:
             os.close(fd)
 
-    def write_atomic(self, path: Path, data: str) -> None:
-        """Write a regular file so a crash leaves the old or the new content, never half."""
+    def write_atomic(self, path: Path, data: str, durable: bool = True) -> None:
+        """Write a regular file so a crash leaves the old or the new content, never half.
+
+        ``durable`` also fsyncs the file and its directory, so the new content survives a
+        power loss; transient files (CDI specs under /var/run) skip that cost.
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
+        if not durable:
+            return
         dfd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dfd)

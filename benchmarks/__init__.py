@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks [name ...]`` prints figures and ratios against a peer."""

@@ -1,0 +1,46 @@
+"""Small helpers shared by the benchmarks: timing, percentiles, a fresh simulated host."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from mdev_manager.env import HostEnv
+from mdev_manager.sim import SimHost, SimIO, load_host
+
+
+def percentile(values: list[float], p: float) -> float:
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def best_of(fn, repeat: int = 3) -> float:
+    """Fastest of ``repeat`` runs: the figure least disturbed by the rest of the machine."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+@contextmanager
+def sim_host(preset: str):
+    # sysfs lives in memory on a real host: keep the simulated one on tmpfs where there is one
+    base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
+    with tempfile.TemporaryDirectory(dir=base, prefix="vgbench") as d:
+        host = SimHost.create(Path(d) / "host", load_host(preset))
+        yield host, HostEnv.under(Path(d) / "host"), SimIO(host)
+
+
+def row(name: str, ours: str, peer: str, ratio: float | None, note: str = "") -> str:
+    r = "-" if ratio is None else f"{ratio:.2f}x"
+    return f"{name:44} {ours:>14} {peer:>14} {r:>9}  {note}"
+
+
+HEADER = f"{'measure':44} {'vgpuctl':>14} {'peer':>14} {'ratio':>9}"
+__all__ = ["percentile", "best_of", "sim_host", "row", "HEADER", "statistics"]
