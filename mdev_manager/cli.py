@@ -65,7 +65,8 @@ def cmd_discover(args) -> int:
 def cmd_apply(args, dry_run: bool = False) -> int:
     env, io = open_host(args)
     layouts = load_config(args.file, args.layout)
-    out = reconcile(env, io, layouts, dry_run=dry_run or args.dry_run, node=_node(args, env))
+    out = reconcile(env, io, layouts, dry_run=dry_run or args.dry_run, node=_node(args, env),
+                    final_inventory=args.output != "table")
     if args.output != "table":
         print(dump(out, args.output))
         return 0 if out.ok else 1
@@ -83,10 +84,12 @@ def cmd_apply(args, dry_run: bool = False) -> int:
 
 def cmd_restore(args) -> int:
     env, io = open_host(args)
+    before = len(discover(env, io).all_vgpus())
     reports = restore(env, io)
     for r in reports:
         print(report_text(r))
-    print(f"{sum(r.changed for r in reports)} devices restored")
+    # count vGPUs, not steps: enabling a GPU's VFs is a step but no device
+    print(f"{len(discover(env, io).all_vgpus()) - before} devices restored")
     return 0 if all(not r.failed for r in reports) else 1
 
 

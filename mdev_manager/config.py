@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from .names import NameError_, check_pci_address, check_type_id, safe_component
 
@@ -41,13 +41,13 @@ class ConfigError(ValueError):
 class GpuLayout(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    index: int | None = Field(None, ge=0)
+    index: StrictInt | None = Field(None, ge=0)
     pci_address: str | None = Field(None, alias="pciAddress")
     model: str | None = None
     all: bool | None = None
     nvidia_only: bool = Field(False, alias="nvidiaOnly", description="index counts NVIDIA GPUs only")
     mode: Mode = "vgpu"
-    vgpus: dict[str, int] = {}
+    vgpus: dict[str, StrictInt] = {}  # strict: YAML's `yes` is not a count
     passthrough: bool = Field(False, description="dra mode: also offer the whole GPU for passthrough")
 
     @field_validator("pci_address")
@@ -111,7 +111,7 @@ def _from_device_manager(doc: dict, name: str) -> list[GpuLayout]:
         vgpus = entry.get("vgpu-devices") or {}
         if devices == "all":
             out.append(GpuLayout(all=True, mode="vgpu", vgpus=vgpus, nvidia_only=True))
-        elif isinstance(devices, list) and all(isinstance(d, int) for d in devices):
+        elif isinstance(devices, list) and all(type(d) is int for d in devices):  # not bool
             out += [GpuLayout(index=d, mode="vgpu", vgpus=vgpus, nvidia_only=True) for d in devices]
         else:
             raise ConfigError(f"vgpu-configs.{name}[{i}].devices: {devices!r} must be 'all' or a list of GPU indices")

@@ -46,9 +46,14 @@ def _int(value: str | None) -> int | None:
     return None if n is None or n < 0 else n
 
 
+def _dev_dir(env: HostEnv, io: HostIO, addr: str):
+    """The device's real directory: resolving the bus link once saves a lookup per attribute."""
+    return io.realpath(env.pci(addr))
+
+
 def read_function(env: HostEnv, io: HostIO, addr: str) -> dict:
     """The attributes common to every PCI function, as model fields."""
-    d = env.pci(addr)
+    d = _dev_dir(env, io, addr)
     vendor = read_attr(io, d / "vendor", "0x0000")
     device = read_attr(io, d / "device", "0x0000")
     vname, dname = pciids.lookup(env.pci_ids, vendor, device)
@@ -57,7 +62,7 @@ def read_function(env: HostEnv, io: HostIO, addr: str) -> dict:
         dname = board.product_name if board else None
     override = read_attr(io, d / "driver_override")
     vfio_dev = io.listdir(d / "vfio-dev")
-    real = str(io.realpath(d))
+    real = str(d)
     root = next((part for part in real.split(os.sep) if part.startswith("pci") and ":" in part), None)
     group = link_name(io, d / "iommu_group")
     return dict(
@@ -94,7 +99,7 @@ def _max_instances(name: str, description: str) -> int | None:
 
 
 def read_mdev_types(env: HostEnv, io: HostIO, parent: str) -> list[VgpuType]:
-    base = env.pci(parent) / "mdev_supported_types"
+    base = _dev_dir(env, io, parent) / "mdev_supported_types"
     out = []
     for tid in io.listdir(base):
         t = base / tid
@@ -129,7 +134,7 @@ def _vendor_type(tid: str, name: str, available: int) -> VgpuType:
 
 def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str) -> list[Vgpu]:
     out = []
-    pdir = env.pci(parent)
+    pdir = _dev_dir(env, io, parent)
     for name in io.listdir(pdir):
         if not _UUID.match(name) or not io.exists(pdir / name / "mdev_type"):
             continue
@@ -172,7 +177,7 @@ def _cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> None:
 
 
 def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict) -> Gpu:
-    d = env.pci(addr)
+    d = _dev_dir(env, io, addr)
     total = _int(read_attr(io, d / "sriov_totalvfs")) or 0
     vfs = []
     for entry in io.listdir(d):
@@ -189,7 +194,7 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict) -> G
         parents.append(MdevParent(address=addr, types=read_mdev_types(env, io, addr)))
         vgpus += read_mdevs(env, io, addr, addr)
     for vf in vfs:
-        vd = env.pci(vf.address)
+        vd = _dev_dir(env, io, vf.address)
         if io.exists(vd / "mdev_supported_types"):
             framework = "mdev-sriov"
             parents.append(MdevParent(address=vf.address, types=read_mdev_types(env, io, vf.address)))
@@ -230,11 +235,20 @@ def discover(env: HostEnv | None = None, io: HostIO | None = None, node: str = "
     """The whole node inventory. GPUs are indexed in PCI address order; VFs belong to their PF."""
     env = env or HostEnv()
     io = io or RealIO()
-    gpus = []
+    found = []
     for addr in pci_addresses(env, io):
         if io.exists(env.pci(addr) / "physfn"):
             continue
         fields = read_function(env, io, addr)
         if is_gpu(fields):
-            gpus.append(read_gpu(env, io, addr, len(gpus), fields))
+            found.append((addr, len(found), fields))
+    # Each GPU is hundreds of small reads; on a big node they overlap well in threads
+    # (sysfs and FUSE reads release the GIL while they wait).
+    if len(found) > 2:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(8, len(found))) as pool:
+            gpus = list(pool.map(lambda f: read_gpu(env, io, *f), found))
+    else:
+        gpus = [read_gpu(env, io, *f) for f in found]
     return Inventory(node=node or os.uname().nodename, gpus=gpus, iommufd=io.exists(env.iommufd))

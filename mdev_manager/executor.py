@@ -79,6 +79,7 @@ class Executor:
         self.io = io
         self.on_step = on_step
         self._records: dict[str, str] | None = None
+        self._unsynced = False
 
     def run(self, plan: Plan) -> Report:
         report = Report()
@@ -101,6 +102,9 @@ class Executor:
             report.results.append(StepResult(step=a.describe(), device=_device(a), ok=True))
             if self.on_step:
                 self.on_step(a)
+        if self._unsynced:
+            self.io.sync()
+            self._unsynced = False
         return report
 
     # ------------------------------------------------------------ one step
@@ -113,7 +117,11 @@ class Executor:
         elif isinstance(a, BindDriver):
             self.bind(check_pci_address(a.address), a.driver)
         elif isinstance(a, SaveDefinition):
-            persist.save_definition(env, io, persist.MdevDefinition(uuid=a.uuid, parent=a.parent, mdev_type=a.type_id))
+            # Ordering (definition before device) is what crash safety needs; durability against
+            # power loss comes from one sync at the end of the run (a reboot loses the devices too).
+            persist.save_definition(env, io, persist.MdevDefinition(uuid=a.uuid, parent=a.parent, mdev_type=a.type_id),
+                                    durable=False)
+            self._unsynced = True
         elif isinstance(a, CreateMdev):
             self.create_mdev(a.parent, a.type_id, a.uuid)
         elif isinstance(a, RemoveMdev):

@@ -148,14 +148,17 @@ def load_definitions(env: HostEnv, io: HostIO) -> tuple[list[MdevDefinition], li
     return defs, problems
 
 
-def save_definition(env: HostEnv, io: HostIO, d: MdevDefinition) -> Path:
-    """Write (or replace) one definition atomically; returns its path."""
+def save_definition(env: HostEnv, io: HostIO, d: MdevDefinition, durable: bool = True) -> Path:
+    """Write (or replace) one definition atomically; returns its path.
+
+    ``durable=False`` leaves the fsync to the caller (the executor syncs once per run).
+    """
     d = MdevDefinition.model_validate(d.model_dump())  # re-check a mutated model
     path = definition_path(env, d.parent, d.uuid)
     ensure_layout(env)
     path.parent.mkdir(parents=True, exist_ok=True)  # HostIO has no mkdir; write_atomic may
     body = {"mdev_type": d.mdev_type, "start": d.start, "attrs": d.attrs}
-    io.write_atomic(path, json.dumps(body, indent=2, sort_keys=True) + "\n")
+    io.write_atomic(path, json.dumps(body, indent=2, sort_keys=True) + "\n", durable=durable)
     return path
 
 

@@ -247,6 +247,11 @@ def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) 
         else:
             plan.actions.append(SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"))
     parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
+    if gpu.sriov_total_vfs and not gpu.vfs:
+        # VFs gone (a reboot): their saved vGPUs sit on the PF's bus, as restore assumes; forget
+        # them too, or restore would enable VFs on the passed-through GPU and re-create them
+        bus = gpu.address.rsplit(":", 1)[0]
+        parents |= {p for p in [d.parent for d in definitions] + list(records) if p.rsplit(":", 1)[0] == bus}
     for d in definitions:
         if d.parent in parents:
             plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))

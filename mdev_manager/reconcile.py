@@ -54,7 +54,9 @@ def plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: U
 
 
 def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bool = False,
-              usage_extra: Usage | None = None, node: str = "", max_rounds: int = 4, on_step=None) -> Outcome:
+              usage_extra: Usage | None = None, node: str = "", max_rounds: int = 4, on_step=None,
+              final_inventory: bool = True) -> Outcome:
+    """Run rounds until nothing structural is left; ``final_inventory`` discovers the result once more."""
     out = Outcome()
     for _ in range(max_rounds):
         inv, plan, warnings = plan_once(env, io, layouts, usage_extra, node)
@@ -73,5 +75,6 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
         out.rounds.append(Round(plan=plan, report=report))
         if not plan.structural() or report.failed:
             break
-    out.inventory = discover(env, io, node=node)
+    if final_inventory:
+        out.inventory = discover(env, io, node=node)
     return out

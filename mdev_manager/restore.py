@@ -29,7 +29,8 @@ def plan_restore(inv: Inventory, defs: list[persist.MdevDefinition], records: di
     missing_parents = {d.parent for d in defs if d.start == "auto" and d.parent not in present}
     missing_parents |= {vf for vf in records if vf not in present}
     for g in inv.gpus:
-        if g.sriov_total_vfs and not g.sriov_num_vfs and any(_bus(p) == _bus(g.address) for p in missing_parents):
+        if (g.sriov_total_vfs and not g.sriov_num_vfs and g.driver not in (None, "vfio-pci")  # not a passed-through GPU
+                and any(_bus(p) == _bus(g.address) for p in missing_parents)):
             plan.actions.append(EnableVfs(gpu=g.address, count=g.sriov_total_vfs))
     if plan.actions:
         return plan

@@ -128,6 +128,7 @@ class SimHost:
                     self._add_function(pf, rel, board.vendor_id, board.device_id, board.class_code,
                                        board.subsystem_vendor_id, board.subsystem_device_id,
                                        group.numa_node, grp, native)
+                    self.state["functions"][pf]["initial"] = initial
                     gpu = {"pf": pf, "board": board.key, "framework": framework,
                            "mixed_size": group.mixed_size or board.vendor_id != "0x10de",
                            "vf_total": board.sriov_total_vfs if framework != "mdev" else 0}
@@ -251,12 +252,12 @@ class SimHost:
                 out.append((p, p, cur.read_text().strip()))
         return out
 
-    def remaining(self, gpu: dict, t: TypeSpec) -> int:
-        """How many more vGPUs of ``t`` fit on the physical GPU now."""
+    def remaining(self, gpu: dict, t: TypeSpec, existing: list[tuple[str, str, str]] | None = None) -> int:
+        """How many more vGPUs of ``t`` fit on the physical GPU now (``existing``: a fresh ``_existing(gpu)``)."""
         if t.mig_backed:
             return 0  # MIG is not enabled on simulated GPUs
         used = Fraction(0)
-        for _, _, tid in self._existing(gpu):
+        for _, _, tid in self._existing(gpu) if existing is None else existing:
             et = self._type_by_id(gpu, tid)
             if et is None:
                 continue
@@ -270,7 +271,8 @@ class SimHost:
         """Rewrite ``available_instances`` / ``creatable_vgpu_types`` of every parent of the GPU."""
         board = self._board(gpu)
         fw = gpu["framework"]
-        rem = {str(t.num): self.remaining(gpu, t) for t in board.types}
+        existing = self._existing(gpu)
+        rem = {str(t.num): self.remaining(gpu, t, existing) for t in board.types}
         if fw == "mdev":
             pf_dir = self._fdir(gpu["pf"])
             if (pf_dir / "mdev_supported_types").exists():
@@ -293,7 +295,7 @@ class SimHost:
                 self._write(vdir / "nvidia/creatable_vgpu_types", "\n".join(lines) + "\n")
 
     # ------------------------------------------------------------------ driver model
-    def _bind(self, addr: str, driver: str) -> None:
+    def _bind(self, addr: str, driver: str, refresh: bool = True) -> None:
         fdir = self._fdir(addr)
         self._link(fdir / "driver", self.sys / "bus/pci/drivers" / driver)
         self._link(self.sys / "bus/pci/drivers" / driver / addr, fdir)
@@ -305,8 +307,8 @@ class SimHost:
                 self.state["next_vfio"] = n + 1
                 (fdir / "vfio-dev" / f"vfio{n}").mkdir(parents=True, exist_ok=True)
                 (self.dev / f"vfio/devices/vfio{n}").write_text("")
-            self._update_group_node(fn["group"])
-        elif driver in ("nvidia", "i915") and gpu is not None:
+        self._update_group_node(fn["group"])  # another driver in the group makes it unusable
+        if driver in ("nvidia", "i915") and gpu is not None:
             is_pf = addr == gpu["pf"]
             if gpu["framework"] == "mdev" and is_pf or gpu["framework"] == "mdev-sriov" and not is_pf:
                 self._make_mdev_parent(addr, gpu)
@@ -316,7 +318,8 @@ class SimHost:
                 for name, val in (("current_vgpu_type", "0"), ("gpu_instance_id", "4294967295"),
                                   ("placement_id", "65535"), ("vgpu_params", ""), ("warm_update", "0")):
                     (nv / name).write_text(val + "\n")
-            self._refresh(gpu)
+            if refresh:
+                self._refresh(gpu)
 
     def _unbind(self, addr: str) -> None:
         fdir = self._fdir(addr)
@@ -392,7 +395,7 @@ class SimHost:
             self._link(self._fdir(pf) / f"virtfn{i}", self._fdir(vf))
         self._write(self._fdir(pf) / "sriov_numvfs", f"{n}\n")
         for vf in self._vfs(gpu):
-            self._bind(vf, board.driver)
+            self._bind(vf, board.driver, refresh=False)  # once for all VFs, below
         self._refresh(gpu)
 
     def _disable_vfs(self, gpu: dict) -> None:
@@ -594,6 +597,15 @@ class SimHost:
                         self._force_remove_mdev(p, v)
                 if self._vfs(gpu):
                     self._disable_vfs(gpu)
+            for addr, fn in list(self.state["functions"].items()):
+                (self._fdir(addr) / "driver_override").write_text("(null)\n")
+                initial = fn.get("initial", fn["native"])
+                if self._driver(addr) != (None if initial == "none" else initial):
+                    if self._driver(addr):
+                        self._unbind(addr)
+                    if initial != "none":
+                        self._bind(addr, initial)
+            for gpu in self.state["gpus"]:
                 self._refresh(gpu)
             self._save()
 

@@ -1,0 +1,86 @@
+"""Node manager: discovery and apply against mdevctl on the same FUSE-mounted host (issue #2).
+
+Both sides read and write through the same FUSE mount of a simulated host, so the kernel
+model's cost is shared. Discovery: 16 GPUs with 32 VFs each, every VF an mdev parent with
+every type listed; ours is ``discover()`` in-process, the peer one ``mdevctl types
+--dumpjson`` (its process start and namespace set-up are measured separately and
+reported, not subtracted). Apply: 256 vGPUs, ours one ``reconcile()`` (which also persists
+256 definitions), the peer 256 ``mdevctl start -p PARENT -t TYPE`` calls, on 16 Tesla T4
+(mdev on the PF, 16 x T4-1Q each).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from mdev_manager.config import parse_config
+from mdev_manager.discovery import discover
+from mdev_manager.env import HostEnv
+from mdev_manager.hostio import RealIO
+from mdev_manager.reconcile import reconcile
+from mdev_manager.sim import SimHost, load_host
+from mdev_manager.sim.hostspec import GpuGroup, HostSpec
+from mdev_manager.sim.fuse import mounted
+
+from .common import HEADER, best_of, row
+
+T4_LAYOUT = parse_config({"version": "vgpuctl/v1",
+                          "layouts": {"default": [{"all": True, "mode": "vgpu", "vgpus": {"T4-1Q": 16}}]}})
+T4_1Q = "nvidia-230"
+
+
+def _fuse_env(root: Path, mnt: Path) -> HostEnv:
+    return HostEnv(sys_root=mnt, dev_root=root / "dev", mdevctl_root=root / "etc/mdevctl.d",
+                   state_root=root / "var/lib/vgpuctl", libvirt_uri=None)
+
+
+def run() -> list[str]:
+    from tests.mdevctl_ns import missing_facilities, run_mdevctl
+
+    why = missing_facilities()
+    if why:
+        return ["Node manager", f"skipped: mdevctl cannot run here ({'; '.join(why)})"]
+    lines = ["Node manager (16 GPUs x 32 VFs, FUSE-mounted simulated host)", HEADER]
+    base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
+    with tempfile.TemporaryDirectory(dir=base, prefix="vgnode") as d:
+        root, mnt = Path(d) / "host", Path(d) / "mnt"
+        host = SimHost.create(root, load_host("bench-large"))
+        with mounted(host, mnt, threads=True):
+            env = _fuse_env(root, mnt)
+            etc = root / "etc/mdevctl.d"
+            inv = discover(env, RealIO())
+            n_types = sum(len(p.types) for g in inv.gpus for p in g.parents)
+            ours = best_of(lambda: discover(env, RealIO()), 1)
+            peer = best_of(lambda: run_mdevctl(mnt, etc, "types", "--dumpjson", check=True, timeout=600), 1)
+            start = best_of(lambda: run_mdevctl(mnt, etc, "--version"))
+            lines.append(row(f"discovery ({len(inv.gpus)} GPUs, {n_types} parent types)", f"{ours * 1000:.0f} ms",
+                             f"{peer * 1000:.0f} ms", ours / peer,
+                             f"peer: mdevctl types; its process+namespace start alone {start * 1000:.0f} ms"))
+    # apply: 16 Tesla T4 (mdev on the PF), 16 x T4-1Q each = 256 vGPUs
+    spec = HostSpec(name="bench-t4", node="bench-t4", gpus=[GpuGroup(board="T4", count=16)])
+    with tempfile.TemporaryDirectory(dir=base, prefix="vgnode") as d:
+        root, mnt = Path(d) / "host", Path(d) / "mnt"
+        host = SimHost.create(root, spec)
+        with mounted(host, mnt, threads=True):
+            env = _fuse_env(root, mnt)
+            t0 = time.perf_counter()
+            out = reconcile(env, RealIO(), T4_LAYOUT, final_inventory=False)  # as `vgpuctl apply` runs it
+            ours_apply = time.perf_counter() - t0
+            assert out.ok and len(discover(env, RealIO()).all_vgpus()) == 256
+    with tempfile.TemporaryDirectory(dir=base, prefix="vgnode") as d:
+        root, mnt = Path(d) / "host", Path(d) / "mnt"
+        host = SimHost.create(root, spec)
+        with mounted(host, mnt, threads=True):
+            env = _fuse_env(root, mnt)
+            parents = [g.address for g in discover(env, RealIO()).gpus]
+            t0 = time.perf_counter()
+            for p in parents:
+                for _ in range(16):
+                    run_mdevctl(mnt, root / "etc/mdevctl.d", "start", "-p", p, "-t", T4_1Q, check=True)
+            peer_apply = time.perf_counter() - t0
+            assert len(discover(env, RealIO()).all_vgpus()) == 256
+    lines.append(row("apply 256 vGPUs", f"{ours_apply:.2f} s", f"{peer_apply:.2f} s", peer_apply / ours_apply,
+                     "ratio = how many times faster; peer: 256 x mdevctl start; target >= 4x"))
+    return lines

@@ -1,0 +1,366 @@
+"""The simulated host's ``sys/`` tree as a FUSE filesystem.
+
+Mounted somewhere (and bind-mounted over ``/sys`` in a private mount namespace), it lets
+the production file-I/O path (``RealIO``) and tools nobody here wrote (mdevctl) run
+against a :class:`~.kernel.SimHost`:
+
+* Reads pass through to the backing tree under ``host.sys``. Symlinks stay symlinks (the
+  simulated tree only holds relative links, so they resolve inside the mount).
+* Attribute files look like sysfs: mode 0644 when the kernel acts on writes to them,
+  0444 otherwise (opening those for writing fails with EACCES, as on sysfs), directories
+  0755, and ``st_size`` 4096 whatever the content. Every attribute is opened with
+  ``direct_io``, so reads ignore that size and return the real content, up to EOF.
+* Each ``write()`` call is one kernel write: ``host.write(<backing path>, data)``, with the
+  model's errno handed to the writer (EEXIST, EUSERS, EBUSY, EINVAL, ERANGE, ...).
+  Nothing is buffered across calls; the offset is ignored, as sysfs ignores it.
+* ``truncate`` and ``open(O_TRUNC)`` of an attribute are no-ops (``echo x > attr``).
+  Reading or writing a file that was removed while open fails with ENODEV, as on sysfs;
+  creating, removing or renaming anything fails (EACCES / EPERM).
+* As kernfs does, an attribute's content is taken when it is read at offset 0 and later
+  reads of the same open file continue from that copy; the copy is taken under a shared
+  lock on the simulator's lock file, so a read never sees half of a concurrent write.
+* The kernel caches neither attributes, entries nor negative lookups (timeouts 0): the
+  tree changes underneath (``available_instances``, new mdev directories).
+
+Use :func:`mounted` in tests and tools: it runs the FUSE loop in a child process
+(``python -m mdev_manager.sim.fuse ROOT MOUNTPOINT``), so the caller's own file I/O can
+never deadlock against the FUSE loop; it waits for the mount and unmounts on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import mfusepy
+
+from .kernel import SimHost
+
+log = logging.getLogger(__name__)
+
+# Attribute names the simulated kernel acts on (SimHost._dispatch); everything else is read-only.
+WRITABLE_ATTRS = frozenset({
+    "create", "remove", "sriov_numvfs", "driver_override", "bind", "unbind", "new_id", "remove_id",
+    "drivers_probe", "current_vgpu_type", "vgpu_params", "warm_update", "placement_id", "gpu_instance_id",
+})
+ATTR_SIZE = 4096  # what sysfs reports for every attribute
+MOUNT_TIMEOUT = 10.0
+FUSERMOUNT = "fusermount3"
+
+
+def attr_mode(name: str) -> int:
+    """Permission bits of an attribute file (sysfs-like)."""
+    return 0o644 if name in WRITABLE_ATTRS else 0o444
+
+
+class SimFS(mfusepy.Operations):
+    """Pass-through of ``host.sys`` whose writes are kernel writes (see the module doc)."""
+
+    use_ns = True  # timestamps in nanoseconds (mfusepy >= 3)
+
+    def __init__(self, host: SimHost):
+        self.host = host
+        self.base = os.path.realpath(host.sys)
+        self._lockfile = host.root / ".sim/lock"
+        self._files: dict[int, dict] = {}  # fh -> {"path": backing path, "data": bytes | None}
+        self._fh = itertools.count(1)
+        self._mutex = threading.Lock()
+
+    # ------------------------------------------------------------------ helpers
+    def _backing(self, path: str) -> str:
+        rel = os.path.normpath(path.lstrip("/")) if path not in ("", "/") else ""
+        if rel.startswith(".."):
+            raise mfusepy.FuseOSError(errno.ENOENT)
+        return os.path.join(self.base, rel) if rel else self.base
+
+    @contextlib.contextmanager
+    def _shared(self):
+        """Hold the simulator's lock shared: SimHost writers hold it exclusively."""
+        try:
+            lf = open(self._lockfile, "a")
+        except OSError:  # no lock file (a bare tree): nothing to synchronise with
+            yield
+            return
+        try:
+            fcntl.flock(lf, fcntl.LOCK_SH)
+            yield
+        finally:
+            fcntl.flock(lf, fcntl.LOCK_UN)
+            lf.close()
+
+    @staticmethod
+    def _oserror(e: OSError) -> mfusepy.FuseOSError:
+        return mfusepy.FuseOSError(e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO)
+
+    # ------------------------------------------------------------------ metadata
+    def getattr(self, path, fh=None):
+        try:
+            st = os.lstat(self._backing(path))
+        except OSError as e:
+            raise self._oserror(e) from None
+        attrs = {
+            "st_uid": 0, "st_gid": 0, "st_nlink": st.st_nlink,
+            "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns,
+            "st_blksize": ATTR_SIZE,
+        }
+        if stat.S_ISDIR(st.st_mode):
+            attrs.update(st_mode=stat.S_IFDIR | 0o755, st_size=0)
+        elif stat.S_ISLNK(st.st_mode):
+            attrs.update(st_mode=stat.S_IFLNK | 0o777, st_size=st.st_size)
+        else:
+            attrs.update(st_mode=stat.S_IFREG | attr_mode(os.path.basename(path)), st_size=ATTR_SIZE)
+        return attrs
+
+    def readdir(self, path, fh):
+        try:
+            names = os.listdir(self._backing(path))
+        except OSError as e:
+            raise self._oserror(e) from None
+        return [".", "..", *sorted(names)]
+
+    def readlink(self, path):
+        try:
+            return os.readlink(self._backing(path))
+        except OSError as e:
+            raise self._oserror(e) from None
+
+    def statfs(self, path):
+        return {"f_bsize": ATTR_SIZE, "f_frsize": ATTR_SIZE, "f_namemax": 255}
+
+    # ------------------------------------------------------------------ files
+    def open(self, path, fi):
+        """``fi`` is the raw fuse_file_info (``raw_fi=True``): set ``direct_io`` and ``fh``."""
+        backing = self._backing(path)
+        if not os.path.isfile(backing):
+            raise mfusepy.FuseOSError(errno.EISDIR if os.path.isdir(backing) else errno.ENOENT)
+        accmode = fi.flags & os.O_ACCMODE
+        if accmode != os.O_RDONLY and os.path.basename(path) not in WRITABLE_ATTRS:
+            raise mfusepy.FuseOSError(errno.EACCES)  # sysfs: no store method, no write open
+        with self._mutex:
+            fh = next(self._fh)
+            self._files[fh] = {"path": backing, "data": None}
+        fi.fh = fh
+        fi.direct_io = 1   # no page cache: every read reaches read() below, st_size is ignored
+        fi.keep_cache = 0
+        return 0
+
+    def read(self, path, size, offset, fi):
+        f = self._files.get(fi.fh)
+        if f is None:
+            raise mfusepy.FuseOSError(errno.EBADF)
+        if offset == 0 or f["data"] is None:
+            try:
+                with self._shared():
+                    with open(f["path"], "rb") as src:
+                        f["data"] = src.read()
+            except FileNotFoundError:  # removed while open: sysfs says ENODEV
+                raise mfusepy.FuseOSError(errno.ENODEV) from None
+            except OSError as e:
+                raise self._oserror(e) from None
+        return f["data"][offset:offset + size]
+
+    def write(self, path, data, offset, fi):
+        if not data:
+            return 0  # sysfs stores nothing for an empty write
+        f = self._files.get(fi.fh)
+        backing = f["path"] if f else self._backing(path)
+        if not os.path.lexists(backing):  # removed while open (an mdev's `remove`): sysfs says ENODEV
+            raise mfusepy.FuseOSError(errno.ENODEV)
+        try:
+            self.host.write(Path(backing), bytes(data).decode())
+        except UnicodeDecodeError:
+            raise mfusepy.FuseOSError(errno.EINVAL) from None
+        except OSError as e:
+            raise self._oserror(e) from None
+        except Exception:  # a bug in the model: say so in the daemon's log, fail the write
+            log.exception("simulated kernel failed on a write to %s", backing)
+            raise mfusepy.FuseOSError(errno.EIO) from None
+        if f is not None:
+            f["data"] = None  # a later read shows the attribute as it is now
+        return len(data)
+
+    def truncate(self, path, length, fh=None):
+        backing = self._backing(path)
+        if os.path.isdir(backing):
+            raise mfusepy.FuseOSError(errno.EISDIR)
+        if not os.path.lexists(backing):
+            raise mfusepy.FuseOSError(errno.ENOENT)
+        return 0  # sysfs ignores truncation; `echo x > attr` truncates before writing
+
+    def flush(self, path, fi):
+        return 0
+
+    def release(self, path, fi):
+        with self._mutex:
+            self._files.pop(fi.fh, None)
+        return 0
+
+    # ------------------------------------------------------------------ refused, as sysfs refuses them
+    def create(self, path, mode, fi=None):
+        raise mfusepy.FuseOSError(errno.EACCES)
+
+    def mkdir(self, path, mode):
+        raise mfusepy.FuseOSError(errno.EPERM)
+
+    def unlink(self, path):
+        raise mfusepy.FuseOSError(errno.EPERM)
+
+    def rmdir(self, path):
+        raise mfusepy.FuseOSError(errno.EPERM)
+
+    def rename(self, old, new):
+        raise mfusepy.FuseOSError(errno.EPERM)
+
+    def symlink(self, target, source):
+        raise mfusepy.FuseOSError(errno.EPERM)
+
+    def link(self, target, source):
+        raise mfusepy.FuseOSError(errno.EPERM)
+
+
+def mount(host: SimHost, mountpoint: Path, foreground: bool = True, allow_other: bool = False, *,
+          threads: bool = False) -> None:
+    """Serve ``host.sys`` at ``mountpoint``; in the foreground this returns once unmounted.
+
+    Single-threaded by default: every request runs Python under the GIL anyway, and
+    libfuse's worker threads only fight over it (discovery through the mount is 2-4x
+    slower with ``threads=True``). Both are safe: SimHost serialises writers with its
+    lock, readers take it shared, and no handler ever calls back into the mount.
+    Attribute, entry and negative lookups are never cached by the kernel (timeouts 0),
+    since the tree changes underneath.
+    """
+    mfusepy.FUSE(
+        SimFS(host), str(mountpoint), raw_fi=True, foreground=foreground, nothreads=not threads,
+        allow_other=allow_other, fsname="simsys:" + str(host.root).replace(",", "_"), subtype="vgpuctl-sim",
+        attr_timeout=0, entry_timeout=0, negative_timeout=0,
+    )
+
+
+def _run(cmd: list[str], timeout: float = 10.0) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def in_mount_table(mountpoint: Path | str) -> bool:
+    """Listed in /proc/self/mounts (unlike ``os.path.ismount``, also true for a dead FUSE
+    mount, whose stat fails with ENOTCONN)."""
+    target = os.path.abspath(mountpoint)
+    target = os.path.join(os.path.realpath(os.path.dirname(target)), os.path.basename(target))
+    esc = target.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(line.split(" ")[1] == esc for line in f if line.count(" ") >= 2)
+    except OSError:
+        return os.path.ismount(target)
+
+
+def unmount(mountpoint: Path | str, lazy: bool = False) -> bool:
+    """``fusermount3 -u`` (``-uz`` when lazy); True when it is no longer mounted."""
+    try:
+        _run([FUSERMOUNT, "-uz" if lazy else "-u", str(mountpoint)])
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return not in_mount_table(mountpoint)
+
+
+def _project_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+@contextlib.contextmanager
+def mounted(host: SimHost | Path | str, mountpoint: Path | str, timeout: float = MOUNT_TIMEOUT,
+            allow_other: bool = False, max_seconds: float | None = None, threads: bool = False) -> Iterator[Path]:
+    """Mount the host's ``sys/`` at ``mountpoint`` in a child process; unmount on exit.
+
+    Yields the mountpoint once ``os.path.ismount`` says it is mounted; raises
+    ``RuntimeError`` (with the child's output) if that takes longer than ``timeout``.
+    ``max_seconds`` bounds the mount's life: past it the daemon is killed, so a hung
+    request fails with ENOTCONN instead of blocking its caller forever (tests).
+    ``threads`` runs libfuse's multithreaded loop (see :func:`mount`).
+    """
+    root = Path(host.root if isinstance(host, SimHost) else host)
+    mp = Path(mountpoint)
+    mp.mkdir(parents=True, exist_ok=True)
+    if in_mount_table(mp):
+        raise RuntimeError(f"{mp} is already a mount point")
+    if shutil.which(FUSERMOUNT) is None:
+        raise RuntimeError(f"{FUSERMOUNT} not found")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_project_root(), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "mdev_manager.sim.fuse", str(root), str(mp)]
+    if allow_other:
+        cmd.append("--allow-other")
+    if threads:
+        cmd.append("--threads")
+    log_file = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+
+    def daemon_log() -> str:
+        log_file.seek(0)
+        return log_file.read()[-4000:]
+
+    watchdog = None
+    if max_seconds is not None:
+        watchdog = threading.Timer(max_seconds, proc.kill)
+        watchdog.daemon = True
+        watchdog.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not os.path.ismount(mp):
+            if proc.poll() is not None:
+                raise RuntimeError(f"FUSE daemon exited with {proc.returncode} before mounting {mp}:\n{daemon_log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{mp} not mounted after {timeout}s:\n{daemon_log()}")
+            time.sleep(0.02)
+        yield mp
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        if in_mount_table(mp) and not unmount(mp):
+            unmount(mp, lazy=True)  # something still holds it open: detach now, free later
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if in_mount_table(mp):  # the daemon died without unmounting: ENOTCONN until detached
+            unmount(mp, lazy=True)
+        log_file.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mdev_manager.sim.fuse",
+                                 description="Serve a simulated host's sys/ tree over FUSE (foreground).")
+    ap.add_argument("root", type=Path, help="simulated host root (holds sys/ and .sim/)")
+    ap.add_argument("mountpoint", type=Path)
+    ap.add_argument("--allow-other", action="store_true", help="let other users see the mount")
+    ap.add_argument("--threads", action="store_true", help="libfuse's multithreaded loop (default: one thread)")
+    ap.add_argument("--debug", action="store_true", help="log every FUSE error")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not (args.root / ".sim/state.json").exists():
+        ap.error(f"{args.root} holds no simulated host (no .sim/state.json)")
+    mount(SimHost(args.root), args.mountpoint, foreground=True, allow_other=args.allow_other, threads=args.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
