@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from mdev_manager.config import GpuLayout, load_config
+from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.env import HostEnv
 from mdev_manager.hostio import HostIO, RealIO
@@ -24,7 +24,7 @@ from mdev_manager.models import Inventory
 from mdev_manager.reconcile import reconcile
 
 from .claims import ApiClaimSource
-from .devices import Pool, build_pool
+from .devices import Pool, PoolPolicy, build_pool
 from .driver import Driver
 from .grpc_plugin import KubeletPlugin
 from .observe import Metrics, ProbeServer
@@ -46,6 +46,10 @@ class ServeConfig(BaseModel):
     kubelet_root: Path = Path("/var/lib/kubelet")
     cdi_root: Path = Path("/var/run/cdi")
     health_poll_seconds: float = 5.0
+    device_plugin: bool = Field(False, description="also serve the classic device plugin for non-DRA GPUs")
+    resource_prefix: str = "nvidia.com/"
+    layout_label: str | None = Field(None, description="node label naming the layout to apply (else `layout`)")
+    state_label: str | None = Field(None, description="node label reporting pending | success | failed")
 
 
 class Daemon:
@@ -57,7 +61,9 @@ class Daemon:
         self.metrics = Metrics()
         self.paths = PluginPaths(driver=cfg.driver, kubelet_root=cfg.kubelet_root, cdi_root=cfg.cdi_root)
         self.publisher = Publisher(api_client, driver=cfg.driver, node_name=cfg.node_name, version=cfg.server_version)
-        self.layouts: list[GpuLayout] | None = load_config(cfg.layout_file, cfg.layout) if cfg.layout_file else None
+        self.layouts: list[GpuLayout] | None = None
+        self._layout_name = cfg.layout
+        self._labels: dict[str, str] = {}
         self._pool = Pool()
         self.inventory: Inventory | None = None
         self.driver = Driver(env=env, paths=self.paths, pool_name=cfg.node_name, claims=ApiClaimSource(api_client),
@@ -65,6 +71,9 @@ class Daemon:
         self.plugin = KubeletPlugin(cfg.driver, self.driver, cfg.kubelet_root,
                                     health_poll_interval=cfg.health_poll_seconds)
         self.probes: ProbeServer | None = None
+        self.device_plugins = None
+        self._dp_exclude: set[str] = set()
+        self._applied_layout: str | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._ready = False
@@ -74,14 +83,18 @@ class Daemon:
     def resync(self) -> dict:
         with self._lock:
             try:
-                if self.layouts is not None:
-                    out = reconcile(self.env, self.io, self.layouts, usage_extra=self.driver.usage(),
-                                    node=self.cfg.node_name)
-                    for r in out.rounds:
-                        for f in (r.report.failed if r.report else []):
-                            log.warning("layout step failed: %s: %s %s", f.step, f.error, f.message)
+                layouts = self._current_layouts()
+                if layouts is not None:
+                    self._apply_layout(layouts)
                 inv = discover(self.env, self.io, node=self.cfg.node_name)
-                policy = policy_from_layout(inv, self.layouts)
+                policy = policy_from_layout(inv, layouts)
+                if self.device_plugins is not None:
+                    if layouts is None:
+                        policy = PoolPolicy()  # classic-only node: the device plugin advertises everything
+                    # a GPU offered through DRA is never also advertised by the device plugin
+                    self._dp_exclude = set(policy.gpus) | (
+                        {g.address for g in inv.gpus} if policy.others is not None else set())
+                    self.device_plugins.refresh(inv)
                 pool = build_pool(inv, policy, self.cfg.driver, server_version=self.publisher.version,
                                   pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
                 self._pool, self.inventory = pool, inv
@@ -101,13 +114,76 @@ class Daemon:
             self.metrics.prepared_claims.set(len(self.driver.cp.claims))
             return result.model_dump()
 
+    # ------------------------------------------------------------ layout selection by node label
+    def _usage(self):
+        usage = self.driver.usage()
+        if self.device_plugins is not None:
+            usage = usage.merged(self.device_plugins.usage())
+        return usage
+
+    def _node_labels(self) -> dict[str, str]:
+        from kubernetes import client
+
+        node = client.CoreV1Api(self.api_client).read_node(self.cfg.node_name)
+        return dict(node.metadata.labels or {})
+
+    def _set_state(self, labels: dict[str, str], state: str) -> None:
+        if not self.cfg.state_label or labels.get(self.cfg.state_label) == state:
+            return
+        from kubernetes import client
+
+        client.CoreV1Api(self.api_client).patch_node(
+            self.cfg.node_name, {"metadata": {"labels": {self.cfg.state_label: state}}})
+        labels[self.cfg.state_label] = state
+
+    def _current_layouts(self) -> list[GpuLayout] | None:
+        """The layout named by the node label (vgpu-device-manager style), else the configured one."""
+        if not self.cfg.layout_file:
+            return None
+        name = self.cfg.layout
+        self._labels = {}
+        if self.cfg.layout_label or self.cfg.state_label:
+            self._labels = self._node_labels()
+            name = self._labels.get(self.cfg.layout_label or "", name) if self.cfg.layout_label else name
+        if name != self._applied_layout or self.layouts is None:
+            if self.cfg.state_label:
+                self._set_state(self._labels, "pending")
+            try:
+                self.layouts = load_config(self.cfg.layout_file, name)
+            except ConfigError as exc:
+                self._set_state(self._labels, "failed")
+                log.error("layout %s rejected: %s", name, exc)
+                raise
+            self._layout_name = name
+        return self.layouts
+
+    def _apply_layout(self, layouts: list[GpuLayout]) -> None:
+        out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
+                        final_inventory=False)
+        for r in out.rounds:
+            for f in (r.report.failed if r.report else []):
+                log.warning("layout step failed: %s: %s %s", f.step, f.error, f.message)
+        self._applied_layout = self._layout_name
+        if self.cfg.state_label:
+            self._set_state(self._labels, "success" if out.ok else "failed")
+
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "Daemon":
         undone = self.driver.recover()
         if undone:
             log.warning("undid %d half-prepared claims left by a crash: %s", len(undone), ", ".join(undone))
         self._wrap_prepare()
+        if self.cfg.device_plugin:
+            from .deviceplugin import DevicePluginManager
+
+            self.device_plugins = DevicePluginManager(
+                self.env, self.io, inventory=lambda: self.inventory, prefix=self.cfg.resource_prefix,
+                device_plugin_dir=self.cfg.kubelet_root / "device-plugins",
+                pod_resources_socket=self.cfg.kubelet_root / "pod-resources/kubelet.sock",
+                node=self.cfg.node_name, exclude=lambda _inv: self._dp_exclude)
         self.resync()
+        if self.device_plugins is not None:
+            self.device_plugins.start(self.inventory)
         self.plugin.start()
         if self.cfg.metrics_port is not None:
             self.probes = ProbeServer(self.metrics, lambda: self._ready and self.plugin.running,
@@ -174,6 +250,8 @@ class Daemon:
     def _shutdown(self) -> None:
         self._ready = False
         self.plugin.stop()
+        if self.device_plugins is not None:
+            self.device_plugins.stop()
         if self.probes:
             self.probes.stop()
         log.info("stopped; sockets removed, devices left in place")

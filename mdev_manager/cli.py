@@ -148,7 +148,9 @@ def cmd_serve(args) -> int:
     version = tuple(int(x) for x in args.server_version.split(".")[:2]) if args.server_version else None
     cfg = ServeConfig(node_name=node, driver=args.driver, layout_file=args.file, layout=args.layout,
                       resync_seconds=args.resync, server_version=version, metrics_port=args.metrics_port,
-                      kubelet_root=Path(args.kubelet_root), cdi_root=Path(args.cdi_root))
+                      kubelet_root=Path(args.kubelet_root), cdi_root=Path(args.cdi_root),
+                      device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
+                      layout_label=args.layout_label, state_label=args.state_label)
     daemon = Daemon(cfg, env, io, api_client_from(args.kubeconfig)).start()
     daemon.run()
     return 0
@@ -195,7 +197,21 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--kubelet-root", default="/var/lib/kubelet")
     sv.add_argument("--cdi-root", default="/var/run/cdi")
     sv.add_argument("--plain-logs", action="store_true", help="human-readable logs instead of JSON")
+    sv.add_argument("--device-plugin", action="store_true",
+                    help="also serve the classic device plugin (resources nvidia.com/<TYPE_NAME>) for non-DRA GPUs")
+    sv.add_argument("--resource-prefix", default="nvidia.com/", help="device plugin resource prefix")
+    sv.add_argument("--layout-label", help="node label whose value names the layout (e.g. vgpu.kubevirt.io/config)")
+    sv.add_argument("--state-label", help="node label reporting pending|success|failed (e.g. vgpu.kubevirt.io/config.state)")
     sv.set_defaults(func=cmd_serve)
+
+    from kubevirt_templates.cli import add_render_parser
+
+    add_render_parser(sub)
+
+    from dra_bridge import capacity, conformance, demo  # vgpuctl demo | capacity | conformance
+
+    for module in (demo, capacity, conformance):
+        module.add_parser(sub)
 
     s = sub.add_parser("sim", help="manage simulated hosts")
     ssub = s.add_subparsers(dest="sim_cmd", required=True)

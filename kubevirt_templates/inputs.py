@@ -1,0 +1,353 @@
+"""Typed inputs of the templates: a wrong value fails here, naming the field and the fix."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+from dra_bridge.deviceplugin import normalize_prefix
+from dra_bridge.devices import is_dns_label, is_dns_subdomain, parse_quantity
+from mdev_manager.catalog import known_type
+from mdev_manager.models import Inventory
+
+from .names import DRIVER, PASSTHROUGH_CLASS, RESOURCE_DOMAIN, VGPU_CLASS, check_resource_name, profile_of
+
+DEFAULT_IMAGE = "quay.io/containerdisks/fedora:latest"
+DEFAULT_POD_IMAGE = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1"
+MAX_FIRST_AVAILABLE = 8  # sub-requests per request (API limit)
+
+# A profile is a vGPU type's short name (T4-1Q, A100-4C, GVTg_V5_4) or its full name.
+_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}$")
+# A product is a pci.ids device name (TU104GL [Tesla T4]).
+_PRODUCT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+,:/()\[\]-]{0,63}$")
+_ENV_FEATURE_GATE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+def _dns_label(v: str, field: str) -> str:
+    if not is_dns_label(v):
+        raise ValueError(
+            f"{field}: {v!r} is not a DNS label (lower-case letters, digits and '-', at most 63, "
+            "starting and ending with a letter or digit)"
+        )
+    return v
+
+
+def _dns_subdomain(v: str, field: str) -> str:
+    if not is_dns_subdomain(v) or len(v) > 63:
+        raise ValueError(f"{field}: {v!r} is not a DNS subdomain of at most 63 characters")
+    return v
+
+
+def _profile(v: str, field: str) -> str:
+    if not isinstance(v, str) or not _PROFILE.match(v):
+        raise ValueError(
+            f"{field}: {v!r} is not a vGPU profile; use a type's short name such as A100-4C or T4-1Q "
+            "(letters, digits, ' ', '.', '_', '+', '-')"
+        )
+    return profile_of(v)
+
+
+def _quantity(v: str, field: str, *, positive: bool = True) -> str:
+    try:
+        q = parse_quantity(str(v))
+    except ValueError:
+        raise ValueError(f"{field}: {v!r} is not a Kubernetes quantity; write e.g. 8Gi or 4096Mi") from None
+    if positive and q <= 0:
+        raise ValueError(f"{field}: {v!r} must be greater than zero")
+    return str(v)
+
+
+def _resource_domain(v: str) -> str:
+    try:
+        return normalize_prefix(v).rstrip("/")
+    except ValueError as exc:
+        raise ValueError(f"resource_domain: {exc}") from None
+
+
+class DraNames(_Input):
+    """Which driver and DeviceClasses DRA objects refer to."""
+
+    driver: str = Field(DRIVER, description="DRA driver name")
+    vgpu_class: str = Field(VGPU_CLASS, description="DeviceClass selecting the driver's vGPUs")
+    passthrough_class: str = Field(PASSTHROUGH_CLASS, description="DeviceClass selecting whole GPUs for passthrough")
+
+    @field_validator("driver", "vgpu_class", "passthrough_class")
+    @classmethod
+    def _names(cls, v: str, info) -> str:
+        return _dns_subdomain(v, info.field_name)
+
+
+class DeviceClassesInput(DraNames):
+    """The two DeviceClasses of the driver."""
+
+
+class ClaimTemplateInput(DraNames):
+    """A ResourceClaimTemplate for one device: a vGPU by profile, by minimum memory, the first
+    available of several profiles, or a whole GPU for passthrough (optionally of one product)."""
+
+    name: str | None = Field(None, description="default: derived from the selection (vgpu-a100-4c, vgpu-min-8gi, ...)")
+    namespace: str = "default"
+    profile: str | None = Field(None, description="vGPU short type name, e.g. A100-4C")
+    min_memory: str | None = Field(None, description="any vGPU with at least this framebuffer, e.g. 8Gi")
+    first_available: list[str] | None = Field(None, description="profiles in order of preference (at most 8)")
+    passthrough: bool = Field(False, description="a whole GPU (vfio-pci) instead of a vGPU")
+    product: str | None = Field(None, description="passthrough only: pci.ids name of the GPU, e.g. 'TU104GL [Tesla T4]'")
+    request_name: str | None = Field(None, description="default: vgpu, or gpu for passthrough; a VM's requestName")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return None if v is None else _dns_label(v, "name")
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, v: str) -> str:
+        return _dns_label(v, "namespace")
+
+    @field_validator("request_name")
+    @classmethod
+    def _req(cls, v: str | None) -> str | None:
+        return None if v is None else _dns_label(v, "request_name")
+
+    @field_validator("profile")
+    @classmethod
+    def _prof(cls, v: str | None) -> str | None:
+        return None if v is None else _profile(v, "profile")
+
+    @field_validator("min_memory")
+    @classmethod
+    def _mem(cls, v: str | None) -> str | None:
+        return None if v is None else _quantity(v, "min_memory")
+
+    @field_validator("first_available")
+    @classmethod
+    def _first(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        if not 1 <= len(v) <= MAX_FIRST_AVAILABLE:
+            raise ValueError(f"first_available: list at least 1 and at most {MAX_FIRST_AVAILABLE} profiles (got {len(v)})")
+        out = [_profile(p, f"first_available[{i}]") for i, p in enumerate(v)]
+        if len(set(out)) != len(out):
+            raise ValueError(f"first_available: profiles repeat: {out}")
+        return out
+
+    @field_validator("product")
+    @classmethod
+    def _product(cls, v: str | None) -> str | None:
+        if v is not None and not _PRODUCT.match(v):
+            raise ValueError(f"product: {v!r} is not a GPU product name such as 'TU104GL [Tesla T4]'")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> "ClaimTemplateInput":
+        chosen = [k for k in ("profile", "min_memory", "first_available") if getattr(self, k) is not None]
+        chosen += ["passthrough"] if self.passthrough else []
+        if len(chosen) != 1:
+            raise ValueError(
+                "choose exactly one of profile, min_memory, first_available or passthrough: true"
+                + (f" (got {', '.join(chosen)})" if chosen else "")
+            )
+        if self.product is not None and not self.passthrough:
+            raise ValueError("product: only a passthrough claim selects by product; use profile for vGPUs")
+        return self
+
+
+class VmInput(DraNames):
+    """A VirtualMachine with vGPUs and/or a passthrough GPU, booting a containerDisk with cloud-init."""
+
+    name: str
+    namespace: str = "default"
+    mode: Literal["classic", "dra"] = Field(
+        "classic", description="classic: device-plugin resources (gpus[].deviceName); dra: resource claims"
+    )
+    gpus: dict[str, StrictInt] = Field(default_factory=dict, description="vGPU profile -> count, e.g. {A100-4C: 1}")
+    passthrough: str | None = Field(
+        None,
+        description="a whole GPU: its pci.ids name ('TU104GL [Tesla T4]'); in classic mode a resource "
+        "name (nvidia.com/TU104GL_TESLA_T4) works too",
+    )
+    passthrough_count: int = Field(1, ge=1, le=8)
+    display: bool | None = Field(None, description="vGPU display adapter; None = KubeVirt's default (on)")
+    ramfb: bool | None = Field(None, description="boot framebuffer on the vGPU display; None = KubeVirt's default (on)")
+    cpus: int = Field(2, ge=1, le=512)
+    memory: str = "4Gi"
+    image: str = DEFAULT_IMAGE
+    user_data: str | None = Field(None, description="cloud-init user data; default: a #cloud-config listing the GPUs")
+    ssh_authorized_keys: list[str] = Field(default_factory=list)
+    password: str | None = Field(None, description="password of the image's default user (console login)")
+    run_strategy: Literal["Always", "Halted", "Manual", "RerunOnFailure", "Once"] = "Always"
+    resource_domain: str = Field(RESOURCE_DOMAIN, description="classic mode: the device plugin's resource prefix")
+
+    @field_validator("name", "namespace")
+    @classmethod
+    def _labels(cls, v: str, info) -> str:
+        return _dns_label(v, info.field_name)
+
+    @field_validator("memory")
+    @classmethod
+    def _mem(cls, v: str) -> str:
+        return _quantity(v, "memory")
+
+    @field_validator("resource_domain")
+    @classmethod
+    def _domain(cls, v: str) -> str:
+        return _resource_domain(v)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: dict[str, int]) -> dict[str, int]:
+        for profile, n in v.items():
+            _profile(profile, f"gpus.{profile}")
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 16:
+                raise ValueError(f"gpus.{profile}: count {n!r} must be a whole number from 1 to 16")
+        return v
+
+    @field_validator("passthrough")
+    @classmethod
+    def _pt(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if "/" in v and " " not in v and "[" not in v:
+            check_resource_name(v)
+            return v
+        if not _PRODUCT.match(v):
+            raise ValueError(f"passthrough: {v!r} is not a GPU product name such as 'TU104GL [Tesla T4]'")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not v or any(c.isspace() for c in v):
+            raise ValueError(f"image: {v!r} is not a container image reference")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "VmInput":
+        if not self.gpus and not self.passthrough:
+            raise ValueError("gpus or passthrough: the VM needs at least one vGPU or a passthrough GPU")
+        if (self.display is not None or self.ramfb is not None) and not self.gpus:
+            raise ValueError("display/ramfb: these options apply to vGPUs (gpus), and the VM has none")
+        if self.ramfb and self.display is False:
+            raise ValueError("ramfb: the boot framebuffer needs the vGPU display; set display: true or drop ramfb")
+        if self.mode == "dra" and self.passthrough and "/" in self.passthrough and "[" not in self.passthrough:
+            raise ValueError(
+                f"passthrough: {self.passthrough!r} is a device-plugin resource name; in dra mode give the "
+                "GPU's product name (the productName attribute), e.g. 'TU104GL [Tesla T4]'"
+            )
+        if self.mode == "classic":
+            for profile in self.gpus:
+                classic_type_name(profile, "gpus")
+        return self
+
+
+def classic_type_name(profile: str, field: str = "gpus") -> str:
+    """The full type name a classic resource is named after (``T4-1Q`` -> ``GRID T4-1Q``)."""
+    if " " in profile:
+        return profile
+    t = known_type(profile)
+    if t is not None:
+        return t.name
+    if "_" in profile:  # Intel GVT-g names (GVTg_V5_4) are their own full name
+        return profile
+    raise ValueError(
+        f"{field}.{profile}: the device-plugin resource is named after the full type name, which is "
+        f"not known for {profile!r}; write it as the driver prints it (mdev_type/name), e.g. 'GRID T4-1Q'"
+    )
+
+
+class PassthroughPodInput(DraNames):
+    """A Pod that gets a whole GPU bound to vfio-pci through a claim (a DPDK-style user-space driver)."""
+
+    name: str = "vfio-gpu"
+    namespace: str = "default"
+    image: str = DEFAULT_POD_IMAGE
+    product: str | None = Field(None, description="pci.ids name of the GPU; None = any passthrough GPU")
+    claim_template: str | None = Field(None, description="an existing ResourceClaimTemplate; None = render one")
+    command: list[str] = Field(
+        default_factory=lambda: [
+            "sh", "-c",
+            "ls -l /dev/vfio; cat /var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/*/*/*-metadata.json; "
+            "sleep 3600",
+        ]
+    )
+
+    @field_validator("name", "namespace")
+    @classmethod
+    def _labels(cls, v: str, info) -> str:
+        return _dns_label(v, info.field_name)
+
+    @field_validator("claim_template")
+    @classmethod
+    def _tmpl(cls, v: str | None) -> str | None:
+        return None if v is None else _dns_label(v, "claim_template")
+
+    @field_validator("product")
+    @classmethod
+    def _product(cls, v: str | None) -> str | None:
+        if v is not None and not _PRODUCT.match(v):
+            raise ValueError(f"product: {v!r} is not a GPU product name such as 'TU104GL [Tesla T4]'")
+        return v
+
+
+class KubeVirtCrInput(_Input):
+    """KubeVirt CR settings for GPUs managed by vgpuctl, from the inventories of the GPU nodes."""
+
+    name: str = "kubevirt"
+    namespace: str = "kubevirt"
+    inventories: list[Inventory] = Field(default_factory=list, description="`vgpuctl discover -o yaml` of each GPU node")
+    classic: bool = Field(True, description="permit the device-plugin resources (permittedHostDevices)")
+    dra: bool = Field(False, description="enable the DRA feature gates (GPUsWithDRA, HostDevicesWithDRA)")
+    passthrough: bool = Field(True, description="permit whole GPUs (pciHostDevices)")
+    vgpus: bool = Field(True, description="permit vGPU types (mediatedDevices; vendor-VFIO types as pciHostDevices)")
+    types: list[str] | None = Field(None, description="only these vGPU types (id, full or short name); None = all")
+    include_mig_backed: bool = Field(False, description="also permit MIG-backed vGPU types (need MIG on the GPU)")
+    extra_feature_gates: list[str] = Field(default_factory=list, description="gates already enabled that must stay")
+    resource_domain: str = Field(RESOURCE_DOMAIN, description="the device plugin's resource prefix")
+
+    @field_validator("name", "namespace")
+    @classmethod
+    def _labels(cls, v: str, info) -> str:
+        return _dns_label(v, info.field_name)
+
+    @field_validator("resource_domain")
+    @classmethod
+    def _domain(cls, v: str) -> str:
+        return _resource_domain(v)
+
+    @field_validator("extra_feature_gates")
+    @classmethod
+    def _gates(cls, v: list[str]) -> list[str]:
+        for g in v:
+            if not _ENV_FEATURE_GATE.match(g):
+                raise ValueError(f"extra_feature_gates: {g!r} is not a feature gate name (CamelCase)")
+        return v
+
+    @model_validator(mode="after")
+    def _some(self) -> "KubeVirtCrInput":
+        if not self.classic and not self.dra:
+            raise ValueError("classic or dra: enable at least one way for VMs to get GPUs")
+        if self.classic and not self.inventories:
+            raise ValueError(
+                "inventories: classic resources are generated from the GPU nodes' inventories; pass "
+                "`vgpuctl discover -o yaml` output (or --simulate), or set classic: false"
+            )
+        return self
+
+
+__all__ = [
+    "ClaimTemplateInput",
+    "DEFAULT_IMAGE",
+    "DEFAULT_POD_IMAGE",
+    "DeviceClassesInput",
+    "DraNames",
+    "KubeVirtCrInput",
+    "PassthroughPodInput",
+    "VmInput",
+    "classic_type_name",
+]

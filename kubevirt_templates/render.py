@@ -1,0 +1,402 @@
+"""Render the templates: typed input -> context -> jinja2 YAML -> parsed objects.
+
+Every decision (names, CEL expressions, resource names) is made here in Python; the ``.j2``
+files only lay the objects out, quoting every value as a JSON string (valid YAML), so no
+input can change the structure of what is rendered.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jinja2
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from dra_bridge.devices import type_is_mig_backed
+
+from .inputs import (
+    ClaimTemplateInput,
+    DeviceClassesInput,
+    KubeVirtCrInput,
+    PassthroughPodInput,
+    VmInput,
+    classic_type_name,
+)
+from .names import (
+    dns_name,
+    pci_vendor_selector,
+    profile_of,
+    resource_name_for_pci,
+    resource_name_for_type,
+)
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+FEATURE_GATES_CLASSIC = ["GPU", "HostDevices"]
+FEATURE_GATES_DRA = ["GPUsWithDRA", "HostDevicesWithDRA"]
+
+
+class RenderError(ValueError):
+    """Bad input: ``problems`` lists each as ``field: message``."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# --------------------------------------------------------------------------- jinja
+
+
+def _q(value: Any) -> str:
+    """A scalar as a JSON literal, which YAML reads back unchanged."""
+    if isinstance(value, (dict, list)):
+        raise TypeError("q: scalars only")
+    return json.dumps(value, ensure_ascii=False)
+
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=True,
+)
+_env.filters["q"] = _q
+
+
+def _render(template_file: str, **context: Any) -> list[dict[str, Any]]:
+    text = _env.get_template(template_file).render(**context)
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def cel_string(s: str) -> str:
+    """A CEL string literal."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# --------------------------------------------------------------------------- CEL selectors
+
+
+def class_expression(driver: str, kind: str) -> str:
+    d = cel_string(driver)
+    return f"device.driver == {d} && device.attributes[{d}].type == {cel_string(kind)}"
+
+
+def profile_expression(driver: str, profile: str) -> str:
+    return f"device.attributes[{cel_string(driver)}].profile == {cel_string(profile)}"
+
+
+def min_memory_expression(driver: str, quantity: str) -> str:
+    d = cel_string(driver)
+    return (f"has(device.capacity[{d}].memory) && "
+            f"device.capacity[{d}].memory.compareTo(quantity({cel_string(quantity)})) >= 0")
+
+
+def product_expression(driver: str, product: str) -> str:
+    return f"device.attributes[{cel_string(driver)}].productName == {cel_string(product)}"
+
+
+# --------------------------------------------------------------------------- DeviceClasses
+
+
+def render_deviceclasses(v: DeviceClassesInput) -> list[dict[str, Any]]:
+    classes = [
+        {"name": v.vgpu_class, "selectors": [class_expression(v.driver, "vgpu")]},
+        {"name": v.passthrough_class, "selectors": [class_expression(v.driver, "passthrough")]},
+    ]
+    return _render("deviceclasses.yaml.j2", classes=classes)
+
+
+# --------------------------------------------------------------------------- ResourceClaimTemplates
+
+
+def claim_template_name(v: ClaimTemplateInput) -> str:
+    if v.name:
+        return v.name
+    if v.passthrough:
+        return dns_name("gpu-passthrough-", v.product) if v.product else "gpu-passthrough"
+    if v.profile:
+        return dns_name("vgpu-", v.profile)
+    if v.min_memory:
+        return dns_name("vgpu-min-", v.min_memory)
+    return dns_name("vgpu-", "-or-".join(v.first_available or []))
+
+
+def claim_request_name(v: ClaimTemplateInput) -> str:
+    return v.request_name or ("gpu" if v.passthrough else "vgpu")
+
+
+def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
+    t: dict[str, Any] = {
+        "name": claim_template_name(v),
+        "namespace": v.namespace,
+        "request": claim_request_name(v),
+        "device_class": v.passthrough_class if v.passthrough else v.vgpu_class,
+        "selectors": [],
+        "alternatives": [],
+    }
+    if v.passthrough and v.product:
+        t["selectors"] = [product_expression(v.driver, v.product)]
+    elif v.profile:
+        t["selectors"] = [profile_expression(v.driver, v.profile)]
+    elif v.min_memory:
+        t["selectors"] = [min_memory_expression(v.driver, v.min_memory)]
+    elif v.first_available:
+        names = [dns_name("", p) for p in v.first_available]
+        if len(set(names)) != len(names):
+            raise RenderError(f"first_available: {v.first_available} give the same subrequest names {names}")
+        t["alternatives"] = [
+            {"name": n, "device_class": v.vgpu_class, "selectors": [profile_expression(v.driver, p)]}
+            for n, p in zip(names, v.first_available)
+        ]
+    return t
+
+
+def render_claim_template(v: ClaimTemplateInput) -> list[dict[str, Any]]:
+    return _render("resourceclaimtemplate.yaml.j2", t=_template_context(v))
+
+
+# --------------------------------------------------------------------------- VirtualMachine
+
+
+def default_user_data(v: VmInput) -> str:
+    doc: dict[str, Any] = {}
+    if v.password:
+        doc["password"] = v.password
+        doc["chpasswd"] = {"expire": False}
+    doc["ssh_pwauth"] = bool(v.password)
+    if v.ssh_authorized_keys:
+        doc["ssh_authorized_keys"] = list(v.ssh_authorized_keys)
+    doc["runcmd"] = ["lspci -nnk | grep -i -A3 nvidia > /var/log/vgpuctl-gpus.txt || true"]
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def _dra_names(v: VmInput) -> dict[str, Any]:
+    return {"driver": v.driver, "vgpu_class": v.vgpu_class, "passthrough_class": v.passthrough_class}
+
+
+def render_vm(v: VmInput) -> list[dict[str, Any]]:
+    gpus: list[dict[str, Any]] = []
+    host_devices: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
+    templates: list[dict[str, Any]] = []
+    k = 0
+    if v.mode == "classic":
+        for profile, n in v.gpus.items():
+            resource = resource_name_for_type(classic_type_name(profile), v.resource_domain)
+            for _ in range(n):
+                k += 1
+                gpus.append({"name": f"gpu{k}", "device_name": resource})
+        if v.passthrough:
+            resource = (v.passthrough if "/" in v.passthrough and "[" not in v.passthrough
+                        else resource_name_for_pci(v.passthrough, v.resource_domain))
+            for i in range(v.passthrough_count):
+                host_devices.append({"name": f"hostgpu{i + 1}", "device_name": resource})
+    else:
+        # One claim per device: KubeVirt reads exactly one device per request. Templates are
+        # shared per profile, so VMs asking for the same profile reuse them.
+        seen: set[str] = set()
+        for profile, n in v.gpus.items():
+            ct = ClaimTemplateInput(namespace=v.namespace, profile=profile_of(profile), **_dra_names(v))
+            ctx = _template_context(ct)
+            if ctx["name"] not in seen:
+                seen.add(ctx["name"])
+                templates += _render("resourceclaimtemplate.yaml.j2", t=ctx)
+            for _ in range(n):
+                k += 1
+                claim = f"gpu{k}"
+                claims.append({"name": claim, "template": ctx["name"]})
+                gpus.append({"name": f"gpu{k}", "device_name": None, "claim": claim, "request": ctx["request"]})
+        if v.passthrough:
+            ct = ClaimTemplateInput(namespace=v.namespace, passthrough=True, product=v.passthrough, **_dra_names(v))
+            ctx = _template_context(ct)
+            templates += _render("resourceclaimtemplate.yaml.j2", t=ctx)
+            for i in range(v.passthrough_count):
+                claim = f"hostgpu{i + 1}"
+                claims.append({"name": claim, "template": ctx["name"]})
+                host_devices.append({"name": claim, "device_name": None, "claim": claim, "request": ctx["request"]})
+    vm = _render(
+        "virtualmachine.yaml.j2",
+        vm=v,
+        gpus=gpus,
+        host_devices=host_devices,
+        claims=claims,
+        display=v.display,
+        ramfb=v.ramfb,
+        user_data=v.user_data if v.user_data is not None else default_user_data(v),
+    )
+    return templates + vm
+
+
+# --------------------------------------------------------------------------- KubeVirt CR
+
+
+def _wanted(ref_list: list[str] | None, t) -> bool:
+    if ref_list is None:
+        return True
+    refs = {r.lower() for r in ref_list}
+    return bool(refs & {t.id.lower(), t.name.lower(), t.short_name.lower()})
+
+
+def permitted_host_devices(v: KubeVirtCrInput) -> tuple[list[dict[str, str]], list[dict[str, str]], list[str]]:
+    """(pciHostDevices, mediatedDevices, warnings) for every GPU of every inventory, in the
+    order the inventories list GPUs and their types, without duplicates."""
+    pci: dict[tuple[str, str], dict[str, str]] = {}
+    mdev: dict[str, dict[str, str]] = {}
+    warnings: list[str] = []
+    matched: set[str] = set()
+    for inv in v.inventories:
+        for gpu in inv.gpus:
+            domain = v.resource_domain
+            if v.passthrough:
+                entry = {"selector": pci_vendor_selector(gpu.vendor_id, gpu.device_id),
+                         "resource": resource_name_for_pci(gpu.product_name, domain, gpu.device_id)}
+                pci.setdefault((entry["selector"], entry["resource"]), entry)
+            if not v.vgpus:
+                continue
+            vf = gpu.vfs[0] if gpu.vfs else None
+            for t in gpu.types:
+                if not _wanted(v.types, t):
+                    continue
+                matched.update({t.id.lower(), t.name.lower(), t.short_name.lower()})
+                if type_is_mig_backed(t) and not v.include_mig_backed:
+                    continue
+                resource = resource_name_for_type(t.name, domain)
+                if t.framework == "vendor-vfio":
+                    # vendor-specific VFIO: a VF carrying the type is passed through as a PCI device
+                    src = vf or gpu
+                    entry = {"selector": pci_vendor_selector(src.vendor_id, src.device_id), "resource": resource}
+                    pci.setdefault((entry["selector"], entry["resource"]), entry)
+                else:
+                    prev = mdev.get(t.name)
+                    if prev and prev["resource"] != resource:
+                        warnings.append(f"type {t.name!r} maps to {prev['resource']} and {resource}")
+                    mdev.setdefault(t.name, {"selector": t.name, "resource": resource})
+    for ref in v.types or []:
+        if ref.lower() not in matched:
+            warnings.append(f"types: {ref!r} is offered by no GPU of the inventories")
+    return list(pci.values()), list(mdev.values()), warnings
+
+
+def render_kubevirt_cr(v: KubeVirtCrInput) -> list[dict[str, Any]]:
+    pci, mdev, warnings = permitted_host_devices(v) if v.classic else ([], [], [])
+    if warnings:
+        raise RenderError(warnings)
+    gates: list[str] = []
+    for g in [*v.extra_feature_gates, *(FEATURE_GATES_CLASSIC if v.classic else ["HostDevices"]),
+              *(FEATURE_GATES_DRA if v.dra else [])]:
+        if g not in gates:
+            gates.append(g)
+    return _render("kubevirt.yaml.j2", cr=v, feature_gates=gates, pci=pci, mdev=mdev)
+
+
+# --------------------------------------------------------------------------- Pod
+
+
+def render_passthrough_pod(v: PassthroughPodInput) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    template = v.claim_template
+    if template is None:
+        ct = ClaimTemplateInput(namespace=v.namespace, passthrough=True, product=v.product,
+                                driver=v.driver, vgpu_class=v.vgpu_class, passthrough_class=v.passthrough_class)
+        ctx = _template_context(ct)
+        template = ctx["name"]
+        out += _render("resourceclaimtemplate.yaml.j2", t=ctx)
+    return out + _render("pod-passthrough.yaml.j2", pod=v, template=template)
+
+
+# --------------------------------------------------------------------------- entry point
+
+KINDS: dict[str, tuple[type[BaseModel], Callable[[Any], list[dict[str, Any]]]]] = {
+    "vm": (VmInput, render_vm),
+    "kubevirt-cr": (KubeVirtCrInput, render_kubevirt_cr),
+    "deviceclasses": (DeviceClassesInput, render_deviceclasses),
+    "claim-template": (ClaimTemplateInput, render_claim_template),
+    "passthrough-pod": (PassthroughPodInput, render_passthrough_pod),
+}
+ALIASES = {
+    "virtualmachine": "vm",
+    "kubevirt": "kubevirt-cr",
+    "deviceclass": "deviceclasses",
+    "resourceclaimtemplate": "claim-template",
+    "claimtemplate": "claim-template",
+    "pod": "passthrough-pod",
+}
+
+
+def canonical_kind(kind: str) -> str:
+    k = kind.strip().lower()
+    k = ALIASES.get(k, k)
+    if k not in KINDS:
+        raise RenderError(f"kind: {kind!r} is not a template; choose one of {', '.join(KINDS)}")
+    return k
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    out = []
+    for e in exc.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif e["type"] == "missing":
+            msg = "required"
+        out.append(f"{loc}: {msg}" if loc and not msg.startswith(f"{loc.split('.')[-1]}") else msg)
+    return out
+
+
+def parse_values(kind: str, values: Mapping[str, Any] | BaseModel | None) -> BaseModel:
+    """The typed input of ``kind`` from ``values``; RenderError lists every problem."""
+    model, _ = KINDS[canonical_kind(kind)]
+    if isinstance(values, model):
+        return values
+    if isinstance(values, BaseModel):
+        values = values.model_dump()
+    try:
+        return model.model_validate(dict(values or {}))
+    except ValidationError as exc:
+        raise RenderError(_problems(exc)) from None
+
+
+def render(kind: str, values: Mapping[str, Any] | BaseModel | None = None) -> list[dict[str, Any]]:
+    """Render ``kind`` (vm, kubevirt-cr, deviceclasses, claim-template, passthrough-pod) from
+    ``values`` (a dict or the kind's input model) into Kubernetes/KubeVirt objects."""
+    k = canonical_kind(kind)
+    v = parse_values(k, values)
+    return KINDS[k][1](v)
+
+
+def render_yaml(objects: list[dict[str, Any]]) -> str:
+    """Objects as multi-document YAML (multi-line strings as literal blocks)."""
+    return "".join("---\n" + yaml.dump(o, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=4096) for o in objects)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, s: str) -> yaml.Node:
+    if "\n" in s and not any(line != line.rstrip() for line in s.splitlines()):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s)
+
+
+_Dumper.add_representer(str, _str)
+
+
+__all__ = [
+    "ALIASES",
+    "KINDS",
+    "RenderError",
+    "canonical_kind",
+    "class_expression",
+    "min_memory_expression",
+    "parse_values",
+    "permitted_host_devices",
+    "product_expression",
+    "profile_expression",
+    "render",
+    "render_yaml",
+]
