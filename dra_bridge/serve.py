@@ -74,6 +74,7 @@ class Daemon:
         self.device_plugins = None
         self._dp_exclude: set[str] = set()
         self._applied_layout: str | None = None
+        self._failed_layout: str | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._ready = False
@@ -145,6 +146,8 @@ class Daemon:
         if self.cfg.layout_label or self.cfg.state_label:
             self._labels = self._node_labels()
             name = self._labels.get(self.cfg.layout_label or "", name) if self.cfg.layout_label else name
+        if name == self._failed_layout:
+            raise ConfigError(f"layout {name!r} was rejected; fix it or label the node with another layout")
         if name != self._applied_layout or self.layouts is None:
             if self.cfg.state_label:
                 self._set_state(self._labels, "pending")
@@ -152,18 +155,26 @@ class Daemon:
                 self.layouts = load_config(self.cfg.layout_file, name)
             except ConfigError as exc:
                 self._set_state(self._labels, "failed")
+                self._failed_layout = name
                 log.error("layout %s rejected: %s", name, exc)
                 raise
             self._layout_name = name
         return self.layouts
 
     def _apply_layout(self, layouts: list[GpuLayout]) -> None:
-        out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
-                        final_inventory=False)
+        try:
+            out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
+                            final_inventory=False)
+        except ConfigError:
+            self._set_state(self._labels, "failed")
+            self._failed_layout = self._layout_name
+            self.layouts = None
+            raise
         for r in out.rounds:
             for f in (r.report.failed if r.report else []):
                 log.warning("layout step failed: %s: %s %s", f.step, f.error, f.message)
         self._applied_layout = self._layout_name
+        self._failed_layout = None
         if self.cfg.state_label:
             self._set_state(self._labels, "success" if out.ok else "failed")
 

@@ -1,0 +1,79 @@
+"""The agent picks its layout from its Node's label and reports the state label (vgpu-device-manager style)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dra_bridge.serve import Daemon, ServeConfig
+from mdev_manager.config import ConfigError
+from mdev_manager.discovery import discover
+from mdev_manager.env import HostEnv
+from mdev_manager.sim import SimHost, SimIO, load_host
+from tests.apiserver import LocalApiServer
+
+LAYOUTS = {"version": "vgpuctl/v1", "layouts": {
+    "default": [{"all": True, "mode": "dra"}],
+    "t4-2q": [{"index": 0, "mode": "vgpu", "vgpus": {"T4-2Q": 8}}, {"index": 1, "mode": "dra"}],
+    "broken": [{"index": 0, "mode": "vgpu", "vgpus": {"T4-2Q": 99}}],
+}}
+LABEL, STATE = "vgpu.kubevirt.io/config", "vgpu.kubevirt.io/config.state"
+
+
+@pytest.fixture
+def setup():
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="vgl") as d, LocalApiServer(version="1.36") as srv:
+        root = Path(d)
+        host = SimHost.create(root / "host", load_host("default"))
+        (root / "layouts.yaml").write_text(yaml.safe_dump(LAYOUTS))
+        srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "sim-node-1", "labels": {}}})
+        cfg = ServeConfig(node_name="sim-node-1", layout_file=root / "layouts.yaml", metrics_port=None,
+                          kubelet_root=root / "k", cdi_root=root / "cdi", layout_label=LABEL, state_label=STATE)
+        daemon = Daemon(cfg, HostEnv.under(root / "host"), SimIO(host), srv.api_client())
+        yield srv, daemon, HostEnv.under(root / "host"), SimIO(host)
+
+
+def _label(srv, layout: str) -> None:
+    """An admin labels the node (kubectl label node sim-node-1 vgpu.kubevirt.io/config=...)."""
+    from kubernetes import client
+
+    client.CoreV1Api(srv.api_client()).patch_node("sim-node-1", {"metadata": {"labels": {LABEL: layout}}})
+
+
+def _labels(srv):
+    return srv.get_object("nodes", "sim-node-1")["metadata"].get("labels", {})
+
+
+def test_label_selects_layout_and_state_reports_success(setup):
+    srv, daemon, env, io = setup
+    daemon.resync()
+    assert _labels(srv)[STATE] == "success"
+    assert discover(env, io).all_vgpus() == []  # default layout: every GPU in dra mode
+    _label(srv, "t4-2q")
+    daemon.resync()
+    inv = discover(env, io)
+    assert [v.type_name for v in inv.all_vgpus()] == ["GRID T4-2Q"] * 8
+    assert _labels(srv)[STATE] == "success"
+    srv.reset_counters()
+    daemon.resync()  # nothing changed: no node patch
+    assert not [w for w in srv.writes if w[1] == "nodes"]
+
+
+def test_rejected_layout_reports_failed_and_changes_nothing(setup):
+    srv, daemon, env, io = setup
+    _label(srv, "broken")
+    with pytest.raises(ConfigError):
+        daemon.resync()
+    assert _labels(srv)[STATE] == "failed"
+    assert discover(env, io).all_vgpus() == []
+    srv.reset_counters()
+    with pytest.raises(ConfigError):
+        daemon.resync()  # still broken: no flapping pending/failed writes
+    assert not [w for w in srv.writes if w[1] == "nodes"]
+    _label(srv, "t4-2q")
+    daemon.resync()
+    assert _labels(srv)[STATE] == "success"
+    assert len(discover(env, io).all_vgpus()) == 8
