@@ -49,6 +49,21 @@ def _err(code: int, what: str) -> OSError:
     return OSError(code, f"{os.strerror(code)}: {what}")
 
 
+def _kstrtoul(raw: str) -> int:
+    """The kernel's kstrtoul with base 0: decimal, 0x hex or 0 octal, one trailing newline."""
+    text = raw[:-1] if raw.endswith("\n") else raw
+    try:
+        if text.lower().startswith("0x"):
+            return int(text[2:], 16)
+        if len(text) > 1 and text.startswith("0"):
+            return int(text[1:], 8)
+        if not text.isdigit():
+            raise ValueError(text)
+        return int(text)
+    except ValueError:
+        raise _err(errno.EINVAL, f"{raw!r} is not a number") from None
+
+
 def _vf_address(pf: str, n: int, offset: int = 4) -> str:
     """VF n of a PF at devfn offset 4, stride 1 (as NVIDIA boards report)."""
     dom, bus, rest = pf.split(":")
@@ -180,7 +195,10 @@ class SimHost:
                 return
         except FileNotFoundError:
             pass
-        path.write_text(value)
+        # replace, never truncate-then-write: a reader without the lock sees old or new, not ""
+        tmp = path.with_name(f".{path.name}.new")
+        tmp.write_text(value)
+        os.replace(tmp, path)
 
     def _driver(self, addr: str) -> str | None:
         link = self._fdir(addr) / "driver"
@@ -514,10 +532,8 @@ class SimHost:
         if name == "create" and len(parts) >= 3 and parts[-3] == "mdev_supported_types":
             return self._create_mdev(owner, full.parent, raw)
         if name == "remove" and _UUID.match(parts[-2]):
-            value = raw.strip()
-            if value not in ("0", "1", "y", "n", "Y", "N"):
-                raise _err(errno.EINVAL, f"{raw!r}")
-            if value in ("1", "y", "Y"):
+            value = _kstrtoul(raw)  # mdev_sysfs.c remove_store: kstrtoul(buf, 0, ...)
+            if value:
                 self._remove_mdev(owner, parts[-2])
             return
         if name == "sriov_numvfs" and owner == parts[-2]:
