@@ -47,7 +47,7 @@ def run() -> list[str]:
     with tempfile.TemporaryDirectory(dir=base, prefix="vgnode") as d:
         root, mnt = Path(d) / "host", Path(d) / "mnt"
         host = SimHost.create(root, load_host("bench-large"))
-        with mounted(host, mnt, threads=True):
+        with mounted(host, mnt):
             env = _fuse_env(root, mnt)
             etc = root / "etc/mdevctl.d"
             inv = discover(env, RealIO())
@@ -63,7 +63,7 @@ def run() -> list[str]:
     with tempfile.TemporaryDirectory(dir=base, prefix="vgnode") as d:
         root, mnt = Path(d) / "host", Path(d) / "mnt"
         host = SimHost.create(root, spec)
-        with mounted(host, mnt, threads=True):
+        with mounted(host, mnt):
             env = _fuse_env(root, mnt)
             t0 = time.perf_counter()
             out = reconcile(env, RealIO(), T4_LAYOUT, final_inventory=False)  # as `vgpuctl apply` runs it
@@ -72,7 +72,7 @@ def run() -> list[str]:
     with tempfile.TemporaryDirectory(dir=base, prefix="vgnode") as d:
         root, mnt = Path(d) / "host", Path(d) / "mnt"
         host = SimHost.create(root, spec)
-        with mounted(host, mnt, threads=True):
+        with mounted(host, mnt):
             env = _fuse_env(root, mnt)
             parents = [g.address for g in discover(env, RealIO()).gpus]
             t0 = time.perf_counter()

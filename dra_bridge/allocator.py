@@ -15,8 +15,13 @@ claims the way the scheduler does:
 
 Where it differs from the scheduler (docs/allocation.md): nodes are tried in name order and
 the first that fits wins (no scoring); the search over devices is depth-first with a step
-budget; taints are honoured only with effect NoSchedule/NoExecute and simple tolerations;
-admin access and extended-resource mapping are not modelled.
+budget per node instead of a time limit; a selector that fails at run time makes the device
+not match instead of failing the claim; slices with a nodeSelector count for every node;
+admin access, binding conditions and extended-resource mapping are not modelled.
+
+Speed: CEL results are cached per (expression, device signature), candidate lists per (node,
+class, selectors); the search takes and undoes devices in place (no state copies); nodes known
+full for a request shape are skipped (allocation only adds to the state, there is no release).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from fractions import Fraction
+from types import MappingProxyType
 from typing import Callable, Iterable, Protocol
 
 from .quantity import format_quantity, parse_quantity
@@ -36,7 +42,7 @@ class Selectors(Protocol):
     def matches(self, expression: str, device: "Device") -> bool: ...
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Device:
     driver: str
     pool: str
@@ -48,6 +54,9 @@ class Device:
     multi: bool = False
     taints: list = field(default_factory=list)
     signature: int = 0  # devices with equal driver/attributes/capacity share CEL results
+    # ``consumes`` parsed once: ((state key (driver, pool, set), ((counter, amount), ..), groups,
+    # the set's totals or None), ..); shared by the devices of a pool that consume alike
+    cons: tuple = ()
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -72,41 +81,78 @@ class Pool:
     devices: list[Device]
 
 
+def _human(q) -> str:
+    return "0 B" if q == 0 else format_quantity(q, human=True)
+
+
 class Unsatisfiable(Exception):
     """The reason a claim cannot be allocated, in words a person understands."""
 
 
 # --------------------------------------------------------------------------- reading slices
-def _quantity(v) -> Fraction:
-    return parse_quantity(v["value"] if isinstance(v, dict) else v)
+_QCACHE: dict[str, Fraction | int] = {}
+_NONE = MappingProxyType({})  # one shared, read-only empty map for devices without attributes/capacity
+
+
+def _quantity(v) -> Fraction | int:
+    """A quantity as an exact number: an int when whole (fast arithmetic), else a Fraction."""
+    raw = v["value"] if isinstance(v, dict) else v
+    if isinstance(raw, str):
+        got = _QCACHE.get(raw)
+        if got is None:
+            q = parse_quantity(raw)
+            got = int(q) if q.denominator == 1 else q
+            if len(_QCACHE) < 65536:
+                _QCACHE[raw] = got
+        return got
+    q = parse_quantity(raw)
+    return int(q) if q.denominator == 1 else q
 
 
 def read_pools(slices: Iterable[dict]) -> dict[tuple[str, str], Pool]:
+    slices = list(slices)  # kept alive while ids below are used as memo keys
     by_pool: dict[tuple[str, str], list[dict]] = {}
     for s in slices:
         spec = s["spec"]
         by_pool.setdefault((spec["driver"], spec["pool"]["name"]), []).append(s)
     pools = {}
     signatures: dict[str, int] = {}
+    # Per published device entry (by identity: slices of many nodes often share them): its
+    # CEL signature and its consumption in a pool-independent form.
+    per_entry: dict[tuple[str, int], tuple[int, tuple]] = {}
+    generics: dict[tuple, tuple] = {}
     for (driver, name), group in by_pool.items():
         gen = max(s["spec"]["pool"].get("generation", 0) for s in group)
         newest = [s for s in group if s["spec"]["pool"].get("generation", 0) == gen]
         expected = max(s["spec"]["pool"].get("resourceSliceCount", 1) for s in newest)
         counters: dict[str, dict[str, Fraction]] = {}
         devices = []
+        interned: dict[int, tuple] = {}  # pool-independent consumption (by id) -> this pool's
+        for s in newest:
+            for cs in s["spec"].get("sharedCounters") or []:
+                counters[cs["name"]] = {k: _quantity(v) for k, v in cs.get("counters", {}).items()}
         for s in newest:
             spec = s["spec"]
             node = spec.get("nodeName")
-            for cs in spec.get("sharedCounters") or []:
-                counters[cs["name"]] = {k: _quantity(v) for k, v in cs.get("counters", {}).items()}
             for d in spec.get("devices") or []:
-                sig_src = json.dumps([driver, d.get("attributes", {}), d.get("capacity", {})], sort_keys=True)
-                sig = signatures.setdefault(sig_src, len(signatures))
-                devices.append(Device(driver=driver, pool=name, name=d["name"], node=node,
-                                      attributes=d.get("attributes") or {}, capacity=d.get("capacity") or {},
-                                      consumes=d.get("consumesCounters") or [],
-                                      multi=bool(d.get("allowMultipleAllocations")),
-                                      taints=d.get("taints") or [], signature=sig))
+                memo = per_entry.get((driver, id(d)))
+                if memo is None:
+                    sig_src = json.dumps([driver, d.get("attributes", {}), d.get("capacity", {})], sort_keys=True)
+                    sig = signatures.setdefault(sig_src, len(signatures))
+                    generic = tuple((c["counterSet"],
+                                     tuple((k, _quantity(v)) for k, v in (c.get("counters") or {}).items()),
+                                     tuple(c.get("compatibilityGroups") or ()))
+                                    for c in d.get("consumesCounters") or [])
+                    generic = generics.setdefault(generic, generic)  # equal consumptions: one object
+                    memo = per_entry[(driver, id(d))] = (sig, generic)
+                sig, generic = memo
+                cons = interned.get(id(generic))
+                if cons is None:
+                    cons = interned[id(generic)] = tuple(((driver, name, cs), amounts, groups, counters.get(cs))
+                                                         for cs, amounts, groups in generic)
+                devices.append(Device(driver, name, d["name"], node, d.get("attributes") or _NONE,
+                                      d.get("capacity") or _NONE, d.get("consumesCounters") or (),
+                                      bool(d.get("allowMultipleAllocations")), d.get("taints") or (), sig, cons))
         pools[(driver, name)] = Pool(driver, name, gen, len(newest) == expected, counters, devices)
     return pools
 
@@ -130,7 +176,7 @@ class State:
         return c
 
 
-def _groups_ok(in_use: list[list[str]], mine: list[str]) -> bool:
+def _groups_ok(in_use: list, mine) -> bool:
     for other in in_use:
         if (not other) != (not mine):
             return False
@@ -159,6 +205,44 @@ class Choice:
     consumed: dict[str, Fraction] | None = None
 
 
+def _policy_round(want, policy: dict):
+    """The scheduler's calculateConsumedCapacity for a requested amount: round up to the range's
+    step or to the next valid value."""
+    rng = policy.get("validRange")
+    if rng and "min" in rng:
+        lo = _quantity(rng["min"])
+        if want < lo:
+            return lo
+        if "step" in rng:
+            step = _quantity(rng["step"])
+            return lo + -(-(want - lo) // step) * step
+        return want
+    if "validValues" in policy:
+        for v in policy["validValues"]:  # ascending (API validation)
+            if want <= _quantity(v):
+                return _quantity(v)
+    return want
+
+
+def _policy_violated(amount, policy: dict) -> bool:
+    """The scheduler's violatesPolicy: the default is always fine; else within the range (max, step)
+    or one of the valid values."""
+    if not policy:
+        return False
+    if "default" in policy and amount == _quantity(policy["default"]):
+        return False
+    rng = policy.get("validRange")
+    if rng is not None:
+        if "max" in rng and amount > _quantity(rng["max"]):
+            return True
+        if "step" in rng and (amount - _quantity(rng.get("min", 0))) % _quantity(rng["step"]) != 0:
+            return True
+        return False
+    if policy.get("validValues"):
+        return all(amount != _quantity(v) for v in policy["validValues"])
+    return False
+
+
 class Allocator:
     def __init__(self, slices: list[dict], classes: list[dict], selectors: Selectors,
                  nodes: list[str] | None = None):
@@ -166,16 +250,32 @@ class Allocator:
         self.classes = {c["metadata"]["name"]: c for c in classes}
         self.sel = selectors
         self.state = State()
-        devices = [d for p in self.pools.values() if p.complete for d in p.devices]
         self.incomplete = sorted(f"{p.driver}/{p.name}" for p in self.pools.values() if not p.complete)
         self.by_node: dict[str | None, list[Device]] = {}
-        for d in devices:
-            self.by_node.setdefault(d.node, []).append(d)
+        self.incomplete_by_node: dict[str | None, list[str]] = {}
+        for p in self.pools.values():
+            if not p.complete:
+                for n in {d.node for d in p.devices} or {None}:
+                    self.incomplete_by_node.setdefault(n, []).append(f"{p.driver}/{p.name}")
+                continue
+            for d in p.devices:
+                self.by_node.setdefault(d.node, []).append(d)
         self.nodes = nodes or sorted(n for n in self.by_node if n is not None)
         self._cel: dict[tuple[str, int], bool] = {}
+        self._sigmatch: dict[tuple, dict[int, bool]] = {}  # selector list -> signature -> all match
         self._cand: dict[tuple, list[Device]] = {}
-        self._full: set[tuple] = set()  # (node, request shape) known not to fit; cleared on release
-        self.device_index = {d.key: d for d in devices}
+        # Allocation only ever adds to the state (there is no release), so a node that cannot
+        # take a request shape now never can: remember it, and per shape the first node in
+        # order that might still fit (everything before it is known full).
+        self._full: set[tuple] = set()
+        self._cursor: dict[str, int] = {}
+        self._device_index: dict[tuple, Device] | None = None
+
+    @property
+    def device_index(self) -> dict[tuple, Device]:
+        if self._device_index is None:
+            self._device_index = {d.key: d for devs in self.by_node.values() for d in devs}
+        return self._device_index
 
     # ------------------------------------------------------------ selectors
     def _match(self, expr: str, d: Device) -> bool:
@@ -195,9 +295,16 @@ class Allocator:
         key = (node, req.device_class, tuple(req.selectors))
         got = self._cand.get(key)
         if got is None:
-            exprs = self._class_selectors(req.device_class) + req.selectors
-            pool = self.by_node.get(node, []) + self.by_node.get(None, [])
-            got = self._cand[key] = [d for d in pool if all(self._match(e, d) for e in exprs)]
+            exprs = tuple(self._class_selectors(req.device_class) + list(req.selectors))
+            memo = self._sigmatch.setdefault(exprs, {})
+            got = []
+            for d in self.by_node.get(node, []) + self.by_node.get(None, []):
+                hit = memo.get(d.signature)
+                if hit is None:
+                    hit = memo[d.signature] = all(self._match(e, d) for e in exprs)
+                if hit:
+                    got.append(d)
+            self._cand[key] = got
         return got
 
     # ------------------------------------------------------------ requests
@@ -211,7 +318,7 @@ class Allocator:
             for sub in (subs if subs else [r.get("exactly") or r]):
                 name = f"{r['name']}/{sub['name']}" if subs else r["name"]
                 sels = [s["cel"]["expression"] for s in sub.get("selectors") or [] if "cel" in s]
-                cap = {k: parse_quantity(v) for k, v in ((sub.get("capacity") or {}).get("requests") or {}).items()}
+                cap = {k: _quantity(v) for k, v in ((sub.get("capacity") or {}).get("requests") or {}).items()}
                 alts.append(Request(name=name, base=r["name"], device_class=sub["deviceClassName"], selectors=sels,
                                     mode=sub.get("allocationMode", "ExactCount"), count=int(sub.get("count", 1)),
                                     capacity=cap, tolerations=sub.get("tolerations") or []))
@@ -219,95 +326,114 @@ class Allocator:
         return out
 
     # ------------------------------------------------------------ feasibility of one device
-    def _capacity_share(self, d: Device, req: Request) -> dict[str, Fraction] | None:
-        """Capacity a shared device gives this request, after its request policy; None if it does not fit."""
+    def _capacity_share(self, d: Device, req: Request, st: State | None = None) -> dict[str, Fraction] | None:
+        """Capacity the request consumes on ``d`` after the device's request policies (the scheduler's
+        CmpRequestOverCapacity); None if it does not fit. Every capacity of the device is consumed:
+        what is not requested takes the policy's default, else the whole capacity."""
+        st = st or self.state
+        for name in req.capacity:
+            if name not in d.capacity:
+                return None  # requests a capacity the device does not have
+        used = st.shared.get(d.key, {}) if d.multi else {}
         consumed = {}
         for name, cap in d.capacity.items():
             total = _quantity(cap)
             policy = cap.get("requestPolicy") or {}
             want = req.capacity.get(name)
             if want is None:
-                want = parse_quantity(policy["default"]) if "default" in policy else (total if policy or req.capacity else None)
-                if want is None:
-                    continue
-            if "validValues" in policy:
-                fits = [parse_quantity(v) for v in policy["validValues"] if parse_quantity(v) >= want]
-                if not fits:
-                    return None
-                want = min(fits)
-            elif "validRange" in policy:
-                rng = policy["validRange"]
-                lo = parse_quantity(rng["min"])
-                want = max(want, lo)
-                if "step" in rng:
-                    step = parse_quantity(rng["step"])
-                    want = lo + -(-(want - lo) // step) * step
-                if "max" in rng and want > parse_quantity(rng["max"]):
-                    return None
-            used = self.state.shared.get(d.key, {}).get(name, Fraction(0))
-            if used + want > total:
+                want = _quantity(policy["default"]) if "default" in policy else total
+            elif policy:
+                want = _policy_round(want, policy)
+            if _policy_violated(want, policy):
+                return None
+            if used.get(name, 0) + want > total:
                 return None
             consumed[name] = want
-        for name in req.capacity:
-            if name not in d.capacity:
-                return None
         return consumed
 
-    def _tolerated(self, d: Device, req: Request) -> bool:
+    def _capacity_share_in(self, d: Device, req: Request, st: State):
+        return self._capacity_share(d, req, st)
+
+    @staticmethod
+    def _tolerated(d: Device, req: Request) -> bool:
+        """Kubernetes' ToleratesTaint: effect (empty = any), key (empty = any, with Exists), then
+        Exists or an equal value."""
         for t in d.taints:
             if t.get("effect") not in ("NoSchedule", "NoExecute"):
-                continue
-            if not any(tol.get("key") in (None, t.get("key")) and (
-                    tol.get("operator") == "Exists" or tol.get("value") == t.get("value"))
-                    for tol in req.tolerations):
+                continue  # only these effects keep the scheduler from allocating
+            for tol in req.tolerations:
+                if tol.get("effect") and tol["effect"] != t.get("effect"):
+                    continue
+                if tol.get("key") and tol["key"] != t.get("key"):
+                    continue
+                if tol.get("operator", "Equal") == "Exists" or (tol.get("value") or "") == (t.get("value") or ""):
+                    break
+            else:
                 return False
         return True
 
     def _fits(self, d: Device, req: Request, st: State) -> tuple[bool, dict | None]:
-        if not self._tolerated(d, req):
+        if d.taints and not self._tolerated(d, req):
             return False, None
         share = None
         if d.multi:
-            share = self._capacity_share_in(d, req, st)
+            share = self._capacity_share(d, req, st)
             if share is None:
                 return False, None
+            if d.key in st.taken:
+                return True, share  # counters were consumed by the first share of the device
         elif d.key in st.taken:
             return False, None
-        for c in d.consumes:
-            k = (d.driver, d.pool, c["counterSet"])
-            totals = self.pools[(d.driver, d.pool)].counters.get(c["counterSet"])
+        elif req.capacity and self._capacity_share(d, req, st) is None:
+            return False, None  # the scheduler checks capacity requests against every device
+        used_all, groups_all = st.used, st.groups
+        for k, amounts, mine, totals in d.cons:
             if totals is None:
                 return False, None  # consumes a set the pool does not publish
-            used = st.used.get(k, {})
-            for cname, v in c.get("counters", {}).items():
-                if used.get(cname, 0) + _quantity(v) > totals.get(cname, Fraction(0)):
+            used = used_all.get(k)
+            for cname, v in amounts:
+                if (used.get(cname, 0) if used else 0) + v > totals.get(cname, 0):
                     return False, None
-            if not _groups_ok(st.groups.get(k, []), c.get("compatibilityGroups") or []):
+            in_use = groups_all.get(k)
+            if in_use and not _groups_ok(in_use, mine):
                 return False, None
         return True, share
 
-    def _capacity_share_in(self, d: Device, req: Request, st: State):
-        saved, self.state = self.state, st
-        try:
-            return self._capacity_share(d, req)
-        finally:
-            self.state = saved
-
     @staticmethod
-    def _take(d: Device, st: State, share: dict | None) -> None:
+    def _take(d: Device, st: State, share: dict | None) -> bool:
+        """Account ``d`` in ``st``; True when its counters were consumed (undo with _untake)."""
         if d.multi:
             bucket = st.shared.setdefault(d.key, {})
             for k, v in (share or {}).items():
-                bucket[k] = bucket.get(k, Fraction(0)) + v
+                bucket[k] = bucket.get(k, 0) + v
             if share is not None and d.key in st.taken:
-                return
+                return False
         st.taken.add(d.key)
-        for c in d.consumes:
-            k = (d.driver, d.pool, c["counterSet"])
-            used = st.used.setdefault(k, {})
-            for cname, v in c.get("counters", {}).items():
-                used[cname] = used.get(cname, Fraction(0)) + _quantity(v)
-            st.groups.setdefault(k, []).append(list(c.get("compatibilityGroups") or []))
+        for k, amounts, groups, _ in d.cons:
+            used = st.used.get(k)
+            if used is None:
+                used = st.used[k] = {}
+            for cname, v in amounts:
+                used[cname] = used.get(cname, 0) + v
+            st.groups.setdefault(k, []).append(groups)
+        return True
+
+    @staticmethod
+    def _untake(d: Device, st: State, share: dict | None, counted: bool) -> None:
+        """Undo the last :meth:`_take` of ``d`` (the search takes and undoes in LIFO order)."""
+        if d.multi:
+            bucket = st.shared[d.key]
+            for k, v in (share or {}).items():
+                bucket[k] -= v
+            if not counted:
+                return
+            del st.shared[d.key]
+        st.taken.discard(d.key)
+        for k, amounts, groups, _ in d.cons:
+            used = st.used[k]
+            for cname, v in amounts:
+                used[cname] -= v
+            st.groups[k].pop()
 
     # ------------------------------------------------------------ constraints
     @staticmethod
@@ -320,54 +446,81 @@ class Allocator:
                 if any(v is None for v in vals) or len({json.dumps(v) for v in vals}) > 1:
                     return False
             if "distinctAttribute" in c:
-                vals = [json.dumps(ch.device.attribute(c["distinctAttribute"])) for ch in scope]
-                if len(vals) != len(set(vals)):
+                vals = [ch.device.attribute(c["distinctAttribute"]) for ch in scope]
+                if any(v is None for v in vals):
+                    return False  # the scheduler: a device without the attribute never satisfies it
+                keys = [json.dumps(v) for v in vals]
+                if len(keys) != len(set(keys)):
                     return False
         return True
 
     # ------------------------------------------------------------ search
-    def _solve(self, node: str, claims: list[dict], st: State) -> list[list[Choice]] | None:
-        plan = [(claim, self._requests(claim)) for claim in claims]
-        budget = [SEARCH_BUDGET]
+    def _all_devices(self, node: str, req: Request) -> list[Device] | None:
+        """The fixed device list of an allocationMode All request (None: cannot be allocated here).
+        Like the scheduler: refused while a pool visible to the node is incomplete; devices whose
+        capacity cannot hold the request are left out."""
+        if self.incomplete_by_node.get(node) or self.incomplete_by_node.get(None):
+            return None
+        cands = self.candidates(node, req)
+        if req.capacity or any(d.multi for d in cands):
+            cands = [d for d in cands if self._capacity_share(d, req, self.state) is not None]
+        return cands or None
 
-        def per_claim(i: int, st: State, acc: list[list[Choice]]):
+    def _solve(self, node: str, claims: list[dict], st: State,
+               plan: list[tuple[dict, list[list[Request]]]] | None = None) -> list[list[Choice]] | None:
+        """Depth-first search over the devices of ``node``; ``st`` is changed while searching and
+        restored before returning (the chosen devices are not taken)."""
+        if plan is None:
+            plan = [(claim, self._requests(claim)) for claim in claims]
+        budget = [SEARCH_BUDGET]
+        every = {id(alt): self._all_devices(node, alt)
+                 for _, reqs in plan for alts in reqs for alt in alts if alt.mode == "All"}
+
+        def per_claim(i: int, acc: list[list[Choice]]):
             if i == len(plan):
                 return acc
             claim, reqs = plan[i]
             cons = claim["spec"].get("devices", {}).get("constraints") or []
-            return per_request(i, 0, reqs, cons, st, [], acc)
+            return per_request(i, 0, reqs, cons, [], acc)
 
-        def per_request(i, j, reqs, cons, st, chosen, acc):
+        def per_request(i, j, reqs, cons, chosen, acc):
             if j == len(reqs):
-                return per_claim(i + 1, st, acc + [chosen])
+                return per_claim(i + 1, acc + [chosen])
             for alt in reqs[j]:
-                got = pick(i, j, reqs, cons, alt, st, chosen, acc)
+                got = pick(i, j, reqs, cons, alt, chosen, acc)
                 if got is not None:
                     return got
             return None
 
-        def pick(i, j, reqs, cons, req, st, chosen, acc):
-            cands = self.candidates(node, req)
+        def pick(i, j, reqs, cons, req, chosen, acc):
             if req.mode == "All":
-                if not cands:
+                devs = every[id(req)]
+                if not devs:
                     return None
-                st2 = st.copy()
+                undo = []
                 picked = []
-                for d in cands:
-                    ok, share = self._fits(d, req, st2)
+                res = None
+                for d in devs:
+                    ok, share = self._fits(d, req, st)
                     if not ok:
-                        return None
-                    self._take(d, st2, share)
+                        break
+                    undo.append((d, share, self._take(d, st, share)))
                     picked.append(Choice(req, d, share))
-                if not self._constraints_ok(cons, chosen + picked):
-                    return None
-                return per_request(i, j + 1, reqs, cons, st2, chosen + picked, acc)
+                else:
+                    if self._constraints_ok(cons, chosen + picked):
+                        res = per_request(i, j + 1, reqs, cons, chosen + picked, acc)
+                for d, share, counted in reversed(undo):
+                    self._untake(d, st, share, counted)
+                return res
 
-            def choose(k, start, st, got):
+            cands = self.candidates(node, req)
+            check = bool(cons)
+
+            def choose(k, start, got):
                 if k == req.count:
-                    if not self._constraints_ok(cons, chosen + got):
+                    if check and not self._constraints_ok(cons, chosen + got):
                         return None
-                    return per_request(i, j + 1, reqs, cons, st, chosen + got, acc)
+                    return per_request(i, j + 1, reqs, cons, chosen + got, acc)
                 for idx in range(start, len(cands)):
                     budget[0] -= 1
                     if budget[0] < 0:
@@ -376,19 +529,19 @@ class Allocator:
                     ok, share = self._fits(d, req, st)
                     if not ok:
                         continue
-                    trial = chosen + got + [Choice(req, d, share)]
-                    if not self._constraints_ok(cons, trial):
+                    ch = Choice(req, d, share)
+                    if check and not self._constraints_ok(cons, chosen + got + [ch]):
                         continue
-                    st2 = st.copy()
-                    self._take(d, st2, share)
-                    res = choose(k + 1, idx + 1, st2, got + [Choice(req, d, share)])
+                    counted = self._take(d, st, share)
+                    res = choose(k + 1, idx + 1, got + [ch])
+                    self._untake(d, st, share, counted)
                     if res is not None:
                         return res
                 return None
 
-            return choose(0, 0, st, [])
+            return choose(0, 0, [])
 
-        return per_claim(0, st, [])
+        return per_claim(0, [])
 
     # ------------------------------------------------------------ public API
     def reserve(self, claim: dict) -> None:
@@ -398,19 +551,30 @@ class Allocator:
             d = self.device_index.get((r["driver"], r["pool"], r["device"]))
             if d is None:
                 continue
-            share = {k: parse_quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()} if d.multi else None
+            if not d.multi and d.key in self.state.taken:
+                continue  # held by another claim too (admin access): counters count once
+            share = {k: _quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()} if d.multi else None
             self._take(d, self.state, share)
 
     def allocate(self, claims: list[dict], node: str | None = None) -> tuple[str, list[dict]]:
         """Allocate a pod's claims together on one node: (node, allocation per claim) or Unsatisfiable."""
         shape = json.dumps([c["spec"] for c in claims], sort_keys=True)
-        nodes = [node] if node else self.nodes
-        for n in nodes:
+        plan = [(claim, self._requests(claim)) for claim in claims]
+        if node:
+            order, first = [node], 0
+        else:
+            order, first = self.nodes, self._cursor.get(shape, 0)
+        for pos in range(first, len(order)):
+            n = order[pos]
             if (n, shape) in self._full:
+                if not node and pos == self._cursor.get(shape, 0):
+                    self._cursor[shape] = pos + 1
                 continue
-            got = self._solve(n, claims, self.state)
+            got = self._solve(n, claims, self.state, plan)
             if got is None:
                 self._full.add((n, shape))
+                if not node and pos == self._cursor.get(shape, 0):
+                    self._cursor[shape] = pos + 1
                 continue
             allocations = []
             for claim, chosen in zip(claims, got):
@@ -427,52 +591,104 @@ class Allocator:
                                     "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                                         {"key": "metadata.name", "operator": "In", "values": [n]}]}]}})
             return n, allocations
-        raise Unsatisfiable(self.explain(claims, nodes))
+        raise Unsatisfiable(self.explain(claims, [node] if node else self.nodes))
 
     # ------------------------------------------------------------ reasons
     def explain(self, claims: list[dict], nodes: list[str]) -> str:
         reasons = []
         for n in nodes[:3]:
+            before = len(reasons)
             for claim in claims:
                 for alts in self._requests(claim):
-                    req = alts[0]
-                    try:
-                        cands = self.candidates(n, req)
-                    except Unsatisfiable as exc:
-                        return str(exc)
-                    if not cands:
-                        reasons.append(f"{n}: no device matches request {req.name!r} (class {req.device_class})")
+                    why = []
+                    for req in alts:  # a firstAvailable request fails only when every sub-request does
+                        try:
+                            r = self._why_not(n, req)
+                        except Unsatisfiable as exc:
+                            return str(exc)
+                        if r is None:
+                            break
+                        why.append(f"{req.name!r}: {r}" if len(alts) > 1 and not r.startswith(
+                            ("no device matches", "request ")) else r)
+                    else:
+                        reasons.append(f"{n}: " + "; or ".join(why))
                         break
-                    free = [d for d in cands if self._fits(d, req, self.state)[0]]
-                    if len(free) < req.count:
-                        reasons.append(self._why_full(n, req, cands))
-                        break
+                if len(reasons) > before:
+                    break
+            if len(reasons) == before:
+                reasons.append(f"{n}: each request has devices, but not all of them together "
+                               "(constraints, or the pod's claims compete for the same GPUs)")
         if self.incomplete:
             reasons.append("incomplete pools ignored: " + ", ".join(self.incomplete))
         more = f" (and {len(nodes) - 3} more nodes)" if len(nodes) > 3 else ""
         return "; ".join(reasons or ["no node satisfies the claims' constraints"]) + more
 
-    def _why_full(self, node: str, req: Request, cands: list[Device]) -> str:
-        d = cands[0]
-        for c in d.consumes:
-            k = (d.driver, d.pool, c["counterSet"])
-            totals = self.pools[(d.driver, d.pool)].counters.get(c["counterSet"], {})
+    def _why_not(self, n: str, req: Request) -> str | None:
+        """Why ``req`` alone cannot be allocated on node ``n`` now (without the node prefix)."""
+        cands = self.candidates(n, req)
+        if req.mode == "All":
+            pending = (self.incomplete_by_node.get(n) or []) + (self.incomplete_by_node.get(None) or [])
+            if pending:
+                return (f"request {req.name!r} asks for all devices, but pool {', '.join(pending)} "
+                        "is being updated (incomplete)")
+            if not cands:
+                return f"no device matches request {req.name!r} (class {req.device_class})"
+            busy = [d for d in cands if not self._fits(d, req, self.state)[0]]
+            if busy:
+                return (f"request {req.name!r} asks for all {len(cands)} matching devices, but {busy[0].name} "
+                        "is not available" + (f" (nor {len(busy) - 1} more)" if len(busy) > 1 else ""))
+            return None
+        if not cands:
+            return f"no device matches request {req.name!r} (class {req.device_class})"
+        free = sum(1 for d in cands if self._fits(d, req, self.state)[0])
+        if free >= req.count:
+            return None
+        return self._why_full(n, req, cands, free).split(": ", 1)[1]
+
+    def _gpu_reason(self, d: Device, req: Request) -> str | None:
+        """Why ``d`` cannot be allocated now, in terms of its counter set (its GPU); None if it can."""
+        for k, amounts, groups, totals in d.cons:
+            totals = totals or {}
             used = self.state.used.get(k, {})
-            for cname, v in c.get("counters", {}).items():
-                need = _quantity(v)
-                left = totals.get(cname, Fraction(0)) - used.get(cname, Fraction(0))
+            gpu = k[2].removesuffix("-counter-set")
+            for cname, need in amounts:
+                total = totals.get(cname, 0)
+                left = total - used.get(cname, 0)
                 if left < need:
-                    gpu = c["counterSet"].removesuffix("-counter-set")
                     if cname == "memory":
-                        return (f"{node}: {gpu} has {format_quantity(left, human=True)} of "
-                                f"{format_quantity(totals[cname], human=True)} framebuffer left; "
+                        return (f"{gpu} has {_human(left)} of "
+                                f"{format_quantity(total, human=True)} framebuffer left; "
                                 f"needs {format_quantity(need, human=True)}")
-                    return f"{node}: {gpu} has {left} of {totals.get(cname)} {cname} left; needs {need}"
-            if not _groups_ok(self.state.groups.get(k, []), c.get("compatibilityGroups") or []):
-                return (f"{node}: {c['counterSet'].removesuffix('-counter-set')} holds vGPUs of another framebuffer "
-                        f"size ({', '.join(sorted({g for gs in self.state.groups.get(k, []) for g in gs}))}); "
-                        f"request {req.name!r} needs {', '.join(c.get('compatibilityGroups') or ['none'])}")
-        return f"{node}: all {len(cands)} devices matching request {req.name!r} are allocated"
+                    return f"{gpu} has {left} of {total} {cname} left; needs {need}"
+            in_use = self.state.groups.get(k, [])
+            if not _groups_ok(in_use, groups):
+                held = sorted({g for gs in in_use for g in gs})
+                return (f"{gpu} holds vGPUs of another framebuffer size ({', '.join(held) or 'passthrough'}); "
+                        f"request {req.name!r} needs {', '.join(groups) or 'none'}")
+        if d.key in self.state.taken and not d.multi:
+            return None  # a slot taken; a sibling slot may still be free
+        if d.taints and not self._tolerated(d, req):
+            t = d.taints[0]
+            return f"{d.name} has taint {t.get('key')}={t.get('value', '')}:{t.get('effect')}, not tolerated"
+        return None
+
+    def _why_full(self, node: str, req: Request, cands: list[Device], n_free: int = 0) -> str:
+        per_gpu: dict[tuple, str] = {}
+        for d in cands:
+            key = d.cons[0][0] if d.cons else d.key
+            if key in per_gpu:
+                continue
+            why = self._gpu_reason(d, req)
+            if why is not None:
+                per_gpu[key] = why
+        if not per_gpu:
+            if n_free:
+                return (f"{node}: request {req.name!r} needs {req.count} devices, "
+                        f"only {n_free} of the {len(cands)} matching are free")
+            return f"{node}: all {len(cands)} devices matching request {req.name!r} are allocated"
+        shown = list(per_gpu.values())[:3]
+        rest = len(per_gpu) - len(shown)
+        return f"{node}: " + ", ".join(shown) + (f" (and {rest} more GPUs full)" if rest > 0 else "")
 
 
 class CelSelectors:

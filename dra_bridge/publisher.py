@@ -1,10 +1,11 @@
 """Keep this node's ResourceSlices equal to the pool, with the fewest API writes.
 
 * Nothing changed: no write at all (the comparison is on the slices' specs).
-* Same number of slices: only the slices whose content changed are replaced, in place,
-  at the same pool generation.
-* Slice count changed: the generation is bumped and every slice rewritten; slices that
-  no longer belong are deleted last. The scheduler ignores the older generation and
+* Same number of slices and one slice changed: only that slice is replaced, in place, at
+  the same pool generation (one write is atomic, so the pool is old or new, never mixed).
+* Slice count changed, or several slices changed: the generation is bumped and every slice
+  rewritten; slices that no longer belong (this driver and node, including other pools)
+  are deleted last. The scheduler ignores the older generation and
   treats the new one as incomplete until ``resourceSliceCount`` slices of it are visible,
   so two generations are never read as one pool.
 Conflicts (409) re-read and retry; 429/5xx and connection errors back off and retry.
@@ -88,6 +89,7 @@ class Publisher:
 
     def _retry(self, fn: Callable[[], Any]) -> Any:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError as TransportError  # connection refused/reset, timeouts
 
         for attempt in range(self.retries + 1):
             try:
@@ -96,19 +98,20 @@ class Publisher:
                 if exc.status not in RETRYABLE or attempt == self.retries:
                     raise
                 log.info("API answered %s, retrying", exc.status)
-            except (ConnectionError, OSError) as exc:
+            except (ConnectionError, OSError, TransportError) as exc:
                 if attempt == self.retries:
                     raise
                 log.info("API unreachable (%s), retrying", exc)
             self.sleep(self.backoff * (2 ** attempt) * (1 + random.random() / 2))
 
-    def existing(self) -> dict[str, dict]:
+    def existing(self, *, all_pools: bool = False) -> dict[str, dict]:
+        """This driver's slices of this node: of our pool, or (``all_pools``) of any pool."""
         sel = f"spec.nodeName={self.node_name},spec.driver={self.driver}"
         resp = self._retry(lambda: self.api.list_resource_slice(field_selector=sel))
         out = {}
         for item in resp.items:
             obj = self.api_client.sanitize_for_serialization(item)
-            if obj["spec"].get("pool", {}).get("name") == self.pool_name:
+            if all_pools or obj["spec"].get("pool", {}).get("name") == self.pool_name:
                 out[obj["metadata"]["name"]] = obj
         return out
 
@@ -116,12 +119,21 @@ class Publisher:
         return build_slices(pool, driver=self.driver, node_name=self.node_name, pool_name=self.pool_name,
                             generation=generation, server_version=self.version)
 
+    @staticmethod
+    def _differs(old: dict | None, new: dict, generation: int) -> bool:
+        return old is None or _content(old["spec"]) != _content(new["spec"]) \
+            or old["spec"]["pool"].get("generation") != generation \
+            or (old["metadata"].get("labels") or {}) != new["metadata"]["labels"]
+
     def sync(self, pool: Pool) -> SyncResult:
-        have = self.existing()
+        everything = self.existing(all_pools=True)
+        have = {n: o for n, o in everything.items() if o["spec"].get("pool", {}).get("name") == self.pool_name}
         generation = max((o["spec"]["pool"].get("generation", 0) for o in have.values()), default=0)
         want = self.desired(pool, generation)
         same_shape = set(have) == {s["metadata"]["name"] for s in want} and all(
             o["spec"]["pool"].get("generation", 0) == generation for o in have.values())
+        if same_shape and sum(self._differs(have.get(s["metadata"]["name"]), s, generation) for s in want) > 1:
+            same_shape = False  # in-place updates of several slices would show a mix of old and new as one pool
         result = SyncResult(generation=generation)
         if not same_shape:
             generation += 1
@@ -129,15 +141,14 @@ class Publisher:
             result.generation = generation
         for s in want:
             name = s["metadata"]["name"]
-            old = have.get(name)
+            old = everything.get(name)  # (a slice of another pool under our name is taken over)
             if old is None:
                 self._retry(lambda s=s: self.api.create_resource_slice(s))
                 result.created += 1
-            elif _content(old["spec"]) != _content(s["spec"]) or old["spec"]["pool"].get("generation") != generation \
-                    or (old["metadata"].get("labels") or {}) != s["metadata"]["labels"]:
+            elif self._differs(old, s, generation):
                 self._replace(name, s)
                 result.updated += 1
-        for name in sorted(set(have) - {s["metadata"]["name"] for s in want}):
+        for name in sorted(set(everything) - {s["metadata"]["name"] for s in want}):
             self._delete(name)
             result.deleted += 1
         if result.writes:
@@ -172,7 +183,7 @@ class Publisher:
                 raise
 
     def delete_all(self) -> int:
-        have = self.existing()
+        have = self.existing(all_pools=True)
         for name in have:
             self._delete(name)
         return len(have)

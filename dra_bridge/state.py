@@ -70,17 +70,21 @@ def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str]) -> PreparedD
     return rec.model_copy(update={"framework": framework, "parent": parent, "vgpu_id": vgpu_id})
 
 
-def bind_passthrough(ex: Executor, gpu: Gpu) -> list[str]:
-    """Bind every function of the GPU's IOMMU group to vfio-pci; return the ones this moved."""
+def passthrough_moves(gpu: Gpu) -> list[str]:
+    """The functions of the GPU's IOMMU group that passing it through moves to vfio-pci."""
     if gpu.vgpus:
         raise PrepareError(f"GPU {gpu.address} holds vGPUs ({len(gpu.vgpus)}); it cannot be passed through")
     if gpu.sriov_num_vfs:
         raise PrepareError(f"GPU {gpu.address} has SR-IOV VFs enabled; it cannot be passed through")
-    moved = []
-    for addr, driver in sorted((gpu.iommu_group_drivers or {gpu.address: gpu.driver}).items()):
-        if driver != "vfio-pci":
-            ex.bind(addr, "vfio-pci")
-            moved.append(addr)
+    return [addr for addr, driver in sorted((gpu.iommu_group_drivers or {gpu.address: gpu.driver}).items())
+            if driver != "vfio-pci"]
+
+
+def bind_passthrough(ex: Executor, gpu: Gpu) -> list[str]:
+    """Bind every function of the GPU's IOMMU group to vfio-pci; return the ones this moved."""
+    moved = passthrough_moves(gpu)
+    for addr in moved:
+        ex.bind(addr, "vfio-pci")
     return moved
 
 
