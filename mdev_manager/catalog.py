@@ -88,7 +88,7 @@ def _add(b: BoardSpec) -> None:
 
 
 _add(BoardSpec(
-    key="T4", vendor_id="0x10de", device_id="0x1eb8", subsystem_device_id="0x12a2",
+    key="T4", product_name="TU104GL [Tesla T4]", vendor_id="0x10de", device_id="0x1eb8", subsystem_device_id="0x12a2",
     framebuffer_mib=16384, framework="mdev",
     types=[
         TypeSpec(num=222, name="GRID T4-1B", max_instances=16),
@@ -101,7 +101,7 @@ _add(BoardSpec(
     ],
 ))
 _add(BoardSpec(
-    key="A100-40GB", vendor_id="0x10de", device_id="0x20f1", subsystem_device_id="0x145f",
+    key="A100-40GB", product_name="GA100 [A100 PCIe 40GB]", vendor_id="0x10de", device_id="0x20f1", subsystem_device_id="0x145f",
     framebuffer_mib=40960, framework="mdev-sriov", sriov_total_vfs=16,
     types=[
         *_series("A100", "NVIDIA", 468, [(4, 10), (5, 8), (8, 5), (10, 4), (20, 2), (40, 1)], "C"),
@@ -114,7 +114,7 @@ _add(BoardSpec(
     ],
 ))
 _add(BoardSpec(
-    key="A100D-80GB", vendor_id="0x10de", device_id="0x20b5", subsystem_device_id="0x1533",
+    key="A100D-80GB", product_name="GA100 [A100 PCIe 80GB]", vendor_id="0x10de", device_id="0x20b5", subsystem_device_id="0x1533",
     framebuffer_mib=81920, framework="mdev-sriov", sriov_total_vfs=20,
     types=[
         *_series("A100D", "NVIDIA", 692, [(4, 20), (8, 10), (10, 8), (16, 5), (20, 4), (40, 2), (80, 1)], "C"),
@@ -127,7 +127,7 @@ _add(BoardSpec(
     ],
 ))
 _add(BoardSpec(
-    key="A16", vendor_id="0x10de", device_id="0x25b6", subsystem_device_id="0x14a9",
+    key="A16", product_name="GA107GL [A2 / A16]", vendor_id="0x10de", device_id="0x25b6", subsystem_device_id="0x14a9",
     framebuffer_mib=16384, framework="mdev-sriov", sriov_total_vfs=16, gpus_per_board=4,
     types=[
         TypeSpec(num=709, name="NVIDIA A16-1B", max_instances=16),
@@ -138,7 +138,7 @@ _add(BoardSpec(
     ],
 ))
 _add(BoardSpec(
-    key="A2", vendor_id="0x10de", device_id="0x25b6", subsystem_device_id="0x157e",
+    key="A2", product_name="GA107GL [A2 / A16]", vendor_id="0x10de", device_id="0x25b6", subsystem_device_id="0x157e",
     framebuffer_mib=16384, framework="mdev-sriov", sriov_total_vfs=16,
     types=[
         TypeSpec(num=742, name="NVIDIA A2-1B", max_instances=16,
@@ -160,7 +160,7 @@ _add(BoardSpec(
     ],
 ))
 _add(BoardSpec(
-    key="UHD630", vendor_id="0x8086", device_id="0x3e92", class_code="0x030000",
+    key="UHD630", product_name="CoffeeLake-S GT2 [UHD Graphics 630]", vendor_id="0x8086", device_id="0x3e92", class_code="0x030000",
     subsystem_vendor_id="0x8086", subsystem_device_id="0x2212",
     framebuffer_mib=4096, framework="mdev", driver="i915",
     types=[

@@ -1,0 +1,208 @@
+"""``vgpuctl`` on simulated hosts, through ``mdev_manager.cli.main``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from mdev_manager import catalog, persist
+from mdev_manager.cli import main
+from mdev_manager.sim import load_host, preset_names
+
+from .conftest import EXAMPLE_LAYOUT, open_sim
+
+
+@pytest.fixture
+def simdir(tmp_path, monkeypatch):
+    d = tmp_path / "sims"
+    monkeypatch.setenv("VGPUCTL_SIM_DIR", str(d))
+    return d
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tree(root) -> dict[str, str]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            if rel.startswith(".sim"):
+                continue
+            out[rel] = ("-> " + os.readlink(p)) if os.path.islink(p) else ("dir" if os.path.isdir(p)
+                                                                             else open(p, "rb").read().decode())
+    return out
+
+
+def test_discover_table_json_yaml(simdir, capsys):
+    code, table, _ = run(capsys, "--simulate", "discover")
+    assert code == 0
+    sim = open_sim(simdir / "default")  # the CLI keeps its simulated host there
+    inv = sim.discover()
+    spec = load_host("default")
+    assert table.splitlines()[0] == f"Node {spec.node}: {len(inv.gpus)} GPUs"
+    for g in inv.gpus:
+        assert any(line.split()[:2] == [str(g.index), g.address] for line in table.splitlines())
+
+    code, out, _ = run(capsys, "--simulate", "discover", "-o", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["node"] == spec.node
+    assert [g["address"] for g in data["gpus"]] == [g.address for g in inv.gpus]
+    assert [g["framework"] for g in data["gpus"]] == [g.framework for g in inv.gpus]
+    assert [len(g["types"]) for g in data["gpus"]] == [len(g.types) for g in inv.gpus]
+
+    code, out, _ = run(capsys, "--simulate", "discover", "-o", "yaml")
+    assert code == 0
+    assert yaml.safe_load(out) == data
+
+    code, out, _ = run(capsys, "--simulate", "discover", "--types")
+    assert code == 0
+    for t in inv.gpus[0].types:
+        assert t.id in out and t.name in out
+
+
+def test_plan_changes_nothing(simdir, capsys):
+    run(capsys, "--simulate", "discover")
+    before = tree(simdir / "default")
+    code, out, _ = run(capsys, "--simulate", "plan", "-f", str(EXAMPLE_LAYOUT))
+    assert code == 0
+    assert out.startswith("Plan:")
+    inv = open_sim(simdir / "default").discover()
+    a100 = catalog.board("A100-40GB")
+    a100_addr = next(g.address for g in inv.gpus if g.device_id == a100.device_id)
+    assert f"bind {inv.gpus[1].address} to vfio-pci" in out
+    assert f"enable {a100.sriov_total_vfs} SR-IOV VFs on {a100_addr}" in out
+    assert "discovers the GPUs again" in out
+    assert tree(simdir / "default") == before
+
+
+def test_apply_then_apply_again_says_zero_changes(simdir, capsys):
+    code, out, err = run(capsys, "--simulate", "apply", "-f", str(EXAMPLE_LAYOUT))
+    assert code == 0, err
+    last = out.strip().splitlines()[-1]
+    n = int(last.split()[0])
+    assert n > 0 and last.endswith("changes; node matches the layout")
+    assert "[ok]" in out and "FAILED" not in out
+    sim = open_sim(simdir / "default")
+    inv = sim.discover()
+    # one change per vGPU and per definition or record at least
+    assert n >= 2 * len(inv.all_vgpus())
+    assert len(sim.definitions()) == sum(1 for v in inv.all_vgpus() if v.framework == "mdev")
+
+    before = tree(simdir / "default")
+    code, out, _ = run(capsys, "--simulate", "apply", "-f", str(EXAMPLE_LAYOUT))
+    assert code == 0
+    assert out.strip().splitlines()[-1] == "0 changes; node matches the layout"
+    assert "nothing to change" in out
+    assert tree(simdir / "default") == before
+
+
+def test_apply_json_output(simdir, capsys):
+    code, out, _ = run(capsys, "--simulate", "apply", "-f", str(EXAMPLE_LAYOUT), "-o", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["rounds"] and all(not [r for r in rnd["report"]["results"] if not r["ok"]] for rnd in data["rounds"])
+    assert len(data["inventory"]["gpus"]) == 4
+
+
+@pytest.mark.parametrize("entry,field", [
+    ({"index": 0, "vgpus": {"T4-3Q": 2}}, "gpus[0].vgpus.T4-3Q"),
+    ({"index": 0, "vgpus": {"T4-2Q": 9}}, "gpus[0].vgpus.T4-2Q"),
+    ({"pciAddress": "0000:55:00.0"}, "gpus[0] (pciAddress 0000:55:00.0).pciAddress"),
+    ({"index": 0, "vgpus": {"../../x": 1}}, "vgpus"),
+    ({"index": 0, "mode": "sideways"}, "layouts.default.0.mode"),
+])
+def test_bad_layout_exits_2_names_the_field_and_changes_nothing(simdir, capsys, tmp_path, entry, field):
+    run(capsys, "--simulate", "discover")
+    before = tree(simdir / "default")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"version": "vgpuctl/v1", "layouts": {"default": [entry]}}))
+    code, out, err = run(capsys, "--simulate", "apply", "-f", str(bad))
+    assert code == 2
+    assert "the layout was rejected; nothing was changed" in err
+    assert any(line.strip().startswith(f"- {field}") for line in err.splitlines()), err
+    assert tree(simdir / "default") == before
+
+
+def test_missing_layout_file_exits_2(simdir, capsys, tmp_path):
+    code, _, err = run(capsys, "--simulate", "apply", "-f", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "nope.yaml" in err
+
+
+def test_unknown_layout_name_exits_2(simdir, capsys):
+    code, _, err = run(capsys, "--simulate", "apply", "-f", str(EXAMPLE_LAYOUT), "--layout", "nope")
+    assert code == 2 and "no layout named 'nope'" in err
+
+
+DM_CONFIG = """
+version: v1
+vgpu-configs:
+  T4-8Q:
+    - devices: all
+      vgpu-devices:
+        "T4-8Q": 2
+  T4-small:
+    - devices: [0]
+      vgpu-devices:
+        "T4-1Q": 16
+    - devices: [1]
+      vgpu-devices:
+        "T4-2Q": 8
+"""
+
+
+def test_vgpu_device_manager_config_with_config_name(simdir, capsys, tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(DM_CONFIG)
+    code, out, err = run(capsys, "--simulate", "t4-node", "apply", "-f", str(cfg), "--config-name", "T4-small")
+    assert code == 0, err
+    sim = open_sim(simdir / "t4-node")
+    inv = sim.discover()
+    assert [sorted({v.type_name for v in g.vgpus}) for g in inv.gpus] == [["GRID T4-1Q"], ["GRID T4-2Q"], [], []]
+    assert [len(g.vgpus) for g in inv.gpus] == [16, 8, 0, 0]
+    # switching configs: every GPU gets T4-8Q; the old vGPUs go
+    code, out, err = run(capsys, "--simulate", "t4-node", "apply", "-f", str(cfg), "--config-name", "T4-8Q")
+    assert code == 0, err
+    inv = sim.discover()
+    assert [[v.type_name for v in g.vgpus] for g in inv.gpus] == [["GRID T4-8Q"] * 2] * len(inv.gpus)
+    defs = sorted(d.uuid for d in persist.load_definitions(sim.env, sim.io)[0])
+    assert defs == sorted(v.id for v in inv.all_vgpus())
+    # a name that is not in the file
+    code, _, err = run(capsys, "--simulate", "t4-node", "apply", "-f", str(cfg), "--config-name", "T4-1Q")
+    assert code == 2 and "no config named 'T4-1Q'" in err and "T4-small" in err
+
+
+def test_reboot_and_restore(simdir, capsys):
+    assert run(capsys, "--simulate", "apply", "-f", str(EXAMPLE_LAYOUT))[0] == 0
+    sim = open_sim(simdir / "default")
+    before = sorted((v.parent, v.id) for v in sim.discover().all_vgpus())
+    code, out, _ = run(capsys, "--simulate", "sim", "reboot")
+    assert code == 0
+    assert sim.discover().all_vgpus() == []
+    code, out, _ = run(capsys, "--simulate", "restore")
+    assert code == 0
+    assert out.strip().splitlines()[-1] == f"{len(before)} devices restored"
+    assert sorted((v.parent, v.id) for v in sim.discover().all_vgpus()) == before
+
+
+def test_sim_presets_and_reset(simdir, capsys):
+    code, out, _ = run(capsys, "sim", "presets")
+    assert code == 0
+    assert [line.split()[0] for line in out.strip().splitlines()] == preset_names()
+    assert run(capsys, "--simulate", "apply", "-f", str(EXAMPLE_LAYOUT))[0] == 0
+    code, out, _ = run(capsys, "--simulate", "sim", "reset")
+    assert code == 0
+    assert open_sim(simdir / "default").discover().all_vgpus() == []
+
+
+def test_unknown_preset_exits_2(simdir, capsys):
+    code, _, err = run(capsys, "--simulate", "no-such-host", "discover")
+    assert code == 2 and "no-such-host" in err

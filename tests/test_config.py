@@ -1,0 +1,230 @@
+"""Layout files: our vgpuctl/v1 format and vgpu-device-manager's v1, and every malformed input.
+
+Errors must name the field and the reason; anything that could reach a sysfs path
+(PCI addresses, models, type names) is refused when the file is read.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from mdev_manager.config import ConfigError, load_config, parse_config
+
+from .conftest import EXAMPLE_LAYOUT
+
+V = "vgpuctl/v1"
+
+
+def ours(*entries, name="default"):
+    return {"version": V, "layouts": {name: list(entries)}}
+
+
+def problems(doc, name="default") -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc, name)
+    assert e.value.problems, "a ConfigError must carry at least one problem"
+    return e.value.problems
+
+
+def one_problem(doc, name="default") -> str:
+    p = problems(doc, name)
+    assert len(p) == 1, p
+    return p[0]
+
+
+# --------------------------------------------------------------------------- our format
+def test_example_layout_parses():
+    default = load_config(EXAMPLE_LAYOUT)
+    doc = yaml.safe_load(EXAMPLE_LAYOUT.read_text())
+    assert len(default) == len(doc["layouts"]["default"])
+    for entry, raw in zip(default, doc["layouts"]["default"]):
+        assert entry.mode == raw["mode"]
+        assert entry.vgpus == raw.get("vgpus", {})
+        assert entry.index == raw.get("index")
+        assert entry.pci_address == raw.get("pciAddress")
+        assert entry.model == raw.get("model")
+        assert entry.nvidia_only is False
+    dra = load_config(EXAMPLE_LAYOUT, "dra")
+    assert len(dra) == 1 and dra[0].all is True and dra[0].mode == "dra"
+
+
+@pytest.mark.parametrize("given,canonical", [
+    ("0000:65:00.0", "0000:65:00.0"),
+    ("65:00.0", "0000:65:00.0"),
+    ("0000:AF:00.0", "0000:af:00.0"),
+    (" 0000:65:00.1 ", "0000:65:00.1"),
+])
+def test_pci_address_is_normalised(given, canonical):
+    (entry,) = parse_config(ours({"pciAddress": given, "mode": "passthrough"}))
+    assert entry.pci_address == canonical
+
+
+def test_selectors_and_modes():
+    entries = parse_config(ours({"index": 2, "mode": "dra", "vgpus": {"A100-4C": 2}, "passthrough": True},
+                                {"model": "Tesla T4", "mode": "unmanaged"},
+                                {"all": True, "mode": "passthrough"}))
+    assert [e.describe() for e in entries] == ["index 2", "model 'Tesla T4'", "all"]
+    assert entries[0].passthrough is True and entries[0].vgpus == {"A100-4C": 2}
+    assert entries[0].mode == "dra"
+    # vgpu is the default mode
+    (e,) = parse_config(ours({"index": 0}))
+    assert e.mode == "vgpu" and e.vgpus == {}
+
+
+def test_named_layouts():
+    doc = {"version": V, "layouts": {"small": [{"index": 0, "vgpus": {"T4-1Q": 16}}],
+                                     "big": [{"index": 0, "vgpus": {"T4-16Q": 1}}]}}
+    assert parse_config(doc, "small")[0].vgpus == {"T4-1Q": 16}
+    assert parse_config(doc, "big")[0].vgpus == {"T4-16Q": 1}
+    p = one_problem(doc, "medium")
+    assert p.startswith("layouts:") and "'medium'" in p and "big" in p and "small" in p
+
+
+# --------------------------------------------------------------------------- bad input: our format
+@pytest.mark.parametrize("entry,field,reason", [
+    ({"index": 0, "pciAddress": "0000:10:00.0"}, "layouts.default.0", "exactly one of"),
+    ({"mode": "vgpu"}, "layouts.default.0", "exactly one of"),
+    ({"all": False}, "layouts.default.0", "exactly one of"),
+    ({"index": 0, "vgpu": {"T4-1Q": 1}}, "layouts.default.0.vgpu", "Extra inputs"),
+    ({"index": 0, "mode": "pass"}, "layouts.default.0.mode", "'passthrough'"),
+    ({"index": 0, "mode": "passthrough", "vgpus": {"T4-1Q": 1}}, "vgpus", "only mode vgpu or dra"),
+    ({"index": 0, "mode": "unmanaged", "vgpus": {"T4-1Q": 1}}, "vgpus", "only mode vgpu or dra"),
+    ({"index": 0, "vgpus": {"T4-1Q": -1}}, "vgpus", ">= 0"),
+    ({"index": 0, "vgpus": {"T4-1Q": "four"}}, "layouts.default.0.vgpus.T4-1Q", "integer"),
+    ({"index": 0, "vgpus": {"T4-1Q": 2.5}}, "layouts.default.0.vgpus.T4-1Q", "integer"),
+    ({"index": 0, "vgpus": {"T4-1Q": True}}, "layouts.default.0.vgpus.T4-1Q", "integer"),
+    ({"index": 0, "vgpus": ["T4-1Q"]}, "layouts.default.0.vgpus", "dictionary"),
+    ({"index": -1}, "layouts.default.0.index", "greater than or equal to 0"),
+    ({"index": True}, "layouts.default.0.index", "integer"),
+    ({"pciAddress": "0000:zz:00.0"}, "pciAddress", "not a PCI address"),
+    ({"pciAddress": "0000:65:00.8"}, "pciAddress", "not a PCI address"),
+])
+def test_bad_entries_name_the_field(entry, field, reason):
+    p = one_problem(ours(entry))
+    assert p.startswith(field) or f"{field}:" in p or f"{field}." in p, p
+    assert reason in p, p
+
+
+@pytest.mark.parametrize("entry,field", [
+    # anything that could be joined to a sysfs path
+    ({"pciAddress": "../../../etc"}, "pciAddress"),
+    ({"pciAddress": "0000:65:00.0/../../x"}, "pciAddress"),
+    ({"pciAddress": "/sys/bus/pci/devices/0000:65:00.0"}, "pciAddress"),
+    ({"model": "../etc"}, "model"),
+    ({"model": ".."}, "model"),
+    ({"model": "T4/../../x"}, "model"),
+    ({"model": "T4\x00"}, "model"),
+    ({"model": "T4\n"}, "model"),
+    ({"index": 0, "vgpus": {"../x": 1}}, "vgpus"),
+    ({"index": 0, "vgpus": {"..": 1}}, "vgpus"),
+    ({"index": 0, "vgpus": {"nvidia-222/../../../x": 1}}, "vgpus"),
+    ({"index": 0, "vgpus": {"/etc/passwd": 1}}, "vgpus"),
+    ({"index": 0, "vgpus": {"nvidia-222\x00": 1}}, "vgpus"),
+])
+def test_hostile_names_are_refused(entry, field):
+    p = one_problem(ours(entry))
+    assert field in p.split(":")[0], p
+    bad = next(iter(entry.get("vgpus", {}))) if "vgpus" in entry else entry.get("pciAddress", entry.get("model"))
+    assert repr(bad) in p or bad in p, p  # the offending value is quoted back
+
+
+def test_every_problem_is_reported_at_once():
+    p = problems(ours({"index": -1}, {"pciAddress": "nope"}, {"index": 0, "mode": "x"}))
+    assert len(p) == 3
+    assert any("layouts.default.0.index" in x for x in p)
+    assert any("pciAddress" in x for x in p)
+    assert any("layouts.default.2.mode" in x for x in p)
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"layouts": {}}, "version"),
+    ({"version": "v2", "layouts": {}}, "version"),
+    ({"version": V}, "layouts"),
+    ({"version": V, "layouts": {"default": [{"index": 0}]}, "gpus": []}, "gpus"),
+    ({"version": V, "layouts": {"default": {"index": 0}}}, "layouts.default"),
+    ({"version": V, "layouts": {"default": ["T4"]}}, "layouts.default.0"),
+    ([{"index": 0}], "config"),
+    ("version: vgpuctl/v1", "config"),
+    (None, "config"),
+])
+def test_bad_documents(doc, field):
+    p = problems(doc)
+    assert any(x.startswith(field) for x in p), p
+
+
+def test_load_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "missing.yaml")
+    assert "missing.yaml" in str(e.value) and "No such file" in str(e.value)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: vgpuctl/v1\nlayouts: {default: [index: 0\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bad)
+    assert "bad.yaml" in str(e.value) and "not valid YAML" in str(e.value)
+
+
+# --------------------------------------------------------------------------- vgpu-device-manager v1
+# The shape of NVIDIA's examples/config-t4.yaml (vgpu-device-manager).
+DM_CONFIG = """
+version: v1
+vgpu-configs:
+  T4-1Q:
+    - devices: all
+      vgpu-devices:
+        "T4-1Q": 16
+  T4-small:
+    - devices: [0]
+      vgpu-devices:
+        "T4-1Q": 16
+    - devices: [1]
+      vgpu-devices:
+        "T4-2Q": 8
+  T4-pair:
+    - devices: [0, 1]
+      vgpu-devices:
+        "T4-4Q": 4
+"""
+
+
+def test_device_manager_config_with_a_selected_name(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(DM_CONFIG)
+    (entry,) = load_config(path, "T4-1Q")
+    assert entry.all is True and entry.vgpus == {"T4-1Q": 16}
+    assert entry.nvidia_only is True  # indices and 'all' count NVIDIA GPUs only, as NVML does
+    small = load_config(path, "T4-small")
+    assert [(e.index, e.vgpus) for e in small] == [(0, {"T4-1Q": 16}), (1, {"T4-2Q": 8})]
+    assert all(e.nvidia_only and e.mode == "vgpu" for e in small)
+    pair = load_config(path, "T4-pair")
+    assert [(e.index, e.vgpus) for e in pair] == [(0, {"T4-4Q": 4}), (1, {"T4-4Q": 4})]
+
+
+def test_device_manager_unknown_name_lists_the_choices():
+    p = one_problem(yaml.safe_load(DM_CONFIG), "T4-huge")
+    assert p.startswith("vgpu-configs:") and "'T4-huge'" in p
+    for name in ("T4-1Q", "T4-small", "T4-pair"):
+        assert name in p
+
+
+@pytest.mark.parametrize("doc,field,reason", [
+    ({"version": "v1", "vgpu-configs": {"a": [{"devices": "some", "vgpu-devices": {"T4-1Q": 1}}]}},
+     "vgpu-configs.a[0].devices", "'all' or a list"),
+    ({"version": "v1", "vgpu-configs": {"a": [{"devices": [True], "vgpu-devices": {"T4-1Q": 1}}]}},
+     "vgpu-configs.a[0].devices", "'all' or a list"),
+    ({"version": "v1", "vgpu-configs": {"a": [{"devices": [0], "vgpu-devices": {}, "extra": 1}]}},
+     "vgpu-configs.a[0]", "only 'devices' and 'vgpu-devices'"),
+    ({"version": "v1", "vgpu-configs": {"a": ["T4-1Q"]}}, "vgpu-configs.a[0]", "only 'devices' and 'vgpu-devices'"),
+    ({"version": "v1", "vgpu-configs": {"a": []}, "other": 1}, "other", "unknown field"),
+    ({"version": "v1", "vgpu-configs": {"a": [{"devices": [-1], "vgpu-devices": {"T4-1Q": 1}}]}},
+     "index", "greater than or equal to 0"),
+    ({"version": "v1", "vgpu-configs": {"a": [{"devices": "all", "vgpu-devices": {"T4-1Q": -2}}]}},
+     "vgpus", ">= 0"),
+    ({"version": "v1", "vgpu-configs": {"a": [{"devices": "all", "vgpu-devices": {"../../x": 1}}]}},
+     "vgpus", "cannot be a vGPU type name"),
+])
+def test_device_manager_bad_input(doc, field, reason):
+    p = one_problem(doc, "a")
+    assert p.startswith(field), p
+    assert reason in p, p
+

@@ -1,0 +1,185 @@
+"""Crash injection: kill the applying process right before each write, re-apply, compare.
+
+A child process runs ``reconcile`` through ``CrashingIO``, a transport that calls
+``os._exit(137)`` right before write number N (every ``write``, ``write_atomic`` and
+``remove`` counts). For every N of a full apply, a fresh copy of the same host is
+crashed at N, then re-applied here to completion; the result must equal an uncrashed
+apply: the same devices per GPU and type, the same drivers and VFs, every device with
+exactly one saved definition and every definition with its device, no duplicate UUIDs,
+and a second re-apply that changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mdev_manager.config import parse_config
+from mdev_manager.reconcile import reconcile
+
+from .conftest import REPO, build_sim, open_sim
+
+CHILD = r'''
+import json, os, sys
+from pathlib import Path
+from mdev_manager.config import parse_config
+from mdev_manager.env import HostEnv
+from mdev_manager.reconcile import reconcile
+from mdev_manager.sim import SimHost, SimIO
+
+root, layout_file, crash_at, count_file = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+
+
+class CrashingIO(SimIO):
+    """Dies right before write number ``crash_at`` (0-based); counts them all."""
+
+    writes = 0
+
+    def _before_write(self):
+        if self.writes == crash_at:
+            os._exit(137)
+        self.writes += 1
+
+    def write(self, path, data):
+        self._before_write()
+        super().write(path, data)
+
+    def write_atomic(self, path, data, **kw):
+        self._before_write()
+        super().write_atomic(path, data, **kw)
+
+    def remove(self, path):
+        self._before_write()
+        super().remove(path)
+
+
+io = CrashingIO(SimHost(root))
+out = reconcile(HostEnv.under(root), io, parse_config(json.loads(Path(layout_file).read_text())))
+Path(count_file).write_text(str(io.writes))
+sys.exit(0 if out.ok else 1)
+'''
+
+# examples/layout.yaml's shape with smaller counts: mdev on the PF, passthrough,
+# mdev on SR-IOV VFs (VFs enabled first) and vendor-specific VFIO.
+FIRST = {"version": "vgpuctl/v1", "layouts": {"default": [
+    {"index": 0, "mode": "vgpu", "vgpus": {"T4-4Q": 2}},
+    {"index": 1, "mode": "passthrough"},
+    {"model": "A100", "mode": "vgpu", "vgpus": {"A100-4C": 2, "A100-8C": 0}},
+    {"pciAddress": "0000:19:00.0", "mode": "vgpu", "vgpus": {"NVIDIA L40S-8Q": 2}},
+]}}
+
+# From FIRST applied: every GPU changes form or size (removals, unbinding, re-binding).
+SECOND = {"version": "vgpuctl/v1", "layouts": {"default": [
+    {"index": 0, "mode": "passthrough"},
+    {"index": 1, "mode": "vgpu", "vgpus": {"T4-8Q": 2}},
+    {"model": "A100", "mode": "vgpu", "vgpus": {"A100-8C": 2}},
+    {"pciAddress": "0000:19:00.0", "mode": "vgpu", "vgpus": {"NVIDIA L40S-8Q": 1}},
+]}}
+
+
+def run_child(root: Path, layout_file: Path, crash_at: int, count_file: Path) -> int:
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(root), str(layout_file), str(crash_at), str(count_file)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    if proc.returncode not in (0, 137):
+        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stderr}")
+    return proc.returncode
+
+
+def node_state(root: Path) -> dict:
+    """What must match an uncrashed apply (device ids aside, which are random)."""
+    sim = open_sim(root)
+    inv = sim.discover()
+    vgpus = inv.all_vgpus()
+    ids = [v.id for v in vgpus]
+    assert len(ids) == len(set(ids)), "duplicate vGPU ids"
+    mdevs = sorted((v.parent, v.id, v.type_id) for v in vgpus if v.framework == "mdev")
+    defs = sorted((d.parent, d.uuid, d.mdev_type) for d in sim.definitions())
+    assert mdevs == defs, "every mdev needs exactly one definition and every definition its mdev"
+    vendor = {v.id: v.type_id for v in vgpus if v.framework == "vendor-vfio"}
+    assert vendor == sim.records(), "every vendor-VFIO vGPU needs its record and every record its vGPU"
+    per_parent = Counter(v.parent for v in vgpus if v.parent != v.gpu)
+    assert all(n == 1 for n in per_parent.values()), "a VF holds at most one vGPU"
+    return {
+        "vgpus": sorted(Counter((v.gpu, v.type_id) for v in vgpus).items()),
+        "gpus": [(g.address, g.driver, g.sriov_num_vfs, sorted(g.iommu_group_drivers.items())) for g in inv.gpus],
+        "vfio_nodes": sorted(p.name for p in sim.env.vfio_dir.iterdir()
+                             if p.name.isdigit() and int(p.name) in {g.iommu_group for g in inv.gpus}),
+    }
+
+
+def crash_everywhere(tmp_path: Path, pristine: Path, layout_doc: dict) -> int:
+    layout_file = tmp_path / "layout.json"
+    layout_file.write_text(json.dumps(layout_doc))
+    layouts = parse_config(layout_doc)
+
+    # the reference: a full apply without a crash, counting its writes
+    ref = tmp_path / "ref"
+    shutil.copytree(pristine, ref, symlinks=True)
+    assert run_child(ref, layout_file, -1, tmp_path / "count") == 0
+    total = int((tmp_path / "count").read_text())
+    want = node_state(ref)
+    assert want["vgpus"], "the reference apply made no vGPUs"
+
+    def crash(n: int) -> Path:
+        root = tmp_path / f"crash-{n}"
+        shutil.copytree(pristine, root, symlinks=True)
+        assert run_child(root, layout_file, n, tmp_path / f"count-{n}") == 137, f"no crash at write {n}"
+        return root
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for n, root in enumerate(pool.map(crash, range(total))):
+            sim = open_sim(root)
+            out = reconcile(sim.env, sim.io, layouts)
+            assert out.ok, f"re-apply after a crash at write {n} failed: {out.rounds[-1].report}"
+            assert node_state(root) == want, f"state after a crash at write {n} differs"
+            again = reconcile(sim.env, sim.io, layouts)
+            assert again.changed == 0 and all(not r.plan.actions for r in again.rounds), \
+                f"second re-apply after a crash at write {n} still changes things"
+            shutil.rmtree(root)
+    return total
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """Host copies on tmpfs where there is one: a simulated sysfs is thousands of small files."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    d = Path(tempfile.mkdtemp(prefix="vgpuctl-crash-", dir=shm))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def pristine(scratch) -> Path:
+    root = scratch / "pristine"
+    build_sim(root, "default")
+    return root
+
+
+def test_crash_at_every_write_of_a_first_apply(scratch, pristine):
+    total = crash_everywhere(scratch, pristine, FIRST)
+    # binding (3 writes), two VF enables, and a definition or record plus a create per vGPU
+    assert total >= 3 + 2 + 2 * (2 + 2 + 2)
+
+
+def test_crash_at_every_write_of_a_layout_change(scratch, pristine):
+    applied = scratch / "applied"
+    shutil.copytree(pristine, applied, symlinks=True)
+    sim = open_sim(applied)
+    assert reconcile(sim.env, sim.io, parse_config(FIRST)).ok
+    total = crash_everywhere(scratch, applied, SECOND)
+    # removals and forgetting (T4 2, A100 2, L40S 1), two re-binds of 3 writes, and the new vGPUs
+    assert total >= 2 * (2 + 2 + 1) + 3 + 3 + 2 * (2 + 2)

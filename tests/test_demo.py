@@ -1,0 +1,301 @@
+"""``vgpuctl demo`` and the simulated cluster under it (dra_bridge.cluster, dra_bridge.fakeapi)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from dra_bridge import cluster, demo
+from dra_bridge.allocator import Device
+from dra_bridge.cluster import SubsetSelectors, resolve_cdi
+from mdev_manager.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+GiB = 1024**3
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def report():
+    return demo.run_demo()
+
+
+def by_name(rep, name):
+    return next(w for w in rep.workloads if w["name"] == name)
+
+
+def test_demo_runs_the_whole_system(report):
+    assert report.ok, report.problems
+    assert report.node == "sim-node-1" and report.kubernetes == "v1.35.0"
+    phases = {w["name"]: w["phase"] for w in report.workloads}
+    assert phases == {"vm-t4-a": "Running", "vm-t4-b": "Running", "vm-a100": "Running", "vm-passthrough": "Running",
+                      "vfio-pod": "Running", "vm-t4-c": "Pending"}
+    # the node manager applied the layout: VFs on the SR-IOV boards
+    vfs = {g["model"]: g["vfs"] for g in report.layout["gpus"]}
+    assert vfs["GA100 [A100 PCIe 40GB]"] == 16 and vfs["AD102GL [L40S]"] == 32
+    # the bridge published one counter set per GPU (1.35: counters in slices of their own)
+    assert report.slices["counter_sets"] == 4 and report.slices["devices"] == 16
+    assert report.slices["plugin_socket"].endswith("/plugins/vgpu.kubevirt.io/dra.sock")
+
+
+def test_demo_workloads_are_real_claims_prepared_by_the_plugin(report):
+    devices = [d for w in report.workloads for d in w["devices"]]
+    assert len(devices) == 5
+    # every claim was made from a template by the claim controller's naming rule
+    for w in report.workloads:
+        for claim in w["claims"]:
+            assert claim.startswith(w["pod"] + "-")
+    # KEP-5304 metadata gave each workload its device: an mdev UUID, a VF, or the GPU's address
+    a = by_name(report, "vm-t4-a")["devices"][0]
+    assert a["kind"] == "vgpu" and a["profile"] == "T4-8Q" and len(a["host_id"]) == 36
+    pod = by_name(report, "vfio-pod")["devices"][0]
+    assert pod["profile"] == "L40S-12Q" and pod["host_id"].startswith("0000:19:00.")  # a VF of the L40S
+    pt = by_name(report, "vm-passthrough")["devices"][0]
+    assert pt["kind"] == "passthrough" and pt["host_id"] == "0000:13:00.0"
+    # isolated: every device in its own IOMMU group, a vfio device node per group
+    groups = [d["iommu_group"] for d in devices]
+    assert None not in groups and len(set(groups)) == 5
+    for d in devices:
+        paths = [n["path"] for n in d["device_nodes"]]
+        assert paths == ["/dev/vfio/vfio", f"/dev/vfio/{d['iommu_group']}"]
+    # the workloads ran the health check on their device nodes
+    for w in report.workloads:
+        if w["phase"] == "Running":
+            assert w["health"]["result"] == "Pass", w["health"]
+    assert report.host_problems == []
+
+
+def test_demo_accounts_per_gpu(report):
+    gpus = {g.index: g for g in report.gpus}
+    assert [h.workload for h in gpus[0].holders] == ["vm-t4-a", "vm-t4-b"]
+    assert gpus[0].memory_used == gpus[0].memory_total == 16 * GiB and gpus[0].vgpus_used == 2
+    assert [(h.workload, h.kind) for h in gpus[1].holders] == [("vm-passthrough", "passthrough")]
+    assert gpus[1].memory_used == 16 * GiB  # the whole GPU consumes the whole counter set
+    assert gpus[2].memory_used == 10 * GiB and gpus[3].memory_used == 12 * GiB
+    left = {i: {x["profile"]: x["fits"] for x in g.left} for i, g in gpus.items()}
+    assert left == {0: {"T4-8Q": 0, "whole GPU": 0}, 1: {"T4-8Q": 0, "whole GPU": 0},
+                    2: {"A100-10C": 3, "whole GPU": 0}, 3: {"L40S-12Q": 3, "whole GPU": 0}}
+    assert gpus[2].framework == "mdev-sriov" and gpus[3].framework == "vendor-vfio" and gpus[1].framework == "mdev"
+
+
+def test_demo_explains_the_refusal(report):
+    (r,) = report.refused
+    assert r["workload"] == "vm-t4-c" and r["asked"] == "T4-8Q"
+    assert "gpu-0" in r["reason"] and "framebuffer" in r["reason"]
+    text = "\n".join(r["per_gpu"])
+    assert "vm-t4-a" in text and "vm-t4-b" in text
+    assert "passed through to vm-passthrough" in text
+    assert "no T4-8Q devices published" in text
+
+
+def test_demo_tears_everything_down(report):
+    t = report.teardown
+    assert t["vgpus_removed"] == 4 and t["gpus_returned"] == ["0000:13:00.0"]
+    assert (t["claims_left"], t["prepared_left"], t["cdi_files_left"], t["vgpus_left"], t["still_on_vfio"]) == \
+           (0, 0, 0, [], [])
+
+
+def test_demo_text(report):
+    out = demo.text(report)
+    for needle in ("[1] node manager", "[2] DRA bridge", "vm-t4-a", "[4] per physical GPU", "left: 3 x A100-10C",
+                   "[5] refused", "vm-t4-c asked for a T4-8Q vGPU and stays Pending", "host clean", "done in"):
+        assert needle in out, needle
+
+
+def test_demo_svg_is_well_formed(report):
+    root = ET.fromstring(demo.svg(report))
+    assert root.tag == SVG + "svg"
+    segments = [r for r in root.iter(SVG + "rect") if r.find(SVG + "title") is not None]
+    assert len(segments) == 5  # one per device held
+    titles = " ".join(r.find(SVG + "title").text for r in segments)
+    assert "vm-passthrough" in titles and "vfio-pod" in titles
+    texts = " ".join("".join(t.itertext()) for t in root.iter(SVG + "text"))
+    assert "refused: vm-t4-c" in texts and "GPU 3" in texts
+    # the passed-through T4 is drawn full, the A100 bar is longer than a T4's (scaled to memory)
+    bars = [r for r in root.iter(SVG + "rect") if r.get("fill") == "#e8e8e8"]
+    assert len(bars) == 4 and float(bars[2].get("width")) > float(bars[0].get("width"))
+
+
+def test_demo_json_is_complete(report):
+    d = json.loads(demo.to_json(report))
+    assert d["ok"] is True and len(d["workloads"]) == 6 and len(d["gpus"]) == 4 and d["refused"]
+    assert "text" not in d["layout"]
+
+
+def test_cli_demo(tmp_path, capsys):
+    svg = tmp_path / "gpus.svg"
+    assert main(["demo", "--json", "--svg", str(svg)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and [w["phase"] for w in out["workloads"]].count("Running") == 5
+    ET.parse(svg)
+
+
+def test_demo_after_a_plain_install(tmp_path):
+    """No test extras: no `cel` (the subset evaluator selects), no kubernetes-validate (DRA rules only),
+    no grpcio-tools, no pytest, and not run from the repository."""
+    code = ("import sys\n"
+            "for m in ('cel', 'kubernetes_validate', 'grpc_tools', 'pytest', 'tests'):\n"
+            "    sys.modules[m] = None\n"
+            "from dra_bridge.demo import run_demo\n"
+            "rep = run_demo()\n"
+            "print(rep.cel, rep.ok, rep.problems)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split()[:2] == ["SubsetSelectors", "True"], p.stdout
+
+
+# --------------------------------------------------------------------------- the CEL subset
+
+
+def device(attrs: dict, capacity: dict | None = None, driver: str = "vgpu.kubevirt.io") -> Device:
+    return Device(driver=driver, pool="p", name="d", node="n", attributes=attrs,
+                  capacity={k: {"value": v} for k, v in (capacity or {}).items()}, consumes=[])
+
+
+def test_subset_selectors_evaluate_the_template_expressions():
+    from kubevirt_templates.render import (class_expression, min_memory_expression, product_expression,
+                                           profile_expression)
+
+    d = device({"type": {"string": "vgpu"}, "profile": {"string": "T4-8Q"}, "gpuIndex": {"int": 0},
+                "productName": {"string": "TU104GL [Tesla T4]"},
+                "resource.kubernetes.io/pciBusID": {"string": "0000:10:00.0"}}, {"memory": "8Gi"})
+    s = SubsetSelectors()
+    drv = "vgpu.kubevirt.io"
+    assert s.matches(class_expression(drv, "vgpu"), d)
+    assert not s.matches(class_expression(drv, "passthrough"), d)
+    assert s.matches(profile_expression(drv, "T4-8Q"), d) and not s.matches(profile_expression(drv, "T4-4Q"), d)
+    assert s.matches(product_expression(drv, "TU104GL [Tesla T4]"), d)
+    assert s.matches(min_memory_expression(drv, "8Gi"), d) and s.matches(min_memory_expression(drv, "8192Mi"), d)
+    assert not s.matches(min_memory_expression(drv, "9Gi"), d)
+    assert s.matches('device.attributes["vgpu.kubevirt.io"].gpuIndex == 0', d)
+    assert s.matches('device.attributes["resource.kubernetes.io"].pciBusID == "0000:10:00.0"', d)
+    assert s.matches('device.attributes["vgpu.kubevirt.io"].profile.startsWith("T4-") && '
+                     'device.attributes["vgpu.kubevirt.io"].profile in ["T4-8Q", "T4-4Q"]', d)
+    assert s.matches("device.capacity['vgpu.kubevirt.io'].memory.isGreaterThan(quantity('4Gi'))", d)
+    assert s.matches('!has(device.attributes["vgpu.kubevirt.io"].numaNode)', d)
+    assert s.matches('device.attributes["other.io"].x == "y" || true', d)  # the error on the left is absorbed
+    assert s.errors == []
+    # a missing attribute is a run-time error: the device does not match, the error is kept
+    assert not s.matches('device.attributes["vgpu.kubevirt.io"].numaNode == 0', d)
+    assert not s.matches("device.attributes[", d)
+    assert len(s.errors) == 2
+
+
+def test_subset_selectors_agree_with_cel_on_every_published_device(tmp_path):
+    """Every selector the templates and DeviceClasses write, on every device of a 1.37 pool with
+    every profile: the subset gives the same answer as the real CEL library."""
+    pytest.importorskip("cel")
+    from dra_bridge.allocator import CelSelectors, read_pools
+    from dra_bridge.devices import build_pool
+    from dra_bridge.policy import policy_from_layout
+    from dra_bridge.slices import build_slices
+    from kubevirt_templates.render import class_expression, min_memory_expression, profile_expression
+    from mdev_manager.config import GpuLayout
+    from mdev_manager.discovery import discover
+    from mdev_manager.env import HostEnv
+    from mdev_manager.reconcile import reconcile
+    from mdev_manager.sim import SimHost, SimIO, load_host
+
+    host = SimHost.create(tmp_path / "h", load_host("default"))
+    env, io = HostEnv.under(tmp_path / "h"), SimIO(host)
+    layouts = [GpuLayout(all=True, mode="dra", passthrough=True)]
+    reconcile(env, io, layouts, node="n")
+    inv = discover(env, io, node="n")
+    pool = build_pool(inv, policy_from_layout(inv, layouts), server_version=(1, 37))
+    slices = build_slices(pool, driver="vgpu.kubevirt.io", node_name="n", pool_name="n", generation=1,
+                          server_version=(1, 37))
+    devices = [d for p in read_pools(slices).values() for d in p.devices]
+    drv = "vgpu.kubevirt.io"
+    exprs = [class_expression(drv, "vgpu"), class_expression(drv, "passthrough"), profile_expression(drv, "T4-8Q"),
+             profile_expression(drv, "L40S-12Q"), min_memory_expression(drv, "10Gi"),
+             'device.attributes["vgpu.kubevirt.io"].gpuIndex == 2',
+             'device.attributes["resource.kubernetes.io"].pciBusID == "0000:13:00.0"',
+             'device.attributes["vgpu.kubevirt.io"].parentPciBusID == "0000:16:00.0"']
+    sub, real = SubsetSelectors(), CelSelectors()
+    for e in exprs:
+        got = [sub.matches(e, d) for d in devices]
+        want = [real.matches(e, d) for d in devices]
+        assert got == want, e
+        assert any(want), e
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_resolve_cdi_finds_each_id_once(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"cdiVersion": "0.5.0", "kind": "v.io/claim", "devices": [
+        {"name": "u-dev", "containerEdits": {"deviceNodes": [{"path": "/dev/vfio/7", "hostPath": "/h/7"}]}}]}))
+    (tmp_path / "b.json").write_text(json.dumps({"cdiVersion": "0.5.0", "kind": "v.io/metadata", "devices": [
+        {"name": "u_req", "containerEdits": {"mounts": [{"hostPath": "/h/m", "containerPath": "/m"}]}}]}))
+    e = resolve_cdi(tmp_path, ["v.io/claim=u-dev", "v.io/metadata=u_req"])
+    assert e.device_nodes[0]["hostPath"] == "/h/7" and e.mounts[0]["containerPath"] == "/m"
+    with pytest.raises(LookupError):
+        resolve_cdi(tmp_path, ["v.io/claim=other"])
+
+
+def test_pod_node():
+    assert cluster.pod_node({"spec": {"nodeName": "a"}}) == "a"
+    assert cluster.pod_node({"spec": {"nodeSelector": {"kubernetes.io/hostname": "b"}}}) == "b"
+    aff = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["c"]}]}]}}}
+    assert cluster.pod_node({"spec": {"affinity": aff}}) == "c"
+    assert cluster.pod_node({"spec": {}}) is None
+
+
+def test_fakeapi_serves_pod_logs():
+    from kubernetes import client
+
+    from dra_bridge.fakeapi import LocalApiServer
+
+    with LocalApiServer("1.35") as srv:
+        core = client.CoreV1Api(srv.api_client())
+        core.create_namespaced_pod("default", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                                               "spec": {"containers": [{"name": "c", "image": "i"}]}})
+        assert core.read_namespaced_pod_log("p", "default") == ""
+        srv.set_pod_log("default", "p", "RESULT: Pass\n")
+        assert core.read_namespaced_pod_log("p", "default") == "RESULT: Pass\n"
+        with pytest.raises(client.exceptions.ApiException) as exc:
+            core.read_namespaced_pod_log("q", "default")
+        assert exc.value.status == 404
+
+
+def test_fakeapi_without_kubernetes_validate_still_enforces_the_dra_rules(tmp_path):
+    code = ("import sys\n"
+            "sys.modules['kubernetes_validate'] = None\n"
+            "from kubernetes import client\n"
+            "from dra_bridge.fakeapi import LocalApiServer, HAVE_SCHEMAS\n"
+            "assert not HAVE_SCHEMAS\n"
+            "bad = {'apiVersion': 'resource.k8s.io/v1', 'kind': 'ResourceSlice', 'metadata': {'name': 'x'},\n"
+            "       'spec': {'driver': 'd.io', 'pool': {'name': 'p', 'generation': 1, 'resourceSliceCount': 1},\n"
+            "                'nodeName': 'n', 'devices': [{'name': 'a'}],\n"
+            "                'sharedCounters': [{'name': 'c', 'counters': {'m': {'value': '1'}}}]}}\n"
+            "with LocalApiServer('1.35') as srv:\n"
+            "    api = client.ResourceV1Api(srv.api_client())\n"
+            "    try:\n"
+            "        api.create_resource_slice(bad)\n"
+            "    except client.exceptions.ApiException as exc:\n"
+            "        print(exc.status)\n"
+            "    bad['spec'].pop('sharedCounters')\n"
+            "    print(api.create_resource_slice(bad).metadata.name)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["422", "x"]
+
+
+def test_tests_apiserver_reexports_the_package():
+    import tests.apiserver as old
+    import tests.apiserver.validation as old_validation
+    from dra_bridge import fakeapi
+    from dra_bridge.fakeapi import validation
+
+    assert old.LocalApiServer is fakeapi.LocalApiServer
+    assert old_validation is validation
+    assert sorted(p.name for p in (REPO / "tests/apiserver").glob("*.py")) == ["__init__.py"]

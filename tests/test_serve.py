@@ -1,0 +1,394 @@
+"""``vgpuctl serve`` end to end: a simulated host, a local API server, a fake kubelet on real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dra_bridge.serve import Daemon, ServeConfig
+from dra_bridge.slices import LABEL_ROLE
+from mdev_manager.executor import Executor
+from mdev_manager.sim import SimIO
+from tests.apiserver import LocalApiServer
+from tests.dra_helpers import (
+    DRIVER,
+    VERSIONS,
+    add_claim,
+    assert_consistent_pool,
+    cdi_device,
+    make_node,
+    pool_slices,
+    published_devices,
+    schema_validate,
+    short_tmp,
+    strip_server_fields,
+)
+from tests.kubelet.fake_kubelet import DraClient, FakeKubelet
+
+WAIT = 30.0
+
+
+def wait_until(pred, timeout: float = WAIT, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout}s")
+
+
+def is_socket(p: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(p.lstat().st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def sockets(kubelet_root: Path) -> list[Path]:
+    return [p for p in kubelet_root.rglob("*.sock") if is_socket(p)]
+
+
+def gpu_addresses(slices: list[dict]) -> set[str]:
+    """The physical GPUs (PCI addresses) the published devices belong to."""
+    out = set()
+    for s in slices:
+        for d in s["spec"].get("devices") or []:
+            a = d.get("attributes") or {}
+            out.add((a.get("parentPciBusID") or a.get("resource.kubernetes.io/pciBusID"))["string"])
+    return out
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric(text: str, name: str, labels: str = "", default: float | None = None) -> float:
+    key = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(key + " "):
+            return float(line.split()[-1])
+    if default is not None:
+        return default
+    raise KeyError(key)
+
+
+class Running:
+    """A Daemon started, with its resync loop in a thread (as ``vgpuctl serve`` runs it)."""
+
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon.start()
+        self.thread = threading.Thread(target=daemon.run, name="daemon-run", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive(), "the daemon did not stop"
+
+
+@contextmanager
+def running(daemon: Daemon):
+    r = Running(daemon)
+    try:
+        yield r
+    finally:
+        if r.thread.is_alive():
+            r.stop()
+
+
+def make_daemon(node, srv, base: Path, *, resync: float = 30.0, io=None, **kw) -> Daemon:
+    cfg = ServeConfig(node_name=node.node, kubelet_root=base / "kl", cdi_root=base / "cdi", metrics_port=0,
+                      resync_seconds=resync, health_poll_seconds=0.1, **kw)
+    return Daemon(cfg, node.env, io or SimIO(node.host), srv.api_client())
+
+
+@pytest.fixture
+def srv():
+    with LocalApiServer(version="1.35") as s:
+        yield s
+
+
+@pytest.fixture
+def base():
+    with short_tmp("vs") as d:
+        yield d
+
+
+@pytest.fixture
+def node(base):
+    return make_node(base, "default")
+
+
+def register(kubelet_root: Path) -> tuple[FakeKubelet, object]:
+    kubelet = FakeKubelet(kubelet_root)
+    (reg_sock,) = wait_until(lambda: kubelet.discover_dra_plugins(), 10, "registration socket")
+    assert reg_sock.name == f"{DRIVER}-reg.sock"
+    reg = kubelet.register_dra_plugin(reg_sock)
+    return kubelet, reg
+
+
+# --------------------------------------------------------------------------- the kubelet round trip
+
+
+def test_register_prepare_repeat_restart_unprepare_over_sockets(srv, node, base):
+    kl = base / "kl"
+    with running(make_daemon(node, srv, base)) as r1:
+        d1 = r1.daemon
+        slices = pool_slices(srv, node=node.node)
+        assert_consistent_pool(slices)
+        published = published_devices(slices)
+
+        kubelet, reg = register(kl)
+        assert reg.accepted
+        assert reg.info["type"] == "DRAPlugin" and reg.info["name"] == DRIVER
+        assert reg.info["endpoint"] == str(kl / "plugins" / DRIVER / "dra.sock")
+        assert "v1.DRAPlugin" in reg.info["supported_versions"]
+        assert d1.plugin.wait_registered(5)
+
+        vgpu_dev = next(n for n in sorted(published) if n.startswith("gpu-0-vgpu-"))
+        pt_dev = "gpu-1-passthrough"
+        assert pt_dev in published
+        c_vgpu = add_claim(srv, "vm-vgpu", [("vgpu", vgpu_dev)], node=node.node)
+        c_pt = add_claim(srv, "vm-pt", [("gpu", pt_dev)], node=node.node)
+        claims = [(c.namespace, c.uid, c.name) for c in (c_vgpu, c_pt)]
+
+        with reg.client("v1") as client:
+            first = client.prepare(claims)
+            assert {u: v["error"] for u, v in first.items()} == {c_vgpu.uid: "", c_pt.uid: ""}
+            (dv,) = first[c_vgpu.uid]["devices"]
+            assert dv["device_name"] == vgpu_dev and dv["pool_name"] == node.node and dv["request_names"] == ["vgpu"]
+            for cid in dv["cdi_device_ids"]:
+                cdi_device(base / "cdi", cid)  # each id resolves to exactly one device on disk
+            (v,) = node.gpu("0000:10:00.0").vgpus
+            assert v.id in node.mdevs()
+            assert node.driver_of("0000:13:00.0") == "vfio-pci"
+            mdevs = node.mdevs()
+
+            assert client.prepare(claims) == first, "a repeated prepare must answer the same"
+            assert node.mdevs() == mdevs
+        with reg.client("v1beta1") as client:
+            assert client.prepare(claims) == first
+
+        d1.resync()  # the gauges follow the checkpoint at each resync
+        code, text = http_get(d1.probes.port, "/metrics")
+        assert code == 200
+        assert metric(text, "vgpuctl_prepare_seconds_count") == 3 * 2  # three prepares of two claims
+        assert metric(text, "vgpuctl_prepare_errors_total") == 0
+        assert metric(text, "vgpuctl_prepared_claims") == 2
+        assert metric(text, "vgpuctl_vgpus") == 1
+        r1.stop()
+
+    # stopped mid-way: sockets gone, devices and files stay
+    assert sockets(kl) == []
+    assert node.mdevs() == mdevs and node.driver_of("0000:13:00.0") == "vfio-pci"
+    assert list((base / "cdi").glob("*.json"))
+    with pytest.raises(grpc.RpcError):
+        with DraClient(kl / "plugins" / DRIVER / "dra.sock", timeout=1) as gone:
+            gone.prepare(claims)
+
+    with running(make_daemon(node, srv, base)) as r2:
+        kubelet, reg = register(kl)
+        with reg.client("v1") as client:
+            assert client.prepare(claims) == first, "the restarted plugin must answer from its checkpoint"
+            assert node.mdevs() == mdevs
+            assert client.unprepare(claims) == {c_vgpu.uid: "", c_pt.uid: ""}
+            assert node.mdevs() == set() and node.gpu("0000:10:00.0").vgpus == []
+            assert node.driver_of("0000:13:00.0") == "nvidia"
+            assert list((base / "cdi").glob("*.json")) == []
+            unknown = ("default", "00000000-0000-4000-8000-000000000001", "never")
+            assert client.unprepare([unknown]) == {unknown[1]: ""}
+        code, _ = http_get(r2.daemon.probes.port, "/readyz")
+        assert code == 200
+        r2.stop()
+    assert sockets(kl) == []
+
+
+def test_bad_claim_over_the_socket_is_an_error_not_a_crash(srv, node, base):
+    kl = base / "kl"
+    with running(make_daemon(node, srv, base)):
+        _, reg = register(kl)
+        bad = add_claim(srv, "elsewhere", [("vgpu", "gpu-0-vgpu-t4-1q-0")], node="sim-node-2")
+        missing = ("default", "00000000-0000-4000-8000-000000000002", "missing")
+        with reg.client("v1") as client:
+            out = client.prepare([(bad.namespace, bad.uid, bad.name), missing])
+            assert out[bad.uid]["error"] and out[bad.uid]["devices"] == []
+            assert out[missing[1]]["error"]
+            # still serving
+            good = add_claim(srv, "good", [("vgpu", "gpu-0-vgpu-t4-1q-0")], node=node.node)
+            assert client.prepare([(good.namespace, good.uid, good.name)])[good.uid]["error"] == ""
+
+
+def test_crash_left_vgpu_is_removed_when_the_daemon_starts(srv, node, base):
+    """A vGPU recorded as 'preparing' (the process died after creating it) is gone after start()."""
+    from tests.dra_helpers import DictClaims, claim_object, make_driver
+
+    class Crash(BaseException):
+        pass
+
+    class CrashAfterCreate(SimIO):
+        def write(self, path, data):
+            super().write(path, data)
+            if Path(path).name == "create":
+                raise Crash()
+
+    d = make_daemon(node, srv, base)
+    pool = node.build_pool()
+    claims = DictClaims()
+    ref = claims.add(claim_object("vm", [("vgpu", "gpu-0-vgpu-t4-1q-0")], node=node.node),
+                     uid="00000000-0000-4000-8000-0000000000c1")
+    with pytest.raises(Crash):
+        make_driver(node, d.paths, claims, pool, io=CrashAfterCreate(node.host)).prepare([ref])
+    assert len(node.mdevs()) == 1
+    with running(make_daemon(node, srv, base)) as r:
+        assert node.mdevs() == set()
+        assert r.daemon.driver.cp.claims == {}
+
+
+# --------------------------------------------------------------------------- health and metrics
+
+
+def test_gpu_that_disappears_leaves_the_pool_within_one_resync(srv, node, base):
+    gone = "0000:13:00.0"
+    with running(make_daemon(node, srv, base)) as r:
+        d = r.daemon
+        before_slices = pool_slices(srv)
+        before = published_devices(before_slices)
+        lost = {n for n in before if n.startswith("gpu-1-")}
+        assert lost
+        _, reg = register(base / "kl")
+        with reg.client("v1") as client:
+            stream = client.watch_health(timeout=WAIT)
+            first = DraClient.health_dict(stream.get())
+            assert {first[(node.node, n)] for n in lost} == {"HEALTHY"}
+            node.host.remove_gpu(gone)
+            # before the resync the kubelet already hears the devices are unhealthy
+            while True:
+                state = DraClient.health_dict(stream.get())
+                if state.get((node.node, "gpu-1-passthrough")) == "UNHEALTHY":
+                    break
+            assert {state[(node.node, n)] for n in lost} == {"UNHEALTHY"}
+            stream.cancel()
+        d.resync()
+        after = pool_slices(srv)
+        assert_consistent_pool(after)
+        assert gpu_addresses(after) == gpu_addresses(before_slices) - {gone}
+        assert len(published_devices(after)) == len(before) - len(lost)
+        assert all(dev.gpu != gone for dev in d._pool.devices)
+
+
+def test_gpu_that_changes_driver_leaves_the_pool_within_one_resync(srv, node, base):
+    gpu = "0000:10:00.0"
+    with running(make_daemon(node, srv, base)) as r:
+        before = published_devices(pool_slices(srv))
+        vgpus = {n for n in before if n.startswith("gpu-0-vgpu-")}
+        assert vgpus
+        Executor(node.env, node.io).bind(gpu, "vfio-pci")  # someone took the GPU away from nvidia
+        r.daemon.resync()
+        after = published_devices(pool_slices(srv))
+        assert not (after & vgpus), "vGPUs of a GPU no longer on its vGPU driver are still offered"
+        assert_consistent_pool(pool_slices(srv))
+
+
+def test_periodic_resync_and_metrics(srv, node, base):
+    with running(make_daemon(node, srv, base, resync=0.2)) as r:
+        port = r.daemon.probes.port
+        assert http_get(port, "/readyz")[0] == 200
+        assert http_get(port, "/healthz")[0] == 200
+        assert http_get(port, "/nope")[0] == 404
+        text = wait_until(lambda: (t := http_get(port, "/metrics")[1]) and
+                          metric(t, "vgpuctl_resyncs_total", 'result="ok"') >= 3 and t, 10, "three resyncs")
+        n_pool = len(r.daemon._pool.devices)
+        assert metric(text, "vgpuctl_published_devices", 'kind="vgpu"') + \
+            metric(text, "vgpuctl_published_devices", 'kind="passthrough"') == n_pool
+        assert metric(text, "vgpuctl_gpus") == 4
+        assert metric(text, "vgpuctl_api_writes_total", 'verb="create"') == len(pool_slices(srv))
+        # unchanged resyncs wrote nothing more
+        srv.reset_counters()
+        wait_until(lambda: metric(http_get(port, "/metrics")[1], "vgpuctl_resyncs_total", 'result="ok"') >= 5,
+                   10, "two more resyncs")
+        assert srv.writes == []
+        # a failing API shows as an error resync, and the loop keeps going
+        srv.inject("list", "resourceslices", 403, times=None)
+        wait_until(lambda: metric(http_get(port, "/metrics")[1], "vgpuctl_resyncs_total", 'result="error"', 0) >= 1,
+                   10, "an error resync")
+        srv.clear_injections()
+        ok = metric(http_get(port, "/metrics")[1], "vgpuctl_resyncs_total", 'result="ok"')
+        wait_until(lambda: metric(http_get(port, "/metrics")[1], "vgpuctl_resyncs_total", 'result="ok"') > ok,
+                   10, "recovery after the API error")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_daemon_publishes_valid_slices_per_version(node, base, version):
+    with LocalApiServer(version=version) as srv, running(make_daemon(node, srv, base)) as r:
+        slices = pool_slices(srv, node=node.node)
+        assert_consistent_pool(slices)
+        for s in slices:
+            schema_validate(strip_server_fields(s), version)
+        assert published_devices(slices) == {d.name for d in r.daemon._pool.devices}
+        assert r.daemon.publisher.version == tuple(int(x) for x in version.split("."))
+
+
+# --------------------------------------------------------------------------- the real command
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_vgpuctl_serve_subprocess(version):
+    with short_tmp("vc") as d, LocalApiServer(version=version) as srv:
+        kc = srv.kubeconfig(d / "kubeconfig")
+        kl, cdi_root = d / "kl", d / "cdi"
+        env = {**os.environ, "VGPUCTL_SIM_DIR": str(d / "sim"), "NODE_NAME": "sim-node-1"}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        cmd = [sys.executable, "-m", "mdev_manager.cli", "--simulate", "serve", "--kubeconfig", str(kc),
+               "--kubelet-root", str(kl), "--cdi-root", str(cdi_root), "--metrics-port", "0", "--resync", "1"]
+        log = open(d / "serve.log", "w+")
+        proc = subprocess.Popen(cmd, env=env, cwd=str(Path(__file__).resolve().parents[1]),
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            try:
+                wait_until(lambda: proc.poll() is not None or (
+                    pool_slices(srv, node="sim-node-1") and len(sockets(kl)) == 2), 60, "slices and sockets")
+            except AssertionError:
+                log.seek(0)
+                raise AssertionError(log.read()[-3000:]) from None
+            assert proc.poll() is None, (log.seek(0), log.read()[-3000:])[1]
+            slices = pool_slices(srv, node="sim-node-1")
+            assert_consistent_pool(slices)
+            for s in slices:
+                schema_validate(strip_server_fields(s), version)
+            roles = {s["metadata"]["labels"][LABEL_ROLE] for s in slices}
+            if version == "1.34":
+                assert "combined" in roles
+            else:
+                assert roles == {"counters", "devices"}
+            kubelet = FakeKubelet(kl)
+            (reg_sock,) = kubelet.discover_dra_plugins()
+            reg = kubelet.register_dra_plugin(reg_sock)
+            assert reg.info["name"] == DRIVER
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            log.seek(0)
+            output = log.read()
+            log.close()
+        assert rc == 0, output[-3000:]
+        assert sockets(kl) == [], "sockets left behind after SIGTERM"
