@@ -32,6 +32,7 @@ class PreparedDeviceRecord(BaseModel):
     type_id: str | None = None
     iommu_group: int | None = None
     rebound: list[str] = []  # functions this prepare moved to vfio-pci (passthrough)
+    vfs_disabled: int = 0  # SR-IOV VFs this prepare turned off to pass the GPU through
     cdi_ids: list[str] = []
 
 

@@ -152,6 +152,7 @@ class Driver:
                     {"resource.kubernetes.io/pciBusID": {"string": d.vgpu_id}}
             else:
                 d.rebound = passthrough_moves(gpu)
+                d.vfs_disabled = gpu.sriov_num_vfs
                 self.store.save(self.cp)  # what to give back, on disk before the first bind (crash safety)
                 bind_passthrough(self.ex, gpu)
                 after = read_one_gpu(self.env, self.io, d.gpu)
@@ -201,7 +202,7 @@ class Driver:
         for d in rec.devices:
             if d.kind == "vgpu" and d.parent:
                 remove_vgpu(self.ex, self.env, self.io, d)
-            elif d.kind == "passthrough" and d.rebound:
+            elif d.kind == "passthrough" and (d.rebound or d.vfs_disabled):
                 release_passthrough(self.ex, read_one_gpu(self.env, self.io, d.gpu), d)
         cdi_files, metadata_files = self._files(rec)
         for f in cdi_files + metadata_files:

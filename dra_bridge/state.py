@@ -11,6 +11,7 @@ import uuid as uuidlib
 
 from mdev_manager.discovery import read_function, read_gpu
 from mdev_manager.env import HostEnv
+from mdev_manager.actions import DisableVfs, EnableVfs
 from mdev_manager.executor import Executor
 from mdev_manager.hostio import HostIO
 from mdev_manager.models import Gpu
@@ -74,15 +75,19 @@ def passthrough_moves(gpu: Gpu) -> list[str]:
     """The functions of the GPU's IOMMU group that passing it through moves to vfio-pci."""
     if gpu.vgpus:
         raise PrepareError(f"GPU {gpu.address} holds vGPUs ({len(gpu.vgpus)}); it cannot be passed through")
-    if gpu.sriov_num_vfs:
-        raise PrepareError(f"GPU {gpu.address} has SR-IOV VFs enabled; it cannot be passed through")
     return [addr for addr, driver in sorted((gpu.iommu_group_drivers or {gpu.address: gpu.driver}).items())
             if driver != "vfio-pci"]
 
 
 def bind_passthrough(ex: Executor, gpu: Gpu) -> list[str]:
-    """Bind every function of the GPU's IOMMU group to vfio-pci; return the ones this moved."""
+    """Bind every function of the GPU's IOMMU group to vfio-pci; return the ones this moved.
+
+    Idle SR-IOV VFs (a ``dra`` GPU keeps them on for vGPUs) are turned off first: a GPU
+    whose VFs are enabled cannot be unbound (kernel.md), and no VF holds a vGPU here.
+    """
     moved = passthrough_moves(gpu)
+    if gpu.sriov_num_vfs:
+        ex.apply(DisableVfs(gpu=gpu.address))
     for addr in moved:
         ex.bind(addr, "vfio-pci")
     return moved
@@ -94,3 +99,5 @@ def release_passthrough(ex: Executor, gpu: Gpu | None, rec: PreparedDeviceRecord
         return
     for addr in rec.rebound:
         ex.bind(addr, None)
+    if rec.vfs_disabled:
+        ex.apply(EnableVfs(gpu=gpu.address, count=rec.vfs_disabled))

@@ -209,7 +209,9 @@ def _workload_conflicts(gpu: Gpu, entry: GpuLayout, usage: Usage, where: str) ->
     out = []
     if entry.mode in ("vgpu", "dra"):
         native = native_driver(gpu)
-        if gpu.driver == "vfio-pci" and _group_users(gpu, usage):
+        if entry.mode == "dra" and gpu.driver == "vfio-pci" and _group_users(gpu, usage):
+            pass  # a DRA claim holds the whole GPU: _prepare_for_vgpu leaves it alone
+        elif gpu.driver == "vfio-pci" and _group_users(gpu, usage):
             out.append(f"{where}.mode: {_label(gpu)} is passed through to a workload "
                        f"({'; '.join(_group_users(gpu, usage))}); release it or mark the GPU unmanaged")
         elif gpu.driver not in (None, "vfio-pci", native):
@@ -226,6 +228,10 @@ def _workload_conflicts(gpu: Gpu, entry: GpuLayout, usage: Usage, where: str) ->
 def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
     """Native driver and VFs first; True when the GPU needs another discovery before vGPUs."""
     native = native_driver(gpu)
+    if gpu.driver == "vfio-pci" and _group_users(gpu, usage):
+        plan.skipped.append(Skip(device=gpu.address, reason=(
+            f"passed through ({'; '.join(_group_users(gpu, usage))}); returned to {native} when released")))
+        return True
     if gpu.driver in (None, "vfio-pci") and native:
         drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
         for addr, driver in sorted(drivers.items()):

@@ -581,3 +581,35 @@ def test_checkpoint_with_bad_checksum_is_refused(node, paths):
     paths.checkpoint.write_text(json.dumps({"checksum": "0" * 64, "data": {"version": 1, "claims": {}}}))
     with pytest.raises(RuntimeError, match="checksum"):
         make_driver(node, paths, DictClaims(), node.build_pool())
+
+
+def test_passthrough_of_a_dra_gpu_with_idle_vfs_turns_them_off_and_back_on(srv, tmp_path, paths):
+    node = make_node(tmp_path, "default")  # the dra layout enabled the A100's 16 VFs
+    gpu = "0000:16:00.0"
+    assert node.gpu(gpu).sriov_num_vfs == 16
+    pool = node.build_pool()
+    (dev_name,) = devices_of(pool, gpu, "passthrough")
+    ref = add_claim(srv, "vm-a100", [("gpu", dev_name)], node=node.node)
+    drv = make_driver(node, paths, srv.api_client(), pool)
+    prepare_ok(drv, ref)
+    g = node.gpu(gpu)
+    assert g.sriov_num_vfs == 0 and g.driver == "vfio-pci"
+    assert checkpoint_claims(paths)[ref.uid].devices[0].vfs_disabled == 16
+    assert drv.unprepare([ref]) == {ref.uid: None}
+    g = node.gpu(gpu)
+    assert g.driver == "nvidia" and g.sriov_num_vfs == 16 and g.framework == "mdev-sriov"
+
+
+def test_passthrough_is_refused_while_a_vf_holds_a_vgpu(srv, tmp_path, paths):
+    node = make_node(tmp_path, "default")
+    gpu = "0000:16:00.0"
+    pool = node.build_pool()
+    (vgpu_dev,) = devices_of(pool, gpu, "vgpu")[:1]
+    ref = add_claim(srv, "vm-vgpu", [("vgpu", vgpu_dev)], node=node.node)
+    drv = make_driver(node, paths, srv.api_client(), pool)
+    prepare_ok(drv, ref)
+    (pt,) = devices_of(pool, gpu, "passthrough")
+    ref2 = add_claim(srv, "vm-pt", [("gpu", pt)], node=node.node)
+    res = drv.prepare([ref2])[ref2.uid]
+    assert res.error and "holds vGPUs" in res.error
+    assert node.gpu(gpu).sriov_num_vfs == 16 and len(node.gpu(gpu).vgpus) == 1
