@@ -22,6 +22,7 @@ from mdev_manager.env import HostEnv
 from mdev_manager.hostio import HostIO, RealIO
 from mdev_manager.models import Inventory
 from mdev_manager.reconcile import reconcile
+from mdev_manager.restore import restore
 
 from .claims import ApiClaimSource
 from .devices import Pool, PoolPolicy, build_pool
@@ -180,6 +181,9 @@ class Daemon:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "Daemon":
+        restored = restore(self.env, self.io)  # after a reboot: saved vGPUs first, then the layout
+        if any(r.changed for r in restored):
+            log.info("restored %d saved vGPUs and VFs", sum(r.changed for r in restored))
         undone = self.driver.recover()
         if undone:
             log.warning("undid %d half-prepared claims left by a crash: %s", len(undone), ", ".join(undone))

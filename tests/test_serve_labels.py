@@ -77,3 +77,26 @@ def test_rejected_layout_reports_failed_and_changes_nothing(setup):
     daemon.resync()
     assert _labels(srv)[STATE] == "success"
     assert len(discover(env, io).all_vgpus()) == 8
+
+
+def test_start_after_reboot_restores_saved_vgpus_before_anything_else(setup):
+    srv, daemon, env, io = setup
+    from mdev_manager.config import parse_config
+    from mdev_manager.reconcile import reconcile
+
+    layout = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [
+        {"index": 0, "mode": "vgpu", "vgpus": {"T4-2Q": 2}},
+        {"index": 2, "mode": "vgpu", "vgpus": {"A100-4C": 3}}]}})
+    reconcile(env, io, layout)
+    before = sorted(v.id for v in discover(env, io).all_vgpus())
+    assert len(before) == 5
+    io.host.reboot()
+    assert discover(env, io).all_vgpus() == []
+    daemon.cfg.layout_file = None  # no layout: only what was saved comes back
+    daemon.cfg.kubelet_root.mkdir(parents=True, exist_ok=True)
+    daemon.start()
+    try:
+        assert sorted(v.id for v in discover(env, io).all_vgpus()) == before
+    finally:
+        daemon.stop()
+        daemon._shutdown()
