@@ -232,10 +232,16 @@ def test_compute_resources(node: Node) -> None:
                             "gpu.example.org/TU104GL_TESLA_T4"]
     assert l40s_vf not in [d.id for d in specs2["gpu.example.org/NVIDIA_L40S-8Q"].devices]
 
-    # Without a pci.ids entry the passthrough model falls back to the hex device id.
+    # Without pci.ids a catalog board keeps its name (the catalog carries pci.ids' name), so
+    # resource names do not change with the host's pci.ids; a board known to neither falls
+    # back to the hex device id.
     bare = node.env.with_(pci_ids=(node.root / "missing.ids",))
-    specs3, _ = compute_resources(discover(bare, node.io))
-    assert "nvidia.com/1eb8" in specs3 and T4_PT not in specs3
+    inv3 = discover(bare, node.io)
+    assert T4_PT in compute_resources(inv3)[0]
+    pt = next(g for g in inv3.gpus if g.address == "0000:13:00.0")
+    pt.product_name, pt.device_id = None, "0x1eb9"
+    specs3, _ = compute_resources(inv3)
+    assert "nvidia.com/1eb9" in specs3 and T4_PT not in specs3
 
 
 # --------------------------------------------------------------------------- kubelet end to end
