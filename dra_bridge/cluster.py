@@ -26,7 +26,6 @@ import logging
 import random
 import re
 import shutil
-import string
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -726,7 +725,8 @@ class SimCluster:
             self.kubelet = None
         if self.daemon:
             self.daemon.stop()
-            self.daemon.plugin.stop()
+            # what Daemon.run() does on its way out (here run() never ran): servers down, sockets gone
+            getattr(self.daemon, "_shutdown", self.daemon.plugin.stop)()
             self.daemon = None
         if self.srv:
             self.srv.stop()
@@ -1056,6 +1056,7 @@ class ControlPlane:
         self.c = cluster
         self.interval = interval
         self.retry = retry
+        self.lock = threading.Lock()  # held while a step changes the host; hold it to look at the host
         self.by_uid: dict[str, Workload] = {}
         self._tried: dict[str, float] = {}
         self._stop = threading.Event()
@@ -1083,7 +1084,8 @@ class ControlPlane:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.step()
+                with self.lock:
+                    self.step()
             except Exception as exc:  # keep going, as a controller would; the tests read the errors
                 if self._stop.is_set():
                     break

@@ -738,11 +738,14 @@ def run_simulated(*, version: str = "1.37", layout: str = "all", layout_text: st
         if prepare is not None:
             prepare(c)
 
-        def host(namespace: str, pod: str) -> list[str] | None:
-            w = c.workload_of_pod(namespace, pod)
-            return c.host_problems(w) if w is not None else None
+        cp = ControlPlane(c)
 
-        with ControlPlane(c) as cp:
+        def host(namespace: str, pod: str) -> list[str] | None:
+            with cp.lock:  # not while the control plane is changing the host
+                w = c.workload_of_pod(namespace, pod)
+                return c.host_problems(w) if w is not None else None
+
+        with cp:
             backend = KubeBackend(c.api, timeout=kw.pop("timeout", 30.0), settle=kw.pop("settle", 1.0),
                                   poll=0.1, selectors=c.selectors, host_problems=host,
                                   label=f"simulated ({c.preset} node {c.node}, layout {layout}, Kubernetes {version})")

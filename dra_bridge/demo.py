@@ -302,11 +302,11 @@ def text(rep: DemoReport) -> str:
             L.append(f"    {r['workload']} asked for a {r['asked']} vGPU and stays Pending. Scheduler: {r['reason']}")
             L += [f"        {line}" for line in r["per_gpu"]]
     t = rep.teardown
-    L.append(f"[6] teardown      {t['workloads']} workloads stopped: claims unprepared over gRPC "
+    L.append(f"[6] teardown      {t['workloads']} workloads removed: the kubelet unprepared their claims over gRPC "
              f"({t['vgpus_removed']} vGPUs removed" + (f", {', '.join(t['gpus_returned'])} back from vfio-pci"
                                                       if t["gpus_returned"] else "") +
-             "), claims, pods and VMs deleted; " + ("host clean" if not (t["vgpus_left"] or t["still_on_vfio"])
-                                                   else "host NOT clean"))
+             "), then claims, pods and VMs were deleted; " +
+             ("host clean" if not (t["vgpus_left"] or t["still_on_vfio"]) else "host NOT clean"))
     L.append("")
     L.append(("done" if rep.ok else "FAILED: " + "; ".join(rep.problems)) + f" in {rep.seconds:.1f} s")
     return "\n".join(L)

@@ -138,14 +138,14 @@ def test_cli_demo(tmp_path, capsys):
 
 def test_demo_after_a_plain_install(tmp_path):
     """No test extras: no `cel` (the subset evaluator selects), no kubernetes-validate (DRA rules only),
-    no grpcio-tools, no pytest, and not run from the repository."""
+    no grpcio-tools, no pytest, and tests/ not importable."""
     code = ("import sys\n"
             "for m in ('cel', 'kubernetes_validate', 'grpc_tools', 'pytest', 'tests'):\n"
             "    sys.modules[m] = None\n"
             "from dra_bridge.demo import run_demo\n"
             "rep = run_demo()\n"
             "print(rep.cel, rep.ok, rep.problems)\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout, whatever the environment has installed
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -285,7 +285,8 @@ def test_fakeapi_without_kubernetes_validate_still_enforces_the_dra_rules(tmp_pa
             "        print(exc.status)\n"
             "    bad['spec'].pop('sharedCounters')\n"
             "    print(api.create_resource_slice(bad).metadata.name)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["422", "x"]
 

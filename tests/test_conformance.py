@@ -1,0 +1,353 @@
+"""``vgpuctl conformance``: the five checks pass on the simulated cluster, and each fails when its
+property is broken; the health-check script on hand-made sysfs trees; JUnit XML; the real-cluster
+path (KubeBackend, only the API) against the simulated cluster's API server with its control plane."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from dra_bridge import cdi, conformance, healthcheck
+from dra_bridge.cluster import ControlPlane, SimCluster
+from dra_bridge.conformance import CheckResult, Conformance, ConformanceReport, Run
+from mdev_manager.cli import main
+
+
+def statuses(rep: ConformanceReport) -> dict[int, str]:
+    return {c.number: c.status for c in rep.checks}
+
+
+def detail(rep: ConformanceReport, n: int) -> str:
+    return next(c.detail for c in rep.checks if c.number == n)
+
+
+@pytest.fixture(scope="module")
+def passing():
+    return conformance.run_simulated()
+
+
+# --------------------------------------------------------------------------- all pass
+
+
+def test_all_checks_pass_on_the_simulated_cluster(passing):
+    assert statuses(passing) == {n: "passed" for n in range(1, 6)}, passing.to_dict()
+    assert passing.ok and passing.cleanup == []
+    assert "publishes 2 T4-8" in detail(passing, 1) and "allocates 2 of them at once" in detail(passing, 1)
+    assert "all on GPU 0000:10:00.0 (by the slices, inside the workloads, and on the host)" in detail(passing, 2)
+    d3 = detail(passing, 3)
+    assert "stays Pending: 0/1 nodes are available" in d3 and "framebuffer" in d3 and "kept their devices" in d3
+    d4 = detail(passing, 4)
+    assert "counter set gpu-0-counter-set" in d4 and "IOMMU group" in d4 and "releasing one lets the other run" in d4
+    assert "0 Fail" in detail(passing, 5)
+
+
+def test_junit_and_table(passing):
+    root = ET.fromstring(conformance.junit(passing))
+    suite = root.find("testsuite")
+    assert suite.get("tests") == "5" and suite.get("failures") == "0" and suite.get("errors") == "0"
+    cases = suite.findall("testcase")
+    assert [c.get("name").split(".")[0] for c in cases] == ["1", "2", "3", "4", "5"]
+    assert all(c.find("failure") is None and c.find("system-out") is not None for c in cases)
+    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert props["cluster"].startswith("simulated") and props["namespace"].startswith("vgpuctl-conformance-")
+    text = conformance.table(passing)
+    assert "5 of 5 checks passed" in text and "NOT CONFORMANT" not in text
+
+
+def test_junit_reports_failures_errors_and_skips():
+    rep = ConformanceReport(cluster="c", namespace="ns", checks=[
+        CheckResult(1, "one", "passed", "ok"), CheckResult(2, "two", "failed", "bad <thing> & more", ["e1"]),
+        CheckResult(3, "three", "skipped", "needs 2"), CheckResult(4, "four", "error", "boom")])
+    suite = ET.fromstring(conformance.junit(rep)).find("testsuite")
+    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("1", "1", "1")
+    c2 = suite.findall("testcase")[1]
+    assert c2.find("failure").get("message") == "bad <thing> & more" and c2.find("system-out").text == "e1"
+    assert suite.findall("testcase")[2].find("skipped") is not None
+    assert "NOT CONFORMANT" in conformance.table(rep)
+
+
+# --------------------------------------------------------------------------- each check fails when broken
+
+
+def republish(c: SimCluster, edit) -> None:
+    """Replace the published slices by ``edit(slices)`` (a new generation), as a broken driver would publish."""
+    old = c.slices()
+    new = edit(copy.deepcopy(old))
+    gen = max(s["spec"]["pool"]["generation"] for s in old) + 1
+    for s in old:
+        c.resource.delete_resource_slice(s["metadata"]["name"])
+    for s in new:
+        s["metadata"] = {"name": s["metadata"]["name"], "labels": s["metadata"].get("labels") or {}}
+        s["spec"]["pool"]["generation"] = gen
+        s["spec"]["pool"]["resourceSliceCount"] = len(new)
+        c.resource.create_resource_slice(s)
+
+
+def without_counters(slices, *, kinds=("vgpu", "passthrough")):
+    out = []
+    for s in slices:
+        if kinds == ("vgpu", "passthrough"):
+            s["spec"].pop("sharedCounters", None)
+            if not s["spec"].get("devices"):
+                continue
+        for d in s["spec"].get("devices") or []:
+            if d["attributes"]["type"]["string"] in kinds:
+                d.pop("consumesCounters", None)
+        out.append(s)
+    return out
+
+
+def test_check_1_fails_when_no_gpu_has_several_logical_gpus():
+    layout = """version: vgpuctl/v1
+layouts:
+  whole:
+    - index: 0
+      mode: dra
+      vgpus: {T4-16Q: 1}
+    - index: 1
+      mode: dra
+      vgpus: {T4-16Q: 1}
+    - model: A100
+      mode: dra
+      vgpus: {A100-40C: 1}
+    - model: L40S
+      mode: dra
+      vgpus: {L40S-48Q: 1}
+"""
+    rep = conformance.run_simulated(layout="whole", layout_text=layout)
+    assert statuses(rep) == {1: "failed", 2: "skipped", 3: "skipped", 4: "skipped", 5: "skipped"}
+    assert "no physical GPU exposes two or more allocatable logical GPUs" in detail(rep, 1)
+    assert not rep.ok and rep.cleanup == []
+
+
+def test_check_2_fails_when_the_logical_gpus_are_not_on_the_gpu_the_slices_name():
+    def swap(slices):
+        a, b = "0000:10:00.0", "0000:13:00.0"
+        for s in slices:
+            for d in s["spec"].get("devices") or []:
+                attr = d["attributes"].get("parentPciBusID")
+                if attr and attr["string"] in (a, b):
+                    attr["string"] = b if attr["string"] == a else a
+        return slices
+
+    rep = conformance.run_simulated(prepare=lambda c: republish(c, swap))
+    st = statuses(rep)
+    assert st[1] == "passed" and st[2] == "failed", rep.to_dict()
+    d2 = detail(rep, 2)
+    # the GPU's counter set and whole-GPU device say 0000:10:00.0, its vGPU devices 0000:13:00.0
+    assert "is published on GPU 0000:13:00.0, not 0000:10:00.0" in d2
+    assert "lives on GPU 0000:10:00.0, the slice said 0000:13:00.0" in d2  # the host agrees with the workload
+
+
+def test_check_3_fails_when_counters_are_removed_from_the_slices():
+    rep = conformance.run_simulated(prepare=lambda c: republish(c, without_counters))
+    st = statuses(rep)
+    assert st[1] == "passed" and st[2] == "passed" and st[3] == "failed", rep.to_dict()
+    assert "one more logical GPU of any profile was allocated although the GPU was full" in detail(rep, 3)
+    assert st[4] == "failed"  # nothing accounts the whole GPU against its vGPUs either
+    assert rep.cleanup == []
+
+
+def test_check_4_fails_when_the_whole_gpu_is_not_accounted_with_its_vgpus():
+    rep = conformance.run_simulated(prepare=lambda c: republish(c, lambda s: without_counters(s, kinds=("passthrough",))))
+    st = statuses(rep)
+    assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
+    assert "not accounted against the same counters" in detail(rep, 4)
+
+
+def test_check_5_fails_when_a_workload_health_check_fails(monkeypatch):
+    """The device node a workload is given is not there: its health check reports Fail."""
+    real = cdi.vfio_nodes
+
+    def lost_group_node(env, group, *a, **kw):
+        nodes = real(env, group, *a, **kw)
+        for n in nodes:
+            if n["path"] != "/dev/vfio/vfio":
+                n["hostPath"] = str(Path(n["hostPath"]).parent / "lost" / Path(n["hostPath"]).name)
+        return nodes
+
+    monkeypatch.setattr(cdi, "vfio_nodes", lost_group_node)
+    rep = conformance.run_simulated()
+    assert statuses(rep)[5] == "failed", rep.to_dict()
+    assert "device node missing" in detail(rep, 5)
+
+
+def test_check_5_counts_unknown_as_not_a_failure():
+    c = Conformance(backend=None)
+    unknown = "CHECK /dev/vfio/9 Unknown group=9 function=0000:41:00.0 gpu=0000:41:00.0 id=1234:5678 -- x\nRESULT: Unknown\n"
+    ok = "CHECK /dev/vfio/8 Pass group=8 function=0000:40:00.0 gpu=0000:40:00.0 -- bound\nRESULT: Pass\n"
+    c.ran = [Run("a", "t", health=healthcheck.parse(unknown)), Run("b", "t", health=healthcheck.parse(ok))]
+    res = CheckResult(5, "five")
+    assert "1 Pass, 1 Unknown" in c.check5(res)
+    c.ran.append(Run("c", "t", health=None))
+    with pytest.raises(conformance.CheckFailed, match="c: no health check result"):
+        c.check5(res)
+
+
+# --------------------------------------------------------------------------- the real-cluster path
+
+
+def test_cli_against_an_api_server_only(tmp_path, capsys):
+    """``--kubeconfig``: everything through the API (a namespace of its own, a ConfigMap with the
+    script, templates, pods, logs), here served by the simulated cluster and its control plane;
+    afterwards nothing of it is left."""
+    junit = tmp_path / "junit.xml"
+    with SimCluster(version="1.37", layout_name="all") as c, ControlPlane(c) as cp:
+        kubeconfig = c.srv.kubeconfig(tmp_path / "kubeconfig")
+        rc = main(["conformance", "--kubeconfig", str(kubeconfig), "--junit", str(junit), "--timeout", "60",
+                   "--settle", "1", "--namespace", "conf-test"])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        assert cp.errors == []
+        for plural in ("pods", "resourceclaims", "resourceclaimtemplates", "configmaps"):
+            assert c.srv.objects(plural, "conf-test") == [], plural
+        assert "conf-test" not in {n["metadata"]["name"] for n in c.srv.objects("namespaces")}
+        assert c.claims() == [] and c.daemon.driver.cp.claims == {}
+        assert c.inventory().all_vgpus() == []
+    assert "5 of 5 checks passed" in out and f"JUnit XML: {junit}" in out
+    assert ET.parse(junit).getroot().find("testsuite").get("failures") == "0"
+
+
+def test_cli_print_healthcheck(capsys):
+    assert main(["conformance", "--print-healthcheck"]) == 0
+    assert capsys.readouterr().out == healthcheck.SCRIPT
+
+
+def test_missing_device_classes_is_an_error_not_a_pass(tmp_path):
+    with SimCluster(health=False) as c:
+        backend = conformance.KubeBackend(c.api, vgpu_class="nope.example.com", timeout=5, poll=0.05)
+        rep = conformance.run_conformance(backend)
+    assert statuses(rep)[1] == "error" and "DeviceClass nope.example.com not found" in detail(rep, 1)
+    assert not rep.ok
+
+
+# --------------------------------------------------------------------------- the health-check script
+
+
+def pci(root: Path, addr: str, vendor="0x10de", device="0x1eb8", klass="0x030200", driver=None, group=None,
+        physfn=None, vgpu_type=None) -> Path:
+    d = root / "sys/devices/pci0000:00" / addr
+    d.mkdir(parents=True)
+    for k, v in (("vendor", vendor), ("device", device), ("class", klass)):
+        (d / k).write_text(v + "\n")
+    (root / "sys/bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    (root / "sys/bus/pci/devices" / addr).symlink_to(d)
+    if driver:
+        (root / "sys/bus/pci/drivers" / driver).mkdir(parents=True, exist_ok=True)
+        (d / "driver").symlink_to(root / "sys/bus/pci/drivers" / driver)
+    if physfn:
+        (d / "physfn").symlink_to(root / "sys/devices/pci0000:00" / physfn)
+    if vgpu_type is not None:
+        (d / "nvidia").mkdir()
+        (d / "nvidia/current_vgpu_type").write_text(f"{vgpu_type}\n")
+    if group is not None:
+        g = root / f"sys/kernel/iommu_groups/{group}/devices"
+        g.mkdir(parents=True, exist_ok=True)
+        (g / addr).symlink_to(d)
+        node = root / f"dev/vfio/{group}"
+        node.parent.mkdir(parents=True, exist_ok=True)
+        node.write_text("")
+    return d
+
+
+def mdev(root: Path, parent: Path, uuid: str, group: int, type_name="GRID T4-8Q") -> None:
+    m = parent / uuid
+    m.mkdir()
+    t = parent / "mdev_supported_types/nvidia-233"
+    t.mkdir(parents=True)
+    (t / "name").write_text(type_name + "\n")
+    (m / "mdev_type").symlink_to(t)
+    (root / "sys/bus/mdev/drivers/vfio_mdev").mkdir(parents=True, exist_ok=True)
+    (m / "driver").symlink_to(root / "sys/bus/mdev/drivers/vfio_mdev")
+    g = root / f"sys/kernel/iommu_groups/{group}/devices"
+    g.mkdir(parents=True)
+    (g / uuid).symlink_to(m)
+    (root / f"dev/vfio/{group}").parent.mkdir(parents=True, exist_ok=True)
+    (root / f"dev/vfio/{group}").write_text("")
+
+
+def hc(root: Path, *groups, env=None) -> healthcheck.HealthResult:
+    (root / "dev/vfio").mkdir(parents=True, exist_ok=True)
+    (root / "dev/vfio/vfio").write_text("")
+    nodes = [str(root / "dev/vfio/vfio")] + [str(root / f"dev/vfio/{g}") for g in groups]
+    return healthcheck.run(nodes, sys_root=root / "sys", env=env)
+
+
+def test_healthcheck_passes_vfio_devices_and_names_their_gpu(tmp_path):
+    pci(tmp_path, "0000:10:00.0", driver="vfio-pci", group=1)
+    pci(tmp_path, "0000:10:00.1", klass="0x040300", driver="vfio-pci", group=1)  # HDA audio: not judged
+    pf = pci(tmp_path, "0000:19:00.0", device="0x26b9", driver="nvidia", group=2)
+    pci(tmp_path, "0000:19:00.4", device="0x26b9", driver="nvidia", group=3, physfn="0000:19:00.0", vgpu_type=1153)
+    mdev(tmp_path, pf, "0f4bc44c-5b6a-4e4f-9b4f-4ed0b2b4d7a1", 4)
+    r = hc(tmp_path, 1, 3, 4)
+    assert r.result == "Pass" and r.exit_code == 0, r.output
+    assert r.groups == {1, 3, 4}
+    assert r.gpus == {"0000:10:00.0", "0000:19:00.0"}  # the VF and the mdev name their physical GPU
+    by_group = {f.fields.get("group"): f for f in r.findings}
+    assert by_group["3"].fields["vgpu_type"] == "1153" and by_group["4"].fields["type"] == "GRID_T4-8Q"
+    assert "INFO nvidia-smi" in r.output
+
+
+def test_healthcheck_fails_what_a_workload_cannot_use(tmp_path):
+    pci(tmp_path, "0000:10:00.0", driver="nvidia", group=1)  # a PF on nvidia, no vGPU type: not for vfio
+    pci(tmp_path, "0000:13:00.0", driver="vfio-pci", group=2)
+    (tmp_path / "dev/vfio/2").unlink()  # its device node is gone
+    r = hc(tmp_path, 1, 2, 7)  # and group 7 does not exist at all
+    assert r.result == "Fail" and r.exit_code == 1
+    texts = [f.text for f in r.findings if f.result == "Fail"]
+    assert "bound to nvidia without a vGPU type: not usable through vfio" in texts
+    assert texts.count("device node missing") == 2
+
+
+def test_healthcheck_unknown_accelerator_is_not_a_failure(tmp_path):
+    pci(tmp_path, "0000:41:00.0", vendor="0x1234", device="0x5678", klass="0x120000", driver="vfio-pci", group=5)
+    r = hc(tmp_path, 5)
+    assert r.result == "Unknown" and r.exit_code == 0, r.output
+    (f,) = [f for f in r.findings if f.result == "Unknown"]
+    assert f.fields["id"] == "1234:5678" and f.text == "accelerator not recognised by this check"
+
+
+def test_healthcheck_in_a_vm_guest_uses_nvidia_smi(tmp_path):
+    """No vfio devices (inside a VM the vGPU is a PCI device on the nvidia driver): nvidia-smi must
+    list it; without nvidia-smi the bound driver passes."""
+    pci(tmp_path, "0000:07:00.0", driver="nvidia")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    env = {"VGPUCTL_HC_SYS": str(tmp_path / "sys"), "VGPUCTL_HC_VFIO": str(tmp_path / "no-vfio"),
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def run():
+        p = subprocess.run(["sh", "-c", healthcheck.SCRIPT, "healthcheck"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path)
+        return healthcheck.parse(p.stdout, p.returncode)
+
+    smi.write_text("#!/bin/sh\necho 00000000:07:00.0\n")
+    smi.chmod(0o755)
+    r = run()
+    assert r.result == "Pass" and r.findings[0].fields["nvidia_smi"] == "listed", r.output
+    smi.write_text("#!/bin/sh\necho 00000000:08:00.0\n")
+    assert run().result == "Fail"
+    smi.unlink()
+    env["PATH"] = "/usr/bin:/bin"
+    r = run()
+    assert r.result == "Pass" and r.findings[0].fields["nvidia_smi"] == "absent"
+
+
+def test_healthcheck_without_any_device_fails(tmp_path):
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    p = subprocess.run(["sh", "-c", healthcheck.SCRIPT, "healthcheck"], capture_output=True, text=True,
+                       env={"VGPUCTL_HC_SYS": str(tmp_path / "sys"), "VGPUCTL_HC_VFIO": str(tmp_path / "none"),
+                            "PATH": "/usr/bin:/bin"})
+    r = healthcheck.parse(p.stdout, p.returncode)
+    assert r.result == "Fail" and "no accelerator device given or found" in r.output
+
+
+def test_healthcheck_parse_without_result_is_a_failure():
+    r = healthcheck.parse("CHECK /dev/vfio/1 Pass group=1 -- ok\n")
+    assert r.result == "Fail" and r.findings[-1].text == "the health check did not report a result"
