@@ -790,12 +790,7 @@ class SimCluster:
         return alloc
 
     def devices_by_key(self) -> dict[tuple[str, str, str], dict]:
-        out = {}
-        for s in self.slices():
-            spec = s["spec"]
-            for d in spec.get("devices") or []:
-                out[(spec["driver"], spec["pool"]["name"], d["name"])] = {**d, "_node": spec.get("nodeName")}
-        return out
+        return devices_by_key(self.slices())
 
     # ------------------------------------------------------------ workloads
     def submit(self, objects: list[dict], name: str | None = None) -> Workload:
@@ -1144,3 +1139,13 @@ def _metadata_id(path: Path, device: str) -> str | None:
                     if key in a:
                         return a[key].get("string")
     return None
+
+
+def devices_by_key(slices: list[dict]) -> dict[tuple[str, str, str], dict]:
+    """Published devices by (driver, pool, name), each with the node its slice names as ``_node``."""
+    out = {}
+    for s in slices:
+        spec = s["spec"]
+        for d in spec.get("devices") or []:
+            out[(spec["driver"], spec["pool"]["name"], d["name"])] = {**d, "_node": spec.get("nodeName")}
+    return out

@@ -37,7 +37,7 @@ from typing import Any, Callable
 from xml.sax.saxutils import escape, quoteattr
 
 from . import capacity, healthcheck
-from .cluster import dev_attr, dev_gpu, raw
+from .cluster import dev_attr, dev_gpu, devices_by_key, raw
 from .paths import DEFAULT_DRIVER
 
 log = logging.getLogger(__name__)
@@ -201,12 +201,7 @@ class KubeBackend:
         return capacity.compute(self.slices(), self.claims(), driver=self.driver, selectors=self.selectors)
 
     def slice_devices(self) -> dict[tuple[str, str, str], dict]:
-        out = {}
-        for s in self.slices():
-            spec = s["spec"]
-            for d in spec.get("devices") or []:
-                out[(spec["driver"], spec["pool"]["name"], d["name"])] = {**d, "_node": spec.get("nodeName")}
-        return out
+        return devices_by_key(self.slices())
 
     # ------------------------------------------------------------ objects
     def template(self, name: str, device_class: str, selectors: list[str], request: str = "gpu") -> str:
