@@ -27,6 +27,7 @@ from mdev_manager.restore import restore
 from .claims import ApiClaimSource
 from .devices import Pool, PoolPolicy, build_pool
 from .driver import Driver
+from .gpuids import StableGpuIds
 from .grpc_plugin import KubeletPlugin
 from .observe import Metrics, ProbeServer
 from .paths import DEFAULT_DRIVER, PluginPaths
@@ -72,6 +73,7 @@ class Daemon:
         self.plugin = KubeletPlugin(cfg.driver, self.driver, cfg.kubelet_root,
                                     health_poll_interval=cfg.health_poll_seconds)
         self.probes: ProbeServer | None = None
+        self.gpu_ids = StableGpuIds(self.paths.data_dir / "gpu-ids.json", self.io)
         self.device_plugins = None
         self._dp_exclude: set[str] = set()
         self._applied_layout: str | None = None
@@ -97,7 +99,8 @@ class Daemon:
                     self._dp_exclude = set(policy.gpus) | (
                         {g.address for g in inv.gpus} if policy.others is not None else set())
                     self.device_plugins.refresh(inv)
-                pool = build_pool(inv, policy, self.cfg.driver, server_version=self.publisher.version,
+                pool = build_pool(self.gpu_ids.apply(inv), policy, self.cfg.driver,
+                                  server_version=self.publisher.version,
                                   pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
                 self._pool, self.inventory = pool, inv
                 result = self.publisher.sync(pool)

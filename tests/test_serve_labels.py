@@ -100,3 +100,23 @@ def test_start_after_reboot_restores_saved_vgpus_before_anything_else(setup):
     finally:
         daemon.stop()
         daemon._shutdown()
+
+
+def test_device_names_stay_with_their_gpu_when_another_gpu_leaves(setup):
+    from tests.dra_helpers import add_claim, pool_slices, published_devices
+
+    srv, daemon, env, io = setup
+    daemon.cfg.layout_file = None  # every GPU offered through DRA
+    daemon.resync()
+    before = published_devices(pool_slices(srv, node="sim-node-1"))
+    assert {"gpu-1-passthrough", "gpu-2-passthrough", "gpu-3-passthrough"} <= before
+    io.host.remove_gpu("0000:13:00.0")  # GPU 1 leaves the bus
+    daemon.resync()
+    after = published_devices(pool_slices(srv, node="sim-node-1"))
+    assert not [d for d in after if d.startswith("gpu-1-")]
+    assert after == {d for d in before if not d.startswith("gpu-1-")}  # nobody else was renamed
+    # a claim allocated before the GPU left fails instead of landing on another board
+    ref = add_claim(srv, "late", [("gpu", "gpu-1-passthrough")], node="sim-node-1")
+    res = daemon.driver.prepare([ref])[ref.uid]
+    assert res.error and "no longer exists" in res.error
+    assert discover(env, io).gpu("0000:16:00.0").driver == "nvidia"
