@@ -54,24 +54,26 @@ def _dev_dir(env: HostEnv, io: HostIO, addr: str):
 def read_function(env: HostEnv, io: HostIO, addr: str) -> dict:
     """The attributes common to every PCI function, as model fields."""
     d = _dev_dir(env, io, addr)
-    vendor = read_attr(io, d / "vendor", "0x0000")
-    device = read_attr(io, d / "device", "0x0000")
+    a = io.read_attrs(d, ["vendor", "device", "class", "subsystem_vendor", "subsystem_device", "numa_node",
+                          "driver_override"])
+    vendor = a["vendor"] or "0x0000"
+    device = a["device"] or "0x0000"
     vname, dname = pciids.lookup(env.pci_ids, vendor, device)
     if dname is None:
-        board = catalog.match_board(vendor, device, read_attr(io, d / "subsystem_device"))
+        board = catalog.match_board(vendor, device, a["subsystem_device"])
         dname = board.product_name if board else None
-    override = read_attr(io, d / "driver_override")
+    override = a["driver_override"]
     vfio_dev = io.listdir(d / "vfio-dev")
     real = str(d)
     root = next((part for part in real.split(os.sep) if part.startswith("pci") and ":" in part), None)
     group = link_name(io, d / "iommu_group")
     return dict(
         address=addr, vendor_id=vendor, device_id=device,
-        class_code=read_attr(io, d / "class", "0x000000"),
-        subsystem_vendor_id=read_attr(io, d / "subsystem_vendor"),
-        subsystem_device_id=read_attr(io, d / "subsystem_device"),
+        class_code=a["class"] or "0x000000",
+        subsystem_vendor_id=a["subsystem_vendor"],
+        subsystem_device_id=a["subsystem_device"],
         vendor_name=vname, product_name=dname,
-        numa_node=_int(read_attr(io, d / "numa_node")),
+        numa_node=_int(a["numa_node"]),
         iommu_group=int(group) if group and group.isdigit() else None,
         driver=link_name(io, d / "driver"),
         driver_override=None if override in (None, "", "(null)") else override,
@@ -103,12 +105,13 @@ def read_mdev_types(env: HostEnv, io: HostIO, parent: str) -> list[VgpuType]:
     out = []
     for tid in io.listdir(base):
         t = base / tid
-        name = read_attr(io, t / "name") or tid
-        desc = read_attr(io, t / "description", "") or ""
+        a = io.read_attrs(t, ["name", "description", "device_api", "available_instances"])
+        name = a["name"] or tid
+        desc = a["description"] or ""
         out.append(VgpuType(
             id=tid, name=name, short_name=short_type_name(name), framework="mdev", description=desc,
-            device_api=read_attr(io, t / "device_api", "vfio-pci") or "vfio-pci",
-            available_instances=_int(read_attr(io, t / "available_instances")) or 0,
+            device_api=a["device_api"] or "vfio-pci",
+            available_instances=_int(a["available_instances"]) or 0,
             max_instances=_max_instances(name, desc), framebuffer_mib=_framebuffer(name, desc),
             mig_backed=is_mig_backed(name),
         ))

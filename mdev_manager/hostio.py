@@ -15,6 +15,7 @@ from typing import Protocol
 
 class HostIO(Protocol):
     def read(self, path: Path) -> str: ...
+    def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]: ...
     def write(self, path: Path, data: str) -> None: ...
     def write_atomic(self, path: Path, data: str, durable: bool = True) -> None: ...
     def remove(self, path: Path) -> None: ...
@@ -32,6 +33,33 @@ class RealIO:
     def read(self, path: Path) -> str:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
             return f.read()
+
+    def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]:
+        """Several attributes of one directory, stripped; None for those missing or unreadable.
+
+        Opens each relative to a directory fd: one lookup per file instead of one per path
+        component (much cheaper on big sysfs trees and on FUSE).
+        """
+        out: dict[str, str | None] = dict.fromkeys(names)
+        try:
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return out
+        try:
+            for name in names:
+                try:
+                    fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+                except OSError:
+                    continue
+                try:
+                    out[name] = os.read(fd, 65536).decode("utf-8", "replace").strip()
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(dfd)
+        return out
 
     def write(self, path: Path, data: str) -> None:
         fd = os.open(path, os.O_WRONLY)
