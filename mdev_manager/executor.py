@@ -80,8 +80,25 @@ class Executor:
         self.on_step = on_step
         self._records: dict[str, str] | None = None
         self._unsynced = False
+        self._dirs: dict[str, object] | None = None
+
+    def _dev(self, address: str):
+        """The device's real directory, resolved once per run (a device does not move within one)."""
+        if self._dirs is None:  # called outside run() (the DRA plugin): no cache to go stale
+            return self.io.realpath(self.env.pci(check_pci_address(address)))
+        d = self._dirs.get(address)
+        if d is None:
+            d = self._dirs[address] = self.io.realpath(self.env.pci(check_pci_address(address)))
+        return d
 
     def run(self, plan: Plan) -> Report:
+        self._dirs = {}
+        try:
+            return self._run(plan)
+        finally:
+            self._dirs = None
+
+    def _run(self, plan: Plan) -> Report:
         report = Report()
         broken: set[str] = set()
         for a in plan.actions:
@@ -148,7 +165,7 @@ class Executor:
 
     # ------------------------------------------------------------ kernel operations (also used by the DRA bridge)
     def create_mdev(self, parent: str, type_id: str, uuid: str) -> None:
-        path = self.env.pci(check_pci_address(parent)) / "mdev_supported_types" / check_type_id(type_id) / "create"
+        path = self._dev(parent) / "mdev_supported_types" / check_type_id(type_id) / "create"
         self.io.write(path, check_uuid(uuid) + "\n")
 
     def remove_mdev(self, parent: str, uuid: str) -> None:
