@@ -276,33 +276,46 @@ def _keep_order(v: Vgpu, users: list[str], saved: set[str]) -> tuple:
     return (not users, v.id not in saved, v.id)
 
 
+def _split_existing(plan: Plan, vgpus: list[Vgpu], wanted: dict[str, int], usage: Usage, saved: set[str],
+                    verb: str) -> tuple[list[Vgpu], list[Vgpu], list[Vgpu]]:
+    """(kept as wanted, kept because in use, to remove) over a GPU's existing vGPUs, per type.
+
+    Shared by both frameworks: the surplus that something uses stays and is reported.
+    """
+    by_type: dict[str, list[Vgpu]] = defaultdict(list)
+    for v in vgpus:
+        by_type[v.type_id].append(v)
+    keep, busy, drop = [], [], []
+    for tid, lst in by_type.items():
+        users = {v.id: _vgpu_users(v, usage) for v in lst}
+        lst.sort(key=lambda v: _keep_order(v, users[v.id], saved))
+        want = wanted.get(tid, 0)
+        keep += lst[:want]
+        for v in lst[want:]:
+            if users[v.id]:
+                busy.append(v)
+                plan.skipped.append(Skip(device=v.id, reason=f"not {verb}: in use ({'; '.join(users[v.id])})"))
+            else:
+                drop.append(v)
+    return keep, busy, drop
+
+
 def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
                definitions: Iterable[MdevDefinition], new_uuid: Callable[[], str]) -> None:
     types = {t.id: t for t in gpu.types}
     parents = [p.address for p in gpu.parents]
     defs = {d.uuid: d for d in definitions if d.parent in parents}
-    by_type: dict[str, list[Vgpu]] = defaultdict(list)
-    for v in gpu.vgpus:
-        if v.framework == "mdev":
-            by_type[v.type_id].append(v)
     removals, saves, creates = [], [], []
-    kept: list[Vgpu] = []
-    for tid, lst in by_type.items():
-        users = {v.id: _vgpu_users(v, usage) for v in lst}
-        lst.sort(key=lambda v: _keep_order(v, users[v.id], set(defs)))
-        want = wanted.get(tid, 0)
-        for v in lst[:want]:
-            kept.append(v)
-            if v.id not in defs:
-                saves.append(SaveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id, type_id=tid))
-        for v in lst[want:]:
-            if users[v.id]:
-                kept.append(v)
-                plan.skipped.append(Skip(device=v.id, reason=f"not removed: in use ({'; '.join(users[v.id])})"))
-                continue
-            removals.append(RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id))
-            if v.id in defs:
-                removals.append(RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id))
+    keep, busy, drop = _split_existing(plan, [v for v in gpu.vgpus if v.framework == "mdev"], wanted, usage,
+                                       set(defs), "removed")
+    kept = keep + busy
+    for v in keep:
+        if v.id not in defs:
+            saves.append(SaveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id, type_id=v.type_id))
+    for v in drop:
+        removals.append(RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id))
+        if v.id in defs:
+            removals.append(RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id))
     active = {v.id for v in gpu.vgpus}
     removed = {a.uuid for a in removals if isinstance(a, RemoveMdev)}
     busy_parents = {v.parent for v in gpu.vgpus if v.id not in removed}
@@ -313,7 +326,7 @@ def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
     kept_sizes = {types[v.type_id].framebuffer_mib for v in kept if v.type_id in types}
     for tid, want in sorted(wanted.items()):
         t = types.get(tid)
-        need = want - sum(1 for v in kept if v.type_id == tid and v.id not in {s.device for s in plan.skipped})
+        need = want - sum(1 for v in keep if v.type_id == tid)
         if need <= 0 or t is None:
             continue
         if not gpu.mixed_size and gpu.vendor_id == NVIDIA and kept_sizes - {t.framebuffer_mib}:
@@ -349,27 +362,16 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     types = {t.id: t for t in gpu.types}
     vfs = [vf.address for vf in gpu.vfs]
     mine = {vf: tid for vf, tid in records.items() if vf in vfs}
-    by_type: dict[str, list[Vgpu]] = defaultdict(list)
-    for v in gpu.vgpus:
-        by_type[v.type_id].append(v)
     removals, saves, creates = [], [], []
-    kept: list[Vgpu] = []
-    for tid, lst in by_type.items():
-        users = {v.id: _vgpu_users(v, usage) for v in lst}
-        lst.sort(key=lambda v: _keep_order(v, users[v.id], set(mine)))
-        want = wanted.get(tid, 0)
-        for v in lst[:want]:
-            kept.append(v)
-            if mine.get(v.id) != tid:
-                saves.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=tid))
-        for v in lst[want:]:
-            if users[v.id]:
-                kept.append(v)
-                plan.skipped.append(Skip(device=v.id, reason=f"not cleared: in use ({'; '.join(users[v.id])})"))
-                continue
-            removals.append(SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"))
-            if v.id in mine:
-                removals.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None))
+    keep, busy, drop = _split_existing(plan, gpu.vgpus, wanted, usage, set(mine), "cleared")
+    kept = keep + busy
+    for v in keep:
+        if mine.get(v.id) != v.type_id:
+            saves.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=v.type_id))
+    for v in drop:
+        removals.append(SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"))
+        if v.id in mine:
+            removals.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None))
     holding = {v.id for v in kept}
     free = [vf for vf in vfs if vf not in holding]
     dormant = {vf: tid for vf, tid in mine.items() if vf not in {v.id for v in gpu.vgpus}}
@@ -377,7 +379,7 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     kept_sizes = {types[v.type_id].framebuffer_mib for v in kept if v.type_id in types}
     for tid, want in sorted(wanted.items()):
         t = types.get(tid)
-        need = want - sum(1 for v in kept if v.type_id == tid)
+        need = want - sum(1 for v in keep if v.type_id == tid)
         if need <= 0 or t is None:
             continue
         if not gpu.mixed_size and kept_sizes - {t.framebuffer_mib}:
