@@ -33,6 +33,7 @@ import threading
 import uuid as uuidlib
 from contextlib import contextmanager
 from fractions import Fraction
+from functools import lru_cache
 from pathlib import Path
 
 from .. import catalog
@@ -64,6 +65,29 @@ def _kstrtoul(raw: str) -> int:
         raise _err(errno.EINVAL, f"{raw!r} is not a number") from None
 
 
+@lru_cache(maxsize=None)
+def _type_index(board_key: str) -> dict[str, TypeSpec]:
+    """A board's types by mdev type id and by vendor-VFIO number (the catalog never changes)."""
+    board = catalog.board(board_key)
+    index: dict[str, TypeSpec] = {}
+    for t in board.types:
+        index.setdefault(t.mdev_id(board.driver), t)
+        index.setdefault(str(t.num), t)
+    return index
+
+
+@lru_cache(maxsize=None)
+def _framebuffer(board_key: str, type_id: str) -> int | None:
+    return _type_index(board_key)[type_id].fb_mib
+
+
+@lru_cache(maxsize=None)
+def _type_facts(board_key: str) -> tuple[tuple[str, str, TypeSpec, int | None], ...]:
+    """(mdev type id, number, spec, framebuffer MiB) of each of a board's types, in catalog order."""
+    board = catalog.board(board_key)
+    return tuple((t.mdev_id(board.driver), str(t.num), t, t.fb_mib) for t in board.types)
+
+
 def _vf_address(pf: str, n: int, offset: int = 4) -> str:
     """VF n of a PF at devfn offset 4, stride 1 (as NVIDIA boards report)."""
     dom, bus, rest = pf.split(":")
@@ -78,6 +102,7 @@ class SimHost:
         self.root = Path(root)
         self.sys = self.root / "sys"
         self.dev = self.root / "dev"
+        self._sys_real = os.path.realpath(self.sys)
         self._lock = threading.RLock()
         self.state = json.loads((self.root / ".sim/state.json").read_text())
 
@@ -181,23 +206,33 @@ class SimHost:
     def _fdir(self, addr: str) -> Path:
         return self.sys / self.state["functions"][addr]["rel"]
 
-    def _link(self, link: Path, target: Path) -> None:
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(link):
+    def _link(self, link: Path | str, target: Path | str) -> None:
+        link, target = os.fspath(link), os.fspath(target)
+        rel = os.path.relpath(target, os.path.dirname(link))
+        try:
+            os.symlink(rel, link)
+        except FileExistsError:
             os.unlink(link)
-        os.symlink(os.path.relpath(target, link.parent), link)
+            os.symlink(rel, link)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(rel, link)
 
     @staticmethod
-    def _write(path: Path, value: str) -> None:
+    def _write(path: Path | str, value: str) -> None:
         """Rewrite an attribute file only when its value changes (sysfs reads are cheap here)."""
+        path = os.fspath(path)
         try:
-            if path.read_text() == value:
-                return
+            with open(path, encoding="utf-8") as f:
+                if f.read() == value:
+                    return
         except FileNotFoundError:
             pass
         # replace, never truncate-then-write: a reader without the lock sees old or new, not ""
-        tmp = path.with_name(f".{path.name}.new")
-        tmp.write_text(value)
+        head, name = os.path.split(path)
+        tmp = os.path.join(head, f".{name}.new")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(value)
         os.replace(tmp, path)
 
     def _driver(self, addr: str) -> str | None:
@@ -218,11 +253,7 @@ class SimHost:
         return sorted(a for a, f in self.state["functions"].items() if f.get("physfn") == gpu["pf"])
 
     def _type_by_id(self, gpu: dict, type_id: str) -> TypeSpec | None:
-        board = self._board(gpu)
-        for t in board.types:
-            if type_id in (t.mdev_id(board.driver), str(t.num)):
-                return t
-        return None
+        return _type_index(gpu["board"]).get(type_id)
 
     @contextmanager
     def _locked(self):
@@ -261,55 +292,67 @@ class SimHost:
         out = []
         parents = [gpu["pf"], *self._vfs(gpu)]
         for p in parents:
-            pdir = self._fdir(p)
+            pdir = os.fspath(self._fdir(p))
             for name in os.listdir(pdir):
-                if _UUID.match(name) and os.path.lexists(pdir / name / "mdev_type"):
-                    out.append((p, name, os.path.basename(os.readlink(pdir / name / "mdev_type"))))
-            cur = pdir / "nvidia/current_vgpu_type"
-            if cur.exists() and cur.read_text().strip() not in ("", "0"):
-                out.append((p, p, cur.read_text().strip()))
+                link = os.path.join(pdir, name, "mdev_type")
+                if _UUID.match(name) and os.path.lexists(link):
+                    out.append((p, name, os.path.basename(os.readlink(link))))
+            try:
+                with open(os.path.join(pdir, "nvidia/current_vgpu_type"), encoding="utf-8") as f:
+                    cur = f.read().strip()
+            except FileNotFoundError:
+                continue
+            if cur not in ("", "0"):
+                out.append((p, p, cur))
         return out
 
     def remaining(self, gpu: dict, t: TypeSpec, existing: list[tuple[str, str, str]] | None = None) -> int:
         """How many more vGPUs of ``t`` fit on the physical GPU now (``existing``: a fresh ``_existing(gpu)``)."""
-        if t.mig_backed:
-            return 0  # MIG is not enabled on simulated GPUs
-        used = Fraction(0)
+        return self._remaining(gpu, t, *self._occupancy(gpu, existing))
+
+    def _occupancy(self, gpu: dict, existing: list[tuple[str, str, str]] | None = None) -> tuple[Fraction, set]:
+        """Share of the GPU its vGPUs take, and their framebuffer sizes."""
+        used, sizes = Fraction(0), set()
         for _, _, tid in self._existing(gpu) if existing is None else existing:
             et = self._type_by_id(gpu, tid)
-            if et is None:
-                continue
-            if not gpu["mixed_size"] and et.fb_mib != t.fb_mib:
-                return 0
-            used += Fraction(1, et.max_instances)
-        free = (1 - used) * t.max_instances
-        return max(0, int(free))
+            if et is not None:
+                used += Fraction(1, et.max_instances)
+                sizes.add(_framebuffer(gpu["board"], tid))
+        return used, sizes
+
+    @staticmethod
+    def _remaining(gpu: dict, t: TypeSpec, used: Fraction, sizes: set, fb: int | None = None) -> int:
+        if t.mig_backed:
+            return 0  # MIG is not enabled on simulated GPUs
+        if not gpu["mixed_size"] and sizes - {t.fb_mib if fb is None else fb}:
+            return 0
+        return max(0, int((1 - used) * t.max_instances))
 
     def _refresh(self, gpu: dict) -> None:
         """Rewrite ``available_instances`` / ``creatable_vgpu_types`` of every parent of the GPU."""
-        board = self._board(gpu)
+        facts = _type_facts(gpu["board"])
         fw = gpu["framework"]
-        existing = self._existing(gpu)
-        rem = {str(t.num): self.remaining(gpu, t, existing) for t in board.types}
+        occupancy = self._occupancy(gpu)
+        rem = {num: self._remaining(gpu, t, *occupancy, fb) for _, num, t, fb in facts}
         if fw == "mdev":
-            pf_dir = self._fdir(gpu["pf"])
-            if (pf_dir / "mdev_supported_types").exists():
-                for t in board.types:
-                    self._write(pf_dir / "mdev_supported_types" / t.mdev_id(board.driver) / "available_instances",
-                                f"{rem[str(t.num)]}\n")
+            types_dir = os.path.join(self._fdir(gpu["pf"]), "mdev_supported_types")
+            if os.path.isdir(types_dir):
+                for tid, num, _, _ in facts:
+                    self._write(os.path.join(types_dir, tid, "available_instances"), f"{rem[num]}\n")
             return
         for vf in self._vfs(gpu):
             vdir = self._fdir(vf)
-            if fw == "mdev-sriov" and (vdir / "mdev_supported_types").exists():
+            types_dir = os.path.join(vdir, "mdev_supported_types")
+            if fw == "mdev-sriov" and os.path.isdir(types_dir):
                 has = any(_UUID.match(n) for n in os.listdir(vdir))
-                for t in board.types:
-                    self._write(vdir / "mdev_supported_types" / t.mdev_id(board.driver) / "available_instances",
-                                f"{0 if has else min(1, rem[str(t.num)])}\n")
+                for tid, num, _, _ in facts:
+                    self._write(os.path.join(types_dir, tid, "available_instances"),
+                                f"{0 if has else min(1, rem[num])}\n")
             elif fw == "vendor-vfio" and (vdir / "nvidia").exists():
                 current = (vdir / "nvidia/current_vgpu_type").read_text().strip()
                 lines = [HEADER]
                 if current == "0":
-                    lines += [f"{t.num:<6}: {t.name}" for t in board.types if rem[str(t.num)] > 0]
+                    lines += [f"{t.num:<6}: {t.name}" for _, num, t, _ in facts if rem[num] > 0]
                 self._write(vdir / "nvidia/creatable_vgpu_types", "\n".join(lines) + "\n")
 
     # ------------------------------------------------------------------ driver model
@@ -513,7 +556,7 @@ class SimHost:
         """Apply a write to ``path`` (absolute, or relative to ``sys/``) as the kernel would."""
         raw = data.decode() if isinstance(data, bytes) else data
         p = Path(path)
-        rel = Path(os.path.relpath(os.path.realpath(p if p.is_absolute() else self.sys / p), os.path.realpath(self.sys)))
+        rel = Path(os.path.relpath(os.path.realpath(p if p.is_absolute() else self.sys / p), self._sys_real))
         if rel.parts[:1] == ("..",):
             raise _err(errno.EXDEV, f"{path} is outside the simulated sysfs")
         with self._locked():
