@@ -103,9 +103,7 @@ def _max_instances(name: str, description: str) -> int | None:
 def read_mdev_types(env: HostEnv, io: HostIO, parent: str) -> list[VgpuType]:
     base = _dev_dir(env, io, parent) / "mdev_supported_types"
     out = []
-    for tid in io.listdir(base):
-        t = base / tid
-        a = io.read_attrs(t, ["name", "description", "device_api", "available_instances"])
+    for tid, a in io.read_children(base, ["name", "description", "device_api", "available_instances"]).items():
         name = a["name"] or tid
         desc = a["description"] or ""
         out.append(VgpuType(

@@ -94,7 +94,8 @@ class Executor:
     def run(self, plan: Plan) -> Report:
         self._dirs = {}
         try:
-            return self._run(plan)
+            with self.io.reusing_dirs():  # 16 creates into one type directory: walk its path once
+                return self._run(plan)
         finally:
             self._dirs = None
 

@@ -7,15 +7,24 @@ or interrupt writes. Nothing above this layer knows which one it has.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
+
+# A kept directory fd whose directory went away (removed, or removed and made again)
+# fails with one of these; the open then walks the full path once more.
+_STALE = (errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ENODEV)
 
 
 class HostIO(Protocol):
     def read(self, path: Path) -> str: ...
     def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]: ...
+    def read_children(self, directory: Path, names: list[str]) -> dict[str, dict[str, str | None]]: ...
+    def reusing_dirs(self) -> contextlib.AbstractContextManager: ...
     def write(self, path: Path, data: str) -> None: ...
     def write_atomic(self, path: Path, data: str, durable: bool = True) -> None: ...
     def remove(self, path: Path) -> None: ...
@@ -34,35 +43,90 @@ class RealIO:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
             return f.read()
 
+    def __init__(self) -> None:
+        self._local = threading.local()
+
     def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]:
         """Several attributes of one directory, stripped; None for those missing or unreadable.
 
         Opens each relative to a directory fd: one lookup per file instead of one per path
         component (much cheaper on big sysfs trees and on FUSE).
         """
-        out: dict[str, str | None] = dict.fromkeys(names)
+        try:
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return dict.fromkeys(names)
+        try:
+            return _read_at(dfd, names)
+        finally:
+            os.close(dfd)
+
+    def read_children(self, directory: Path, names: list[str]) -> dict[str, dict[str, str | None]]:
+        """``read_attrs`` of every subdirectory of ``directory`` (an mdev parent's types).
+
+        Each subdirectory is opened relative to its parent's fd, so the path above them is
+        walked once for all of them.
+        """
+        out: dict[str, dict[str, str | None]] = {}
         try:
             dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
             return out
         try:
-            for name in names:
+            for child in sorted(os.listdir(dfd)):
                 try:
-                    fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+                    cfd = os.open(child, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
                 except OSError:
-                    continue
+                    continue  # a file, or gone since the listing
                 try:
-                    out[name] = os.read(fd, 65536).decode("utf-8", "replace").strip()
-                except OSError:
-                    pass
+                    out[child] = _read_at(cfd, names)
                 finally:
-                    os.close(fd)
+                    os.close(cfd)
         finally:
             os.close(dfd)
         return out
 
+    @contextlib.contextmanager
+    def reusing_dirs(self) -> Iterator[None]:
+        """Within the block, this thread's writes keep each directory they write into open.
+
+        An apply writes ``create`` 16 times into one type directory; opening it relative to
+        a kept fd costs one lookup instead of one per path component. A directory that
+        went away meanwhile is looked up afresh, so a kept fd never changes a result.
+        """
+        if getattr(self._local, "dirs", None) is not None:
+            yield  # nested: the outer block owns the fds
+            return
+        self._local.dirs = {}
+        try:
+            yield
+        finally:
+            dirs, self._local.dirs = self._local.dirs, None
+            for fd in dirs.values():
+                os.close(fd)
+
+    def _open_for_write(self, path: Path) -> int:
+        dirs = getattr(self._local, "dirs", None)
+        if dirs is None:
+            return os.open(path, os.O_WRONLY)
+        parent, name = os.path.split(os.fspath(path))
+        dfd = dirs.get(parent)
+        if dfd is not None:
+            try:
+                return os.open(name, os.O_WRONLY, dir_fd=dfd)
+            except OSError as e:
+                if e.errno not in _STALE:
+                    raise
+                os.close(dirs.pop(parent))
+        try:
+            dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return os.open(path, os.O_WRONLY)  # fails with the error a plain open gives
+        dirs[parent] = dfd
+        return os.open(name, os.O_WRONLY, dir_fd=dfd)
+
     def write(self, path: Path, data: str) -> None:
-        fd = os.open(path, os.O_WRONLY)
+        fd = self._open_for_write(path)
         try:
             raw = data.encode()
             n = os.write(fd, raw)
@@ -121,6 +185,22 @@ class RealIO:
 
     def realpath(self, path: Path) -> Path:
         return Path(os.path.realpath(path))
+
+
+def _read_at(dfd: int, names: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = dict.fromkeys(names)
+    for name in names:
+        try:
+            fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+        except OSError:
+            continue
+        try:
+            out[name] = os.read(fd, 65536).decode("utf-8", "replace").strip()
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return out
 
 
 def read_attr(io: HostIO, path: Path, default: str | None = None) -> str | None:

@@ -11,6 +11,7 @@ from .kernel import SimHost
 
 class SimIO(RealIO):
     def __init__(self, host: SimHost):
+        super().__init__()
         self.host = host
         self._sys = os.path.realpath(host.sys)
 
