@@ -1,4 +1,4 @@
-"""``python -m benchmarks [discovery|apply|dra|allocator ...]``: run and print the benchmarks."""
+"""``python -m benchmarks [node|dra|allocator ...]``: run and print the benchmarks."""
 
 from __future__ import annotations
 

@@ -49,6 +49,9 @@ class GpuLayout(BaseModel):
     mode: Mode = "vgpu"
     vgpus: dict[str, StrictInt] = {}  # strict: YAML's `yes` is not a count
     passthrough: bool = Field(False, description="dra mode: also offer the whole GPU for passthrough")
+    mixed_size: bool = Field(False, alias="mixedSize", description=(
+        "the GPU runs in NVIDIA's mixed-size mode (nvidia-smi vgpu -i <gpu> -shm 1), so one layout may hold "
+        "several framebuffer sizes; vgpuctl does not switch the mode"))
 
     @field_validator("pci_address")
     @classmethod
@@ -78,6 +81,8 @@ class GpuLayout(BaseModel):
             raise ValueError("select a GPU with exactly one of index, pciAddress, model or all: true")
         if self.mode not in ("vgpu", "dra") and self.vgpus:
             raise ValueError(f"vgpus: only mode vgpu or dra takes vGPU types, this entry has mode {self.mode}")
+        if self.mode not in ("vgpu", "dra") and self.mixed_size:
+            raise ValueError(f"mixedSize: only mode vgpu or dra holds vGPUs, this entry has mode {self.mode}")
         return self
 
     def describe(self) -> str:

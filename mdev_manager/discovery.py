@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from fractions import Fraction
 from pathlib import Path
 
 from . import catalog, pciids
@@ -167,14 +168,37 @@ def _cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> None:
 
     Cap it by occupancy: each vGPU of type t uses 1/max(t) of the GPU (vgpu-types.md).
     """
-    from fractions import Fraction
-
     by_id = {t.id: t for t in types}
     used = sum((Fraction(1, by_id[v.type_id].max_instances) for v in vgpus
                 if v.type_id in by_id and by_id[v.type_id].max_instances), Fraction(0))
     for t in types:
         if t.max_instances:
             t.available_instances = min(t.available_instances, max(0, int((1 - used) * t.max_instances)))
+
+
+def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -> bool | None:
+    """Whether an NVIDIA GPU runs in mixed-size mode, as far as sysfs shows it (None: cannot tell).
+
+    No attribute says (nvidia-smi sets the mode), but in equal-size mode, once a vGPU
+    exists, every type of another framebuffer size reads 0 available (kernel.md). So a GPU
+    holding vGPUs that still offers another size is in mixed-size mode; one that offers
+    none of another size although there is room for it is in equal-size mode.
+    """
+    if vendor_id != "0x10de":
+        return None
+    by_id = {t.id: t for t in types}
+    held = [by_id[v.type_id] for v in vgpus if v.type_id in by_id]
+    if not held:
+        return None
+    sizes = {t.framebuffer_mib for t in held}
+    other = [t for t in types if not t.mig_backed and t.framebuffer_mib and t.max_instances
+             and t.framebuffer_mib not in sizes]
+    if any(t.available_instances > 0 for t in other):
+        return True
+    free = 1 - sum(Fraction(1, t.max_instances) for t in held if t.max_instances)
+    if any(Fraction(1, t.max_instances) <= free for t in other):
+        return False
+    return None  # full, or nothing of another size would fit anyway
 
 
 def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict) -> Gpu:
@@ -223,6 +247,7 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict) -> G
     group_drivers = {m: link_name(io, env.pci(m) / "driver") for m in group_members}
     return Gpu(index=index, framework=framework, iommu_group_members=group_members,
                iommu_group_drivers=group_drivers, sriov_total_vfs=total,
+               mixed_size=infer_mixed_size(fields["vendor_id"], types, vgpus),
                sriov_num_vfs=_int(read_attr(io, d / "sriov_numvfs")) or 0, vfs=vfs, parents=parents,
                types=types, vgpus=vgpus, **fields)
 

@@ -100,6 +100,27 @@ def _label(gpu: Gpu) -> str:
     return f"GPU {gpu.index} ({gpu.address}, {gpu.model})"
 
 
+def _with_size_mode(gpu: Gpu, entry: GpuLayout, where: str, problems: list[str]) -> Gpu:
+    """The GPU as the layout may use it: in mixed-size mode when the entry says so.
+
+    sysfs has no attribute for the mode (nvidia-smi sets it), so the admin declares it;
+    discovery can only tell it from the vGPUs a GPU already holds (``Gpu.mixed_size``).
+    """
+    if not entry.mixed_size or gpu.mixed_size:
+        return gpu
+    if gpu.mixed_size is False:
+        problems.append(f"{where}.mixedSize: {_label(gpu)} runs in equal-size mode (with its vGPUs of "
+                        f"{', '.join(sorted({f'{t.framebuffer_mib} MiB' for t in _held_types(gpu)}))} every other "
+                        f"size reads 0 available); switch it with `nvidia-smi vgpu -i <gpu> -shm 1` or drop mixedSize")
+        return gpu
+    return gpu.model_copy(update={"mixed_size": True})
+
+
+def _held_types(gpu: Gpu) -> list[VgpuType]:
+    types = {t.id: t for t in gpu.types}
+    return [types[v.type_id] for v in gpu.vgpus if v.type_id in types]
+
+
 def validate_layout(gpu: Gpu, entry: GpuLayout, where: str) -> dict[str, int]:
     """Type id -> count for a vgpu/dra entry, or a list of problems naming the field."""
     types = offered_types(gpu)
@@ -127,7 +148,7 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, where: str) -> dict[str, int]:
     if len(sizes) > 1 and not gpu.mixed_size and gpu.vendor_id == NVIDIA:
         detail = ", ".join(f"{t.short_name} ({t.framebuffer_mib} MiB)" for t, _ in active)
         problems.append(f"{where}.vgpus: {_label(gpu)} is in equal-size mode and holds one framebuffer size; "
-                        f"this layout mixes {detail}")
+                        f"this layout mixes {detail} (for a GPU switched to mixed-size mode, add mixedSize: true)")
     elif entry.mode == "vgpu" and occupancy(active) > 1:
         detail = " + ".join(f"{n} x {t.short_name} (max {t.max_instances})" for t, n in active)
         problems.append(f"{where}.vgpus: {detail} is more than {_label(gpu)} holds")
@@ -161,12 +182,13 @@ def make_plan(
     chosen = select_gpus(inv, layouts)
     problems: list[str] = []
     wanted: dict[str, dict[str, int]] = {}
+    gpus: dict[str, Gpu] = {}
     for i, entry in enumerate(layouts):
         for addr, e in chosen.items():
             if e is not entry:
                 continue
-            gpu = inv.gpu(addr)
             where = f"gpus[{i}]"
+            gpu = gpus[addr] = _with_size_mode(inv.gpu(addr), e, where, problems)
             try:
                 if e.mode in ("vgpu", "dra"):
                     wanted[addr] = validate_layout(gpu, e, where)
@@ -177,7 +199,7 @@ def make_plan(
         raise ConfigError(problems)
     plan = Plan()
     for addr, entry in chosen.items():
-        gpu = inv.gpu(addr)
+        gpu = gpus[addr]
         if entry.mode == "passthrough":
             _plan_passthrough(plan, gpu, usage, definitions, vendor_records or {})
         elif entry.mode in ("vgpu", "dra"):
@@ -271,6 +293,36 @@ def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) 
             plan.actions.append(BindDriver(gpu=gpu.address, address=addr, driver="vfio-pci"))
 
 
+class _Room:
+    """What a GPU still holds while a plan adds vGPUs to the ones it keeps (both frameworks)."""
+
+    def __init__(self, gpu: Gpu, types: dict[str, VgpuType], kept: list[Vgpu]):
+        self.gpu = gpu
+        self.equal_size = not gpu.mixed_size and gpu.vendor_id == NVIDIA
+        held = [types[v.type_id] for v in kept if v.type_id in types]
+        self.used = occupancy((t, 1) for t in held)
+        self.sizes = {t.framebuffer_mib for t in held}
+
+    def size_allows(self, plan: Plan, t: VgpuType, need: int) -> bool:
+        other = self.sizes - {t.framebuffer_mib}
+        if self.equal_size and other:
+            plan.skipped.append(Skip(device=self.gpu.address, reason=(
+                f"{need} x {t.short_name} not created: the GPU keeps vGPUs of another framebuffer size "
+                f"({', '.join(f'{s} MiB' for s in sorted(other))}) and is in equal-size mode")))
+            return False
+        return True
+
+    def fits(self, plan: Plan, t: VgpuType) -> bool:
+        if t.max_instances and self.used + Fraction(1, t.max_instances) > 1:
+            plan.skipped.append(Skip(device=self.gpu.address, reason=f"{t.short_name} not created: the GPU is full"))
+            return False
+        return True
+
+    def add(self, t: VgpuType) -> None:
+        self.used += Fraction(1, t.max_instances) if t.max_instances else 0
+        self.sizes.add(t.framebuffer_mib)
+
+
 def _keep_order(v: Vgpu, users: list[str], saved: set[str]) -> tuple:
     """Which existing vGPUs to keep first: in use, then already persisted, then by id."""
     return (not users, v.id not in saved, v.id)
@@ -322,21 +374,14 @@ def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
     per_vf = gpu.framework == "mdev-sriov"
     free = [p for p in parents if not per_vf or p not in busy_parents]
     dormant = [d for d in defs.values() if d.uuid not in active]
-    used = occupancy((types[v.type_id], 1) for v in kept if v.type_id in types)
-    kept_sizes = {types[v.type_id].framebuffer_mib for v in kept if v.type_id in types}
+    room = _Room(gpu, types, kept)
     for tid, want in sorted(wanted.items()):
         t = types.get(tid)
         need = want - sum(1 for v in keep if v.type_id == tid)
-        if need <= 0 or t is None:
-            continue
-        if not gpu.mixed_size and gpu.vendor_id == NVIDIA and kept_sizes - {t.framebuffer_mib}:
-            plan.skipped.append(Skip(device=gpu.address, reason=(
-                f"{need} x {t.short_name} not created: the GPU keeps vGPUs of another framebuffer size "
-                f"({', '.join(f'{s} MiB' for s in sorted(kept_sizes - {t.framebuffer_mib}))}) and is in equal-size mode")))
+        if need <= 0 or t is None or not room.size_allows(plan, t, need):
             continue
         for _ in range(need):
-            if t.max_instances and used + Fraction(1, t.max_instances) > 1:
-                plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: the GPU is full"))
+            if not room.fits(plan, t):
                 break
             reuse = next((d for d in dormant if d.mdev_type == tid and d.parent in free), None)
             if reuse:
@@ -351,8 +396,7 @@ def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
             if per_vf:
                 free.remove(parent)
             creates.append(CreateMdev(gpu=gpu.address, parent=parent, uuid=uid, type_id=tid))
-            used += Fraction(1, t.max_instances) if t.max_instances else 0
-            kept_sizes.add(t.framebuffer_mib)
+            room.add(t)
     for d in dormant:
         removals.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
     plan.actions += removals + saves + creates
@@ -375,21 +419,14 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     holding = {v.id for v in kept}
     free = [vf for vf in vfs if vf not in holding]
     dormant = {vf: tid for vf, tid in mine.items() if vf not in {v.id for v in gpu.vgpus}}
-    used = occupancy((types[v.type_id], 1) for v in kept if v.type_id in types)
-    kept_sizes = {types[v.type_id].framebuffer_mib for v in kept if v.type_id in types}
+    room = _Room(gpu, types, kept)
     for tid, want in sorted(wanted.items()):
         t = types.get(tid)
         need = want - sum(1 for v in keep if v.type_id == tid)
-        if need <= 0 or t is None:
-            continue
-        if not gpu.mixed_size and kept_sizes - {t.framebuffer_mib}:
-            plan.skipped.append(Skip(device=gpu.address, reason=(
-                f"{need} x {t.short_name} not created: the GPU keeps vGPUs of another framebuffer size "
-                "and is in equal-size mode")))
+        if need <= 0 or t is None or not room.size_allows(plan, t, need):
             continue
         for _ in range(need):
-            if t.max_instances and used + Fraction(1, t.max_instances) > 1:
-                plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: the GPU is full"))
+            if not room.fits(plan, t):
                 break
             vf = next((v for v, rt in dormant.items() if rt == tid and v in free), None) or (free[0] if free else None)
             if vf is None:
@@ -399,8 +436,7 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
             if dormant.pop(vf, None) != tid:
                 saves.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=tid))
             creates.append(SetVgpuType(gpu=gpu.address, vf=vf, type_id=tid))
-            used += Fraction(1, t.max_instances) if t.max_instances else 0
-            kept_sizes.add(t.framebuffer_mib)
+            room.add(t)
     for vf in dormant:
         removals.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
     plan.actions += removals + saves + creates
