@@ -245,8 +245,10 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict) -> G
     if fields.get("iommu_group") is not None:
         group_members = io.listdir(env.iommu_groups / str(fields["iommu_group"]) / "devices")
     group_drivers = {m: link_name(io, env.pci(m) / "driver") for m in group_members}
+    overrides = {m: read_attr(io, env.pci(m) / "driver_override") for m in group_members}
     return Gpu(index=index, framework=framework, iommu_group_members=group_members,
                iommu_group_drivers=group_drivers, sriov_total_vfs=total,
+               iommu_group_overrides={m: o for m, o in overrides.items() if o not in (None, "", "(null)")},
                mixed_size=infer_mixed_size(fields["vendor_id"], types, vgpus),
                sriov_num_vfs=_int(read_attr(io, d / "sriov_numvfs")) or 0, vfs=vfs, parents=parents,
                types=types, vgpus=vgpus, **fields)

@@ -78,13 +78,14 @@ class Gpu(PciFunction):
     framework: GpuFramework = "none"
     iommu_group_members: list[str] = []
     iommu_group_drivers: dict[str, str | None] = Field({}, description="driver of each function in the GPU's IOMMU group")
+    iommu_group_overrides: dict[str, str] = Field({}, description="driver_override of the group's functions that set one")
     sriov_total_vfs: int = 0
     sriov_num_vfs: int = 0
     vfs: list[VirtualFunction] = []
     parents: list[MdevParent] = []
     types: list[VgpuType] = Field([], description="types offered by the GPU, instances summed over its parents")
     vgpus: list[Vgpu] = []
-    mixed_size: bool | None = Field(None, description="None when the driver does not say")
+    mixed_size: bool | None = Field(None, description="mixed-size mode as the available instances show it; None: cannot tell")
 
     @property
     def model(self) -> str:

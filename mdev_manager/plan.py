@@ -260,6 +260,12 @@ def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
             if driver in (None, "vfio-pci"):
                 plan.actions.append(BindDriver(gpu=gpu.address, address=addr, driver=None))
         return True
+    drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
+    for addr, override in sorted(gpu.iommu_group_overrides.items()):
+        if override == "vfio-pci" and drivers.get(addr) not in (None, "vfio-pci"):
+            # left by an apply that stopped between driver_override and unbind: clear it, or the
+            # function would go to vfio-pci at its next probe (a reboot, a driver reload)
+            plan.actions.append(BindDriver(gpu=gpu.address, address=addr, driver=None))
     board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
     needs_vfs = gpu.sriov_total_vfs > 0 and (gpu.framework == "none" or (board and board.framework != "mdev"))
     if needs_vfs and gpu.sriov_num_vfs == 0 and gpu.vendor_id == NVIDIA:

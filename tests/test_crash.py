@@ -110,22 +110,27 @@ def node_state(root: Path) -> dict:
     assert all(n == 1 for n in per_parent.values()), "a VF holds at most one vGPU"
     return {
         "vgpus": sorted(Counter((v.gpu, v.type_id) for v in vgpus).items()),
-        "gpus": [(g.address, g.driver, g.sriov_num_vfs, sorted(g.iommu_group_drivers.items())) for g in inv.gpus],
+        "gpus": [(g.address, g.driver, g.sriov_num_vfs, sorted(g.iommu_group_drivers.items()),
+                  sorted(g.iommu_group_overrides.items())) for g in inv.gpus],
         "vfio_nodes": sorted(p.name for p in sim.env.vfio_dir.iterdir()
                              if p.name.isdigit() and int(p.name) in {g.iommu_group for g in inv.gpus}),
     }
 
 
-def crash_everywhere(tmp_path: Path, pristine: Path, layout_doc: dict) -> int:
+def crash_everywhere(tmp_path: Path, pristine: Path, layout_doc: dict, recover_doc: dict | None = None) -> int:
+    """Crash an apply of ``layout_doc`` at each write; re-apply ``recover_doc`` (default: the same)."""
     layout_file = tmp_path / "layout.json"
     layout_file.write_text(json.dumps(layout_doc))
-    layouts = parse_config(layout_doc)
+    layouts = parse_config(recover_doc or layout_doc)
 
-    # the reference: a full apply without a crash, counting its writes
+    # the reference: a full apply without a crash, counting its writes (then the recovery layout)
     ref = tmp_path / "ref"
     shutil.copytree(pristine, ref, symlinks=True)
     assert run_child(ref, layout_file, -1, tmp_path / "count") == 0
     total = int((tmp_path / "count").read_text())
+    if recover_doc:
+        sim = open_sim(ref)
+        assert reconcile(sim.env, sim.io, layouts).ok
     want = node_state(ref)
     assert want["vgpus"], "the reference apply made no vGPUs"
 
@@ -183,3 +188,16 @@ def test_crash_at_every_write_of_a_layout_change(scratch, pristine):
     total = crash_everywhere(scratch, applied, SECOND)
     # removals and forgetting (T4 2, A100 2, L40S 1), two re-binds of 3 writes, and the new vGPUs
     assert total >= 2 * (2 + 2 + 1) + 3 + 3 + 2 * (2 + 2)
+
+
+def test_crash_while_passing_through_then_back_to_vgpus(scratch, pristine):
+    """The admin changes their mind after a crashed switch to passthrough: no vfio-pci override
+    may stay behind on a function back on its native driver (it would take the GPU at its next probe)."""
+    t4_vgpus = {"version": "vgpuctl/v1", "layouts": {"default": [{"index": 0, "vgpus": {"T4-4Q": 2}}]}}
+    t4_passthrough = {"version": "vgpuctl/v1", "layouts": {"default": [{"index": 0, "mode": "passthrough"}]}}
+    applied = scratch / "applied"
+    shutil.copytree(pristine, applied, symlinks=True)
+    sim = open_sim(applied)
+    assert reconcile(sim.env, sim.io, parse_config(t4_vgpus)).ok
+    total = crash_everywhere(scratch, applied, t4_passthrough, recover_doc=t4_vgpus)
+    assert total >= 2 * 2 + 3  # two removals and forgettings, then override, unbind, probe
