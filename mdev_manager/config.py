@@ -13,8 +13,9 @@ Our format (``version: vgpuctl/v1``)::
 
 ``dra`` hands the GPU to the DRA bridge, which creates vGPUs per claim; the manager
 only prepares it (driver, VFs). vgpu-device-manager's ``version: v1`` files are read
-as they are (``devices: all | [indices]``, ``vgpu-devices: {type: count}``), GPU
-indices counting NVIDIA GPUs only, as NVML does.
+as they are (``devices: all | [indices]``, ``vgpu-devices: {type: count}``,
+``device-filter``), GPU indices counting NVIDIA GPUs only, as NVML does; errors in
+them name the file's own fields (``vgpu-configs.<name>[i].vgpu-devices``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,36 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator,
+                      model_validator)
 
 from .names import NameError_, check_pci_address, check_type_id, safe_component
 
 Mode = Literal["vgpu", "passthrough", "dra", "unmanaged"]
+
+# Our field -> vgpu-device-manager's, for errors about an entry read from its format
+# ("" names the entry itself: it has no field of its own for that).
+_DM_FIELDS = {"vgpus": "vgpu-devices", "index": "devices", "all": "devices", "device_filter": "device-filter"}
+
+
+def parse_device_id(text: str, field: str = "deviceFilter") -> tuple[int, int, int | None, int | None]:
+    """vgpu-device-manager's device id: ``0xDDDDVVVV`` or ``0xDDDDVVVV:0xSSSSWWWW``.
+
+    Device and vendor (then subsystem device and vendor), as NVML packs them:
+    ``0x1EB810DE`` is a Tesla T4 (device 0x1eb8, vendor 0x10de).
+    """
+    parts = str(text).split(":")
+    try:
+        if len(parts) > 2:
+            raise ValueError
+        ids = [int(x, 0) for x in parts]
+        if any(not 0 <= v <= 0xFFFFFFFF for v in ids):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{field}: {text!r} is not a device id; write 0xDDDDVVVV (device, vendor), "
+                         "e.g. 0x1EB810DE for a Tesla T4, optionally :0xSSSSWWWW for the subsystem") from None
+    primary, sub = ids[0], (ids[1] if len(ids) == 2 else None)
+    return (primary >> 16, primary & 0xFFFF, None if sub is None else sub >> 16, None if sub is None else sub & 0xFFFF)
 
 
 class ConfigError(ValueError):
@@ -49,6 +75,8 @@ class GpuLayout(BaseModel):
     mode: Mode = "vgpu"
     vgpus: dict[str, StrictInt] = {}  # strict: YAML's `yes` is not a count
     passthrough: bool = Field(False, description="dra mode: also offer the whole GPU for passthrough")
+    device_filter: list[str] = Field([], alias="deviceFilter", description=(
+        "only GPUs with one of these device ids (vgpu-device-manager's device-filter: 0xDDDDVVVV[:0xSSSSWWWW])"))
     mixed_size: bool = Field(False, alias="mixedSize", description=(
         "the GPU runs in NVIDIA's mixed-size mode (nvidia-smi vgpu -i <gpu> -shm 1), so one layout may hold "
         "several framebuffer sizes; vgpuctl does not switch the mode"))
@@ -57,6 +85,41 @@ class GpuLayout(BaseModel):
     @classmethod
     def _addr(cls, v: str | None) -> str | None:
         return None if v is None else check_pci_address(v, "pciAddress")
+
+    _source: str | None = PrivateAttr(None)  # the entry's place in a vgpu-device-manager file
+
+    @field_validator("device_filter")
+    @classmethod
+    def _filter(cls, v: list[str]) -> list[str]:
+        for text in v:
+            parse_device_id(text)
+        return v
+
+    def matches_device(self, vendor_id: str, device_id: str, subsystem_vendor_id: str | None,
+                       subsystem_device_id: str | None) -> bool:
+        """True without a filter; else when one filter id matches (its subsystem too, if it names one)."""
+        if not self.device_filter:
+            return True
+        hexint = lambda v: int(v, 16) if v else 0  # noqa: E731  sysfs ids read "0x10de"
+        for text in self.device_filter:
+            dev, ven, sdev, sven = parse_device_id(text)
+            if (dev, ven) != (hexint(device_id), hexint(vendor_id)):
+                continue
+            if sdev is None or (sdev, sven) == (hexint(subsystem_device_id), hexint(subsystem_vendor_id)):
+                return True
+        return False
+
+    def field_name(self, field: str) -> str:
+        """What the admin's file calls ``field`` (our name; vgpu-device-manager's for its entries)."""
+        if self._source is None:
+            return {"pci_address": "pciAddress", "device_filter": "deviceFilter", "mixed_size": "mixedSize"}.get(field, field)
+        return _DM_FIELDS.get(field, "")
+
+    def at(self, i: int, field: str = "") -> str:
+        """Where ``field`` of the ``i``-th entry is in the admin's file, for error messages."""
+        base = f"gpus[{i}]" if self._source is None else self._source
+        name = self.field_name(field) if field else ""
+        return f"{base}.{name}" if name else base
 
     @field_validator("model")
     @classmethod
@@ -101,25 +164,64 @@ class NodeConfig(BaseModel):
 
 
 def _from_device_manager(doc: dict, name: str) -> list[GpuLayout]:
+    """vgpu-device-manager's spec (api/spec/v1): the fields it allows, and the errors it gives, by its names."""
     allowed = {"version", "vgpu-configs"}
     extra = set(doc) - allowed
     if extra:
         raise ConfigError(f"{sorted(extra)[0]}: unknown field in a vgpu-device-manager config (allowed: version, vgpu-configs)")
     configs = doc.get("vgpu-configs") or {}
+    if not isinstance(configs, dict):
+        raise ConfigError("vgpu-configs: expected a mapping of config name -> list of entries")
     if name not in configs:
         raise ConfigError(f"vgpu-configs: no config named {name!r}; choose one of {', '.join(sorted(configs)) or '(none)'}")
-    out = []
-    for i, entry in enumerate(configs[name] or []):
-        if not isinstance(entry, dict) or set(entry) - {"devices", "vgpu-devices"}:
-            raise ConfigError(f"vgpu-configs.{name}[{i}]: only 'devices' and 'vgpu-devices' are allowed")
-        devices = entry.get("devices", "all")
-        vgpus = entry.get("vgpu-devices") or {}
-        if devices == "all":
-            out.append(GpuLayout(all=True, mode="vgpu", vgpus=vgpus, nvidia_only=True))
-        elif isinstance(devices, list) and all(type(d) is int for d in devices):  # not bool
-            out += [GpuLayout(index=d, mode="vgpu", vgpus=vgpus, nvidia_only=True) for d in devices]
-        else:
-            raise ConfigError(f"vgpu-configs.{name}[{i}].devices: {devices!r} must be 'all' or a list of GPU indices")
+    entries = configs[name]
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"vgpu-configs.{name}: expected a list of at least one entry "
+                          "({devices: all | [indices], vgpu-devices: {TYPE: COUNT}})")
+    out, problems = [], []
+    for i, entry in enumerate(entries):
+        where = f"vgpu-configs.{name}[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{where}: {entry!r} is not an entry; write {{devices: all, vgpu-devices: {{{entry}: COUNT}}}}")
+            continue
+        extra = sorted(set(entry) - {"devices", "vgpu-devices", "device-filter"})
+        missing = [k for k in ("devices", "vgpu-devices") if k not in entry]
+        if extra or missing:
+            problems += [f"{where}.{k}: unknown field (allowed: devices, vgpu-devices, device-filter)" for k in extra]
+            problems += [f"{where}.{k}: required" for k in missing]
+            continue
+        devices, vgpus = entry["devices"], entry["vgpu-devices"] or {}
+        dfilter = entry.get("device-filter") or []
+        dfilter = [dfilter] if isinstance(dfilter, str) else dfilter
+        if not isinstance(dfilter, list) or not all(isinstance(d, str) for d in dfilter):
+            problems.append(f"{where}.device-filter: {dfilter!r} must be a device id or a list of them")
+            continue
+        common = {"mode": "vgpu", "vgpus": vgpus, "nvidia_only": True, "device_filter": dfilter}
+        try:
+            if devices == "all":
+                made = [GpuLayout(all=True, **common)]
+            elif isinstance(devices, list) and all(type(d) is int for d in devices):  # not bool
+                made = [GpuLayout(index=d, **common) for d in devices]
+            else:
+                problems.append(f"{where}.devices: {devices!r} must be 'all' or a list of GPU indices")
+                continue
+        except ValidationError as exc:
+            for e in exc.errors():
+                msg = e["msg"].removeprefix("Value error, ")
+                loc = [str(x) for x in e["loc"]] or [""]
+                # our validators name our fields; say the file's names instead
+                for ours, theirs in (("vgpus", "vgpu-devices"), ("deviceFilter", "device-filter"), ("index", "devices")):
+                    if msg.startswith(ours) and msg[len(ours):len(ours) + 1] in (":", "."):
+                        msg = theirs + msg[len(ours):]
+                        break
+                field = ".".join([_DM_FIELDS.get(loc[0], loc[0]), *loc[1:]])
+                problems.append(f"{where}.{msg}" if ":" in msg.split(" ")[0] else f"{where}.{field}: {msg}")
+            continue
+        for layout in made:
+            layout._source = where
+        out += made
+    if problems:
+        raise ConfigError(problems)
     return out
 
 

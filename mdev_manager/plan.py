@@ -32,19 +32,25 @@ NVIDIA = "0x10de"
 
 # ---------------------------------------------------------------- selection
 def select_gpus(inv: Inventory, layouts: list[GpuLayout]) -> dict[str, GpuLayout]:
-    """Map each selected GPU to its entry; a GPU selected twice, or a selector that matches nothing, is an error."""
+    """Map each selected GPU to its entry; a GPU selected twice, or a selector that matches nothing, is an error.
+
+    A device filter (vgpu-device-manager's) narrows a selection and is no error when it
+    leaves nothing: one file serves a fleet of differently equipped nodes.
+    """
     chosen: dict[str, GpuLayout] = {}
+    where_chosen: dict[str, str] = {}
     problems = []
     nvidia = [g for g in inv.gpus if g.vendor_id == NVIDIA]
     for i, entry in enumerate(layouts):
-        where = f"gpus[{i}] ({entry.describe()})"
+        where = f"{entry.at(i)} ({entry.describe()})"
         pool = nvidia if entry.nvidia_only else inv.gpus
         if entry.all:
             hits = pool
         elif entry.index is not None:
             hits = [pool[entry.index]] if entry.index < len(pool) else []
             if not hits:
-                problems.append(f"{where}.index: the node has {len(pool)} GPUs (indices 0-{len(pool) - 1})")
+                problems.append(f"{where}.{entry.field_name('index')}: the node has {len(pool)} GPUs "
+                                f"(indices 0-{len(pool) - 1})")
                 continue
         elif entry.pci_address:
             hits = [g for g in inv.gpus if g.address == entry.pci_address]
@@ -60,12 +66,15 @@ def select_gpus(inv: Inventory, layouts: list[GpuLayout]) -> dict[str, GpuLayout
                 problems.append(f"{where}.model: no GPU matches {entry.model!r}; models here: "
                                 + ", ".join(sorted({g.model for g in inv.gpus})))
                 continue
+        hits = [g for g in hits if entry.matches_device(g.vendor_id, g.device_id, g.subsystem_vendor_id,
+                                                        g.subsystem_device_id)]
         for g in hits:
             if g.address in chosen:
                 problems.append(f"{where}: GPU {g.index} ({g.address}) is already selected by "
-                                f"({chosen[g.address].describe()}); select each GPU once")
+                                f"{where_chosen[g.address]}; select each GPU once")
             else:
                 chosen[g.address] = entry
+                where_chosen[g.address] = where
     if problems:
         raise ConfigError(problems)
     return chosen
@@ -100,7 +109,7 @@ def _label(gpu: Gpu) -> str:
     return f"GPU {gpu.index} ({gpu.address}, {gpu.model})"
 
 
-def _with_size_mode(gpu: Gpu, entry: GpuLayout, where: str, problems: list[str]) -> Gpu:
+def _with_size_mode(gpu: Gpu, entry: GpuLayout, i: int, problems: list[str]) -> Gpu:
     """The GPU as the layout may use it: in mixed-size mode when the entry says so.
 
     sysfs has no attribute for the mode (nvidia-smi sets it), so the admin declares it;
@@ -109,7 +118,7 @@ def _with_size_mode(gpu: Gpu, entry: GpuLayout, where: str, problems: list[str])
     if not entry.mixed_size or gpu.mixed_size:
         return gpu
     if gpu.mixed_size is False:
-        problems.append(f"{where}.mixedSize: {_label(gpu)} runs in equal-size mode (with its vGPUs of "
+        problems.append(f"{entry.at(i, 'mixed_size')}: {_label(gpu)} runs in equal-size mode (with its vGPUs of "
                         f"{', '.join(sorted({f'{t.framebuffer_mib} MiB' for t in _held_types(gpu)}))} every other "
                         f"size reads 0 available); switch it with `nvidia-smi vgpu -i <gpu> -shm 1` or drop mixedSize")
         return gpu
@@ -121,14 +130,14 @@ def _held_types(gpu: Gpu) -> list[VgpuType]:
     return [types[v.type_id] for v in gpu.vgpus if v.type_id in types]
 
 
-def validate_layout(gpu: Gpu, entry: GpuLayout, where: str) -> dict[str, int]:
+def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
     """Type id -> count for a vgpu/dra entry, or a list of problems naming the field."""
     types = offered_types(gpu)
     problems: list[str] = []
     wanted: dict[str, tuple[VgpuType, int]] = {}
     for ref, count in entry.vgpus.items():
         t = resolve_type(types, ref)
-        field = f"{where}.vgpus.{ref}"
+        field = f"{entry.at(i, 'vgpus')}.{ref}"
         if t is None:
             names = ", ".join(t.short_name for t in types if not t.mig_backed) or "none (not a vGPU-capable GPU)"
             problems.append(f"{field}: {_label(gpu)} offers no vGPU type {ref!r}; it offers {names}")
@@ -147,15 +156,15 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, where: str) -> dict[str, int]:
     sizes = sorted({t.framebuffer_mib for t, _ in active if t.framebuffer_mib})
     if len(sizes) > 1 and not gpu.mixed_size and gpu.vendor_id == NVIDIA:
         detail = ", ".join(f"{t.short_name} ({t.framebuffer_mib} MiB)" for t, _ in active)
-        problems.append(f"{where}.vgpus: {_label(gpu)} is in equal-size mode and holds one framebuffer size; "
+        problems.append(f"{entry.at(i, 'vgpus')}: {_label(gpu)} is in equal-size mode and holds one framebuffer size; "
                         f"this layout mixes {detail} (for a GPU switched to mixed-size mode, add mixedSize: true)")
     elif entry.mode == "vgpu" and occupancy(active) > 1:
         detail = " + ".join(f"{n} x {t.short_name} (max {t.max_instances})" for t, n in active)
-        problems.append(f"{where}.vgpus: {detail} is more than {_label(gpu)} holds")
+        problems.append(f"{entry.at(i, 'vgpus')}: {detail} is more than {_label(gpu)} holds")
     total = sum(n for _, n in active)
     vf_bound = gpu.sriov_total_vfs if gpu.framework != "mdev" else 0
     if entry.mode == "vgpu" and vf_bound and total > vf_bound:
-        problems.append(f"{where}.vgpus: {total} vGPUs need {total} VFs; {_label(gpu)} has {vf_bound}")
+        problems.append(f"{entry.at(i, 'vgpus')}: {total} vGPUs need {total} VFs; {_label(gpu)} has {vf_bound}")
     if problems:
         raise ConfigError(problems)
     return {tid: n for tid, (t, n) in wanted.items()}
@@ -187,12 +196,11 @@ def make_plan(
         for addr, e in chosen.items():
             if e is not entry:
                 continue
-            where = f"gpus[{i}]"
-            gpu = gpus[addr] = _with_size_mode(inv.gpu(addr), e, where, problems)
+            gpu = gpus[addr] = _with_size_mode(inv.gpu(addr), e, i, problems)
             try:
                 if e.mode in ("vgpu", "dra"):
-                    wanted[addr] = validate_layout(gpu, e, where)
-                problems += _workload_conflicts(gpu, e, usage, where)
+                    wanted[addr] = validate_layout(gpu, e, i)
+                problems += _workload_conflicts(gpu, e, usage, i)
             except ConfigError as exc:
                 problems += exc.problems
     if problems:
@@ -226,23 +234,24 @@ def _vgpu_users(v: Vgpu, usage: Usage) -> list[str]:
     return usage.pci_users(v.id, v.iommu_group)
 
 
-def _workload_conflicts(gpu: Gpu, entry: GpuLayout, usage: Usage, where: str) -> list[str]:
+def _workload_conflicts(gpu: Gpu, entry: GpuLayout, usage: Usage, i: int) -> list[str]:
     """A GPU held by a workload in another form cannot change form under it."""
     out = []
+    where = entry.at(i, "mode")
     if entry.mode in ("vgpu", "dra"):
         native = native_driver(gpu)
         if entry.mode == "dra" and gpu.driver == "vfio-pci" and _group_users(gpu, usage):
             pass  # a DRA claim holds the whole GPU: _prepare_for_vgpu leaves it alone
         elif gpu.driver == "vfio-pci" and _group_users(gpu, usage):
-            out.append(f"{where}.mode: {_label(gpu)} is passed through to a workload "
+            out.append(f"{where}: {_label(gpu)} is passed through to a workload "
                        f"({'; '.join(_group_users(gpu, usage))}); release it or mark the GPU unmanaged")
         elif gpu.driver not in (None, "vfio-pci", native):
-            out.append(f"{where}.mode: {_label(gpu)} is bound to {gpu.driver}, not {native}; "
+            out.append(f"{where}: {_label(gpu)} is bound to {gpu.driver}, not {native}; "
                        "unbind it or mark the GPU unmanaged")
     if entry.mode == "passthrough":
         busy = [v for v in gpu.vgpus if _vgpu_users(v, usage)]
         if busy:
-            out.append(f"{where}.mode: {_label(gpu)} has vGPUs in use ({', '.join(v.id for v in busy)}); "
+            out.append(f"{where}: {_label(gpu)} has vGPUs in use ({', '.join(v.id for v in busy)}); "
                        "it cannot be passed through until they are released")
     return out
 

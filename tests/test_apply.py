@@ -686,3 +686,59 @@ vgpu-configs:
     assert [Counter(v.type_name for v in g.vgpus) for g in inv.gpus] == [
         Counter({"GRID T4-4Q": 4}), Counter({"GRID T4-4Q": 4}), Counter(), Counter({"GRID T4-16Q": 1})]
     assert_persisted_exactly(sim)
+
+
+# --------------------------------------------------------------------------- vgpu-device-manager's device-filter
+def test_device_manager_device_filters_pick_the_boards(make_sim, tmp_path):
+    """One file for a fleet: each entry applies to the boards its filter names, and to no other."""
+    sim = make_sim("default")  # 2 x T4, A100-40GB, L40S
+    cfg = tmp_path / "dm.yaml"
+    cfg.write_text("""
+version: v1
+vgpu-configs:
+  fleet:
+    - devices: all
+      device-filter: "0x1EB810DE"            # Tesla T4
+      vgpu-devices: {"T4-2Q": 2}
+    - devices: all
+      device-filter: ["0x20F110DE", "0x20B510DE"]   # A100 40GB or 80GB
+      vgpu-devices: {"A100-4C": 2}
+    - devices: all
+      device-filter: "0x25B610DE"            # A16 / A2: none here, and that is no error
+      vgpu-devices: {"A16-1Q": 4}
+""")
+    assert apply(sim, load_config(cfg, "fleet")).ok
+    inv = sim.discover()
+    assert [Counter(v.type_name for v in g.vgpus) for g in inv.gpus] == [
+        Counter({"GRID T4-2Q": 2}), Counter({"GRID T4-2Q": 2}), Counter({"NVIDIA A100-4C": 2}), Counter()]
+    assert_persisted_exactly(sim)
+
+
+def test_device_filter_subsystem_tells_a16_from_a2(make_sim):
+    sim = make_sim(HostSpec(gpus=[GpuGroup(board="A2"), GpuGroup(board="A16")]))  # same device id 0x25B6
+    doc = {"version": "v1", "vgpu-configs": {"a16": [
+        {"devices": "all", "device-filter": "0x25B610DE:0x14A910DE", "vgpu-devices": {"A16-2Q": 2}}]}}
+    assert apply(sim, parse_config(doc, "a16")).ok
+    inv = sim.discover()
+    assert [len(g.vgpus) for g in inv.gpus] == [0, 2, 2, 2, 2]  # the A2 first, then the A16's four GPUs
+
+
+def test_device_manager_errors_name_its_own_fields(make_sim):
+    sim = make_sim("t4-node")
+    doc = {"version": "v1", "vgpu-configs": {"x": [
+        {"devices": [0], "vgpu-devices": {"T4-3Q": 1}},
+        {"devices": [9], "vgpu-devices": {"T4-1Q": 1}},
+        {"devices": [1], "vgpu-devices": {"T4-1Q": 4, "T4-2Q": 2}},
+    ]}}
+    with pytest.raises(ConfigError) as exc:
+        apply(sim, parse_config(doc, "x"))
+    problems = exc.value.problems
+    assert any(p.startswith("vgpu-configs.x[1] (index 9).devices: the node has") for p in problems), problems
+    with pytest.raises(ConfigError) as exc:
+        apply(sim, parse_config({"version": "v1", "vgpu-configs": {"x": [doc["vgpu-configs"]["x"][0],
+                                                                          doc["vgpu-configs"]["x"][2]]}}, "x"))
+    problems = exc.value.problems
+    assert any(p.startswith("vgpu-configs.x[0].vgpu-devices.T4-3Q: ") for p in problems), problems
+    assert any(p.startswith("vgpu-configs.x[1].vgpu-devices: ") and "equal-size" in p for p in problems), problems
+    assert not any("gpus[" in p or ".vgpus" in p for p in problems), problems
+    assert sim.discover().all_vgpus() == []
