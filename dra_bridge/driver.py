@@ -147,7 +147,8 @@ class Driver:
                 link = (self.env.mdev_devices / d.vgpu_id if d.framework == "mdev" else self.env.pci(d.parent))
                 group = link_name(self.io, link / "iommu_group")
                 d.iommu_group = int(group) if group and group.isdigit() else None
-                vfio_dev = None
+                cdevs = self.io.listdir(link / "vfio-dev")  # with iommufd: the vGPU's own vfio cdev
+                vfio_dev = cdevs[0] if cdevs else None
                 attrs = {"mdevUUID": {"string": d.vgpu_id}} if d.framework == "mdev" else \
                     {"resource.kubernetes.io/pciBusID": {"string": d.vgpu_id}}
             else:

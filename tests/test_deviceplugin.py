@@ -335,6 +335,20 @@ def test_allocate_adds_iommufd_nodes(tmp_path: Path) -> None:
     assert {d.permissions for d in alloc.devices} == {"rw"}
 
 
+def test_allocate_adds_a_vgpus_own_iommufd_node(tmp_path: Path) -> None:
+    (tmp_path / "pci.ids").write_text(PCI_IDS)
+    host = SimHost.create(tmp_path / "host", HostSpec(iommufd=True, gpus=[GpuGroup(board="T4")]))
+    env, io = _env(tmp_path), SimIO(host)
+    layout = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "vgpus": {"T4-2Q": 2}}]}})
+    assert reconcile(env, io, layout).ok
+    specs, _ = compute_resources(discover(env, io))
+    vgpu = specs[T4_2Q].devices[0]
+    b = VgpuResource(T4_2Q, "mdev", env, io, HostWatcher([]), specs[T4_2Q].devices, host_dev_root=Path("/dev"))
+    (cdev,) = os.listdir(env.mdev_devices / vgpu.id / "vfio-dev")
+    paths = [d.container_path for d in b.allocate([vgpu.id]).devices]
+    assert paths == ["/dev/vfio/vfio", f"/dev/vfio/{vgpu.iommu_group}", "/dev/iommu", f"/dev/vfio/devices/{cdev}"]
+
+
 def test_health_follows_the_host(node: Node, kubelet: FakeKubelet, manager: DevicePluginManager) -> None:
     _registered(kubelet, ALL)
     assert manager.watcher.inotify_active, manager.watcher.inotify_error

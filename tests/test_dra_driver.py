@@ -262,6 +262,28 @@ def test_passthrough_with_iommufd_adds_its_device_nodes(srv, tmp_path, paths):
     assert nodes["/dev/iommu"] == str(node.env.iommufd)
 
 
+@pytest.mark.parametrize("preset_spec, board", [("l40s-node", "L40S"), (None, "T4")])
+def test_vgpu_with_iommufd_adds_its_own_cdev(srv, tmp_path, paths, preset_spec, board):
+    """With iommufd, a vGPU's container gets /dev/iommu and the vGPU's own /dev/vfio/devices/vfioN."""
+    if preset_spec is None:  # an mdev vGPU on an iommufd host
+        (tmp_path / "presets").mkdir()
+        preset_spec = tmp_path / "presets" / "t4-fd.yaml"
+        preset_spec.write_text("name: t4-fd\nnode: sim-t4-fd\niommufd: true\ngpus:\n  - board: T4\n")
+    node = make_node(tmp_path, str(preset_spec))
+    pool = node.build_pool()
+    gpu = node.host.gpus()[0]["pf"]
+    dev_name = devices_of(pool, gpu, "vgpu")[0]
+    ref = add_claim(srv, "vm-fd-vgpu", [("vgpu", dev_name)], node=node.node)
+    (dev,) = prepare_ok(make_driver(node, paths, srv.api_client(), pool), ref)
+    (v,) = node.gpu(gpu).vgpus
+    sysdir = node.env.mdev_devices / v.id if v.framework == "mdev" else node.env.pci(v.parent)
+    (cdev_name,) = os.listdir(sysdir / "vfio-dev")
+    group = int(os.path.basename(os.readlink(sysdir / "iommu_group")))
+    check_cdi_answer(paths, ref, dev, group=group, iommufd_vfio=cdev_name)
+    assert make_driver(node, paths, srv.api_client(), pool).unprepare([ref]) == {ref.uid: None}
+    assert not (node.env.vfio_dir / "devices" / cdev_name).exists()  # gone with the vGPU
+
+
 def test_subrequest_uses_the_base_request_in_paths(srv, node, paths):
     pool = node.build_pool()
     dev_name = devices_of(pool, "0000:10:00.0", "vgpu")[0]

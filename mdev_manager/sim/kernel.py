@@ -363,11 +363,7 @@ class SimHost:
         gpu = self._gpu_of(addr)
         fn = self.state["functions"][addr]
         if driver == "vfio-pci":
-            if self.root.joinpath("dev/iommu").exists():
-                n = self.state["next_vfio"]
-                self.state["next_vfio"] = n + 1
-                (fdir / "vfio-dev" / f"vfio{n}").mkdir(parents=True, exist_ok=True)
-                (self.dev / f"vfio/devices/vfio{n}").write_text("")
+            self._add_cdev(fdir)
         self._update_group_node(fn["group"])  # another driver in the group makes it unusable
         if driver in ("nvidia", "i915") and gpu is not None:
             is_pf = addr == gpu["pf"]
@@ -405,13 +401,29 @@ class SimHost:
         shutil.rmtree(fdir / "nvidia", ignore_errors=True)
         if os.path.lexists(self.sys / "class/mdev_bus" / addr):
             os.unlink(self.sys / "class/mdev_bus" / addr)
-        if (fdir / "vfio-dev").exists():
-            for n in os.listdir(fdir / "vfio-dev"):
-                (self.dev / "vfio/devices" / n).unlink(missing_ok=True)
-            shutil.rmtree(fdir / "vfio-dev")
+        self._drop_cdevs(fdir)
         self._update_group_node(fn["group"])
         if gpu and addr != gpu["pf"]:
             self._refresh(gpu)
+
+    def _add_cdev(self, device_dir: Path) -> None:
+        """With iommufd, each vfio device also gets ``<dev>/vfio-dev/vfioN`` and ``/dev/vfio/devices/vfioN``.
+
+        vfio registers the cdev under the device it drives: a PCI function on vfio-pci, an
+        mdev, or a VF holding a vendor-VFIO vGPU (kernel.md).
+        """
+        if not (self.dev / "iommu").exists():
+            return
+        n = self.state["next_vfio"]
+        self.state["next_vfio"] = n + 1
+        (device_dir / "vfio-dev" / f"vfio{n}").mkdir(parents=True, exist_ok=True)
+        (self.dev / f"vfio/devices/vfio{n}").write_text("")
+
+    def _drop_cdevs(self, device_dir: Path) -> None:
+        if (device_dir / "vfio-dev").exists():
+            for n in os.listdir(device_dir / "vfio-dev"):
+                (self.dev / "vfio/devices" / n).unlink(missing_ok=True)
+            shutil.rmtree(device_dir / "vfio-dev")
 
     def _update_group_node(self, group: int) -> None:
         """``/dev/vfio/<group>`` exists while every function of the group is on vfio-pci or unbound."""
@@ -509,6 +521,7 @@ class SimHost:
         self._link(self.sys / "bus/mdev/devices" / uid, mdir)
         self._link(type_dir / "devices" / uid, mdir)
         (self.dev / "vfio" / str(grp)).touch()
+        self._add_cdev(mdir)
         self._refresh(gpu)
 
     def _remove_mdev(self, parent: str, uid: str) -> None:
@@ -523,6 +536,7 @@ class SimHost:
                 os.unlink(link)
         shutil.rmtree(self.sys / f"kernel/iommu_groups/{grp}", ignore_errors=True)
         (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
+        self._drop_cdevs(mdir)
         shutil.rmtree(mdir)
         self._refresh(self._gpu_of(parent))
 
@@ -541,6 +555,7 @@ class SimHost:
                 raise _err(errno.EBUSY, f"vGPU on {vf} is in use")
             (nv / "current_vgpu_type").write_text("0\n")
             (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
+            self._drop_cdevs(self._fdir(vf))
         else:
             if current:
                 raise _err(errno.EBUSY, f"{vf} already holds vGPU type {current}")
@@ -549,6 +564,7 @@ class SimHost:
                 raise _err(UNLISTED_TYPE_ERRNO, f"type {value} is not creatable on {vf}")
             (nv / "current_vgpu_type").write_text(f"{value}\n")
             (self.dev / "vfio" / str(grp)).touch()
+            self._add_cdev(self._fdir(vf))
         self._refresh(gpu)
 
     # ------------------------------------------------------------------ the write entry point
@@ -652,6 +668,7 @@ class SimHost:
                     if p == v:
                         (self._fdir(p) / "nvidia/current_vgpu_type").write_text("0\n")
                         (self.dev / "vfio" / str(self._group(p))).unlink(missing_ok=True)
+                        self._drop_cdevs(self._fdir(p))
                     else:
                         self._force_remove_mdev(p, v)
                 if self._vfs(gpu):
@@ -677,6 +694,7 @@ class SimHost:
                 os.unlink(link)
         shutil.rmtree(self.sys / f"kernel/iommu_groups/{grp}", ignore_errors=True)
         (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
+        self._drop_cdevs(mdir)
         shutil.rmtree(mdir)
 
     def remove_gpu(self, pf: str) -> None:
