@@ -313,6 +313,7 @@ class _Room:
 
     def __init__(self, gpu: Gpu, types: dict[str, VgpuType], kept: list[Vgpu]):
         self.gpu = gpu
+        self.types = types
         self.equal_size = not gpu.mixed_size and gpu.vendor_id == NVIDIA
         held = [types[v.type_id] for v in kept if v.type_id in types]
         self.used = occupancy((t, 1) for t in held)
@@ -326,6 +327,14 @@ class _Room:
                 f"({', '.join(f'{s} MiB' for s in sorted(other))}) and is in equal-size mode")))
             return False
         return True
+
+    def to_create(self, plan: Plan, wanted: dict[str, int], keep: list[Vgpu]) -> Iterable[tuple[VgpuType, int]]:
+        """(type, how many more) per wanted type, in type order; sizes the GPU cannot mix are skipped."""
+        for tid, want in sorted(wanted.items()):
+            t = self.types.get(tid)
+            need = want - sum(1 for v in keep if v.type_id == tid)
+            if need > 0 and t is not None and self.size_allows(plan, t, need):
+                yield t, need
 
     def fits(self, plan: Plan, t: VgpuType) -> bool:
         if t.max_instances and self.used + Fraction(1, t.max_instances) > 1:
@@ -390,11 +399,8 @@ def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
     free = [p for p in parents if not per_vf or p not in busy_parents]
     dormant = [d for d in defs.values() if d.uuid not in active]
     room = _Room(gpu, types, kept)
-    for tid, want in sorted(wanted.items()):
-        t = types.get(tid)
-        need = want - sum(1 for v in keep if v.type_id == tid)
-        if need <= 0 or t is None or not room.size_allows(plan, t, need):
-            continue
+    for t, need in room.to_create(plan, wanted, keep):
+        tid = t.id
         for _ in range(need):
             if not room.fits(plan, t):
                 break
@@ -435,11 +441,8 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     free = [vf for vf in vfs if vf not in holding]
     dormant = {vf: tid for vf, tid in mine.items() if vf not in {v.id for v in gpu.vgpus}}
     room = _Room(gpu, types, kept)
-    for tid, want in sorted(wanted.items()):
-        t = types.get(tid)
-        need = want - sum(1 for v in keep if v.type_id == tid)
-        if need <= 0 or t is None or not room.size_allows(plan, t, need):
-            continue
+    for t, need in room.to_create(plan, wanted, keep):
+        tid = t.id
         for _ in range(need):
             if not room.fits(plan, t):
                 break

@@ -529,15 +529,7 @@ class SimHost:
         grp = self._vgpu_group(parent, uid)
         if self._busy(grp):
             raise _err(errno.EBUSY, f"mdev {uid} is in use (/dev/vfio/{grp} open)")
-        type_dir = (mdir / os.readlink(mdir / "mdev_type")).resolve()
-        for link in (type_dir / "devices" / uid, self.sys / "bus/mdev/devices" / uid,
-                     self.sys / f"kernel/iommu_groups/{grp}/devices/{uid}"):
-            if os.path.lexists(link):
-                os.unlink(link)
-        shutil.rmtree(self.sys / f"kernel/iommu_groups/{grp}", ignore_errors=True)
-        (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
-        self._drop_cdevs(mdir)
-        shutil.rmtree(mdir)
+        self._force_remove_mdev(parent, uid)
         self._refresh(self._gpu_of(parent))
 
     # ------------------------------------------------------------------ vendor VFIO
