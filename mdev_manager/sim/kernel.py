@@ -525,7 +525,6 @@ class SimHost:
         self._refresh(gpu)
 
     def _remove_mdev(self, parent: str, uid: str) -> None:
-        mdir = self._fdir(parent) / uid
         grp = self._vgpu_group(parent, uid)
         if self._busy(grp):
             raise _err(errno.EBUSY, f"mdev {uid} is in use (/dev/vfio/{grp} open)")
