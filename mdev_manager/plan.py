@@ -125,6 +125,13 @@ def _with_size_mode(gpu: Gpu, entry: GpuLayout, i: int, problems: list[str]) -> 
     return gpu.model_copy(update={"mixed_size": True})
 
 
+def _mixed_hint(entry: GpuLayout) -> str:
+    if entry.field_name("mixed_size"):
+        return "for a GPU switched to mixed-size mode, add mixedSize: true"
+    return ("vgpu-device-manager's format cannot declare mixed-size mode; for a GPU switched to it, "
+            "write this entry as a vgpuctl/v1 layout with mixedSize: true")
+
+
 def _held_types(gpu: Gpu) -> list[VgpuType]:
     types = {t.id: t for t in gpu.types}
     return [types[v.type_id] for v in gpu.vgpus if v.type_id in types]
@@ -157,7 +164,7 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
     if len(sizes) > 1 and not gpu.mixed_size and gpu.vendor_id == NVIDIA:
         detail = ", ".join(f"{t.short_name} ({t.framebuffer_mib} MiB)" for t, _ in active)
         problems.append(f"{entry.at(i, 'vgpus')}: {_label(gpu)} is in equal-size mode and holds one framebuffer size; "
-                        f"this layout mixes {detail} (for a GPU switched to mixed-size mode, add mixedSize: true)")
+                        f"this layout mixes {detail} ({_mixed_hint(entry)})")
     elif entry.mode == "vgpu" and occupancy(active) > 1:
         detail = " + ".join(f"{n} x {t.short_name} (max {t.max_instances})" for t, n in active)
         problems.append(f"{entry.at(i, 'vgpus')}: {detail} is more than {_label(gpu)} holds")
