@@ -94,6 +94,8 @@ class RealIO:
         a kept fd costs one lookup instead of one per path component. A directory that
         went away meanwhile is looked up afresh, so a kept fd never changes a result.
         """
+        if self.__dict__.get("_local") is None:  # a subclass that skipped __init__
+            self._local = threading.local()
         if getattr(self._local, "dirs", None) is not None:
             yield  # nested: the outer block owns the fds
             return
@@ -106,7 +108,7 @@ class RealIO:
                 os.close(fd)
 
     def _open_for_write(self, path: Path) -> int:
-        dirs = getattr(self._local, "dirs", None)
+        dirs = getattr(self.__dict__.get("_local"), "dirs", None)
         if dirs is None:
             return os.open(path, os.O_WRONLY)
         parent, name = os.path.split(os.fspath(path))

@@ -108,3 +108,16 @@ def test_a_write_into_a_file_path_is_refused_as_plainly(tmp_path):
     with io.reusing_dirs(), pytest.raises(OSError) as exc:
         io.write(f / "child", "x")  # parent is a file
     assert exc.value.errno == errno.ENOTDIR
+
+
+def test_a_subclass_that_skips_init_still_works(tmp_path):
+    class Bare(RealIO):
+        def __init__(self):  # noqa: D401 - deliberately no super().__init__()
+            pass
+
+    io = Bare()
+    f = _attr(tmp_path / "d/create")
+    io.write(f, "1")
+    with io.reusing_dirs():
+        io.write(f, "2")
+    assert f.read_text() == "2"
