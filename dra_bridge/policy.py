@@ -2,7 +2,8 @@
 
 GPUs in mode ``dra`` are offered: their ``vgpus`` keys (if any) are the types offered,
 and the first type's framebuffer is the equal-size choice on servers older than 1.37;
-``passthrough: true`` also offers the whole GPU. With no layout every GPU is offered.
+``passthrough: true`` also offers the whole GPU; ``mixedSize: true`` offers every size
+without compatibility groups. With no layout every GPU is offered.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from mdev_manager.models import Inventory
 from mdev_manager.plan import offered_types, resolve_type, select_gpus
 
 from .devices import GpuPolicy, PoolPolicy
+
+
+def _mixed_size(shown: bool | None, declared: bool) -> bool:
+    """What the GPU shows wins; a GPU that cannot tell yet is taken at the layout's word (mixedSize)."""
+    return shown if shown is not None else declared
 
 
 def policy_from_layout(inv: Inventory, layouts: list[GpuLayout] | None) -> PoolPolicy:
@@ -26,5 +32,5 @@ def policy_from_layout(inv: Inventory, layouts: list[GpuLayout] | None) -> PoolP
         gpus[addr] = GpuPolicy(passthrough=entry.passthrough,
                                vgpu_types=[t.id for t in types] or None,
                                equal_size_fb_mib=types[0].framebuffer_mib if types else None,
-                               mixed_size=bool(gpu.mixed_size))
+                               mixed_size=_mixed_size(gpu.mixed_size, entry.mixed_size))
     return PoolPolicy(gpus=gpus)

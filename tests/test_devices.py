@@ -577,3 +577,19 @@ def test_quantity_helpers():
     assert parse_quantity("1e3") == 1000
     with pytest.raises(ValueError):
         parse_quantity("12 apples")
+
+
+@pytest.mark.parametrize("shown, declared, mixed", [
+    (None, False, False), (None, True, True),   # an empty GPU is taken at the layout's word
+    (True, False, True), (False, True, False),  # what the GPU shows wins
+])
+def test_policy_mixed_size_from_the_gpu_and_the_layout(shown, declared, mixed):
+    from dra_bridge.policy import policy_from_layout
+    from mdev_manager.config import GpuLayout
+
+    gpu = t4().model_copy(update={"mixed_size": shown})
+    layouts = [GpuLayout(all=True, mode="dra", mixed_size=declared)]
+    pol = policy_from_layout(inventory(gpu), layouts)
+    assert pol.gpus[gpu.address].mixed_size is mixed
+    pool = build_pool(inventory(gpu), pol, server_version=V136)
+    assert sizes_of(pool, gpu) == ({"1Gi", "2Gi", "4Gi", "8Gi", "16Gi"} if mixed else {"1Gi"})
