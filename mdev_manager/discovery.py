@@ -16,7 +16,7 @@ from pathlib import Path
 from . import catalog, pciids
 from .env import HostEnv
 from .hostio import HostIO, RealIO, link_name, read_attr
-from .models import Gpu, Inventory, MdevParent, PciFunction, Vgpu, VgpuType, VirtualFunction
+from .models import Gpu, Inventory, MdevParent, Vgpu, VgpuType, VirtualFunction
 from .names import framebuffer_mib_from_name, is_mig_backed, short_type_name
 
 log = logging.getLogger(__name__)
