@@ -10,6 +10,8 @@ Our format (``version: vgpuctl/v1``)::
           vgpus: {T4-2Q: 4, "GRID T4-1Q": 8}
         - pciAddress: "0000:16:00.0"
           mode: passthrough
+        - model: A16              # also: mixedSize: true (a GPU switched with nvidia-smi -shm 1),
+          vgpus: {A16-2Q: 8}      # deviceFilter: [0x25B610DE:0x14A910DE] (vgpu-device-manager ids)
 
 ``dra`` hands the GPU to the DRA bridge, which creates vGPUs per claim; the manager
 only prepares it (driver, VFs). vgpu-device-manager's ``version: v1`` files are read
