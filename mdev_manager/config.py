@@ -114,7 +114,7 @@ class GpuLayout(BaseModel):
     def field_name(self, field: str) -> str:
         """What the admin's file calls ``field`` (our name; vgpu-device-manager's for its entries)."""
         if self._source is None:
-            return {"pci_address": "pciAddress", "device_filter": "deviceFilter", "mixed_size": "mixedSize"}.get(field, field)
+            return _alias(field)
         return _DM_FIELDS.get(field, "")
 
     def at(self, i: int, field: str = "") -> str:
@@ -165,6 +165,12 @@ class NodeConfig(BaseModel):
     layouts: dict[str, list[GpuLayout]]
 
 
+def _alias(field: str) -> str:
+    """What our format calls a GpuLayout field (``pci_address`` -> ``pciAddress``)."""
+    info = GpuLayout.model_fields.get(field)
+    return info.alias if info is not None and info.alias else field
+
+
 def _from_device_manager(doc: dict, name: str) -> list[GpuLayout]:
     """vgpu-device-manager's spec (api/spec/v1): the fields it allows, and the errors it gives, by its names."""
     allowed = {"version", "vgpu-configs"}
@@ -212,7 +218,8 @@ def _from_device_manager(doc: dict, name: str) -> list[GpuLayout]:
                 msg = e["msg"].removeprefix("Value error, ")
                 loc = [str(x) for x in e["loc"]] or [""]
                 # our validators name our fields; say the file's names instead
-                for ours, theirs in (("vgpus", "vgpu-devices"), ("deviceFilter", "device-filter"), ("index", "devices")):
+                for field, theirs in _DM_FIELDS.items():
+                    ours = _alias(field)
                     if msg.startswith(ours) and msg[len(ours):len(ours) + 1] in (":", "."):
                         msg = theirs + msg[len(ours):]
                         break

@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from fractions import Fraction
 from pathlib import Path
 
 from . import catalog, pciids
 from .env import HostEnv
-from .hostio import HostIO, RealIO, link_name, read_attr
-from .models import Gpu, Inventory, MdevParent, Vgpu, VgpuType, VirtualFunction
+from .hostio import HostIO, RealIO, link_name, override_value, read_attr
+from .models import Gpu, Inventory, MdevParent, Vgpu, VgpuType, VirtualFunction, held_types, occupancy
 from .names import framebuffer_mib_from_name, is_mig_backed, short_type_name
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,6 @@ def read_function(env: HostEnv, io: HostIO, addr: str) -> dict:
     if dname is None:
         board = catalog.match_board(vendor, device, a["subsystem_device"])
         dname = board.product_name if board else None
-    override = a["driver_override"]
     vfio_dev = io.listdir(d / "vfio-dev")
     real = str(d)
     root = next((part for part in real.split(os.sep) if part.startswith("pci") and ":" in part), None)
@@ -77,7 +75,7 @@ def read_function(env: HostEnv, io: HostIO, addr: str) -> dict:
         numa_node=_int(a["numa_node"]),
         iommu_group=int(group) if group and group.isdigit() else None,
         driver=link_name(io, d / "driver"),
-        driver_override=None if override in (None, "", "(null)") else override,
+        driver_override=override_value(a["driver_override"]),
         vfio_dev=vfio_dev[0] if vfio_dev else None,
         pcie_root=root,
     )
@@ -168,9 +166,7 @@ def _cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> None:
 
     Cap it by occupancy: each vGPU of type t uses 1/max(t) of the GPU (vgpu-types.md).
     """
-    by_id = {t.id: t for t in types}
-    used = sum((Fraction(1, by_id[v.type_id].max_instances) for v in vgpus
-                if v.type_id in by_id and by_id[v.type_id].max_instances), Fraction(0))
+    used = occupancy((t, 1) for t in held_types(types, vgpus))
     for t in types:
         if t.max_instances:
             t.available_instances = min(t.available_instances, max(0, int((1 - used) * t.max_instances)))
@@ -186,8 +182,7 @@ def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -
     """
     if vendor_id != "0x10de":
         return None
-    by_id = {t.id: t for t in types}
-    held = [by_id[v.type_id] for v in vgpus if v.type_id in by_id]
+    held = held_types(types, vgpus)
     if not held:
         return None
     sizes = {t.framebuffer_mib for t in held}
@@ -195,8 +190,8 @@ def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -
              and t.framebuffer_mib not in sizes]
     if any(t.available_instances > 0 for t in other):
         return True
-    free = 1 - sum(Fraction(1, t.max_instances) for t in held if t.max_instances)
-    if any(Fraction(1, t.max_instances) <= free for t in other):
+    free = 1 - occupancy((t, 1) for t in held)
+    if any(occupancy([(t, 1)]) <= free for t in other):
         return False
     return None  # full, or nothing of another size would fit anyway
 
@@ -245,10 +240,10 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict) -> G
     if fields.get("iommu_group") is not None:
         group_members = io.listdir(env.iommu_groups / str(fields["iommu_group"]) / "devices")
     group_drivers = {m: link_name(io, env.pci(m) / "driver") for m in group_members}
-    overrides = {m: read_attr(io, env.pci(m) / "driver_override") for m in group_members}
+    overrides = {m: override_value(read_attr(io, env.pci(m) / "driver_override")) for m in group_members}
     return Gpu(index=index, framework=framework, iommu_group_members=group_members,
                iommu_group_drivers=group_drivers, sriov_total_vfs=total,
-               iommu_group_overrides={m: o for m, o in overrides.items() if o not in (None, "", "(null)")},
+               iommu_group_overrides={m: o for m, o in overrides.items() if o},
                mixed_size=infer_mixed_size(fields["vendor_id"], types, vgpus),
                sriov_num_vfs=_int(read_attr(io, d / "sriov_numvfs")) or 0, vfs=vfs, parents=parents,
                types=types, vgpus=vgpus, **fields)

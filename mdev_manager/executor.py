@@ -17,7 +17,7 @@ from . import persist
 from .actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
                       SaveDefinition, SaveVendorRecord, SetVgpuType)
 from .env import HostEnv
-from .hostio import HostIO, link_name, read_attr
+from .hostio import HostIO, link_name, override_value, read_attr
 from .names import check_pci_address, check_type_id, check_uuid
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class Executor:
         if driver is not None and current == driver:
             return
         if driver is None and current not in (None, "vfio-pci"):
-            if read_attr(io, env.pci(address) / "driver_override") not in (None, "", "(null)"):
+            if override_value(read_attr(io, env.pci(address) / "driver_override")):
                 io.write(env.pci(address) / "driver_override", "\n")  # native already: only the override goes
             return
         io.write(env.pci(address) / "driver_override", f"{driver or ''}\n")

@@ -39,12 +39,12 @@ class HostIO(Protocol):
 class RealIO:
     """Plain file I/O. A sysfs attribute write is one ``write(2)``, as the kernel wants."""
 
+    def __init__(self) -> None:
+        self._local = threading.local()
+
     def read(self, path: Path) -> str:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
             return f.read()
-
-    def __init__(self) -> None:
-        self._local = threading.local()
 
     def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]:
         """Several attributes of one directory, stripped; None for those missing or unreadable.
@@ -211,6 +211,11 @@ def read_attr(io: HostIO, path: Path, default: str | None = None) -> str | None:
         return io.read(path).strip()
     except (FileNotFoundError, NotADirectoryError, PermissionError, OSError):
         return default
+
+
+def override_value(raw: str | None) -> str | None:
+    """A ``driver_override`` as read, or None when unset (the kernel reads ``(null)``)."""
+    return None if raw in (None, "", "(null)") else raw
 
 
 def link_name(io: HostIO, path: Path) -> str | None:

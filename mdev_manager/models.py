@@ -6,6 +6,8 @@ DRA bridge. Plain data: no method here touches the host.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from fractions import Fraction
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,6 +44,17 @@ class Vgpu(_Model):
     parent: str = Field(description="PCI address of the device the vGPU lives on (PF or VF)")
     gpu: str = Field(description="PCI address of the physical GPU")
     iommu_group: int | None = None
+
+
+def occupancy(counts: Iterable[tuple[VgpuType, int]]) -> Fraction:
+    """Share of a physical GPU: each vGPU of type t takes 1/max(t) (vgpu-types.md)."""
+    return sum((Fraction(n, t.max_instances) for t, n in counts if t.max_instances), Fraction(0))
+
+
+def held_types(types: Iterable[VgpuType], vgpus: Iterable[Vgpu]) -> list[VgpuType]:
+    """The type of each vGPU, one entry per vGPU (vGPUs of types not in ``types`` left out)."""
+    by_id = {t.id: t for t in types}
+    return [by_id[v.type_id] for v in vgpus if v.type_id in by_id]
 
 
 class MdevParent(_Model):

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import uuid as uuidlib
 from collections import defaultdict
-from fractions import Fraction
 from typing import Callable, Iterable
 
 from . import catalog
 from .actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
                       SaveDefinition, SaveVendorRecord, SetVgpuType, Skip)
 from .config import ConfigError, GpuLayout
-from .models import Gpu, Inventory, Vgpu, VgpuType
+from .models import Gpu, Inventory, Vgpu, VgpuType, held_types, occupancy
 from .persist import MdevDefinition
 from .usage import Usage
 
@@ -100,11 +99,6 @@ def resolve_type(types: list[VgpuType], ref: str) -> VgpuType | None:
     return next((t for t in types if ref == t.id or low in (t.name.lower(), t.short_name.lower())), None)
 
 
-def occupancy(counts: Iterable[tuple[VgpuType, int]]) -> Fraction:
-    """Share of a physical GPU: each vGPU of type t takes 1/max(t) (vgpu-types.md)."""
-    return sum((Fraction(n, t.max_instances) for t, n in counts if t.max_instances), Fraction(0))
-
-
 def _label(gpu: Gpu) -> str:
     return f"GPU {gpu.index} ({gpu.address}, {gpu.model})"
 
@@ -119,7 +113,7 @@ def _with_size_mode(gpu: Gpu, entry: GpuLayout, i: int, problems: list[str]) -> 
         return gpu
     if gpu.mixed_size is False:
         problems.append(f"{entry.at(i, 'mixed_size')}: {_label(gpu)} runs in equal-size mode (with its vGPUs of "
-                        f"{', '.join(sorted({f'{t.framebuffer_mib} MiB' for t in _held_types(gpu)}))} every other "
+                        f"{', '.join(sorted({f'{t.framebuffer_mib} MiB' for t in held_types(gpu.types, gpu.vgpus)}))} every other "
                         f"size reads 0 available); switch it with `nvidia-smi vgpu -i <gpu> -shm 1` or drop mixedSize")
         return gpu
     return gpu.model_copy(update={"mixed_size": True})
@@ -130,11 +124,6 @@ def _mixed_hint(entry: GpuLayout) -> str:
         return "for a GPU switched to mixed-size mode, add mixedSize: true"
     return ("vgpu-device-manager's format cannot declare mixed-size mode; for a GPU switched to it, "
             "write this entry as a vgpuctl/v1 layout with mixedSize: true")
-
-
-def _held_types(gpu: Gpu) -> list[VgpuType]:
-    types = {t.id: t for t in gpu.types}
-    return [types[v.type_id] for v in gpu.vgpus if v.type_id in types]
 
 
 def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
@@ -322,7 +311,7 @@ class _Room:
         self.gpu = gpu
         self.types = types
         self.equal_size = not gpu.mixed_size and gpu.vendor_id == NVIDIA
-        held = [types[v.type_id] for v in kept if v.type_id in types]
+        held = held_types(types.values(), kept)
         self.used = occupancy((t, 1) for t in held)
         self.sizes = {t.framebuffer_mib for t in held}
 
@@ -344,13 +333,13 @@ class _Room:
                 yield t, need
 
     def fits(self, plan: Plan, t: VgpuType) -> bool:
-        if t.max_instances and self.used + Fraction(1, t.max_instances) > 1:
+        if t.max_instances and self.used + occupancy([(t, 1)]) > 1:
             plan.skipped.append(Skip(device=self.gpu.address, reason=f"{t.short_name} not created: the GPU is full"))
             return False
         return True
 
     def add(self, t: VgpuType) -> None:
-        self.used += Fraction(1, t.max_instances) if t.max_instances else 0
+        self.used += occupancy([(t, 1)])
         self.sizes.add(t.framebuffer_mib)
 
 

@@ -306,14 +306,10 @@ class SimHost:
                 out.append((p, p, cur))
         return out
 
-    def remaining(self, gpu: dict, t: TypeSpec, existing: list[tuple[str, str, str]] | None = None) -> int:
-        """How many more vGPUs of ``t`` fit on the physical GPU now (``existing``: a fresh ``_existing(gpu)``)."""
-        return self._remaining(gpu, t, *self._occupancy(gpu, existing))
-
-    def _occupancy(self, gpu: dict, existing: list[tuple[str, str, str]] | None = None) -> tuple[Fraction, set]:
+    def _occupancy(self, gpu: dict) -> tuple[Fraction, set]:
         """Share of the GPU its vGPUs take, and their framebuffer sizes."""
         used, sizes = Fraction(0), set()
-        for _, _, tid in self._existing(gpu) if existing is None else existing:
+        for _, _, tid in self._existing(gpu):
             et = self._type_by_id(gpu, tid)
             if et is not None:
                 used += Fraction(1, et.max_instances)
@@ -321,10 +317,11 @@ class SimHost:
         return used, sizes
 
     @staticmethod
-    def _remaining(gpu: dict, t: TypeSpec, used: Fraction, sizes: set, fb: int | None = None) -> int:
+    def _remaining(gpu: dict, t: TypeSpec, used: Fraction, sizes: set, fb: int | None) -> int:
+        """How many more of ``t`` (framebuffer ``fb``) fit beside vGPUs taking ``used``, of ``sizes``."""
         if t.mig_backed:
             return 0  # MIG is not enabled on simulated GPUs
-        if not gpu["mixed_size"] and sizes - {t.fb_mib if fb is None else fb}:
+        if not gpu["mixed_size"] and sizes - {fb}:
             return 0
         return max(0, int((1 - used) * t.max_instances))
 
