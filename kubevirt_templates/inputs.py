@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from dra_bridge.deviceplugin import normalize_prefix
 from dra_bridge.devices import is_dns_label, is_dns_subdomain, parse_quantity
@@ -70,17 +70,27 @@ def _resource_domain(v: str) -> str:
         raise ValueError(f"resource_domain: {exc}") from None
 
 
+def _product(v: str, field: str) -> str:
+    if not _PRODUCT.match(v):
+        raise ValueError(f"{field}: {v!r} is not a GPU product name such as 'TU104GL [Tesla T4]'")
+    return v
+
+
+# Strings checked where they are declared; each error names its field (pydantic's info.field_name).
+DnsLabel = Annotated[str, AfterValidator(lambda v, info: _dns_label(v, info.field_name))]
+DnsSubdomain = Annotated[str, AfterValidator(lambda v, info: _dns_subdomain(v, info.field_name))]
+Profile = Annotated[str, AfterValidator(lambda v, info: _profile(v, info.field_name))]
+Quantity = Annotated[str, AfterValidator(lambda v, info: _quantity(v, info.field_name))]
+Product = Annotated[str, AfterValidator(lambda v, info: _product(v, info.field_name))]
+ResourceDomain = Annotated[str, AfterValidator(_resource_domain)]
+
+
 class DraNames(_Input):
     """Which driver and DeviceClasses DRA objects refer to."""
 
-    driver: str = Field(DRIVER, description="DRA driver name")
-    vgpu_class: str = Field(VGPU_CLASS, description="DeviceClass selecting the driver's vGPUs")
-    passthrough_class: str = Field(PASSTHROUGH_CLASS, description="DeviceClass selecting whole GPUs for passthrough")
-
-    @field_validator("driver", "vgpu_class", "passthrough_class")
-    @classmethod
-    def _names(cls, v: str, info) -> str:
-        return _dns_subdomain(v, info.field_name)
+    driver: DnsSubdomain = Field(DRIVER, description="DRA driver name")
+    vgpu_class: DnsSubdomain = Field(VGPU_CLASS, description="DeviceClass selecting the driver's vGPUs")
+    passthrough_class: DnsSubdomain = Field(PASSTHROUGH_CLASS, description="DeviceClass selecting whole GPUs for passthrough")
 
 
 class DeviceClassesInput(DraNames):
@@ -91,39 +101,14 @@ class ClaimTemplateInput(DraNames):
     """A ResourceClaimTemplate for one device: a vGPU by profile, by minimum memory, the first
     available of several profiles, or a whole GPU for passthrough (optionally of one product)."""
 
-    name: str | None = Field(None, description="default: derived from the selection (vgpu-a100-4c, vgpu-min-8gi, ...)")
-    namespace: str = "default"
-    profile: str | None = Field(None, description="vGPU short type name, e.g. A100-4C")
-    min_memory: str | None = Field(None, description="any vGPU with at least this framebuffer, e.g. 8Gi")
+    name: DnsLabel | None = Field(None, description="default: derived from the selection (vgpu-a100-4c, vgpu-min-8gi, ...)")
+    namespace: DnsLabel = "default"
+    profile: Profile | None = Field(None, description="vGPU short type name, e.g. A100-4C")
+    min_memory: Quantity | None = Field(None, description="any vGPU with at least this framebuffer, e.g. 8Gi")
     first_available: list[str] | None = Field(None, description="profiles in order of preference (at most 8)")
     passthrough: bool = Field(False, description="a whole GPU (vfio-pci) instead of a vGPU")
-    product: str | None = Field(None, description="passthrough only: pci.ids name of the GPU, e.g. 'TU104GL [Tesla T4]'")
-    request_name: str | None = Field(None, description="default: vgpu, or gpu for passthrough; a VM's requestName")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str | None) -> str | None:
-        return None if v is None else _dns_label(v, "name")
-
-    @field_validator("namespace")
-    @classmethod
-    def _ns(cls, v: str) -> str:
-        return _dns_label(v, "namespace")
-
-    @field_validator("request_name")
-    @classmethod
-    def _req(cls, v: str | None) -> str | None:
-        return None if v is None else _dns_label(v, "request_name")
-
-    @field_validator("profile")
-    @classmethod
-    def _prof(cls, v: str | None) -> str | None:
-        return None if v is None else _profile(v, "profile")
-
-    @field_validator("min_memory")
-    @classmethod
-    def _mem(cls, v: str | None) -> str | None:
-        return None if v is None else _quantity(v, "min_memory")
+    product: Product | None = Field(None, description="passthrough only: pci.ids name of the GPU, e.g. 'TU104GL [Tesla T4]'")
+    request_name: DnsLabel | None = Field(None, description="default: vgpu, or gpu for passthrough; a VM's requestName")
 
     @field_validator("first_available")
     @classmethod
@@ -136,13 +121,6 @@ class ClaimTemplateInput(DraNames):
         if len(set(out)) != len(out):
             raise ValueError(f"first_available: profiles repeat: {out}")
         return out
-
-    @field_validator("product")
-    @classmethod
-    def _product(cls, v: str | None) -> str | None:
-        if v is not None and not _PRODUCT.match(v):
-            raise ValueError(f"product: {v!r} is not a GPU product name such as 'TU104GL [Tesla T4]'")
-        return v
 
     @model_validator(mode="after")
     def _one(self) -> "ClaimTemplateInput":
@@ -161,8 +139,8 @@ class ClaimTemplateInput(DraNames):
 class VmInput(DraNames):
     """A VirtualMachine with vGPUs and/or a passthrough GPU, booting a containerDisk with cloud-init."""
 
-    name: str
-    namespace: str = "default"
+    name: DnsLabel
+    namespace: DnsLabel = "default"
     mode: Literal["classic", "dra"] = Field(
         "classic", description="classic: device-plugin resources (gpus[].deviceName); dra: resource claims"
     )
@@ -176,28 +154,13 @@ class VmInput(DraNames):
     display: bool | None = Field(None, description="vGPU display adapter; None = KubeVirt's default (on)")
     ramfb: bool | None = Field(None, description="boot framebuffer on the vGPU display; None = KubeVirt's default (on)")
     cpus: int = Field(2, ge=1, le=512)
-    memory: str = "4Gi"
+    memory: Quantity = "4Gi"
     image: str = DEFAULT_IMAGE
     user_data: str | None = Field(None, description="cloud-init user data; default: a #cloud-config listing the GPUs")
     ssh_authorized_keys: list[str] = Field(default_factory=list)
     password: str | None = Field(None, description="password of the image's default user (console login)")
     run_strategy: Literal["Always", "Halted", "Manual", "RerunOnFailure", "Once"] = "Always"
-    resource_domain: str = Field(RESOURCE_DOMAIN, description="classic mode: the device plugin's resource prefix")
-
-    @field_validator("name", "namespace")
-    @classmethod
-    def _labels(cls, v: str, info) -> str:
-        return _dns_label(v, info.field_name)
-
-    @field_validator("memory")
-    @classmethod
-    def _mem(cls, v: str) -> str:
-        return _quantity(v, "memory")
-
-    @field_validator("resource_domain")
-    @classmethod
-    def _domain(cls, v: str) -> str:
-        return _resource_domain(v)
+    resource_domain: ResourceDomain = Field(RESOURCE_DOMAIN, description="classic mode: the device plugin's resource prefix")
 
     @field_validator("gpus")
     @classmethod
@@ -216,9 +179,7 @@ class VmInput(DraNames):
         if "/" in v and " " not in v and "[" not in v:
             check_resource_name(v)
             return v
-        if not _PRODUCT.match(v):
-            raise ValueError(f"passthrough: {v!r} is not a GPU product name such as 'TU104GL [Tesla T4]'")
-        return v
+        return _product(v, "passthrough")
 
     @field_validator("image")
     @classmethod
@@ -264,11 +225,11 @@ def classic_type_name(profile: str, field: str = "gpus") -> str:
 class PassthroughPodInput(DraNames):
     """A Pod that gets a whole GPU bound to vfio-pci through a claim (a DPDK-style user-space driver)."""
 
-    name: str = "vfio-gpu"
-    namespace: str = "default"
+    name: DnsLabel = "vfio-gpu"
+    namespace: DnsLabel = "default"
     image: str = DEFAULT_POD_IMAGE
-    product: str | None = Field(None, description="pci.ids name of the GPU; None = any passthrough GPU")
-    claim_template: str | None = Field(None, description="an existing ResourceClaimTemplate; None = render one")
+    product: Product | None = Field(None, description="pci.ids name of the GPU; None = any passthrough GPU")
+    claim_template: DnsLabel | None = Field(None, description="an existing ResourceClaimTemplate; None = render one")
     command: list[str] = Field(
         default_factory=lambda: [
             "sh", "-c",
@@ -277,29 +238,12 @@ class PassthroughPodInput(DraNames):
         ]
     )
 
-    @field_validator("name", "namespace")
-    @classmethod
-    def _labels(cls, v: str, info) -> str:
-        return _dns_label(v, info.field_name)
-
-    @field_validator("claim_template")
-    @classmethod
-    def _tmpl(cls, v: str | None) -> str | None:
-        return None if v is None else _dns_label(v, "claim_template")
-
-    @field_validator("product")
-    @classmethod
-    def _product(cls, v: str | None) -> str | None:
-        if v is not None and not _PRODUCT.match(v):
-            raise ValueError(f"product: {v!r} is not a GPU product name such as 'TU104GL [Tesla T4]'")
-        return v
-
 
 class KubeVirtCrInput(_Input):
     """KubeVirt CR settings for GPUs managed by vgpuctl, from the inventories of the GPU nodes."""
 
-    name: str = "kubevirt"
-    namespace: str = "kubevirt"
+    name: DnsLabel = "kubevirt"
+    namespace: DnsLabel = "kubevirt"
     inventories: list[Inventory] = Field(default_factory=list, description="`vgpuctl discover -o yaml` of each GPU node")
     classic: bool = Field(True, description="permit the device-plugin resources (permittedHostDevices)")
     dra: bool = Field(False, description="enable the DRA feature gates (GPUsWithDRA, HostDevicesWithDRA)")
@@ -308,17 +252,7 @@ class KubeVirtCrInput(_Input):
     types: list[str] | None = Field(None, description="only these vGPU types (id, full or short name); None = all")
     include_mig_backed: bool = Field(False, description="also permit MIG-backed vGPU types (need MIG on the GPU)")
     extra_feature_gates: list[str] = Field(default_factory=list, description="gates already enabled that must stay")
-    resource_domain: str = Field(RESOURCE_DOMAIN, description="the device plugin's resource prefix")
-
-    @field_validator("name", "namespace")
-    @classmethod
-    def _labels(cls, v: str, info) -> str:
-        return _dns_label(v, info.field_name)
-
-    @field_validator("resource_domain")
-    @classmethod
-    def _domain(cls, v: str) -> str:
-        return _resource_domain(v)
+    resource_domain: ResourceDomain = Field(RESOURCE_DOMAIN, description="the device plugin's resource prefix")
 
     @field_validator("extra_feature_gates")
     @classmethod
