@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from mdev_manager.config import GpuLayout
 from mdev_manager.models import Inventory
-from mdev_manager.plan import offered_types, resolve_type, select_gpus
+from mdev_manager.plan import offered_types, resolve_type, select_gpus, size_mode
 
 from .devices import GpuPolicy, PoolPolicy
-
-
-def _mixed_size(shown: bool | None, declared: bool) -> bool:
-    """What the GPU shows wins; a GPU that cannot tell yet is taken at the layout's word (mixedSize)."""
-    return shown if shown is not None else declared
 
 
 def policy_from_layout(inv: Inventory, layouts: list[GpuLayout] | None) -> PoolPolicy:
@@ -32,5 +27,5 @@ def policy_from_layout(inv: Inventory, layouts: list[GpuLayout] | None) -> PoolP
         gpus[addr] = GpuPolicy(passthrough=entry.passthrough,
                                vgpu_types=[t.id for t in types] or None,
                                equal_size_fb_mib=types[0].framebuffer_mib if types else None,
-                               mixed_size=_mixed_size(gpu.mixed_size, entry.mixed_size))
+                               mixed_size=size_mode(gpu, entry))
     return PoolPolicy(gpus=gpus)

@@ -103,20 +103,25 @@ def _label(gpu: Gpu) -> str:
     return f"GPU {gpu.index} ({gpu.address}, {gpu.model})"
 
 
+def size_mode(gpu: Gpu, entry: GpuLayout) -> bool:
+    """Mixed-size mode for a layout entry: what the GPU shows wins; one that cannot tell yet
+    (no vGPUs) is taken at the entry's word (``mixedSize``)."""
+    return gpu.mixed_size if gpu.mixed_size is not None else entry.mixed_size
+
+
 def _with_size_mode(gpu: Gpu, entry: GpuLayout, i: int, problems: list[str]) -> Gpu:
     """The GPU as the layout may use it: in mixed-size mode when the entry says so.
 
     sysfs has no attribute for the mode (nvidia-smi sets it), so the admin declares it;
     discovery can only tell it from the vGPUs a GPU already holds (``Gpu.mixed_size``).
     """
-    if not entry.mixed_size or gpu.mixed_size:
-        return gpu
-    if gpu.mixed_size is False:
+    if entry.mixed_size and gpu.mixed_size is False:
         problems.append(f"{entry.at(i, 'mixed_size')}: {_label(gpu)} runs in equal-size mode (with its vGPUs of "
                         f"{', '.join(sorted({f'{t.framebuffer_mib} MiB' for t in held_types(gpu.types, gpu.vgpus)}))} every other "
                         f"size reads 0 available); switch it with `nvidia-smi vgpu -i <gpu> -shm 1` or drop mixedSize")
         return gpu
-    return gpu.model_copy(update={"mixed_size": True})
+    mixed = size_mode(gpu, entry)
+    return gpu if mixed == bool(gpu.mixed_size) else gpu.model_copy(update={"mixed_size": mixed})
 
 
 def _mixed_hint(entry: GpuLayout) -> str:
