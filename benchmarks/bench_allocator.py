@@ -23,9 +23,9 @@ from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.reconcile import reconcile
 
-from dra_bridge.allocator import Allocator, CelSelectors, Unsatisfiable
-from dra_bridge.devices import PoolPolicy, build_pool
-from dra_bridge.slices import build_slices
+from dra_bridge.scheduling.allocator import Allocator, CelSelectors, Unsatisfiable
+from dra_bridge.pool.devices import PoolPolicy, build_pool
+from dra_bridge.pool.slices import build_slices
 
 from .common import HEADER, percentile, row, sim_host
 

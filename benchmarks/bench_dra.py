@@ -13,15 +13,15 @@ from pathlib import Path
 
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
-from mdev_manager.hostio import RealIO
+from mdev_manager.host.io import RealIO
 from mdev_manager.reconcile import reconcile
 
-from dra_bridge.devices import GpuPolicy, PoolPolicy, build_pool
-from dra_bridge.driver import Driver
-from dra_bridge.grpc_plugin import ClaimRef
-from dra_bridge.paths import PluginPaths
-from dra_bridge.publisher import Publisher
-from dra_bridge.slices import build_slices
+from dra_bridge.pool.devices import GpuPolicy, PoolPolicy, build_pool
+from dra_bridge.kubeletplugin.driver import Driver
+from dra_bridge.kubelet.dra_grpc import ClaimRef
+from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.kube.publisher import Publisher
+from dra_bridge.pool.slices import build_slices
 
 from .common import HEADER, best_of, percentile, row, sim_host
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
-from mdev_manager.env import HostEnv
-from mdev_manager.hostio import RealIO
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import RealIO
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimHost, load_host
 from mdev_manager.sim.hostspec import GpuGroup, HostSpec

@@ -8,7 +8,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from mdev_manager.env import HostEnv
+from mdev_manager.host.env import HostEnv
 from mdev_manager.sim import SimHost, SimIO, load_host
 
 

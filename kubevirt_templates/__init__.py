@@ -11,14 +11,14 @@ raises :class:`RenderError` naming the field), renders the jinja2 template under
 Kinds: ``vm``, ``kubevirt-cr``, ``deviceclasses``, ``claim-template``, ``passthrough-pod``.
 """
 
-from .inputs import (
+from kubevirt_templates.inputs import (
     ClaimTemplateInput,
     DeviceClassesInput,
     KubeVirtCrInput,
     PassthroughPodInput,
     VmInput,
 )
-from .names import (
+from kubevirt_templates.names import (
     DRIVER,
     LABEL_CONFIG,
     LABEL_CONFIG_STATE,
@@ -27,7 +27,7 @@ from .names import (
     resource_name_for_pci,
     resource_name_for_type,
 )
-from .render import KINDS, RenderError, parse_values, render, render_yaml
+from kubevirt_templates.render import KINDS, RenderError, parse_values, render, render_yaml
 
 __all__ = [
     "ClaimTemplateInput",

@@ -7,12 +7,12 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from dra_bridge.deviceplugin import normalize_prefix
-from dra_bridge.devices import is_dns_label, is_dns_subdomain, parse_quantity
+from dra_bridge.deviceplugin.manager import normalize_prefix
+from dra_bridge.pool.devices import is_dns_label, is_dns_subdomain, parse_quantity
 from mdev_manager.catalog import known_type
 from mdev_manager.models import Inventory
 
-from .names import DRIVER, PASSTHROUGH_CLASS, RESOURCE_DOMAIN, VGPU_CLASS, check_resource_name, profile_of
+from kubevirt_templates.names import DRIVER, PASSTHROUGH_CLASS, RESOURCE_DOMAIN, VGPU_CLASS, check_resource_name, profile_of
 
 DEFAULT_IMAGE = "quay.io/containerdisks/fedora:latest"
 DEFAULT_POD_IMAGE = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1"

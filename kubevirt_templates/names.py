@@ -8,7 +8,7 @@ working after a migration:
   -> _, anything else outside [A-Z0-9_] dropped>`` (``TU104GL [Tesla T4]`` ->
   ``nvidia.com/TU104GL_TESLA_T4``).
 
-The name parts come from :mod:`dra_bridge.deviceplugin` (the device plugin that advertises
+The name parts come from :mod:`dra_bridge.deviceplugin.manager` (the device plugin that advertises
 them), so the KubeVirt CR permits exactly what the plugin advertises; KubeVirt passes the
 devices to virt-launcher through ``PCI_RESOURCE_<R>`` / ``MDEV_PCI_RESOURCE_<R>``
 (:func:`kubevirt_env_name`).
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import re
 
-from dra_bridge.deviceplugin import DEFAULT_RESOURCE_PREFIX, normalize_prefix, passthrough_name, vgpu_type_name
-from dra_bridge.devices import DEFAULT_DRIVER, dns_safe, fit_dns_label, is_dns_subdomain
+from dra_bridge.deviceplugin.manager import DEFAULT_RESOURCE_PREFIX, normalize_prefix, passthrough_name, vgpu_type_name
+from dra_bridge.pool.devices import DEFAULT_DRIVER, dns_safe, fit_dns_label, is_dns_subdomain
 
 DRIVER = DEFAULT_DRIVER  # vgpu.kubevirt.io
 #: DeviceClass of every vGPU the driver publishes (attribute ``type == "vgpu"``).

@@ -15,9 +15,9 @@ import jinja2
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from dra_bridge.devices import type_is_mig_backed
+from dra_bridge.pool.devices import type_is_mig_backed
 
-from .inputs import (
+from kubevirt_templates.inputs import (
     ClaimTemplateInput,
     DeviceClassesInput,
     KubeVirtCrInput,
@@ -25,7 +25,7 @@ from .inputs import (
     VmInput,
     classic_type_name,
 )
-from .names import (
+from kubevirt_templates.names import (
     dns_name,
     pci_vendor_selector,
     profile_of,

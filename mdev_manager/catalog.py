@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from .names import framebuffer_mib_from_name, is_mig_backed, short_type_name
+from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, short_type_name
 
 BoardFramework = Literal["mdev", "mdev-sriov", "vendor-vfio"]
 

@@ -29,7 +29,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator,
                       model_validator)
 
-from .names import NameError_, check_pci_address, check_type_id, safe_component
+from mdev_manager.names import NameError_, check_pci_address, check_type_id, safe_component
 
 Mode = Literal["vgpu", "passthrough", "dra", "unmanaged"]
 

@@ -12,11 +12,12 @@ import os
 import re
 from pathlib import Path
 
-from . import catalog, pciids
-from .env import HostEnv
-from .hostio import HostIO, RealIO, link_name, override_value, read_attr
-from .models import Gpu, Inventory, MdevParent, Vgpu, VgpuType, VirtualFunction, held_types, occupancy
-from .names import framebuffer_mib_from_name, is_mig_backed, short_type_name
+from mdev_manager import catalog
+from mdev_manager.host import pciids
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO, RealIO, link_name, override_value, read_attr
+from mdev_manager.models import Gpu, Inventory, MdevParent, Vgpu, VgpuType, VirtualFunction, held_types, occupancy
+from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, short_type_name
 
 log = logging.getLogger(__name__)
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

@@ -13,12 +13,12 @@ from typing import Callable
 
 from pydantic import BaseModel
 
-from . import persist
-from .actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
+from mdev_manager import persist
+from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
                       SaveDefinition, SaveVendorRecord, SetVgpuType)
-from .env import HostEnv
-from .hostio import HostIO, link_name, override_value, read_attr
-from .names import check_pci_address, check_type_id, check_uuid
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO, link_name, override_value, read_attr
+from mdev_manager.names import check_pci_address, check_type_id, check_uuid
 
 log = logging.getLogger(__name__)
 

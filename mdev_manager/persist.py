@@ -19,9 +19,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from .env import HostEnv
-from .hostio import HostIO
-from .names import (
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO
+from mdev_manager.names import (
     VENDOR_TYPE_ID,
     NameError_,
     check_pci_address,

@@ -18,13 +18,13 @@ import uuid as uuidlib
 from collections import defaultdict
 from typing import Callable, Iterable
 
-from . import catalog
-from .actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
+from mdev_manager import catalog
+from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
                       SaveDefinition, SaveVendorRecord, SetVgpuType, Skip)
-from .config import ConfigError, GpuLayout
-from .models import Gpu, Inventory, Vgpu, VgpuType, held_types, occupancy
-from .persist import MdevDefinition
-from .usage import Usage
+from mdev_manager.config import ConfigError, GpuLayout
+from mdev_manager.models import Gpu, Inventory, Vgpu, VgpuType, held_types, occupancy
+from mdev_manager.persist import MdevDefinition
+from mdev_manager.usage import Usage
 
 NVIDIA = "0x10de"
 

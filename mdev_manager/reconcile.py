@@ -10,16 +10,16 @@ import logging
 
 from pydantic import BaseModel
 
-from . import persist
-from .actions import Plan
-from .config import GpuLayout
-from .discovery import discover
-from .env import HostEnv
-from .executor import Executor, Report
-from .hostio import HostIO
-from .models import Inventory
-from .plan import make_plan
-from .usage import Usage, collect_usage
+from mdev_manager import persist
+from mdev_manager.actions import Plan
+from mdev_manager.config import GpuLayout
+from mdev_manager.discovery import discover
+from mdev_manager.host.env import HostEnv
+from mdev_manager.executor import Executor, Report
+from mdev_manager.host.io import HostIO
+from mdev_manager.models import Inventory
+from mdev_manager.plan import make_plan
+from mdev_manager.usage import Usage, collect_usage
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,13 @@ sit on its PF's bus, as NVIDIA's boards place them (offset 4, stride 1).
 
 from __future__ import annotations
 
-from . import persist
-from .actions import CreateMdev, EnableVfs, Plan, SetVgpuType
-from .discovery import discover
-from .env import HostEnv
-from .executor import Executor, Report
-from .hostio import HostIO
-from .models import Inventory
+from mdev_manager import persist
+from mdev_manager.actions import CreateMdev, EnableVfs, Plan, SetVgpuType
+from mdev_manager.discovery import discover
+from mdev_manager.host.env import HostEnv
+from mdev_manager.executor import Executor, Report
+from mdev_manager.host.io import HostIO
+from mdev_manager.models import Inventory
 
 
 def _bus(addr: str) -> str:

@@ -19,8 +19,8 @@ from typing import Iterable
 
 from pydantic import BaseModel
 
-from .env import HostEnv
-from .names import NameError_, check_pci_address
+from mdev_manager.host.env import HostEnv
+from mdev_manager.names import NameError_, check_pci_address
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The node is the ``default`` simulated host (two T4 on mdev, an A100 with mdev on SR-IOV VFs,
 an L40S with vendor-specific VFIO) with every GPU handed to DRA, published the way
-``vgpuctl serve`` publishes it. Selection uses :mod:`kubevirt_templates.cel` (the
+``vgpuctl serve`` publishes it. Selection uses :mod:`dra_bridge.scheduling.cel` (the
 ``common-expression-language`` package plus the Kubernetes quantity library).
 """
 
@@ -13,13 +13,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from dra_bridge.devices import Pool, PoolPolicy, build_pool
-from dra_bridge.slices import build_slices
-from kubevirt_templates.cel import request_alternatives, select, slice_devices
-from kubevirt_templates.cel import claim_spec_of
+from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
+from dra_bridge.pool.slices import build_slices
+from dra_bridge.scheduling.cel import request_alternatives, select, slice_devices
+from dra_bridge.scheduling.cel import claim_spec_of
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
-from mdev_manager.env import HostEnv
+from mdev_manager.host.env import HostEnv
 from mdev_manager.models import Inventory
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimHost, SimIO, load_host

@@ -19,7 +19,7 @@ import pytest
 from mdev_manager import persist
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
-from mdev_manager.env import HostEnv
+from mdev_manager.host.env import HostEnv
 from mdev_manager.models import Inventory
 from mdev_manager.sim import HostSpec, SimHost, SimIO, load_host
 

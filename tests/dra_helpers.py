@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from dra_bridge.claims import ApiClaimSource, ClaimSource
-from dra_bridge.devices import Pool, build_pool
-from dra_bridge.driver import Driver
-from dra_bridge.grpc_plugin import ClaimRef
-from dra_bridge.paths import DEFAULT_DRIVER, PluginPaths
-from dra_bridge.policy import policy_from_layout
+from dra_bridge.kube.claims import ApiClaimSource, ClaimSource
+from dra_bridge.pool.devices import Pool, build_pool
+from dra_bridge.kubeletplugin.driver import Driver
+from dra_bridge.kubelet.dra_grpc import ClaimRef
+from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER, PluginPaths
+from dra_bridge.pool.policy import policy_from_layout
 from mdev_manager.config import GpuLayout
 from mdev_manager.discovery import discover, read_function, read_gpu
-from mdev_manager.env import HostEnv
+from mdev_manager.host.env import HostEnv
 from mdev_manager.models import Gpu, Inventory
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimHost, SimIO, load_host

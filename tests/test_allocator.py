@@ -1,4 +1,4 @@
-"""The scheduler model (``dra_bridge.allocator``), one test per point of issue #5.
+"""The scheduler model (``dra_bridge.scheduling.allocator``), one test per point of issue #5.
 
 Realistic nodes come from our own pipeline: a simulated host (``default`` preset: two T4 on
 mdev, an A100-40GB with mdev on SR-IOV VFs, an L40S with vendor-specific VFIO) reconciled for
@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge.allocator import Allocator, CelSelectors, Unsatisfiable, read_pools
-from dra_bridge.devices import PoolPolicy, build_pool
-from dra_bridge.quantity import parse_quantity
-from dra_bridge.slices import build_slices
+from dra_bridge.scheduling.allocator import Allocator, CelSelectors, Unsatisfiable, read_pools
+from dra_bridge.pool.devices import PoolPolicy, build_pool
+from dra_bridge.api.quantity import parse_quantity
+from dra_bridge.pool.slices import build_slices
 from mdev_manager.catalog import known_type
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
-from mdev_manager.env import HostEnv
+from mdev_manager.host.env import HostEnv
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimHost, SimIO, load_host
 

@@ -6,10 +6,10 @@ import json
 
 import yaml
 
-from dra_bridge import capacity
-from dra_bridge.cluster import SimCluster, SubsetSelectors
-from dra_bridge.demo import WORKLOADS, render_workload
-from mdev_manager.cli import main
+from dra_bridge.scheduling import capacity
+from dra_bridge.sim.cluster import SimCluster, SubsetSelectors
+from dra_bridge.sim.demo import WORKLOADS, render_workload
+from mdev_manager.cli.main import main
 
 DRV = "vgpu.kubevirt.io"
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from mdev_manager import catalog, persist
-from mdev_manager.cli import main
+from mdev_manager.cli.main import main
 from mdev_manager.sim import load_host, preset_names
 
 from .conftest import EXAMPLE_LAYOUT, open_sim

@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge import cdi, conformance, healthcheck
-from dra_bridge.cluster import ControlPlane, SimCluster
-from dra_bridge.conformance import CheckResult, Conformance, ConformanceReport, Run
-from mdev_manager.cli import main
+from dra_bridge.kubeletplugin import cdi
+
+from dra_bridge.conformance import checks as conformance
+
+from dra_bridge.conformance import healthcheck
+from dra_bridge.sim.cluster import ControlPlane, SimCluster
+from dra_bridge.conformance.checks import CheckResult, Conformance, ConformanceReport, Run
+from mdev_manager.cli.main import main
 
 
 def statuses(rep: ConformanceReport) -> dict[int, str]:

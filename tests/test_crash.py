@@ -32,7 +32,7 @@ CHILD = r'''
 import json, os, sys
 from pathlib import Path
 from mdev_manager.config import parse_config
-from mdev_manager.env import HostEnv
+from mdev_manager.host.env import HostEnv
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimHost, SimIO
 

@@ -1,4 +1,4 @@
-"""``vgpuctl demo`` and the simulated cluster under it (dra_bridge.cluster, dra_bridge.fakeapi)."""
+"""``vgpuctl demo`` and the simulated cluster under it (dra_bridge.sim.cluster, dra_bridge.sim.apiserver)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge import cluster, demo
-from dra_bridge.allocator import Device
-from dra_bridge.cluster import SubsetSelectors, resolve_cdi
-from mdev_manager.cli import main
+from dra_bridge.sim import cluster
+
+from dra_bridge.sim import demo
+from dra_bridge.scheduling.allocator import Device
+from dra_bridge.sim.cluster import SubsetSelectors, resolve_cdi
+from mdev_manager.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 1024**3
@@ -142,7 +144,7 @@ def test_demo_after_a_plain_install(tmp_path):
     code = ("import sys\n"
             "for m in ('cel', 'kubernetes_validate', 'grpc_tools', 'pytest', 'tests'):\n"
             "    sys.modules[m] = None\n"
-            "from dra_bridge.demo import run_demo\n"
+            "from dra_bridge.sim.demo import run_demo\n"
             "rep = run_demo()\n"
             "print(rep.cel, rep.ok, rep.problems)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout, whatever the environment has installed
@@ -193,14 +195,14 @@ def test_subset_selectors_agree_with_cel_on_every_published_device(tmp_path):
     """Every selector the templates and DeviceClasses write, on every device of a 1.37 pool with
     every profile: the subset gives the same answer as the real CEL library."""
     pytest.importorskip("cel")
-    from dra_bridge.allocator import CelSelectors, read_pools
-    from dra_bridge.devices import build_pool
-    from dra_bridge.policy import policy_from_layout
-    from dra_bridge.slices import build_slices
+    from dra_bridge.scheduling.allocator import CelSelectors, read_pools
+    from dra_bridge.pool.devices import build_pool
+    from dra_bridge.pool.policy import policy_from_layout
+    from dra_bridge.pool.slices import build_slices
     from kubevirt_templates.render import class_expression, min_memory_expression, profile_expression
     from mdev_manager.config import GpuLayout
     from mdev_manager.discovery import discover
-    from mdev_manager.env import HostEnv
+    from mdev_manager.host.env import HostEnv
     from mdev_manager.reconcile import reconcile
     from mdev_manager.sim import SimHost, SimIO, load_host
 
@@ -253,7 +255,7 @@ def test_pod_node():
 def test_fakeapi_serves_pod_logs():
     from kubernetes import client
 
-    from dra_bridge.fakeapi import LocalApiServer
+    from dra_bridge.sim.apiserver import LocalApiServer
 
     with LocalApiServer("1.35") as srv:
         core = client.CoreV1Api(srv.api_client())
@@ -271,7 +273,7 @@ def test_fakeapi_without_kubernetes_validate_still_enforces_the_dra_rules(tmp_pa
     code = ("import sys\n"
             "sys.modules['kubernetes_validate'] = None\n"
             "from kubernetes import client\n"
-            "from dra_bridge.fakeapi import LocalApiServer, HAVE_SCHEMAS\n"
+            "from dra_bridge.sim.apiserver import LocalApiServer, HAVE_SCHEMAS\n"
             "assert not HAVE_SCHEMAS\n"
             "bad = {'apiVersion': 'resource.k8s.io/v1', 'kind': 'ResourceSlice', 'metadata': {'name': 'x'},\n"
             "       'spec': {'driver': 'd.io', 'pool': {'name': 'p', 'generation': 1, 'resourceSliceCount': 1},\n"
@@ -294,8 +296,8 @@ def test_fakeapi_without_kubernetes_validate_still_enforces_the_dra_rules(tmp_pa
 def test_tests_apiserver_reexports_the_package():
     import tests.apiserver as old
     import tests.apiserver.validation as old_validation
-    from dra_bridge import fakeapi
-    from dra_bridge.fakeapi import validation
+    from dra_bridge.sim import apiserver as fakeapi
+    from dra_bridge.sim.apiserver import validation
 
     assert old.LocalApiServer is fakeapi.LocalApiServer
     assert old_validation is validation

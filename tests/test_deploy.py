@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_bridge.paths import PluginPaths
+from dra_bridge.kubeletplugin.paths import PluginPaths
 from kubevirt_templates import render
 from kubevirt_templates.names import LABEL_CONFIG, LABEL_CONFIG_STATE, NVIDIA_LABEL_CONFIG, NVIDIA_LABEL_CONFIG_STATE
 from kubevirt_templates.validate import kubernetes_problems
@@ -328,7 +328,7 @@ def test_admission_policies_confine_the_agent_to_its_node():
 
 
 def _serve_parser() -> argparse.ArgumentParser:
-    from mdev_manager.cli import build_parser
+    from mdev_manager.cli.main import build_parser
 
     return build_parser()
 
@@ -353,7 +353,7 @@ def _args_for_parser(args: list[str], parser: argparse.ArgumentParser) -> list[s
 @needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_agent_args_parse_with_vgpuctl(overlay):
-    from mdev_manager.cli import _fix_simulate
+    from mdev_manager.cli.main import _fix_simulate
 
     c = agent(build(overlay))
     assert c["command"] == ["vgpuctl"]

@@ -1,4 +1,4 @@
-"""dra_bridge.devices: the device model and its counters."""
+"""dra_bridge.pool.devices: the device model and its counters."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from dra_bridge.devices import (
+from dra_bridge.pool.devices import (
     ATTR_PCI_BUS_ID,
     ATTR_PCIE_ROOT,
     GpuPolicy,
@@ -584,7 +584,7 @@ def test_quantity_helpers():
     (True, False, True), (False, True, False),  # what the GPU shows wins
 ])
 def test_policy_mixed_size_from_the_gpu_and_the_layout(shown, declared, mixed):
-    from dra_bridge.policy import policy_from_layout
+    from dra_bridge.pool.policy import policy_from_layout
     from mdev_manager.config import GpuLayout
 
     gpu = t4().model_copy(update={"mixed_size": shown})

@@ -1,4 +1,4 @@
-"""dra_bridge.driver: NodePrepareResources / NodeUnprepareResources on a simulated host.
+"""dra_bridge.kubeletplugin.driver: NodePrepareResources / NodeUnprepareResources on a simulated host.
 
 Claims are real ResourceClaims in a local API server, read through ApiClaimSource; the
 host is the simulated sysfs (mdev_manager.sim), so "the mdev exists" means the kernel
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge import metadata
-from dra_bridge.checkpoint import CheckpointStore
-from dra_bridge.grpc_plugin import ClaimRef
-from dra_bridge.paths import PluginPaths
+from dra_bridge.kubeletplugin import metadata
+from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
+from dra_bridge.kubelet.dra_grpc import ClaimRef
+from dra_bridge.kubeletplugin.paths import PluginPaths
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
 from tests.apiserver import LocalApiServer

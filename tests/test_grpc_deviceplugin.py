@@ -1,4 +1,4 @@
-"""Transport tests of dra_bridge.grpc_deviceplugin against a fake kubelet over real sockets.
+"""Transport tests of dra_bridge.kubelet.deviceplugin_grpc against a fake kubelet over real sockets.
 
 The backend is a toy: what is tested is the gRPC layer (sockets, registration,
 ListAndWatch updates, Allocate mapping, re-registration after a kubelet restart).
@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_bridge.grpc_deviceplugin import (
+from dra_bridge.kubelet.deviceplugin_grpc import (
     ContainerAllocation,
     DeviceSpec,
     DevicePluginServer,

@@ -1,4 +1,4 @@
-"""Transport tests of dra_bridge.grpc_plugin against a fake kubelet over real sockets.
+"""Transport tests of dra_bridge.kubelet.dra_grpc against a fake kubelet over real sockets.
 
 The driver here is a toy: what is tested is the gRPC layer (sockets, registration,
 both API versions, error mapping, health stream), not the driver logic.
@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_bridge.grpc_plugin import (
+from dra_bridge.kubelet.dra_grpc import (
     ClaimRef,
     DeviceHealthRecord,
     KubeletPlugin,
@@ -151,7 +151,7 @@ def test_socket_paths_and_registration(plugin: KubeletPlugin, kubelet: FakeKubel
 def test_registration_rejected_is_recorded_and_logged(
     plugin: KubeletPlugin, kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="dra_bridge.grpc_plugin")
+    caplog.set_level(logging.ERROR, logger="dra_bridge.kubelet.dra_grpc")
     kubelet.register_dra_plugin(plugin.registration_socket, accept=False, error="version not supported")
     assert not plugin.wait_registered(5)
     status = plugin.registration_status

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mdev_manager.hostio import RealIO
+from mdev_manager.host.io import RealIO
 
 
 def _attr(path: Path, value: str = "") -> Path:

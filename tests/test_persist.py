@@ -7,8 +7,8 @@ import subprocess
 import pytest
 from pydantic import ValidationError
 
-from mdev_manager.env import HostEnv
-from mdev_manager.hostio import RealIO
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import RealIO
 from mdev_manager.names import NameError_
 from mdev_manager.persist import (
     MdevDefinition,

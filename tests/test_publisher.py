@@ -1,4 +1,4 @@
-"""dra_bridge.publisher against a local API server: layout per version, fewest writes, retries."""
+"""dra_bridge.kube.publisher against a local API server: layout per version, fewest writes, retries."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
-from dra_bridge.devices import Pool
-from dra_bridge.publisher import Publisher, server_version
-from dra_bridge.slices import LABEL_ROLE, build_slices
+from dra_bridge.pool.devices import Pool
+from dra_bridge.kube.publisher import Publisher, server_version
+from dra_bridge.pool.slices import LABEL_ROLE, build_slices
 from mdev_manager.config import GpuLayout
 from tests.apiserver import LocalApiServer
 from tests.dra_helpers import (

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_bridge.serve import Daemon, ServeConfig
-from dra_bridge.slices import LABEL_ROLE
+from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.pool.slices import LABEL_ROLE
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
 from tests.apiserver import LocalApiServer
@@ -355,7 +355,7 @@ def test_vgpuctl_serve_subprocess(version):
         kl, cdi_root = d / "kl", d / "cdi"
         env = {**os.environ, "VGPUCTL_SIM_DIR": str(d / "sim"), "NODE_NAME": "sim-node-1"}
         env.pop("KUBERNETES_SERVICE_HOST", None)
-        cmd = [sys.executable, "-m", "mdev_manager.cli", "--simulate", "serve", "--kubeconfig", str(kc),
+        cmd = [sys.executable, "-m", "mdev_manager.cli.main", "--simulate", "serve", "--kubeconfig", str(kc),
                "--kubelet-root", str(kl), "--cdi-root", str(cdi_root), "--metrics-port", "0", "--resync", "1"]
         log = open(d / "serve.log", "w+")
         proc = subprocess.Popen(cmd, env=env, cwd=str(Path(__file__).resolve().parents[1]),

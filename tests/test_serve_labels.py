@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_bridge.serve import Daemon, ServeConfig
+from dra_bridge.agent.daemon import Daemon, ServeConfig
 from mdev_manager.config import ConfigError
 from mdev_manager.discovery import discover
-from mdev_manager.env import HostEnv
+from mdev_manager.host.env import HostEnv
 from mdev_manager.sim import SimHost, SimIO, load_host
 from tests.apiserver import LocalApiServer
 

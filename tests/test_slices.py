@@ -1,4 +1,4 @@
-"""dra_bridge.slices: ResourceSlice layout per Kubernetes version."""
+"""dra_bridge.pool.slices: ResourceSlice layout per Kubernetes version."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import logging
 import kubernetes_validate
 import pytest
 
-from dra_bridge.devices import GpuPolicy, Pool, PoolPolicy, build_pool, is_dns_label, is_dns_subdomain
-from dra_bridge.slices import (
+from dra_bridge.pool.devices import GpuPolicy, Pool, PoolPolicy, build_pool, is_dns_label, is_dns_subdomain
+from dra_bridge.pool.slices import (
     LABEL_DRIVER,
     LABEL_NODE,
     check_pool_slices,
@@ -165,7 +165,7 @@ def test_134_overflow_drops_lowest_priority_types(caplog):
     gpu = l40s(a_series=True)
     pool = build_pool(inventory(gpu), PoolPolicy(others=GpuPolicy(mixed_size=True)), server_version=(1, 34))
     assert len(pool.devices) == 289
-    with caplog.at_level(logging.WARNING, logger="dra_bridge.slices"):
+    with caplog.at_level(logging.WARNING, logger="dra_bridge.pool.slices"):
         plan = plan_slices(pool, driver=DRIVER, node_name=NODE, pool_name=NODE, generation=1, server_version=(1, 34))
         build_slices(pool, driver=DRIVER, node_name=NODE, pool_name=NODE, generation=1, server_version=(1, 34))
     assert len(plan.slices) == 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_bridge.devices import parse_quantity
+from dra_bridge.pool.devices import parse_quantity
 from kubevirt_templates import (
     ClaimTemplateInput,
     KubeVirtCrInput,
@@ -20,8 +20,8 @@ from kubevirt_templates import (
     render,
     render_yaml,
 )
-from kubevirt_templates import cel as kcel
-from kubevirt_templates.cli import add_render_parser, cmd_render, load_values, parse_set
+from dra_bridge.scheduling import cel as kcel
+from mdev_manager.cli.render import add_render_parser, cmd_render, load_values, parse_set
 from kubevirt_templates.names import (
     kubevirt_env_name,
     pci_vendor_selector,
@@ -540,7 +540,7 @@ def test_other_driver_names_work(classes):
 
 
 def _vgpuctl_parser() -> argparse.ArgumentParser:
-    from mdev_manager.cli import build_parser
+    from mdev_manager.cli.main import build_parser
 
     p = build_parser()
     sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
@@ -550,7 +550,7 @@ def _vgpuctl_parser() -> argparse.ArgumentParser:
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    from mdev_manager.cli import _fix_simulate
+    from mdev_manager.cli.main import _fix_simulate
 
     args = _vgpuctl_parser().parse_args(_fix_simulate(argv))
     rc = args.func(args)
@@ -633,10 +633,10 @@ def test_templates_ship_with_the_package():
 def test_kubevirt_cr_permits_everything_the_device_plugin_advertises(tmp_path):
     """Same names on both sides: a node laid out with vGPUs of every framework and a
     passthrough GPU, advertised by the device plugin, all permitted by the rendered CR."""
-    from dra_bridge.deviceplugin import compute_resources
+    from dra_bridge.deviceplugin.manager import compute_resources
     from mdev_manager.config import load_config
     from mdev_manager.discovery import discover
-    from mdev_manager.env import HostEnv
+    from mdev_manager.host.env import HostEnv
     from mdev_manager.reconcile import reconcile
     from mdev_manager.sim import SimHost, SimIO, load_host
 

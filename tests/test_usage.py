@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from mdev_manager.env import HostEnv
+from mdev_manager.host.env import HostEnv
 from mdev_manager.usage import (
     Holder,
     Usage,

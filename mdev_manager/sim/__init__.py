@@ -4,8 +4,8 @@ Production code never imports this package; it is handed a ``HostEnv`` rooted in
 simulated tree and a ``SimIO`` transport (in-process) or a FUSE mount (real file I/O).
 """
 
-from .hostspec import HostSpec, load_host, preset_names
-from .kernel import SimHost
-from .io import SimIO
+from mdev_manager.sim.hostspec import HostSpec, load_host, preset_names
+from mdev_manager.sim.kernel import SimHost
+from mdev_manager.sim.io import SimIO
 
 __all__ = ["HostSpec", "SimHost", "SimIO", "load_host", "preset_names"]

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import mfusepy
 
-from .kernel import SimHost
+from mdev_manager.sim.kernel import SimHost
 
 log = logging.getLogger(__name__)
 

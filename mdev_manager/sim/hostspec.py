@@ -9,7 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .. import catalog
+from mdev_manager import catalog
 
 
 class GpuGroup(BaseModel):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..hostio import RealIO
-from .kernel import SimHost
+from mdev_manager.host.io import RealIO
+from mdev_manager.sim.kernel import SimHost
 
 
 class SimIO(RealIO):

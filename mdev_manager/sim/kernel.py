@@ -36,9 +36,9 @@ from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
-from .. import catalog
-from ..catalog import BoardSpec, TypeSpec
-from .hostspec import HostSpec
+from mdev_manager import catalog
+from mdev_manager.catalog import BoardSpec, TypeSpec
+from mdev_manager.sim.hostspec import HostSpec
 
 UNLISTED_TYPE_ERRNO = errno.EINVAL
 _ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")

@@ -1,7 +1,7 @@
 """A fake kubelet that talks to our plugins over real unix sockets.
 
 It uses its own protos (``tests/kubelet/proto``, see :mod:`tests.kubelet.protos`),
-never ``dra_bridge.proto``: what both sides share is the wire format and the
+never ``dra_bridge.kubelet.proto``: what both sides share is the wire format and the
 method paths, as with the real kubelet.
 
 - Device plugins: :meth:`FakeKubelet.start` serves ``v1beta1.Registration`` on

@@ -1,0 +1,275 @@
+"""``vgpuctl serve``: the node agent. Reconcile, publish, serve the kubelet, report health.
+
+One resync = reconcile the layout (when one is given; devices held by prepared claims
+count as in use) -> discover -> build the pool -> publish slices. It runs at start, on
+udev events where udev exists, and every ``resync_seconds``. SIGTERM stops the servers
+and removes their sockets; vGPUs stay (the kubelet unprepares claims, not us).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from mdev_manager.config import ConfigError, GpuLayout, load_config
+from mdev_manager.discovery import discover
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO, RealIO
+from mdev_manager.models import Inventory
+from mdev_manager.reconcile import reconcile
+from mdev_manager.restore import restore
+
+from dra_bridge.kube.claims import ApiClaimSource
+from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
+from dra_bridge.kubeletplugin.driver import Driver
+from dra_bridge.kubeletplugin.gpuids import StableGpuIds
+from dra_bridge.kubelet.dra_grpc import KubeletPlugin
+from dra_bridge.agent.observe import Metrics, ProbeServer
+from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER, PluginPaths
+from dra_bridge.pool.policy import policy_from_layout
+from dra_bridge.kube.publisher import Publisher
+
+log = logging.getLogger(__name__)
+
+
+class ServeConfig(BaseModel):
+    node_name: str = Field(description="this node (NODE_NAME from the downward API)")
+    driver: str = DEFAULT_DRIVER
+    layout_file: Path | None = None
+    layout: str = "default"
+    resync_seconds: float = 30.0
+    server_version: tuple[int, int] | None = None
+    metrics_port: int | None = 8080
+    kubelet_root: Path = Path("/var/lib/kubelet")
+    cdi_root: Path = Path("/var/run/cdi")
+    health_poll_seconds: float = 5.0
+    device_plugin: bool = Field(False, description="also serve the classic device plugin for non-DRA GPUs")
+    resource_prefix: str = "nvidia.com/"
+    layout_label: str | None = Field(None, description="node label naming the layout to apply (else `layout`)")
+    state_label: str | None = Field(None, description="node label reporting pending | success | failed")
+
+
+class Daemon:
+    def __init__(self, cfg: ServeConfig, env: HostEnv, io: HostIO | None = None, api_client=None):
+        self.cfg = cfg
+        self.env = env
+        self.io = io or RealIO()
+        self.api_client = api_client
+        self.metrics = Metrics()
+        self.paths = PluginPaths(driver=cfg.driver, kubelet_root=cfg.kubelet_root, cdi_root=cfg.cdi_root)
+        self.publisher = Publisher(api_client, driver=cfg.driver, node_name=cfg.node_name, version=cfg.server_version)
+        self.layouts: list[GpuLayout] | None = None
+        self._layout_name = cfg.layout
+        self._labels: dict[str, str] = {}
+        self._pool = Pool()
+        self.inventory: Inventory | None = None
+        self.driver = Driver(env=env, paths=self.paths, pool_name=cfg.node_name, claims=ApiClaimSource(api_client),
+                             pool=lambda: self._pool, io=self.io)
+        self.plugin = KubeletPlugin(cfg.driver, self.driver, cfg.kubelet_root,
+                                    health_poll_interval=cfg.health_poll_seconds)
+        self.probes: ProbeServer | None = None
+        self.gpu_ids = StableGpuIds(self.paths.data_dir / "gpu-ids.json", self.io)
+        self.device_plugins = None
+        self._dp_exclude: set[str] = set()
+        self._applied_layout: str | None = None
+        self._failed_layout: str | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._ready = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ one resync
+    def resync(self) -> dict:
+        with self._lock:
+            try:
+                layouts = self._current_layouts()
+                if layouts is not None:
+                    self._apply_layout(layouts)
+                inv = discover(self.env, self.io, node=self.cfg.node_name)
+                policy = policy_from_layout(inv, layouts)
+                if self.device_plugins is not None:
+                    if layouts is None:
+                        policy = PoolPolicy()  # classic-only node: the device plugin advertises everything
+                    # a GPU offered through DRA is never also advertised by the device plugin
+                    self._dp_exclude = set(policy.gpus) | (
+                        {g.address for g in inv.gpus} if policy.others is not None else set())
+                    self.device_plugins.refresh(inv)
+                pool = build_pool(self.gpu_ids.apply(inv), policy, self.cfg.driver,
+                                  server_version=self.publisher.version,
+                                  pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
+                self._pool, self.inventory = pool, inv
+                result = self.publisher.sync(pool)
+            except Exception:
+                self.metrics.resyncs.labels("error").inc()
+                log.exception("resync failed")
+                raise
+            self.metrics.resyncs.labels("ok").inc()
+            for verb, n in (("create", result.created), ("update", result.updated), ("delete", result.deleted)):
+                if n:
+                    self.metrics.api_writes.labels(verb).inc(n)
+            for kind in ("vgpu", "passthrough"):
+                self.metrics.devices.labels(kind).set(sum(1 for d in pool.devices if d.kind == kind))
+            self.metrics.gpus.set(len(inv.gpus))
+            self.metrics.vgpus.set(len(inv.all_vgpus()))
+            self.metrics.prepared_claims.set(len(self.driver.cp.claims))
+            return result.model_dump()
+
+    # ------------------------------------------------------------ layout selection by node label
+    def _usage(self):
+        usage = self.driver.usage()
+        if self.device_plugins is not None:
+            usage = usage.merged(self.device_plugins.usage())
+        return usage
+
+    def _node_labels(self) -> dict[str, str]:
+        from kubernetes import client
+
+        node = client.CoreV1Api(self.api_client).read_node(self.cfg.node_name)
+        return dict(node.metadata.labels or {})
+
+    def _set_state(self, labels: dict[str, str], state: str) -> None:
+        if not self.cfg.state_label or labels.get(self.cfg.state_label) == state:
+            return
+        from kubernetes import client
+
+        client.CoreV1Api(self.api_client).patch_node(
+            self.cfg.node_name, {"metadata": {"labels": {self.cfg.state_label: state}}})
+        labels[self.cfg.state_label] = state
+
+    def _current_layouts(self) -> list[GpuLayout] | None:
+        """The layout named by the node label (vgpu-device-manager style), else the configured one."""
+        if not self.cfg.layout_file:
+            return None
+        name = self.cfg.layout
+        self._labels = {}
+        if self.cfg.layout_label or self.cfg.state_label:
+            self._labels = self._node_labels()
+            name = self._labels.get(self.cfg.layout_label or "", name) if self.cfg.layout_label else name
+        if name == self._failed_layout:
+            raise ConfigError(f"layout {name!r} was rejected; fix it or label the node with another layout")
+        if name != self._applied_layout or self.layouts is None:
+            if self.cfg.state_label:
+                self._set_state(self._labels, "pending")
+            try:
+                self.layouts = load_config(self.cfg.layout_file, name)
+            except ConfigError as exc:
+                self._set_state(self._labels, "failed")
+                self._failed_layout = name
+                log.error("layout %s rejected: %s", name, exc)
+                raise
+            self._layout_name = name
+        return self.layouts
+
+    def _apply_layout(self, layouts: list[GpuLayout]) -> None:
+        try:
+            out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
+                            final_inventory=False)
+        except ConfigError:
+            self._set_state(self._labels, "failed")
+            self._failed_layout = self._layout_name
+            self.layouts = None
+            raise
+        for r in out.rounds:
+            for f in (r.report.failed if r.report else []):
+                log.warning("layout step failed: %s: %s %s", f.step, f.error, f.message)
+        self._applied_layout = self._layout_name
+        self._failed_layout = None
+        if self.cfg.state_label:
+            self._set_state(self._labels, "success" if out.ok else "failed")
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> "Daemon":
+        restored = restore(self.env, self.io)  # after a reboot: saved vGPUs first, then the layout
+        if any(r.changed for r in restored):
+            log.info("restored %d saved vGPUs and VFs", sum(r.changed for r in restored))
+        undone = self.driver.recover()
+        if undone:
+            log.warning("undid %d half-prepared claims left by a crash: %s", len(undone), ", ".join(undone))
+        self._wrap_prepare()
+        if self.cfg.device_plugin:
+            from dra_bridge.deviceplugin.manager import DevicePluginManager
+
+            self.device_plugins = DevicePluginManager(
+                self.env, self.io, inventory=lambda: self.inventory, prefix=self.cfg.resource_prefix,
+                device_plugin_dir=self.cfg.kubelet_root / "device-plugins",
+                pod_resources_socket=self.cfg.kubelet_root / "pod-resources/kubelet.sock",
+                node=self.cfg.node_name, exclude=lambda _inv: self._dp_exclude)
+        self.resync()
+        if self.device_plugins is not None:
+            self.device_plugins.start(self.inventory)
+        self.plugin.start()
+        if self.cfg.metrics_port is not None:
+            self.probes = ProbeServer(self.metrics, lambda: self._ready and self.plugin.running,
+                                      port=self.cfg.metrics_port).start()
+        self._watch_udev()
+        self._ready = True
+        return self
+
+    def _wrap_prepare(self) -> None:
+        """Time every prepare for the histogram without the driver knowing about metrics."""
+        inner = self.driver.prepare
+
+        def prepare(claims):
+            t0 = time.perf_counter()
+            out = inner(claims)
+            per = (time.perf_counter() - t0) / max(1, len(claims))
+            for uid, res in out.items():
+                self.metrics.prepare_seconds.observe(per)
+                if res.error:
+                    self.metrics.prepare_errors.inc()
+            return out
+
+        self.driver.prepare = prepare
+
+    def _watch_udev(self) -> None:
+        """Wake the loop on PCI / mdev uevents; without udev the periodic resync covers it."""
+        if self.env.sys_root != Path("/sys"):
+            return
+        try:
+            import pyudev
+
+            monitor = pyudev.Monitor.from_netlink(pyudev.Context())
+            monitor.filter_by("pci")
+            monitor.filter_by("mdev")
+            observer = pyudev.MonitorObserver(monitor, callback=lambda _dev: self._wake.set(), name="udev")
+            observer.daemon = True
+            observer.start()
+        except Exception as exc:
+            log.info("udev events unavailable (%s); resyncing every %ss", exc, self.cfg.resync_seconds)
+
+    def run(self) -> None:
+        """Resync until stopped (SIGTERM/SIGINT when called from the main thread)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop())
+        while not self._stop.is_set():
+            self._wake.wait(self.cfg.resync_seconds)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.resync()
+            except Exception:
+                pass  # logged and counted in resync; the next round tries again
+        self._shutdown()
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _shutdown(self) -> None:
+        self._ready = False
+        self.plugin.stop()
+        if self.device_plugins is not None:
+            self.device_plugins.stop()
+        if self.probes:
+            self.probes.stop()
+        log.info("stopped; sockets removed, devices left in place")

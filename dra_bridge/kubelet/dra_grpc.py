@@ -1,0 +1,494 @@
+"""Kubelet-facing gRPC transport of the DRA driver (no business logic here).
+
+:class:`KubeletPlugin` serves, for one driver name:
+
+- the plugin-watcher registration service (``pluginregistration.Registration``) on
+  ``<kubelet_root>/plugins_registry/<driver>-reg.sock``; the kubelet finds the socket,
+  calls ``GetInfo`` and then ``NotifyRegistrationStatus``;
+- the DRA service in both API versions, ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``
+  and ``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin``, plus the device health
+  service ``v1alpha1.DRAResourceHealth`` on ``<kubelet_root>/plugins/<driver>/dra.sock``.
+
+Everything the kubelet asks is handed to a :class:`DraDriver`; whatever the driver
+raises is turned into a per-claim error string, so a failing driver never takes the
+server down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+import grpc
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1alpha1_pb2 as health_pb2
+from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1alpha1_pb2_grpc as health_grpc
+from dra_bridge.kubelet.proto import vgpuctl_dra_v1_pb2 as dra_v1_pb2
+from dra_bridge.kubelet.proto import vgpuctl_dra_v1_pb2_grpc as dra_v1_grpc
+from dra_bridge.kubelet.proto import vgpuctl_dra_v1beta1_pb2 as dra_v1beta1_pb2
+from dra_bridge.kubelet.proto import vgpuctl_dra_v1beta1_pb2_grpc as dra_v1beta1_grpc
+from dra_bridge.kubelet.proto import vgpuctl_pluginregistration_pb2 as reg_pb2
+from dra_bridge.kubelet.proto import vgpuctl_pluginregistration_pb2_grpc as reg_grpc
+
+log = logging.getLogger(__name__)
+
+DRA_PLUGIN_TYPE = "DRAPlugin"
+SUPPORTED_VERSIONS: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
+# sun_path is 108 bytes including the terminating NUL.
+UNIX_PATH_MAX = 107
+
+_DRIVER_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+# --------------------------------------------------------------------------- models
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClaimRef(_Model):
+    """What the kubelet sends for a claim: its identity only."""
+
+    namespace: str
+    uid: str
+    name: str
+
+
+class PreparedDevice(_Model):
+    request_names: list[str] = []
+    pool_name: str
+    device_name: str
+    cdi_device_ids: list[str] = []
+    share_id: str | None = None
+
+
+class PrepareResult(_Model):
+    devices: list[PreparedDevice] = []
+    error: str | None = None
+
+
+class DeviceHealthRecord(_Model):
+    pool: str
+    device: str
+    healthy: bool | None = None  # None: unknown
+
+
+@runtime_checkable
+class DraDriver(Protocol):
+    """The driver logic behind :class:`KubeletPlugin`.
+
+    ``prepare`` returns claim UID -> :class:`PrepareResult`; ``unprepare`` returns
+    claim UID -> error message or ``None``. A claim missing from the answer is
+    reported to the kubelet as an error. Optionally the driver also has a
+    ``health() -> list[DeviceHealthRecord]`` method (see :class:`DraHealthSource`);
+    without it ``NodeWatchResources`` answers UNIMPLEMENTED, which the kubelet
+    tolerates.
+    """
+
+    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]: ...
+
+    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]: ...
+
+
+@runtime_checkable
+class DraHealthSource(Protocol):
+    def health(self) -> list[DeviceHealthRecord]: ...
+
+
+class RegistrationState(_Model):
+    plugin_registered: bool
+    error: str = ""
+    at: float
+
+
+# --------------------------------------------------------------------------- sockets
+
+
+def check_socket_path(path: Path) -> None:
+    """Raise ValueError if ``path`` cannot be a unix socket address."""
+    if len(os.fsencode(str(path))) > UNIX_PATH_MAX:
+        raise ValueError(f"unix socket path longer than {UNIX_PATH_MAX} bytes: {path}")
+
+
+def remove_socket(path: Path) -> None:
+    """Remove a (stale) socket file; refuse to delete anything that is not a socket."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(f"{path} is a directory, not a socket")
+    if not stat.S_ISSOCK(st.st_mode):
+        log.warning("removing non-socket file %s in the way of a socket", path)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def prepare_socket(path: Path) -> str:
+    """Create the parent directory, remove a stale socket, return the gRPC address."""
+    path = Path(os.path.abspath(path))
+    check_socket_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_socket(path)
+    return f"unix:{path}"
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        try:
+            return f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001
+            pass
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- servicers
+
+
+class _RegistrationServicer(reg_grpc.RegistrationServicer):
+    def __init__(self, plugin: KubeletPlugin) -> None:
+        self._plugin = plugin
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+        p = self._plugin
+        return reg_pb2.PluginInfo(
+            type=DRA_PLUGIN_TYPE,
+            name=p.driver_name,
+            endpoint=str(p.dra_socket),
+            supported_versions=list(p.supported_versions),
+        )
+
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._plugin._record_registration(bool(request.plugin_registered), request.error)
+        return reg_pb2.RegistrationStatusResponse()
+
+
+class _DraServicer:
+    """NodePrepareResources / NodeUnprepareResources for one API version."""
+
+    def __init__(self, plugin: KubeletPlugin, pb2: ModuleType) -> None:
+        self._plugin = plugin
+        self._pb2 = pb2
+
+    @staticmethod
+    def _claims(request: Any) -> list[ClaimRef]:
+        return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        pb2 = self._pb2
+        claims = self._claims(request)
+        results = self._plugin._prepare(claims)
+        resp = pb2.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = resp.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for d in result.devices:
+                dev = entry.devices.add(
+                    request_names=d.request_names,
+                    pool_name=d.pool_name,
+                    device_name=d.device_name,
+                    cdi_device_ids=d.cdi_device_ids,
+                )
+                if d.share_id is not None:
+                    dev.share_id = d.share_id
+        return resp
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        pb2 = self._pb2
+        claims = self._claims(request)
+        results = self._plugin._unprepare(claims)
+        resp = pb2.NodeUnprepareResourcesResponse()
+        for uid, error in results.items():
+            entry = resp.claims[uid]
+            if error:
+                entry.error = error
+        return resp
+
+
+_HEALTH_STATUS = {
+    True: health_pb2.HEALTHY,
+    False: health_pb2.UNHEALTHY,
+    None: health_pb2.UNKNOWN,
+}
+
+
+class _HealthServicer(health_grpc.DRAResourceHealthServicer):
+    def __init__(self, plugin: KubeletPlugin) -> None:
+        self._plugin = plugin
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        p = self._plugin
+        source = getattr(p.driver, "health", None)
+        if not callable(source):
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f"driver {p.driver_name} reports no device health")
+        done = threading.Event()
+        context.add_callback(done.set)
+        p._track_stream(done)
+        last: dict[tuple[str, str], bool | None] | None = None
+        last_sent = 0.0
+        try:
+            while not done.is_set():
+                state = p._poll_health(last)
+                now = time.time()
+                resend = p.health_resend_interval
+                if state is not None and (
+                    last is None or state != last or (resend is not None and now - last_sent >= resend)
+                ):
+                    yield self._response(state, now)
+                    last, last_sent = state, now
+                done.wait(p.health_poll_interval)
+        finally:
+            p._untrack_stream(done)
+
+    def _response(self, state: Mapping[tuple[str, str], bool | None], now: float) -> Any:
+        timeout = self._plugin.health_check_timeout_seconds
+        resp = health_pb2.NodeWatchResourcesResponse()
+        for (pool, device), healthy in sorted(state.items()):
+            resp.devices.add(
+                device=health_pb2.DeviceIdentifier(pool_name=pool, device_name=device),
+                health=_HEALTH_STATUS[healthy],
+                last_updated_time=int(now),
+                health_check_timeout_seconds=timeout,
+            )
+        return resp
+
+
+# --------------------------------------------------------------------------- plugin
+
+
+class KubeletPlugin:
+    """Serve one DRA driver to the kubelet over unix sockets.
+
+    ``health_poll_interval``: seconds between two ``driver.health()`` calls per
+    open health stream; a response is sent initially and whenever the state
+    changes (and, if ``health_resend_interval`` is set, at least that often).
+    ``serialize``: call the driver for one request at a time.
+    """
+
+    def __init__(
+        self,
+        driver_name: str,
+        driver: DraDriver,
+        kubelet_root: Path = DEFAULT_KUBELET_ROOT,
+        *,
+        health_poll_interval: float = 5.0,
+        health_resend_interval: float | None = None,
+        health_check_timeout_seconds: int = 0,
+        supported_versions: Sequence[str] = SUPPORTED_VERSIONS,
+        max_workers: int = 10,
+        serialize: bool = True,
+    ) -> None:
+        if not _DRIVER_NAME_RE.match(driver_name) or len(driver_name) > 63:
+            raise ValueError(f"invalid DRA driver name {driver_name!r}")
+        self.driver_name = driver_name
+        self.driver = driver
+        self.kubelet_root = Path(kubelet_root)
+        self.health_poll_interval = health_poll_interval
+        self.health_resend_interval = health_resend_interval
+        self.health_check_timeout_seconds = health_check_timeout_seconds
+        self.supported_versions = tuple(supported_versions)
+        self.max_workers = max_workers
+        self.registration_socket = self.kubelet_root / "plugins_registry" / f"{driver_name}-reg.sock"
+        self.plugin_dir = self.kubelet_root / "plugins" / driver_name
+        self.dra_socket = self.plugin_dir / "dra.sock"
+        check_socket_path(self.registration_socket)
+        check_socket_path(self.dra_socket)
+
+        self._driver_lock: threading.Lock | None = threading.Lock() if serialize else None
+        self._state_lock = threading.Lock()
+        self._registration: RegistrationState | None = None
+        self._registered_event = threading.Event()
+        self._streams: set[threading.Event] = set()
+        self._dra_server: grpc.Server | None = None
+        self._reg_server: grpc.Server | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def running(self) -> bool:
+        return self._dra_server is not None
+
+    def start(self) -> None:
+        """Bind both sockets and start serving (service first, then registration)."""
+        if self.running:
+            raise RuntimeError(f"DRA plugin {self.driver_name} already started")
+        with self._state_lock:
+            self._registration = None
+            self._registered_event.clear()
+        dra_server = grpc.server(
+            ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=f"dra-{self.driver_name}")
+        )
+        dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, dra_v1_pb2), dra_server)
+        dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, dra_v1beta1_pb2), dra_server)
+        health_grpc.add_DRAResourceHealthServicer_to_server(_HealthServicer(self), dra_server)
+        dra_server.add_insecure_port(prepare_socket(self.dra_socket))
+        dra_server.start()
+        self._dra_server = dra_server
+
+        try:
+            reg_server = grpc.server(
+                ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"dra-reg-{self.driver_name}")
+            )
+            reg_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), reg_server)
+            reg_server.add_insecure_port(prepare_socket(self.registration_socket))
+            reg_server.start()
+            self._reg_server = reg_server
+        except BaseException:
+            self.stop(grace=0)
+            raise
+        log.info(
+            "DRA plugin %s serving %s (registration %s)", self.driver_name, self.dra_socket, self.registration_socket
+        )
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop both servers, end open health streams, remove both socket files."""
+        reg_server, self._reg_server = self._reg_server, None
+        dra_server, self._dra_server = self._dra_server, None
+        with self._state_lock:
+            streams = list(self._streams)
+        for ev in streams:
+            ev.set()
+        # Registration socket first: the kubelet then deregisters the plugin.
+        for server in (reg_server, dra_server):
+            if server is not None:
+                server.stop(grace).wait(timeout=(grace or 0) + 5)
+        for path in (self.registration_socket, self.dra_socket):
+            try:
+                remove_socket(path)
+            except OSError as exc:
+                log.warning("cannot remove %s: %s", path, exc)
+        with self._state_lock:
+            self._registration = None
+            self._registered_event.clear()
+
+    def __enter__(self) -> KubeletPlugin:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------- registration
+
+    @property
+    def registered(self) -> bool:
+        """True once the kubelet said it registered the plugin (and did not say otherwise since)."""
+        with self._state_lock:
+            return self._registration is not None and self._registration.plugin_registered
+
+    @property
+    def registration_status(self) -> RegistrationState | None:
+        with self._state_lock:
+            return self._registration
+
+    def wait_registered(self, timeout: float) -> bool:
+        """Wait for a NotifyRegistrationStatus call; return :attr:`registered`."""
+        self._registered_event.wait(timeout)
+        return self.registered
+
+    def _record_registration(self, ok: bool, error: str) -> None:
+        with self._state_lock:
+            self._registration = RegistrationState(plugin_registered=ok, error=error, at=time.time())
+        if ok:
+            log.info("kubelet registered DRA plugin %s", self.driver_name)
+        else:
+            log.error("kubelet did not register DRA plugin %s: %s", self.driver_name, error or "no reason given")
+        self._registered_event.set()
+
+    # ----------------------------------------------------------------- driver calls
+
+    def _call(self, fn: Any, claims: list[ClaimRef]) -> Any:
+        if self._driver_lock is None:
+            return fn(claims)
+        with self._driver_lock:
+            return fn(claims)
+
+    def _prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        if not claims:
+            return {}
+        try:
+            raw = self._call(self.driver.prepare, list(claims))
+            if not isinstance(raw, Mapping):
+                raise TypeError(f"driver.prepare returned {type(raw).__name__}, not a mapping")
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a per-claim error
+            log.exception("DRA driver %s: prepare of %d claim(s) failed", self.driver_name, len(claims))
+            msg = f"prepare failed: {_error_text(exc)}"
+            return {c.uid: PrepareResult(error=msg) for c in claims}
+        out: dict[str, PrepareResult] = {}
+        for c in claims:
+            r = raw.get(c.uid)
+            if r is None:
+                out[c.uid] = PrepareResult(error=f"driver returned no result for claim {c.namespace}/{c.name} ({c.uid})")
+                continue
+            try:
+                out[c.uid] = r if isinstance(r, PrepareResult) else PrepareResult.model_validate(r)
+            except ValidationError as exc:
+                out[c.uid] = PrepareResult(error=f"driver returned an invalid result: {exc}")
+        return out
+
+    def _unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]:
+        if not claims:
+            return {}
+        try:
+            raw = self._call(self.driver.unprepare, list(claims))
+            if not isinstance(raw, Mapping):
+                raise TypeError(f"driver.unprepare returned {type(raw).__name__}, not a mapping")
+        except Exception as exc:  # noqa: BLE001
+            log.exception("DRA driver %s: unprepare of %d claim(s) failed", self.driver_name, len(claims))
+            msg = f"unprepare failed: {_error_text(exc)}"
+            return {c.uid: msg for c in claims}
+        out: dict[str, str | None] = {}
+        for c in claims:
+            if c.uid not in raw:
+                out[c.uid] = f"driver returned no result for claim {c.namespace}/{c.name} ({c.uid})"
+            else:
+                err = raw[c.uid]
+                out[c.uid] = str(err) if err else None
+        return out
+
+    def _poll_health(
+        self, previous: dict[tuple[str, str], bool | None] | None
+    ) -> dict[tuple[str, str], bool | None] | None:
+        """Current health map, or None if unknown and nothing was sent yet.
+
+        When the driver fails, every device already reported becomes unknown.
+        """
+        try:
+            records = self.driver.health()  # type: ignore[attr-defined]
+            state: dict[tuple[str, str], bool | None] = {}
+            for r in records:
+                rec = r if isinstance(r, DeviceHealthRecord) else DeviceHealthRecord.model_validate(r)
+                state[(rec.pool, rec.device)] = rec.healthy
+            return state
+        except Exception:  # noqa: BLE001
+            log.exception("DRA driver %s: health() failed", self.driver_name)
+            if previous is None:
+                return None
+            return {key: None for key in previous}
+
+    def _track_stream(self, ev: threading.Event) -> None:
+        with self._state_lock:
+            self._streams.add(ev)
+            if self._dra_server is None:
+                ev.set()
+
+    def _untrack_stream(self, ev: threading.Event) -> None:
+        with self._state_lock:
+            self._streams.discard(ev)

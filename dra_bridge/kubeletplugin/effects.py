@@ -1,0 +1,103 @@
+"""Node-side effects of a claim: create or remove a vGPU, bind or release a passthrough GPU.
+
+Decisions (which parent, which VF) are pure functions over a freshly read GPU; the
+writes go through the node manager's executor, so the DRA path and the layout path
+touch the kernel the same way.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+
+from mdev_manager.discovery import read_function, read_gpu
+from mdev_manager.host.env import HostEnv
+from mdev_manager.actions import DisableVfs, EnableVfs
+from mdev_manager.executor import Executor
+from mdev_manager.host.io import HostIO
+from mdev_manager.models import Gpu
+from mdev_manager.plan import native_driver
+
+from dra_bridge.kubeletplugin.checkpoint import PreparedDeviceRecord
+
+
+class PrepareError(Exception):
+    """A per-claim error returned to the kubelet."""
+
+
+def read_one_gpu(env: HostEnv, io: HostIO, address: str, index: int = 0) -> Gpu | None:
+    if not io.exists(env.pci(address)):
+        return None
+    return read_gpu(env, io, address, index, read_function(env, io, address))
+
+
+def choose_parent(gpu: Gpu, type_id: str, taken: set[str]) -> tuple[str, str]:
+    """(framework, parent) for a new vGPU of ``type_id``; PrepareError says why none fits."""
+    offered = next((t for t in gpu.types if t.id == type_id), None)
+    if offered is None:
+        raise PrepareError(f"GPU {gpu.address} does not offer vGPU type {type_id} (driver {gpu.driver}, "
+                           f"framework {gpu.framework})")
+    busy = {v.parent for v in gpu.vgpus} | taken
+    for p in gpu.parents:
+        if gpu.framework != "mdev" and p.address in busy:
+            continue
+        t = next((t for t in p.types if t.id == type_id), None)
+        if t is not None and t.available_instances > 0:
+            return offered.framework, p.address
+    held = sorted({v.type_name for v in gpu.vgpus})
+    why = f"it holds {', '.join(held)}" if held else "it has no free instance"
+    raise PrepareError(f"GPU {gpu.address} cannot create {offered.name} now: {why}")
+
+
+def create_vgpu(ex: Executor, gpu: Gpu, rec: PreparedDeviceRecord) -> None:
+    if rec.framework == "vendor-vfio":
+        ex.set_vgpu_type(rec.parent, rec.type_id)
+    else:
+        ex.create_mdev(rec.parent, rec.type_id, rec.vgpu_id)
+
+
+def remove_vgpu(ex: Executor, env: HostEnv, io: HostIO, rec: PreparedDeviceRecord) -> None:
+    if rec.framework == "vendor-vfio":
+        cur = env.pci(rec.parent) / "nvidia" / "current_vgpu_type"
+        if io.exists(cur) and io.read(cur).strip() == rec.type_id:
+            ex.set_vgpu_type(rec.parent, "0")
+    elif rec.vgpu_id:
+        ex.remove_mdev(rec.parent, rec.vgpu_id)
+
+
+def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str]) -> PreparedDeviceRecord:
+    framework, parent = choose_parent(gpu, rec.type_id, taken)
+    vgpu_id = parent if framework == "vendor-vfio" else str(uuidlib.uuid4())
+    taken.add(parent)
+    return rec.model_copy(update={"framework": framework, "parent": parent, "vgpu_id": vgpu_id})
+
+
+def passthrough_moves(gpu: Gpu) -> list[str]:
+    """The functions of the GPU's IOMMU group that passing it through moves to vfio-pci."""
+    if gpu.vgpus:
+        raise PrepareError(f"GPU {gpu.address} holds vGPUs ({len(gpu.vgpus)}); it cannot be passed through")
+    return [addr for addr, driver in sorted((gpu.iommu_group_drivers or {gpu.address: gpu.driver}).items())
+            if driver != "vfio-pci"]
+
+
+def bind_passthrough(ex: Executor, gpu: Gpu) -> list[str]:
+    """Bind every function of the GPU's IOMMU group to vfio-pci; return the ones this moved.
+
+    Idle SR-IOV VFs (a ``dra`` GPU keeps them on for vGPUs) are turned off first: a GPU
+    whose VFs are enabled cannot be unbound (kernel.md), and no VF holds a vGPU here.
+    """
+    moved = passthrough_moves(gpu)
+    if gpu.sriov_num_vfs:
+        ex.apply(DisableVfs(gpu=gpu.address))
+    for addr in moved:
+        ex.bind(addr, "vfio-pci")
+    return moved
+
+
+def release_passthrough(ex: Executor, gpu: Gpu | None, rec: PreparedDeviceRecord) -> None:
+    """Return what prepare moved to vfio-pci to its native driver."""
+    if gpu is None or native_driver(gpu) is None:
+        return
+    for addr in rec.rebound:
+        ex.bind(addr, None)
+    if rec.vfs_disabled:
+        ex.apply(EnableVfs(gpu=gpu.address, count=rec.vfs_disabled))

@@ -1,0 +1,607 @@
+"""The DRA device model of a node: which devices to publish and what they consume.
+
+Pure functions, no I/O. :func:`build_pool` turns the node :class:`~mdev_manager.models.Inventory`
+and a :class:`PoolPolicy` into a :class:`Pool`: one counter set per physical GPU and the devices
+(whole-GPU passthrough, one device per possible vGPU instance) that consume it. The counters are
+chosen so that every combination of devices the scheduler can pick is creatable on the GPU
+(see ``schema.md`` next to this file for the reasoning). :mod:`dra_bridge.pool.slices` turns a pool
+into ResourceSlice objects for a given API server version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import Counter
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mdev_manager.models import Gpu, Inventory, VgpuType
+from mdev_manager.names import (
+    check_pci_address,
+    framebuffer_mib_from_name,
+    is_mig_backed,
+    short_type_name,
+    type_series,
+)
+
+DEFAULT_DRIVER = "vgpu.kubevirt.io"
+
+#: Kubernetes version from which ``consumesCounters[].compatibilityGroups`` exists.
+COMPATIBILITY_GROUPS_SINCE = (1, 37)
+#: Oldest Kubernetes version with ``resource.k8s.io/v1``.
+OLDEST_SERVER = (1, 34)
+
+ATTR_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+ATTR_PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+MAX_STRING_ATTR = 64  # bytes, as the API server counts them
+MAX_ATTRS_AND_CAPACITY = 32
+MAX_DNS_LABEL = 63
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+AttrKey = Literal["string", "int", "bool", "version"]
+#: A device attribute value: exactly one of ``{"string": s}``, ``{"int": i}``, ``{"bool": b}``,
+#: ``{"version": semver}`` (the ResourceSlice wire form).
+AttrValue = dict[AttrKey, str | int | bool]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- policy
+
+
+class GpuPolicy(_Model):
+    """What one physical GPU offers through DRA."""
+
+    passthrough: bool = Field(
+        True,
+        description="offer the whole GPU (vfio-pci passthrough); it consumes all of the GPU's "
+        "counters, so it is only allocatable while no vGPU of that GPU is allocated",
+    )
+    vgpu_types: list[str] | None = Field(
+        None,
+        description="types to offer, by id, full name or short name (in priority order); "
+        "None = every time-sliced type the GPU offers (MIG-backed types are never offered: "
+        "they need MIG, not supported yet); [] = no vGPUs",
+    )
+    equal_size_fb_mib: int | None = Field(
+        None,
+        gt=0,
+        description="framebuffer size (MiB) the node manager configured the GPU for; on servers "
+        "< 1.37 only types of this size are published",
+    )
+    mixed_size: bool = Field(
+        False,
+        description="the GPU runs in mixed-size mode: vGPUs of different framebuffer sizes may "
+        "share it (no equal-size restriction, no compatibility groups)",
+    )
+
+
+class PoolPolicy(_Model):
+    """Per-GPU offer, keyed by the GPU's PCI address; ``others`` applies to unlisted GPUs."""
+
+    gpus: dict[str, GpuPolicy] = Field(default_factory=dict)
+    others: GpuPolicy | None = Field(None, description="policy for GPUs not in `gpus`; None = not offered")
+
+    @field_validator("gpus")
+    @classmethod
+    def _normalise_addresses(cls, v: dict[str, GpuPolicy]) -> dict[str, GpuPolicy]:
+        out: dict[str, GpuPolicy] = {}
+        for addr, pol in v.items():
+            key = check_pci_address(addr, "gpus")
+            if key in out:
+                raise ValueError(f"gpus: {addr!r} listed twice")
+            out[key] = pol
+        return out
+
+    @classmethod
+    def default(cls, *, passthrough: bool = True) -> PoolPolicy:
+        """Offer everything: every GPU, every time-sliced type, and (unless turned off) passthrough.
+
+        Passthrough is a flag, not inferred from the vGPUs present: the GPU's counter set already
+        keeps the scheduler from allocating the whole GPU while any of its vGPUs is allocated,
+        and inferring it would make the published pool flap as claims come and go.
+        """
+        return cls(others=GpuPolicy(passthrough=passthrough))
+
+    def for_gpu(self, address: str) -> GpuPolicy | None:
+        return self.gpus.get(address.lower(), self.others)
+
+
+# --------------------------------------------------------------------------- pool
+
+
+class CounterSet(_Model):
+    name: str
+    counters: dict[str, int | str]
+
+
+class Consumption(_Model):
+    counter_set: str
+    counters: dict[str, str]
+    compatibility_groups: list[str] = Field(
+        default_factory=list, description="published only to servers >= 1.37 (at most 2)"
+    )
+
+
+class PoolDevice(_Model):
+    name: str
+    attributes: dict[str, AttrValue] = Field(default_factory=dict)
+    capacity: dict[str, str] = Field(default_factory=dict)
+    consumes: list[Consumption] = Field(default_factory=list)
+    gpu: str = Field(description="PCI address of the physical GPU (PF)")
+    kind: Literal["vgpu", "passthrough"]
+    type_id: str | None = None
+
+
+class Pool(_Model):
+    counter_sets: list[CounterSet] = Field(default_factory=list)
+    devices: list[PoolDevice] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list, description="what was left out, and why")
+
+    def device(self, name: str) -> PoolDevice | None:
+        return next((d for d in self.devices if d.name == name), None)
+
+    def counter_set(self, name: str) -> CounterSet | None:
+        return next((c for c in self.counter_sets if c.name == name), None)
+
+    def devices_of(self, counter_set: str) -> list[PoolDevice]:
+        return [d for d in self.devices if any(c.counter_set == counter_set for c in d.consumes)]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def counter_set_name(gpu_index: int) -> str:
+    return f"gpu-{gpu_index}-counter-set"
+
+
+def passthrough_device_name(gpu_index: int) -> str:
+    return f"gpu-{gpu_index}-passthrough"
+
+
+def compatibility_group(fb_mib: int) -> str:
+    """The equal-size group of a vGPU type: one group per framebuffer size."""
+    return f"fb-{fb_mib}"
+
+
+def is_dns_label(value: str) -> bool:
+    return len(value) <= MAX_DNS_LABEL and bool(_DNS_LABEL.match(value))
+
+
+def is_dns_subdomain(value: str) -> bool:
+    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
+
+
+def dns_safe(value: str) -> str:
+    """Lower-case, runs of anything outside ``[a-z0-9]`` become one ``-``, no dash at either end."""
+    return re.sub(r"[^a-z0-9]+", "-", value.lower()).strip("-")
+
+
+def _short_hash(value: str, n: int = 6) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:n]
+
+
+def fit_dns_label(prefix: str, middle: str, suffix: str, *, limit: int = MAX_DNS_LABEL) -> str:
+    """``prefix + middle + suffix`` as a DNS label; a too-long middle is cut and made unique by a hash."""
+    mid = dns_safe(middle) or "x"
+    name = f"{prefix}{mid}{suffix}"
+    if len(name) <= limit:
+        return name
+    h = _short_hash(middle)
+    room = limit - len(prefix) - len(suffix) - len(h) - 1
+    if room < 1:
+        raise ValueError(f"cannot build a DNS label from {prefix!r}, {middle!r}, {suffix!r}")
+    return f"{prefix}{mid[:room].rstrip('-')}-{h}{suffix}"
+
+
+def truncate_utf8(value: str, limit: int = MAX_STRING_ATTR) -> str:
+    """At most ``limit`` UTF-8 bytes (the API server counts bytes), never splitting a character."""
+    value = "".join(c for c in value if c.isprintable())
+    raw = value.encode()
+    if len(raw) <= limit:
+        return value
+    return raw[:limit].decode(errors="ignore").rstrip()
+
+
+def _hex_id(value: str) -> str:
+    v = value.strip().lower()
+    v = v[2:] if v.startswith("0x") else v
+    return "0x" + v.zfill(4)
+
+
+def format_mib(mib: int) -> str:
+    """A framebuffer size as a binary Quantity: ``16Gi``, ``1536Mi``."""
+    return format_kib(mib * 1024)
+
+
+def format_kib(kib: int) -> str:
+    if kib % (1024 * 1024) == 0:
+        return f"{kib // (1024 * 1024)}Gi"
+    if kib % 1024 == 0:
+        return f"{kib // 1024}Mi"
+    return f"{kib}Ki"
+
+
+_QUANTITY = re.compile(r"^([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_SUFFIX = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 10**3),
+    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
+    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
+    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60),
+}
+
+
+def parse_quantity(value: str | int) -> Fraction:
+    """A Kubernetes Quantity as an exact number (enough of the grammar for counters and capacity)."""
+    if isinstance(value, int):
+        return Fraction(value)
+    return _parse_quantity(value)
+
+
+@lru_cache(maxsize=4096)
+def _parse_quantity(value: str) -> Fraction:
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        raise ValueError(f"{value!r} is not a Quantity")
+    number, suffix = Fraction(m.group(1)), m.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return number * Fraction(10) ** int(suffix[1:])
+    return number * _SUFFIX[suffix]
+
+
+def attr_string(v: str) -> AttrValue:
+    return {"string": truncate_utf8(v)}
+
+
+def attr_int(v: int) -> AttrValue:
+    return {"int": int(v)}
+
+
+def attr_bool(v: bool) -> AttrValue:
+    return {"bool": bool(v)}
+
+
+def attr_version(v: str) -> AttrValue:
+    return {"version": v}
+
+
+def type_framebuffer_mib(t: VgpuType) -> int | None:
+    return t.framebuffer_mib or framebuffer_mib_from_name(t.name)
+
+
+def type_is_mig_backed(t: VgpuType) -> bool:
+    return t.mig_backed or is_mig_backed(t.name)
+
+
+def gpu_framebuffer_mib(gpu: Gpu) -> int | None:
+    """The GPU's framebuffer, from its types (the inventory has no field for it).
+
+    The largest of ``framebuffer_mib`` and ``framebuffer_mib * max_instances`` over every type
+    the GPU lists (MIG-backed ones count only by their own size): the full-size type (max 1) carries the whole
+    framebuffer, and no type can pack more than the board has. Taking the product alone would
+    under-count boards whose instance cap is below framebuffer / size (L40S-1Q: 32 x 1 GiB on 48 GiB).
+    """
+    best: int | None = None
+    for t in gpu.types:
+        fb = type_framebuffer_mib(t)
+        if not fb:
+            continue
+        packed = fb if type_is_mig_backed(t) else fb * (t.max_instances or 1)
+        best = max(best or 0, fb, packed)
+    return best
+
+
+def type_max_instances(t: VgpuType, gpu_fb_mib: int | None) -> int | None:
+    if t.max_instances:
+        return t.max_instances
+    fb = type_framebuffer_mib(t)
+    if fb and gpu_fb_mib:
+        return gpu_fb_mib // fb or None
+    return None
+
+
+def gpu_vgpu_limit(gpu: Gpu) -> int:
+    """How many vGPUs the board admits at once: the largest ``max_instances`` of any type,
+    capped by the VF count on SR-IOV boards (one VF per vGPU)."""
+    most = max((t.max_instances or 0 for t in gpu.types), default=0)
+    if gpu.framework in ("mdev-sriov", "vendor-vfio") and gpu.sriov_total_vfs:
+        most = min(most, gpu.sriov_total_vfs) if most else gpu.sriov_total_vfs
+    return max(most, 1)
+
+
+def _is_nvidia(gpu: Gpu) -> bool:
+    return _hex_id(gpu.vendor_id) == "0x10de"
+
+
+# --------------------------------------------------------------------------- build
+
+
+def build_pool(
+    inventory: Inventory,
+    policy: PoolPolicy,
+    driver: str = DEFAULT_DRIVER,
+    *,
+    server_version: tuple[int, int] | None = None,
+    pcie_roots: dict[str, str] | None = None,
+) -> Pool:
+    """The devices and counter sets to publish for ``inventory`` under ``policy``.
+
+    ``server_version`` is the API server's (major, minor); None is treated as the oldest
+    supported server (no compatibility groups), the safe choice. ``pcie_roots`` maps a GPU's
+    PCI address to its PCIe root (``pci0000:40``) for the standard ``pcieRoot`` attribute.
+    """
+    if not is_dns_subdomain(driver) or len(driver) > 63:
+        raise ValueError(f"driver: {driver!r} is not a DNS subdomain of at most 63 characters")
+    version = tuple(server_version) if server_version else OLDEST_SERVER
+    groups_supported = version >= COMPATIBILITY_GROUPS_SINCE
+    roots = {k.lower(): v for k, v in (pcie_roots or {}).items()}
+
+    pool = Pool()
+    seen_index: dict[int, str] = {}
+    for addr in policy.gpus:
+        if inventory.gpu(addr) is None:
+            pool.warnings.append(f"policy names GPU {addr}, which is not on this node")
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        if gpu.index in seen_index:
+            raise ValueError(f"GPUs {seen_index[gpu.index]} and {gpu.address} share index {gpu.index}")
+        seen_index[gpu.index] = gpu.address
+        pol = policy.for_gpu(gpu.address)
+        if pol is None:
+            continue
+        _add_gpu(pool, gpu, pol, groups_supported, roots.get(gpu.address.lower()))
+
+    dup = {n for n, k in Counter(d.name for d in pool.devices).items() if k > 1}
+    if dup:  # cannot happen with distinct GPU indices; a guard for future edits
+        raise ValueError(f"duplicate device names: {sorted(dup)}")
+    return pool
+
+
+def _select_types(gpu: Gpu, pol: GpuPolicy, warnings: list[str]) -> list[VgpuType]:
+    if pol.vgpu_types is None:
+        return [t for t in gpu.types if not type_is_mig_backed(t)]
+    out: list[VgpuType] = []
+    for ref in pol.vgpu_types:
+        t = gpu.type_by_ref(ref)
+        if t is None:
+            warnings.append(f"GPU {gpu.address}: type {ref!r} is not offered by this GPU; skipped")
+        elif type_is_mig_backed(t):
+            warnings.append(f"GPU {gpu.address}: {t.short_name} is MIG-backed (needs MIG, not supported yet); skipped")
+        elif t not in out:
+            out.append(t)
+    return out
+
+
+def _equal_size_choice(
+    gpu: Gpu, pol: GpuPolicy, types: list[VgpuType], warnings: list[str]
+) -> int | None:
+    """The one framebuffer size to publish on servers without compatibility groups.
+
+    Order: the configured ``equal_size_fb_mib``; else the size of the vGPUs already on the GPU;
+    else (empty GPU, nothing configured) the smallest offered size, the one with the most
+    instances. None means: publish no vGPU of this GPU.
+    """
+    by_id = {t.id: t for t in gpu.types}
+    existing = {type_framebuffer_mib(by_id[v.type_id]) if v.type_id in by_id else None for v in gpu.vgpus}
+    if None in existing and gpu.vgpus:
+        existing.discard(None)
+        warnings.append(f"GPU {gpu.address}: a present vGPU has a type of unknown size")
+    if len(existing) > 1:
+        warnings.append(
+            f"GPU {gpu.address}: present vGPUs have sizes {sorted(existing)} MiB although the GPU is "
+            "not in mixed-size mode; no vGPU published"
+        )
+        return None
+    present = next(iter(existing), None)
+    if pol.equal_size_fb_mib is not None:
+        if present is not None and present != pol.equal_size_fb_mib:
+            warnings.append(
+                f"GPU {gpu.address}: configured for {pol.equal_size_fb_mib} MiB vGPUs but holds "
+                f"{present} MiB vGPUs; no vGPU published until they agree"
+            )
+            return None
+        return pol.equal_size_fb_mib
+    if present is not None:
+        return present
+    sizes = [fb for t in types if (fb := type_framebuffer_mib(t))]
+    return min(sizes) if sizes else None
+
+
+def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None) -> None:
+    warnings = pool.warnings
+    total_fb = gpu_framebuffer_mib(gpu)
+    equal_size = _is_nvidia(gpu) and not pol.mixed_size
+
+    # --- which types, and how many of each
+    offered: list[tuple[VgpuType, int, int | None]] = []  # (type, max instances, fb MiB)
+    types = _select_types(gpu, pol, warnings)
+    if equal_size and not groups_supported and types:
+        size = _equal_size_choice(gpu, pol, types, warnings)
+        kept = [t for t in types if type_framebuffer_mib(t) == size]
+        if size is not None and not kept:
+            warnings.append(f"GPU {gpu.address}: no offered type has {size} MiB of framebuffer; no vGPU published")
+        types = kept
+    for t in types:
+        n = type_max_instances(t, total_fb)
+        fb = type_framebuffer_mib(t)
+        if not n:
+            warnings.append(f"GPU {gpu.address}: {t.short_name} has no known instance limit; skipped")
+            continue
+        if equal_size and groups_supported and fb is None:
+            warnings.append(f"GPU {gpu.address}: {t.short_name} has no known framebuffer size; skipped")
+            continue
+        offered.append((t, n, fb))
+    if not offered and not pol.passthrough:
+        return
+
+    # --- the counter set. The rule to enforce (any mix of types the scheduler picks must be
+    # creatable): sum over types of count / max_instances <= 1. Each vGPU consumes
+    # total / max_instances of one counter; the total is rounded down to a multiple of the lcm
+    # of the max instances so that every share is exact (a no-op for every real board).
+    cs = counter_set_name(gpu.index)
+    lcm = math.lcm(*(n for _, n, _ in offered)) if offered else 1
+    counters: dict[str, int | str] = {}
+    share_counter: str
+    if total_fb:
+        share_counter = "memory"
+        total_units = (total_fb * 1024) // lcm * lcm  # KiB
+        if total_units == 0:
+            raise ValueError(f"GPU {gpu.address}: framebuffer {total_fb} MiB cannot be shared {lcm} ways")
+        if total_units != total_fb * 1024:
+            warnings.append(
+                f"GPU {gpu.address}: memory counter rounded down to {format_kib(total_units)} so that every "
+                "type's share is exact"
+            )
+        counters["memory"] = format_kib(total_units)
+        fmt = format_kib
+    else:  # framebuffer unknown (e.g. Intel GVT-g): a unitless share counter enforces the same rule
+        share_counter = "share"
+        total_units = lcm
+        counters["share"] = lcm
+        fmt = str
+    vgpu_limit = gpu_vgpu_limit(gpu)
+    counters["vgpus"] = vgpu_limit
+    pool.counter_sets.append(CounterSet(name=cs, counters=counters))
+
+    common = _common_attributes(gpu, pcie_root)
+
+    # --- passthrough: consumes the whole set, so it never co-allocates with a vGPU of this GPU
+    if pol.passthrough:
+        attrs: dict[str, AttrValue] = {
+            "type": attr_string("passthrough"),
+            "profile": attr_string(gpu.model),
+            "framework": attr_string("vfio-pci"),
+            **common,
+            ATTR_PCI_BUS_ID: attr_string(gpu.address),
+        }
+        cap = {"memory": format_mib(total_fb)} if total_fb else {}
+        pool.devices.append(
+            PoolDevice(
+                name=passthrough_device_name(gpu.index),
+                attributes=attrs,
+                capacity=cap,
+                consumes=[
+                    Consumption(
+                        counter_set=cs,
+                        counters={share_counter: fmt(total_units), "vgpus": str(vgpu_limit)},
+                    )
+                ],
+                gpu=gpu.address,
+                kind="passthrough",
+            )
+        )
+
+    # --- vGPUs: max_instances devices per type, each consuming a fair share
+    parts = [dns_safe(t.short_name or short_type_name(t.name)) for t, _, _ in offered]
+    for (t, n, fb), part in zip(offered, parts):
+        middle = part if parts.count(part) == 1 else f"{part}-{dns_safe(t.id)}"
+        groups = [compatibility_group(fb)] if equal_size and fb else []
+        attrs = {
+            "type": attr_string("vgpu"),
+            "profile": attr_string(t.short_name or short_type_name(t.name)),
+            "typeName": attr_string(t.name),
+            "typeId": attr_string(t.id),
+            "framework": attr_string(t.framework),
+            **common,
+            "parentPciBusID": attr_string(gpu.address),
+        }
+        if (series := type_series(t.name)) is not None:
+            attrs["series"] = attr_string(series)
+        cap = {"memory": format_mib(fb)} if fb else {}
+        consumption = Consumption(
+            counter_set=cs,
+            counters={share_counter: fmt(total_units // n), "vgpus": "1"},
+            compatibility_groups=groups,
+        )
+        for k in range(n):
+            name = fit_dns_label(f"gpu-{gpu.index}-vgpu-", middle, f"-{k}")
+            pool.devices.append(
+                PoolDevice(
+                    name=name,
+                    attributes=dict(attrs),
+                    capacity=dict(cap),
+                    consumes=[consumption.model_copy(deep=True)],
+                    gpu=gpu.address,
+                    kind="vgpu",
+                    type_id=t.id,
+                )
+            )
+
+
+def _common_attributes(gpu: Gpu, pcie_root: str | None) -> dict[str, AttrValue]:
+    attrs: dict[str, AttrValue] = {
+        "productName": attr_string(gpu.model),
+        "vendorId": attr_string(_hex_id(gpu.vendor_id)),
+        "deviceId": attr_string(_hex_id(gpu.device_id)),
+        "gpuIndex": attr_int(gpu.index),
+    }
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        attrs["numaNode"] = attr_int(gpu.numa_node)
+    if pcie_root:
+        attrs[ATTR_PCIE_ROOT] = attr_string(pcie_root)
+    return attrs
+
+
+# --------------------------------------------------------------------------- scheduler model
+
+
+def co_allocatable(pool: Pool, device_names: Iterable[str], *, compatibility_groups: bool = True) -> bool:
+    """Whether the scheduler may allocate all of ``device_names`` at once (each at most once).
+
+    Mirrors the scheduler's rules for partitionable devices: per counter set, the summed
+    consumption of every counter stays within the set; with ``compatibility_groups`` (1.37+),
+    the group lists of the devices consuming one set must share a name, or all be empty.
+    """
+    names = list(device_names)
+    wanted = set(names)
+    if len(wanted) != len(names):
+        return False
+    devices = [d for d in pool.devices if d.name in wanted]
+    if len(devices) != len(wanted):
+        raise KeyError(sorted(wanted - {d.name for d in devices}))
+    used: dict[str, dict[str, Fraction]] = {}
+    groups: dict[str, list[frozenset[str]]] = {}
+    for dev in devices:
+        for c in dev.consumes:
+            per = used.setdefault(c.counter_set, {})
+            for counter, q in c.counters.items():
+                per[counter] = per.get(counter, Fraction(0)) + parse_quantity(q)
+            groups.setdefault(c.counter_set, []).append(frozenset(c.compatibility_groups))
+    for set_name, per in used.items():
+        cs = pool.counter_set(set_name)
+        if cs is None:
+            return False
+        for counter, amount in per.items():
+            if counter not in cs.counters or amount > parse_quantity(cs.counters[counter]):
+                return False
+    if compatibility_groups:
+        for lists in groups.values():
+            if len(lists) < 2:
+                continue
+            if all(not g for g in lists):
+                continue
+            if any(not g for g in lists) or not frozenset.intersection(*lists):
+                return False
+    return True
+
+
+def device_summary(dev: PoolDevice) -> dict[str, Any]:
+    """A short, log-friendly view of a device."""
+    return {
+        "name": dev.name,
+        "kind": dev.kind,
+        "gpu": dev.gpu,
+        "type": dev.type_id,
+        "consumes": {c.counter_set: c.counters for c in dev.consumes},
+    }

@@ -1,0 +1,31 @@
+"""Which GPUs the DRA bridge offers, derived from the node layout.
+
+GPUs in mode ``dra`` are offered: their ``vgpus`` keys (if any) are the types offered,
+and the first type's framebuffer is the equal-size choice on servers older than 1.37;
+``passthrough: true`` also offers the whole GPU; ``mixedSize: true`` offers every size
+without compatibility groups. With no layout every GPU is offered.
+"""
+
+from __future__ import annotations
+
+from mdev_manager.config import GpuLayout
+from mdev_manager.models import Inventory
+from mdev_manager.plan import offered_types, resolve_type, select_gpus, size_mode
+
+from dra_bridge.pool.devices import GpuPolicy, PoolPolicy
+
+
+def policy_from_layout(inv: Inventory, layouts: list[GpuLayout] | None) -> PoolPolicy:
+    if layouts is None:
+        return PoolPolicy.default()
+    gpus = {}
+    for addr, entry in select_gpus(inv, layouts).items():
+        if entry.mode != "dra":
+            continue
+        gpu = inv.gpu(addr)
+        types = [t for t in (resolve_type(offered_types(gpu), ref) for ref in entry.vgpus) if t]
+        gpus[addr] = GpuPolicy(passthrough=entry.passthrough,
+                               vgpu_types=[t.id for t in types] or None,
+                               equal_size_fb_mib=types[0].framebuffer_mib if types else None,
+                               mixed_size=size_mode(gpu, entry))
+    return PoolPolicy(gpus=gpus)

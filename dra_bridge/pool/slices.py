@@ -1,0 +1,591 @@
+"""ResourceSlice objects for a :class:`~dra_bridge.pool.devices.Pool`, per API server version.
+
+Pure functions, no I/O. The layout follows the API server's rules:
+
+* ``<= 1.34``: combined slices. A counter set and every device consuming it share one slice;
+  GPUs are packed into as few slices as the limits allow (128 devices, 32 counters summed over
+  the sets, 1024 counter consumptions). A GPU whose devices alone exceed one slice loses its
+  lowest-priority types (whole types, last in the policy's order) with a warning.
+* ``>= 1.35``: a slice holds either counters or devices. Counter-only slices first (8 sets each),
+  then device-only slices per GPU (64 devices each, since every device consumes counters).
+* ``>= 1.37``: ``consumesCounters[].compatibilityGroups`` is published; older servers never see it
+  (and :func:`build_slices` refuses a pool whose groups matter on an older server).
+
+Slice names are deterministic (``<node>-<driver>-<k>``) so a publisher can update only the
+slices that changed. See ``schema.md`` for the device model.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Iterable
+
+from dra_bridge.pool.devices import (
+    COMPATIBILITY_GROUPS_SINCE,
+    MAX_ATTRS_AND_CAPACITY,
+    MAX_STRING_ATTR,
+    OLDEST_SERVER,
+    CounterSet,
+    Pool,
+    PoolDevice,
+    _short_hash,
+    dns_safe,
+    is_dns_label,
+    is_dns_subdomain,
+    parse_quantity,
+)
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "resource.k8s.io/v1"
+KIND = "ResourceSlice"
+
+LABEL_DRIVER = "vgpu.kubevirt.io/driver"
+LABEL_NODE = "vgpu.kubevirt.io/node"
+LABEL_POOL = "vgpu.kubevirt.io/pool"
+LABEL_ROLE = "vgpu.kubevirt.io/slice-role"  # combined | counters | devices
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "vgpuctl"
+
+SPLIT_LAYOUT_SINCE = (1, 35)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What validation of ``resource.k8s.io/v1`` ResourceSlices rejects beyond, per version."""
+
+    devices_per_slice: int = 128
+    devices_per_slice_with_counters: int = 128  # when any device consumes counters or has taints
+    counters_summed_per_slice: int | None = 32  # 1.34: counters summed over all sets of a slice
+    counter_sets_per_slice: int | None = None  # 1.35+: 8
+    counters_per_set: int = 32
+    consumptions_per_slice: int | None = 1024  # 1.34: counters consumed, summed over devices
+    counters_per_device: int | None = 32  # 1.34: summed over the device's consumptions
+    counter_sets_per_device: int | None = None  # 1.35+: 2
+    counters_per_consumption: int = 32
+    taints_per_device: int = 4
+    attributes_and_capacity: int = MAX_ATTRS_AND_CAPACITY
+    compatibility_groups: int = 0  # per consumption; 1.37+: 2
+    split: bool = False  # 1.35+: a slice holds devices or sharedCounters, never both
+
+
+def limits_for(server_version: tuple[int, int]) -> Limits:
+    v = _version(server_version)
+    if v < SPLIT_LAYOUT_SINCE:
+        return Limits()
+    return Limits(
+        devices_per_slice=128,
+        devices_per_slice_with_counters=64,
+        counters_summed_per_slice=None,
+        counter_sets_per_slice=8,
+        counters_per_set=32,
+        consumptions_per_slice=None,
+        counters_per_device=None,
+        counter_sets_per_device=2,
+        counters_per_consumption=32,
+        taints_per_device=16,
+        compatibility_groups=2 if v >= COMPATIBILITY_GROUPS_SINCE else 0,
+        split=True,
+    )
+
+
+def _version(server_version: Iterable[int]) -> tuple[int, int]:
+    v = tuple(int(x) for x in server_version)[:2]
+    if len(v) != 2:
+        raise ValueError(f"server_version: {server_version!r} is not (major, minor)")
+    if v < OLDEST_SERVER:
+        raise ValueError(
+            f"server_version {v[0]}.{v[1]}: resource.k8s.io/v1 ResourceSlices need Kubernetes "
+            f"{OLDEST_SERVER[0]}.{OLDEST_SERVER[1]} or newer"
+        )
+    return v  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- wire form
+
+
+def counter_set_to_dict(cs: CounterSet) -> dict[str, Any]:
+    return {"name": cs.name, "counters": {k: {"value": str(v)} for k, v in cs.counters.items()}}
+
+
+def device_to_dict(dev: PoolDevice, *, compatibility_groups: bool = False) -> dict[str, Any]:
+    """A pool device as a ResourceSlice ``spec.devices[]`` entry.
+
+    ``compatibility_groups`` publishes ``consumesCounters[].compatibilityGroups`` (1.37+ only).
+    """
+    out: dict[str, Any] = {"name": dev.name}
+    if dev.attributes:
+        out["attributes"] = {k: dict(v) for k, v in dev.attributes.items()}
+    if dev.capacity:
+        out["capacity"] = {k: {"value": v} for k, v in dev.capacity.items()}
+    if dev.consumes:
+        consumes = []
+        for c in dev.consumes:
+            entry: dict[str, Any] = {
+                "counterSet": c.counter_set,
+                "counters": {k: {"value": v} for k, v in c.counters.items()},
+            }
+            if compatibility_groups and c.compatibility_groups:
+                entry["compatibilityGroups"] = list(c.compatibility_groups)
+            consumes.append(entry)
+        out["consumesCounters"] = consumes
+    return out
+
+
+def label_value(value: str) -> str:
+    """``value`` as a label value (<= 63 characters, alphanumeric ends); long values are cut and hashed."""
+    if len(value) <= 63 and re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", value):
+        return value
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:52].strip("-_.")
+    return f"{safe}-{_short_hash(value, 10)}" if safe else _short_hash(value, 10)
+
+
+def slice_name_prefix(node_name: str, driver: str, pool_name: str | None = None) -> str:
+    """``<node>-<driver with dots as dashes>[-<pool>]``, fitting a DNS subdomain with room for ``-<k>``."""
+    parts = [node_name.lower(), dns_safe(driver)]
+    if pool_name is not None and pool_name != node_name:
+        parts.append(dns_safe(pool_name))
+    prefix = "-".join(p for p in parts if p)
+    if len(prefix) > 240 or not is_dns_subdomain(prefix + "-0"):
+        cut = re.sub(r"[^a-z0-9.-]+", "-", prefix)[:200].strip("-.")
+        prefix = f"{cut}-{_short_hash(prefix, 10)}" if cut else _short_hash(prefix, 10)
+    return prefix
+
+
+def slice_name(node_name: str, driver: str, k: int, pool_name: str | None = None) -> str:
+    return f"{slice_name_prefix(node_name, driver, pool_name)}-{k}"
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass
+class SlicePlan:
+    slices: list[dict[str, Any]]
+    dropped: list[str] = field(default_factory=list)  # device names left out
+    warnings: list[str] = field(default_factory=list)
+
+
+def build_slices(
+    pool: Pool,
+    *,
+    driver: str,
+    node_name: str,
+    pool_name: str,
+    generation: int,
+    server_version: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """The ResourceSlices (plain dicts) publishing ``pool`` to a server of ``server_version``.
+
+    Returns ``[]`` for an empty pool. Devices that cannot be published on a 1.34 server (a GPU
+    whose devices exceed one slice) are dropped with a logged warning; use :func:`plan_slices`
+    to see them.
+    """
+    plan = plan_slices(
+        pool,
+        driver=driver,
+        node_name=node_name,
+        pool_name=pool_name,
+        generation=generation,
+        server_version=server_version,
+    )
+    for w in plan.warnings:
+        log.warning("%s", w)
+    return plan.slices
+
+
+def plan_slices(
+    pool: Pool,
+    *,
+    driver: str,
+    node_name: str,
+    pool_name: str,
+    generation: int,
+    server_version: tuple[int, int],
+) -> SlicePlan:
+    """Like :func:`build_slices`, also reporting dropped devices and warnings."""
+    version = _version(server_version)
+    limits = limits_for(version)
+    if not is_dns_subdomain(driver) or len(driver) > 63:
+        raise ValueError(f"driver: {driver!r} is not a DNS subdomain of at most 63 characters")
+    if not node_name or not is_dns_subdomain(node_name):
+        raise ValueError(f"node_name: {node_name!r} is not a node name (DNS subdomain)")
+    if not pool_name or len(pool_name) > 253:
+        raise ValueError(f"pool_name: {pool_name!r} must be 1..253 characters")
+    if generation < 0:
+        raise ValueError("generation must be >= 0")
+    _check_pool(pool, limits)
+    groups = limits.compatibility_groups > 0
+    if not groups:
+        _check_groups_expressible(pool, version)
+
+    plan = SlicePlan(slices=[])
+    if limits.split:
+        bodies = _split_layout(pool, limits, groups)
+    else:
+        bodies = _combined_layout(pool, limits, plan)
+
+    prefix = slice_name_prefix(node_name, driver, pool_name)
+    labels = {
+        LABEL_DRIVER: label_value(driver),
+        LABEL_NODE: label_value(node_name),
+        LABEL_POOL: label_value(pool_name),
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+    for k, (role, body) in enumerate(bodies):
+        spec: dict[str, Any] = {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": pool_name, "generation": generation, "resourceSliceCount": len(bodies)},
+            **body,
+        }
+        plan.slices.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": {"name": f"{prefix}-{k}", "labels": {**labels, LABEL_ROLE: role}},
+                "spec": spec,
+            }
+        )
+    problems = check_pool_slices(plan.slices, version)
+    if problems:  # a bug here, never the caller's input
+        raise AssertionError("built invalid ResourceSlices: " + "; ".join(problems[:10]))
+    return plan
+
+
+def _check_pool(pool: Pool, limits: Limits) -> None:
+    names = [cs.name for cs in pool.counter_sets]
+    if len(set(names)) != len(names):
+        raise ValueError("counter set names are not unique")
+    for cs in pool.counter_sets:
+        if len(cs.counters) > limits.counters_per_set:
+            raise ValueError(f"counter set {cs.name} has {len(cs.counters)} counters (at most {limits.counters_per_set})")
+        if limits.counters_summed_per_slice is not None and len(cs.counters) > limits.counters_summed_per_slice:
+            raise ValueError(f"counter set {cs.name} alone exceeds a slice's counters")
+    by_name = {cs.name: cs for cs in pool.counter_sets}
+    dnames = [d.name for d in pool.devices]
+    if len(set(dnames)) != len(dnames):
+        raise ValueError("device names are not unique")
+    for d in pool.devices:
+        for c in d.consumes:
+            cs = by_name.get(c.counter_set)
+            if cs is None:
+                raise ValueError(f"device {d.name} consumes unknown counter set {c.counter_set}")
+            missing = set(c.counters) - set(cs.counters)
+            if missing:
+                raise ValueError(f"device {d.name} consumes {sorted(missing)} not in {cs.name}")
+
+
+def _exclusive(dev: PoolDevice, set_name: str, cs: CounterSet, siblings: list[PoolDevice]) -> bool:
+    """Whether ``dev`` consumes all of some counter of ``cs`` that every sibling also needs."""
+    mine = next(c for c in dev.consumes if c.counter_set == set_name)
+    for counter, q in mine.counters.items():
+        if parse_quantity(q) < parse_quantity(cs.counters[counter]):
+            continue
+        ok = True
+        for s in siblings:
+            if s is dev:
+                continue
+            theirs = next(c for c in s.consumes if c.counter_set == set_name)
+            if parse_quantity(theirs.counters.get(counter, "0")) <= 0:
+                ok = False
+                break
+        if ok:
+            return True
+    return False
+
+
+def _check_groups_expressible(pool: Pool, version: tuple[int, int]) -> None:
+    """Refuse to drop compatibility groups when they forbid something the counters allow.
+
+    On servers without compatibilityGroups the groups vanish; that is only safe when every
+    device of a counter set that can co-allocate with others shares a group with all of them
+    (one framebuffer size per GPU, which build_pool guarantees when told the server version).
+    """
+    for cs in pool.counter_sets:
+        devs = pool.devices_of(cs.name)
+        shared = [d for d in devs if not _exclusive(d, cs.name, cs, devs)]
+        lists = [frozenset(next(c for c in d.consumes if c.counter_set == cs.name).compatibility_groups) for d in shared]
+        if not lists or all(not g for g in lists):
+            continue
+        if any(not g for g in lists) or not frozenset.intersection(*lists):
+            raise ValueError(
+                f"counter set {cs.name}: the pool relies on compatibility groups, which Kubernetes "
+                f"{version[0]}.{version[1]} does not have; build the pool with server_version={version}"
+            )
+
+
+def _type_groups(devs: list[PoolDevice]) -> list[list[PoolDevice]]:
+    """Consecutive devices of one GPU and one offer (passthrough, or one vGPU type)."""
+    out: list[list[PoolDevice]] = []
+    for d in devs:
+        key = (d.gpu, d.kind, d.type_id)
+        if out and (out[-1][0].gpu, out[-1][0].kind, out[-1][0].type_id) == key:
+            out[-1].append(d)
+        else:
+            out.append([d])
+    return out
+
+
+def _n_consumed(devs: Iterable[PoolDevice]) -> int:
+    return sum(len(c.counters) for d in devs for c in d.consumes)
+
+
+def _combined_layout(pool: Pool, limits: Limits, plan: SlicePlan) -> list[tuple[str, dict[str, Any]]]:
+    # Units: the counter sets linked by devices (each device must share a slice with every set
+    # it consumes), with their devices; devices consuming nothing form their own units.
+    parent: dict[str, str] = {cs.name: cs.name for cs in pool.counter_sets}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for d in pool.devices:
+        sets = [c.counter_set for c in d.consumes]
+        for s in sets[1:]:
+            parent[find(s)] = find(sets[0])
+    units: dict[str, tuple[list[CounterSet], list[PoolDevice]]] = {}
+    order: list[str] = []
+    for cs in pool.counter_sets:
+        root = find(cs.name)
+        if root not in units:
+            units[root] = ([], [])
+            order.append(root)
+        units[root][0].append(cs)
+    free: list[PoolDevice] = []
+    for d in pool.devices:
+        if d.consumes:
+            units[find(d.consumes[0].counter_set)][1].append(d)
+        else:
+            free.append(d)
+
+    max_devices = limits.devices_per_slice_with_counters
+    max_counters = limits.counters_summed_per_slice or 10**9
+    max_consumed = limits.consumptions_per_slice or 10**9
+
+    # Trim units that cannot fit one slice: drop whole offers, lowest priority (last) first.
+    packed: list[tuple[list[CounterSet], list[PoolDevice]]] = []
+    for root in order:
+        sets, devs = units[root]
+        n_counters = sum(len(cs.counters) for cs in sets)
+        if n_counters > max_counters:
+            raise ValueError(
+                f"counter sets {[cs.name for cs in sets]} hold {n_counters} counters, more than one slice allows"
+            )
+        if len(devs) > max_devices or _n_consumed(devs) > max_consumed:
+            kept: list[PoolDevice] = []
+            for grp in _type_groups(devs):
+                if len(kept) + len(grp) <= max_devices and _n_consumed(kept) + _n_consumed(grp) <= max_consumed:
+                    kept.extend(grp)
+                else:
+                    plan.dropped.extend(d.name for d in grp)
+                    what = "passthrough" if grp[0].kind == "passthrough" else f"type {grp[0].type_id}"
+                    plan.warnings.append(
+                        f"GPU {grp[0].gpu} ({', '.join(cs.name for cs in sets)}): {what} not published "
+                        f"({len(grp)} devices): a Kubernetes 1.34 slice holds at most {max_devices} devices "
+                        "together with their counter set; offer fewer types or upgrade to 1.35+"
+                    )
+            devs = kept
+        packed.append((sets, devs))
+
+    bodies: list[tuple[str, dict[str, Any]]] = []
+    cur_sets: list[CounterSet] = []
+    cur_devs: list[PoolDevice] = []
+
+    def flush() -> None:
+        if cur_sets or cur_devs:
+            body: dict[str, Any] = {}
+            if cur_sets:
+                body["sharedCounters"] = [counter_set_to_dict(cs) for cs in cur_sets]
+            if cur_devs:
+                body["devices"] = [device_to_dict(d) for d in cur_devs]
+            bodies.append(("combined", body))
+
+    for sets, devs in packed:
+        fits = (
+            len(cur_devs) + len(devs) <= max_devices
+            and sum(len(c.counters) for c in cur_sets + sets) <= max_counters
+            and _n_consumed(cur_devs) + _n_consumed(devs) <= max_consumed
+        )
+        if not fits:
+            flush()
+            cur_sets, cur_devs = [], []
+        cur_sets.extend(sets)
+        cur_devs.extend(devs)
+    flush()
+    for i in range(0, len(free), limits.devices_per_slice):
+        bodies.append(("devices", {"devices": [device_to_dict(d) for d in free[i : i + limits.devices_per_slice]]}))
+    return bodies
+
+
+def _split_layout(pool: Pool, limits: Limits, groups: bool) -> list[tuple[str, dict[str, Any]]]:
+    bodies: list[tuple[str, dict[str, Any]]] = []
+    per = limits.counter_sets_per_slice or len(pool.counter_sets) or 1
+    for i in range(0, len(pool.counter_sets), per):
+        chunk = pool.counter_sets[i : i + per]
+        bodies.append(("counters", {"sharedCounters": [counter_set_to_dict(cs) for cs in chunk]}))
+    by_gpu: dict[str, list[PoolDevice]] = {}
+    for d in pool.devices:
+        by_gpu.setdefault(d.gpu, []).append(d)
+    for devs in by_gpu.values():
+        cap = (
+            limits.devices_per_slice_with_counters
+            if any(d.consumes for d in devs)
+            else limits.devices_per_slice
+        )
+        for i in range(0, len(devs), cap):
+            chunk = devs[i : i + cap]
+            bodies.append(("devices", {"devices": [device_to_dict(d, compatibility_groups=groups) for d in chunk]}))
+    return bodies
+
+
+# --------------------------------------------------------------------------- checks
+
+_C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _qualified_name_ok(name: str) -> bool:
+    if "/" in name:
+        domain, _, ident = name.partition("/")
+        return bool(is_dns_subdomain(domain) and len(domain) <= 63 and _C_IDENT.match(ident) and len(ident) <= 32)
+    return bool(_C_IDENT.match(name) and len(name) <= 32)
+
+
+def check_slice(obj: dict[str, Any], server_version: tuple[int, int]) -> list[str]:
+    """Problems the API server's validation (beyond the OpenAPI schema) would report for one slice."""
+    version = _version(server_version)
+    lim = limits_for(version)
+    errs: list[str] = []
+    name = obj.get("metadata", {}).get("name", "")
+    where = f"slice {name}"
+    if not is_dns_subdomain(name):
+        errs.append(f"{where}: name is not a DNS subdomain")
+    spec = obj.get("spec", {})
+    driver = spec.get("driver", "")
+    if not is_dns_subdomain(driver) or len(driver) > 63:
+        errs.append(f"{where}: driver {driver!r} invalid")
+    selectors = [k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)]
+    if len(selectors) != 1:
+        errs.append(f"{where}: exactly one of nodeName/nodeSelector/allNodes/perDeviceNodeSelection, got {selectors}")
+    devices = spec.get("devices") or []
+    sets = spec.get("sharedCounters") or []
+    if lim.split and devices and sets:
+        errs.append(f"{where}: only one of sharedCounters or devices is allowed")
+    with_counters = any(d.get("consumesCounters") or d.get("taints") for d in devices)
+    max_dev = lim.devices_per_slice_with_counters if with_counters else lim.devices_per_slice
+    if len(devices) > max_dev:
+        errs.append(f"{where}: {len(devices)} devices (at most {max_dev})")
+    set_names = [s.get("name", "") for s in sets]
+    if len(set(set_names)) != len(set_names):
+        errs.append(f"{where}: duplicate counter set names")
+    if lim.counter_sets_per_slice is not None and len(sets) > lim.counter_sets_per_slice:
+        errs.append(f"{where}: {len(sets)} counter sets (at most {lim.counter_sets_per_slice})")
+    total_counters = 0
+    for s in sets:
+        if not is_dns_label(s.get("name", "")):
+            errs.append(f"{where}: counter set name {s.get('name')!r} is not a DNS label")
+        counters = s.get("counters") or {}
+        if not counters:
+            errs.append(f"{where}: counter set {s.get('name')} has no counters")
+        if len(counters) > lim.counters_per_set:
+            errs.append(f"{where}: counter set {s.get('name')} has {len(counters)} counters")
+        for c in counters:
+            if not is_dns_label(c):
+                errs.append(f"{where}: counter name {c!r} is not a DNS label")
+        total_counters += len(counters)
+    if lim.counters_summed_per_slice is not None and total_counters > lim.counters_summed_per_slice:
+        errs.append(f"{where}: {total_counters} counters over all sets (at most {lim.counters_summed_per_slice})")
+    consumed = 0
+    for d in devices:
+        dn = d.get("name", "")
+        if not is_dns_label(dn):
+            errs.append(f"{where}: device name {dn!r} is not a DNS label")
+        attrs = d.get("attributes") or {}
+        cap = d.get("capacity") or {}
+        if len(attrs) + len(cap) > lim.attributes_and_capacity:
+            errs.append(f"{where}: device {dn} has {len(attrs) + len(cap)} attributes and capacities")
+        for k, v in attrs.items():
+            if not _qualified_name_ok(k):
+                errs.append(f"{where}: device {dn} attribute name {k!r} invalid")
+            if len(v) != 1:
+                errs.append(f"{where}: device {dn} attribute {k} must have exactly one value")
+            s = v.get("string")
+            if s is not None and len(s.encode()) > MAX_STRING_ATTR:
+                errs.append(f"{where}: device {dn} attribute {k} longer than {MAX_STRING_ATTR} bytes")
+        for k in cap:
+            if not _qualified_name_ok(k):
+                errs.append(f"{where}: device {dn} capacity name {k!r} invalid")
+        cons = d.get("consumesCounters") or []
+        if lim.counter_sets_per_device is not None and len(cons) > lim.counter_sets_per_device:
+            errs.append(f"{where}: device {dn} consumes {len(cons)} counter sets")
+        n_dev = 0
+        for c in cons:
+            n = len(c.get("counters") or {})
+            n_dev += n
+            if n > lim.counters_per_consumption:
+                errs.append(f"{where}: device {dn} consumes {n} counters of {c.get('counterSet')}")
+            if not lim.split and c.get("counterSet") not in set_names:
+                errs.append(f"{where}: device {dn} consumes {c.get('counterSet')} from another slice (1.34)")
+            grp = c.get("compatibilityGroups")
+            if grp is not None:
+                if lim.compatibility_groups == 0:
+                    errs.append(f"{where}: device {dn}: compatibilityGroups needs Kubernetes 1.37+")
+                elif len(grp) > lim.compatibility_groups or len(set(grp)) != len(grp):
+                    errs.append(f"{where}: device {dn}: at most {lim.compatibility_groups} unique compatibility groups")
+        if lim.counters_per_device is not None and n_dev > lim.counters_per_device:
+            errs.append(f"{where}: device {dn} consumes {n_dev} counters (at most {lim.counters_per_device})")
+        consumed += n_dev
+        if len(d.get("taints") or []) > lim.taints_per_device:
+            errs.append(f"{where}: device {dn} has too many taints")
+    if lim.consumptions_per_slice is not None and consumed > lim.consumptions_per_slice:
+        errs.append(f"{where}: {consumed} counter consumptions (at most {lim.consumptions_per_slice})")
+    return errs
+
+
+def check_pool_slices(slices: list[dict[str, Any]], server_version: tuple[int, int]) -> list[str]:
+    """:func:`check_slice` for each slice, plus the rules that span the slices of one pool."""
+    errs: list[str] = []
+    for s in slices:
+        errs.extend(check_slice(s, server_version))
+    if not slices:
+        return errs
+    pools = {(s["spec"]["driver"], s["spec"]["pool"]["name"]) for s in slices}
+    if len(pools) != 1:
+        errs.append(f"slices belong to several pools: {sorted(pools)}")
+    gens = {s["spec"]["pool"]["generation"] for s in slices}
+    if len(gens) != 1:
+        errs.append(f"slices carry several generations: {sorted(gens)}")
+    counts = {s["spec"]["pool"]["resourceSliceCount"] for s in slices}
+    if counts != {len(slices)}:
+        errs.append(f"resourceSliceCount {sorted(counts)} but {len(slices)} slices")
+    names = [s["metadata"]["name"] for s in slices]
+    if len(set(names)) != len(names):
+        errs.append("duplicate slice names")
+    sets: dict[str, dict[str, Fraction]] = {}
+    for s in slices:
+        for cs in s["spec"].get("sharedCounters") or []:
+            if cs["name"] in sets:
+                errs.append(f"counter set {cs['name']} published twice in the pool")
+            sets[cs["name"]] = {k: parse_quantity(v["value"]) for k, v in cs["counters"].items()}
+    dev_names: set[str] = set()
+    for s in slices:
+        for d in s["spec"].get("devices") or []:
+            if d["name"] in dev_names:
+                errs.append(f"device {d['name']} published twice in the pool")
+            dev_names.add(d["name"])
+            for c in d.get("consumesCounters") or []:
+                cs = sets.get(c["counterSet"])
+                if cs is None:
+                    errs.append(f"device {d['name']} consumes unknown counter set {c['counterSet']}")
+                    continue
+                for k, v in c["counters"].items():
+                    if k not in cs:
+                        errs.append(f"device {d['name']} consumes counter {k} missing from {c['counterSet']}")
+                    elif parse_quantity(v["value"]) > cs[k]:
+                        errs.append(f"device {d['name']} consumes more {k} than {c['counterSet']} holds")
+    return errs

@@ -1,0 +1,714 @@
+"""A model of kube-scheduler's structured DRA allocation, for planning, the demo and tests.
+
+Production allocation stays with the real scheduler. Given ResourceSlices, DeviceClasses
+and ResourceClaims as the API holds them (plain dicts), :class:`Allocator` allocates
+claims the way the scheduler does:
+
+* pools: only the newest generation counts, and only when ``resourceSliceCount`` slices of
+  it are present (an incomplete pool's devices are not allocated);
+* class and request CEL selectors (a pluggable evaluator, see ``Selectors``);
+* ``allocationMode`` ExactCount and All; ``firstAvailable`` sub-requests in order;
+* ``matchAttribute`` and ``distinctAttribute`` constraints;
+* shared counters across the slices of a pool, ``compatibilityGroups``;
+* ``allowMultipleAllocations`` with capacity requests and request policies;
+* claims already allocated consume what they hold; a pod's claims land on one node.
+
+Where it differs from the scheduler (docs/allocation.md): nodes are tried in name order and
+the first that fits wins (no scoring); the search over devices is depth-first with a step
+budget per node instead of a time limit; a selector that fails at run time makes the device
+not match instead of failing the claim; slices with a nodeSelector count for every node;
+admin access, binding conditions and extended-resource mapping are not modelled.
+
+Speed: CEL results are cached per (expression, device signature), candidate lists per (node,
+class, selectors); the search takes and undoes devices in place (no state copies); nodes known
+full for a request shape are skipped (allocation only adds to the state, there is no release).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Callable, Iterable, Protocol
+
+from dra_bridge.api.quantity import format_quantity, parse_quantity
+
+SEARCH_BUDGET = 20000
+
+
+class Selectors(Protocol):
+    def matches(self, expression: str, device: "Device") -> bool: ...
+
+
+@dataclass(eq=False, slots=True)
+class Device:
+    driver: str
+    pool: str
+    name: str
+    node: str | None  # None: available to every node
+    attributes: dict  # name -> {"string": ..} as published
+    capacity: dict  # name -> {"value": .., "requestPolicy": ..}
+    consumes: list  # [{"counterSet", "counters": {name: {"value"}}, "compatibilityGroups"}]
+    multi: bool = False
+    taints: list = field(default_factory=list)
+    signature: int = 0  # devices with equal driver/attributes/capacity share CEL results
+    # ``consumes`` parsed once: ((state key (driver, pool, set), ((counter, amount), ..), groups,
+    # the set's totals or None), ..); shared by the devices of a pool that consume alike
+    cons: tuple = ()
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.name)
+
+    def attribute(self, name: str):
+        q = name if "/" in name else f"{self.driver}/{name}"
+        for k in (name, q, name.split("/", 1)[-1] if name.startswith(self.driver + "/") else None):
+            if k is not None and k in self.attributes:
+                v = self.attributes[k]
+                return next(iter(v.values())) if isinstance(v, dict) else v
+        return None
+
+
+@dataclass
+class Pool:
+    driver: str
+    name: str
+    generation: int
+    complete: bool
+    counters: dict[str, dict[str, Fraction]]  # counter set -> counter -> total
+    devices: list[Device]
+
+
+def _human(q) -> str:
+    return "0 B" if q == 0 else format_quantity(q, human=True)
+
+
+class Unsatisfiable(Exception):
+    """The reason a claim cannot be allocated, in words a person understands."""
+
+
+# --------------------------------------------------------------------------- reading slices
+_QCACHE: dict[str, Fraction | int] = {}
+_NONE = MappingProxyType({})  # one shared, read-only empty map for devices without attributes/capacity
+
+
+def _quantity(v) -> Fraction | int:
+    """A quantity as an exact number: an int when whole (fast arithmetic), else a Fraction."""
+    raw = v["value"] if isinstance(v, dict) else v
+    if isinstance(raw, str):
+        got = _QCACHE.get(raw)
+        if got is None:
+            q = parse_quantity(raw)
+            got = int(q) if q.denominator == 1 else q
+            if len(_QCACHE) < 65536:
+                _QCACHE[raw] = got
+        return got
+    q = parse_quantity(raw)
+    return int(q) if q.denominator == 1 else q
+
+
+def read_pools(slices: Iterable[dict]) -> dict[tuple[str, str], Pool]:
+    slices = list(slices)  # kept alive while ids below are used as memo keys
+    by_pool: dict[tuple[str, str], list[dict]] = {}
+    for s in slices:
+        spec = s["spec"]
+        by_pool.setdefault((spec["driver"], spec["pool"]["name"]), []).append(s)
+    pools = {}
+    signatures: dict[str, int] = {}
+    # Per published device entry (by identity: slices of many nodes often share them): its
+    # CEL signature and its consumption in a pool-independent form.
+    per_entry: dict[tuple[str, int], tuple[int, tuple]] = {}
+    generics: dict[tuple, tuple] = {}
+    for (driver, name), group in by_pool.items():
+        gen = max(s["spec"]["pool"].get("generation", 0) for s in group)
+        newest = [s for s in group if s["spec"]["pool"].get("generation", 0) == gen]
+        expected = max(s["spec"]["pool"].get("resourceSliceCount", 1) for s in newest)
+        counters: dict[str, dict[str, Fraction]] = {}
+        devices = []
+        interned: dict[int, tuple] = {}  # pool-independent consumption (by id) -> this pool's
+        for s in newest:
+            for cs in s["spec"].get("sharedCounters") or []:
+                counters[cs["name"]] = {k: _quantity(v) for k, v in cs.get("counters", {}).items()}
+        for s in newest:
+            spec = s["spec"]
+            node = spec.get("nodeName")
+            for d in spec.get("devices") or []:
+                memo = per_entry.get((driver, id(d)))
+                if memo is None:
+                    sig_src = json.dumps([driver, d.get("attributes", {}), d.get("capacity", {})], sort_keys=True)
+                    sig = signatures.setdefault(sig_src, len(signatures))
+                    generic = tuple((c["counterSet"],
+                                     tuple((k, _quantity(v)) for k, v in (c.get("counters") or {}).items()),
+                                     tuple(c.get("compatibilityGroups") or ()))
+                                    for c in d.get("consumesCounters") or [])
+                    generic = generics.setdefault(generic, generic)  # equal consumptions: one object
+                    memo = per_entry[(driver, id(d))] = (sig, generic)
+                sig, generic = memo
+                cons = interned.get(id(generic))
+                if cons is None:
+                    cons = interned[id(generic)] = tuple(((driver, name, cs), amounts, groups, counters.get(cs))
+                                                         for cs, amounts, groups in generic)
+                devices.append(Device(driver, name, d["name"], node, d.get("attributes") or _NONE,
+                                      d.get("capacity") or _NONE, d.get("consumesCounters") or (),
+                                      bool(d.get("allowMultipleAllocations")), d.get("taints") or (), sig, cons))
+        pools[(driver, name)] = Pool(driver, name, gen, len(newest) == expected, counters, devices)
+    return pools
+
+
+# --------------------------------------------------------------------------- state
+class State:
+    """What is taken: exclusive devices, counter use, capacity shares, compatibility groups."""
+
+    def __init__(self):
+        self.taken: set[tuple] = set()
+        self.used: dict[tuple, dict[str, Fraction]] = {}  # (driver, pool, set) -> counter -> used
+        self.groups: dict[tuple, list[list[str]]] = {}  # (driver, pool, set) -> group lists in use
+        self.shared: dict[tuple, dict[str, Fraction]] = {}  # device key -> capacity -> consumed
+
+    def copy(self) -> "State":
+        c = State()
+        c.taken = set(self.taken)
+        c.used = {k: dict(v) for k, v in self.used.items()}
+        c.groups = {k: [list(g) for g in v] for k, v in self.groups.items()}
+        c.shared = {k: dict(v) for k, v in self.shared.items()}
+        return c
+
+
+def _groups_ok(in_use: list, mine) -> bool:
+    for other in in_use:
+        if (not other) != (not mine):
+            return False
+        if mine and not set(mine) & set(other):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- the allocator
+@dataclass
+class Request:
+    name: str  # "req" or "req/sub"
+    base: str
+    device_class: str
+    selectors: list[str]
+    mode: str
+    count: int
+    capacity: dict[str, Fraction]
+    tolerations: list
+
+
+@dataclass
+class Choice:
+    request: Request
+    device: Device
+    consumed: dict[str, Fraction] | None = None
+
+
+def _policy_round(want, policy: dict):
+    """The scheduler's calculateConsumedCapacity for a requested amount: round up to the range's
+    step or to the next valid value."""
+    rng = policy.get("validRange")
+    if rng and "min" in rng:
+        lo = _quantity(rng["min"])
+        if want < lo:
+            return lo
+        if "step" in rng:
+            step = _quantity(rng["step"])
+            return lo + -(-(want - lo) // step) * step
+        return want
+    if "validValues" in policy:
+        for v in policy["validValues"]:  # ascending (API validation)
+            if want <= _quantity(v):
+                return _quantity(v)
+    return want
+
+
+def _policy_violated(amount, policy: dict) -> bool:
+    """The scheduler's violatesPolicy: the default is always fine; else within the range (max, step)
+    or one of the valid values."""
+    if not policy:
+        return False
+    if "default" in policy and amount == _quantity(policy["default"]):
+        return False
+    rng = policy.get("validRange")
+    if rng is not None:
+        if "max" in rng and amount > _quantity(rng["max"]):
+            return True
+        if "step" in rng and (amount - _quantity(rng.get("min", 0))) % _quantity(rng["step"]) != 0:
+            return True
+        return False
+    if policy.get("validValues"):
+        return all(amount != _quantity(v) for v in policy["validValues"])
+    return False
+
+
+class Allocator:
+    def __init__(self, slices: list[dict], classes: list[dict], selectors: Selectors,
+                 nodes: list[str] | None = None):
+        self.pools = read_pools(slices)
+        self.classes = {c["metadata"]["name"]: c for c in classes}
+        self.sel = selectors
+        self.state = State()
+        self.incomplete = sorted(f"{p.driver}/{p.name}" for p in self.pools.values() if not p.complete)
+        self.by_node: dict[str | None, list[Device]] = {}
+        self.incomplete_by_node: dict[str | None, list[str]] = {}
+        for p in self.pools.values():
+            if not p.complete:
+                for n in {d.node for d in p.devices} or {None}:
+                    self.incomplete_by_node.setdefault(n, []).append(f"{p.driver}/{p.name}")
+                continue
+            for d in p.devices:
+                self.by_node.setdefault(d.node, []).append(d)
+        self.nodes = nodes or sorted(n for n in self.by_node if n is not None)
+        self._cel: dict[tuple[str, int], bool] = {}
+        self._sigmatch: dict[tuple, dict[int, bool]] = {}  # selector list -> signature -> all match
+        self._cand: dict[tuple, list[Device]] = {}
+        # Allocation only ever adds to the state (there is no release), so a node that cannot
+        # take a request shape now never can: remember it, and per shape the first node in
+        # order that might still fit (everything before it is known full).
+        self._full: set[tuple] = set()
+        self._cursor: dict[str, int] = {}
+        self._device_index: dict[tuple, Device] | None = None
+
+    @property
+    def device_index(self) -> dict[tuple, Device]:
+        if self._device_index is None:
+            self._device_index = {d.key: d for devs in self.by_node.values() for d in devs}
+        return self._device_index
+
+    # ------------------------------------------------------------ selectors
+    def _match(self, expr: str, d: Device) -> bool:
+        k = (expr, d.signature)
+        hit = self._cel.get(k)
+        if hit is None:
+            hit = self._cel[k] = bool(self.sel.matches(expr, d))
+        return hit
+
+    def _class_selectors(self, name: str) -> list[str]:
+        cls = self.classes.get(name)
+        if cls is None:
+            raise Unsatisfiable(f"device class {name!r} does not exist")
+        return [s["cel"]["expression"] for s in cls.get("spec", {}).get("selectors") or [] if "cel" in s]
+
+    def candidates(self, node: str, req: Request) -> list[Device]:
+        key = (node, req.device_class, tuple(req.selectors))
+        got = self._cand.get(key)
+        if got is None:
+            exprs = tuple(self._class_selectors(req.device_class) + list(req.selectors))
+            memo = self._sigmatch.setdefault(exprs, {})
+            got = []
+            for d in self.by_node.get(node, []) + self.by_node.get(None, []):
+                hit = memo.get(d.signature)
+                if hit is None:
+                    hit = memo[d.signature] = all(self._match(e, d) for e in exprs)
+                if hit:
+                    got.append(d)
+            self._cand[key] = got
+        return got
+
+    # ------------------------------------------------------------ requests
+    @staticmethod
+    def _requests(claim: dict) -> list[list[Request]]:
+        """Each claim request as its alternatives (one for exactly, several for firstAvailable)."""
+        out = []
+        for r in claim["spec"].get("devices", {}).get("requests", []):
+            alts = []
+            subs = r.get("firstAvailable")
+            for sub in (subs if subs else [r.get("exactly") or r]):
+                name = f"{r['name']}/{sub['name']}" if subs else r["name"]
+                sels = [s["cel"]["expression"] for s in sub.get("selectors") or [] if "cel" in s]
+                cap = {k: _quantity(v) for k, v in ((sub.get("capacity") or {}).get("requests") or {}).items()}
+                alts.append(Request(name=name, base=r["name"], device_class=sub["deviceClassName"], selectors=sels,
+                                    mode=sub.get("allocationMode", "ExactCount"), count=int(sub.get("count", 1)),
+                                    capacity=cap, tolerations=sub.get("tolerations") or []))
+            out.append(alts)
+        return out
+
+    # ------------------------------------------------------------ feasibility of one device
+    def _capacity_share(self, d: Device, req: Request, st: State | None = None) -> dict[str, Fraction] | None:
+        """Capacity the request consumes on ``d`` after the device's request policies (the scheduler's
+        CmpRequestOverCapacity); None if it does not fit. Every capacity of the device is consumed:
+        what is not requested takes the policy's default, else the whole capacity."""
+        st = st or self.state
+        for name in req.capacity:
+            if name not in d.capacity:
+                return None  # requests a capacity the device does not have
+        used = st.shared.get(d.key, {}) if d.multi else {}
+        consumed = {}
+        for name, cap in d.capacity.items():
+            total = _quantity(cap)
+            policy = cap.get("requestPolicy") or {}
+            want = req.capacity.get(name)
+            if want is None:
+                want = _quantity(policy["default"]) if "default" in policy else total
+            elif policy:
+                want = _policy_round(want, policy)
+            if _policy_violated(want, policy):
+                return None
+            if used.get(name, 0) + want > total:
+                return None
+            consumed[name] = want
+        return consumed
+
+    def _capacity_share_in(self, d: Device, req: Request, st: State):
+        return self._capacity_share(d, req, st)
+
+    @staticmethod
+    def _tolerated(d: Device, req: Request) -> bool:
+        """Kubernetes' ToleratesTaint: effect (empty = any), key (empty = any, with Exists), then
+        Exists or an equal value."""
+        for t in d.taints:
+            if t.get("effect") not in ("NoSchedule", "NoExecute"):
+                continue  # only these effects keep the scheduler from allocating
+            for tol in req.tolerations:
+                if tol.get("effect") and tol["effect"] != t.get("effect"):
+                    continue
+                if tol.get("key") and tol["key"] != t.get("key"):
+                    continue
+                if tol.get("operator", "Equal") == "Exists" or (tol.get("value") or "") == (t.get("value") or ""):
+                    break
+            else:
+                return False
+        return True
+
+    def _fits(self, d: Device, req: Request, st: State) -> tuple[bool, dict | None]:
+        if d.taints and not self._tolerated(d, req):
+            return False, None
+        share = None
+        if d.multi:
+            share = self._capacity_share(d, req, st)
+            if share is None:
+                return False, None
+            if d.key in st.taken:
+                return True, share  # counters were consumed by the first share of the device
+        elif d.key in st.taken:
+            return False, None
+        elif req.capacity and self._capacity_share(d, req, st) is None:
+            return False, None  # the scheduler checks capacity requests against every device
+        used_all, groups_all = st.used, st.groups
+        for k, amounts, mine, totals in d.cons:
+            if totals is None:
+                return False, None  # consumes a set the pool does not publish
+            used = used_all.get(k)
+            for cname, v in amounts:
+                if (used.get(cname, 0) if used else 0) + v > totals.get(cname, 0):
+                    return False, None
+            in_use = groups_all.get(k)
+            if in_use and not _groups_ok(in_use, mine):
+                return False, None
+        return True, share
+
+    @staticmethod
+    def _take(d: Device, st: State, share: dict | None) -> bool:
+        """Account ``d`` in ``st``; True when its counters were consumed (undo with _untake)."""
+        if d.multi:
+            bucket = st.shared.setdefault(d.key, {})
+            for k, v in (share or {}).items():
+                bucket[k] = bucket.get(k, 0) + v
+            if share is not None and d.key in st.taken:
+                return False
+        st.taken.add(d.key)
+        for k, amounts, groups, _ in d.cons:
+            used = st.used.get(k)
+            if used is None:
+                used = st.used[k] = {}
+            for cname, v in amounts:
+                used[cname] = used.get(cname, 0) + v
+            st.groups.setdefault(k, []).append(groups)
+        return True
+
+    @staticmethod
+    def _untake(d: Device, st: State, share: dict | None, counted: bool) -> None:
+        """Undo the last :meth:`_take` of ``d`` (the search takes and undoes in LIFO order)."""
+        if d.multi:
+            bucket = st.shared[d.key]
+            for k, v in (share or {}).items():
+                bucket[k] -= v
+            if not counted:
+                return
+            del st.shared[d.key]
+        st.taken.discard(d.key)
+        for k, amounts, groups, _ in d.cons:
+            used = st.used[k]
+            for cname, v in amounts:
+                used[cname] -= v
+            st.groups[k].pop()
+
+    # ------------------------------------------------------------ constraints
+    @staticmethod
+    def _constraints_ok(constraints: list[dict], chosen: list[Choice]) -> bool:
+        for c in constraints:
+            reqs = set(c.get("requests") or [])
+            scope = [ch for ch in chosen if not reqs or ch.request.base in reqs or ch.request.name in reqs]
+            if "matchAttribute" in c:
+                vals = [ch.device.attribute(c["matchAttribute"]) for ch in scope]
+                if any(v is None for v in vals) or len({json.dumps(v) for v in vals}) > 1:
+                    return False
+            if "distinctAttribute" in c:
+                vals = [ch.device.attribute(c["distinctAttribute"]) for ch in scope]
+                if any(v is None for v in vals):
+                    return False  # the scheduler: a device without the attribute never satisfies it
+                keys = [json.dumps(v) for v in vals]
+                if len(keys) != len(set(keys)):
+                    return False
+        return True
+
+    # ------------------------------------------------------------ search
+    def _all_devices(self, node: str, req: Request) -> list[Device] | None:
+        """The fixed device list of an allocationMode All request (None: cannot be allocated here).
+        Like the scheduler: refused while a pool visible to the node is incomplete; devices whose
+        capacity cannot hold the request are left out."""
+        if self.incomplete_by_node.get(node) or self.incomplete_by_node.get(None):
+            return None
+        cands = self.candidates(node, req)
+        if req.capacity or any(d.multi for d in cands):
+            cands = [d for d in cands if self._capacity_share(d, req, self.state) is not None]
+        return cands or None
+
+    def _solve(self, node: str, claims: list[dict], st: State,
+               plan: list[tuple[dict, list[list[Request]]]] | None = None) -> list[list[Choice]] | None:
+        """Depth-first search over the devices of ``node``; ``st`` is changed while searching and
+        restored before returning (the chosen devices are not taken)."""
+        if plan is None:
+            plan = [(claim, self._requests(claim)) for claim in claims]
+        budget = [SEARCH_BUDGET]
+        every = {id(alt): self._all_devices(node, alt)
+                 for _, reqs in plan for alts in reqs for alt in alts if alt.mode == "All"}
+
+        def per_claim(i: int, acc: list[list[Choice]]):
+            if i == len(plan):
+                return acc
+            claim, reqs = plan[i]
+            cons = claim["spec"].get("devices", {}).get("constraints") or []
+            return per_request(i, 0, reqs, cons, [], acc)
+
+        def per_request(i, j, reqs, cons, chosen, acc):
+            if j == len(reqs):
+                return per_claim(i + 1, acc + [chosen])
+            for alt in reqs[j]:
+                got = pick(i, j, reqs, cons, alt, chosen, acc)
+                if got is not None:
+                    return got
+            return None
+
+        def pick(i, j, reqs, cons, req, chosen, acc):
+            if req.mode == "All":
+                devs = every[id(req)]
+                if not devs:
+                    return None
+                undo = []
+                picked = []
+                res = None
+                for d in devs:
+                    ok, share = self._fits(d, req, st)
+                    if not ok:
+                        break
+                    undo.append((d, share, self._take(d, st, share)))
+                    picked.append(Choice(req, d, share))
+                else:
+                    if self._constraints_ok(cons, chosen + picked):
+                        res = per_request(i, j + 1, reqs, cons, chosen + picked, acc)
+                for d, share, counted in reversed(undo):
+                    self._untake(d, st, share, counted)
+                return res
+
+            cands = self.candidates(node, req)
+            check = bool(cons)
+
+            def choose(k, start, got):
+                if k == req.count:
+                    if check and not self._constraints_ok(cons, chosen + got):
+                        return None
+                    return per_request(i, j + 1, reqs, cons, chosen + got, acc)
+                for idx in range(start, len(cands)):
+                    budget[0] -= 1
+                    if budget[0] < 0:
+                        return None
+                    d = cands[idx]
+                    ok, share = self._fits(d, req, st)
+                    if not ok:
+                        continue
+                    ch = Choice(req, d, share)
+                    if check and not self._constraints_ok(cons, chosen + got + [ch]):
+                        continue
+                    counted = self._take(d, st, share)
+                    res = choose(k + 1, idx + 1, got + [ch])
+                    self._untake(d, st, share, counted)
+                    if res is not None:
+                        return res
+                return None
+
+            return choose(0, 0, [])
+
+        return per_claim(0, [])
+
+    # ------------------------------------------------------------ public API
+    def reserve(self, claim: dict) -> None:
+        """Account an already allocated claim (its results consume what they hold)."""
+        alloc = (claim.get("status") or {}).get("allocation") or {}
+        for r in (alloc.get("devices") or {}).get("results") or []:
+            d = self.device_index.get((r["driver"], r["pool"], r["device"]))
+            if d is None:
+                continue
+            if not d.multi and d.key in self.state.taken:
+                continue  # held by another claim too (admin access): counters count once
+            share = {k: _quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()} if d.multi else None
+            self._take(d, self.state, share)
+
+    def allocate(self, claims: list[dict], node: str | None = None) -> tuple[str, list[dict]]:
+        """Allocate a pod's claims together on one node: (node, allocation per claim) or Unsatisfiable."""
+        shape = json.dumps([c["spec"] for c in claims], sort_keys=True)
+        plan = [(claim, self._requests(claim)) for claim in claims]
+        if node:
+            order, first = [node], 0
+        else:
+            order, first = self.nodes, self._cursor.get(shape, 0)
+        for pos in range(first, len(order)):
+            n = order[pos]
+            if (n, shape) in self._full:
+                if not node and pos == self._cursor.get(shape, 0):
+                    self._cursor[shape] = pos + 1
+                continue
+            got = self._solve(n, claims, self.state, plan)
+            if got is None:
+                self._full.add((n, shape))
+                if not node and pos == self._cursor.get(shape, 0):
+                    self._cursor[shape] = pos + 1
+                continue
+            allocations = []
+            for claim, chosen in zip(claims, got):
+                results = []
+                for ch in chosen:
+                    self._take(ch.device, self.state, ch.consumed)
+                    res = {"request": ch.request.name, "driver": ch.device.driver, "pool": ch.device.pool,
+                           "device": ch.device.name}
+                    if ch.device.multi:
+                        res["shareID"] = str(uuidlib.uuid4())
+                        res["consumedCapacity"] = {k: format_quantity(v) for k, v in (ch.consumed or {}).items()}
+                    results.append(res)
+                allocations.append({"devices": {"results": results},
+                                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                                        {"key": "metadata.name", "operator": "In", "values": [n]}]}]}})
+            return n, allocations
+        raise Unsatisfiable(self.explain(claims, [node] if node else self.nodes))
+
+    # ------------------------------------------------------------ reasons
+    def explain(self, claims: list[dict], nodes: list[str]) -> str:
+        reasons = []
+        for n in nodes[:3]:
+            before = len(reasons)
+            for claim in claims:
+                for alts in self._requests(claim):
+                    why = []
+                    for req in alts:  # a firstAvailable request fails only when every sub-request does
+                        try:
+                            r = self._why_not(n, req)
+                        except Unsatisfiable as exc:
+                            return str(exc)
+                        if r is None:
+                            break
+                        why.append(f"{req.name!r}: {r}" if len(alts) > 1 and not r.startswith(
+                            ("no device matches", "request ")) else r)
+                    else:
+                        reasons.append(f"{n}: " + "; or ".join(why))
+                        break
+                if len(reasons) > before:
+                    break
+            if len(reasons) == before:
+                reasons.append(f"{n}: each request has devices, but not all of them together "
+                               "(constraints, or the pod's claims compete for the same GPUs)")
+        if self.incomplete:
+            reasons.append("incomplete pools ignored: " + ", ".join(self.incomplete))
+        more = f" (and {len(nodes) - 3} more nodes)" if len(nodes) > 3 else ""
+        return "; ".join(reasons or ["no node satisfies the claims' constraints"]) + more
+
+    def _why_not(self, n: str, req: Request) -> str | None:
+        """Why ``req`` alone cannot be allocated on node ``n`` now (without the node prefix)."""
+        cands = self.candidates(n, req)
+        if req.mode == "All":
+            pending = (self.incomplete_by_node.get(n) or []) + (self.incomplete_by_node.get(None) or [])
+            if pending:
+                return (f"request {req.name!r} asks for all devices, but pool {', '.join(pending)} "
+                        "is being updated (incomplete)")
+            if not cands:
+                return f"no device matches request {req.name!r} (class {req.device_class})"
+            busy = [d for d in cands if not self._fits(d, req, self.state)[0]]
+            if busy:
+                return (f"request {req.name!r} asks for all {len(cands)} matching devices, but {busy[0].name} "
+                        "is not available" + (f" (nor {len(busy) - 1} more)" if len(busy) > 1 else ""))
+            return None
+        if not cands:
+            return f"no device matches request {req.name!r} (class {req.device_class})"
+        free = sum(1 for d in cands if self._fits(d, req, self.state)[0])
+        if free >= req.count:
+            return None
+        return self._why_full(n, req, cands, free).split(": ", 1)[1]
+
+    def _gpu_reason(self, d: Device, req: Request) -> str | None:
+        """Why ``d`` cannot be allocated now, in terms of its counter set (its GPU); None if it can."""
+        for k, amounts, groups, totals in d.cons:
+            totals = totals or {}
+            used = self.state.used.get(k, {})
+            gpu = k[2].removesuffix("-counter-set")
+            for cname, need in amounts:
+                total = totals.get(cname, 0)
+                left = total - used.get(cname, 0)
+                if left < need:
+                    if cname == "memory":
+                        return (f"{gpu} has {_human(left)} of "
+                                f"{format_quantity(total, human=True)} framebuffer left; "
+                                f"needs {format_quantity(need, human=True)}")
+                    return f"{gpu} has {left} of {total} {cname} left; needs {need}"
+            in_use = self.state.groups.get(k, [])
+            if not _groups_ok(in_use, groups):
+                held = sorted({g for gs in in_use for g in gs})
+                return (f"{gpu} holds vGPUs of another framebuffer size ({', '.join(held) or 'passthrough'}); "
+                        f"request {req.name!r} needs {', '.join(groups) or 'none'}")
+        if d.key in self.state.taken and not d.multi:
+            return None  # a slot taken; a sibling slot may still be free
+        if d.taints and not self._tolerated(d, req):
+            t = d.taints[0]
+            return f"{d.name} has taint {t.get('key')}={t.get('value', '')}:{t.get('effect')}, not tolerated"
+        return None
+
+    def _why_full(self, node: str, req: Request, cands: list[Device], n_free: int = 0) -> str:
+        per_gpu: dict[tuple, str] = {}
+        for d in cands:
+            key = d.cons[0][0] if d.cons else d.key
+            if key in per_gpu:
+                continue
+            why = self._gpu_reason(d, req)
+            if why is not None:
+                per_gpu[key] = why
+        if not per_gpu:
+            if n_free:
+                return (f"{node}: request {req.name!r} needs {req.count} devices, "
+                        f"only {n_free} of the {len(cands)} matching are free")
+            return f"{node}: all {len(cands)} devices matching request {req.name!r} are allocated"
+        shown = list(per_gpu.values())[:3]
+        rest = len(per_gpu) - len(shown)
+        return f"{node}: " + ", ".join(shown) + (f" (and {rest} more GPUs full)" if rest > 0 else "")
+
+
+class CelSelectors:
+    """Selectors evaluated with a real CEL implementation plus Kubernetes' quantity library."""
+
+    def __init__(self):
+        from dra_bridge.scheduling.cel import CelError, compile_selector, device_variable
+
+        self._compile, self._variable, self._error = compile_selector, device_variable, CelError
+        self._programs: dict[str, object] = {}
+        self.errors: list[str] = []
+
+    def matches(self, expression: str, device: Device) -> bool:
+        prog = self._programs.get(expression)
+        if prog is None:
+            prog = self._programs[expression] = self._compile(expression)
+        var = self._variable({"attributes": device.attributes, "capacity": device.capacity,
+                              "allowMultipleAllocations": device.multi}, device.driver)
+        try:
+            return prog.evaluate(var)
+        except self._error as exc:  # the scheduler fails the claim; here the device does not match
+            self.errors.append(str(exc))
+            return False
