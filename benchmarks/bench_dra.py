@@ -29,7 +29,7 @@ DRA_ALL = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all":
 
 
 def _api_writes(lines: list[str]) -> None:
-    from tests.apiserver import LocalApiServer
+    from dra_bridge.sim.apiserver import LocalApiServer
 
     with sim_host("default") as (host, env, io), LocalApiServer(version="1.36") as srv:
         reconcile(env, io, DRA_ALL)

@@ -39,7 +39,7 @@ def _fuse_env(root: Path, mnt: Path) -> HostEnv:
 
 
 def run() -> list[str]:
-    from tests.mdevctl_ns import missing_facilities, run_mdevctl
+    from tests.support.mdevctl_ns import missing_facilities, run_mdevctl
 
     why = missing_facilities()
     if why:

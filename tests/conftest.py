@@ -1,70 +1,17 @@
 """Shared fixtures: simulated hosts (sysfs tree + kernel write model) under ``tmp_path``.
 
 ``sim`` is the default preset; ``make_sim(preset_or_spec)`` builds any other one, each in
-its own directory. A ``Sim`` bundles the host, the ``HostEnv`` rooted in it and the
-``SimIO`` transport, which is all the manager needs to run unchanged against it.
+its own directory. The builders themselves live in :mod:`tests.support.simnodes`.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from mdev_manager import persist
-from mdev_manager.config import parse_config
-from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
-from mdev_manager.models import Inventory
-from mdev_manager.sim import HostSpec, SimHost, SimIO, load_host
-
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_LAYOUT = REPO / "examples" / "layout.yaml"
-
-
-@dataclass
-class Sim:
-    root: Path
-    host: SimHost
-    env: HostEnv
-    io: SimIO
-
-    def discover(self) -> Inventory:
-        return discover(self.env, self.io, node="test-node")
-
-    def with_env(self, **changes) -> "Sim":
-        """The same host seen through another environment (e.g. a libvirt URI)."""
-        return Sim(self.root, self.host, HostEnv.under(self.root, **changes), self.io)
-
-    def definitions(self) -> list[persist.MdevDefinition]:
-        defs, problems = persist.load_definitions(self.env, self.io)
-        assert problems == []
-        return defs
-
-    def records(self) -> dict[str, str]:
-        return persist.load_vendor_vfio(self.env, self.io)
-
-
-def build_sim(root: Path, preset: str | HostSpec = "default", **env_changes) -> Sim:
-    spec = preset if isinstance(preset, HostSpec) else load_host(preset)
-    host = SimHost.create(root, spec)
-    return Sim(root, host, HostEnv.under(root, **env_changes), SimIO(host))
-
-
-def open_sim(root: Path) -> Sim:
-    """An existing simulated host (e.g. a copy of another one)."""
-    host = SimHost(root)
-    return Sim(root, host, HostEnv.under(root), SimIO(host))
-
-
-def copy_sim(src: Sim | Path, dst: Path) -> Sim:
-    shutil.copytree(src.root if isinstance(src, Sim) else src, dst, symlinks=True)
-    return open_sim(dst)
+from mdev_manager.sim import HostSpec
+from tests.support.simnodes import Holder, Sim, build_sim
 
 
 @pytest.fixture
@@ -88,42 +35,6 @@ def sim(make_sim) -> Sim:
     return make_sim("default")
 
 
-def layout(*entries: dict, name: str = "default") -> list:
-    """Parsed vgpuctl/v1 layout entries."""
-    return parse_config({"version": "vgpuctl/v1", "layouts": {name: list(entries)}}, name)
-
-
-# --- a child process that holds files open (a VM holding /dev/vfio/<group>) -------------
-
-class Holder:
-    def __init__(self, paths: list[Path], tmp: Path):
-        ready = tmp / f"holder-ready-{time.monotonic_ns()}"
-        code = (
-            "import sys, time\n"
-            "files = [open(p) for p in sys.argv[2:]]\n"
-            "open(sys.argv[1], 'w').close()\n"
-            "time.sleep(120)\n"
-        )
-        self.proc = subprocess.Popen([sys.executable, "-c", code, str(ready), *map(str, paths)])
-        end = time.monotonic() + 20
-        while not ready.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"holder exited with {self.proc.returncode}")
-            if time.monotonic() > end:
-                self.proc.kill()
-                raise RuntimeError("holder never opened its files")
-            time.sleep(0.01)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def release(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-
 @pytest.fixture
 def hold(tmp_path):
     """``hold(path, ...)`` starts a child process holding the paths open; killed at teardown."""
@@ -139,32 +50,3 @@ def hold(tmp_path):
     yield start
     for h in holders:
         h.release()
-
-
-def libvirt_node_xml(domains: dict[str, tuple[list[str], list[str]]]) -> str:
-    """A libvirt ``test:///`` node file: domain name -> (mdev UUIDs, PCI addresses) it holds."""
-    out = ["<node>"]
-    for name, (mdevs, pcis) in domains.items():
-        devs = [f"<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='{u}'/></source></hostdev>"
-                for u in mdevs]
-        for addr in pcis:
-            dom, bus, rest = addr.split(":")
-            slot, fn = rest.split(".")
-            devs.append("<hostdev mode='subsystem' type='pci' managed='yes'><source>"
-                        f"<address domain='0x{dom}' bus='0x{bus}' slot='0x{slot}' function='0x{fn}'/>"
-                        "</source></hostdev>")
-        out.append(f"<domain type='test'><name>{name}</name><memory>1048576</memory>"
-                   f"<os><type>hvm</type></os><devices>{''.join(devs)}</devices></domain>")
-    out.append("</node>")
-    return "\n".join(out)
-
-
-def libvirt_missing() -> str | None:
-    try:
-        import libvirt  # noqa: F401
-    except ImportError as e:  # pragma: no cover - depends on the machine
-        return f"libvirt-python not importable: {e}"
-    return None
-
-
-needs_libvirt = pytest.mark.skipif(libvirt_missing() is not None, reason=str(libvirt_missing()))

@@ -18,7 +18,7 @@ from mdev_manager.persist import MdevDefinition
 from mdev_manager.plan import make_plan
 from mdev_manager.usage import Holder, Usage
 
-from .conftest import layout
+from tests.support.simnodes import layout
 
 
 def uuids():

@@ -39,7 +39,7 @@ from mdev_manager.host.io import RealIO
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimHost, SimIO, load_host
 
-from .mdevctl_ns import mdevctl_json, missing_facilities, run_mdevctl
+from tests.support.mdevctl_ns import mdevctl_json, missing_facilities, run_mdevctl
 
 WATCHDOG = 120.0
 MDEV_PRESETS = ["default", "t4-node", "a16-node", "workstation"]  # presets with mdev parents

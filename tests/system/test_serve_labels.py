@@ -13,7 +13,7 @@ from mdev_manager.config import ConfigError
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.sim import SimHost, SimIO, load_host
-from tests.apiserver import LocalApiServer
+from dra_bridge.sim.apiserver import LocalApiServer
 
 LAYOUTS = {"version": "vgpuctl/v1", "layouts": {
     "default": [{"all": True, "mode": "dra"}],
@@ -103,7 +103,7 @@ def test_start_after_reboot_restores_saved_vgpus_before_anything_else(setup):
 
 
 def test_device_names_stay_with_their_gpu_when_another_gpu_leaves(setup):
-    from tests.dra_helpers import add_claim, pool_slices, published_devices
+    from tests.support.dra import add_claim, pool_slices, published_devices
 
     srv, daemon, env, io = setup
     daemon.cfg.layout_file = None  # every GPU offered through DRA

@@ -11,7 +11,7 @@ import yaml
 
 from mdev_manager.config import ConfigError, load_config, parse_config
 
-from .conftest import EXAMPLE_LAYOUT
+from tests.support.simnodes import EXAMPLE_LAYOUT
 
 V = "vgpuctl/v1"
 

@@ -11,8 +11,8 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client import ApiException
 
-from tests.apiserver import LocalApiServer, dra_rules
-from tests.apiserver.validation import schema_errors
+from dra_bridge.sim.apiserver import LocalApiServer, dra_rules
+from dra_bridge.sim.apiserver.validation import schema_errors
 
 DRIVER = "gpu.example.com"
 

@@ -25,7 +25,7 @@ from mdev_manager.restore import restore
 from mdev_manager.sim import HostSpec, SimIO
 from mdev_manager.sim.hostspec import GpuGroup
 
-from .conftest import EXAMPLE_LAYOUT, Sim, build_sim, copy_sim, layout, libvirt_node_xml, needs_libvirt
+from tests.support.simnodes import EXAMPLE_LAYOUT, Sim, build_sim, copy_sim, layout, libvirt_node_xml, needs_libvirt
 
 
 # --------------------------------------------------------------------------- helpers

@@ -21,7 +21,7 @@ from dra_bridge.pool.slices import (
     build_slices,
     slice_name,
 )
-from tests.test_devices import a100, a16_board, inventory, l40s, make_gpu, t4
+from tests.dra_bridge.test_devices import a100, a16_board, inventory, l40s, make_gpu, t4
 
 VERSIONS = [(1, 34), (1, 35), (1, 36), (1, 37)]
 DRIVER = "vgpu.kubevirt.io"

@@ -22,9 +22,9 @@ from kubevirt_templates.validate import kubernetes_problems
 from mdev_manager.config import parse_config
 from mdev_manager.plan import select_gpus
 
-from .cel_env import catalog_inventory
+from tests.support.cel import catalog_inventory
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 OVERLAYS = ["dra", "device-plugin", "dev"]
 NAMESPACE = "vgpuctl-system"

@@ -45,7 +45,7 @@ from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.hostspec import GpuGroup, HostSpec, load_host
 from mdev_manager.sim.io import SimIO
 from mdev_manager.sim.kernel import SimHost
-from tests.kubelet.fake_kubelet import FakeKubelet
+from tests.support.kubelet.fake_kubelet import FakeKubelet
 
 T4_2Q = "nvidia.com/GRID_T4-2Q"
 T4_PT = "nvidia.com/TU104GL_TESLA_T4"

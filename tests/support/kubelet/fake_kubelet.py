@@ -1,6 +1,6 @@
 """A fake kubelet that talks to our plugins over real unix sockets.
 
-It uses its own protos (``tests/kubelet/proto``, see :mod:`tests.kubelet.protos`),
+It uses its own protos (``tests/kubelet/proto``, see :mod:`tests.support.kubelet.protos`),
 never ``dra_bridge.kubelet.proto``: what both sides share is the wire format and the
 method paths, as with the real kubelet.
 
@@ -35,8 +35,8 @@ from typing import Any
 
 import grpc
 
-from tests.kubelet import protos
-from tests.kubelet.protos import DEVICE_PLUGIN, DRA_HEALTH, DRA_V1, DRA_V1BETA1, PLUGIN_REGISTRATION, Method
+from tests.support.kubelet import protos
+from tests.support.kubelet.protos import DEVICE_PLUGIN, DRA_HEALTH, DRA_V1, DRA_V1BETA1, PLUGIN_REGISTRATION, Method
 
 RPC_TIMEOUT = 5.0
 WAIT_TIMEOUT = 10.0

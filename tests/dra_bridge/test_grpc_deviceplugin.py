@@ -21,7 +21,7 @@ from dra_bridge.kubelet.deviceplugin_grpc import (
     MountSpec,
     socket_name_for,
 )
-from tests.kubelet.fake_kubelet import DevicePluginClient, FakeKubelet, short_root
+from tests.support.kubelet.fake_kubelet import DevicePluginClient, FakeKubelet, short_root
 
 RESOURCE = "nvidia.com/GRID_T4-1Q"
 RESOURCE2 = "nvidia.com/GRID_T4-2Q"

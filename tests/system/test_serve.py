@@ -21,8 +21,8 @@ from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.pool.slices import LABEL_ROLE
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
-from tests.apiserver import LocalApiServer
-from tests.dra_helpers import (
+from dra_bridge.sim.apiserver import LocalApiServer
+from tests.support.dra import (
     DRIVER,
     VERSIONS,
     add_claim,
@@ -35,7 +35,7 @@ from tests.dra_helpers import (
     short_tmp,
     strip_server_fields,
 )
-from tests.kubelet.fake_kubelet import DraClient, FakeKubelet
+from tests.support.kubelet.fake_kubelet import DraClient, FakeKubelet
 
 WAIT = 30.0
 
@@ -237,7 +237,7 @@ def test_bad_claim_over_the_socket_is_an_error_not_a_crash(srv, node, base):
 
 def test_crash_left_vgpu_is_removed_when_the_daemon_starts(srv, node, base):
     """A vGPU recorded as 'preparing' (the process died after creating it) is gone after start()."""
-    from tests.dra_helpers import DictClaims, claim_object, make_driver
+    from tests.support.dra import DictClaims, claim_object, make_driver
 
     class Crash(BaseException):
         pass
@@ -358,7 +358,7 @@ def test_vgpuctl_serve_subprocess(version):
         cmd = [sys.executable, "-m", "mdev_manager.cli.main", "--simulate", "serve", "--kubeconfig", str(kc),
                "--kubelet-root", str(kl), "--cdi-root", str(cdi_root), "--metrics-port", "0", "--resync", "1"]
         log = open(d / "serve.log", "w+")
-        proc = subprocess.Popen(cmd, env=env, cwd=str(Path(__file__).resolve().parents[1]),
+        proc = subprocess.Popen(cmd, env=env, cwd=str(Path(__file__).resolve().parents[2]),
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             try:

@@ -36,7 +36,7 @@ from kubevirt_templates.validate import (
     validate_kubevirt,
 )
 
-from .cel_env import (
+from tests.support.cel import (
     DRIVER,
     catalog_inventory,
     catalog_pool,
@@ -642,7 +642,7 @@ def test_kubevirt_cr_permits_everything_the_device_plugin_advertises(tmp_path):
 
     host = SimHost.create(tmp_path, load_host("default"))
     env, io = HostEnv.under(tmp_path), SimIO(host)
-    assert reconcile(env, io, load_config(Path(__file__).parents[1] / "examples" / "layout.yaml")).ok
+    assert reconcile(env, io, load_config(Path(__file__).parents[2] / "examples" / "layout.yaml")).ok
     inv = discover(env, io, node="sim-node-1")
     resources, warnings = compute_resources(inv)
     assert not warnings

@@ -26,7 +26,7 @@ import pytest
 from mdev_manager.config import parse_config
 from mdev_manager.reconcile import reconcile
 
-from .conftest import REPO, build_sim, open_sim
+from tests.support.simnodes import REPO, build_sim, open_sim
 
 CHILD = r'''
 import json, os, sys

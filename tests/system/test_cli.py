@@ -12,7 +12,7 @@ from mdev_manager import catalog, persist
 from mdev_manager.cli.main import main
 from mdev_manager.sim import load_host, preset_names
 
-from .conftest import EXAMPLE_LAYOUT, open_sim
+from tests.support.simnodes import EXAMPLE_LAYOUT, open_sim
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from dra_bridge.pool.devices import Pool
 from dra_bridge.kube.publisher import Publisher, server_version
 from dra_bridge.pool.slices import LABEL_ROLE, build_slices
 from mdev_manager.config import GpuLayout
-from tests.apiserver import LocalApiServer
-from tests.dra_helpers import (
+from dra_bridge.sim.apiserver import LocalApiServer
+from tests.support.dra import (
     DRIVER,
     VERSIONS,
     assert_consistent_pool,

@@ -20,8 +20,8 @@ from dra_bridge.kubelet.dra_grpc import ClaimRef
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
-from tests.apiserver import LocalApiServer
-from tests.dra_helpers import (
+from dra_bridge.sim.apiserver import LocalApiServer
+from tests.support.dra import (
     DRIVER,
     DictClaims,
     add_claim,

@@ -3,7 +3,7 @@
 A :class:`SimNode` is a simulated host (``mdev_manager.sim``) prepared the way the daemon
 leaves it in ``dra`` mode (VFs enabled, no vGPUs), plus the pool the bridge would publish
 for it. Claims are real ``resource.k8s.io/v1`` ResourceClaims stored in a
-:class:`tests.apiserver.LocalApiServer` and read back through ``ApiClaimSource``.
+:class:`dra_bridge.sim.apiserver.LocalApiServer` and read back through ``ApiClaimSource``.
 """
 
 from __future__ import annotations

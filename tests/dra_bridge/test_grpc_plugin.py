@@ -21,7 +21,7 @@ from dra_bridge.kubelet.dra_grpc import (
     PreparedDevice,
     PrepareResult,
 )
-from tests.kubelet.fake_kubelet import DraClient, FakeKubelet, short_root
+from tests.support.kubelet.fake_kubelet import DraClient, FakeKubelet, short_root
 
 DRIVER = "vgpu.example.com"
 VERSIONS = ["v1", "v1beta1"]
