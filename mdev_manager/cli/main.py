@@ -124,18 +124,6 @@ def cmd_sim(args) -> int:
     return 0
 
 
-def api_client_from(kubeconfig: str | None):
-    """In-cluster config when running in a pod, else the kubeconfig (flag, $KUBECONFIG, ~/.kube/config)."""
-    from kubernetes import client, config
-
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        return client.ApiClient()
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    return client.ApiClient(cfg)
-
-
 def cmd_serve(args) -> int:
     from dra_bridge.agent.observe import setup_logging
     from dra_bridge.agent.daemon import Daemon, ServeConfig
@@ -151,6 +139,8 @@ def cmd_serve(args) -> int:
                       kubelet_root=Path(args.kubelet_root), cdi_root=Path(args.cdi_root),
                       device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
                       layout_label=args.layout_label, state_label=args.state_label)
+    from dra_bridge.kube.client import api_client_from
+
     daemon = Daemon(cfg, env, io, api_client_from(args.kubeconfig)).start()
     daemon.run()
     return 0
