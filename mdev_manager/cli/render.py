@@ -80,7 +80,7 @@ def _inventory_from_file(path: str) -> dict[str, Any]:
 
 
 def _simulated_inventory(args: argparse.Namespace) -> dict[str, Any]:
-    from mdev_manager.cli.main import open_host
+    from mdev_manager.cli.common import open_host
     from mdev_manager.discovery import discover
     from mdev_manager.sim import load_host
 

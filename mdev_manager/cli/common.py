@@ -1,0 +1,48 @@
+"""What every command shares: the host (real or simulated), the node name, machine output."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO, RealIO
+
+
+def sim_dir_for(ref: str) -> Path:
+    base = Path(os.environ.get("VGPUCTL_SIM_DIR") or Path.home() / ".local/state/vgpuctl/sim")
+    return base / Path(ref).stem
+
+
+def open_host(args) -> tuple[HostEnv, HostIO]:
+    """The real host, or a simulated one whose state persists between commands."""
+    if args.simulate:
+        from mdev_manager.sim import SimHost, SimIO, load_host
+
+        spec = load_host(args.simulate)
+        root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.simulate)
+        host = SimHost.open_or_create(root, spec)
+        env = HostEnv.under(root, libvirt_uri=args.libvirt_uri)
+        return env, SimIO(host)
+    env = HostEnv()
+    changes = {k: Path(v) for k, v in (("sys_root", args.sys_root), ("dev_root", args.dev_root),
+                                       ("mdevctl_root", args.mdevctl_root), ("state_root", args.state_root)) if v}
+    env = env.with_(**changes, libvirt_uri=args.libvirt_uri)
+    return env, RealIO()
+
+
+def node_name(args, env: HostEnv | None = None) -> str:
+    """The node's name: the simulated host's, else $NODE_NAME."""
+    if args.simulate:
+        from mdev_manager.sim import load_host
+
+        return load_host(args.simulate).node
+    return os.environ.get("NODE_NAME", "")
+
+
+def dump(obj, fmt: str) -> str:
+    data = obj.model_dump(mode="json", by_alias=True)
+    return json.dumps(data, indent=2) if fmt == "json" else yaml.safe_dump(data, sort_keys=False)
