@@ -1,7 +1,9 @@
-"""The node inventory: one typed description of GPUs, vGPU types and vGPUs.
+"""The node's data: the inventory (GPUs, vGPU types, vGPUs), saved definitions, device users.
 
-Produced by :mod:`mdev_manager.discovery`, consumed by the planner, the CLI and the
-DRA bridge. Plain data: no method here touches the host.
+The inventory is produced by :mod:`mdev_manager.discovery`, definitions are read and
+written by :mod:`mdev_manager.persist`, device users gathered by :mod:`mdev_manager.usage`;
+the planner, the CLI and the DRA bridge consume them. Plain data: no method here touches
+the host, so the pure planner can import them without importing any transport.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mdev_manager.names import NameError_, check_pci_address, check_type_id, check_uuid, safe_component
 
 Framework = Literal["mdev", "vendor-vfio"]
 # How a GPU offers vGPUs: mdev on the PF, mdev on SR-IOV VFs, NVIDIA vendor-specific VFIO on VFs.
@@ -122,3 +126,112 @@ class Inventory(_Model):
 
     def all_vgpus(self) -> list[Vgpu]:
         return [v for g in self.gpus for v in g.vgpus]
+
+
+# --- saved definitions ---------------------------------------------------------------
+
+def canonical_pci(value: str, field: str) -> str:
+    """Exactly the name the kernel uses: mdevctl joins the directory name to sysfs as is."""
+    addr = check_pci_address(value, field)
+    if addr != value:
+        raise NameError_(f"{field}: {value!r} must be written as {addr!r}")
+    return addr
+
+
+class MdevDefinition(BaseModel):
+    """One saved mdev in mdevctl's format (``<mdevctl_root>/<parent>/<uuid>``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uuid: str
+    parent: str
+    mdev_type: str
+    start: Literal["auto", "manual"] = "auto"
+    attrs: list[dict[str, str]] = []
+
+    @field_validator("uuid")
+    @classmethod
+    def _uuid(cls, v: str) -> str:
+        return check_uuid(v)
+
+    @field_validator("parent")
+    @classmethod
+    def _parent(cls, v: str) -> str:
+        return canonical_pci(v, "parent")
+
+    @field_validator("mdev_type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        return check_type_id(v, "mdev_type")
+
+    @field_validator("attrs")
+    @classmethod
+    def _attrs(cls, v: list[dict[str, str]]) -> list[dict[str, str]]:
+        """One key each (mdevctl's format); keys become paths below the mdev directory."""
+        for a in v:
+            if len(a) != 1:
+                raise ValueError(f"attrs: {a!r} must hold exactly one attribute")
+            (name,) = a
+            if name.startswith("/"):
+                raise ValueError(f"attrs: {name!r} must be relative to the mdev directory")
+            for part in name.split("/"):
+                safe_component(part, "attrs")
+        return v
+
+
+# --- device users ----------------------------------------------------------------------
+
+class Holder(BaseModel):
+    """A process with a ``/dev/vfio/<group>`` open."""
+
+    pid: int
+    comm: str
+
+
+class Usage(BaseModel):
+    """Everything known to use devices. Values of ``mdevs``/``pci`` are user labels such as
+    ``libvirt domain vm1``; an empty answer from ``*_users`` means the device is free."""
+
+    vfio_groups: dict[int, list[Holder]] = {}
+    mdevs: dict[str, list[str]] = {}
+    pci: dict[str, list[str]] = {}
+    warnings: list[str] = []
+    vfio_dir: str = ""
+
+    def _group_users(self, group: int | None) -> list[str]:
+        if group is None:
+            return []
+        node = f"{self.vfio_dir}/{group}" if self.vfio_dir else f"VFIO group {group}"
+        return [f"pid {h.pid} ({h.comm}) holds {node}" for h in self.vfio_groups.get(group, [])]
+
+    def mdev_users(self, uuid: str, iommu_group: int | None = None) -> list[str]:
+        refs = self.mdevs.get(uuid.strip().lower(), [])
+        return self._group_users(iommu_group) + [f"{r} references it" for r in refs]
+
+    def pci_users(self, address: str, iommu_group: int | None = None) -> list[str]:
+        try:
+            address = check_pci_address(address)
+        except NameError_:
+            address = address.strip().lower()
+        refs = self.pci.get(address, [])
+        return self._group_users(iommu_group) + [f"{r} references it" for r in refs]
+
+    def merged(self, other: "Usage | None") -> "Usage":
+        """Union of two views (duplicates dropped, order kept)."""
+        if other is None:
+            return self.model_copy(deep=True)
+        out = self.model_copy(deep=True)
+        for g, holders in other.vfio_groups.items():
+            mine = out.vfio_groups.setdefault(g, [])
+            mine.extend(h for h in holders if h not in mine)
+        for mine, theirs in ((out.mdevs, other.mdevs), (out.pci, other.pci)):
+            for key, users in theirs.items():
+                _add_all(mine, key, users)
+        out.warnings.extend(w for w in other.warnings if w not in out.warnings)
+        out.vfio_dir = out.vfio_dir or other.vfio_dir
+        return out
+
+
+def _add_all(table: dict[str, list[str]], key: str, users: Iterable[str]) -> None:
+    cur = table.setdefault(key, [])
+    cur.extend(u for u in users if u not in cur)

@@ -13,83 +13,28 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import ValidationError
 
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
-from mdev_manager.names import (
-    VENDOR_TYPE_ID,
-    NameError_,
-    check_pci_address,
-    check_type_id,
-    check_uuid,
-    safe_component,
-)
+from mdev_manager.models import MdevDefinition, canonical_pci
+from mdev_manager.names import VENDOR_TYPE_ID, NameError_, check_uuid
 
 log = logging.getLogger(__name__)
 
 SCRIPTS_DIR = "scripts.d"
 
 
-class MdevDefinition(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    uuid: str
-    parent: str
-    mdev_type: str
-    start: Literal["auto", "manual"] = "auto"
-    attrs: list[dict[str, str]] = []
-
-    @field_validator("uuid")
-    @classmethod
-    def _uuid(cls, v: str) -> str:
-        return check_uuid(v)
-
-    @field_validator("parent")
-    @classmethod
-    def _parent(cls, v: str) -> str:
-        return _canonical_pci(v, "parent")
-
-    @field_validator("mdev_type")
-    @classmethod
-    def _type(cls, v: str) -> str:
-        return check_type_id(v, "mdev_type")
-
-    @field_validator("attrs")
-    @classmethod
-    def _attrs(cls, v: list[dict[str, str]]) -> list[dict[str, str]]:
-        """One key each (mdevctl's format); keys become paths below the mdev directory."""
-        for a in v:
-            if len(a) != 1:
-                raise ValueError(f"attrs: {a!r} must hold exactly one attribute")
-            (name,) = a
-            if name.startswith("/"):
-                raise ValueError(f"attrs: {name!r} must be relative to the mdev directory")
-            for part in name.split("/"):
-                safe_component(part, "attrs")
-        return v
-
-
-def _canonical_pci(value: str, field: str) -> str:
-    """Exactly the name the kernel uses: mdevctl joins the directory name to sysfs as is."""
-    addr = check_pci_address(value, field)
-    if addr != value:
-        raise NameError_(f"{field}: {value!r} must be written as {addr!r}")
-    return addr
-
-
 def definition_path(env: HostEnv, parent: str, uuid: str) -> Path:
-    return env.mdevctl_root / _canonical_pci(parent, "parent") / check_uuid(uuid)
+    return env.mdevctl_root / canonical_pci(parent, "parent") / check_uuid(uuid)
 
 
-def ensure_layout(env: HostEnv) -> None:
+def ensure_layout(env: HostEnv, io: HostIO) -> None:
     """mdevctl refuses to run at all without ``scripts.d/callouts``."""
     for sub in ("callouts", "notifiers"):
-        (env.mdevctl_root / SCRIPTS_DIR / sub).mkdir(parents=True, exist_ok=True)
+        io.makedirs(env.mdevctl_root / SCRIPTS_DIR / sub)
 
 
 def _parse(parent: str, name: str, text: str) -> MdevDefinition:
@@ -133,7 +78,7 @@ def load_definitions(env: HostEnv, io: HostIO) -> tuple[list[MdevDefinition], li
         if parent == SCRIPTS_DIR or parent.startswith(".") or not io.is_dir(pdir):
             continue  # mdevctl ignores stray files here too
         try:
-            _canonical_pci(parent, "parent")
+            canonical_pci(parent, "parent")
         except NameError_ as e:
             problems.append(f"{pdir}: {e}")
             continue
@@ -155,8 +100,8 @@ def save_definition(env: HostEnv, io: HostIO, d: MdevDefinition, durable: bool =
     """
     d = MdevDefinition.model_validate(d.model_dump())  # re-check a mutated model
     path = definition_path(env, d.parent, d.uuid)
-    ensure_layout(env)
-    path.parent.mkdir(parents=True, exist_ok=True)  # HostIO has no mkdir; write_atomic may
+    ensure_layout(env, io)
+    io.makedirs(path.parent)
     body = {"mdev_type": d.mdev_type, "start": d.start, "attrs": d.attrs}
     io.write_atomic(path, json.dumps(body, indent=2, sort_keys=True) + "\n", durable=durable)
     return path
@@ -169,9 +114,9 @@ def remove_definition(env: HostEnv, io: HostIO, parent: str, uuid: str) -> None:
         if name.lower() == path.name:
             io.remove(path.parent / name)
     try:
-        os.rmdir(path.parent)
+        io.rmdir(path.parent)
     except OSError:
-        pass
+        pass  # not empty (another definition, a stray file): keep it
 
 
 # --- vendor-VFIO vGPUs ----------------------------------------------------------------
@@ -180,7 +125,7 @@ _VENDOR_VERSION = 1
 
 
 def _check_vendor_entry(vf: str, type_id: str) -> tuple[str, str]:
-    vf = _canonical_pci(vf, "vf")
+    vf = canonical_pci(vf, "vf")
     if not isinstance(type_id, str) or not VENDOR_TYPE_ID.match(type_id):
         raise NameError_(f"type: {type_id!r} is not a vendor-VFIO vGPU type id (decimal, not 0)")
     return vf, type_id
@@ -218,6 +163,6 @@ def load_vendor_vfio(env: HostEnv, io: HostIO) -> dict[str, str]:
 def save_vendor_vfio(env: HostEnv, io: HostIO, mapping: dict[str, str]) -> None:
     """Replace the whole store atomically. Raises ``NameError_`` on a bad address or type."""
     checked = dict(sorted(_check_vendor_entry(vf, t) for vf, t in mapping.items()))
-    env.vendor_vfio_state.parent.mkdir(parents=True, exist_ok=True)
+    io.makedirs(env.vendor_vfio_state.parent)
     body = {"version": _VENDOR_VERSION, "vfs": checked}
     io.write_atomic(env.vendor_vfio_state, json.dumps(body, indent=2, sort_keys=True) + "\n")

@@ -25,16 +25,12 @@ address of the GPU behind every vfio group it was given); they must agree.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-import socket
 import string
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Callable
-from xml.sax.saxutils import escape, quoteattr
 
 from dra_bridge.scheduling import capacity
 
@@ -722,141 +718,3 @@ def run_conformance(backend: KubeBackend, **kw) -> ConformanceReport:
         cleanup = backend.cleanup()
     return ConformanceReport(cluster=backend.label, namespace=backend.namespace, checks=checks, cleanup=cleanup,
                              seconds=round(time.perf_counter() - t0, 2))
-
-
-def run_simulated(*, version: str = "1.37", layout: str = "all", layout_text: str | None = None,
-                  preset: str = "default", prepare: Callable[[Any], None] | None = None, **kw) -> ConformanceReport:
-    """The checks against the simulated cluster (every GPU offering every profile, server 1.37 with
-    compatibility groups, by default). ``prepare(cluster)`` may change the cluster before the checks
-    (the tests break each property this way)."""
-    from dra_bridge.sim.cluster import DEMO_LAYOUT, ControlPlane, SimCluster
-
-    with SimCluster(version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset) as c:
-        if prepare is not None:
-            prepare(c)
-
-        cp = ControlPlane(c)
-
-        def host(namespace: str, pod: str) -> list[str] | None:
-            with cp.lock:  # not while the control plane is changing the host
-                w = c.workload_of_pod(namespace, pod)
-                return c.host_problems(w) if w is not None else None
-
-        with cp:
-            backend = KubeBackend(c.api, timeout=kw.pop("timeout", 30.0), settle=kw.pop("settle", 1.0),
-                                  poll=0.1, selectors=c.selectors, host_problems=host,
-                                  label=f"simulated ({c.preset} node {c.node}, layout {layout}, Kubernetes {version})")
-            rep = run_conformance(backend, **kw)
-        if cp.errors:
-            rep.cleanup += [f"control plane: {e}" for e in cp.errors[:5]]
-        return rep
-
-
-# =========================================================================== output
-
-
-def table(rep: ConformanceReport) -> str:
-    lines = [f"vgpuctl conformance on {rep.cluster}, namespace {rep.namespace}", ""]
-    rows = [("#", "CHECK", "RESULT", "SECONDS")]
-    for c in rep.checks:
-        rows.append((str(c.number), c.title, c.status.upper(), f"{c.seconds:.1f}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip() for r in rows]
-    lines.append("")
-    for c in rep.checks:
-        lines.append(f"{c.number}. {c.status.upper()}: {c.detail}")
-    if rep.cleanup:
-        lines.append("cleanup problems: " + "; ".join(rep.cleanup))
-    passed = sum(c.status == "passed" for c in rep.checks)
-    lines.append(f"{passed} of {len(rep.checks)} checks passed in {rep.seconds:.1f} s" +
-                 ("" if rep.ok else "; NOT CONFORMANT"))
-    return "\n".join(lines)
-
-
-def junit(rep: ConformanceReport) -> str:
-    """JUnit XML (one testsuite, one testcase per check; failed -> <failure>, error -> <error>,
-    skipped -> <skipped>; the evidence as <system-out>)."""
-    n = len(rep.checks)
-    fails = sum(c.status == "failed" for c in rep.checks)
-    errors = sum(c.status == "error" for c in rep.checks)
-    skipped = sum(c.status == "skipped" for c in rep.checks)
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           f'<testsuites name="vgpuctl-conformance" tests="{n}" failures="{fails}" errors="{errors}" '
-           f'skipped="{skipped}" time="{rep.seconds:.3f}">',
-           f'  <testsuite name="vgpuctl-conformance" tests="{n}" failures="{fails}" errors="{errors}" '
-           f'skipped="{skipped}" time="{rep.seconds:.3f}" timestamp="{stamp}" hostname={quoteattr(socket.gethostname())}>',
-           "    <properties>",
-           f"      <property name=\"cluster\" value={quoteattr(rep.cluster)}/>",
-           f"      <property name=\"namespace\" value={quoteattr(rep.namespace)}/>",
-           "    </properties>"]
-    for c in rep.checks:
-        out.append(f'    <testcase classname="vgpuctl.conformance" name={quoteattr(f"{c.number}. {c.title}")} '
-                   f'time="{c.seconds:.3f}">')
-        if c.status == "failed":
-            out.append(f"      <failure message={quoteattr(c.detail[:500])} type=\"PropertyViolated\">"
-                       f"{escape(c.detail)}</failure>")
-        elif c.status == "error":
-            out.append(f"      <error message={quoteattr(c.detail[:500])} type=\"Error\">{escape(c.detail)}</error>")
-        elif c.status == "skipped":
-            out.append(f"      <skipped message={quoteattr(c.detail)}/>")
-        body = "\n".join([c.detail] + c.evidence) if c.status == "passed" else "\n".join(c.evidence)
-        if body:
-            out.append(f"      <system-out>{escape(body)}</system-out>")
-        out.append("    </testcase>")
-    out += ["  </testsuite>", "</testsuites>"]
-    return "\n".join(out) + "\n"
-
-
-# =========================================================================== command line
-
-
-def add_parser(sub) -> None:
-    c = sub.add_parser("conformance", help="run the KAR-0003/KAR-0004 conformance checks (simulated cluster by default)",
-                       description="Five checks of GPU sharing through DRA; against the simulated cluster unless "
-                                   "--kubeconfig is given. Prints a table and writes JUnit XML.")
-    c.add_argument("--kubeconfig", nargs="?", const="", metavar="FILE",
-                   help="run against a real cluster (FILE, or $KUBECONFIG / ~/.kube/config / in-cluster when omitted)")
-    c.add_argument("--junit", default="vgpuctl-conformance.xml", metavar="FILE",
-                   help="JUnit XML report (default %(default)s; '' for none)")
-    c.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
-    c.add_argument("--profile", help="the vGPU profile to share (default: the GPU/profile needing the fewest workloads)")
-    c.add_argument("--node", help="only GPUs of this node")
-    c.add_argument("--max-workloads", type=int, default=8, help="at most this many workloads on one GPU (check 2)")
-    c.add_argument("--namespace", help="namespace to create (default vgpuctl-conformance-<random>)")
-    c.add_argument("--image", default=DEFAULT_IMAGE, help="workload image (needs sh)")
-    c.add_argument("--driver", default=DEFAULT_DRIVER)
-    c.add_argument("--vgpu-class", help="DeviceClass of vGPUs (default vgpu.kubevirt.io)")
-    c.add_argument("--passthrough-class", help="DeviceClass of whole GPUs (default passthrough.vgpu.kubevirt.io)")
-    c.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each workload")
-    c.add_argument("--settle", type=float, default=15.0, help="seconds a blocked workload must stay Pending")
-    c.add_argument("--server-version", default="1.37", choices=["1.34", "1.35", "1.36", "1.37"],
-                   help="simulated cluster: Kubernetes version")
-    c.add_argument("--print-healthcheck", action="store_true", help="print the health-check script and exit")
-    c.set_defaults(func=cmd_conformance)
-
-
-def cmd_conformance(args) -> int:
-    if args.print_healthcheck:
-        print(healthcheck.SCRIPT, end="")
-        return 0
-    kw = dict(profile=args.profile, node=args.node, max_workloads=args.max_workloads)
-    if args.kubeconfig is not None:
-        from mdev_manager.cli.main import api_client_from
-
-        from dra_bridge.sim.cluster import default_selectors
-
-        backend = KubeBackend(api_client_from(args.kubeconfig or None), namespace=args.namespace, image=args.image,
-                              driver=args.driver, vgpu_class=args.vgpu_class, passthrough_class=args.passthrough_class,
-                              timeout=args.timeout, settle=args.settle, selectors=default_selectors(),
-                              label=f"cluster ({args.kubeconfig or 'default kubeconfig'})")
-        rep = run_conformance(backend, **kw)
-    else:
-        rep = run_simulated(version=args.server_version, **kw)
-    if args.junit:
-        with open(args.junit, "w") as f:
-            f.write(junit(rep))
-    print(json.dumps(rep.to_dict(), indent=2) if args.json else table(rep))
-    if args.junit and not args.json:
-        print(f"JUnit XML: {args.junit}")
-    return 0 if rep.ok else 1

@@ -1,191 +1,100 @@
-"""``vgpuctl``: the node manager's command line (and, later, the daemon and demo entry points)."""
+"""``vgpuctl``: the composition root. Nothing imports this package; it imports what a command needs.
+
+Command modules are imported by name only for the command being run, so ``vgpuctl discover`` or
+``vgpuctl plan`` load neither ``grpc`` nor ``kubernetes``. A module serves a command either with
+``add_<command>(parser)`` (which sets ``func``) or with ``add_arguments(parser)`` and ``run(args)``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import logging
-import os
 import sys
-from pathlib import Path
-
-import yaml
-
-from mdev_manager.config import ConfigError, load_config
-from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
-from mdev_manager.host.io import HostIO, RealIO
-from mdev_manager.cli.common import dump, node_name as _node, open_host, sim_dir_for
-from mdev_manager.cli.output import inventory_table, plan_text, report_text
-from mdev_manager.reconcile import reconcile
-from mdev_manager.restore import restore
+from dataclasses import dataclass
 
 
-def cmd_discover(args) -> int:
-    env, io = open_host(args)
-    inv = discover(env, io, node=_node(args, env))
-    print(inventory_table(inv, types=args.types) if args.output == "table" else dump(inv, args.output))
-    return 0
+@dataclass(frozen=True)
+class Command:
+    module: str
+    help: str
+    description: str | None = None
 
 
-def cmd_apply(args, dry_run: bool = False) -> int:
-    env, io = open_host(args)
-    layouts = load_config(args.file, args.layout)
-    out = reconcile(env, io, layouts, dry_run=dry_run or args.dry_run, node=_node(args, env),
-                    final_inventory=args.output != "table")
-    if args.output != "table":
-        print(dump(out, args.output))
-        return 0 if out.ok else 1
-    for w in out.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    for i, r in enumerate(out.rounds):
-        title = "Plan" if r.report is None else f"Round {i + 1}"
-        print(f"{title}:\n{plan_text(r.plan)}")
-        if r.report is not None and r.report.results:
-            print(report_text(r.report))
-    if not (dry_run or args.dry_run):
-        print(f"{out.changed} changes; " + ("node matches the layout" if out.ok else "some steps failed"))
-    return 0 if out.ok else 1
+COMMANDS: dict[str, Command] = {
+    "discover": Command("mdev_manager.cli.node", "show GPUs, vGPU types and vGPUs"),
+    "plan": Command("mdev_manager.cli.node", "print the steps apply would take"),
+    "apply": Command("mdev_manager.cli.node", "make the node match a layout"),
+    "restore": Command("mdev_manager.cli.node", "re-create saved vGPUs that are missing (after a reboot)"),
+    "serve": Command("mdev_manager.cli.serve",
+                     "run the node agent: reconcile, publish ResourceSlices, serve the kubelet"),
+    "slices": Command("mdev_manager.cli.slices", "print the ResourceSlices this node would publish (writes nothing)"),
+    "render": Command("mdev_manager.cli.render", "print KubeVirt and DRA objects (VMs, claims, DeviceClasses, ...)"),
+    "demo": Command("mdev_manager.cli.demo", "run the whole system on a simulated cluster (no cluster, no GPU, seconds)",
+                    "A simulated GPU node, the node manager, the DRA bridge publishing to an in-process API, VMs and "
+                    "a pod claiming vGPUs and whole GPUs, torn down again."),
+    "capacity": Command("mdev_manager.cli.capacity",
+                        "how many more vGPUs of each profile (or whole GPUs) fit, per node and GPU",
+                        "Reads ResourceSlices and ResourceClaims from a cluster (--kubeconfig), from a file of "
+                        "objects (--from), or runs the simulated demo cluster with its workloads."),
+    "conformance": Command("mdev_manager.cli.conformance",
+                           "run the KAR-0003/KAR-0004 conformance checks (simulated cluster by default)",
+                           "Five checks of GPU sharing through DRA; against the simulated cluster unless "
+                           "--kubeconfig is given. Prints a table and writes JUnit XML."),
+    "sim": Command("mdev_manager.cli.sim", "simulated hosts and the local Kubernetes API server"),
+}
+
+# global options that take a value: skipped when looking for the command name
+_VALUED = {"--sim-dir", "--sys-root", "--dev-root", "--mdevctl-root", "--state-root", "--libvirt-uri"}
 
 
-def cmd_restore(args) -> int:
-    env, io = open_host(args)
-    before = len(discover(env, io).all_vgpus())
-    reports = restore(env, io)
-    for r in reports:
-        print(report_text(r))
-    # count vGPUs, not steps: enabling a GPU's VFs is a step but no device
-    print(f"{len(discover(env, io).all_vgpus()) - before} devices restored")
-    return 0 if all(not r.failed for r in reports) else 1
-
-
-def cmd_sim(args) -> int:
-    from mdev_manager.sim import SimHost, load_host, preset_names
-
-    if args.sim_cmd == "presets":
-        for name in preset_names():
-            spec = load_host(name)
-            print(f"{name:14} " + ", ".join(f"{g.count} x {g.board}" for g in spec.gpus))
-        return 0
-    if args.sim_cmd == "mount":
-        from mdev_manager.sim.fuse import mount
-
-        spec = load_host(args.host)
-        root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.host)
-        host = SimHost.open_or_create(root, spec)
-        print(f"mounting {root}/sys on {args.dir} (Ctrl-C to unmount)", file=sys.stderr)
-        mount(host, Path(args.dir), foreground=True)
-        return 0
-    ref = args.simulate or "default"
-    root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(ref)
-    if args.sim_cmd == "reset":
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
-        SimHost.create(root, load_host(ref))
-        print(f"simulated host {ref} reset at {root}")
-    elif args.sim_cmd == "reboot":
-        SimHost.open_or_create(root, load_host(ref)).reboot()
-        print(f"simulated host {ref} rebooted: VFs and vGPUs are gone, definitions stay")
-    return 0
-
-
-def cmd_serve(args) -> int:
-    from dra_bridge.agent.observe import setup_logging
-    from dra_bridge.agent.daemon import Daemon, ServeConfig
-
-    setup_logging(logging.DEBUG if args.verbose else logging.INFO, json_logs=not args.plain_logs)
-    env, io = open_host(args)
-    node = args.node_name or os.environ.get("NODE_NAME") or _node(args, env)
-    if not node:
-        raise ValueError("node name: set NODE_NAME (the DaemonSet sets it from spec.nodeName) or pass --node-name")
-    version = tuple(int(x) for x in args.server_version.split(".")[:2]) if args.server_version else None
-    cfg = ServeConfig(node_name=node, driver=args.driver, layout_file=args.file, layout=args.layout,
-                      resync_seconds=args.resync, server_version=version, metrics_port=args.metrics_port,
-                      kubelet_root=Path(args.kubelet_root), cdi_root=Path(args.cdi_root),
-                      device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
-                      layout_label=args.layout_label, state_label=args.state_label)
-    from dra_bridge.kube.client import api_client_from
-
-    daemon = Daemon(cfg, env, io, api_client_from(args.kubeconfig)).start()
-    daemon.run()
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vgpuctl", description="vGPU and GPU passthrough manager for KubeVirt nodes")
+def _global_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--simulate", nargs="?", const="default", metavar="PRESET|HOST.yaml",
-                   help="run against a simulated host (state kept between commands)")
-    p.add_argument("--sim-dir", help="where the simulated host lives (default ~/.local/state/vgpuctl/sim/<name>)")
+                   help="run against a simulated host (state kept between commands; preset default: default)")
+    p.add_argument("--sim-dir", help="where the simulated host lives (default ~/.local/state/vgpuctl/sim/<name>, "
+                                     "or $VGPUCTL_SIM_DIR/<name>)")
     p.add_argument("--sys-root", help="sysfs root (default /sys)")
     p.add_argument("--dev-root", help="/dev root (default /dev)")
     p.add_argument("--mdevctl-root", help="mdevctl definitions (default /etc/mdevctl.d)")
     p.add_argument("--state-root", help="vgpuctl state (default /var/lib/vgpuctl)")
     p.add_argument("--libvirt-uri", default=None, help="libvirt URI to check for devices in use (e.g. qemu:///system)")
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("-v", "--verbose", action="store_true", help="more detail (debug logs)")
 
-    d = sub.add_parser("discover", help="show GPUs, vGPU types and vGPUs")
-    d.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
-    d.add_argument("--types", action="store_true", help="list every vGPU type of every GPU")
-    d.set_defaults(func=cmd_discover)
 
-    for name, help_ in (("apply", "make the node match a layout"), ("plan", "print the steps apply would take")):
-        a = sub.add_parser(name, help=help_)
-        a.add_argument("-f", "--file", required=True, help="layout file (vgpuctl/v1 or vgpu-device-manager v1)")
-        a.add_argument("--layout", "--config-name", default="default", help="named layout / vgpu-config to apply")
-        a.add_argument("--dry-run", action="store_true", help="print the steps without touching anything")
-        a.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
-        a.set_defaults(func=cmd_apply if name == "apply" else lambda args: cmd_apply(args, dry_run=True))
+def _command_of(argv: list[str]) -> str | None:
+    """The first argument naming a command, skipping global options and their values."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _VALUED:
+            skip = True
+        elif a in COMMANDS:
+            return a
+        elif not a.startswith("-"):
+            return None  # a value where a command belongs: argparse says what is wrong
+    return None
 
-    r = sub.add_parser("restore", help="re-create saved vGPUs that are missing (after a reboot)")
-    r.set_defaults(func=cmd_restore)
 
-    sv = sub.add_parser("serve", help="run the node agent: reconcile, publish ResourceSlices, serve the kubelet")
-    sv.add_argument("--node-name", help="node name (default $NODE_NAME)")
-    sv.add_argument("--driver", default="vgpu.kubevirt.io", help="DRA driver name")
-    sv.add_argument("-f", "--file", help="layout file to reconcile on every resync")
-    sv.add_argument("--layout", default="default")
-    sv.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
-    sv.add_argument("--server-version", help="override the API server version, e.g. 1.35")
-    sv.add_argument("--resync", type=float, default=30.0, help="seconds between resyncs")
-    sv.add_argument("--metrics-port", type=int, default=8080)
-    sv.add_argument("--kubelet-root", default="/var/lib/kubelet")
-    sv.add_argument("--cdi-root", default="/var/run/cdi")
-    sv.add_argument("--plain-logs", action="store_true", help="human-readable logs instead of JSON")
-    sv.add_argument("--device-plugin", action="store_true",
-                    help="also serve the classic device plugin (resources nvidia.com/<TYPE_NAME>) for non-DRA GPUs")
-    sv.add_argument("--resource-prefix", default="nvidia.com/", help="device plugin resource prefix")
-    sv.add_argument("--layout-label", help="node label whose value names the layout (e.g. vgpu.kubevirt.io/config)")
-    sv.add_argument("--state-label", help="node label reporting pending|success|failed (e.g. vgpu.kubevirt.io/config.state)")
-    sv.set_defaults(func=cmd_serve)
-
-    from mdev_manager.cli.render import add_render_parser
-
-    add_render_parser(sub)
-
-    from dra_bridge.scheduling import capacity
-
-    from dra_bridge.conformance import checks as conformance
-
-    from dra_bridge.sim import demo  # vgpuctl demo | capacity | conformance
-
-    for module in (demo, capacity, conformance):
-        module.add_parser(sub)
-
-    s = sub.add_parser("sim", help="manage simulated hosts")
-    ssub = s.add_subparsers(dest="sim_cmd", required=True)
-    ssub.add_parser("presets", help="list the shipped host presets")
-    m = ssub.add_parser("mount", help="mount a simulated host's sysfs with FUSE")
-    m.add_argument("host", help="preset name or host YAML")
-    m.add_argument("dir")
-    ssub.add_parser("reset", help="rebuild the simulated host (with --simulate)")
-    ssub.add_parser("reboot", help="simulate a reboot: VFs and vGPUs vanish")
-    s.set_defaults(func=cmd_sim)
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of ``command`` only (every command is listed in ``-h``)."""
+    p = argparse.ArgumentParser(prog="vgpuctl", description="vGPU and GPU passthrough manager for KubeVirt nodes")
+    _global_options(p)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for name, c in COMMANDS.items():
+        module = importlib.import_module(c.module) if name == command else None
+        if module is not None and hasattr(module, f"add_{name}_parser"):  # TODO(render): add_arguments/run
+            getattr(module, f"add_{name}_parser")(sub)
+            continue
+        sp = sub.add_parser(name, help=c.help, description=c.description or c.help[:1].upper() + c.help[1:])
+        if module is not None:
+            adder = getattr(module, f"add_{name}", None)
+            if adder is not None:
+                adder(sp)
+            else:
+                module.add_arguments(sp)
+                sp.set_defaults(func=module.run)
     return p
-
-
-COMMANDS = {"discover", "apply", "plan", "restore", "sim", "serve", "render", "demo", "conformance", "capacity"}
 
 
 def _fix_simulate(argv: list[str]) -> list[str]:
@@ -198,10 +107,12 @@ def _fix_simulate(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(_fix_simulate(argv))
+    argv = _fix_simulate(sys.argv[1:] if argv is None else argv)
+    args = build_parser(_command_of(argv)).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from mdev_manager.config import ConfigError
+
     try:
         return args.func(args)
     except ConfigError as exc:

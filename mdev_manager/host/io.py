@@ -1,8 +1,9 @@
 """File access to the host, behind a swappable transport (as httpx swaps transports).
 
-Production uses :class:`RealIO`. The simulated host supplies a transport whose
-writes to kernel attributes behave like the kernel; tests wrap a transport to count
-or interrupt writes. Nothing above this layer knows which one it has.
+Every read and write of a host file (sysfs, ``/dev``, ``/proc``, saved state) goes
+through a ``HostIO``. Production uses :class:`RealIO`. The simulated host supplies a
+transport whose writes to kernel attributes behave like the kernel; tests wrap a
+transport to count or interrupt writes. Nothing above this layer knows which one it has.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class HostIO(Protocol):
     def exists(self, path: Path) -> bool: ...
     def is_dir(self, path: Path) -> bool: ...
     def realpath(self, path: Path) -> Path: ...
+    def stat(self, path: Path) -> os.stat_result: ...
+    def makedirs(self, path: Path) -> None: ...
+    def rmdir(self, path: Path) -> None: ...
 
 
 class RealIO:
@@ -187,6 +191,18 @@ class RealIO:
 
     def realpath(self, path: Path) -> Path:
         return Path(os.path.realpath(path))
+
+    def stat(self, path: Path) -> os.stat_result:
+        """``stat(2)``, following links (a ``/proc/<pid>/fd/<n>`` gives the file it holds)."""
+        return os.stat(path)
+
+    def makedirs(self, path: Path) -> None:
+        """A directory and its missing parents; no error when it exists."""
+        os.makedirs(path, exist_ok=True)
+
+    def rmdir(self, path: Path) -> None:
+        """Remove an empty directory (OSError when it is not empty or absent)."""
+        os.rmdir(path)
 
 
 def _read_at(dfd: int, names: list[str]) -> dict[str, str | None]:

@@ -9,6 +9,7 @@ import yaml
 from dra_bridge.scheduling import capacity
 from dra_bridge.sim.cluster import SimCluster, SubsetSelectors
 from dra_bridge.sim.demo import WORKLOADS, render_workload
+from dra_bridge.sim.scenarios import simulated_capacity
 from mdev_manager.cli.main import main
 
 DRV = "vgpu.kubevirt.io"
@@ -135,7 +136,7 @@ def test_cli_capacity_from_file(tmp_path, capsys):
 
 
 def test_simulated_cluster_with_the_demo_workloads():
-    r = capacity.simulated("1.35")
+    r = simulated_capacity("1.35")
     assert fits(r, 0) == {"T4-8Q": 0, "whole GPU": 0}
     assert fits(r, 1) == {"T4-8Q": 0, "whole GPU": 0}
     assert fits(r, 2) == {"A100-10C": 3, "whole GPU": 0}

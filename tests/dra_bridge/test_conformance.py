@@ -19,6 +19,8 @@ from dra_bridge.conformance import checks as conformance
 from dra_bridge.conformance import healthcheck
 from dra_bridge.sim.cluster import ControlPlane, SimCluster
 from dra_bridge.conformance.checks import CheckResult, Conformance, ConformanceReport, Run
+from dra_bridge.sim.scenarios import run_conformance_simulated
+from mdev_manager.cli import conformance as conformance_cli
 from mdev_manager.cli.main import main
 
 
@@ -32,7 +34,7 @@ def detail(rep: ConformanceReport, n: int) -> str:
 
 @pytest.fixture(scope="module")
 def passing():
-    return conformance.run_simulated()
+    return run_conformance_simulated()
 
 
 # --------------------------------------------------------------------------- all pass
@@ -51,7 +53,7 @@ def test_all_checks_pass_on_the_simulated_cluster(passing):
 
 
 def test_junit_and_table(passing):
-    root = ET.fromstring(conformance.junit(passing))
+    root = ET.fromstring(conformance_cli.junit(passing))
     suite = root.find("testsuite")
     assert suite.get("tests") == "5" and suite.get("failures") == "0" and suite.get("errors") == "0"
     cases = suite.findall("testcase")
@@ -59,7 +61,7 @@ def test_junit_and_table(passing):
     assert all(c.find("failure") is None and c.find("system-out") is not None for c in cases)
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert props["cluster"].startswith("simulated") and props["namespace"].startswith("vgpuctl-conformance-")
-    text = conformance.table(passing)
+    text = conformance_cli.table(passing)
     assert "5 of 5 checks passed" in text and "NOT CONFORMANT" not in text
 
 
@@ -67,12 +69,12 @@ def test_junit_reports_failures_errors_and_skips():
     rep = ConformanceReport(cluster="c", namespace="ns", checks=[
         CheckResult(1, "one", "passed", "ok"), CheckResult(2, "two", "failed", "bad <thing> & more", ["e1"]),
         CheckResult(3, "three", "skipped", "needs 2"), CheckResult(4, "four", "error", "boom")])
-    suite = ET.fromstring(conformance.junit(rep)).find("testsuite")
+    suite = ET.fromstring(conformance_cli.junit(rep)).find("testsuite")
     assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("1", "1", "1")
     c2 = suite.findall("testcase")[1]
     assert c2.find("failure").get("message") == "bad <thing> & more" and c2.find("system-out").text == "e1"
     assert suite.findall("testcase")[2].find("skipped") is not None
-    assert "NOT CONFORMANT" in conformance.table(rep)
+    assert "NOT CONFORMANT" in conformance_cli.table(rep)
 
 
 # --------------------------------------------------------------------------- each check fails when broken
@@ -123,7 +125,7 @@ layouts:
       mode: dra
       vgpus: {L40S-48Q: 1}
 """
-    rep = conformance.run_simulated(layout="whole", layout_text=layout)
+    rep = run_conformance_simulated(layout="whole", layout_text=layout)
     assert statuses(rep) == {1: "failed", 2: "skipped", 3: "skipped", 4: "skipped", 5: "skipped"}
     assert "no physical GPU exposes two or more allocatable logical GPUs" in detail(rep, 1)
     assert not rep.ok and rep.cleanup == []
@@ -139,7 +141,7 @@ def test_check_2_fails_when_the_logical_gpus_are_not_on_the_gpu_the_slices_name(
                     attr["string"] = b if attr["string"] == a else a
         return slices
 
-    rep = conformance.run_simulated(prepare=lambda c: republish(c, swap))
+    rep = run_conformance_simulated(prepare=lambda c: republish(c, swap))
     st = statuses(rep)
     assert st[1] == "passed" and st[2] == "failed", rep.to_dict()
     d2 = detail(rep, 2)
@@ -149,7 +151,7 @@ def test_check_2_fails_when_the_logical_gpus_are_not_on_the_gpu_the_slices_name(
 
 
 def test_check_3_fails_when_counters_are_removed_from_the_slices():
-    rep = conformance.run_simulated(prepare=lambda c: republish(c, without_counters))
+    rep = run_conformance_simulated(prepare=lambda c: republish(c, without_counters))
     st = statuses(rep)
     assert st[1] == "passed" and st[2] == "passed" and st[3] == "failed", rep.to_dict()
     assert "one more logical GPU of any profile was allocated although the GPU was full" in detail(rep, 3)
@@ -158,7 +160,7 @@ def test_check_3_fails_when_counters_are_removed_from_the_slices():
 
 
 def test_check_4_fails_when_the_whole_gpu_is_not_accounted_with_its_vgpus():
-    rep = conformance.run_simulated(prepare=lambda c: republish(c, lambda s: without_counters(s, kinds=("passthrough",))))
+    rep = run_conformance_simulated(prepare=lambda c: republish(c, lambda s: without_counters(s, kinds=("passthrough",))))
     st = statuses(rep)
     assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
     assert "not accounted against the same counters" in detail(rep, 4)
@@ -176,7 +178,7 @@ def test_check_5_fails_when_a_workload_health_check_fails(monkeypatch):
         return nodes
 
     monkeypatch.setattr(cdi, "vfio_nodes", lost_group_node)
-    rep = conformance.run_simulated()
+    rep = run_conformance_simulated()
     assert statuses(rep)[5] == "failed", rep.to_dict()
     assert "device node missing" in detail(rep, 5)
 

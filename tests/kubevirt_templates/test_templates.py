@@ -539,20 +539,11 @@ def test_other_driver_names_work(classes):
 # --------------------------------------------------------------------------- CLI
 
 
-def _vgpuctl_parser() -> argparse.ArgumentParser:
-    from mdev_manager.cli.main import build_parser
-
-    p = build_parser()
-    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    if "render" not in sub.choices:
-        add_render_parser(sub)
-    return p
-
-
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    from mdev_manager.cli.main import _fix_simulate
+    from mdev_manager.cli.main import _command_of, _fix_simulate, build_parser
 
-    args = _vgpuctl_parser().parse_args(_fix_simulate(argv))
+    argv = _fix_simulate(argv)
+    args = build_parser(_command_of(argv)).parse_args(argv)
     rc = args.func(args)
     out, err = capsys.readouterr()
     return rc, out, err

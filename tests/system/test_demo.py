@@ -16,6 +16,7 @@ from dra_bridge.sim import cluster
 from dra_bridge.sim import demo
 from dra_bridge.scheduling.allocator import Device
 from dra_bridge.sim.cluster import SubsetSelectors, resolve_cdi
+from mdev_manager.cli import demo as demo_cli
 from mdev_manager.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,14 +105,14 @@ def test_demo_tears_everything_down(report):
 
 
 def test_demo_text(report):
-    out = demo.text(report)
+    out = demo_cli.text(report)
     for needle in ("[1] node manager", "[2] DRA bridge", "vm-t4-a", "[4] per physical GPU", "left: 3 x A100-10C",
                    "[5] refused", "vm-t4-c asked for a T4-8Q vGPU and stays Pending", "host clean", "done in"):
         assert needle in out, needle
 
 
 def test_demo_svg_is_well_formed(report):
-    root = ET.fromstring(demo.svg(report))
+    root = ET.fromstring(demo_cli.svg(report))
     assert root.tag == SVG + "svg"
     segments = [r for r in root.iter(SVG + "rect") if r.find(SVG + "title") is not None]
     assert len(segments) == 5  # one per device held
@@ -125,7 +126,7 @@ def test_demo_svg_is_well_formed(report):
 
 
 def test_demo_json_is_complete(report):
-    d = json.loads(demo.to_json(report))
+    d = json.loads(demo_cli.to_json(report))
     assert d["ok"] is True and len(d["workloads"]) == 6 and len(d["gpus"]) == 4 and d["refused"]
     assert "text" not in d["layout"]
 

@@ -330,7 +330,7 @@ def test_admission_policies_confine_the_agent_to_its_node():
 def _serve_parser() -> argparse.ArgumentParser:
     from mdev_manager.cli.main import build_parser
 
-    return build_parser()
+    return build_parser("serve")
 
 
 def _known_option(parser: argparse.ArgumentParser, flag: str) -> bool:

@@ -1,0 +1,19 @@
+"""API errors without importing ``kubernetes`` up front (it is heavy and most commands never need it).
+
+``except api_exception() as exc`` works because Python evaluates the ``except`` expression only
+when an exception reaches the handler; :func:`status_of` answers for any exception.
+"""
+
+from __future__ import annotations
+
+
+def api_exception() -> type[BaseException]:
+    """``kubernetes.client.exceptions.ApiException`` (the class every API error of the client is)."""
+    from kubernetes.client.exceptions import ApiException
+
+    return ApiException
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of an API error, ``None`` for anything else."""
+    return exc.status if isinstance(exc, api_exception()) else None

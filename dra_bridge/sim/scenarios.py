@@ -1,0 +1,52 @@
+"""Scenarios on the simulated cluster: capacity with the demo's workloads, and the conformance
+checks. Scaffolding (``vgpuctl capacity`` / ``conformance`` without ``--kubeconfig``, and tests)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from dra_bridge.conformance.checks import ConformanceReport, KubeBackend, run_conformance
+from dra_bridge.scheduling.capacity import CapacityReport, compute
+
+
+def simulated_capacity(version: str = "1.35", layout: str | None = None, workloads: bool = True) -> CapacityReport:
+    """Capacity of the simulated cluster of ``vgpuctl demo``, with its workloads running (or none)."""
+    from dra_bridge.sim.cluster import SimCluster
+    from dra_bridge.sim.demo import WORKLOADS, render_workload
+
+    with SimCluster(version=version, layout_name=layout or "demo", health=False) as c:
+        if workloads:
+            for w in WORKLOADS:
+                c.launch(render_workload(w), name=w.name)
+        report = compute(c.slices(), c.claims(), driver=c.driver, selectors=c.selectors)
+        report.notes.append(f"simulated cluster ({c.preset} node, layout {c.layout_name}, Kubernetes {version})"
+                            + (", with the demo's workloads running" if workloads else ", empty"))
+        return report
+
+
+def run_conformance_simulated(*, version: str = "1.37", layout: str = "all", layout_text: str | None = None,
+                  preset: str = "default", prepare: Callable[[Any], None] | None = None, **kw) -> ConformanceReport:
+    """The checks against the simulated cluster (every GPU offering every profile, server 1.37 with
+    compatibility groups, by default). ``prepare(cluster)`` may change the cluster before the checks
+    (the tests break each property this way)."""
+    from dra_bridge.sim.cluster import DEMO_LAYOUT, ControlPlane, SimCluster
+
+    with SimCluster(version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset) as c:
+        if prepare is not None:
+            prepare(c)
+
+        cp = ControlPlane(c)
+
+        def host(namespace: str, pod: str) -> list[str] | None:
+            with cp.lock:  # not while the control plane is changing the host
+                w = c.workload_of_pod(namespace, pod)
+                return c.host_problems(w) if w is not None else None
+
+        with cp:
+            backend = KubeBackend(c.api, timeout=kw.pop("timeout", 30.0), settle=kw.pop("settle", 1.0),
+                                  poll=0.1, selectors=c.selectors, host_problems=host,
+                                  label=f"simulated ({c.preset} node {c.node}, layout {layout}, Kubernetes {version})")
+            rep = run_conformance(backend, **kw)
+        if cp.errors:
+            rep.cleanup += [f"control plane: {e}" for e in cp.errors[:5]]
+        return rep

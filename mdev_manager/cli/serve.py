@@ -1,0 +1,53 @@
+"""``vgpuctl serve``: the node agent (reconcile, publish ResourceSlices, serve the kubelet)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from mdev_manager.cli.common import node_name, open_host
+
+
+def add_arguments(sv: argparse.ArgumentParser) -> None:
+    sv.add_argument("--node-name", help="node name (default $NODE_NAME)")
+    sv.add_argument("--driver", default="vgpu.kubevirt.io", help="DRA driver name (default %(default)s)")
+    sv.add_argument("-f", "--file", help="layout file to reconcile on every resync")
+    sv.add_argument("--layout", default="default", help="named layout in the file (default %(default)s)")
+    sv.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    sv.add_argument("--server-version", help="override the API server version, e.g. 1.35 (default: ask the server)")
+    sv.add_argument("--resync", type=float, default=30.0, help="seconds between resyncs (default %(default)s)")
+    sv.add_argument("--metrics-port", type=int, default=8080,
+                    help="port of /metrics, /healthz, /readyz (default %(default)s)")
+    sv.add_argument("--kubelet-root", default="/var/lib/kubelet", help="kubelet directory (default %(default)s)")
+    sv.add_argument("--cdi-root", default="/var/run/cdi", help="where CDI specs are written (default %(default)s)")
+    sv.add_argument("--plain-logs", action="store_true", help="human-readable logs instead of JSON")
+    sv.add_argument("--device-plugin", action="store_true",
+                    help="also serve the classic device plugin (resources nvidia.com/<TYPE_NAME>) for non-DRA GPUs")
+    sv.add_argument("--resource-prefix", default="nvidia.com/",
+                    help="device plugin resource prefix (default %(default)s)")
+    sv.add_argument("--layout-label", help="node label whose value names the layout (e.g. vgpu.kubevirt.io/config)")
+    sv.add_argument("--state-label",
+                    help="node label reporting pending|success|failed (e.g. vgpu.kubevirt.io/config.state)")
+
+
+def run(args) -> int:
+    from dra_bridge.agent.daemon import Daemon, ServeConfig
+    from dra_bridge.agent.observe import setup_logging
+    from dra_bridge.kube.client import api_client_from
+
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO, json_logs=not args.plain_logs)
+    env, io = open_host(args)
+    node = args.node_name or os.environ.get("NODE_NAME") or node_name(args, env)
+    if not node:
+        raise ValueError("node name: set NODE_NAME (the DaemonSet sets it from spec.nodeName) or pass --node-name")
+    version = tuple(int(x) for x in args.server_version.split(".")[:2]) if args.server_version else None
+    cfg = ServeConfig(node_name=node, driver=args.driver, layout_file=args.file, layout=args.layout,
+                      resync_seconds=args.resync, server_version=version, metrics_port=args.metrics_port,
+                      kubelet_root=Path(args.kubelet_root), cdi_root=Path(args.cdi_root),
+                      device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
+                      layout_label=args.layout_label, state_label=args.state_label)
+    daemon = Daemon(cfg, env, io, api_client_from(args.kubeconfig)).start()
+    daemon.run()
+    return 0
