@@ -35,7 +35,8 @@ from typing import Any, Callable
 from dra_bridge.scheduling import capacity
 
 from dra_bridge.conformance import healthcheck
-from dra_bridge.sim.cluster import dev_attr, dev_gpu, devices_by_key, raw
+from dra_bridge.kube.objects import raw
+from dra_bridge.scheduling.objects import dev_attr, dev_gpu, devices_by_key
 from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER
 
 log = logging.getLogger(__name__)

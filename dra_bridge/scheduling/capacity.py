@@ -263,13 +263,3 @@ def from_file(path: str | Path) -> tuple[list[dict], list[dict]]:
     except ValueError:
         docs = list(yaml.safe_load_all(text))
     return from_objects(docs)
-
-
-def from_api(api_client) -> tuple[list[dict], list[dict]]:
-    """Slices and claims through the official client (list calls; read-only)."""
-    from kubernetes import client
-
-    from dra_bridge.sim.cluster import raw as plain
-
-    api = client.ResourceV1Api(api_client)
-    return plain(api.list_resource_slice)["items"], plain(api.list_resource_claim_for_all_namespaces)["items"]

@@ -39,6 +39,8 @@ from mdev_manager.models import Inventory
 
 from dra_bridge.scheduling.allocator import Allocator, Device, Unsatisfiable
 from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER
+from dra_bridge.kube.objects import raw, sanitize
+from dra_bridge.scheduling.objects import dev_attr, dev_gpu, dev_memory, devices_by_key
 from dra_bridge.api.quantity import parse_quantity
 
 log = logging.getLogger(__name__)
@@ -572,21 +574,7 @@ def _rand(n: int = 5) -> str:
     return "".join(random.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(n))
 
 
-def dev_attr(dev: dict, name: str, driver: str = DEFAULT_DRIVER):
-    """A ResourceSlice device's attribute value (plain or ``driver/``-qualified name)."""
-    attrs = dev.get("attributes") or {}
-    v = attrs.get(name) or attrs.get(f"{driver}/{name}")
-    return next(iter(v.values())) if isinstance(v, dict) and v else None
 
-
-def dev_gpu(dev: dict) -> str | None:
-    """The physical GPU (PCI address) a published device belongs to."""
-    return dev_attr(dev, "parentPciBusID") or dev_attr(dev, "resource.kubernetes.io/pciBusID")
-
-
-def dev_memory(dev: dict) -> Fraction | None:
-    cap = (dev.get("capacity") or {}).get("memory")
-    return parse_quantity(cap["value"]) if cap else None
 
 
 @dataclass
@@ -642,15 +630,6 @@ class Workload:
                 **({"health": self.health.to_dict()} if self.health is not None else {})}
 
 
-def _san(api_client, obj) -> dict:
-    return api_client.sanitize_for_serialization(obj)
-
-
-def raw(call, *args, **kw) -> dict:
-    """A client call's answer as the plain JSON the server sent: no typed models, which the client
-    builds and validates at some cost for every object (ResourceSlices have many devices)."""
-    r = call(*args, _preload_content=False, **kw)
-    return json.loads(r.data)
 
 
 class SimCluster:
@@ -846,7 +825,7 @@ class SimCluster:
         statuses = []
         for pc in pod["spec"].get("resourceClaims") or []:
             if pc.get("resourceClaimTemplateName"):
-                tmpl = _san(self.api, self.resource.read_namespaced_resource_claim_template(
+                tmpl = sanitize(self.api, self.resource.read_namespaced_resource_claim_template(
                     pc["resourceClaimTemplateName"], ns))
                 claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {
                     "name": f"{w.pod}-{pc['name']}-{_rand()}", "namespace": ns,
@@ -854,9 +833,9 @@ class SimCluster:
                     "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": w.pod, "uid": w.pod_uid,
                                          "controller": True, "blockOwnerDeletion": True}]},
                     "spec": tmpl["spec"]["spec"]}
-                made = _san(self.api, self.resource.create_namespaced_resource_claim(ns, claim))
+                made = sanitize(self.api, self.resource.create_namespaced_resource_claim(ns, claim))
             else:
-                made = _san(self.api, self.resource.read_namespaced_resource_claim(pc["resourceClaimName"], ns))
+                made = sanitize(self.api, self.resource.read_namespaced_resource_claim(pc["resourceClaimName"], ns))
             w.claims.append((made["metadata"]["name"], made["metadata"]["uid"]))
             statuses.append({"name": pc["name"], "resourceClaimName": made["metadata"]["name"]})
         if statuses:
@@ -1139,13 +1118,3 @@ def _metadata_id(path: Path, device: str) -> str | None:
                     if key in a:
                         return a[key].get("string")
     return None
-
-
-def devices_by_key(slices: list[dict]) -> dict[tuple[str, str, str], dict]:
-    """Published devices by (driver, pool, name), each with the node its slice names as ``_node``."""
-    out = {}
-    for s in slices:
-        spec = s["spec"]
-        for d in spec.get("devices") or []:
-            out[(spec["driver"], spec["pool"]["name"], d["name"])] = {**d, "_node": spec.get("nodeName")}
-    return out

@@ -7,7 +7,7 @@ import json
 
 from dra_bridge.api.quantity import format_quantity, parse_quantity
 from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER
-from dra_bridge.scheduling.capacity import CapacityReport, GpuCapacity, compute, from_api, from_file
+from dra_bridge.scheduling.capacity import CapacityReport, GpuCapacity, compute, from_file
 from dra_bridge.sim.scenarios import simulated_capacity
 
 
@@ -34,8 +34,9 @@ def run(args) -> int:
         report = compute(slices, claims, driver=args.driver, nodes=args.node)
     elif args.kubeconfig is not None:
         from dra_bridge.kube.client import api_client_from
+        from dra_bridge.kube.objects import slices_and_claims
 
-        slices, claims = from_api(api_client_from(args.kubeconfig or None))
+        slices, claims = slices_and_claims(api_client_from(args.kubeconfig or None))
         report = compute(slices, claims, driver=args.driver, nodes=args.node)
     else:
         report = simulated_capacity(args.server_version, args.layout, workloads=not args.empty)
