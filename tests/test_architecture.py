@@ -1,0 +1,168 @@
+"""The structure rules of docs/design.md ("Structure"), checked on the code as it is.
+
+The import-linter contracts in pyproject.toml carry most of them; these tests run them and add
+what import-linter cannot say: that every module is covered by the contracts, that no module
+cycle exists (imports inside functions included), that installed code never imports the tests,
+and that the node manager's read-only commands load neither grpc nor kubernetes.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("mdev_manager", "dra_bridge", "kubevirt_templates")
+
+
+def _contracts() -> dict[str, dict]:
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return {c["id"]: c for c in cfg["contracts"]}
+
+
+def _lint_imports() -> str | None:
+    exe = Path(sys.executable).parent / "lint-imports"
+    return str(exe) if exe.exists() else shutil.which("lint-imports")
+
+
+@pytest.mark.skipif(_lint_imports() is None, reason="import-linter is not installed (pip install -e '.[test]')")
+def test_import_contracts_are_kept():
+    p = subprocess.run([_lint_imports(), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert "0 broken" in p.stdout
+
+
+def test_every_node_manager_module_is_bound_by_the_leaf_and_scaffolding_rules():
+    """A new top-level module of mdev_manager must be named in both contracts, or the CLI and the
+    simulators could be imported from it unnoticed."""
+    top = {p.stem if p.suffix == ".py" else p.name for p in (REPO / "mdev_manager").iterdir()
+           if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    contracts = _contracts()
+    leaf = set(contracts["cli-is-a-leaf"]["source_modules"])
+    scaffolding = set(contracts["sim-is-scaffolding"]["source_modules"])
+    for name in sorted(top - {"cli"}):
+        assert f"mdev_manager.{name}" in leaf, f"mdev_manager.{name} missing from cli-is-a-leaf"
+    for name in sorted(top - {"cli", "sim"}):
+        assert f"mdev_manager.{name}" in scaffolding, f"mdev_manager.{name} missing from sim-is-scaffolding"
+    dra = {p.name for p in (REPO / "dra_bridge").iterdir() if (p / "__init__.py").exists()}
+    assert not [p.name for p in (REPO / "dra_bridge").glob("*.py") if p.stem != "__init__"], \
+        "dra_bridge holds subpackages only: put a module in the package of its responsibility"
+    for name in sorted(dra - {"sim"}):
+        assert f"dra_bridge.{name}" in scaffolding, f"dra_bridge.{name} missing from sim-is-scaffolding"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources():
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            yield _module_name(path), path
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module ``name`` imports, at any depth of the file (functions included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)  # ``from pkg import module``
+    return out
+
+
+def test_installed_code_never_imports_the_tests():
+    bad = [f"{name} imports {m}" for name, path in _sources() for m in _imports(name, path)
+           if m == "tests" or m.startswith("tests.")]
+    assert bad == []
+
+
+def test_no_import_cycle_between_modules():
+    """Tarjan's strongly connected components over our modules' imports, inside functions too."""
+    modules = dict(_sources())
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for m in _imports(name, path):
+            while m and m not in modules:  # ``pkg.module.attr`` -> ``pkg.module``
+                m = m.rpartition(".")[0]
+            if m and m != name and not name.startswith(m + "."):  # a module may use its own package
+                targets.add(m)
+        edges[name] = targets
+
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def _loaded_after(argv: list[str], tmp_path: Path) -> set[str]:
+    code = ("import json, sys\n"
+            "from mdev_manager.cli.main import main\n"
+            f"rc = main({argv!r})\n"
+            "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
+    env = dict(os.environ, VGPUCTL_SIM_DIR=str(tmp_path / "sim"), PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    last = (p.stderr.strip().splitlines() or [""])[-1]
+    assert last.startswith("{"), p.stdout[-2000:] + p.stderr[-3000:]
+    report = json.loads(last)
+    assert report["rc"] == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return {m.split(".")[0] for m in report["modules"]}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--simulate", "discover"],
+    ["--simulate", "discover", "-o", "json"],
+    ["--simulate", "plan", "-f", str(REPO / "examples" / "layout.yaml")],
+])
+def test_read_only_node_commands_load_neither_grpc_nor_kubernetes(argv, tmp_path):
+    loaded = _loaded_after(argv, tmp_path)
+    assert "mdev_manager" in loaded  # the command really ran in that process
+    assert {"grpc", "kubernetes"} & loaded == set()
