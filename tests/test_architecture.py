@@ -8,7 +8,6 @@ and that the node manager's read-only commands load neither grpc nor kubernetes.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import shutil
@@ -19,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.imports import graph, imports, sources
+
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("mdev_manager", "dra_bridge", "kubevirt_templates")
 
 
 def _contracts() -> dict[str, dict]:
@@ -59,54 +59,15 @@ def test_every_node_manager_module_is_bound_by_the_leaf_and_scaffolding_rules():
         assert f"dra_bridge.{name}" in scaffolding, f"dra_bridge.{name} missing from sim-is-scaffolding"
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _sources():
-    for pkg in PACKAGES:
-        for path in sorted((REPO / pkg).rglob("*.py")):
-            yield _module_name(path), path
-
-
-def _imports(name: str, path: Path) -> set[str]:
-    """Every module ``name`` imports, at any depth of the file (functions included)."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in node.names)  # ``from pkg import module``
-    return out
-
-
 def test_installed_code_never_imports_the_tests():
-    bad = [f"{name} imports {m}" for name, path in _sources() for m in _imports(name, path)
+    bad = [f"{name} imports {m}" for name, path in sources().items() for m in imports(name, path)
            if m == "tests" or m.startswith("tests.")]
     assert bad == []
 
 
 def test_no_import_cycle_between_modules():
     """Tarjan's strongly connected components over our modules' imports, inside functions too."""
-    modules = dict(_sources())
-    edges: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        targets = set()
-        for m in _imports(name, path):
-            while m and m not in modules:  # ``pkg.module.attr`` -> ``pkg.module``
-                m = m.rpartition(".")[0]
-            if m and m != name and not name.startswith(m + "."):  # a module may use its own package
-                targets.add(m)
-        edges[name] = targets
+    edges = graph()
 
     index: dict[str, int] = {}
     low: dict[str, int] = {}
