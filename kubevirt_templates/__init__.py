@@ -18,8 +18,8 @@ from kubevirt_templates.inputs import (
     PassthroughPodInput,
     VmInput,
 )
-from kubevirt_templates.names import (
-    DRIVER,
+from dra_bridge.api.names import (
+    DEFAULT_DRIVER as DRIVER,
     LABEL_CONFIG,
     LABEL_CONFIG_STATE,
     PASSTHROUGH_CLASS,

@@ -7,12 +7,19 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from dra_bridge.deviceplugin.manager import normalize_prefix
-from dra_bridge.pool.devices import is_dns_label, is_dns_subdomain, parse_quantity
+from dra_bridge.api.k8sname import is_dns_label, is_dns_subdomain
+from dra_bridge.api.names import (
+    DEFAULT_DRIVER,
+    PASSTHROUGH_CLASS,
+    RESOURCE_DOMAIN,
+    VGPU_CLASS,
+    check_resource_name,
+    normalize_prefix,
+    profile_of,
+)
+from dra_bridge.api.quantity import parse_quantity
 from mdev_manager.catalog import known_type
 from mdev_manager.models import Inventory
-
-from kubevirt_templates.names import DRIVER, PASSTHROUGH_CLASS, RESOURCE_DOMAIN, VGPU_CLASS, check_resource_name, profile_of
 
 DEFAULT_IMAGE = "quay.io/containerdisks/fedora:latest"
 DEFAULT_POD_IMAGE = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1"
@@ -88,7 +95,7 @@ ResourceDomain = Annotated[str, AfterValidator(_resource_domain)]
 class DraNames(_Input):
     """Which driver and DeviceClasses DRA objects refer to."""
 
-    driver: DnsSubdomain = Field(DRIVER, description="DRA driver name")
+    driver: DnsSubdomain = Field(DEFAULT_DRIVER, description="DRA driver name")
     vgpu_class: DnsSubdomain = Field(VGPU_CLASS, description="DeviceClass selecting the driver's vGPUs")
     passthrough_class: DnsSubdomain = Field(PASSTHROUGH_CLASS, description="DeviceClass selecting whole GPUs for passthrough")
 

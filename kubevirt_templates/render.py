@@ -15,7 +15,8 @@ import jinja2
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from dra_bridge.pool.devices import type_is_mig_backed
+from dra_bridge.api.k8sname import fit_dns_label
+from dra_bridge.api.names import profile_of, resource_name_for_pci, resource_name_for_type, type_is_mig_backed
 
 from kubevirt_templates.inputs import (
     ClaimTemplateInput,
@@ -25,13 +26,7 @@ from kubevirt_templates.inputs import (
     VmInput,
     classic_type_name,
 )
-from kubevirt_templates.names import (
-    dns_name,
-    pci_vendor_selector,
-    profile_of,
-    resource_name_for_pci,
-    resource_name_for_type,
-)
+from kubevirt_templates.names import pci_vendor_selector
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -116,12 +111,12 @@ def claim_template_name(v: ClaimTemplateInput) -> str:
     if v.name:
         return v.name
     if v.passthrough:
-        return dns_name("gpu-passthrough-", v.product) if v.product else "gpu-passthrough"
+        return fit_dns_label("gpu-passthrough-", v.product, "") if v.product else "gpu-passthrough"
     if v.profile:
-        return dns_name("vgpu-", v.profile)
+        return fit_dns_label("vgpu-", v.profile, "")
     if v.min_memory:
-        return dns_name("vgpu-min-", v.min_memory)
-    return dns_name("vgpu-", "-or-".join(v.first_available or []))
+        return fit_dns_label("vgpu-min-", v.min_memory, "")
+    return fit_dns_label("vgpu-", "-or-".join(v.first_available or []), "")
 
 
 def claim_request_name(v: ClaimTemplateInput) -> str:
@@ -144,7 +139,7 @@ def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
     elif v.min_memory:
         t["selectors"] = [min_memory_expression(v.driver, v.min_memory)]
     elif v.first_available:
-        names = [dns_name("", p) for p in v.first_available]
+        names = [fit_dns_label("", p, "") for p in v.first_available]
         if len(set(names)) != len(names):
             raise RenderError(f"first_available: {v.first_available} give the same subrequest names {names}")
         t["alternatives"] = [

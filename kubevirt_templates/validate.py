@@ -1,9 +1,13 @@
-"""Validate KubeVirt objects against KubeVirt's published OpenAPI (swagger 2.0) definitions.
+"""Validate KubeVirt objects against KubeVirt's OpenAPI definitions.
 
-The swagger file (``api/openapi-spec/swagger.json`` of kubevirt/kubevirt; this repository reads
-``../shared/schemas/kubevirt-openapi.json`` unless told otherwise) is turned into a JSON Schema
-once, with the strictness of KubeVirt's structural CRD schemas and of ``kubectl``'s strict field
-validation:
+The schema is given, never guessed: a file (KubeVirt's swagger 2.0 ``api/openapi-spec/swagger.json``,
+or an OpenAPI v3 document), ``$VGPUCTL_KUBEVIRT_OPENAPI`` when no file is named, or a document
+fetched from a cluster (``/openapi/v3/apis/kubevirt.io/v1``, which describes the KubeVirt
+release that cluster runs). Without one, :class:`KubeVirtSchemaMissing` is raised: an
+installed package has no copy of its own to fall back on.
+
+The definitions are turned into a JSON Schema once, with the strictness of KubeVirt's
+structural CRD schemas and of ``kubectl``'s strict field validation:
 
 * an object schema without ``additionalProperties`` rejects unknown properties (also the
   property-less structs such as ``masquerade: {}``); only ``RawExtension``, ``FieldsV1`` and
@@ -12,31 +16,30 @@ validation:
 * ``required``, types and enums are checked as written; ``default`` and ``description`` are
   ignored.
 
-The object's ``apiVersion`` picks the definition: ``kubevirt.io/v1`` + ``VirtualMachine`` is
-``v1.VirtualMachine`` (definitions are keyed by version and kind only).
+The object's ``apiVersion`` and ``kind`` pick the definition: by ``x-kubernetes-group-version-kind``
+where the document has it (OpenAPI v3), else by name (``kubevirt.io/v1`` + ``VirtualMachine`` is
+``v1.VirtualMachine``: swagger definitions are keyed by version and kind only).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
 import jsonschema
 
-#: Where the schema is looked for when no path is given: $VGPUCTL_KUBEVIRT_OPENAPI, then
-#: ``shared/schemas/kubevirt-openapi.json`` next to the repository.
-DEFAULT_SCHEMA = Path(__file__).resolve().parents[2] / "shared" / "schemas" / "kubevirt-openapi.json"
+#: The environment variable naming the schema file when no path is given.
 ENV_SCHEMA = "VGPUCTL_KUBEVIRT_OPENAPI"
 
-FREE_FORM = {
-    "k8s.io.apimachinery.pkg.runtime.RawExtension",
-    "k8s.io.apimachinery.pkg.apis.meta.v1.FieldsV1",
-    "k8s.io.apimachinery.pkg.apis.meta.v1.Patch",
-}
+#: Definitions left free-form (by name suffix: swagger says ``k8s.io.apimachinery...``, v3 ``io.k8s.apimachinery...``).
+FREE_FORM = (
+    "apimachinery.pkg.runtime.RawExtension",
+    "apimachinery.pkg.apis.meta.v1.FieldsV1",
+    "apimachinery.pkg.apis.meta.v1.Patch",
+)
 
 _DROP = {"default", "description", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
          "x-kubernetes-map-type", "x-kubernetes-patch-strategy", "x-kubernetes-patch-merge-key"}
@@ -50,14 +53,25 @@ class KubeVirtSchemaError(ValueError):
         super().__init__("\n".join(problems))
 
 
+class KubeVirtSchemaMissing(FileNotFoundError):
+    """No schema was named (no argument, no ``$VGPUCTL_KUBEVIRT_OPENAPI``)."""
+
+
 def schema_path(path: str | os.PathLike | None = None) -> Path:
-    p = Path(path or os.environ.get(ENV_SCHEMA) or DEFAULT_SCHEMA)
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"KubeVirt OpenAPI schema not found at {p}; pass its path or set ${ENV_SCHEMA} "
+    """``path``, else ``$VGPUCTL_KUBEVIRT_OPENAPI``; :class:`KubeVirtSchemaMissing` when neither is set."""
+    raw = path or os.environ.get(ENV_SCHEMA)
+    if not raw:
+        raise KubeVirtSchemaMissing(
+            f"no KubeVirt OpenAPI schema given: pass its path or set ${ENV_SCHEMA} "
             "(kubevirt/kubevirt: api/openapi-spec/swagger.json)"
         )
+    p = Path(raw)
+    if not p.is_file():
+        raise FileNotFoundError(f"KubeVirt OpenAPI schema not found at {p}")
     return p
+
+
+_V3_REF = "#/components/schemas/"
 
 
 def _types(schema: Mapping[str, Any]) -> list[str]:
@@ -79,8 +93,12 @@ def _strict(schema: Any, free_form: bool = False) -> Any:
             continue
         if k == "properties":
             out[k] = {name: _strict(sub) for name, sub in v.items()}
-        elif k in ("items", "additionalProperties") and isinstance(v, dict):
+        elif k in ("items", "additionalProperties", "not") and isinstance(v, dict):
             out[k] = _strict(v)
+        elif k in ("allOf", "anyOf", "oneOf") and isinstance(v, list):
+            out[k] = [_strict(sub) for sub in v]
+        elif k == "$ref" and isinstance(v, str) and v.startswith(_V3_REF):
+            out[k] = "#/definitions/" + v[len(_V3_REF):]
         elif k == "nullable":
             continue
         else:
@@ -103,58 +121,93 @@ def _strict(schema: Any, free_form: bool = False) -> Any:
     return out
 
 
+class KubeVirtSchema:
+    """Strict JSON Schema definitions of one KubeVirt OpenAPI document, and a validator per kind."""
+
+    def __init__(self, doc: Mapping[str, Any], source: str = "KubeVirt OpenAPI") -> None:
+        if doc.get("swagger") == "2.0" and "definitions" in doc:
+            raw = doc["definitions"]
+        elif str(doc.get("openapi", "")).startswith("3.") and "schemas" in (doc.get("components") or {}):
+            raw = doc["components"]["schemas"]
+        else:
+            raise ValueError(f"{source}: neither a swagger 2.0 document with definitions nor an OpenAPI v3 one")
+        self.source = source
+        self.definitions = {name: _strict(d, free_form=name.endswith(FREE_FORM)) for name, d in raw.items()}
+        self._by_gvk: dict[tuple[str, str, str], str] = {}
+        for name, d in raw.items():
+            for gvk in d.get("x-kubernetes-group-version-kind") or ():
+                self._by_gvk.setdefault((gvk.get("group", ""), gvk.get("version", ""), gvk.get("kind", "")), name)
+        self._validators: dict[str, jsonschema.Draft4Validator] = {}
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> KubeVirtSchema:
+        return cls(json.loads(Path(path).read_text()), source=str(path))
+
+    def definition_for(self, obj: Mapping[str, Any]) -> str:
+        """The definition of an object's ``apiVersion`` and ``kind`` (``v1.VirtualMachine``)."""
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        if not isinstance(api_version, str) or not isinstance(kind, str) or "/" not in api_version:
+            raise KubeVirtSchemaError([f"apiVersion/kind: {api_version!r}/{kind!r} is not a KubeVirt object"])
+        group, _, version = api_version.partition("/")
+        if not (group == "kubevirt.io" or group.endswith(".kubevirt.io")):
+            raise KubeVirtSchemaError([f"apiVersion: group {group!r} is not a KubeVirt API group"])
+        name = self._by_gvk.get((group, version, kind)) or f"{version}.{kind}"
+        if name not in self.definitions:
+            raise KubeVirtSchemaError([f"kind: {api_version} {kind} is not in the KubeVirt schema ({name})"])
+        return name
+
+    def _validator(self, name: str) -> jsonschema.Draft4Validator:
+        if name not in self._validators:
+            root = {"definitions": self.definitions, "$ref": f"#/definitions/{name}"}
+            self._validators[name] = jsonschema.Draft4Validator(root)
+        return self._validators[name]
+
+    def problems(self, obj: Mapping[str, Any]) -> list[str]:
+        """Everything the schema rejects in ``obj``, as ``path: message`` (empty when valid)."""
+        try:
+            name = self.definition_for(obj)
+        except KubeVirtSchemaError as exc:
+            return exc.problems
+        problems = []
+        for err in sorted(self._validator(name).iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
+            where = ".".join(str(p) for p in err.absolute_path) or "(root)"
+            problems.append(f"{obj.get('kind')} {where}: {err.message}")
+        return problems
+
+
+#: A schema, or where to read one (None: ``$VGPUCTL_KUBEVIRT_OPENAPI``).
+SchemaSource = Union[KubeVirtSchema, str, os.PathLike, None]
+
+
 @lru_cache(maxsize=4)
-def _load(path: str) -> dict[str, Any]:
-    doc = json.loads(Path(path).read_text())
-    if doc.get("swagger") != "2.0" or "definitions" not in doc:
-        raise ValueError(f"{path}: not a swagger 2.0 document with definitions")
-    defs = {name: _strict(d, free_form=name in FREE_FORM) for name, d in doc["definitions"].items()}
-    return {"definitions": defs}
+def _from_file(path: str) -> KubeVirtSchema:
+    return KubeVirtSchema.from_file(path)
 
 
-def definitions(path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The strict JSON Schema definitions (cached per file)."""
-    return _load(str(schema_path(path)))["definitions"]
+def load_schema(schema: SchemaSource = None) -> KubeVirtSchema:
+    """``schema`` itself, or the file it names (cached per file), or ``$VGPUCTL_KUBEVIRT_OPENAPI``."""
+    if isinstance(schema, KubeVirtSchema):
+        return schema
+    return _from_file(str(schema_path(schema)))
 
 
-def definition_for(obj: Mapping[str, Any], path: str | os.PathLike | None = None) -> str:
-    """The definition name for an object's ``apiVersion`` and ``kind`` (``v1.VirtualMachine``)."""
-    api_version, kind = obj.get("apiVersion"), obj.get("kind")
-    if not isinstance(api_version, str) or not isinstance(kind, str) or "/" not in api_version:
-        raise KubeVirtSchemaError([f"apiVersion/kind: {api_version!r}/{kind!r} is not a KubeVirt object"])
-    group, _, version = api_version.partition("/")
-    if not (group == "kubevirt.io" or group.endswith(".kubevirt.io")):
-        raise KubeVirtSchemaError([f"apiVersion: group {group!r} is not a KubeVirt API group"])
-    name = f"{version}.{kind}"
-    if name not in definitions(path):
-        raise KubeVirtSchemaError([f"kind: {api_version} {kind} is not in the KubeVirt schema ({name})"])
-    return name
+def definitions(schema: SchemaSource = None) -> dict[str, Any]:
+    """The strict JSON Schema definitions."""
+    return load_schema(schema).definitions
 
 
-@lru_cache(maxsize=64)
-def _validator(path: str, name: str) -> jsonschema.Draft4Validator:
-    root = copy.copy(_load(path))
-    root["$ref"] = f"#/definitions/{name}"
-    return jsonschema.Draft4Validator(root)
+def definition_for(obj: Mapping[str, Any], schema: SchemaSource = None) -> str:
+    return load_schema(schema).definition_for(obj)
 
 
-def kubevirt_problems(obj: Mapping[str, Any], path: str | os.PathLike | None = None) -> list[str]:
+def kubevirt_problems(obj: Mapping[str, Any], schema: SchemaSource = None) -> list[str]:
     """Everything KubeVirt's schema rejects in ``obj``, as ``path: message`` (empty when valid)."""
-    try:
-        name = definition_for(obj, path)
-    except KubeVirtSchemaError as exc:
-        return exc.problems
-    v = _validator(str(schema_path(path)), name)
-    problems = []
-    for err in sorted(v.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
-        where = ".".join(str(p) for p in err.absolute_path) or "(root)"
-        problems.append(f"{obj.get('kind')} {where}: {err.message}")
-    return problems
+    return load_schema(schema).problems(obj)
 
 
-def validate_kubevirt(obj: Mapping[str, Any], path: str | os.PathLike | None = None) -> None:
+def validate_kubevirt(obj: Mapping[str, Any], schema: SchemaSource = None) -> None:
     """Raise :class:`KubeVirtSchemaError` unless ``obj`` validates against KubeVirt's schema."""
-    problems = kubevirt_problems(obj, path)
+    problems = kubevirt_problems(obj, schema)
     if problems:
         raise KubeVirtSchemaError(problems)
 
@@ -182,12 +235,16 @@ def kubernetes_problems(obj: Mapping[str, Any], versions: tuple[str, ...] = ("1.
 
 
 __all__ = [
+    "ENV_SCHEMA",
+    "KubeVirtSchema",
     "KubeVirtSchemaError",
+    "KubeVirtSchemaMissing",
     "definition_for",
     "definitions",
     "is_kubevirt",
     "kubernetes_problems",
     "kubevirt_problems",
+    "load_schema",
     "schema_path",
     "validate_kubevirt",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_DRIVER = "vgpu.kubevirt.io"
+from dra_bridge.api.names import DEFAULT_DRIVER
 
 
 @dataclass(frozen=True)

@@ -10,26 +10,26 @@ into ResourceSlice objects for a given API server version.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
 from collections import Counter
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mdev_manager.models import Gpu, Inventory, VgpuType
-from mdev_manager.names import (
-    check_pci_address,
-    framebuffer_mib_from_name,
-    is_mig_backed,
-    short_type_name,
-    type_series,
-)
+from mdev_manager.names import check_pci_address, framebuffer_mib_from_name, short_type_name, type_series
 
-DEFAULT_DRIVER = "vgpu.kubevirt.io"
+from dra_bridge.api.k8sname import dns_safe, is_dns_subdomain, truncate_utf8
+from dra_bridge.api.names import (
+    DEFAULT_DRIVER,
+    compatibility_group,
+    counter_set_name,
+    passthrough_device_name,
+    type_is_mig_backed,
+    vgpu_device_name,
+)
+from dra_bridge.api.quantity import parse_quantity
 
 #: Kubernetes version from which ``consumesCounters[].compatibilityGroups`` exists.
 COMPATIBILITY_GROUPS_SINCE = (1, 37)
@@ -39,12 +39,7 @@ OLDEST_SERVER = (1, 34)
 ATTR_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 ATTR_PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 
-MAX_STRING_ATTR = 64  # bytes, as the API server counts them
 MAX_ATTRS_AND_CAPACITY = 32
-MAX_DNS_LABEL = 63
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 AttrKey = Literal["string", "int", "bool", "version"]
 #: A device attribute value: exactly one of ``{"string": s}``, ``{"int": i}``, ``{"bool": b}``,
@@ -161,58 +156,6 @@ class Pool(_Model):
 # --------------------------------------------------------------------------- helpers
 
 
-def counter_set_name(gpu_index: int) -> str:
-    return f"gpu-{gpu_index}-counter-set"
-
-
-def passthrough_device_name(gpu_index: int) -> str:
-    return f"gpu-{gpu_index}-passthrough"
-
-
-def compatibility_group(fb_mib: int) -> str:
-    """The equal-size group of a vGPU type: one group per framebuffer size."""
-    return f"fb-{fb_mib}"
-
-
-def is_dns_label(value: str) -> bool:
-    return len(value) <= MAX_DNS_LABEL and bool(_DNS_LABEL.match(value))
-
-
-def is_dns_subdomain(value: str) -> bool:
-    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
-
-
-def dns_safe(value: str) -> str:
-    """Lower-case, runs of anything outside ``[a-z0-9]`` become one ``-``, no dash at either end."""
-    return re.sub(r"[^a-z0-9]+", "-", value.lower()).strip("-")
-
-
-def _short_hash(value: str, n: int = 6) -> str:
-    return hashlib.sha256(value.encode()).hexdigest()[:n]
-
-
-def fit_dns_label(prefix: str, middle: str, suffix: str, *, limit: int = MAX_DNS_LABEL) -> str:
-    """``prefix + middle + suffix`` as a DNS label; a too-long middle is cut and made unique by a hash."""
-    mid = dns_safe(middle) or "x"
-    name = f"{prefix}{mid}{suffix}"
-    if len(name) <= limit:
-        return name
-    h = _short_hash(middle)
-    room = limit - len(prefix) - len(suffix) - len(h) - 1
-    if room < 1:
-        raise ValueError(f"cannot build a DNS label from {prefix!r}, {middle!r}, {suffix!r}")
-    return f"{prefix}{mid[:room].rstrip('-')}-{h}{suffix}"
-
-
-def truncate_utf8(value: str, limit: int = MAX_STRING_ATTR) -> str:
-    """At most ``limit`` UTF-8 bytes (the API server counts bytes), never splitting a character."""
-    value = "".join(c for c in value if c.isprintable())
-    raw = value.encode()
-    if len(raw) <= limit:
-        return value
-    return raw[:limit].decode(errors="ignore").rstrip()
-
-
 def _hex_id(value: str) -> str:
     v = value.strip().lower()
     v = v[2:] if v.startswith("0x") else v
@@ -230,35 +173,6 @@ def format_kib(kib: int) -> str:
     if kib % 1024 == 0:
         return f"{kib // 1024}Mi"
     return f"{kib}Ki"
-
-
-_QUANTITY = re.compile(r"^([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
-_SUFFIX = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 10**3),
-    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
-    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
-    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60),
-}
-
-
-def parse_quantity(value: str | int) -> Fraction:
-    """A Kubernetes Quantity as an exact number (enough of the grammar for counters and capacity)."""
-    if isinstance(value, int):
-        return Fraction(value)
-    return _parse_quantity(value)
-
-
-@lru_cache(maxsize=4096)
-def _parse_quantity(value: str) -> Fraction:
-    m = _QUANTITY.match(value.strip())
-    if not m:
-        raise ValueError(f"{value!r} is not a Quantity")
-    number, suffix = Fraction(m.group(1)), m.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        return number * Fraction(10) ** int(suffix[1:])
-    return number * _SUFFIX[suffix]
 
 
 def attr_string(v: str) -> AttrValue:
@@ -279,10 +193,6 @@ def attr_version(v: str) -> AttrValue:
 
 def type_framebuffer_mib(t: VgpuType) -> int | None:
     return t.framebuffer_mib or framebuffer_mib_from_name(t.name)
-
-
-def type_is_mig_backed(t: VgpuType) -> bool:
-    return t.mig_backed or is_mig_backed(t.name)
 
 
 def gpu_framebuffer_mib(gpu: Gpu) -> int | None:
@@ -525,10 +435,9 @@ def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_
             compatibility_groups=groups,
         )
         for k in range(n):
-            name = fit_dns_label(f"gpu-{gpu.index}-vgpu-", middle, f"-{k}")
             pool.devices.append(
                 PoolDevice(
-                    name=name,
+                    name=vgpu_device_name(gpu.index, middle, k),
                     attributes=dict(attrs),
                     capacity=dict(cap),
                     consumes=[consumption.model_copy(deep=True)],

@@ -23,32 +23,22 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Iterable
 
+from dra_bridge.api.k8sname import MAX_STRING_ATTR, dns_safe, is_dns_label, is_dns_subdomain, short_hash
+from dra_bridge.api.names import LABEL_DRIVER, LABEL_MANAGED_BY, LABEL_NODE, LABEL_POOL, LABEL_ROLE, MANAGED_BY
+from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.pool.devices import (
     COMPATIBILITY_GROUPS_SINCE,
     MAX_ATTRS_AND_CAPACITY,
-    MAX_STRING_ATTR,
     OLDEST_SERVER,
     CounterSet,
     Pool,
     PoolDevice,
-    _short_hash,
-    dns_safe,
-    is_dns_label,
-    is_dns_subdomain,
-    parse_quantity,
 )
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
-
-LABEL_DRIVER = "vgpu.kubevirt.io/driver"
-LABEL_NODE = "vgpu.kubevirt.io/node"
-LABEL_POOL = "vgpu.kubevirt.io/pool"
-LABEL_ROLE = "vgpu.kubevirt.io/slice-role"  # combined | counters | devices
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "vgpuctl"
 
 SPLIT_LAYOUT_SINCE = (1, 35)
 
@@ -140,7 +130,7 @@ def label_value(value: str) -> str:
     if len(value) <= 63 and re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", value):
         return value
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:52].strip("-_.")
-    return f"{safe}-{_short_hash(value, 10)}" if safe else _short_hash(value, 10)
+    return f"{safe}-{short_hash(value, 10)}" if safe else short_hash(value, 10)
 
 
 def slice_name_prefix(node_name: str, driver: str, pool_name: str | None = None) -> str:
@@ -151,7 +141,7 @@ def slice_name_prefix(node_name: str, driver: str, pool_name: str | None = None)
     prefix = "-".join(p for p in parts if p)
     if len(prefix) > 240 or not is_dns_subdomain(prefix + "-0"):
         cut = re.sub(r"[^a-z0-9.-]+", "-", prefix)[:200].strip("-.")
-        prefix = f"{cut}-{_short_hash(prefix, 10)}" if cut else _short_hash(prefix, 10)
+        prefix = f"{cut}-{short_hash(prefix, 10)}" if cut else short_hash(prefix, 10)
     return prefix
 
 

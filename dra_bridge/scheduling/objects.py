@@ -6,7 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from dra_bridge.api.quantity import parse_quantity
-from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER
+from dra_bridge.api.names import DEFAULT_DRIVER
 
 
 def dev_attr(dev: dict, name: str, driver: str = DEFAULT_DRIVER):

@@ -83,9 +83,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for name, c in COMMANDS.items():
         module = importlib.import_module(c.module) if name == command else None
-        if module is not None and hasattr(module, f"add_{name}_parser"):  # TODO(render): add_arguments/run
-            getattr(module, f"add_{name}_parser")(sub)
-            continue
         sp = sub.add_parser(name, help=c.help, description=c.description or c.help[:1].upper() + c.help[1:])
         if module is not None:
             adder = getattr(module, f"add_{name}", None)

@@ -1,9 +1,9 @@
 """``vgpuctl render KIND [-f values.yaml] [--set key=value ...]``: print the objects as YAML.
 
-Hook into the main parser with :func:`add_render_parser`::
-
-    add_render_parser(sub)          # sub = the vgpuctl subparsers
-    # ... args.func(args) runs cmd_render
+KubeVirt objects are validated before anything is printed: against the cluster's own schema
+with ``--kubeconfig`` (``/openapi/v3/apis/kubevirt.io/v1``: the KubeVirt release that will
+receive them), against a file with ``--schema FILE`` or ``$VGPUCTL_KUBEVIRT_OPENAPI``; with
+neither, stderr says that they were not validated.
 
 ``kubevirt-cr`` needs the GPU nodes' inventories: ``--inventory FILE`` (repeatable; the output
 of ``vgpuctl discover -o yaml`` on each node), or the simulated host with ``--simulate``
@@ -13,6 +13,7 @@ of ``vgpuctl discover -o yaml`` on each node), or the simulated host with ``--si
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import yaml
 
 from kubevirt_templates.render import KINDS, RenderError, canonical_kind, render, render_yaml
+from kubevirt_templates.validate import ENV_SCHEMA, KubeVirtSchema, is_kubevirt, load_schema
 
 
 def parse_set(assignments: list[str]) -> dict[str, Any]:
@@ -92,7 +94,67 @@ def _simulated_inventory(args: argparse.Namespace) -> dict[str, Any]:
     return inv.model_dump(mode="json")
 
 
-def cmd_render(args: argparse.Namespace) -> int:
+class SchemaUnavailable(Exception):
+    """The schema that was asked for could not be read."""
+
+
+def kubevirt_schema(args: argparse.Namespace) -> KubeVirtSchema | None:
+    """The schema to validate against: the cluster's, a file's, or None (not asked for)."""
+    kubeconfig = getattr(args, "kubeconfig", None)
+    if kubeconfig:
+        from dra_bridge.kube.client import api_client_from
+        from dra_bridge.kube.openapi import KUBEVIRT_V1, OpenApiUnavailable, fetch_kubevirt_openapi
+
+        try:
+            api = api_client_from(kubeconfig)
+        except Exception as exc:  # noqa: BLE001 - kubernetes.config raises several types
+            raise SchemaUnavailable(f"--kubeconfig {kubeconfig}: {exc}") from None
+        try:
+            doc = fetch_kubevirt_openapi(api)
+        except OpenApiUnavailable as exc:
+            raise SchemaUnavailable(f"cannot read KubeVirt's schema from the cluster: {exc}") from None
+        finally:
+            api.close()
+        try:
+            return KubeVirtSchema(doc, source=f"the cluster's {KUBEVIRT_V1}")
+        except ValueError as exc:
+            raise SchemaUnavailable(str(exc)) from None
+    path = getattr(args, "schema", None) or os.environ.get(ENV_SCHEMA)
+    if not path:
+        return None
+    try:
+        return load_schema(path)
+    except (OSError, ValueError) as exc:
+        raise SchemaUnavailable(f"KubeVirt schema {path}: {exc}") from None
+
+
+def _check_kubevirt(args: argparse.Namespace, objects: list[dict[str, Any]]) -> int:
+    """0 when the KubeVirt objects validate (or validation was not asked for), else 1."""
+    kubevirt = [o for o in objects if is_kubevirt(o)]
+    if not kubevirt:
+        return 0
+    try:
+        schema = kubevirt_schema(args)
+    except SchemaUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if schema is None:
+        print("note: the KubeVirt objects were NOT validated against KubeVirt's schema "
+              f"(give --kubeconfig to use the cluster's, or --schema FILE / ${ENV_SCHEMA})", file=sys.stderr)
+        return 0
+    status = 0
+    for o in kubevirt:
+        problems = schema.problems(o)
+        if problems:
+            status = 1
+            name = (o.get("metadata") or {}).get("name", "")
+            print(f"error: {o.get('kind')} {name} does not validate against {schema.source}:", file=sys.stderr)
+            for p in problems:
+                print(f"  - {p}", file=sys.stderr)
+    return status
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         kind = canonical_kind(args.kind)
         values = load_values(args.values, args.set)
@@ -109,19 +171,19 @@ def cmd_render(args: argparse.Namespace) -> int:
         for p in exc.problems:
             print(f"  - {p}", file=sys.stderr)
         return 2
+    status = _check_kubevirt(args, objects)
+    if status:
+        return status
     sys.stdout.write(render_yaml(objects))
     return 0
 
 
-def add_render_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``render`` to ``subparsers`` (the handler is :func:`cmd_render`, set as ``func``)."""
+def add_arguments(r: argparse.ArgumentParser) -> None:
+    """The ``render`` arguments (the main CLI sets ``func`` to :func:`run`)."""
     kinds = ", ".join(KINDS)
-    r = subparsers.add_parser(
-        "render",
-        help="print KubeVirt/DRA objects (VM, KubeVirt CR settings, DeviceClasses, claim templates, vfio Pod)",
-        description=f"Render a template as YAML. Kinds: {kinds}. Values come from -f files and --set, "
-        "validated before anything is printed.",
-    )
+    r.description = (f"Render a template as YAML. Kinds: {kinds}. Values come from -f files and --set, "
+                     "validated before anything is printed; KubeVirt objects also against KubeVirt's schema "
+                     "(--kubeconfig: the cluster's; --schema or $" + ENV_SCHEMA + ": a file).")
     r.add_argument("kind", metavar="KIND", help=f"one of: {kinds}")
     r.add_argument("-f", "--values", action="append", metavar="FILE", help="values YAML (repeatable; - for stdin)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -130,17 +192,23 @@ def add_render_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
                    help="kubevirt-cr: a node inventory (`vgpuctl discover -o yaml`); repeatable")
     r.add_argument("--simulate", nargs="?", const="default", default=argparse.SUPPRESS, metavar="PRESET",
                    help="kubevirt-cr: use the simulated host's inventory")
-    r.set_defaults(func=cmd_render)
-    return r
+    schema = r.add_mutually_exclusive_group()
+    schema.add_argument("--kubeconfig", metavar="FILE",
+                        help="validate KubeVirt objects against this cluster's schema (/openapi/v3/apis/kubevirt.io/v1)")
+    schema.add_argument("--schema", metavar="FILE",
+                        help=f"validate KubeVirt objects against this OpenAPI file (default ${ENV_SCHEMA}); "
+                        "KubeVirt's api/openapi-spec/swagger.json or an OpenAPI v3 document")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m mdev_manager.cli.render``) until the main CLI hooks it."""
+    """Stand-alone entry (``python -m mdev_manager.cli.render``)."""
     p = argparse.ArgumentParser(prog="vgpuctl")
     p.add_argument("--simulate", nargs="?", const="default")
     p.add_argument("--sim-dir")
     sub = p.add_subparsers(dest="cmd", required=True)
-    add_render_parser(sub)
+    r = sub.add_parser("render")
+    add_arguments(r)
+    r.set_defaults(func=run)
     args = p.parse_args(argv)
     return args.func(args)
 

@@ -1,4 +1,4 @@
-"""The classic device plugin (dra_bridge.deviceplugin.manager) end to end, on a simulated host.
+"""The classic device plugin (dra_bridge.deviceplugin) end to end, on a simulated host.
 
 The kubelet side is tests/kubelet's FakeKubelet (its own protos, real unix sockets): it
 records registrations and keeps a ListAndWatch stream per resource, as the kubelet does.
@@ -20,19 +20,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_bridge.deviceplugin.manager import (
-    DeviceInfo,
-    DevicePluginManager,
-    HostWatcher,
-    VgpuResource,
-    compute_resources,
+from dra_bridge.api.names import (
     normalize_prefix,
     nvidia_device_name,
     passthrough_name,
-    preferred_devices,
     resource_env_var,
     vgpu_type_name,
 )
+from dra_bridge.deviceplugin.backend import VgpuResource, preferred_devices
+from dra_bridge.deviceplugin.manager import DevicePluginManager
+from dra_bridge.deviceplugin.resources import DeviceInfo, compute_resources
 from dra_bridge.kubelet.deviceplugin_grpc import socket_name_for
 from dra_bridge.kubelet.podresources import allocated_devices
 from dra_bridge.kubelet.proto import vgpuctl_podresources_v1_pb2 as pr_pb2
@@ -40,6 +37,7 @@ from dra_bridge.kubelet.proto import vgpuctl_podresources_v1_pb2_grpc as pr_grpc
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
+from mdev_manager.host.watch import HostWatcher
 from mdev_manager.models import Inventory
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.hostspec import GpuGroup, HostSpec, load_host

@@ -7,6 +7,8 @@ from fractions import Fraction
 
 import pytest
 
+from dra_bridge.api.k8sname import is_dns_label, truncate_utf8
+from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.pool.devices import (
     ATTR_PCI_BUS_ID,
     ATTR_PCIE_ROOT,
@@ -16,9 +18,6 @@ from dra_bridge.pool.devices import (
     build_pool,
     co_allocatable,
     format_mib,
-    is_dns_label,
-    parse_quantity,
-    truncate_utf8,
 )
 from mdev_manager.models import Gpu, Inventory, Vgpu, VgpuType
 from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, short_type_name

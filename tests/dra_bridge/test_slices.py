@@ -8,10 +8,10 @@ import logging
 import kubernetes_validate
 import pytest
 
-from dra_bridge.pool.devices import GpuPolicy, Pool, PoolPolicy, build_pool, is_dns_label, is_dns_subdomain
+from dra_bridge.api.k8sname import is_dns_label, is_dns_subdomain
+from dra_bridge.api.names import DEFAULT_DRIVER, LABEL_DRIVER, LABEL_NODE
+from dra_bridge.pool.devices import GpuPolicy, Pool, PoolPolicy, build_pool
 from dra_bridge.pool.slices import (
-    LABEL_DRIVER,
-    LABEL_NODE,
     check_pool_slices,
     check_slice,
     device_to_dict,
@@ -24,7 +24,7 @@ from dra_bridge.pool.slices import (
 from tests.dra_bridge.test_devices import a100, a16_board, inventory, l40s, make_gpu, t4
 
 VERSIONS = [(1, 34), (1, 35), (1, 36), (1, 37)]
-DRIVER = "vgpu.kubevirt.io"
+DRIVER = DEFAULT_DRIVER
 NODE = "node-a"
 
 

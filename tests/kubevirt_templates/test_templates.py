@@ -3,15 +3,18 @@ schemas, and CEL selectors that pick exactly the intended devices of a catalog n
 
 from __future__ import annotations
 
-import argparse
+import copy
 import json
+import os
+import threading
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dra_bridge.pool.devices import parse_quantity
+from dra_bridge.api.names import resource_env_var, resource_name_for_pci, resource_name_for_type
+from dra_bridge.api.quantity import parse_quantity
 from kubevirt_templates import (
     ClaimTemplateInput,
     KubeVirtCrInput,
@@ -21,18 +24,17 @@ from kubevirt_templates import (
     render_yaml,
 )
 from dra_bridge.scheduling import cel as kcel
-from mdev_manager.cli.render import add_render_parser, cmd_render, load_values, parse_set
-from kubevirt_templates.names import (
-    kubevirt_env_name,
-    pci_vendor_selector,
-    resource_name_for_pci,
-    resource_name_for_type,
-)
+from mdev_manager.cli.render import load_values, parse_set
+from kubevirt_templates.names import pci_vendor_selector
 from kubevirt_templates.validate import (
+    ENV_SCHEMA,
+    KubeVirtSchema,
     KubeVirtSchemaError,
+    KubeVirtSchemaMissing,
     is_kubevirt,
     kubernetes_problems,
     kubevirt_problems,
+    load_schema,
     validate_kubevirt,
 )
 
@@ -50,6 +52,25 @@ from tests.support.cel import (
 K8S_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 GiB = Fraction(2**30)
 
+#: Where a checkout next to ../shared finds KubeVirt's swagger file (CI always has it).
+SHARED_SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "schemas" / "kubevirt-openapi.json"
+
+
+def kubevirt_schema_path() -> Path | None:
+    """$VGPUCTL_KUBEVIRT_OPENAPI, else ../shared/schemas/ next to the repository, else None."""
+    env = os.environ.get(ENV_SCHEMA)
+    if env:
+        return Path(env)
+    return SHARED_SCHEMA if SHARED_SCHEMA.is_file() else None
+
+
+def kubevirt_schema() -> KubeVirtSchema:
+    """KubeVirt's schema; the calling test is skipped, saying why, when there is none."""
+    path = kubevirt_schema_path()
+    if path is None:
+        pytest.skip(f"KubeVirt OpenAPI schema not found: set ${ENV_SCHEMA} or provide {SHARED_SCHEMA}")
+    return load_schema(path)
+
 
 def inventory_dict() -> dict:
     return catalog_inventory().model_dump(mode="json")
@@ -59,11 +80,16 @@ def assert_valid(objects: list[dict]) -> None:
     """Every KubeVirt object validates against KubeVirt's OpenAPI, every other one against the
     strict Kubernetes schemas of 1.34 to 1.37, and every CEL selector compiles."""
     assert objects
-    for o in objects:
-        problems = kubevirt_problems(o) if is_kubevirt(o) else kubernetes_problems(o, K8S_VERSIONS)
-        assert problems == [], f"{o['kind']} {o['metadata'].get('name')}: {problems}"
+    for o in objects:  # the Kubernetes objects first: a missing KubeVirt schema skips only the rest
+        if not is_kubevirt(o):
+            problems = kubernetes_problems(o, K8S_VERSIONS)
+            assert problems == [], f"{o['kind']} {o['metadata'].get('name')}: {problems}"
         for expr in kcel.expressions_in(o):
             kcel.compile_selector(expr)
+    for o in objects:
+        if is_kubevirt(o):
+            problems = kubevirt_problems(o, kubevirt_schema())
+            assert problems == [], f"{o['kind']} {o['metadata'].get('name')}: {problems}"
 
 
 # Sample inputs of every kind (each must render valid objects).
@@ -134,20 +160,22 @@ def _set(obj: dict, path: str, value) -> dict:
     ("metadata.labels", {"a": 1}, "not of type"),
 ])
 def test_kubevirt_validator_rejects_what_kubevirt_rejects(path, value, words):
+    schema = kubevirt_schema()
     vm = _set(_vm(), path, value)
-    problems = kubevirt_problems(vm)
+    problems = kubevirt_problems(vm, schema)
     assert problems and any(words in p for p in problems), problems
     with pytest.raises(KubeVirtSchemaError):
-        validate_kubevirt(vm)
+        validate_kubevirt(vm, schema)
 
 
 def test_kubevirt_validator_needs_spec_and_a_known_kind():
+    schema = kubevirt_schema()
     vm = _vm()
     del vm["spec"]
-    assert any("spec" in p for p in kubevirt_problems(vm))
-    assert kubevirt_problems({"apiVersion": "kubevirt.io/v1", "kind": "NoSuchThing"})
-    assert kubevirt_problems({"apiVersion": "apps/v1", "kind": "Deployment"})
-    validate_kubevirt(_vm())  # and a good one passes
+    assert any("spec" in p for p in kubevirt_problems(vm, schema))
+    assert kubevirt_problems({"apiVersion": "kubevirt.io/v1", "kind": "NoSuchThing"}, schema)
+    assert kubevirt_problems({"apiVersion": "apps/v1", "kind": "Deployment"}, schema)
+    validate_kubevirt(_vm(), schema)  # and a good one passes
 
 
 def test_kubevirt_validator_accepts_quantities_nulls_and_free_form():
@@ -155,7 +183,7 @@ def test_kubevirt_validator_accepts_quantities_nulls_and_free_form():
     vm["spec"]["template"]["spec"]["domain"]["memory"]["guest"] = 4294967296  # int Quantity
     vm["metadata"]["creationTimestamp"] = None  # type [string, null]
     vm["spec"]["template"]["spec"]["domain"]["resources"] = {"requests": {"memory": "4Gi", "cpu": 1}}
-    assert kubevirt_problems(vm) == []
+    assert kubevirt_problems(vm, kubevirt_schema()) == []
 
 
 def test_kubernetes_schema_rejects_bad_dra_objects():
@@ -165,6 +193,76 @@ def test_kubernetes_schema_rejects_bad_dra_objects():
     cls = render("deviceclasses")[0]
     cls["spec"]["selectors"][0]["cel"] = {}
     assert kubernetes_problems(cls)
+
+
+def test_the_schema_is_given_never_guessed(monkeypatch):
+    """Installed code has no schema of its own: no argument and no $VGPUCTL_KUBEVIRT_OPENAPI is an error."""
+    monkeypatch.delenv(ENV_SCHEMA, raising=False)
+    with pytest.raises(KubeVirtSchemaMissing, match=ENV_SCHEMA):
+        kubevirt_problems(_vm())
+    monkeypatch.setenv(ENV_SCHEMA, "/nonexistent/kubevirt-openapi.json")
+    with pytest.raises(FileNotFoundError, match="/nonexistent"):
+        kubevirt_problems(_vm())
+
+
+def test_the_schema_comes_from_the_environment(monkeypatch):
+    kubevirt_schema()  # skips without one
+    monkeypatch.setenv(ENV_SCHEMA, str(kubevirt_schema_path()))
+    assert kubevirt_problems(_vm()) == []
+    assert kubevirt_problems(_set(_vm(), "spec.runStrategy", 3))
+
+
+def as_openapi_v3(swagger: dict) -> dict:
+    """KubeVirt's swagger as an API server publishes a group-version (``/openapi/v3/apis/...``):
+    ``components.schemas`` under reversed names, kinds found by ``x-kubernetes-group-version-kind``,
+    references wrapped in ``allOf`` as kube-openapi writes them."""
+    def name(n: str) -> str:
+        return "io.kubevirt.api." + n
+
+    def conv(node, in_properties=False):
+        if isinstance(node, list):
+            return [conv(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for k, v in node.items():
+            if k == "$ref":
+                out[k] = "#/components/schemas/" + name(v.removeprefix("#/definitions/"))
+            elif k == "properties":
+                out[k] = {p: conv(sub, in_properties=True) for p, sub in v.items()}
+            else:
+                out[k] = conv(v)
+        if in_properties and "$ref" in out:
+            return {"allOf": [{"$ref": out.pop("$ref")}], **out, "default": {}}
+        return out
+
+    schemas = {name(n): conv(d) for n, d in swagger["definitions"].items()}
+    for kind in ("VirtualMachine", "KubeVirt"):
+        schemas[name(f"v1.{kind}")]["x-kubernetes-group-version-kind"] = [
+            {"group": "kubevirt.io", "version": "v1", "kind": kind}]
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.35.0"},
+            "components": {"schemas": schemas}}
+
+
+@pytest.fixture(scope="module")
+def kubevirt_v3() -> dict:
+    kubevirt_schema()  # skips without one
+    return as_openapi_v3(json.loads(kubevirt_schema_path().read_text()))
+
+
+def test_an_openapi_v3_document_validates_the_same(kubevirt_v3):
+    """A cluster's document (OpenAPI v3, kinds by group-version-kind, allOf references) rejects
+    what the swagger file rejects."""
+    schema = KubeVirtSchema(kubevirt_v3, source="test v3")
+    assert schema.definition_for(_vm()) == "io.kubevirt.api.v1.VirtualMachine"
+    assert kubevirt_problems(_vm(), schema) == []
+    assert kubevirt_problems(render("kubevirt-cr", {"inventories": [inventory_dict()]})[0], schema) == []
+    bad = _set(_vm(), "spec.template.spec.domain.devices.gpus.0.bogus", 1)
+    assert any("bogus" in p for p in kubevirt_problems(bad, schema))
+    meta = _set(_vm(), "metadata.labels", {"a": 1})  # behind an allOf reference
+    assert any("not of type" in p for p in kubevirt_problems(meta, schema))
+    with pytest.raises(ValueError, match="neither"):
+        KubeVirtSchema({"openapi": "3.0.0"})
 
 
 # --------------------------------------------------------------------------- inputs fail clearly
@@ -375,8 +473,8 @@ def test_resource_names_match_nvidias_device_plugin():
     assert resource_name_for_pci("TU104GL [Tesla T4]") == "nvidia.com/TU104GL_TESLA_T4"
     assert resource_name_for_pci("GA100 [A100 PCIe 40GB]") == "nvidia.com/GA100_A100_PCIE_40GB"
     assert pci_vendor_selector("0x10de", "0x1eb8") == "10DE:1EB8"
-    assert kubevirt_env_name("nvidia.com/GRID_T4-1Q", mdev=True) == "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q"
-    assert kubevirt_env_name("nvidia.com/TU104GL_TESLA_T4", mdev=False) == "PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"
+    assert resource_env_var("nvidia.com/GRID_T4-1Q", "mdev") == "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q"
+    assert resource_env_var("nvidia.com/TU104GL_TESLA_T4", "pci") == "PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"
 
 
 # --------------------------------------------------------------------------- CEL: the Kubernetes library
@@ -595,6 +693,119 @@ def test_cli_kubevirt_cr_from_inventory_files(tmp_path, capsys):
     assert rc == 2 and "only kubevirt-cr" in err
 
 
+RENDER_VM = ["render", "vm", "--set", "name=v", "--set", "gpus.T4-1Q=1"]
+
+
+def test_cli_says_when_it_did_not_validate(monkeypatch, capsys):
+    monkeypatch.delenv(ENV_SCHEMA, raising=False)
+    rc, out, err = _run(RENDER_VM, capsys)
+    assert rc == 0 and "kind: VirtualMachine" in out
+    assert "NOT validated against KubeVirt's schema" in err and "--kubeconfig" in err
+    rc, out, err = _run(["render", "deviceclasses"], capsys)  # no KubeVirt object, nothing to validate
+    assert rc == 0 and err == ""
+
+
+def _requiring(schema: dict, definition: str, field: str) -> dict:
+    """``schema`` with ``field`` required in ``definition``: a KubeVirt release our templates do not fit."""
+    doc = copy.deepcopy(schema)
+    defs = doc["definitions"] if "definitions" in doc else doc["components"]["schemas"]
+    defs[definition].setdefault("required", []).append(field)
+    return doc
+
+
+def test_cli_validates_against_a_schema_file(tmp_path, monkeypatch, capsys):
+    kubevirt_schema()  # skips without one
+    path = kubevirt_schema_path()
+    monkeypatch.delenv(ENV_SCHEMA, raising=False)
+    rc, out, err = _run(RENDER_VM + ["--schema", str(path)], capsys)
+    assert rc == 0 and err == "" and "kind: VirtualMachine" in out
+    monkeypatch.setenv(ENV_SCHEMA, str(path))
+    rc, out, err = _run(RENDER_VM, capsys)
+    assert rc == 0 and err == ""
+    future = tmp_path / "future.json"
+    future.write_text(json.dumps(_requiring(json.loads(path.read_text()), "v1.VirtualMachineSpec", "futureField")))
+    rc, out, err = _run(RENDER_VM + ["--schema", str(future)], capsys)
+    assert rc == 1 and out == ""  # nothing to pipe into kubectl apply
+    assert f"VirtualMachine v does not validate against {future}" in err and "futureField" in err
+    rc, out, err = _run(RENDER_VM + ["--schema", str(tmp_path / "missing.json")], capsys)
+    assert rc == 1 and out == "" and "missing.json" in err
+
+
+class OpenApiStub:
+    """Just enough of an API server to publish OpenAPI v3 documents (``docs``: path -> document)."""
+
+    def __init__(self, docs: dict[str, dict]) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        stub = self
+        self.docs, self.requests = docs, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                stub.requests.append(self.path)
+                doc = stub.docs.get(self.path)
+                code = 200 if doc is not None else 404
+                body = json.dumps(doc if doc is not None else
+                                  {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404}).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "OpenApiStub":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def kubeconfig(self, path: Path) -> Path:
+        url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "stub",
+            "clusters": [{"name": "stub", "cluster": {"server": url}}],
+            "users": [{"name": "stub", "user": {}}],
+            "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "stub"}}]}))
+        return path
+
+
+def test_cli_validates_against_the_clusters_schema(kubevirt_v3, tmp_path, monkeypatch, capsys):
+    """--kubeconfig: the schema is the one the cluster serves for kubevirt.io/v1 (OpenAPI v3)."""
+    from dra_bridge.kube.openapi import KUBEVIRT_V1
+
+    monkeypatch.delenv(ENV_SCHEMA, raising=False)
+    with OpenApiStub({KUBEVIRT_V1: kubevirt_v3}) as api:
+        kubeconfig = str(api.kubeconfig(tmp_path / "kubeconfig"))
+        rc, out, err = _run(RENDER_VM + ["--kubeconfig", kubeconfig], capsys)
+        assert rc == 0 and err == "" and "kind: VirtualMachine" in out
+        assert api.requests == [KUBEVIRT_V1]
+        api.docs[KUBEVIRT_V1] = _requiring(kubevirt_v3, "io.kubevirt.api.v1.VirtualMachineSpec", "futureField")
+        rc, out, err = _run(RENDER_VM + ["--kubeconfig", kubeconfig], capsys)
+        assert rc == 1 and out == ""
+        assert f"does not validate against the cluster's {KUBEVIRT_V1}" in err and "futureField" in err
+
+
+def test_cli_refuses_a_cluster_without_kubevirt(tmp_path, monkeypatch, capsys):
+    """The local API server serves no KubeVirt: --kubeconfig says so and prints nothing."""
+    from dra_bridge.sim.apiserver import LocalApiServer
+
+    monkeypatch.delenv(ENV_SCHEMA, raising=False)
+    with LocalApiServer("1.35") as api:
+        kubeconfig = str(api.kubeconfig(tmp_path / "kubeconfig"))
+        rc, out, err = _run(RENDER_VM + ["--kubeconfig", kubeconfig], capsys)
+    assert rc == 1 and out == ""
+    assert "cannot read KubeVirt's schema from the cluster" in err and "404" in err
+    assert "is KubeVirt installed" in err
+
+
 def test_parse_set_and_merge(tmp_path):
     assert parse_set(["a.b=1", "a.c=[x, y]", "d=true", "e="]) == {"a": {"b": 1, "c": ["x", "y"]}, "d": True, "e": ""}
     f = tmp_path / "v.yaml"
@@ -624,7 +835,7 @@ def test_templates_ship_with_the_package():
 def test_kubevirt_cr_permits_everything_the_device_plugin_advertises(tmp_path):
     """Same names on both sides: a node laid out with vGPUs of every framework and a
     passthrough GPU, advertised by the device plugin, all permitted by the rendered CR."""
-    from dra_bridge.deviceplugin.manager import compute_resources
+    from dra_bridge.deviceplugin.resources import compute_resources
     from mdev_manager.config import load_config
     from mdev_manager.discovery import discover
     from mdev_manager.host.env import HostEnv

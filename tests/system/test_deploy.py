@@ -17,12 +17,13 @@ import yaml
 
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from kubevirt_templates import render
-from kubevirt_templates.names import LABEL_CONFIG, LABEL_CONFIG_STATE, NVIDIA_LABEL_CONFIG, NVIDIA_LABEL_CONFIG_STATE
+from dra_bridge.api.names import LABEL_CONFIG, LABEL_CONFIG_STATE, NVIDIA_LABEL_CONFIG, NVIDIA_LABEL_CONFIG_STATE
 from kubevirt_templates.validate import kubernetes_problems
 from mdev_manager.config import parse_config
 from mdev_manager.plan import select_gpus
 
 from tests.support.cel import catalog_inventory
+from tests.support.imports import reachable, sources
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -117,11 +118,11 @@ def test_device_classes_are_the_rendered_ones():
 
 # The code is scanned for methods of the official client's API classes; each is mapped to its
 # HTTP method and path (read from the generated client), hence to (apiGroup, resource, verb).
-# What the agent (vgpuctl serve) runs under the DaemonSet's ServiceAccount. The demo,
-# conformance and capacity commands run with the user's own credentials, not the agent's.
-NOT_AGENT = {"demo.py", "conformance.py", "capacity.py", "cluster.py"}
-SCANNED = [f for f in [*sorted((ROOT / "dra_bridge").glob("*.py")), *sorted((ROOT / "mdev_manager").glob("*.py"))]
-           if f.name not in NOT_AGENT]
+# What the agent (vgpuctl serve) runs under the DaemonSet's ServiceAccount: every module the
+# serve command can load. The demo, conformance and capacity commands run with the user's own
+# credentials, not the agent's.
+AGENT_MODULES = reachable("mdev_manager.cli.serve")
+SCANNED = [path for name, path in sorted(sources().items()) if name in AGENT_MODULES]
 _IDENT = re.compile(r"\.([a-z][a-z0-9_]*)\b")
 _WATCH_STREAM = re.compile(r"\.stream\(\s*[\w.]+\.(list_[a-z0-9_]+)")
 _WATCH_ARG = re.compile(r"\.(list_[a-z0-9_]+)\([^()]*\bwatch\s*=\s*True")

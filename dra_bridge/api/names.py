@@ -1,0 +1,182 @@
+"""The driver's published names: what clusters, VMs and manifests depend on (see ``schema.md``).
+
+One place for every name another component reads: the DRA driver and its DeviceClasses, the
+labels on nodes and ResourceSlices, device and counter-set names, and the classic device
+plugin's extended resources. Classic resource names follow NVIDIA's
+kubevirt-gpu-device-plugin so that existing VMs keep working after a migration:
+
+* a vGPU type: ``nvidia.com/<type name, spaces -> _>`` (``GRID T4-1Q`` -> ``nvidia.com/GRID_T4-1Q``);
+* a passthrough GPU: ``nvidia.com/<pci.ids device name, upper-cased, whitespace, '/' and '.'
+  -> _, anything else outside [A-Z0-9_] dropped>`` (``TU104GL [Tesla T4]`` ->
+  ``nvidia.com/TU104GL_TESLA_T4``);
+
+and KubeVirt hands the devices to virt-launcher through ``PCI_RESOURCE_<R>`` /
+``MDEV_PCI_RESOURCE_<R>`` (:func:`resource_env_var`). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from mdev_manager.models import VgpuType
+from mdev_manager.names import is_mig_backed, short_type_name
+
+from dra_bridge.api.k8sname import fit_dns_label, is_dns_subdomain
+
+# --------------------------------------------------------------------------- DRA driver
+
+DEFAULT_DRIVER = "vgpu.kubevirt.io"
+#: DeviceClass of every vGPU the driver publishes (attribute ``type == "vgpu"``).
+VGPU_CLASS = "vgpu.kubevirt.io"
+#: DeviceClass of every whole GPU the driver offers for vfio-pci passthrough (``type == "passthrough"``).
+PASSTHROUGH_CLASS = "passthrough.vgpu.kubevirt.io"
+
+# --------------------------------------------------------------------------- labels
+
+#: Node label naming the layout (a key of the layouts ConfigMap) the node agent applies.
+LABEL_CONFIG = "vgpu.kubevirt.io/config"
+#: Node label the agent sets: ``pending``, ``success`` or ``failed``.
+LABEL_CONFIG_STATE = "vgpu.kubevirt.io/config.state"
+#: NVIDIA vgpu-device-manager's equivalents, for migration.
+NVIDIA_LABEL_CONFIG = "nvidia.com/vgpu.config"
+NVIDIA_LABEL_CONFIG_STATE = "nvidia.com/vgpu.config.state"
+
+#: ResourceSlice labels: a publisher finds its own slices by them.
+LABEL_DRIVER = "vgpu.kubevirt.io/driver"
+LABEL_NODE = "vgpu.kubevirt.io/node"
+LABEL_POOL = "vgpu.kubevirt.io/pool"
+LABEL_ROLE = "vgpu.kubevirt.io/slice-role"  # combined | counters | devices
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "vgpuctl"
+
+# --------------------------------------------------------------------------- DRA devices
+
+
+def counter_set_name(gpu_index: int) -> str:
+    return f"gpu-{gpu_index}-counter-set"
+
+
+def passthrough_device_name(gpu_index: int) -> str:
+    return f"gpu-{gpu_index}-passthrough"
+
+
+def vgpu_device_name(gpu_index: int, type_part: str, k: int) -> str:
+    """The ``k``-th device of a vGPU type on a GPU (``gpu-0-vgpu-t4-1q-3``), cut to a DNS label."""
+    return fit_dns_label(f"gpu-{gpu_index}-vgpu-", type_part, f"-{k}")
+
+
+def compatibility_group(fb_mib: int) -> str:
+    """The equal-size group of a vGPU type: one group per framebuffer size."""
+    return f"fb-{fb_mib}"
+
+
+def profile_of(type_name: str) -> str:
+    """The DRA ``profile`` attribute of a type: its short name (``NVIDIA A100-4C`` -> ``A100-4C``)."""
+    return short_type_name(type_name)
+
+
+def type_is_mig_backed(t: VgpuType) -> bool:
+    """MIG-backed types need MIG (not supported yet): never published, never rendered."""
+    return t.mig_backed or is_mig_backed(t.name)
+
+
+# --------------------------------------------------------------------------- classic device plugin
+
+DEFAULT_RESOURCE_PREFIX = "nvidia.com/"
+#: Domain of the classic resources (the device plugin's default prefix).
+RESOURCE_DOMAIN = DEFAULT_RESOURCE_PREFIX.rstrip("/")
+MDEV_ENV_PREFIX = "MDEV_PCI_RESOURCE_"
+PCI_ENV_PREFIX = "PCI_RESOURCE_"
+
+ResourceKind = Literal["mdev", "pci"]  # which environment variable virt-launcher reads
+
+_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def normalize_prefix(prefix: str) -> str:
+    """``nvidia.com`` or ``nvidia.com/`` -> ``nvidia.com/``; ValueError unless a DNS subdomain."""
+    domain = prefix.strip().removesuffix("/")
+    if not domain or not is_dns_subdomain(domain):
+        raise ValueError(f"resource prefix {prefix!r}: expected a DNS domain such as nvidia.com/")
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io") or domain == "k8s.io" or domain.endswith(".k8s.io"):
+        raise ValueError(f"resource prefix {prefix!r}: extended resources cannot use the {domain} domain")
+    return domain + "/"
+
+
+def is_valid_name_part(name: str) -> bool:
+    """The part after ``/`` of an extended resource name (a qualified name's name part)."""
+    return bool(_NAME_PART.match(name))
+
+
+def _tidy(name: str) -> str:
+    """Make a name part valid: other characters to ``_``, ends trimmed, at most 63 characters."""
+    s = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    s = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", s)
+    s = re.sub(r"[^A-Za-z0-9]+$", "", s[:63])
+    return s
+
+
+def nvidia_device_name(pci_ids_name: str) -> str:
+    """A pci.ids device name as NVIDIA's kubevirt plugin turns it into a resource name.
+
+    Upper-cased; ``/`` and ``.`` become ``_``; each run of whitespace one ``_``; then
+    every character other than ``A-Z``, ``0-9``, ``_`` is dropped (brackets, dashes,
+    parentheses): ``TU104GL [Tesla T4]`` -> ``TU104GL_TESLA_T4``,
+    ``GA100 [A100 PCIe 40GB]`` -> ``GA100_A100_PCIE_40GB``.
+    """
+    s = pci_ids_name.strip().upper().replace("/", "_").replace(".", "_")
+    s = re.sub(r"\s+", "_", s)
+    return re.sub(r"[^A-Z0-9_]+", "", s)
+
+
+def passthrough_name(product_name: str | None, device_id: str) -> str:
+    """Name part for a passthrough GPU model; the hex device id (``1eb8``) without a usable name."""
+    hex_id = device_id.strip().lower().removeprefix("0x")
+    if product_name:
+        name = nvidia_device_name(product_name)
+        if not is_valid_name_part(name):
+            name = _tidy(name)
+        if name:
+            return name
+    return hex_id
+
+
+def vgpu_type_name(type_name: str) -> str:
+    """Name part for a vGPU type: runs of whitespace to ``_`` (``GRID T4-1Q`` -> ``GRID_T4-1Q``).
+
+    Anything still invalid in a resource name becomes ``_`` (NVIDIA's plugin would fail
+    to register such a name, so no existing VM can depend on it).
+    """
+    name = re.sub(r"\s+", "_", type_name.strip())
+    return name if is_valid_name_part(name) else _tidy(name)
+
+
+def resource_env_var(resource_name: str, kind: ResourceKind) -> str:
+    """``nvidia.com/GRID_T4-1Q`` -> ``MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q`` (kind mdev),
+    ``nvidia.com/TU104GL_TESLA_T4`` -> ``PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4`` (kind pci):
+    upper-cased, ``/`` and ``.`` to ``_``, dashes kept, as KubeVirt builds the name."""
+    suffix = resource_name.upper().replace("/", "_").replace(".", "_")
+    return (MDEV_ENV_PREFIX if kind == "mdev" else PCI_ENV_PREFIX) + suffix
+
+
+def check_resource_name(name: str) -> str:
+    """``domain/name`` as Kubernetes accepts an extended resource name; ValueError otherwise."""
+    domain, sep, ident = name.partition("/")
+    if not sep or not is_dns_subdomain(domain) or not is_valid_name_part(ident):
+        raise ValueError(
+            f"{name!r} is not a valid extended resource name (domain/name, name <= 63 characters "
+            "of letters, digits, '-', '_', '.', starting and ending alphanumeric)"
+        )
+    return name
+
+
+def resource_name_for_type(type_name: str, domain: str = RESOURCE_DOMAIN) -> str:
+    """The classic resource of a vGPU type: ``GRID T4-1Q`` -> ``nvidia.com/GRID_T4-1Q``."""
+    return check_resource_name(normalize_prefix(domain) + vgpu_type_name(type_name))
+
+
+def resource_name_for_pci(device_name: str | None, domain: str = RESOURCE_DOMAIN, device_id: str = "") -> str:
+    """The classic resource of a passthrough GPU, from its pci.ids device name:
+    ``TU104GL [Tesla T4]`` -> ``nvidia.com/TU104GL_TESLA_T4`` (the hex device id without a name)."""
+    return check_resource_name(normalize_prefix(domain) + passthrough_name(device_name, device_id))
