@@ -21,7 +21,7 @@ from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import RealIO
 from mdev_manager.reconcile import reconcile
-from mdev_manager.sim import SimHost, load_host
+from mdev_manager.sim.node import sim_node
 from mdev_manager.sim.hostspec import GpuGroup, HostSpec
 from mdev_manager.sim.fuse import mounted
 
@@ -48,7 +48,7 @@ def run() -> list[str]:
     base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
     with tempfile.TemporaryDirectory(dir=base, prefix="vgnode") as d:
         root, mnt = Path(d) / "host", Path(d) / "mnt"
-        host = SimHost.create(root, load_host("bench-large"))
+        host = sim_node(root, "bench-large").host
         with mounted(host, mnt):
             env = _fuse_env(root, mnt)
             etc = root / "etc/mdevctl.d"
@@ -81,7 +81,7 @@ def run() -> list[str]:
     def fresh_run(fn) -> float:
         with tempfile.TemporaryDirectory(dir=base, prefix="vgnode") as d:
             root, mnt = Path(d) / "host", Path(d) / "mnt"
-            host = SimHost.create(root, spec)
+            host = sim_node(root, spec).host
             with mounted(host, mnt):
                 env = _fuse_env(root, mnt)
                 took = fn(env, root, mnt)

@@ -8,8 +8,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from mdev_manager.host.env import HostEnv
-from mdev_manager.sim import SimHost, SimIO, load_host
+from mdev_manager.sim.node import sim_node
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -33,8 +32,8 @@ def sim_host(preset: str):
     # sysfs lives in memory on a real host: keep the simulated one on tmpfs where there is one
     base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
     with tempfile.TemporaryDirectory(dir=base, prefix="vgbench") as d:
-        host = SimHost.create(Path(d) / "host", load_host(preset))
-        yield host, HostEnv.under(Path(d) / "host"), SimIO(host)
+        sim = sim_node(Path(d) / "host", preset)
+        yield sim.host, sim.env, sim.io
 
 
 def row(name: str, ours: str, peer: str, ratio: float | None, note: str = "") -> str:

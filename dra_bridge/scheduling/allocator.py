@@ -31,7 +31,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Callable, Iterable, Protocol
+from typing import Iterable, Protocol
 
 from dra_bridge.api.quantity import format_quantity, parse_quantity
 
@@ -692,7 +692,10 @@ class Allocator:
 
 
 class CelSelectors:
-    """Selectors evaluated with a real CEL implementation plus Kubernetes' quantity library."""
+    """The selector evaluator: the real CEL engine plus Kubernetes' quantity and semver library
+    (:mod:`dra_bridge.scheduling.cel`). An expression that does not compile or fails on a device
+    makes that device not match (the scheduler would fail the claim); the error is kept in
+    ``errors``."""
 
     def __init__(self):
         from dra_bridge.scheduling.cel import CelError, compile_selector, device_variable
@@ -702,13 +705,18 @@ class CelSelectors:
         self.errors: list[str] = []
 
     def matches(self, expression: str, device: Device) -> bool:
-        prog = self._programs.get(expression)
-        if prog is None:
-            prog = self._programs[expression] = self._compile(expression)
-        var = self._variable({"attributes": device.attributes, "capacity": device.capacity,
-                              "allowMultipleAllocations": device.multi}, device.driver)
         try:
+            prog = self._programs.get(expression)
+            if prog is None:
+                prog = self._programs[expression] = self._compile(expression)
+            var = self._variable({"attributes": device.attributes, "capacity": device.capacity,
+                                  "allowMultipleAllocations": device.multi}, device.driver)
             return prog.evaluate(var)
         except self._error as exc:  # the scheduler fails the claim; here the device does not match
             self.errors.append(str(exc))
             return False
+
+
+def default_selectors() -> CelSelectors:
+    """The selectors the simulated cluster, capacity and conformance use unless given others."""
+    return CelSelectors()

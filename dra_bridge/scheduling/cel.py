@@ -6,8 +6,9 @@ names without a domain belong to the device's driver) and ``allowMultipleAllocat
 evaluate to a bool; any runtime error (a missing attribute, a bad quantity) aborts the
 allocation. Capacity values are Kubernetes Quantities.
 
-Built on ``common-expression-language`` (module ``cel``, Rust core). What that library offers,
-and how the Kubernetes library is added on top:
+Built on ``common-expression-language`` (module ``cel``, Rust core, a runtime dependency): the
+one CEL evaluator of vgpuctl (the allocator's :class:`~dra_bridge.scheduling.allocator.CelSelectors`
+evaluates through it). What that library offers, and how the Kubernetes library is added on top:
 
 * ``cel.Context.add_function(name, fn)`` registers a Python function. A **member call**
   ``x.f(y)`` dispatches to the same registered ``f`` with the receiver first, ``f(x, y)``;
@@ -35,7 +36,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import cel as _cel
 
-from dra_bridge.pool.devices import parse_quantity
+from dra_bridge.api.quantity import parse_quantity
 
 MAX_EXPRESSION_LENGTH = 10 * 1024  # the API server's limit on a selector
 

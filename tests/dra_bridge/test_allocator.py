@@ -26,9 +26,8 @@ from dra_bridge.pool.slices import build_slices
 from mdev_manager.catalog import known_type
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
 from mdev_manager.reconcile import reconcile
-from mdev_manager.sim import SimHost, SimIO, load_host
+from mdev_manager.sim.node import sim_node
 
 D = "vgpu.kubevirt.io"
 DRA_ALL = {"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}}
@@ -50,12 +49,9 @@ CLASSES = [
 @pytest.fixture(scope="module")
 def inventory(tmp_path_factory):
     """The ``default`` simulated node after the agent prepared every GPU for DRA."""
-    root = Path(tmp_path_factory.mktemp("alloc-host"))
-    spec = load_host("default")
-    host = SimHost.create(root, spec)
-    env, io = HostEnv.under(root), SimIO(host)
-    assert reconcile(env, io, parse_config(DRA_ALL)).ok
-    return discover(env, io, node=spec.node)
+    sim = sim_node(Path(tmp_path_factory.mktemp("alloc-host")), "default")
+    assert reconcile(sim.env, sim.io, parse_config(DRA_ALL)).ok
+    return discover(sim.env, sim.io, node=sim.node)
 
 
 def node_slices(inventory, node: str, version=(1, 37), generation: int = 1) -> list[dict]:
@@ -187,6 +183,10 @@ def test_selector_runtime_error_makes_the_device_not_match(inventory):
     with pytest.raises(Unsatisfiable, match="no device matches request 'gpu'"):
         a.allocate([claim("c", exactly("gpu", VGPU, f'device.attributes["{D}"].noSuchAttribute == "x"'))])
     assert cel.errors and "noSuchAttribute" in cel.errors[0]
+    # an expression that does not compile fails the same way (the API server refuses it on write)
+    with pytest.raises(Unsatisfiable, match="no device matches request 'gpu'"):
+        a.allocate([claim("c", exactly("gpu", VGPU, "device.attributes["))])
+    assert "does not compile" in cel.errors[-1]
 
 
 def test_unknown_device_class_is_reported():

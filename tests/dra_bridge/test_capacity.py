@@ -7,7 +7,8 @@ import json
 import yaml
 
 from dra_bridge.scheduling import capacity
-from dra_bridge.sim.cluster import SimCluster, SubsetSelectors
+from dra_bridge.scheduling.allocator import CelSelectors
+from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.demo import WORKLOADS, render_workload
 from dra_bridge.sim.scenarios import simulated_capacity
 from mdev_manager.cli.main import main
@@ -60,7 +61,7 @@ def claim(name, *devices, node="n1"):
 
 
 def test_empty_gpu_fits_each_profile_alone():
-    r = capacity.compute(t4_slices(groups=True), [], selectors=SubsetSelectors())
+    r = capacity.compute(t4_slices(groups=True), [], selectors=CelSelectors())
     assert fits(r, 0) == {"T4-4Q": 4, "T4-8Q": 2, "whole GPU": 1}
     g = r.gpu("n1", 0)
     assert (g.gpu, g.counter_set, g.totals, g.used) == ("0000:10:00.0", "gpu-0-counter-set",
@@ -70,40 +71,40 @@ def test_empty_gpu_fits_each_profile_alone():
 def test_allocations_and_equal_size_mode_count():
     """One 8 GiB vGPU held: one more 8Q fits, no 4Q (equal size, through the compatibility groups,
     although 8 GiB are free), no whole GPU (the counters)."""
-    r = capacity.compute(t4_slices(groups=True), [claim("a", "gpu-0-vgpu-t4-8q-0")], selectors=SubsetSelectors())
+    r = capacity.compute(t4_slices(groups=True), [claim("a", "gpu-0-vgpu-t4-8q-0")], selectors=CelSelectors())
     assert fits(r, 0) == {"T4-4Q": 0, "T4-8Q": 1, "whole GPU": 0}
     g = r.gpu("n1", 0)
     assert g.used == {"memory": "8Gi", "vgpus": "1"}
     assert g.holders == [{"claim": "default/a", "device": "gpu-0-vgpu-t4-8q-0", "profile": "T4-8Q"}]
     # without groups (a GPU in mixed-size mode) the 8 GiB left take two 4Q
-    r = capacity.compute(t4_slices(groups=False), [claim("a", "gpu-0-vgpu-t4-8q-0")], selectors=SubsetSelectors())
+    r = capacity.compute(t4_slices(groups=False), [claim("a", "gpu-0-vgpu-t4-8q-0")], selectors=CelSelectors())
     assert fits(r, 0) == {"T4-4Q": 2, "T4-8Q": 1, "whole GPU": 0}
 
 
 def test_whole_gpu_held_leaves_nothing():
-    r = capacity.compute(t4_slices(groups=True), [claim("pt", "gpu-0-passthrough")], selectors=SubsetSelectors())
+    r = capacity.compute(t4_slices(groups=True), [claim("pt", "gpu-0-passthrough")], selectors=CelSelectors())
     assert fits(r, 0) == {"T4-4Q": 0, "T4-8Q": 0, "whole GPU": 0}
     assert r.gpu("n1", 0).holders[0]["profile"] == "whole GPU"
 
 
 def test_incomplete_pools_and_old_generations_do_not_count():
     slices = t4_slices(groups=True, count=3)  # one slice of the pool is missing
-    r = capacity.compute(slices, [], selectors=SubsetSelectors())
+    r = capacity.compute(slices, [], selectors=CelSelectors())
     assert r.gpus == [] and r.incomplete_pools == [f"{DRV}/n1"]
     old = t4_slices(groups=True, generation=1, node="n1")
     new = t4_slices(groups=True, generation=2, node="n1")
     for s in new:
         s["metadata"]["name"] += "-g2"
-    r = capacity.compute(old + new, [], selectors=SubsetSelectors())
+    r = capacity.compute(old + new, [], selectors=CelSelectors())
     assert len(r.gpus) == 1 and fits(r, 0)["T4-8Q"] == 2
 
 
 def test_nodes_filter_and_other_drivers():
     slices = t4_slices(groups=True, node="n1") + t4_slices(groups=True, node="n2")
-    r = capacity.compute(slices, [claim("a", "gpu-0-passthrough", node="n2")], selectors=SubsetSelectors())
+    r = capacity.compute(slices, [claim("a", "gpu-0-passthrough", node="n2")], selectors=CelSelectors())
     assert fits(r, 0, "n1")["whole GPU"] == 1 and fits(r, 0, "n2")["whole GPU"] == 0
-    assert [g.node for g in capacity.compute(slices, [], selectors=SubsetSelectors(), nodes=["n2"]).gpus] == ["n2"]
-    assert capacity.compute(slices, [], driver="other.example.com", selectors=SubsetSelectors()).gpus == []
+    assert [g.node for g in capacity.compute(slices, [], selectors=CelSelectors(), nodes=["n2"]).gpus] == ["n2"]
+    assert capacity.compute(slices, [], driver="other.example.com", selectors=CelSelectors()).gpus == []
 
 
 def test_from_objects_reads_kubectl_lists(tmp_path):
@@ -112,7 +113,7 @@ def test_from_objects_reads_kubectl_lists(tmp_path):
     f.write_text(yaml.safe_dump(doc))
     slices, claims = capacity.from_file(f)
     assert len(slices) == 2 and len(claims) == 1
-    assert fits(capacity.compute(slices, claims, selectors=SubsetSelectors()), 0)["T4-4Q"] == 3
+    assert fits(capacity.compute(slices, claims, selectors=CelSelectors()), 0)["T4-4Q"] == 3
 
 
 def test_cli_capacity_from_file(tmp_path, capsys):

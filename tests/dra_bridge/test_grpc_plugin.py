@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dra_bridge.kubelet import dra_client
 from dra_bridge.kubelet.dra_grpc import (
     ClaimRef,
     DeviceHealthRecord,
@@ -213,6 +214,26 @@ def test_driver_exception_becomes_per_claim_error(
         # The server survived.
         driver.fail = None
         assert client.prepare([("ns", "u1", "a")])["u1"]["error"] == ""
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_our_generated_stubs_speak_the_kubelet_wire_format(
+    plugin: KubeletPlugin, driver: ToyDriver, root: Path, version: str
+) -> None:
+    """The one kubelet client with its default stubs (ours, as the simulated cluster uses it)
+    answers exactly as with the test side's own protos."""
+    info, refused = dra_client.register_plugin(plugin.registration_socket)
+    assert refused is None and info.endpoint == str(plugin.dra_socket) and plugin.wait_registered(5)
+    claims = [("default", "uid-1", "claim1"), ("tenant", "uid-2", "shared"), ("default", "uid-3", "broken")]
+    with dra_client.DraClient(info.endpoint, version) as ours:
+        got = ours.prepare(claims)
+        assert ours.unprepare(claims[:2]) == {"uid-1": "", "uid-2": ""}
+    with DraClient(plugin.dra_socket, version) as theirs:
+        assert theirs.prepare(claims) == got
+        assert got["uid-2"]["devices"][0]["share_id"] == "0b8c3a5e-6f0e-4a51-9f5b-6a1e9d7c2f10"
+        theirs.unprepare(claims[:2])
+    refuse = dra_client.register_plugin(plugin.registration_socket, lambda i: "not today")
+    assert refuse[1] == "not today" and not plugin.registered
 
 
 def test_claim_missing_from_driver_answer(plugin: KubeletPlugin, driver: ToyDriver) -> None:

@@ -13,18 +13,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
 from dra_bridge.pool.slices import build_slices
 from dra_bridge.scheduling.cel import request_alternatives, select, slice_devices
 from dra_bridge.scheduling.cel import claim_spec_of
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
 from mdev_manager.models import Inventory
 from mdev_manager.reconcile import reconcile
-from mdev_manager.sim import SimHost, SimIO, load_host
+from mdev_manager.sim.node import sim_node
 
-DRIVER = "vgpu.kubevirt.io"
+DRIVER = DEFAULT_DRIVER
 ALL_DRA = {"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}}
 
 _keep: list[tempfile.TemporaryDirectory] = []
@@ -35,12 +35,10 @@ def catalog_inventory(preset: str = "default") -> Inventory:
     """The simulated node after the agent prepared every GPU for DRA (VFs enabled)."""
     tmp = tempfile.TemporaryDirectory(prefix="vgpuctl-cel-")
     _keep.append(tmp)
-    root = Path(tmp.name)
-    host = SimHost.create(root, load_host(preset))
-    env, io = HostEnv.under(root), SimIO(host)
-    out = reconcile(env, io, parse_config(ALL_DRA))
+    sim = sim_node(Path(tmp.name), preset)
+    out = reconcile(sim.env, sim.io, parse_config(ALL_DRA))
     assert out.ok, out
-    return discover(env, io, node=load_host(preset).node)
+    return discover(sim.env, sim.io, node=sim.node)
 
 
 @lru_cache(maxsize=None)

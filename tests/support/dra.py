@@ -1,6 +1,6 @@
 """Shared helpers for the DRA bridge tests: simulated nodes, claims, slice checks.
 
-A :class:`SimNode` is a simulated host (``mdev_manager.sim``) prepared the way the daemon
+A :class:`SimNode` is a simulated host (built by :func:`mdev_manager.sim.node.sim_node`) prepared the way the daemon
 leaves it in ``dra`` mode (VFs enabled, no vGPUs), plus the pool the bridge would publish
 for it. Claims are real ``resource.k8s.io/v1`` ResourceClaims stored in a
 :class:`dra_bridge.sim.apiserver.LocalApiServer` and read back through ``ApiClaimSource``.
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from dra_bridge.kube.claims import ApiClaimSource, ClaimSource
+from dra_bridge.kube.claims import ApiClaimSource
+from dra_bridge.kubeletplugin.claimsource import ClaimSource
 from dra_bridge.pool.devices import Pool, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.kubelet.dra_grpc import ClaimRef
@@ -29,7 +30,8 @@ from mdev_manager.discovery import discover, read_function, read_gpu
 from mdev_manager.host.env import HostEnv
 from mdev_manager.models import Gpu, Inventory
 from mdev_manager.reconcile import reconcile
-from mdev_manager.sim import SimHost, SimIO, load_host
+from mdev_manager.sim import SimHost, SimIO
+from mdev_manager.sim.node import sim_node
 
 DRIVER = DEFAULT_DRIVER
 DRA_LAYOUT = [GpuLayout(all=True, mode="dra", passthrough=True)]
@@ -103,13 +105,10 @@ class SimNode:
 def make_node(root: Path, preset: str = "default", *, version: tuple[int, int] = (1, 35),
               prepare_gpus: bool = True) -> SimNode:
     """A simulated host under ``root``; ``prepare_gpus`` runs the ``dra`` layout (enables VFs)."""
-    spec = load_host(preset)
-    host = SimHost.create(Path(root) / "host", spec)
-    env = HostEnv.under(Path(root) / "host")
-    io = SimIO(host)
-    node = SimNode(root=Path(root) / "host", host=host, env=env, io=io, node=spec.node, version=version)
+    sim = sim_node(Path(root) / "host", preset)
+    node = SimNode(root=sim.root, host=sim.host, env=sim.env, io=sim.io, node=sim.node, version=version)
     if prepare_gpus:
-        out = reconcile(env, io, DRA_LAYOUT, node=spec.node)
+        out = reconcile(node.env, node.io, DRA_LAYOUT, node=node.node)
         assert out.ok, out
     return node
 

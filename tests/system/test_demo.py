@@ -1,4 +1,5 @@
-"""``vgpuctl demo`` and the simulated cluster under it (dra_bridge.sim.cluster, dra_bridge.sim.apiserver)."""
+"""``vgpuctl demo`` and the simulated cluster under it (dra_bridge.sim.cluster, dra_bridge.sim.apiserver),
+with the selectors it evaluates through the CEL engine."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge.sim import cluster
-
+from dra_bridge.api.quantity import parse_quantity
+from dra_bridge.scheduling.allocator import CelSelectors, Device, default_selectors
 from dra_bridge.sim import demo
-from dra_bridge.scheduling.allocator import Device
-from dra_bridge.sim.cluster import SubsetSelectors, resolve_cdi
+from dra_bridge.sim.kubelet import resolve_cdi
+from dra_bridge.sim.workloads import pod_node
 from mdev_manager.cli import demo as demo_cli
 from mdev_manager.cli.main import main
 
@@ -140,10 +141,10 @@ def test_cli_demo(tmp_path, capsys):
 
 
 def test_demo_after_a_plain_install(tmp_path):
-    """No test extras: no `cel` (the subset evaluator selects), no kubernetes-validate (DRA rules only),
-    no grpcio-tools, no pytest, and tests/ not importable."""
+    """No test extras: no kubernetes-validate (DRA rules only), no grpcio-tools, no pytest, and
+    tests/ not importable; selectors go through the CEL engine, a runtime dependency."""
     code = ("import sys\n"
-            "for m in ('cel', 'kubernetes_validate', 'grpc_tools', 'pytest', 'tests'):\n"
+            "for m in ('kubernetes_validate', 'grpc_tools', 'pytest', 'tests'):\n"
             "    sys.modules[m] = None\n"
             "from dra_bridge.sim.demo import run_demo\n"
             "rep = run_demo()\n"
@@ -152,10 +153,10 @@ def test_demo_after_a_plain_install(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split()[:2] == ["SubsetSelectors", "True"], p.stdout
+    assert p.stdout.split()[:2] == ["CelSelectors", "True"], p.stdout
 
 
-# --------------------------------------------------------------------------- the CEL subset
+# --------------------------------------------------------------------------- selectors
 
 
 def device(attrs: dict, capacity: dict | None = None, driver: str = "vgpu.kubevirt.io") -> Device:
@@ -163,14 +164,15 @@ def device(attrs: dict, capacity: dict | None = None, driver: str = "vgpu.kubevi
                   capacity={k: {"value": v} for k, v in (capacity or {}).items()}, consumes=[])
 
 
-def test_subset_selectors_evaluate_the_template_expressions():
+def test_selectors_evaluate_the_template_expressions():
     from kubevirt_templates.render import (class_expression, min_memory_expression, product_expression,
                                            profile_expression)
 
     d = device({"type": {"string": "vgpu"}, "profile": {"string": "T4-8Q"}, "gpuIndex": {"int": 0},
                 "productName": {"string": "TU104GL [Tesla T4]"},
                 "resource.kubernetes.io/pciBusID": {"string": "0000:10:00.0"}}, {"memory": "8Gi"})
-    s = SubsetSelectors()
+    s = default_selectors()
+    assert isinstance(s, CelSelectors)
     drv = "vgpu.kubevirt.io"
     assert s.matches(class_expression(drv, "vgpu"), d)
     assert not s.matches(class_expression(drv, "passthrough"), d)
@@ -186,29 +188,35 @@ def test_subset_selectors_evaluate_the_template_expressions():
     assert s.matches('!has(device.attributes["vgpu.kubevirt.io"].numaNode)', d)
     assert s.matches('device.attributes["other.io"].x == "y" || true', d)  # the error on the left is absorbed
     assert s.errors == []
-    # a missing attribute is a run-time error: the device does not match, the error is kept
+    # a missing attribute is a run-time error, a broken expression a compile error: the device
+    # does not match, the error is kept
     assert not s.matches('device.attributes["vgpu.kubevirt.io"].numaNode == 0', d)
     assert not s.matches("device.attributes[", d)
-    assert len(s.errors) == 2
+    assert len(s.errors) == 2 and "numaNode" in s.errors[0] and "does not compile" in s.errors[1]
 
 
-def test_subset_selectors_agree_with_cel_on_every_published_device(tmp_path):
+def _value(d: Device, name: str):
+    """An attribute of a published device, read without CEL (the test's own reading)."""
+    v = d.attributes.get(name) or d.attributes.get(f"{d.driver}/{name}")
+    return next(iter(v.values())) if v else None
+
+
+def test_selectors_select_exactly_the_devices_on_every_published_device(tmp_path):
     """Every selector the templates and DeviceClasses write, on every device of a 1.37 pool with
-    every profile: the subset gives the same answer as the real CEL library."""
-    pytest.importorskip("cel")
-    from dra_bridge.scheduling.allocator import CelSelectors, read_pools
+    every profile: the CEL engine selects exactly the devices a plain reading of their
+    attributes and capacity names."""
+    from dra_bridge.scheduling.allocator import read_pools
     from dra_bridge.pool.devices import build_pool
     from dra_bridge.pool.policy import policy_from_layout
     from dra_bridge.pool.slices import build_slices
     from kubevirt_templates.render import class_expression, min_memory_expression, profile_expression
     from mdev_manager.config import GpuLayout
     from mdev_manager.discovery import discover
-    from mdev_manager.host.env import HostEnv
     from mdev_manager.reconcile import reconcile
-    from mdev_manager.sim import SimHost, SimIO, load_host
+    from mdev_manager.sim.node import sim_node
 
-    host = SimHost.create(tmp_path / "h", load_host("default"))
-    env, io = HostEnv.under(tmp_path / "h"), SimIO(host)
+    sim = sim_node(tmp_path / "h", "default")
+    env, io = sim.env, sim.io
     layouts = [GpuLayout(all=True, mode="dra", passthrough=True)]
     reconcile(env, io, layouts, node="n")
     inv = discover(env, io, node="n")
@@ -217,15 +225,27 @@ def test_subset_selectors_agree_with_cel_on_every_published_device(tmp_path):
                           server_version=(1, 37))
     devices = [d for p in read_pools(slices).values() for d in p.devices]
     drv = "vgpu.kubevirt.io"
-    exprs = [class_expression(drv, "vgpu"), class_expression(drv, "passthrough"), profile_expression(drv, "T4-8Q"),
-             profile_expression(drv, "L40S-12Q"), min_memory_expression(drv, "10Gi"),
-             'device.attributes["vgpu.kubevirt.io"].gpuIndex == 2',
-             'device.attributes["resource.kubernetes.io"].pciBusID == "0000:13:00.0"',
-             'device.attributes["vgpu.kubevirt.io"].parentPciBusID == "0000:16:00.0"']
-    sub, real = SubsetSelectors(), CelSelectors()
-    for e in exprs:
-        got = [sub.matches(e, d) for d in devices]
-        want = [real.matches(e, d) for d in devices]
+
+    def memory(d: Device):
+        cap = d.capacity.get("memory") or d.capacity.get(f"{drv}/memory")
+        return parse_quantity(cap["value"]) if cap else None
+
+    cases = [
+        (class_expression(drv, "vgpu"), lambda d: d.driver == drv and _value(d, "type") == "vgpu"),
+        (class_expression(drv, "passthrough"), lambda d: d.driver == drv and _value(d, "type") == "passthrough"),
+        (profile_expression(drv, "T4-8Q"), lambda d: _value(d, "profile") == "T4-8Q"),
+        (profile_expression(drv, "L40S-12Q"), lambda d: _value(d, "profile") == "L40S-12Q"),
+        (min_memory_expression(drv, "10Gi"), lambda d: memory(d) is not None and memory(d) >= 10 * GiB),
+        ('device.attributes["vgpu.kubevirt.io"].gpuIndex == 2', lambda d: _value(d, "gpuIndex") == 2),
+        ('device.attributes["resource.kubernetes.io"].pciBusID == "0000:13:00.0"',
+         lambda d: _value(d, "resource.kubernetes.io/pciBusID") == "0000:13:00.0"),
+        ('device.attributes["vgpu.kubevirt.io"].parentPciBusID == "0000:16:00.0"',
+         lambda d: _value(d, "parentPciBusID") == "0000:16:00.0"),
+    ]
+    real = CelSelectors()
+    for e, reading in cases:
+        got = [real.matches(e, d) for d in devices]
+        want = [reading(d) for d in devices]
         assert got == want, e
         assert any(want), e
 
@@ -245,12 +265,12 @@ def test_resolve_cdi_finds_each_id_once(tmp_path):
 
 
 def test_pod_node():
-    assert cluster.pod_node({"spec": {"nodeName": "a"}}) == "a"
-    assert cluster.pod_node({"spec": {"nodeSelector": {"kubernetes.io/hostname": "b"}}}) == "b"
+    assert pod_node({"spec": {"nodeName": "a"}}) == "a"
+    assert pod_node({"spec": {"nodeSelector": {"kubernetes.io/hostname": "b"}}}) == "b"
     aff = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["c"]}]}]}}}
-    assert cluster.pod_node({"spec": {"affinity": aff}}) == "c"
-    assert cluster.pod_node({"spec": {}}) is None
+    assert pod_node({"spec": {"affinity": aff}}) == "c"
+    assert pod_node({"spec": {}}) is None
 
 
 def test_fakeapi_serves_pod_logs():

@@ -1,6 +1,6 @@
 """A fake kubelet that talks to our plugins over real unix sockets.
 
-It uses its own protos (``tests/kubelet/proto``, see :mod:`tests.support.kubelet.protos`),
+It uses its own protos (``tests/support/kubelet/proto``, see :mod:`tests.support.kubelet.protos`),
 never ``dra_bridge.kubelet.proto``: what both sides share is the wire format and the
 method paths, as with the real kubelet.
 
@@ -13,7 +13,9 @@ method paths, as with the real kubelet.
   real kubelet, wipes the other sockets in the directory).
 - DRA: :meth:`FakeKubelet.register_dra_plugin` dials a ``*-reg.sock`` in
   ``<root>/plugins_registry``, calls ``GetInfo`` and ``NotifyRegistrationStatus`` and
-  returns a :class:`DraClient` for the advertised endpoint (v1 or v1beta1).
+  returns a :class:`DraClient` for the advertised endpoint (v1 or v1beta1). Both go
+  through the one kubelet DRA client, :mod:`dra_bridge.kubelet.dra_client` (also the
+  simulated cluster's), handed this side's messages instead of our generated stubs.
 
 Every call has a deadline and every wait a timeout, so no test can hang.
 """
@@ -27,7 +29,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +37,9 @@ from typing import Any
 
 import grpc
 
+from dra_bridge.kubelet import dra_client
 from tests.support.kubelet import protos
-from tests.support.kubelet.protos import DEVICE_PLUGIN, DRA_HEALTH, DRA_V1, DRA_V1BETA1, PLUGIN_REGISTRATION, Method
+from tests.support.kubelet.protos import DEVICE_PLUGIN, Method
 
 RPC_TIMEOUT = 5.0
 WAIT_TIMEOUT = 10.0
@@ -113,76 +116,15 @@ class StreamReader:
 # --------------------------------------------------------------------------- DRA
 
 
-def _claim_dicts(claims: Iterable[Any]) -> list[dict[str, str]]:
-    out = []
-    for c in claims:
-        if isinstance(c, dict):
-            out.append({"namespace": c["namespace"], "uid": c["uid"], "name": c["name"]})
-        else:
-            ns, uid, name = c
-            out.append({"namespace": ns, "uid": uid, "name": name})
-    return out
-
-
-class DraClient:
-    """Kubelet side of ``<package>.DRAPlugin`` and ``v1alpha1.DRAResourceHealth``."""
+class DraClient(dra_client.DraClient):
+    """The one kubelet DRA client (:class:`dra_bridge.kubelet.dra_client.DraClient`) speaking
+    through the test side's own protos; its health stream is read with a timeout."""
 
     def __init__(self, endpoint: Path | str, version: str = "v1", timeout: float = RPC_TIMEOUT) -> None:
-        package = {"v1": DRA_V1, "v1beta1": DRA_V1BETA1}[version]
-        self.version = version
-        self.endpoint = Path(endpoint)
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(_unix(self.endpoint))
-        self._prepare = Method(f"{package}.DRAPlugin", "NodePrepareResources")
-        self._unprepare = Method(f"{package}.DRAPlugin", "NodeUnprepareResources")
-        self._claim = protos.message(f"{package}.Claim")
-        self._watch = Method(f"{DRA_HEALTH}.DRAResourceHealth", "NodeWatchResources")
+        super().__init__(endpoint, version, timeout, protos=protos)
 
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> DraClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def prepare(self, claims: Iterable[Any]) -> dict[str, dict[str, Any]]:
-        """claims: (namespace, uid, name) tuples or dicts -> uid -> {devices, error}."""
-        req = self._prepare.request(claims=[self._claim(**c) for c in _claim_dicts(claims)])
-        resp = self._prepare.unary(self._channel)(req, timeout=self.timeout)
-        out: dict[str, dict[str, Any]] = {}
-        for uid, r in resp.claims.items():
-            out[uid] = {
-                "error": r.error,
-                "devices": [
-                    {
-                        "request_names": list(d.request_names),
-                        "pool_name": d.pool_name,
-                        "device_name": d.device_name,
-                        "cdi_device_ids": list(d.cdi_device_ids),
-                        "share_id": d.share_id if d.HasField("share_id") else None,
-                    }
-                    for d in r.devices
-                ],
-            }
-        return out
-
-    def unprepare(self, claims: Iterable[Any]) -> dict[str, str]:
-        req = self._unprepare.request(claims=[self._claim(**c) for c in _claim_dicts(claims)])
-        resp = self._unprepare.unary(self._channel)(req, timeout=self.timeout)
-        return {uid: r.error for uid, r in resp.claims.items()}
-
-    def watch_health(self, timeout: float = 60.0) -> StreamReader:
-        return StreamReader(self._watch.stream(self._channel)(self._watch.request(), timeout=timeout))
-
-    @staticmethod
-    def health_dict(resp: Any) -> dict[tuple[str, str], str]:
-        """NodeWatchResourcesResponse -> {(pool, device): 'HEALTHY'|'UNHEALTHY'|'UNKNOWN'}."""
-        return {
-            (d.device.pool_name, d.device.device_name): protos.enum_name(f"{DRA_HEALTH}.HealthStatus", d.health)
-            for d in resp.devices
-        }
+    def watch_health(self, timeout: float = 60.0) -> StreamReader:  # type: ignore[override]
+        return StreamReader(super().watch_health(timeout))
 
 
 @dataclass
@@ -474,17 +416,11 @@ class FakeKubelet:
 
     def register_dra_plugin(self, reg_socket: Path, accept: bool = True, error: str = "") -> DraRegistration:
         """GetInfo + NotifyRegistrationStatus, as the kubelet's plugin watcher does."""
-        get_info = Method(f"{PLUGIN_REGISTRATION}.Registration", "GetInfo")
-        notify = Method(f"{PLUGIN_REGISTRATION}.Registration", "NotifyRegistrationStatus")
-        with grpc.insecure_channel(_unix(reg_socket)) as ch:
-            info = get_info.unary(ch)(get_info.request(), timeout=self.rpc_timeout, wait_for_ready=True)
-            info_d = {
-                "type": info.type,
-                "name": info.name,
-                "endpoint": info.endpoint,
-                "supported_versions": list(info.supported_versions),
-            }
+
+        def refuse(info: dra_client.PluginInfo) -> str | None:
             if info.type != "DRAPlugin":
-                accept, error = False, f"unknown plugin type {info.type!r}"
-            notify.unary(ch)(notify.request(plugin_registered=accept, error=error), timeout=self.rpc_timeout)
-        return DraRegistration(reg_socket=Path(reg_socket), info=info_d, accepted=accept)
+                return f"unknown plugin type {info.type!r}"
+            return None if accept else error
+
+        info, refused = dra_client.register_plugin(reg_socket, refuse, timeout=self.rpc_timeout, protos=protos)
+        return DraRegistration(reg_socket=Path(reg_socket), info=info.model_dump(), accepted=refused is None)

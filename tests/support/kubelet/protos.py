@@ -1,7 +1,7 @@
 """Load the test client's own .proto files into a private descriptor pool.
 
-The kubelet-side test protos in ``tests/kubelet/proto/`` use the same proto packages
-and message names as ``dra_bridge/proto`` (they must: the package is part of the
+The kubelet-side test protos in ``tests/support/kubelet/proto/`` use the same proto packages
+and message names as ``dra_bridge/kubelet/proto`` (they must: the package is part of the
 gRPC method path). Two files defining the same fully-qualified message cannot both
 live in protobuf's default descriptor pool: importing a second generated ``_pb2``
 module fails with ``TypeError: Couldn't build proto file into descriptor pool:
@@ -13,7 +13,8 @@ resulting ``FileDescriptorSet`` is added to a *private* ``DescriptorPool`` and
 message classes are built from it with ``message_factory``. gRPC calls then go
 through generic method handlers/multi-callables with explicit method paths
 (``/v1beta1.DevicePlugin/ListAndWatch``), serialising these messages. Both sides
-therefore share only the wire format, as with a real kubelet.
+therefore share only the wire format, as with a real kubelet. This module is what the
+tests hand :mod:`dra_bridge.kubelet.dra_client` as its ``protos`` (its :func:`message`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,112 @@
+"""The control loop of the simulated cluster: what a real cluster does with pods created
+through its API, so a client that only talks to the API (``vgpuctl conformance --kubeconfig``)
+sees a working cluster."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Protocol
+
+from dra_bridge.sim.workloads import Workload, pod_node
+
+log = logging.getLogger(__name__)
+
+WAIT = 20.0
+
+
+class Cluster(Protocol):
+    """What the loop uses of a :class:`~dra_bridge.sim.cluster.SimCluster` (named here, not
+    imported: the cluster module offers this one)."""
+
+    srv: Any  # the LocalApiServer: pod logs
+    workloads: list[Workload]
+
+    def rest(self, method: str, path: str, body: dict | None = None, *, patch: bool = False) -> dict: ...
+    def pod_path(self, namespace: str, name: str = "", sub: str = "") -> str: ...
+    def adopt(self, pod: dict) -> Workload: ...
+    def schedule(self, w: Workload, node: str | None = None) -> bool: ...
+    def run(self, w: Workload) -> bool: ...
+    def release(self, w: Workload) -> None: ...
+
+
+class ControlPlane:
+    """What a cluster does with pods created through the API of a :class:`SimCluster`, in a thread:
+    the ResourceClaim controller makes their claims, the scheduler (model) allocates them, retrying
+    pending pods, the kubelet prepares them through the plugin and the container runs the health
+    check (its output becomes the pod's log); when a pod is deleted the kubelet unprepares its
+    claims and the garbage collector deletes them. Pods without claims just run."""
+
+    def __init__(self, cluster: Cluster, *, interval: float = 0.1, retry: float = 0.5):
+        self.c = cluster
+        self.interval = interval
+        self.retry = retry
+        self.lock = threading.Lock()  # held while a step changes the host; hold it to look at the host
+        self.by_uid: dict[str, Workload] = {}
+        self._tried: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors: list[str] = []
+
+    def start(self) -> "ControlPlane":
+        self._thread = threading.Thread(target=self._loop, name="sim-control-plane", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(WAIT)
+
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self.lock:
+                    self.step()
+            except Exception as exc:  # keep going, as a controller would; the tests read the errors
+                if self._stop.is_set():
+                    break
+                log.exception("control plane step failed")
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(self.interval)
+
+    def step(self) -> None:
+        managed = {w.pod_uid for w in self.c.workloads if w.pod_uid not in self.by_uid}
+        pods = self.c.rest("GET", "/api/v1/pods")["items"]
+        seen = set()
+        now = time.monotonic()
+        for p in pods:
+            uid = p["metadata"]["uid"]
+            seen.add(uid)
+            if uid in managed:
+                continue  # driven by SimCluster's own calls (the demo)
+            w = self.by_uid.get(uid)
+            if w is None:
+                if not p["spec"].get("resourceClaims"):
+                    if (p.get("status") or {}).get("phase") != "Running":
+                        self.c.rest("PATCH", self.c.pod_path(p["metadata"]["namespace"], p["metadata"]["name"],
+                                                             "status"), {"status": {"phase": "Running"}}, patch=True)
+                    continue
+                w = self.by_uid[uid] = self.c.adopt(p)
+            if w.phase == "Pending" and now - self._tried.get(uid, -1e9) >= self.retry:
+                self._tried[uid] = now
+                if self.c.schedule(w, node=pod_node(p)):
+                    self.c.run(w)
+                    out = w.health.output if w.health is not None else ""
+                    if w.phase != "Running":
+                        out = f"container not started: {w.reason}\n"
+                    self.c.srv.set_pod_log(w.namespace, w.pod, out)
+        for uid in [u for u in self.by_uid if u not in seen]:
+            w = self.by_uid.pop(uid)
+            self._tried.pop(uid, None)
+            self.c.release(w)
+
+
+__all__ = ["ControlPlane"]

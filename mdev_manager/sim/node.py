@@ -1,0 +1,62 @@
+"""The one builder of a simulated node: a simulated host, the ``HostEnv`` rooted in it and the
+``SimIO`` transport into its kernel model — all the node manager needs to run unchanged on it.
+
+The CLI (``--simulate``), the simulated cluster, the tests and the benchmarks all build their
+nodes here, so a change to how a simulated node is put together is made once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mdev_manager.host.env import HostEnv
+from mdev_manager.sim.hostspec import HostSpec, load_host
+from mdev_manager.sim.io import SimIO
+from mdev_manager.sim.kernel import SimHost
+
+
+@dataclass(frozen=True)
+class SimNode:
+    """A simulated host seen through one environment."""
+
+    root: Path
+    host: SimHost
+    env: HostEnv
+    io: SimIO
+
+    @property
+    def spec(self) -> HostSpec:
+        """The description the host was built from (kept in its state)."""
+        return HostSpec.model_validate(self.host.state["spec"])
+
+    @property
+    def node(self) -> str:
+        """The node name the simulated host stands for."""
+        return self.spec.node
+
+    def with_env(self, **changes) -> "SimNode":
+        """The same host (and transport) seen through another environment, e.g. a libvirt URI."""
+        return SimNode(self.root, self.host, HostEnv.under(self.root, **changes), self.io)
+
+
+def sim_node(root: Path | str, preset: str | Path | HostSpec | None = "default", *, reuse: bool = False,
+             **env) -> SimNode:
+    """A simulated node under ``root``.
+
+    ``preset`` is a preset name, a host YAML file or a :class:`HostSpec`: a fresh host is built
+    from it (``FileExistsError`` if ``root`` holds one already), unless ``reuse`` is set, which
+    opens the host found there and builds one only when there is none (state that persists
+    between commands, as ``vgpuctl --simulate`` keeps it). ``preset=None`` opens the existing
+    host. ``env`` goes to :meth:`HostEnv.under` (``libvirt_uri``, ``proc_root``).
+    """
+    root = Path(root)
+    if preset is None:
+        host = SimHost(root)
+    else:
+        spec = preset if isinstance(preset, HostSpec) else load_host(preset)
+        host = SimHost.open_or_create(root, spec) if reuse else SimHost.create(root, spec)
+    return SimNode(root, host, HostEnv.under(root, **env), SimIO(host))
+
+
+__all__ = ["SimNode", "sim_node"]
