@@ -20,13 +20,11 @@ def sim_dir_for(ref: str) -> Path:
 def open_host(args) -> tuple[HostEnv, HostIO]:
     """The real host, or a simulated one whose state persists between commands."""
     if args.simulate:
-        from mdev_manager.sim import SimHost, SimIO, load_host
+        from mdev_manager.sim.node import sim_node
 
-        spec = load_host(args.simulate)
         root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.simulate)
-        host = SimHost.open_or_create(root, spec)
-        env = HostEnv.under(root, libvirt_uri=args.libvirt_uri)
-        return env, SimIO(host)
+        sim = sim_node(root, args.simulate, reuse=True, libvirt_uri=args.libvirt_uri)
+        return sim.env, sim.io
     env = HostEnv()
     changes = {k: Path(v) for k, v in (("sys_root", args.sys_root), ("dev_root", args.dev_root),
                                        ("mdevctl_root", args.mdevctl_root), ("state_root", args.state_root)) if v}

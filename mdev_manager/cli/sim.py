@@ -35,7 +35,8 @@ def run(args) -> int:
 
         return apiserver.run(args)
 
-    from mdev_manager.sim import SimHost, load_host, preset_names
+    from mdev_manager.sim import load_host, preset_names
+    from mdev_manager.sim.node import sim_node
 
     if args.sim_cmd == "presets":
         for name in preset_names():
@@ -45,19 +46,18 @@ def run(args) -> int:
     if args.sim_cmd == "mount":
         from mdev_manager.sim.fuse import mount
 
-        spec = load_host(args.host)
         root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.host)
-        host = SimHost.open_or_create(root, spec)
+        sim = sim_node(root, args.host, reuse=True)
         print(f"mounting {root}/sys on {args.dir} (Ctrl-C to unmount)", file=sys.stderr)
-        mount(host, Path(args.dir), foreground=True)
+        mount(sim.host, Path(args.dir), foreground=True)
         return 0
     ref = args.simulate or "default"
     root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(ref)
     if args.sim_cmd == "reset":
         shutil.rmtree(root, ignore_errors=True)
-        SimHost.create(root, load_host(ref))
+        sim_node(root, ref)
         print(f"simulated host {ref} reset at {root}")
     elif args.sim_cmd == "reboot":
-        SimHost.open_or_create(root, load_host(ref)).reboot()
+        sim_node(root, ref, reuse=True).host.reboot()
         print(f"simulated host {ref} rebooted: VFs and vGPUs are gone, definitions stay")
     return 0
