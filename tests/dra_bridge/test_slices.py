@@ -11,9 +11,8 @@ import pytest
 from dra_bridge.api.k8sname import is_dns_label, is_dns_subdomain
 from dra_bridge.api.names import DEFAULT_DRIVER, LABEL_DRIVER, LABEL_NODE
 from dra_bridge.pool.devices import GpuPolicy, Pool, PoolPolicy, build_pool
+from dra_bridge.pool.slicecheck import check_pool_slices, check_slice
 from dra_bridge.pool.slices import (
-    check_pool_slices,
-    check_slice,
     device_to_dict,
     label_value,
     limits_for,
