@@ -22,10 +22,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                         description="A local Kubernetes API server (the DRA resources and the objects vgpuctl uses) "
                                     "that keeps and drops fields as kube-apiserver does for its version and "
                                     "feature gates. Writes a kubeconfig for it once it answers.")
-    try:  # TODO(helper A): remove the guard once cli/apiserver.py lands
-        from mdev_manager.cli import apiserver
-    except ImportError:
-        return
+    from mdev_manager.cli import apiserver
+
     apiserver.add_arguments(a)
 
 

@@ -1,4 +1,4 @@
-"""The local API server (tests/apiserver) driven by the real ``kubernetes`` client."""
+"""The local API server (``dra_bridge.sim.apiserver``) driven by the real ``kubernetes`` client."""
 
 from __future__ import annotations
 
@@ -563,6 +563,30 @@ def test_core_kinds_and_kubeconfig(srv, tmp_path):
             {"metadata": {"name": "q"}, "spec": {"containers": [{"name": "c", "imagee": "x"}]}})
     assert exc.value.status == 422
     assert "spec.containers[0].imagee" in status_of(exc.value)["message"]
+
+
+def test_kubeconfig_is_written_atomically_and_private(srv, tmp_path):
+    path = srv.kubeconfig(tmp_path / "dir" / "kubeconfig")
+    assert [p.name for p in path.parent.iterdir()] == ["kubeconfig"]  # no temporary file left
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert srv.url in path.read_text()
+
+
+def test_openapi_v3_lists_operations_with_field_validation(srv):
+    """What kubectl create reads to let the server validate (kubectl's QueryParamVerifierV3)."""
+    ac = srv.api_client()
+    root = raw(ac, "GET", "/openapi/v3")["paths"]
+    assert {"api/v1", "apis/resource.k8s.io/v1"} <= set(root)
+    doc = raw(ac, "GET", root["apis/resource.k8s.io/v1"]["serverRelativeURL"].split("?")[0])
+    patch = doc["paths"]["/apis/resource.k8s.io/v1/resourceslices/{name}"]["patch"]
+    assert patch["x-kubernetes-group-version-kind"] == {
+        "group": "resource.k8s.io", "version": "v1", "kind": "ResourceSlice"}
+    assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
+    claims = doc["paths"]["/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"]
+    assert "fieldValidation" in [p["name"] for p in claims["post"]["parameters"]]
+    with pytest.raises(ApiException) as exc:
+        raw(ac, "GET", "/openapi/v3/apis/nothing.example.com/v1")
+    assert exc.value.status == 404
 
 
 def test_strict_namespaces():

@@ -1,8 +1,10 @@
 """A local Kubernetes API server: real HTTP, Kubernetes REST semantics (see :mod:`.server`).
 
-Used by ``vgpuctl demo`` / ``vgpuctl conformance`` (an in-process cluster API) and by the
-tests. OpenAPI schema validation needs the optional ``kubernetes-validate`` package
-(``validation.HAVE_SCHEMAS``); the DRA rules are always enforced.
+Used by ``vgpuctl demo`` / ``vgpuctl conformance`` (an in-process cluster API), by
+``vgpuctl sim apiserver`` (a process kubectl can talk to) and by the tests. Feature gates
+(:mod:`.featuregates`) decide which fields a write keeps, as in kube-apiserver. OpenAPI schema
+validation needs the optional ``kubernetes-validate`` package (``validation.HAVE_SCHEMAS``);
+the DRA rules are always enforced.
 """
 
 from dra_bridge.sim.apiserver.errors import ApiError, FieldError

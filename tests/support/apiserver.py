@@ -1,16 +1,18 @@
-"""Optional pytest fixtures; import them into a test module or conftest::
+"""pytest fixtures for the local API server; import them into a test module or conftest::
 
-    from dra_bridge.sim.apiserver.fixtures import apiserver, resource_api  # noqa: F401
+    from tests.support.apiserver import apiserver, resource_api  # noqa: F401
 
     @pytest.mark.parametrize("apiserver", ["1.34", "1.35"], indirect=True)
     def test_publish(apiserver, resource_api): ...
+
+(Moved here from ``dra_bridge/sim/apiserver/fixtures.py``: installed code imports no pytest.)
 """
 
 from __future__ import annotations
 
 import pytest
 
-from dra_bridge.sim.apiserver.server import LocalApiServer
+from dra_bridge.sim.apiserver import LocalApiServer
 
 
 @pytest.fixture

@@ -1,0 +1,165 @@
+"""``vgpuctl slices`` on simulated nodes, through ``mdev_manager.cli.main``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mdev_manager.cli.main import main
+from mdev_manager.sim import load_host
+
+from dra_bridge.sim.apiserver import LocalApiServer
+from dra_bridge.sim.apiserver.featuregates import parse_gates
+from tests.support.simnodes import open_sim
+
+NODE = load_host("default").node
+
+
+@pytest.fixture
+def simdir(tmp_path, monkeypatch):
+    d = tmp_path / "sims"
+    monkeypatch.setenv("VGPUCTL_SIM_DIR", str(d))
+    return d
+
+
+def slices(capsys, *argv: str) -> tuple[int, dict | None, str]:
+    code = main(["--simulate", "slices", *argv])
+    out, err = capsys.readouterr()
+    doc = (json.loads(out) if "json" in argv else yaml.safe_load(out)) if code == 0 else None
+    return code, doc, err
+
+
+def walk(obj, key: str):
+    """Every value of ``key`` anywhere in ``obj``."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == key:
+                yield v
+            yield from walk(v, key)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from walk(v, key)
+
+
+def accepted(items: list[dict], version: str, gates: str = "") -> None:
+    """Each slice is valid for that API server and loses nothing when written to it."""
+    srv = LocalApiServer(version=version, feature_gates=parse_gates(gates))
+    for item in items:
+        stored = srv.add(item)
+        assert stored["spec"] == item["spec"], item["metadata"]["name"]
+
+
+def test_default_is_a_yaml_v1_list_for_1_37(simdir, capsys):
+    code, doc, err = slices(capsys)
+    assert code == 0 and err == ""
+    assert doc["apiVersion"] == "v1" and doc["kind"] == "List"
+    items = doc["items"]
+    assert items and {i["kind"] for i in items} == {"ResourceSlice"}
+    assert {i["apiVersion"] for i in items} == {"resource.k8s.io/v1"}
+    assert {i["spec"]["nodeName"] for i in items} == {NODE}
+    assert {i["spec"]["pool"]["resourceSliceCount"] for i in items} == {len(items)}
+    # 1.37 split layout: counters-only slices, then devices-only slices
+    assert any("sharedCounters" in i["spec"] and "devices" not in i["spec"] for i in items)
+    # DRADeviceCompatibilityGroups is alpha (off) in 1.37: no groups published
+    assert list(walk(items, "compatibilityGroups")) == []
+    accepted(items, "1.37")
+
+
+def test_json_matches_yaml(simdir, capsys):
+    _, as_yaml, _ = slices(capsys)
+    code, as_json, _ = slices(capsys, "-o", "json")
+    assert code == 0 and as_json == as_yaml
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36"])
+def test_each_server_version_validates(simdir, capsys, version):
+    gates = "DRAPartitionableDevices=true"  # off by default before 1.36: see the next test
+    code, doc, err = slices(capsys, "-o", "json", "--server-version", version, "--feature-gates", gates)
+    assert code == 0 and err == ""
+    combined = any("sharedCounters" in i["spec"] and "devices" in i["spec"] for i in doc["items"])
+    assert combined == (version == "1.34")
+    accepted(doc["items"], version, gates)
+
+
+def test_compatibility_groups_when_the_gate_is_on(simdir, capsys):
+    code, doc, _ = slices(capsys, "-o", "json", "--feature-gates", "DRADeviceCompatibilityGroups=true")
+    assert code == 0 and list(walk(doc["items"], "compatibilityGroups"))
+    accepted(doc["items"], "1.37", "DRADeviceCompatibilityGroups=true")
+    # the same node for a server with the gate off: what that server would store, nothing dropped
+    _, off, err = slices(capsys, "-o", "json")
+    assert err == "" and list(walk(off["items"], "compatibilityGroups")) == []
+
+
+@pytest.mark.parametrize("version, gates", [("1.36", "DRAPartitionableDevices=false"), ("1.35", "")])
+def test_partitionable_devices_off_removes_counters_and_says_so(simdir, capsys, version, gates):
+    code, doc, err = slices(capsys, "-o", "json", "--server-version", version, "--feature-gates", gates)
+    assert code == 0
+    assert list(walk(doc["items"], "sharedCounters")) == []
+    assert list(walk(doc["items"], "consumesCounters")) == []
+    assert sum(len(i["spec"].get("devices", [])) for i in doc["items"]) > 0
+    assert "DRAPartitionableDevices=false" in err and "consumesCounters" in err and "sharedCounters" in err
+    assert "without counters" in err
+    accepted(doc["items"], version, gates)
+
+
+def test_layout_file_gives_the_pool_policy(simdir, capsys, tmp_path):
+    layout = tmp_path / "layout.yaml"
+    layout.write_text(yaml.safe_dump({"version": "vgpuctl/v1", "layouts": {
+        "default": [{"index": 0, "mode": "dra", "vgpus": {"T4-2Q": 8}}],
+        "none": [{"index": 0, "mode": "vgpu", "vgpus": {"T4-2Q": 8}}]}}))
+    code, doc, _ = slices(capsys, "-o", "json", "-f", str(layout))
+    assert code == 0
+    devices = [d for i in doc["items"] for d in i["spec"].get("devices", [])]
+    assert devices and all(d["name"].startswith("gpu-0-vgpu-t4-2q-") for d in devices)
+    assert {d["attributes"]["profile"]["string"] for d in devices} == {"T4-2Q"}
+    code, doc, _ = slices(capsys, "-o", "json", "-f", str(layout), "--layout", "none")
+    assert code == 0 and doc == {"apiVersion": "v1", "kind": "List", "items": []}
+
+
+def test_same_slices_as_the_node_agent_publishes(simdir, capsys, tmp_path):
+    from dra_bridge.agent.daemon import Daemon, ServeConfig
+
+    code, doc, _ = slices(capsys, "-o", "json", "--server-version", "1.36")
+    assert code == 0
+    node = open_sim(simdir / "default")
+    with LocalApiServer(version="1.36", feature_gates={}) as srv:
+        cfg = ServeConfig(node_name=NODE, kubelet_root=tmp_path / "kl", cdi_root=tmp_path / "cdi",
+                          metrics_port=None, server_version=(1, 36))
+        Daemon(cfg, node.env, node.io, srv.api_client()).resync()
+        published = srv.objects("resourceslices")
+
+    def strip(s: dict) -> tuple:
+        return s["metadata"]["name"], s["metadata"]["labels"], s["spec"]
+
+    assert [strip(s) for s in doc["items"]] == [strip(s) for s in published]
+
+
+def test_writes_nothing(simdir, capsys, tmp_path):
+    main(["--simulate", "discover"])  # the simulated host exists before
+    capsys.readouterr()
+
+    def snapshot(root: Path) -> dict[str, tuple[int, float]]:
+        return {str(p): (p.stat().st_size, p.stat().st_mtime) for p in root.rglob("*") if p.is_file()}
+
+    before = snapshot(simdir)
+    code, _, _ = slices(capsys, "--kubelet-root", str(tmp_path / "kl"))
+    assert code == 0
+    assert snapshot(simdir) == before
+    assert not (tmp_path / "kl").exists()  # the GPU numbering is read, never written
+
+
+def test_bad_feature_gates_exit_2(simdir, capsys):
+    code, _, err = slices(capsys, "--server-version", "1.36", "--feature-gates", "DRADeviceCompatibilityGroups=true")
+    assert code == 2 and "DRADeviceCompatibilityGroups" in err and "1.37" in err
+    code, _, err = slices(capsys, "--feature-gates", "Nope=1")
+    assert code == 2 and "'Nope=1'" in err and "DRAPartitionableDevices" in err
+
+
+def test_node_name_required_off_simulation(capsys, monkeypatch):
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    code = main(["--sys-root", os.devnull, "slices"])
+    assert code == 2 and "node name" in capsys.readouterr().err
