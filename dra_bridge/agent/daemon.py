@@ -25,12 +25,14 @@ from mdev_manager.reconcile import reconcile
 from mdev_manager.restore import restore
 
 from dra_bridge.kube.claims import ApiClaimSource
+from dra_bridge.kube.nodes import node_labels, set_node_label
 from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.kubelet.dra_grpc import KubeletPlugin
 from dra_bridge.agent.observe import Metrics, ProbeServer
-from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER, PluginPaths
+from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.kube.publisher import Publisher
 
@@ -126,19 +128,10 @@ class Daemon:
             usage = usage.merged(self.device_plugins.usage())
         return usage
 
-    def _node_labels(self) -> dict[str, str]:
-        from kubernetes import client
-
-        node = client.CoreV1Api(self.api_client).read_node(self.cfg.node_name)
-        return dict(node.metadata.labels or {})
-
     def _set_state(self, labels: dict[str, str], state: str) -> None:
         if not self.cfg.state_label or labels.get(self.cfg.state_label) == state:
             return
-        from kubernetes import client
-
-        client.CoreV1Api(self.api_client).patch_node(
-            self.cfg.node_name, {"metadata": {"labels": {self.cfg.state_label: state}}})
+        set_node_label(self.api_client, self.cfg.node_name, self.cfg.state_label, state)
         labels[self.cfg.state_label] = state
 
     def _current_layouts(self) -> list[GpuLayout] | None:
@@ -148,7 +141,7 @@ class Daemon:
         name = self.cfg.layout
         self._labels = {}
         if self.cfg.layout_label or self.cfg.state_label:
-            self._labels = self._node_labels()
+            self._labels = node_labels(self.api_client, self.cfg.node_name)
             name = self._labels.get(self.cfg.layout_label or "", name) if self.cfg.layout_label else name
         if name == self._failed_layout:
             raise ConfigError(f"layout {name!r} was rejected; fix it or label the node with another layout")

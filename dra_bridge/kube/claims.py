@@ -1,12 +1,12 @@
-"""Reading ResourceClaims from the API server (the kubelet sends only their identity)."""
+"""Reading ResourceClaims from the API server (the kubelet sends only their identity).
+
+:class:`ApiClaimSource` fits the kubelet plugin's ``ClaimSource`` Protocol
+(:mod:`dra_bridge.kubeletplugin.claimsource`), structurally: kube sits below the plugin.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
-
-
-class ClaimSource(Protocol):
-    def get(self, namespace: str, name: str) -> dict: ...
+from dra_bridge.kube.objects import sanitize
 
 
 class ApiClaimSource:
@@ -19,10 +19,4 @@ class ApiClaimSource:
         self.api = client.ResourceV1Api(api_client)
 
     def get(self, namespace: str, name: str) -> dict:
-        obj = self.api.read_namespaced_resource_claim(name, namespace)
-        return self.api_client.sanitize_for_serialization(obj)
-
-
-def allocation_results(claim: dict) -> list[dict]:
-    alloc = (claim.get("status") or {}).get("allocation") or {}
-    return ((alloc.get("devices") or {}).get("results")) or []
+        return sanitize(self.api_client, self.api.read_namespaced_resource_claim(name, namespace))

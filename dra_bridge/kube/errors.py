@@ -17,3 +17,15 @@ def api_exception() -> type[BaseException]:
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status of an API error, ``None`` for anything else."""
     return exc.status if isinstance(exc, api_exception()) else None
+
+
+def missing_ok(call, *args, **kw) -> bool:
+    """Make an API call; ``False`` when the server answers 404 Not Found (nothing there to read,
+    replace or delete), ``True`` when it succeeded. Every other error raises."""
+    try:
+        call(*args, **kw)
+    except api_exception() as exc:
+        if exc.status != 404:
+            raise
+        return False
+    return True

@@ -1,4 +1,7 @@
-"""API objects as the plain JSON the server sent (no typed client models)."""
+"""API objects as the plain JSON the server sent (no typed client models).
+
+No API call of its own: the node agent loads this module, and its RBAC is what its code calls.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +18,3 @@ def raw(call, *args, **kw) -> dict:
 def sanitize(api_client, obj) -> dict:
     """A typed client object as plain JSON."""
     return api_client.sanitize_for_serialization(obj)
-
-
-def slices_and_claims(api_client) -> tuple[list[dict], list[dict]]:
-    """Every ResourceSlice and ResourceClaim through the official client (list calls; read-only)."""
-    from kubernetes import client
-
-    api = client.ResourceV1Api(api_client)
-    return raw(api.list_resource_slice)["items"], raw(api.list_resource_claim_for_all_namespaces)["items"]

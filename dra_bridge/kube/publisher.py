@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 
+from dra_bridge.kube.errors import api_exception, missing_ok
+from dra_bridge.kube.objects import sanitize
 from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.slices import build_slices
 
@@ -88,13 +90,12 @@ class Publisher:
         return self._version
 
     def _retry(self, fn: Callable[[], Any]) -> Any:
-        from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError as TransportError  # connection refused/reset, timeouts
 
         for attempt in range(self.retries + 1):
             try:
                 return fn()
-            except ApiException as exc:
+            except api_exception() as exc:
                 if exc.status not in RETRYABLE or attempt == self.retries:
                     raise
                 log.info("API answered %s, retrying", exc.status)
@@ -110,7 +111,7 @@ class Publisher:
         resp = self._retry(lambda: self.api.list_resource_slice(field_selector=sel))
         out = {}
         for item in resp.items:
-            obj = self.api_client.sanitize_for_serialization(item)
+            obj = sanitize(self.api_client, item)
             if all_pools or obj["spec"].get("pool", {}).get("name") == self.pool_name:
                 out[obj["metadata"]["name"]] = obj
         return out
@@ -156,8 +157,6 @@ class Publisher:
         return result
 
     def _replace(self, name: str, body: dict) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         def attempt():
             current = self.api.read_resource_slice(name)
             body["metadata"]["resourceVersion"] = current.metadata.resource_version
@@ -166,21 +165,11 @@ class Publisher:
             finally:
                 body["metadata"].pop("resourceVersion", None)
 
-        try:
-            self._retry(attempt)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        if not missing_ok(self._retry, attempt):  # deleted meanwhile: create it again
             self._retry(lambda: self.api.create_resource_slice(body))
 
     def _delete(self, name: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self._retry(lambda: self.api.delete_resource_slice(name))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        missing_ok(self._retry, lambda: self.api.delete_resource_slice(name))
 
     def delete_all(self) -> int:
         have = self.existing(all_pools=True)

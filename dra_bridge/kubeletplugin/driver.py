@@ -1,9 +1,9 @@
 """The kubelet plugin's driver: NodePrepareResources / NodeUnprepareResources.
 
-Wiring only: claims come from a ClaimSource, devices from the published pool, effects
-from :mod:`.state`, files from :mod:`.cdi` and :mod:`.metadata`, and every change is
-checkpointed before prepare answers. Prepare is idempotent: a prepared claim answers
-from the checkpoint and creates nothing new.
+Wiring only: claims come from a ClaimSource (:mod:`.claimsource`), devices from the
+published pool, effects from :mod:`.effects`, files from :mod:`.cdi` and :mod:`.metadata`,
+and every change is checkpointed before prepare answers. Prepare is idempotent: a prepared
+claim answers from the checkpoint and creates nothing new.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dra_bridge.kubeletplugin import cdi
 
 from dra_bridge.kubeletplugin import metadata
 from dra_bridge.kubeletplugin.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDeviceRecord
-from dra_bridge.kube.claims import ClaimSource, allocation_results
+from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.pool.devices import Pool
 from dra_bridge.kubelet.dra_grpc import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from dra_bridge.kubeletplugin.paths import PluginPaths

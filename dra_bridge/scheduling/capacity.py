@@ -20,9 +20,10 @@ from typing import Any, Iterable
 
 import yaml
 
-from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable, read_pools
-from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER
+from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.quantity import format_quantity, parse_quantity
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable, default_selectors, read_pools
+from dra_bridge.scheduling.objects import dev_attr
 
 CAPACITY_CLASS = "vgpuctl-capacity-probe"
 WHOLE_GPU = "whole GPU"
@@ -76,12 +77,6 @@ class CapacityReport:
         return p.fits if p else None
 
 
-def _attr(dev: dict, name: str, driver: str):
-    attrs = dev.get("attributes") or {}
-    v = attrs.get(name) or attrs.get(f"{driver}/{name}")
-    return next(iter(v.values())) if isinstance(v, dict) and v else None
-
-
 def _cel_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -119,8 +114,6 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
     """Per node and GPU of ``driver``: counters used, who holds what, and how many more of each
     published profile the scheduler would allocate now."""
     if selectors is None:
-        from dra_bridge.sim.cluster import default_selectors
-
         selectors = default_selectors()
     claims = _allocated(claims)
     pools = read_pools(slices)
@@ -154,15 +147,14 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
         groups: dict[str, list] = {}
         for d in pool.devices:  # one group per physical GPU: its counter set, else its PCI address
             rd = raw.get(d.key, {})
-            gpu_attr = _attr(rd, "parentPciBusID", driver) or _attr(rd, "resource.kubernetes.io/pciBusID", driver)
-            cs = d.consumes[0]["counterSet"] if d.consumes else f"gpu:{gpu_attr or d.name}"
+            cs = d.consumes[0]["counterSet"] if d.consumes else f"gpu:{_gpu_address(rd, driver) or d.name}"
             groups.setdefault(cs, []).append(d)
         for cs, devs in sorted(groups.items(), key=lambda kv: (kv[1][0].node or "", _gpu_index(kv[1], driver), kv[0])):
             first = raw.get(devs[0].key, {})
-            gpu = _attr(first, "parentPciBusID", driver) or _attr(first, "resource.kubernetes.io/pciBusID", driver)
-            index = _attr(first, "gpuIndex", driver)
+            gpu = _gpu_address(first, driver)
+            index = dev_attr(first, "gpuIndex", driver)
             g = GpuCapacity(node=devs[0].node, pool=pool_name, driver=drv, gpu=gpu, index=index,
-                            product=_attr(first, "productName", driver),
+                            product=dev_attr(first, "productName", driver),
                             counter_set=None if cs.startswith("gpu:") else cs)
             totals = pool.counters.get(cs, {})
             used: dict[str, Fraction] = {}
@@ -182,8 +174,8 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
             by_profile: dict[tuple, list] = {}
             for d in devs:
                 rd = raw.get(d.key, {})
-                kind = _attr(rd, "type", driver) or "?"
-                by_profile.setdefault((kind, _attr(rd, "profile", driver) if kind == "vgpu" else None), []).append(d)
+                kind = dev_attr(rd, "type", driver) or "?"
+                by_profile.setdefault((kind, dev_attr(rd, "profile", driver) if kind == "vgpu" else None), []).append(d)
             for (kind, prof), pdevs in sorted(by_profile.items(), key=lambda kv: _profile_order(kv[0], kv[1], raw)):
                 rd = raw.get(pdevs[0].key, {})
                 mem = (rd.get("capacity") or {}).get("memory")
@@ -198,14 +190,19 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
     return report
 
 
+def _gpu_address(dev: dict, driver: str) -> str | None:
+    """The physical GPU a published device belongs to: a vGPU's parent, else the device itself."""
+    return dev_attr(dev, "parentPciBusID", driver) or dev_attr(dev, "resource.kubernetes.io/pciBusID", driver)
+
+
 def _gpu_index(devs: list, driver: str) -> int:
     v = devs[0].attribute("gpuIndex")
     return v if isinstance(v, int) else 1 << 30
 
 
 def _profile_name(rd: dict, driver: str) -> str:
-    kind = _attr(rd, "type", driver)
-    return (_attr(rd, "profile", driver) or rd.get("name", "?")) if kind == "vgpu" else WHOLE_GPU
+    kind = dev_attr(rd, "type", driver)
+    return (dev_attr(rd, "profile", driver) or rd.get("name", "?")) if kind == "vgpu" else WHOLE_GPU
 
 
 def _profile_order(key: tuple, devs: list, raw: dict):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from dra_bridge.conformance.checks import ConformanceReport, KubeBackend, run_conformance
+from dra_bridge.conformance.backend import KubeBackend
+from dra_bridge.conformance.checks import run_conformance
+from dra_bridge.conformance.report import ConformanceReport
 from dra_bridge.scheduling.capacity import CapacityReport, compute
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.quantity import format_quantity, parse_quantity
-from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER
 from dra_bridge.scheduling.capacity import CapacityReport, GpuCapacity, compute, from_file
 from dra_bridge.sim.scenarios import simulated_capacity
 
@@ -34,7 +34,7 @@ def run(args) -> int:
         report = compute(slices, claims, driver=args.driver, nodes=args.node)
     elif args.kubeconfig is not None:
         from dra_bridge.kube.client import api_client_from
-        from dra_bridge.kube.objects import slices_and_claims
+        from dra_bridge.kube.workloads import slices_and_claims
 
         slices, claims = slices_and_claims(api_client_from(args.kubeconfig or None))
         report = compute(slices, claims, driver=args.driver, nodes=args.node)

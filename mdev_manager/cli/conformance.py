@@ -8,9 +8,11 @@ import socket
 from datetime import datetime, timezone
 from xml.sax.saxutils import escape, quoteattr
 
+from dra_bridge.api.names import DEFAULT_DRIVER, PASSTHROUGH_CLASS, VGPU_CLASS
 from dra_bridge.conformance import healthcheck
-from dra_bridge.conformance.checks import DEFAULT_IMAGE, ConformanceReport, KubeBackend, run_conformance
-from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER
+from dra_bridge.conformance.backend import DEFAULT_IMAGE, KubeBackend
+from dra_bridge.conformance.checks import run_conformance
+from dra_bridge.conformance.report import ConformanceReport
 from dra_bridge.sim.scenarios import run_conformance_simulated as run_simulated
 
 
@@ -26,8 +28,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--namespace", help="namespace to create (default vgpuctl-conformance-<random>)")
     c.add_argument("--image", default=DEFAULT_IMAGE, help="workload image, needs sh (default %(default)s)")
     c.add_argument("--driver", default=DEFAULT_DRIVER, help="DRA driver name (default %(default)s)")
-    c.add_argument("--vgpu-class", help="DeviceClass of vGPUs (default vgpu.kubevirt.io)")
-    c.add_argument("--passthrough-class", help="DeviceClass of whole GPUs (default passthrough.vgpu.kubevirt.io)")
+    c.add_argument("--vgpu-class", help=f"DeviceClass of vGPUs (default {VGPU_CLASS})")
+    c.add_argument("--passthrough-class", help=f"DeviceClass of whole GPUs (default {PASSTHROUGH_CLASS})")
     c.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each workload (default %(default)s)")
     c.add_argument("--settle", type=float, default=15.0, help="seconds a blocked workload must stay Pending (default %(default)s)")
     c.add_argument("--server-version", default="1.37", choices=["1.34", "1.35", "1.36", "1.37"],
@@ -42,7 +44,7 @@ def run(args) -> int:
     kw = dict(profile=args.profile, node=args.node, max_workloads=args.max_workloads)
     if args.kubeconfig is not None:
         from dra_bridge.kube.client import api_client_from
-        from dra_bridge.sim.cluster import default_selectors
+        from dra_bridge.scheduling.allocator import default_selectors
 
         backend = KubeBackend(api_client_from(args.kubeconfig or None), namespace=args.namespace, image=args.image,
                               driver=args.driver, vgpu_class=args.vgpu_class, passthrough_class=args.passthrough_class,

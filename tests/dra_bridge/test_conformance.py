@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge.kubeletplugin import cdi
-
-from dra_bridge.conformance import checks as conformance
-
 from dra_bridge.conformance import healthcheck
+from dra_bridge.conformance.backend import KubeBackend, Run
+from dra_bridge.conformance.checks import Conformance, run_conformance
+from dra_bridge.conformance.report import CheckFailed, CheckResult, ConformanceReport
+from dra_bridge.kubeletplugin import cdi
 from dra_bridge.sim.cluster import ControlPlane, SimCluster
-from dra_bridge.conformance.checks import CheckResult, Conformance, ConformanceReport, Run
 from dra_bridge.sim.scenarios import run_conformance_simulated
 from mdev_manager.cli import conformance as conformance_cli
 from mdev_manager.cli.main import main
@@ -191,7 +190,7 @@ def test_check_5_counts_unknown_as_not_a_failure():
     res = CheckResult(5, "five")
     assert "1 Pass, 1 Unknown" in c.check5(res)
     c.ran.append(Run("c", "t", health=None))
-    with pytest.raises(conformance.CheckFailed, match="c: no health check result"):
+    with pytest.raises(CheckFailed, match="c: no health check result"):
         c.check5(res)
 
 
@@ -226,8 +225,8 @@ def test_cli_print_healthcheck(capsys):
 
 def test_missing_device_classes_is_an_error_not_a_pass(tmp_path):
     with SimCluster(health=False) as c:
-        backend = conformance.KubeBackend(c.api, vgpu_class="nope.example.com", timeout=5, poll=0.05)
-        rep = conformance.run_conformance(backend)
+        backend = KubeBackend(c.api, vgpu_class="nope.example.com", timeout=5, poll=0.05)
+        rep = run_conformance(backend)
     assert statuses(rep)[1] == "error" and "DeviceClass nope.example.com not found" in detail(rep, 1)
     assert not rep.ok
 
