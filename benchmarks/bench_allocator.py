@@ -23,7 +23,9 @@ from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.reconcile import reconcile
 
-from dra_bridge.scheduling.allocator import Allocator, CelSelectors, Unsatisfiable
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+
+from dra_bridge.scheduling.selectors import CelSelectors
 from dra_bridge.pool.devices import PoolPolicy, build_pool
 from dra_bridge.pool.slices import build_slices
 

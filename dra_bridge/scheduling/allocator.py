@@ -28,57 +28,14 @@ from __future__ import annotations
 
 import json
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
-from types import MappingProxyType
-from typing import Iterable, Protocol
 
-from dra_bridge.api.quantity import format_quantity, parse_quantity
+from dra_bridge.api.quantity import format_quantity
+from dra_bridge.scheduling.pools import Device, State, groups_compatible, quantity_value, read_pools
+from dra_bridge.scheduling.selectors import Selectors
 
 SEARCH_BUDGET = 20000
-
-
-class Selectors(Protocol):
-    def matches(self, expression: str, device: "Device") -> bool: ...
-
-
-@dataclass(eq=False, slots=True)
-class Device:
-    driver: str
-    pool: str
-    name: str
-    node: str | None  # None: available to every node
-    attributes: dict  # name -> {"string": ..} as published
-    capacity: dict  # name -> {"value": .., "requestPolicy": ..}
-    consumes: list  # [{"counterSet", "counters": {name: {"value"}}, "compatibilityGroups"}]
-    multi: bool = False
-    taints: list = field(default_factory=list)
-    signature: int = 0  # devices with equal driver/attributes/capacity share CEL results
-    # ``consumes`` parsed once: ((state key (driver, pool, set), ((counter, amount), ..), groups,
-    # the set's totals or None), ..); shared by the devices of a pool that consume alike
-    cons: tuple = ()
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.driver, self.pool, self.name)
-
-    def attribute(self, name: str):
-        q = name if "/" in name else f"{self.driver}/{name}"
-        for k in (name, q, name.split("/", 1)[-1] if name.startswith(self.driver + "/") else None):
-            if k is not None and k in self.attributes:
-                v = self.attributes[k]
-                return next(iter(v.values())) if isinstance(v, dict) else v
-        return None
-
-
-@dataclass
-class Pool:
-    driver: str
-    name: str
-    generation: int
-    complete: bool
-    counters: dict[str, dict[str, Fraction]]  # counter set -> counter -> total
-    devices: list[Device]
 
 
 def _human(q) -> str:
@@ -90,99 +47,6 @@ class Unsatisfiable(Exception):
 
 
 # --------------------------------------------------------------------------- reading slices
-_QCACHE: dict[str, Fraction | int] = {}
-_NONE = MappingProxyType({})  # one shared, read-only empty map for devices without attributes/capacity
-
-
-def _quantity(v) -> Fraction | int:
-    """A quantity as an exact number: an int when whole (fast arithmetic), else a Fraction."""
-    raw = v["value"] if isinstance(v, dict) else v
-    if isinstance(raw, str):
-        got = _QCACHE.get(raw)
-        if got is None:
-            q = parse_quantity(raw)
-            got = int(q) if q.denominator == 1 else q
-            if len(_QCACHE) < 65536:
-                _QCACHE[raw] = got
-        return got
-    q = parse_quantity(raw)
-    return int(q) if q.denominator == 1 else q
-
-
-def read_pools(slices: Iterable[dict]) -> dict[tuple[str, str], Pool]:
-    slices = list(slices)  # kept alive while ids below are used as memo keys
-    by_pool: dict[tuple[str, str], list[dict]] = {}
-    for s in slices:
-        spec = s["spec"]
-        by_pool.setdefault((spec["driver"], spec["pool"]["name"]), []).append(s)
-    pools = {}
-    signatures: dict[str, int] = {}
-    # Per published device entry (by identity: slices of many nodes often share them): its
-    # CEL signature and its consumption in a pool-independent form.
-    per_entry: dict[tuple[str, int], tuple[int, tuple]] = {}
-    generics: dict[tuple, tuple] = {}
-    for (driver, name), group in by_pool.items():
-        gen = max(s["spec"]["pool"].get("generation", 0) for s in group)
-        newest = [s for s in group if s["spec"]["pool"].get("generation", 0) == gen]
-        expected = max(s["spec"]["pool"].get("resourceSliceCount", 1) for s in newest)
-        counters: dict[str, dict[str, Fraction]] = {}
-        devices = []
-        interned: dict[int, tuple] = {}  # pool-independent consumption (by id) -> this pool's
-        for s in newest:
-            for cs in s["spec"].get("sharedCounters") or []:
-                counters[cs["name"]] = {k: _quantity(v) for k, v in cs.get("counters", {}).items()}
-        for s in newest:
-            spec = s["spec"]
-            node = spec.get("nodeName")
-            for d in spec.get("devices") or []:
-                memo = per_entry.get((driver, id(d)))
-                if memo is None:
-                    sig_src = json.dumps([driver, d.get("attributes", {}), d.get("capacity", {})], sort_keys=True)
-                    sig = signatures.setdefault(sig_src, len(signatures))
-                    generic = tuple((c["counterSet"],
-                                     tuple((k, _quantity(v)) for k, v in (c.get("counters") or {}).items()),
-                                     tuple(c.get("compatibilityGroups") or ()))
-                                    for c in d.get("consumesCounters") or [])
-                    generic = generics.setdefault(generic, generic)  # equal consumptions: one object
-                    memo = per_entry[(driver, id(d))] = (sig, generic)
-                sig, generic = memo
-                cons = interned.get(id(generic))
-                if cons is None:
-                    cons = interned[id(generic)] = tuple(((driver, name, cs), amounts, groups, counters.get(cs))
-                                                         for cs, amounts, groups in generic)
-                devices.append(Device(driver, name, d["name"], node, d.get("attributes") or _NONE,
-                                      d.get("capacity") or _NONE, d.get("consumesCounters") or (),
-                                      bool(d.get("allowMultipleAllocations")), d.get("taints") or (), sig, cons))
-        pools[(driver, name)] = Pool(driver, name, gen, len(newest) == expected, counters, devices)
-    return pools
-
-
-# --------------------------------------------------------------------------- state
-class State:
-    """What is taken: exclusive devices, counter use, capacity shares, compatibility groups."""
-
-    def __init__(self):
-        self.taken: set[tuple] = set()
-        self.used: dict[tuple, dict[str, Fraction]] = {}  # (driver, pool, set) -> counter -> used
-        self.groups: dict[tuple, list[list[str]]] = {}  # (driver, pool, set) -> group lists in use
-        self.shared: dict[tuple, dict[str, Fraction]] = {}  # device key -> capacity -> consumed
-
-    def copy(self) -> "State":
-        c = State()
-        c.taken = set(self.taken)
-        c.used = {k: dict(v) for k, v in self.used.items()}
-        c.groups = {k: [list(g) for g in v] for k, v in self.groups.items()}
-        c.shared = {k: dict(v) for k, v in self.shared.items()}
-        return c
-
-
-def _groups_ok(in_use: list, mine) -> bool:
-    for other in in_use:
-        if (not other) != (not mine):
-            return False
-        if mine and not set(mine) & set(other):
-            return False
-    return True
 
 
 # --------------------------------------------------------------------------- the allocator
@@ -210,17 +74,17 @@ def _policy_round(want, policy: dict):
     step or to the next valid value."""
     rng = policy.get("validRange")
     if rng and "min" in rng:
-        lo = _quantity(rng["min"])
+        lo = quantity_value(rng["min"])
         if want < lo:
             return lo
         if "step" in rng:
-            step = _quantity(rng["step"])
+            step = quantity_value(rng["step"])
             return lo + -(-(want - lo) // step) * step
         return want
     if "validValues" in policy:
         for v in policy["validValues"]:  # ascending (API validation)
-            if want <= _quantity(v):
-                return _quantity(v)
+            if want <= quantity_value(v):
+                return quantity_value(v)
     return want
 
 
@@ -229,17 +93,17 @@ def _policy_violated(amount, policy: dict) -> bool:
     or one of the valid values."""
     if not policy:
         return False
-    if "default" in policy and amount == _quantity(policy["default"]):
+    if "default" in policy and amount == quantity_value(policy["default"]):
         return False
     rng = policy.get("validRange")
     if rng is not None:
-        if "max" in rng and amount > _quantity(rng["max"]):
+        if "max" in rng and amount > quantity_value(rng["max"]):
             return True
-        if "step" in rng and (amount - _quantity(rng.get("min", 0))) % _quantity(rng["step"]) != 0:
+        if "step" in rng and (amount - quantity_value(rng.get("min", 0))) % quantity_value(rng["step"]) != 0:
             return True
         return False
     if policy.get("validValues"):
-        return all(amount != _quantity(v) for v in policy["validValues"])
+        return all(amount != quantity_value(v) for v in policy["validValues"])
     return False
 
 
@@ -318,7 +182,7 @@ class Allocator:
             for sub in (subs if subs else [r.get("exactly") or r]):
                 name = f"{r['name']}/{sub['name']}" if subs else r["name"]
                 sels = [s["cel"]["expression"] for s in sub.get("selectors") or [] if "cel" in s]
-                cap = {k: _quantity(v) for k, v in ((sub.get("capacity") or {}).get("requests") or {}).items()}
+                cap = {k: quantity_value(v) for k, v in ((sub.get("capacity") or {}).get("requests") or {}).items()}
                 alts.append(Request(name=name, base=r["name"], device_class=sub["deviceClassName"], selectors=sels,
                                     mode=sub.get("allocationMode", "ExactCount"), count=int(sub.get("count", 1)),
                                     capacity=cap, tolerations=sub.get("tolerations") or []))
@@ -337,11 +201,11 @@ class Allocator:
         used = st.shared.get(d.key, {}) if d.multi else {}
         consumed = {}
         for name, cap in d.capacity.items():
-            total = _quantity(cap)
+            total = quantity_value(cap)
             policy = cap.get("requestPolicy") or {}
             want = req.capacity.get(name)
             if want is None:
-                want = _quantity(policy["default"]) if "default" in policy else total
+                want = quantity_value(policy["default"]) if "default" in policy else total
             elif policy:
                 want = _policy_round(want, policy)
             if _policy_violated(want, policy):
@@ -395,7 +259,7 @@ class Allocator:
                 if (used.get(cname, 0) if used else 0) + v > totals.get(cname, 0):
                     return False, None
             in_use = groups_all.get(k)
-            if in_use and not _groups_ok(in_use, mine):
+            if in_use and not groups_compatible(in_use, mine):
                 return False, None
         return True, share
 
@@ -553,7 +417,7 @@ class Allocator:
                 continue
             if not d.multi and d.key in self.state.taken:
                 continue  # held by another claim too (admin access): counters count once
-            share = {k: _quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()} if d.multi else None
+            share = {k: quantity_value(v) for k, v in (r.get("consumedCapacity") or {}).items()} if d.multi else None
             self._take(d, self.state, share)
 
     def allocate(self, claims: list[dict], node: str | None = None) -> tuple[str, list[dict]]:
@@ -661,7 +525,7 @@ class Allocator:
                                 f"needs {format_quantity(need, human=True)}")
                     return f"{gpu} has {left} of {total} {cname} left; needs {need}"
             in_use = self.state.groups.get(k, [])
-            if not _groups_ok(in_use, groups):
+            if not groups_compatible(in_use, groups):
                 held = sorted({g for gs in in_use for g in gs})
                 return (f"{gpu} holds vGPUs of another framebuffer size ({', '.join(held) or 'passthrough'}); "
                         f"request {req.name!r} needs {', '.join(groups) or 'none'}")
@@ -689,34 +553,3 @@ class Allocator:
         shown = list(per_gpu.values())[:3]
         rest = len(per_gpu) - len(shown)
         return f"{node}: " + ", ".join(shown) + (f" (and {rest} more GPUs full)" if rest > 0 else "")
-
-
-class CelSelectors:
-    """The selector evaluator: the real CEL engine plus Kubernetes' quantity and semver library
-    (:mod:`dra_bridge.scheduling.cel`). An expression that does not compile or fails on a device
-    makes that device not match (the scheduler would fail the claim); the error is kept in
-    ``errors``."""
-
-    def __init__(self):
-        from dra_bridge.scheduling.cel import CelError, compile_selector, device_variable
-
-        self._compile, self._variable, self._error = compile_selector, device_variable, CelError
-        self._programs: dict[str, object] = {}
-        self.errors: list[str] = []
-
-    def matches(self, expression: str, device: Device) -> bool:
-        try:
-            prog = self._programs.get(expression)
-            if prog is None:
-                prog = self._programs[expression] = self._compile(expression)
-            var = self._variable({"attributes": device.attributes, "capacity": device.capacity,
-                                  "allowMultipleAllocations": device.multi}, device.driver)
-            return prog.evaluate(var)
-        except self._error as exc:  # the scheduler fails the claim; here the device does not match
-            self.errors.append(str(exc))
-            return False
-
-
-def default_selectors() -> CelSelectors:
-    """The selectors the simulated cluster, capacity and conformance use unless given others."""
-    return CelSelectors()

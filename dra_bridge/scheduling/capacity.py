@@ -22,7 +22,9 @@ import yaml
 
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.quantity import format_quantity, parse_quantity
-from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable, default_selectors, read_pools
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+from dra_bridge.scheduling.pools import read_pools
+from dra_bridge.scheduling.selectors import default_selectors
 from dra_bridge.scheduling.objects import dev_attr
 
 CAPACITY_CLASS = "vgpuctl-capacity-probe"

@@ -7,7 +7,7 @@ evaluate to a bool; any runtime error (a missing attribute, a bad quantity) abor
 allocation. Capacity values are Kubernetes Quantities.
 
 Built on ``common-expression-language`` (module ``cel``, Rust core, a runtime dependency): the
-one CEL evaluator of vgpuctl (the allocator's :class:`~dra_bridge.scheduling.allocator.CelSelectors`
+one CEL evaluator of vgpuctl (the allocator's :class:`~dra_bridge.scheduling.selectors.CelSelectors`
 evaluates through it). What that library offers, and how the Kubernetes library is added on top:
 
 * ``cel.Context.add_function(name, fn)`` registers a Python function. A **member call**

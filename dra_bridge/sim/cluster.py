@@ -33,7 +33,8 @@ from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.kube.errors import api_exception, missing_ok
 from dra_bridge.kube.objects import raw, sanitize
 from dra_bridge.kube.workloads import WorkloadApi
-from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable, default_selectors
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+from dra_bridge.scheduling.selectors import default_selectors
 from dra_bridge.scheduling.objects import devices_by_key
 from dra_bridge.sim.controlplane import ControlPlane
 from dra_bridge.sim.kubelet import KubeletClient, prepare_errors, resolve_cdi, workload_devices

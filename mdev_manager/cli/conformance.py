@@ -44,7 +44,7 @@ def run(args) -> int:
     kw = dict(profile=args.profile, node=args.node, max_workloads=args.max_workloads)
     if args.kubeconfig is not None:
         from dra_bridge.kube.client import api_client_from
-        from dra_bridge.scheduling.allocator import default_selectors
+        from dra_bridge.scheduling.selectors import default_selectors
 
         backend = KubeBackend(api_client_from(args.kubeconfig or None), namespace=args.namespace, image=args.image,
                               driver=args.driver, vgpu_class=args.vgpu_class, passthrough_class=args.passthrough_class,

@@ -19,7 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge.scheduling.allocator import Allocator, CelSelectors, Unsatisfiable, read_pools
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+
+from dra_bridge.scheduling.pools import read_pools
+
+from dra_bridge.scheduling.selectors import CelSelectors
 from dra_bridge.pool.devices import PoolPolicy, build_pool
 from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.pool.slices import build_slices

@@ -7,7 +7,7 @@ import json
 import yaml
 
 from dra_bridge.scheduling import capacity
-from dra_bridge.scheduling.allocator import CelSelectors
+from dra_bridge.scheduling.selectors import CelSelectors
 from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.demo import WORKLOADS, render_workload
 from dra_bridge.sim.scenarios import simulated_capacity

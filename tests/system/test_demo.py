@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from dra_bridge.api.quantity import parse_quantity
-from dra_bridge.scheduling.allocator import CelSelectors, Device, default_selectors
+from dra_bridge.scheduling.pools import Device
+from dra_bridge.scheduling.selectors import CelSelectors, default_selectors
 from dra_bridge.sim import demo
 from dra_bridge.sim.kubelet import resolve_cdi
 from dra_bridge.sim.workloads import pod_node
@@ -205,7 +206,7 @@ def test_selectors_select_exactly_the_devices_on_every_published_device(tmp_path
     """Every selector the templates and DeviceClasses write, on every device of a 1.37 pool with
     every profile: the CEL engine selects exactly the devices a plain reading of their
     attributes and capacity names."""
-    from dra_bridge.scheduling.allocator import read_pools
+    from dra_bridge.scheduling.pools import read_pools
     from dra_bridge.pool.devices import build_pool
     from dra_bridge.pool.policy import policy_from_layout
     from dra_bridge.pool.slices import build_slices

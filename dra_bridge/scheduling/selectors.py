@@ -1,0 +1,45 @@
+"""Device selectors: the CEL evaluator the allocator calls for class and request selectors."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from dra_bridge.scheduling.pools import Device
+
+
+class Selectors(Protocol):
+    def matches(self, expression: str, device: "Device") -> bool: ...
+
+
+
+
+class CelSelectors:
+    """The selector evaluator: the real CEL engine plus Kubernetes' quantity and semver library
+    (:mod:`dra_bridge.scheduling.cel`). An expression that does not compile or fails on a device
+    makes that device not match (the scheduler would fail the claim); the error is kept in
+    ``errors``."""
+
+    def __init__(self):
+        from dra_bridge.scheduling.cel import CelError, compile_selector, device_variable
+
+        self._compile, self._variable, self._error = compile_selector, device_variable, CelError
+        self._programs: dict[str, object] = {}
+        self.errors: list[str] = []
+
+    def matches(self, expression: str, device: Device) -> bool:
+        try:
+            prog = self._programs.get(expression)
+            if prog is None:
+                prog = self._programs[expression] = self._compile(expression)
+            var = self._variable({"attributes": device.attributes, "capacity": device.capacity,
+                                  "allowMultipleAllocations": device.multi}, device.driver)
+            return prog.evaluate(var)
+        except self._error as exc:  # the scheduler fails the claim; here the device does not match
+            self.errors.append(str(exc))
+            return False
+
+
+def default_selectors() -> CelSelectors:
+    """The selectors the simulated cluster, capacity and conformance use unless given others."""
+    return CelSelectors()
