@@ -18,6 +18,7 @@ from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs,
                       SaveDefinition, SaveVendorRecord, SetVgpuType)
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name, override_value, read_attr
+from mdev_manager.models import MdevDefinition
 from mdev_manager.names import check_pci_address, check_type_id, check_uuid
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class Executor:
         elif isinstance(a, SaveDefinition):
             # Ordering (definition before device) is what crash safety needs; durability against
             # power loss comes from one sync at the end of the run (a reboot loses the devices too).
-            persist.save_definition(env, io, persist.MdevDefinition(uuid=a.uuid, parent=a.parent, mdev_type=a.type_id),
+            persist.save_definition(env, io, MdevDefinition(uuid=a.uuid, parent=a.parent, mdev_type=a.type_id),
                                     durable=False)
             self._unsynced = True
         elif isinstance(a, CreateMdev):

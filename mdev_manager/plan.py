@@ -22,9 +22,7 @@ from mdev_manager import catalog
 from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
                       SaveDefinition, SaveVendorRecord, SetVgpuType, Skip)
 from mdev_manager.config import ConfigError, GpuLayout
-from mdev_manager.models import Gpu, Inventory, Vgpu, VgpuType, held_types, occupancy
-from mdev_manager.persist import MdevDefinition
-from mdev_manager.usage import Usage
+from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
 
 NVIDIA = "0x10de"
 

@@ -17,9 +17,9 @@ from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor, Report
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Inventory
+from mdev_manager.models import Inventory, Usage
 from mdev_manager.plan import make_plan
-from mdev_manager.usage import Usage, collect_usage
+from mdev_manager.usage import collect_usage
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Outcome(BaseModel):
 def plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None = None,
               node: str = "") -> tuple[Inventory, Plan, list[str]]:
     inv = discover(env, io, node=node)
-    usage = collect_usage(env, usage_extra)
+    usage = collect_usage(env, io, usage_extra)
     defs, problems = persist.load_definitions(env, io)
     records = persist.load_vendor_vfio(env, io)
     plan = make_plan(inv, layouts, usage, defs, records)

@@ -14,14 +14,14 @@ from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor, Report
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Inventory
+from mdev_manager.models import Inventory, MdevDefinition
 
 
 def _bus(addr: str) -> str:
     return addr.rsplit(":", 1)[0]
 
 
-def plan_restore(inv: Inventory, defs: list[persist.MdevDefinition], records: dict[str, str]) -> Plan:
+def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, str]) -> Plan:
     plan = Plan()
     present = {p.address for g in inv.gpus for p in g.parents} | {vf.address for g in inv.gpus for vf in g.vfs}
     active = {v.id for v in inv.all_vgpus()}

@@ -5,120 +5,34 @@ virt-launcher pod, or anything else), and libvirt domains whose XML references a
 UUID or PCI address (running or merely defined). The DRA bridge adds a third witness,
 kubelet allocations, through ``collect_usage(extra=...)``.
 
-``/proc`` is read with ``os`` directly rather than through ``HostIO``: it is always the
-real kernel's, and scanning thousands of fds must stay cheap.
+The facts come from the host layer (:mod:`mdev_manager.host.procfs` reads ``/proc``
+through ``HostIO``, so a simulated host's processes count as a real one's); this module
+decides what they mean. The result types live in :mod:`mdev_manager.models`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import xml.etree.ElementTree as ET
 from typing import Iterable
 
 from pydantic import BaseModel
 
+from mdev_manager.host import procfs
 from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO
+from mdev_manager.models import Holder, Usage
 from mdev_manager.names import NameError_, check_pci_address
 
 log = logging.getLogger(__name__)
 
 
-class Holder(BaseModel):
-    pid: int
-    comm: str
+# --- open VFIO groups -----------------------------------------------------------------
 
-
-# --- /proc scan ----------------------------------------------------------------------
-
-def _identity(st: os.stat_result) -> tuple:
-    """Device nodes compare by device number (a container's /dev has its own inodes for
-    the same node); anything else (test files) by inode."""
-    if stat.S_ISCHR(st.st_mode):
-        return ("chr", st.st_rdev)
-    return ("ino", st.st_dev, st.st_ino)
-
-
-def _group_identities(env: HostEnv) -> dict[tuple, int]:
-    out: dict[tuple, int] = {}
-    try:
-        entries = list(os.scandir(env.vfio_dir))
-    except OSError:
-        return out
-    for e in entries:
-        if e.name.isdigit():
-            try:
-                out[_identity(os.stat(e.path))] = int(e.name)
-            except OSError:
-                pass
-    return out
-
-
-def _read_comm(proc_dir: str) -> str | None:
-    try:
-        with open(os.path.join(proc_dir, "comm"), "r", encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
-    except (FileNotFoundError, ProcessLookupError):
-        return None  # exited meanwhile: it holds nothing any more
-    except OSError:
-        return "?"
-
-
-def scan_vfio_holders(env: HostEnv) -> dict[int, list[Holder]]:
-    """Map VFIO group number -> processes with ``<dev_root>/vfio/<group>`` open.
-
-    An fd matches when its link target is that path (resolved), or, for processes in
-    another mount namespace whose target reads ``.../vfio/<N>``, when it is the same
-    device node or file. Processes that vanish or deny access are skipped.
-    """
-    vfio_dirs = {str(env.vfio_dir), os.path.realpath(env.vfio_dir)}
-    identities: dict[tuple, int] | None = None  # built lazily: most hosts have no candidates
-    held: dict[int, list[Holder]] = {}
-    try:
-        procs = list(os.scandir(env.proc_root))
-    except OSError:
-        return held
-    for proc in procs:
-        if not proc.name.isdigit():
-            continue
-        fd_dir = os.path.join(proc.path, "fd")
-        groups: set[int] = set()
-        try:
-            with os.scandir(fd_dir) as fds:
-                for fd in fds:
-                    try:
-                        target = os.readlink(fd.path)
-                    except OSError:
-                        continue
-                    if target.endswith(" (deleted)"):
-                        target = target[: -len(" (deleted)")]
-                    head, _, name = target.rpartition("/")
-                    if not name.isdigit() or not head.endswith("vfio"):
-                        continue
-                    if head in vfio_dirs:
-                        groups.add(int(name))
-                        continue
-                    if identities is None:
-                        identities = _group_identities(env)
-                    try:
-                        g = identities.get(_identity(os.stat(fd.path)))
-                    except OSError:
-                        continue
-                    if g is not None:
-                        groups.add(g)
-        except OSError:  # exited, or not ours to look at
-            continue
-        if not groups:
-            continue
-        comm = _read_comm(proc.path)
-        if comm is None:
-            continue
-        for g in groups:
-            held.setdefault(g, []).append(Holder(pid=int(proc.name), comm=comm))
-    for holders in held.values():
-        holders.sort(key=lambda h: h.pid)
-    return held
+def scan_vfio_holders(env: HostEnv, io: HostIO) -> dict[int, list[Holder]]:
+    """Map VFIO group number -> processes with ``<dev_root>/vfio/<group>`` open (see
+    :func:`mdev_manager.host.procfs.vfio_holders`)."""
+    return {g: [Holder(pid=p.pid, comm=p.comm) for p in procs] for g, procs in procfs.vfio_holders(env, io).items()}
 
 
 # --- libvirt -------------------------------------------------------------------------
@@ -240,63 +154,14 @@ def _add(table: dict[str, list[str]], keys: Iterable[str], user: str) -> None:
 
 # --- combined view -------------------------------------------------------------------
 
-class Usage(BaseModel):
-    """Everything known to use devices. Values of ``mdevs``/``pci`` are user labels such as
-    ``libvirt domain vm1``; an empty answer from ``*_users`` means the device is free."""
-
-    vfio_groups: dict[int, list[Holder]] = {}
-    mdevs: dict[str, list[str]] = {}
-    pci: dict[str, list[str]] = {}
-    warnings: list[str] = []
-    vfio_dir: str = ""
-
-    def _group_users(self, group: int | None) -> list[str]:
-        if group is None:
-            return []
-        node = f"{self.vfio_dir}/{group}" if self.vfio_dir else f"VFIO group {group}"
-        return [f"pid {h.pid} ({h.comm}) holds {node}" for h in self.vfio_groups.get(group, [])]
-
-    def mdev_users(self, uuid: str, iommu_group: int | None = None) -> list[str]:
-        refs = self.mdevs.get(uuid.strip().lower(), [])
-        return self._group_users(iommu_group) + [f"{r} references it" for r in refs]
-
-    def pci_users(self, address: str, iommu_group: int | None = None) -> list[str]:
-        try:
-            address = check_pci_address(address)
-        except NameError_:
-            address = address.strip().lower()
-        refs = self.pci.get(address, [])
-        return self._group_users(iommu_group) + [f"{r} references it" for r in refs]
-
-    def merged(self, other: "Usage | None") -> "Usage":
-        """Union of two views (duplicates dropped, order kept)."""
-        if other is None:
-            return self.model_copy(deep=True)
-        out = self.model_copy(deep=True)
-        for g, holders in other.vfio_groups.items():
-            mine = out.vfio_groups.setdefault(g, [])
-            mine.extend(h for h in holders if h not in mine)
-        for mine, theirs in ((out.mdevs, other.mdevs), (out.pci, other.pci)):
-            for key, users in theirs.items():
-                _add_all(mine, key, users)
-        out.warnings.extend(w for w in other.warnings if w not in out.warnings)
-        out.vfio_dir = out.vfio_dir or other.vfio_dir
-        return out
-
-
-def _add_all(table: dict[str, list[str]], key: str, users: Iterable[str]) -> None:
-    cur = table.setdefault(key, [])
-    cur.extend(u for u in users if u not in cur)
-
-
 def _domain_label(name: str, active: bool) -> str:
     return f"libvirt domain {name}" + ("" if active else " (not running)")
 
 
-def collect_usage(env: HostEnv, extra: Usage | None = None) -> Usage:
+def collect_usage(env: HostEnv, io: HostIO, extra: Usage | None = None) -> Usage:
     """One view of device users on this host: open VFIO groups, libvirt domains, ``extra``."""
     warnings: list[str] = []
-    if not os.path.isdir(env.proc_root):
+    if not io.is_dir(env.proc_root):
         msg = f"{env.proc_root} is not readable; open VFIO groups not checked"
         log.warning(msg)
         warnings.append(msg)
@@ -304,7 +169,7 @@ def collect_usage(env: HostEnv, extra: Usage | None = None) -> Usage:
     if lv.warning:
         warnings.append(lv.warning)
     usage = Usage(
-        vfio_groups=scan_vfio_holders(env),
+        vfio_groups=scan_vfio_holders(env, io),
         mdevs={k: [_domain_label(d, lv.active.get(d, True)) for d in v] for k, v in lv.mdevs.items()},
         pci={k: [_domain_label(d, lv.active.get(d, True)) for d in v] for k, v in lv.pci.items()},
         warnings=warnings,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mdev_manager.sim import HostSpec
-from tests.support.simnodes import Holder, Sim, build_sim
+from tests.support.simnodes import Holder, Sim, SimHolder, build_sim
 
 
 @pytest.fixture
@@ -37,7 +37,10 @@ def sim(make_sim) -> Sim:
 
 @pytest.fixture
 def hold(tmp_path):
-    """``hold(path, ...)`` starts a child process holding the paths open; killed at teardown."""
+    """``hold(path, ...)`` starts a real child process holding the paths open; killed at teardown.
+
+    The manager sees it on the real /proc only: through ``h.view(sim)`` (``sim.with_real_proc()``).
+    """
     holders: list[Holder] = []
 
     def start(*paths: Path) -> Holder:
@@ -50,3 +53,17 @@ def hold(tmp_path):
     yield start
     for h in holders:
         h.release()
+
+
+@pytest.fixture(params=["real", "simulated"])
+def holder(request, hold):
+    """``holder(sim, path, ...)``: a real child process, or a simulated process of ``sim``'s
+    host, holding the paths open (each test runs with both). ``.pid``, ``.release()``, and
+    ``.view(sim)``: the ``Sim`` through which the manager sees that holder."""
+
+    def start(sim: Sim, *paths: Path) -> Holder | SimHolder:
+        if request.param == "real":
+            return hold(*paths)
+        return SimHolder(sim, list(paths))
+
+    return start

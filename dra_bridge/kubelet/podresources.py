@@ -5,7 +5,7 @@ The kubelet serves ``v1.PodResourcesLister`` on
 the device plugin devices allocated to it (resource name + device ids). A device our
 device plugin advertised and the kubelet allocated is in use for the node manager even
 before QEMU opens it, so :func:`allocated_devices` turns the answer into a
-:class:`mdev_manager.usage.Usage` to merge into ``collect_usage(extra=...)``.
+:class:`mdev_manager.models.Usage` to merge into ``collect_usage(extra=...)``.
 
 Never raises: without the socket (no kubelet, or an old one) or on any RPC error the
 answer is an empty ``Usage`` whose ``warnings`` say why, so callers can decide how
@@ -24,8 +24,9 @@ from pathlib import Path
 import grpc
 
 from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO, RealIO
+from mdev_manager.models import Usage
 from mdev_manager.names import NameError_, check_pci_address
-from mdev_manager.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,14 @@ class PodDevice:
         return f"pod {self.namespace}/{self.pod}"
 
 
-def list_pod_devices(socket_path: Path | str = DEFAULT_POD_RESOURCES_SOCKET, *, timeout: float = 5.0) -> list[PodDevice]:
+def list_pod_devices(socket_path: Path | str = DEFAULT_POD_RESOURCES_SOCKET, *, timeout: float = 5.0,
+                     io: HostIO | None = None) -> list[PodDevice]:
     """Every device plugin device allocated to a container; raises grpc.RpcError / OSError."""
     from dra_bridge.kubelet.proto import vgpuctl_podresources_v1_pb2 as pr_pb2
     from dra_bridge.kubelet.proto import vgpuctl_podresources_v1_pb2_grpc as pr_grpc
 
     path = Path(socket_path)
-    st = path.stat()  # FileNotFoundError when the kubelet does not serve the API
+    st = (io or RealIO()).stat(path)  # FileNotFoundError when the kubelet does not serve the API
     if not stat.S_ISSOCK(st.st_mode):
         raise OSError(f"{path} is not a socket")
     with grpc.insecure_channel(f"unix:{os.path.abspath(path)}") as channel:
@@ -68,24 +70,25 @@ def list_pod_devices(socket_path: Path | str = DEFAULT_POD_RESOURCES_SOCKET, *, 
     return out
 
 
-def _group_members(env: HostEnv | None, device_id: str) -> list[str]:
+def _group_members(env: HostEnv | None, io: HostIO, device_id: str) -> list[str]:
     """NVIDIA's passthrough plugin used IOMMU group numbers as device ids: resolve them."""
     if env is None or not device_id.isdigit():
         return []
     try:
-        return sorted(os.listdir(env.iommu_groups / device_id / "devices"))
+        return io.listdir(env.iommu_groups / device_id / "devices")
     except OSError:
         return []
 
 
 def usage_from_devices(devices: list[PodDevice], resource_prefix: str = "nvidia.com/",
-                       env: HostEnv | None = None) -> Usage:
+                       env: HostEnv | None = None, io: HostIO | None = None) -> Usage:
     """mdev UUIDs and PCI addresses of ``devices`` under ``resource_prefix`` -> ``Usage``.
 
     Labels are ``pod <namespace>/<name>``. Ids that are neither (other plugins' ids)
     are ignored, except IOMMU group numbers, which resolve to their members when
-    ``env`` is given.
+    ``env`` is given (read through ``io``, the real host's by default).
     """
+    io = io or RealIO()
     mdevs: dict[str, list[str]] = {}
     pci: dict[str, list[str]] = {}
 
@@ -106,7 +109,7 @@ def usage_from_devices(devices: list[PodDevice], resource_prefix: str = "nvidia.
             continue
         except NameError_:
             pass
-        members = _group_members(env, dev_id)
+        members = _group_members(env, io, dev_id)
         for m in members:
             add(pci, m, d.label)
         if not members:
@@ -116,7 +119,7 @@ def usage_from_devices(devices: list[PodDevice], resource_prefix: str = "nvidia.
 
 
 def allocated_devices(socket_path: Path | str = DEFAULT_POD_RESOURCES_SOCKET, resource_prefix: str = "nvidia.com/",
-                      *, env: HostEnv | None = None, timeout: float = 5.0) -> Usage:
+                      *, env: HostEnv | None = None, io: HostIO | None = None, timeout: float = 5.0) -> Usage:
     """Devices of resources named ``<resource_prefix>...`` that the kubelet allocated to pods.
 
     Returns ``Usage(mdevs={uuid: ["pod ns/name"]}, pci={address: [...]})``; an empty
@@ -124,8 +127,9 @@ def allocated_devices(socket_path: Path | str = DEFAULT_POD_RESOURCES_SOCKET, re
     the call fails.
     """
     path = Path(socket_path)
+    io = io or RealIO()
     try:
-        devices = list_pod_devices(path, timeout=timeout)
+        devices = list_pod_devices(path, timeout=timeout, io=io)
     except FileNotFoundError:
         msg = f"kubelet PodResources socket {path} is absent; pod device allocations not checked"
     except grpc.RpcError as exc:
@@ -134,6 +138,6 @@ def allocated_devices(socket_path: Path | str = DEFAULT_POD_RESOURCES_SOCKET, re
     except Exception as exc:  # noqa: BLE001 - never let the usage check take the caller down
         msg = f"kubelet PodResources List on {path} failed ({type(exc).__name__}: {exc}); pod device allocations not checked"
     else:
-        return usage_from_devices(devices, resource_prefix, env)
+        return usage_from_devices(devices, resource_prefix, env, io)
     log.warning(msg)
     return Usage(warnings=[msg])

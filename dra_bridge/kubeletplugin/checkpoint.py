@@ -62,7 +62,7 @@ class CheckpointStore:
 
     def load(self) -> Checkpoint:
         try:
-            doc = json.loads(self.path.read_text())
+            doc = json.loads(self.io.read(self.path))
         except FileNotFoundError:
             return Checkpoint()
         except (OSError, ValueError) as exc:

@@ -21,7 +21,7 @@ class StableGpuIds:
         self.path = Path(path)
         self.io = io
         try:
-            self.ids: dict[str, int] = {k: int(v) for k, v in json.loads(self.path.read_text()).items()}
+            self.ids: dict[str, int] = {k: int(v) for k, v in json.loads(self.io.read(self.path)).items()}
         except (OSError, ValueError, AttributeError):
             self.ids = {}
 

@@ -70,13 +70,17 @@ class HostEnv:
         return replace(self, **changes)
 
     @classmethod
-    def under(cls, root: Path, *, libvirt_uri: str | None = None, proc_root: Path = Path("/proc")) -> "HostEnv":
-        """An environment whose host paths all live below ``root`` (simulated hosts, tests)."""
+    def under(cls, root: Path, *, libvirt_uri: str | None = None, proc_root: Path | None = None) -> "HostEnv":
+        """An environment whose host paths all live below ``root`` (simulated hosts, tests).
+
+        ``proc_root`` too (``<root>/proc``: the simulated host's processes); pass
+        ``Path("/proc")`` to see real processes holding files below ``root``.
+        """
         root = Path(root)
         return cls(
             sys_root=root / "sys",
             dev_root=root / "dev",
-            proc_root=proc_root,
+            proc_root=root / "proc" if proc_root is None else Path(proc_root),
             mdevctl_root=root / "etc/mdevctl.d",
             state_root=root / "var/lib/vgpuctl",
             libvirt_uri=libvirt_uri,

@@ -3,12 +3,13 @@
 The tree under ``<root>/sys`` is the only state the manager sees: regular files for
 attributes, relative symlinks for links, directories for devices. Writes to the
 attributes the kernel acts on go through :meth:`SimHost.write`, which changes the tree
-the way the kernel does and fails with the kernel's errno (../shared/reference/kernel.md):
+the way the kernel does and fails with the kernel's errno (../shared/reference/kernel.md).
+Processes holding its files open live under ``<root>/proc`` (:mod:`.procs`).
 
 * ``<type>/create``: 36-byte UUID else EINVAL; EEXIST for a UUID anywhere on the host;
   EUSERS when no instance is left.
-* ``<mdev>/remove``: ``1`` removes, ``0`` does nothing, EBUSY while a process holds the
-  mdev's ``/dev/vfio/<group>`` (the vendor driver's refusal).
+* ``<mdev>/remove``: ``1`` removes, ``0`` does nothing, EBUSY while a process (real, or
+  simulated: :mod:`.procs`) holds the mdev's ``/dev/vfio/<group>`` (the vendor driver's refusal).
 * ``sriov_numvfs``: ERANGE above total, no-op for the current value, ENOENT without a
   driver, EBUSY for a nonzero value while VFs exist.
 * ``driver_override``, ``drivers/<d>/unbind``, ``drivers/<d>/bind``, ``drivers_probe``.
@@ -33,12 +34,13 @@ import threading
 import uuid as uuidlib
 from contextlib import contextmanager
 from fractions import Fraction
-from functools import lru_cache
 from pathlib import Path
 
 from mdev_manager import catalog
 from mdev_manager.catalog import BoardSpec, TypeSpec
 from mdev_manager.sim.hostspec import HostSpec
+from mdev_manager.sim.procs import SimProcs, holding
+from mdev_manager.sim.rules import err, framebuffer, kstrtoul, remaining, type_facts, type_index, vf_address
 
 UNLISTED_TYPE_ERRNO = errno.EINVAL
 _ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
@@ -46,57 +48,8 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 HEADER = "ID    : vGPU Name"
 
 
-def _err(code: int, what: str) -> OSError:
-    return OSError(code, f"{os.strerror(code)}: {what}")
-
-
-def _kstrtoul(raw: str) -> int:
-    """The kernel's kstrtoul with base 0: decimal, 0x hex or 0 octal, one trailing newline."""
-    text = raw[:-1] if raw.endswith("\n") else raw
-    try:
-        if text.lower().startswith("0x"):
-            return int(text[2:], 16)
-        if len(text) > 1 and text.startswith("0"):
-            return int(text[1:], 8)
-        if not text.isdigit():
-            raise ValueError(text)
-        return int(text)
-    except ValueError:
-        raise _err(errno.EINVAL, f"{raw!r} is not a number") from None
-
-
-@lru_cache(maxsize=None)
-def _type_index(board_key: str) -> dict[str, TypeSpec]:
-    """A board's types by mdev type id and by vendor-VFIO number (the catalog never changes)."""
-    board = catalog.board(board_key)
-    index: dict[str, TypeSpec] = {}
-    for t in board.types:
-        index.setdefault(t.mdev_id(board.driver), t)
-        index.setdefault(str(t.num), t)
-    return index
-
-
-@lru_cache(maxsize=None)
-def _framebuffer(board_key: str, type_id: str) -> int | None:
-    return _type_index(board_key)[type_id].fb_mib
-
-
-@lru_cache(maxsize=None)
-def _type_facts(board_key: str) -> tuple[tuple[str, str, TypeSpec, int | None], ...]:
-    """(mdev type id, number, spec, framebuffer MiB) of each of a board's types, in catalog order."""
-    board = catalog.board(board_key)
-    return tuple((t.mdev_id(board.driver), str(t.num), t, t.fb_mib) for t in board.types)
-
-
-def _vf_address(pf: str, n: int, offset: int = 4) -> str:
-    """VF n of a PF at devfn offset 4, stride 1 (as NVIDIA boards report)."""
-    dom, bus, rest = pf.split(":")
-    devfn = int(rest.split(".")[0], 16) * 8 + int(rest.split(".")[1]) + offset + n
-    return f"{dom}:{bus}:{devfn >> 3:02x}.{devfn & 7}"
-
-
 class SimHost:
-    """A simulated host rooted at ``root`` (``sys/``, ``dev/``, ``etc/``, ``.sim/``)."""
+    """A simulated host rooted at ``root`` (``sys/``, ``dev/``, ``proc/``, ``etc/``, ``.sim/``)."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -105,6 +58,8 @@ class SimHost:
         self._sys_real = os.path.realpath(self.sys)
         self._lock = threading.RLock()
         self.state = json.loads((self.root / ".sim/state.json").read_text())
+        self.procs = SimProcs(self.root)
+        self.procs.dir.mkdir(exist_ok=True)  # hosts made before processes were simulated
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -114,7 +69,7 @@ class SimHost:
         if (root / ".sim").exists():
             raise FileExistsError(f"{root} already holds a simulated host")
         for sub in ("sys/bus/pci/devices", "sys/bus/mdev/devices", "sys/bus/mdev/drivers/vfio_mdev",
-                    "sys/class/mdev_bus", "sys/kernel/iommu_groups", "dev/vfio", "etc/mdevctl.d/scripts.d/callouts",
+                    "sys/class/mdev_bus", "sys/kernel/iommu_groups", "dev/vfio", "proc", "etc/mdevctl.d/scripts.d/callouts",
                     "etc/mdevctl.d/scripts.d/notifiers", ".sim"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         (root / "sys/bus/pci/drivers_probe").write_text("")
@@ -253,7 +208,7 @@ class SimHost:
         return sorted(a for a, f in self.state["functions"].items() if f.get("physfn") == gpu["pf"])
 
     def _type_by_id(self, gpu: dict, type_id: str) -> TypeSpec | None:
-        return _type_index(gpu["board"]).get(type_id)
+        return type_index(gpu["board"]).get(type_id)
 
     @contextmanager
     def _locked(self):
@@ -268,20 +223,9 @@ class SimHost:
                     fcntl.flock(lf, fcntl.LOCK_UN)
 
     def holders(self, paths: set[str]) -> list[int]:
-        """Pids holding any of ``paths`` open (the kernel's view of a busy vfio group)."""
-        pids = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                for fd in os.listdir(f"/proc/{pid}/fd"):
-                    try:
-                        if os.readlink(f"/proc/{pid}/fd/{fd}") in paths:
-                            pids.append(int(pid))
-                            break
-                    except OSError:
-                        continue
-            except OSError:
-                continue
-        return pids
+        """Pids holding any of ``paths`` open (the kernel's view of a busy vfio group):
+        real processes (tests' children) and the simulated ones."""
+        return holding("/proc", paths) + self.procs.holding(paths)
 
     def _busy(self, group: int) -> bool:
         return bool(self.holders({str(self.dev / "vfio" / str(group))}))
@@ -313,24 +257,15 @@ class SimHost:
             et = self._type_by_id(gpu, tid)
             if et is not None:
                 used += Fraction(1, et.max_instances)
-                sizes.add(_framebuffer(gpu["board"], tid))
+                sizes.add(framebuffer(gpu["board"], tid))
         return used, sizes
-
-    @staticmethod
-    def _remaining(gpu: dict, t: TypeSpec, used: Fraction, sizes: set, fb: int | None) -> int:
-        """How many more of ``t`` (framebuffer ``fb``) fit beside vGPUs taking ``used``, of ``sizes``."""
-        if t.mig_backed:
-            return 0  # MIG is not enabled on simulated GPUs
-        if not gpu["mixed_size"] and sizes - {fb}:
-            return 0
-        return max(0, int((1 - used) * t.max_instances))
 
     def _refresh(self, gpu: dict) -> None:
         """Rewrite ``available_instances`` / ``creatable_vgpu_types`` of every parent of the GPU."""
-        facts = _type_facts(gpu["board"])
+        facts = type_facts(gpu["board"])
         fw = gpu["framework"]
         occupancy = self._occupancy(gpu)
-        rem = {num: self._remaining(gpu, t, *occupancy, fb) for _, num, t, fb in facts}
+        rem = {num: remaining(gpu, t, *occupancy, fb) for _, num, t, fb in facts}
         if fw == "mdev":
             types_dir = os.path.join(self._fdir(gpu["pf"]), "mdev_supported_types")
             if os.path.isdir(types_dir):
@@ -379,16 +314,16 @@ class SimHost:
         fdir = self._fdir(addr)
         driver = self._driver(addr)
         if driver is None:
-            raise _err(errno.ENODEV, f"{addr} has no driver")
+            raise err(errno.ENODEV, f"{addr} has no driver")
         gpu = self._gpu_of(addr)
         mine = [e for e in (self._existing(gpu) if gpu else []) if e[0] == addr]
         if any(self._busy(self._vgpu_group(p, v)) for p, v, _ in mine):
-            raise _err(errno.EBUSY, f"{addr} has vGPUs in use")
+            raise err(errno.EBUSY, f"{addr} has vGPUs in use")
         if gpu and addr == gpu["pf"] and self._vfs(gpu):
-            raise _err(errno.EBUSY, f"{addr} has VFs enabled; disable them first")
+            raise err(errno.EBUSY, f"{addr} has VFs enabled; disable them first")
         fn = self.state["functions"][addr]
         if driver == "vfio-pci" and self._busy(fn["group"]):
-            raise _err(errno.EBUSY, f"/dev/vfio/{fn['group']} is open")
+            raise err(errno.EBUSY, f"/dev/vfio/{fn['group']} is open")
         for p, v, _ in mine:
             if p != v:
                 self._remove_mdev(p, v)
@@ -453,7 +388,7 @@ class SimHost:
         board = self._board(gpu)
         vf_groups = self.state.setdefault("vf_groups", {})
         for i in range(n):
-            vf = _vf_address(pf, i)
+            vf = vf_address(pf, i)
             grp = vf_groups.get(vf) or self._new_group()
             vf_groups[vf] = grp
             (self.sys / f"kernel/iommu_groups/{grp}/devices").mkdir(parents=True, exist_ok=True)
@@ -474,7 +409,7 @@ class SimHost:
             fn = self.state["functions"][vf]
             if self._busy(fn["group"]) or any(self._busy(self._vgpu_group(p, v))
                                                for p, v, _ in self._existing(gpu) if p == vf):
-                raise _err(errno.EBUSY, f"VF {vf} is in use")
+                raise err(errno.EBUSY, f"VF {vf} is in use")
         for i, vf in enumerate(vfs):
             if self._driver(vf):
                 self._unbind(vf)
@@ -499,12 +434,12 @@ class SimHost:
     def _create_mdev(self, parent: str, type_dir: Path, raw: str) -> None:
         text = raw[:-1] if raw.endswith("\n") else raw
         if len(text) != 36 or not _UUID.match(text.lower()):
-            raise _err(errno.EINVAL, f"{raw!r} is not a UUID")
+            raise err(errno.EINVAL, f"{raw!r} is not a UUID")
         uid = str(uuidlib.UUID(text))
         if os.path.lexists(self.sys / "bus/mdev/devices" / uid):
-            raise _err(errno.EEXIST, f"mdev {uid} exists")
+            raise err(errno.EEXIST, f"mdev {uid} exists")
         if int((type_dir / "available_instances").read_text()) < 1:
-            raise _err(errno.EUSERS, f"no instances of {type_dir.name} left on {parent}")
+            raise err(errno.EUSERS, f"no instances of {type_dir.name} left on {parent}")
         gpu = self._gpu_of(parent)
         mdir = self._fdir(parent) / uid
         mdir.mkdir()
@@ -524,7 +459,7 @@ class SimHost:
     def _remove_mdev(self, parent: str, uid: str) -> None:
         grp = self._vgpu_group(parent, uid)
         if self._busy(grp):
-            raise _err(errno.EBUSY, f"mdev {uid} is in use (/dev/vfio/{grp} open)")
+            raise err(errno.EBUSY, f"mdev {uid} is in use (/dev/vfio/{grp} open)")
         self._force_remove_mdev(parent, uid)
         self._refresh(self._gpu_of(parent))
 
@@ -533,23 +468,23 @@ class SimHost:
         try:
             value = int(raw.strip())
         except ValueError:
-            raise _err(errno.EINVAL, f"{raw!r} is not a vGPU type id") from None
+            raise err(errno.EINVAL, f"{raw!r} is not a vGPU type id") from None
         gpu = self._gpu_of(vf)
         nv = self._fdir(vf) / "nvidia"
         current = int((nv / "current_vgpu_type").read_text())
         grp = self._group(vf)
         if value == 0:
             if current and self._busy(grp):
-                raise _err(errno.EBUSY, f"vGPU on {vf} is in use")
+                raise err(errno.EBUSY, f"vGPU on {vf} is in use")
             (nv / "current_vgpu_type").write_text("0\n")
             (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
             self._drop_cdevs(self._fdir(vf))
         else:
             if current:
-                raise _err(errno.EBUSY, f"{vf} already holds vGPU type {current}")
+                raise err(errno.EBUSY, f"{vf} already holds vGPU type {current}")
             listed = {line.split(":")[0].strip() for line in (nv / "creatable_vgpu_types").read_text().splitlines()[1:]}
             if str(value) not in listed:
-                raise _err(UNLISTED_TYPE_ERRNO, f"type {value} is not creatable on {vf}")
+                raise err(UNLISTED_TYPE_ERRNO, f"type {value} is not creatable on {vf}")
             (nv / "current_vgpu_type").write_text(f"{value}\n")
             (self.dev / "vfio" / str(grp)).touch()
             self._add_cdev(self._fdir(vf))
@@ -562,7 +497,7 @@ class SimHost:
         p = Path(path)
         rel = Path(os.path.relpath(os.path.realpath(p if p.is_absolute() else self.sys / p), self._sys_real))
         if rel.parts[:1] == ("..",):
-            raise _err(errno.EXDEV, f"{path} is outside the simulated sysfs")
+            raise err(errno.EXDEV, f"{path} is outside the simulated sysfs")
         with self._locked():
             try:
                 self._dispatch(rel, raw)
@@ -575,11 +510,11 @@ class SimHost:
         parts = rel.parts
         owner = next((x for x in reversed(parts[:-1]) if _ADDR.match(x) and x in self.state["functions"]), None)
         if not os.path.lexists(full):
-            raise _err(errno.ENOENT, str(rel))
+            raise err(errno.ENOENT, str(rel))
         if name == "create" and len(parts) >= 3 and parts[-3] == "mdev_supported_types":
             return self._create_mdev(owner, full.parent, raw)
         if name == "remove" and _UUID.match(parts[-2]):
-            value = _kstrtoul(raw)  # mdev_sysfs.c remove_store: kstrtoul(buf, 0, ...)
+            value = kstrtoul(raw)  # mdev_sysfs.c remove_store: kstrtoul(buf, 0, ...)
             if value:
                 self._remove_mdev(owner, parts[-2])
             return
@@ -592,16 +527,16 @@ class SimHost:
         if parts[:3] == ("bus", "pci", "drivers") and len(parts) == 5 and name in ("bind", "unbind"):
             addr = raw.strip()
             if addr not in self.state["functions"]:
-                raise _err(errno.ENODEV, addr)
+                raise err(errno.ENODEV, addr)
             if name == "unbind":
                 if self._driver(addr) != parts[3]:
-                    raise _err(errno.ENODEV, f"{addr} is not bound to {parts[3]}")
+                    raise err(errno.ENODEV, f"{addr} is not bound to {parts[3]}")
                 return self._unbind(addr)
             return self._bind_explicit(addr, parts[3])
         if parts == ("bus", "pci", "drivers_probe"):
             addr = raw.strip()
             if addr not in self.state["functions"]:
-                raise _err(errno.ENODEV, addr)
+                raise err(errno.ENODEV, addr)
             if self._driver(addr) is None:
                 override = (self._fdir(addr) / "driver_override").read_text().strip()
                 self._bind(addr, self.state["functions"][addr]["native"] if override == "(null)" else override)
@@ -612,44 +547,55 @@ class SimHost:
             full.write_text(raw if raw.endswith("\n") else raw + "\n")
             return
         if full.is_dir():
-            raise _err(errno.EISDIR, str(rel))
-        raise _err(errno.EACCES, f"{rel} is read-only")
+            raise err(errno.EISDIR, str(rel))
+        raise err(errno.EACCES, f"{rel} is read-only")
 
     def _bind_explicit(self, addr: str, driver: str) -> None:
         if self._driver(addr):
-            raise _err(errno.EBUSY, f"{addr} is bound to {self._driver(addr)}")
+            raise err(errno.EBUSY, f"{addr} is bound to {self._driver(addr)}")
         override = (self._fdir(addr) / "driver_override").read_text().strip()
         native = self.state["functions"][addr]["native"]
         if driver != native and override != driver:
-            raise _err(errno.ENODEV, f"{driver} does not match {addr}")
+            raise err(errno.ENODEV, f"{driver} does not match {addr}")
         self._bind(addr, driver)
 
     def _sriov(self, pf: str, raw: str) -> None:
         try:
             n = int(raw.strip())
         except ValueError:
-            raise _err(errno.EINVAL, f"{raw!r}") from None
+            raise err(errno.EINVAL, f"{raw!r}") from None
         gpu = self._gpu_of(pf)
         total = gpu["vf_total"] if gpu else 0
         current = len(self._vfs(gpu)) if gpu else 0
         if n < 0 or n > total:
-            raise _err(errno.ERANGE, f"{n} VFs requested, {pf} has {total}")
+            raise err(errno.ERANGE, f"{n} VFs requested, {pf} has {total}")
         if n == current:
             return
         if self._driver(pf) not in ("nvidia", "vfio-pci"):
-            raise _err(errno.ENOENT, f"{pf}: no driver with SR-IOV support bound")
+            raise err(errno.ENOENT, f"{pf}: no driver with SR-IOV support bound")
         if n == 0:
             return self._disable_vfs(gpu)
         if current:
-            raise _err(errno.EBUSY, f"{pf} has {current} VFs; write 0 first")
+            raise err(errno.EBUSY, f"{pf} has {current} VFs; write 0 first")
         self._enable_vfs(gpu, n)
 
     # ------------------------------------------------------------------ test and demo hooks
     def gpus(self) -> list[dict]:
         return list(self.state["gpus"])
 
+    def spawn_holder(self, paths, comm: str = "qemu-kvm", cmdline: list[str] | None = None) -> int:
+        """A simulated process holding ``paths`` open (a QEMU on ``/dev/vfio/<group>`` or a
+        vfio cdev); returns its pid. Manager and kernel see it as they see a real one."""
+        return self.procs.spawn(paths, comm, cmdline)
+
+    def kill(self, pid: int) -> None:
+        """End a simulated process; the files it held are free again."""
+        self.procs.kill(pid)
+
     def reboot(self) -> None:
-        """A cold boot: VFs and every vGPU are gone, drivers back to their initial binding."""
+        """A cold boot: no process survives, VFs and every vGPU are gone, drivers back to
+        their initial binding."""
+        self.procs.kill_all()
         with self._locked():
             for gpu in self.state["gpus"]:
                 for p, v, _ in self._existing(gpu):

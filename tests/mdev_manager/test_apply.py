@@ -1,7 +1,8 @@
 """apply end to end on simulated hosts: discover, plan, execute, until the node matches.
 
 Covers the presets, idempotence, passthrough both ways, in-use protection with real
-witnesses (a child process holding ``/dev/vfio/<group>``, a libvirt ``test:///`` domain),
+witnesses (a child process holding ``/dev/vfio/<group>``, a libvirt ``test:///`` domain)
+and simulated ones (a QEMU process of the simulated host),
 per-device kernel errors through a faulty transport, restore after a reboot, and bad
 input rejected before any write.
 """
@@ -19,6 +20,7 @@ import yaml
 
 from mdev_manager import catalog, persist
 from mdev_manager.config import ConfigError, load_config, parse_config
+from mdev_manager.models import MdevDefinition
 from mdev_manager.plan import offered_types, resolve_type, select_gpus
 from mdev_manager.reconcile import reconcile
 from mdev_manager.restore import restore
@@ -297,18 +299,20 @@ def test_changing_type_on_an_sriov_gpu(applied):
 
 
 # --------------------------------------------------------------------------- in-use protection
-def test_in_use_devices_survive_a_layout_that_drops_them(applied, hold):
+def test_in_use_devices_survive_a_layout_that_drops_them(applied, holder):
+    """A real child process or a simulated QEMU: either way its vGPUs stay."""
     inv = applied.discover()
     t4 = gpu_by_board(inv, "T4")
     l40s = gpu_by_board(inv, "L40S")
     t4_victim = sorted(t4.vgpus, key=lambda v: v.id)[-1]
     l40s_victim = l40s.vgpus[-1]
-    h = hold(applied.env.vfio_group(t4_victim.iommu_group), applied.env.vfio_group(l40s_victim.iommu_group))
+    h = holder(applied, applied.env.vfio_group(t4_victim.iommu_group), applied.env.vfio_group(l40s_victim.iommu_group))
+    seen = h.view(applied)
 
     doc = example_doc()
     doc["layouts"]["default"][0]["vgpus"] = {"T4-2Q": 0}
     doc["layouts"]["default"][3]["vgpus"] = {"NVIDIA L40S-8Q": 0}
-    out = apply(applied, parse_config(doc))
+    out = apply(seen, parse_config(doc))
     assert out.ok  # skipping is not failing
     skipped = {s.device: s.reason for r in out.rounds for s in r.plan.skipped}
     assert set(skipped) == {t4_victim.id, l40s_victim.id}
@@ -323,37 +327,37 @@ def test_in_use_devices_survive_a_layout_that_drops_them(applied, hold):
     assert vgpu_counts(after)[(gpu_by_board(after, "A100-40GB").address, type_id("A100-40GB", "A100-4C"))] == 6
 
     h.release()
-    out = apply(applied, parse_config(doc))
+    out = apply(seen, parse_config(doc))
     assert out.ok and out.changed > 0
     after = applied.discover()
     assert after.gpu(t4.address).vgpus == [] and after.gpu(l40s.address).vgpus == []
     assert_persisted_exactly(applied)
 
 
-def test_passthrough_gpu_held_open_cannot_change_form(applied, hold):
+def test_passthrough_gpu_held_open_cannot_change_form(applied, holder):
     inv = applied.discover()
     pt = inv.gpus[1]
     assert pt.driver == "vfio-pci"
-    h = hold(applied.env.vfio_group(pt.iommu_group))
+    h = holder(applied, applied.env.vfio_group(pt.iommu_group))
     doc = example_doc()
     doc["layouts"]["default"][1] = {"index": 1, "vgpus": {"T4-2Q": 2}}
     io = CountingIO(applied.host)
     before = snapshot(applied.root)
     with pytest.raises(ConfigError) as e:
-        apply(applied, parse_config(doc), io=io)
+        apply(h.view(applied), parse_config(doc), io=io)
     (p,) = e.value.problems
     assert p.startswith("gpus[1].mode:") and pt.address in p and f"pid {h.pid}" in p
     assert io.writes == [] and snapshot(applied.root) == before
 
 
-def test_gpu_with_held_vgpus_cannot_be_passed_through(applied, hold):
+def test_gpu_with_held_vgpus_cannot_be_passed_through(applied, holder):
     t4 = applied.discover().gpus[0]
-    hold(applied.env.vfio_group(t4.vgpus[3].iommu_group))
+    h = holder(applied, applied.env.vfio_group(t4.vgpus[3].iommu_group))
     doc = example_doc()
     doc["layouts"]["default"][0] = {"index": 0, "mode": "passthrough"}
     io = CountingIO(applied.host)
     with pytest.raises(ConfigError) as e:
-        apply(applied, parse_config(doc), io=io)
+        apply(h.view(applied), parse_config(doc), io=io)
     assert t4.vgpus[3].id in e.value.problems[0] and e.value.problems[0].startswith("gpus[0].mode:")
     assert io.writes == []
 
@@ -495,12 +499,12 @@ def test_apply_after_reboot_also_recreates_the_same_devices(applied):
 
 def test_restore_skips_manual_and_foreign_definitions(sim):
     t4 = sim.discover().gpus[0]
-    auto = persist.MdevDefinition(uuid="11111111-1111-4111-8111-111111111111", parent=t4.address,
-                                  mdev_type="nvidia-231")
-    manual = persist.MdevDefinition(uuid="22222222-2222-4222-8222-222222222222", parent=t4.address,
-                                    mdev_type="nvidia-231", start="manual")
-    foreign = persist.MdevDefinition(uuid="33333333-3333-4333-8333-333333333333", parent="0000:77:00.0",
-                                     mdev_type="nvidia-231")
+    auto = MdevDefinition(uuid="11111111-1111-4111-8111-111111111111", parent=t4.address,
+                          mdev_type="nvidia-231")
+    manual = MdevDefinition(uuid="22222222-2222-4222-8222-222222222222", parent=t4.address,
+                            mdev_type="nvidia-231", start="manual")
+    foreign = MdevDefinition(uuid="33333333-3333-4333-8333-333333333333", parent="0000:77:00.0",
+                             mdev_type="nvidia-231")
     for d in (auto, manual, foreign):
         persist.save_definition(sim.env, sim.io, d)
     reports = restore(sim.env, sim.io)
@@ -560,7 +564,7 @@ def test_restore_never_enables_vfs_on_a_passed_through_gpu(applied):
     assert apply(applied, parse_config(doc)).ok
     # saved state for the GPU's VFs, as an older version or an admin may have left it
     vf = sorted(v.parent for v in a100.vgpus)[0]
-    persist.save_definition(applied.env, applied.io, persist.MdevDefinition(
+    persist.save_definition(applied.env, applied.io, MdevDefinition(
         uuid="66666666-6666-4666-8666-666666666666", parent=vf, mdev_type=type_id("A100-40GB", "A100-4C")))
     io = CountingIO(applied.host)
     restore(applied.env, io)

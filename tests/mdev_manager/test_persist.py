@@ -9,9 +9,9 @@ from pydantic import ValidationError
 
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import RealIO
+from mdev_manager.models import MdevDefinition
 from mdev_manager.names import NameError_
 from mdev_manager.persist import (
-    MdevDefinition,
     definition_path,
     ensure_layout,
     load_definitions,
@@ -72,7 +72,7 @@ def test_missing_root_is_empty(env, io):
 
 def test_malformed_files_reported_not_raised(env, io):
     root = env.mdevctl_root
-    ensure_layout(env)
+    ensure_layout(env, io)
     (root / P1).mkdir(parents=True)
     good = {"mdev_type": "nvidia-222", "start": "auto", "attrs": []}
     (root / P1 / U1).write_text(json.dumps(good))

@@ -14,9 +14,8 @@ from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs,
                                   SaveDefinition, SaveVendorRecord, SetVgpuType)
 from mdev_manager.config import ConfigError
 from mdev_manager.executor import Executor
-from mdev_manager.persist import MdevDefinition
+from mdev_manager.models import Holder, MdevDefinition, Usage
 from mdev_manager.plan import make_plan
-from mdev_manager.usage import Holder, Usage
 
 from tests.support.simnodes import layout
 

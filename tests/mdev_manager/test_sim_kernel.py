@@ -2,7 +2,9 @@
 
 The manager's correctness on a simulated host is only worth what the simulation is
 worth, so its kernel behaviour is pinned here against the reference facts (errnos,
-file layout, equal-size mode, SR-IOV rules, vendor-specific VFIO, reboot).
+file layout, equal-size mode, SR-IOV rules, vendor-specific VFIO, reboot), and so is
+its process table (simulated holders of ``/dev/vfio`` files, as ``/proc`` shows them).
+The EBUSY tests run with a real child process and with a simulated one.
 """
 
 from __future__ import annotations
@@ -183,12 +185,12 @@ def test_remove_one_removes_zero_does_nothing(sim):
     assert write_err(sim, mdir / "remove", "1\n") == errno.ENOENT
 
 
-def test_remove_is_ebusy_while_a_process_holds_the_group(sim, hold):
+def test_remove_is_ebusy_while_a_process_holds_the_group(sim, holder):
     t4 = gpu_of(sim, "T4")
     sim.io.write(type_dir(sim, t4, "T4", "T4-2Q") / "create", U1 + "\n")
     mdir = sim.env.pci(t4) / U1
     node = sim.env.vfio_group(link_base(mdir / "iommu_group"))
-    h = hold(node)
+    h = holder(sim, node)
     assert write_err(sim, mdir / "remove", "1\n") == errno.EBUSY
     assert mdir.is_dir() and node.exists()
     h.release()
@@ -308,12 +310,12 @@ def test_bind_every_group_function_to_vfio_pci_creates_the_group_node(make_sim):
     assert link_base(sim.env.pci(audio) / "driver") == "snd_hda_intel"
 
 
-def test_unbind_vfio_pci_is_ebusy_while_the_group_is_open(sim, hold):
+def test_unbind_vfio_pci_is_ebusy_while_the_group_is_open(sim, holder):
     t4 = gpu_of(sim, "T4", 1)
     _bind(sim, t4, "vfio-pci")
     node = sim.env.vfio_group(link_base(sim.env.pci(t4) / "iommu_group"))
     assert node.exists()
-    h = hold(node)
+    h = holder(sim, node)
     assert write_err(sim, sim.env.pci_drivers / "vfio-pci" / "unbind", t4) == errno.EBUSY
     assert link_base(sim.env.pci(t4) / "driver") == "vfio-pci"
     h.release()
@@ -348,7 +350,7 @@ def creatable(sim, vf: str) -> list[str]:
     return [line.split(":")[0].strip() for line in lines[1:]]
 
 
-def test_vendor_vfio_create_destroy_and_shrinking_lists(sim, hold):
+def test_vendor_vfio_create_destroy_and_shrinking_lists(sim, holder):
     pf = gpu_of(sim, "L40S")
     board = catalog.board("L40S")
     vfs = enable_vfs(sim, pf)
@@ -382,7 +384,7 @@ def test_vendor_vfio_create_destroy_and_shrinking_lists(sim, hold):
     assert all(creatable(sim, vf) == [] for vf in vfs)
     assert write_err(sim, sim.env.pci(vfs[-1]) / "nvidia/current_vgpu_type", f"{q8.num}\n") == simkernel.UNLISTED_TYPE_ERRNO
     # destroy: EBUSY while open, then 0 clears
-    h = hold(sim.env.vfio_group(group0))
+    h = holder(sim, sim.env.vfio_group(group0))
     assert write_err(sim, nv0 / "current_vgpu_type", "0\n") == errno.EBUSY
     h.release()
     sim.io.write(nv0 / "current_vgpu_type", "0\n")
@@ -443,3 +445,48 @@ def test_reboot_drops_vfs_and_vgpus_keeps_definitions(sim):
     # VFs come back with the same addresses and IOMMU groups when enabled again
     groups = {vf: link_base(sim.env.pci(vf) / "iommu_group") for vf in enable_vfs(sim, a100)}
     assert groups == groups_before
+
+
+# --------------------------------------------------------------------------- simulated processes
+def test_a_simulated_process_looks_like_a_real_one_in_proc(sim):
+    t4 = gpu_of(sim, "T4")
+    sim.io.write(type_dir(sim, t4, "T4", "T4-2Q") / "create", U1 + "\n")
+    node = sim.env.vfio_group(link_base(sim.env.pci(t4) / U1 / "iommu_group"))
+    pid = sim.host.spawn_holder([node], comm="qemu-system-x86_64", cmdline=["qemu-system-x86_64", "-name", "vm1"])
+    proc = sim.env.proc_root / str(pid)
+    assert proc.parent == sim.root / "proc"
+    assert read(proc / "comm") == "qemu-system-x86\n"  # the kernel keeps 15 characters
+    assert read(proc / "cmdline") == "qemu-system-x86_64\0-name\0vm1\0"
+    assert sorted(os.listdir(proc / "fd")) == ["0", "1", "2", "3"]
+    assert os.readlink(proc / "fd/0") == "/dev/null"
+    assert os.readlink(proc / "fd/3") == os.path.realpath(node)
+    assert sim.host.holders({str(node)}) == [pid]
+    other = sim.host.spawn_holder([node])
+    assert other > pid and sim.host.procs.pids() == [pid, other]
+    sim.host.kill(pid)
+    assert not proc.exists() and sim.host.holders({str(node)}) == [other]
+    with pytest.raises(ProcessLookupError):
+        sim.host.kill(pid)
+    sim.host.kill(other)
+    assert sim.host.spawn_holder([node]) > other  # pids are not handed out again
+    with pytest.raises(FileNotFoundError):
+        sim.host.spawn_holder([sim.env.vfio_group(999)])  # only what exists can be opened
+
+
+def test_a_simulated_process_can_hold_a_vfio_cdev(make_sim):
+    sim = make_sim("l40s-node")
+    pf = gpu_of(sim, "L40S")
+    _bind(sim, pf, "vfio-pci")
+    (cdev,) = os.listdir(sim.env.pci(pf) / "vfio-dev")
+    path = sim.env.vfio_dir / "devices" / cdev
+    pid = sim.host.spawn_holder([sim.env.iommufd, path])
+    fds = sim.env.proc_root / str(pid) / "fd"
+    assert [os.readlink(fds / n) for n in ("3", "4")] == [os.path.realpath(sim.env.iommufd), os.path.realpath(path)]
+    assert sim.host.holders({str(path)}) == [pid]
+
+
+def test_reboot_ends_every_simulated_process(sim):
+    pids = [sim.host.spawn_holder([sim.env.vfio_dir / "vfio"]) for _ in range(2)]
+    assert sim.host.procs.pids() == pids
+    sim.host.reboot()
+    assert sim.host.procs.pids() == [] and os.listdir(sim.env.proc_root) == []

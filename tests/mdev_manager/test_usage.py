@@ -1,19 +1,18 @@
+"""Who uses a device: real processes on the real /proc, simulated ones on a simulated host's,
+libvirt domains, and the merged view the planner reads."""
+
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from mdev_manager.host.env import HostEnv
-from mdev_manager.usage import (
-    Holder,
-    Usage,
-    collect_usage,
-    libvirt_devices,
-    parse_domain_devices,
-    scan_vfio_holders,
-)
+from mdev_manager.host.io import RealIO
+from mdev_manager.models import Holder, Usage
+from mdev_manager.usage import collect_usage, libvirt_devices, parse_domain_devices, scan_vfio_holders
 
 MDEV = "5f3a7f62-1b2c-4d5e-8f90-0a1b2c3d4e5f"
 
@@ -25,6 +24,12 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     _LIBVIRT_MISSING = f"libvirt-python not importable: {e}"
 
 libvirt_only = pytest.mark.skipif(_LIBVIRT_MISSING is not None, reason=_LIBVIRT_MISSING or "")
+IO = RealIO()
+
+
+def real_env(root, **kw) -> HostEnv:
+    """Host paths below ``root``, processes from the real /proc (children of this test)."""
+    return HostEnv.under(root, proc_root=Path("/proc"), **kw)
 
 
 def _hold_open(path, ready):
@@ -45,7 +50,7 @@ def _wait_for(path, timeout=10.0):
 
 
 def test_child_holding_group_is_found_then_gone(tmp_path):
-    env = HostEnv.under(tmp_path)
+    env = real_env(tmp_path)
     env.vfio_dir.mkdir(parents=True)
     group = env.vfio_group(12)
     group.write_text("")
@@ -54,12 +59,12 @@ def test_child_holding_group_is_found_then_gone(tmp_path):
     child = _hold_open(group, ready)
     try:
         _wait_for(ready)
-        held = scan_vfio_holders(env)
+        held = scan_vfio_holders(env, IO)
         assert 12 in held
         mine = [h for h in held[12] if h.pid == child.pid]
         assert len(mine) == 1 and mine[0].comm.startswith("python")
         assert all(h.pid != os.getpid() for h in held[12])
-        usage = collect_usage(env)
+        usage = collect_usage(env, IO)
         reasons = usage.mdev_users(MDEV, 12)
         assert any(f"pid {child.pid} " in r and r.endswith(f"holds {group}") for r in reasons)
         assert usage.mdev_users(MDEV, 13) == []
@@ -67,12 +72,12 @@ def test_child_holding_group_is_found_then_gone(tmp_path):
     finally:
         child.kill()
         child.wait()
-    assert child.pid not in [h.pid for h in scan_vfio_holders(env).get(12, [])]
+    assert child.pid not in [h.pid for h in scan_vfio_holders(env, IO).get(12, [])]
 
 
 def test_same_file_through_another_path_is_found(tmp_path):
     """A process in another mount namespace sees the group under its own /dev/vfio."""
-    env = HostEnv.under(tmp_path / "host")
+    env = real_env(tmp_path / "host")
     env.vfio_dir.mkdir(parents=True)
     env.vfio_group(7).write_text("")
     other = tmp_path / "container/dev/vfio"
@@ -82,7 +87,7 @@ def test_same_file_through_another_path_is_found(tmp_path):
     child = _hold_open(other / "7", ready)
     try:
         _wait_for(ready)
-        assert any(h.pid == child.pid for h in scan_vfio_holders(env).get(7, []))
+        assert any(h.pid == child.pid for h in scan_vfio_holders(env, IO).get(7, []))
     finally:
         child.kill()
         child.wait()
@@ -90,9 +95,57 @@ def test_same_file_through_another_path_is_found(tmp_path):
 
 def test_missing_vfio_dir_and_proc(tmp_path):
     env = HostEnv.under(tmp_path, proc_root=tmp_path / "noproc")
-    assert scan_vfio_holders(env) == {}
-    usage = collect_usage(env)
+    assert scan_vfio_holders(env, IO) == {}
+    usage = collect_usage(env, IO)
     assert usage.warnings and "not checked" in usage.warnings[0]
+
+
+# --- simulated processes: the same scan, through SimIO, on the simulated host's /proc ------
+
+def _group_of_new_mdev(sim) -> int:
+    t4 = next(g for g in sim.discover().gpus if g.framework == "mdev")
+    tdir = sim.env.pci(t4.address) / "mdev_supported_types" / t4.types[0].id
+    sim.io.write(tdir / "create", MDEV)
+    return next(v.iommu_group for v in sim.discover().all_vgpus() if v.id == MDEV)
+
+
+def test_simulated_qemu_holding_a_group_is_found_then_gone(sim):
+    group = _group_of_new_mdev(sim)
+    pid = sim.host.spawn_holder([sim.env.vfio_group(group)], comm="qemu-kvm")
+    assert scan_vfio_holders(sim.env, sim.io) == {group: [Holder(pid=pid, comm="qemu-kvm")]}
+    usage = collect_usage(sim.env, sim.io)
+    assert usage.warnings == []
+    assert usage.mdev_users(MDEV, group) == [f"pid {pid} (qemu-kvm) holds {sim.env.vfio_group(group)}"]
+    sim.host.kill(pid)
+    assert scan_vfio_holders(sim.env, sim.io) == {}
+    assert collect_usage(sim.env, sim.io).mdev_users(MDEV, group) == []
+
+
+def test_simulated_holder_in_another_mount_namespace_is_found(sim):
+    """A virt-launcher's own /dev/vfio: the fd names another path to the same node."""
+    group = _group_of_new_mdev(sim)
+    other = sim.root / "container/dev/vfio"
+    other.mkdir(parents=True)
+    os.link(sim.env.vfio_group(group), other / str(group))
+    pid = sim.host.spawn_holder([other / str(group)])
+    assert scan_vfio_holders(sim.env, sim.io) == {group: [Holder(pid=pid, comm="qemu-kvm")]}
+
+
+def test_real_and_simulated_processes_are_seen_each_on_their_own_proc(sim, hold):
+    group = _group_of_new_mdev(sim)
+    node = sim.env.vfio_group(group)
+    real = hold(node)
+    simulated = sim.host.spawn_holder([node])
+    assert [h.pid for h in scan_vfio_holders(sim.env, sim.io)[group]] == [simulated]
+    seen_real = scan_vfio_holders(sim.with_real_proc().env, sim.io)[group]
+    assert real.pid in [h.pid for h in seen_real] and simulated not in [h.pid for h in seen_real]
+    assert sorted(sim.host.holders({str(node)})) == sorted([real.pid, simulated])  # the kernel sees both
+
+
+def test_a_simulated_host_without_proc_is_not_checked(sim):
+    os.rmdir(sim.env.proc_root)
+    usage = collect_usage(sim.env, sim.io)
+    assert usage.warnings == [f"{sim.env.proc_root} is not readable; open VFIO groups not checked"]
 
 
 def test_parse_domain_devices_normalises():
@@ -165,8 +218,8 @@ def test_libvirt_test_driver(tmp_path):
     assert lv.pci == {"0000:65:00.0": ["vm1"]}
     assert lv.active["vm1"] is True
 
-    env = HostEnv.under(tmp_path, libvirt_uri=f"test://{node}")
-    u = collect_usage(env)
+    env = real_env(tmp_path, libvirt_uri=f"test://{node}")
+    u = collect_usage(env, IO)
     assert u.mdev_users(MDEV, None) == ["libvirt domain vm1 references it"]
     assert u.pci_users("0000:65:00.0", None) == ["libvirt domain vm1 references it"]
     assert u.pci_users("0000:66:00.0", None) == []
@@ -179,7 +232,7 @@ def test_libvirt_unreachable_is_a_warning(tmp_path, caplog):
     assert lv.mdevs == {} and lv.pci == {}
     assert lv.warning and "cannot connect" in lv.warning
     assert any("cannot connect" in r.getMessage() for r in caplog.records)
-    u = collect_usage(HostEnv.under(tmp_path, libvirt_uri=f"test://{tmp_path}/nonexistent/file.xml"))
+    u = collect_usage(real_env(tmp_path, libvirt_uri=f"test://{tmp_path}/nonexistent/file.xml"), IO)
     assert u.warnings == [lv.warning]
 
 

@@ -20,8 +20,9 @@ from mdev_manager import persist
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
-from mdev_manager.models import Inventory
-from mdev_manager.sim import HostSpec, SimHost, SimIO, load_host
+from mdev_manager.models import Inventory, MdevDefinition
+from mdev_manager.sim import HostSpec, SimHost, SimIO
+from mdev_manager.sim.node import SimNode, sim_node
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_LAYOUT = REPO / "examples" / "layout.yaml"
@@ -41,7 +42,11 @@ class Sim:
         """The same host seen through another environment (e.g. a libvirt URI)."""
         return Sim(self.root, self.host, HostEnv.under(self.root, **changes), self.io)
 
-    def definitions(self) -> list[persist.MdevDefinition]:
+    def with_real_proc(self) -> "Sim":
+        """The same host whose processes are the real /proc's (to see real child processes)."""
+        return self.with_env(proc_root=Path("/proc"))
+
+    def definitions(self) -> list[MdevDefinition]:
         defs, problems = persist.load_definitions(self.env, self.io)
         assert problems == []
         return defs
@@ -50,20 +55,24 @@ class Sim:
         return persist.load_vendor_vfio(self.env, self.io)
 
 
+def _from(node: SimNode) -> Sim:
+    return Sim(node.root, node.host, node.env, node.io)
+
+
 def build_sim(root: Path, preset: str | HostSpec = "default", **env_changes) -> Sim:
-    spec = preset if isinstance(preset, HostSpec) else load_host(preset)
-    host = SimHost.create(root, spec)
-    return Sim(root, host, HostEnv.under(root, **env_changes), SimIO(host))
+    return _from(sim_node(root, preset, **env_changes))
 
 
 def open_sim(root: Path) -> Sim:
     """An existing simulated host (e.g. a copy of another one)."""
-    host = SimHost(root)
-    return Sim(root, host, HostEnv.under(root), SimIO(host))
+    return _from(sim_node(root, None))
 
 
 def copy_sim(src: Sim | Path, dst: Path) -> Sim:
-    shutil.copytree(src.root if isinstance(src, Sim) else src, dst, symlinks=True)
+    """A copy of a simulated host's tree and state; its processes are not copied (none runs in the copy)."""
+    src_root = Path(src.root if isinstance(src, Sim) else src)
+    procs = str(src_root / "proc")
+    shutil.copytree(src_root, dst, symlinks=True, ignore=lambda d, names: names if d == procs else [])
     return open_sim(dst)
 
 
@@ -72,9 +81,13 @@ def layout(*entries: dict, name: str = "default") -> list:
     return parse_config({"version": "vgpuctl/v1", "layouts": {name: list(entries)}}, name)
 
 
-# --- a child process that holds files open (a VM holding /dev/vfio/<group>) -------------
+# --- a process that holds files open (a VM holding /dev/vfio/<group>) ------------------
 
 class Holder:
+    """A real child process holding files open. The simulated kernel sees it (EBUSY); the
+    manager sees it through ``sim.with_real_proc()`` (``view``), since a simulated host's
+    processes are otherwise its own (``SimHolder``)."""
+
     def __init__(self, paths: list[Path], tmp: Path):
         ready = tmp / f"holder-ready-{time.monotonic_ns()}"
         code = (
@@ -101,6 +114,29 @@ class Holder:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+    @staticmethod
+    def view(sim: Sim) -> Sim:
+        """``sim`` as the manager must see it to find this holder."""
+        return sim.with_real_proc()
+
+
+class SimHolder:
+    """A simulated process of ``sim``'s host holding files open (``SimHost.spawn_holder``)."""
+
+    def __init__(self, sim: Sim, paths: list[Path], comm: str = "qemu-kvm"):
+        self.host = sim.host
+        self.pid = sim.host.spawn_holder(paths, comm=comm)
+
+    def release(self) -> None:
+        try:
+            self.host.kill(self.pid)
+        except ProcessLookupError:
+            pass  # released already
+
+    @staticmethod
+    def view(sim: Sim) -> Sim:
+        return sim
 
 
 def libvirt_node_xml(domains: dict[str, tuple[list[str], list[str]]]) -> str:

@@ -1,0 +1,78 @@
+"""Stateless rules of the simulated kernel: number parsing, errors, VF addresses, type facts, capacity.
+
+Kept apart from :mod:`mdev_manager.sim.kernel` (which holds the state and the write
+dispatch) so each rule reads, and can be tested, on its own.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from fractions import Fraction
+from functools import lru_cache
+
+from mdev_manager import catalog
+from mdev_manager.catalog import TypeSpec
+
+
+def err(code: int, what: str) -> OSError:
+    """The error a kernel write fails with: ``errno`` and its message."""
+    return OSError(code, f"{os.strerror(code)}: {what}")
+
+
+def kstrtoul(raw: str) -> int:
+    """The kernel's kstrtoul with base 0: decimal, 0x hex or 0 octal, one trailing newline."""
+    text = raw[:-1] if raw.endswith("\n") else raw
+    try:
+        if text.lower().startswith("0x"):
+            return int(text[2:], 16)
+        if len(text) > 1 and text.startswith("0"):
+            return int(text[1:], 8)
+        if not text.isdigit():
+            raise ValueError(text)
+        return int(text)
+    except ValueError:
+        raise err(errno.EINVAL, f"{raw!r} is not a number") from None
+
+
+@lru_cache(maxsize=None)
+def type_index(board_key: str) -> dict[str, TypeSpec]:
+    """A board's types by mdev type id and by vendor-VFIO number (the catalog never changes)."""
+    board = catalog.board(board_key)
+    index: dict[str, TypeSpec] = {}
+    for t in board.types:
+        index.setdefault(t.mdev_id(board.driver), t)
+        index.setdefault(str(t.num), t)
+    return index
+
+
+@lru_cache(maxsize=None)
+def framebuffer(board_key: str, type_id: str) -> int | None:
+    return type_index(board_key)[type_id].fb_mib
+
+
+@lru_cache(maxsize=None)
+def type_facts(board_key: str) -> tuple[tuple[str, str, TypeSpec, int | None], ...]:
+    """(mdev type id, number, spec, framebuffer MiB) of each of a board's types, in catalog order."""
+    board = catalog.board(board_key)
+    return tuple((t.mdev_id(board.driver), str(t.num), t, t.fb_mib) for t in board.types)
+
+
+def vf_address(pf: str, n: int, offset: int = 4) -> str:
+    """VF n of a PF at devfn offset 4, stride 1 (as NVIDIA boards report)."""
+    dom, bus, rest = pf.split(":")
+    devfn = int(rest.split(".")[0], 16) * 8 + int(rest.split(".")[1]) + offset + n
+    return f"{dom}:{bus}:{devfn >> 3:02x}.{devfn & 7}"
+
+
+def remaining(gpu: dict, t: TypeSpec, used: Fraction, sizes: set, fb: int | None) -> int:
+    """How many more of ``t`` (framebuffer ``fb``) fit beside vGPUs taking ``used``, of ``sizes``.
+
+    Each vGPU of type t takes 1/max(t) of the GPU; in equal-size mode (``mixed_size``
+    false) a second framebuffer size does not fit at all.
+    """
+    if t.mig_backed:
+        return 0  # MIG is not enabled on simulated GPUs
+    if not gpu["mixed_size"] and sizes - {fb}:
+        return 0
+    return max(0, int((1 - used) * t.max_instances))
