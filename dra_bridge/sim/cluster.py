@@ -36,10 +36,9 @@ from dra_bridge.kube.workloads import WorkloadApi
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.selectors import default_selectors
 from dra_bridge.scheduling.objects import devices_by_key
-from dra_bridge.sim.controlplane import ControlPlane
-from dra_bridge.sim.kubelet import KubeletClient, prepare_errors, resolve_cdi, workload_devices
-from dra_bridge.sim.workloads import (DEMO_LAYOUT, Workload, WorkloadDevice, claim_from_template, launcher_pod,
-                                      pod_event, pod_node, unschedulable_status)
+from dra_bridge.sim.kubelet import KubeletClient, prepare_errors, workload_devices
+from dra_bridge.sim.workloads import (DEMO_LAYOUT, Workload, claim_from_template, launcher_pod, pod_event,
+                                      unschedulable_status)
 
 
 def _resource_types():
@@ -351,8 +350,3 @@ class SimCluster:
 
     def workload_of_pod(self, namespace: str, name: str) -> Workload | None:
         return next((w for w in list(self.workloads) if w.namespace == namespace and w.pod == name), None)
-
-
-# the names this module has always offered (their homes: workloads, kubelet, controlplane, scheduling)
-__all__ = ["DEMO_LAYOUT", "ControlPlane", "KubeletClient", "SimCluster", "Workload", "WorkloadDevice",
-           "default_selectors", "pod_node", "resolve_cdi"]

@@ -31,7 +31,9 @@ def run_conformance_simulated(*, version: str = "1.37", layout: str = "all", lay
     """The checks against the simulated cluster (every GPU offering every profile, server 1.37 with
     compatibility groups, by default). ``prepare(cluster)`` may change the cluster before the checks
     (the tests break each property this way)."""
-    from dra_bridge.sim.cluster import DEMO_LAYOUT, ControlPlane, SimCluster
+    from dra_bridge.sim.cluster import SimCluster
+    from dra_bridge.sim.controlplane import ControlPlane
+    from dra_bridge.sim.workloads import DEMO_LAYOUT
 
     with SimCluster(version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset) as c:
         if prepare is not None:

@@ -17,7 +17,8 @@ from dra_bridge.conformance.backend import KubeBackend, Run
 from dra_bridge.conformance.checks import Conformance, run_conformance
 from dra_bridge.conformance.report import CheckFailed, CheckResult, ConformanceReport
 from dra_bridge.kubeletplugin import cdi
-from dra_bridge.sim.cluster import ControlPlane, SimCluster
+from dra_bridge.sim.cluster import SimCluster
+from dra_bridge.sim.controlplane import ControlPlane
 from dra_bridge.sim.scenarios import run_conformance_simulated
 from mdev_manager.cli import conformance as conformance_cli
 from mdev_manager.cli.main import main

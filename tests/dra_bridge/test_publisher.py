@@ -10,7 +10,8 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from dra_bridge.pool.devices import Pool
 from dra_bridge.kube.publisher import Publisher, server_version
-from dra_bridge.pool.slices import LABEL_ROLE, build_slices
+from dra_bridge.api.names import LABEL_ROLE
+from dra_bridge.pool.slices import build_slices
 from mdev_manager.config import GpuLayout
 from dra_bridge.sim.apiserver import LocalApiServer
 from tests.support.dra import (

@@ -23,7 +23,8 @@ from dra_bridge.kubeletplugin.claimsource import ClaimSource
 from dra_bridge.pool.devices import Pool, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.kubelet.dra_grpc import ClaimRef
-from dra_bridge.kubeletplugin.paths import DEFAULT_DRIVER, PluginPaths
+from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.pool.policy import policy_from_layout
 from mdev_manager.config import GpuLayout
 from mdev_manager.discovery import discover, read_function, read_gpu

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
-from dra_bridge.pool.slices import LABEL_ROLE
+from dra_bridge.api.names import LABEL_ROLE
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
 from dra_bridge.sim.apiserver import LocalApiServer
