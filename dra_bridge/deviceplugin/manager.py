@@ -22,7 +22,7 @@ from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.host.watch import HostWatcher
 from mdev_manager.models import Inventory
-from mdev_manager.usage import Usage
+from mdev_manager.models import Usage
 
 from dra_bridge.api.names import DEFAULT_RESOURCE_PREFIX, ResourceKind, normalize_prefix
 from dra_bridge.deviceplugin.backend import VgpuResource
@@ -185,7 +185,7 @@ class DevicePluginManager:
         """Our resources' devices the kubelet allocated to pods (PodResources API)."""
         if self.pod_resources_socket is None:
             return Usage()
-        return allocated_devices(self.pod_resources_socket, self.prefix, env=self.env, timeout=timeout)
+        return allocated_devices(self.pod_resources_socket, self.prefix, env=self.env, io=self.io, timeout=timeout)
 
     # ----------------------------------------------------------------- lifecycle
     def _inventory(self, inventory: Inventory | None) -> Inventory:

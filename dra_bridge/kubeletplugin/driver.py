@@ -17,7 +17,7 @@ from pathlib import Path
 from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor
 from mdev_manager.host.io import HostIO, RealIO, link_name
-from mdev_manager.usage import Usage
+from mdev_manager.models import Usage
 
 from dra_bridge.kubeletplugin import cdi
 

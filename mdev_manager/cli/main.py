@@ -44,8 +44,9 @@ COMMANDS: dict[str, Command] = {
     "sim": Command("mdev_manager.cli.sim", "simulated hosts and the local Kubernetes API server"),
 }
 
-# global options that take a value: skipped when looking for the command name
-_VALUED = {"--sim-dir", "--sys-root", "--dev-root", "--mdevctl-root", "--state-root", "--libvirt-uri"}
+# global options that take a value: skipped when looking for the command name (``--simulate``
+# takes the next word once :func:`_fix_simulate` has given a bare one its default)
+_VALUED = {"--simulate", "--sim-dir", "--sys-root", "--dev-root", "--mdevctl-root", "--state-root", "--libvirt-uri"}
 
 
 def _global_options(p: argparse.ArgumentParser) -> None:
@@ -104,7 +105,7 @@ def _fix_simulate(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = _fix_simulate(sys.argv[1:] if argv is None else argv)
+    argv = _fix_simulate(sys.argv[1:] if argv is None else argv)  # before _command_of reads it
     args = build_parser(_command_of(argv)).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -206,3 +206,20 @@ def test_sim_presets_and_reset(simdir, capsys):
 def test_unknown_preset_exits_2(simdir, capsys):
     code, _, err = run(capsys, "--simulate", "no-such-host", "discover")
     assert code == 2 and "no-such-host" in err
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["discover"], "discover"),
+    (["--simulate", "discover"], "discover"),
+    (["--simulate", "a100-node", "plan", "-f", "x.yaml"], "plan"),
+    (["--simulate=t4-node", "-v", "apply", "-f", "x.yaml"], "apply"),
+    (["--sim-dir", "discover", "--simulate", "render", "vm"], "render"),  # a value that looks like a command
+    (["-v", "sim", "apiserver", "--kubeconfig-out", "k"], "sim"),
+    (["--simulate", "no-such-host"], None),
+    ([], None),
+])
+def test_the_command_is_found_past_global_options(argv, command):
+    """Only the named command's module is loaded, so it must be found wherever the options put it."""
+    from mdev_manager.cli.main import _command_of, _fix_simulate
+
+    assert _command_of(_fix_simulate(argv)) == command
