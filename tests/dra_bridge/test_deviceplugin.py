@@ -43,6 +43,7 @@ from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.hostspec import GpuGroup, HostSpec, load_host
 from mdev_manager.sim.io import SimIO
 from mdev_manager.sim.kernel import SimHost
+from mdev_manager.sim.node import sim_node
 from tests.support.kubelet.fake_kubelet import FakeKubelet
 
 T4_2Q = "nvidia.com/GRID_T4-2Q"
@@ -94,23 +95,25 @@ class Node:
         return [v.id for v in self.vgpus(type_name)]
 
 
-def _env(root: Path) -> HostEnv:
-    return HostEnv.under(root / "host").with_(pci_ids=(root / "pci.ids",))
+def _node(root: Path, spec: HostSpec | None) -> Node:
+    """The simulated host under ``root/host`` (built from ``spec``, or the one there), with the
+    pci.ids file beside it."""
+    sim = sim_node(root / "host", spec)
+    return Node(root, sim.host, sim.env.with_(pci_ids=(root / "pci.ids",)), sim.io)
 
 
 def _build(root: Path, spec: HostSpec, layout: dict) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / "pci.ids").write_text(PCI_IDS)
-    host = SimHost.create(root / "host", spec)
-    out = reconcile(_env(root), SimIO(host), parse_config(layout), node="sim-node-1")
+    node = _node(root, spec)
+    out = reconcile(node.env, node.io, parse_config(layout), node="sim-node-1")
     assert out.ok, out.rounds
 
 
 def _open(pristine: Path, dest: Path) -> Node:
     """A private copy of a prepared host (building one takes seconds; copying, milliseconds)."""
     shutil.copytree(pristine, dest, symlinks=True)
-    host = SimHost(dest / "host")
-    return Node(dest, host, _env(dest), SimIO(host))
+    return _node(dest, None)
 
 
 @pytest.fixture(scope="module")
@@ -317,8 +320,8 @@ def test_host_paths_default_to_env(node: Node) -> None:
 
 def test_allocate_adds_iommufd_nodes(tmp_path: Path) -> None:
     (tmp_path / "pci.ids").write_text(PCI_IDS)
-    host = SimHost.create(tmp_path / "host", HostSpec(iommufd=True, gpus=[GpuGroup(board="T4", driver="vfio-pci")]))
-    env, io = _env(tmp_path), SimIO(host)
+    node = _node(tmp_path, HostSpec(iommufd=True, gpus=[GpuGroup(board="T4", driver="vfio-pci")]))
+    env, io = node.env, node.io
     specs, _ = compute_resources(discover(env, io))
     gpu = specs[T4_PT].devices[0]
     b = VgpuResource(T4_PT, "pci", env, io, HostWatcher([]), specs[T4_PT].devices, host_dev_root=Path("/dev"))
@@ -335,8 +338,8 @@ def test_allocate_adds_iommufd_nodes(tmp_path: Path) -> None:
 
 def test_allocate_adds_a_vgpus_own_iommufd_node(tmp_path: Path) -> None:
     (tmp_path / "pci.ids").write_text(PCI_IDS)
-    host = SimHost.create(tmp_path / "host", HostSpec(iommufd=True, gpus=[GpuGroup(board="T4")]))
-    env, io = _env(tmp_path), SimIO(host)
+    node = _node(tmp_path, HostSpec(iommufd=True, gpus=[GpuGroup(board="T4")]))
+    env, io = node.env, node.io
     layout = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "vgpus": {"T4-2Q": 2}}]}})
     assert reconcile(env, io, layout).ok
     specs, _ = compute_resources(discover(env, io))
