@@ -838,12 +838,11 @@ def test_kubevirt_cr_permits_everything_the_device_plugin_advertises(tmp_path):
     from dra_bridge.deviceplugin.resources import compute_resources
     from mdev_manager.config import load_config
     from mdev_manager.discovery import discover
-    from mdev_manager.host.env import HostEnv
     from mdev_manager.reconcile import reconcile
-    from mdev_manager.sim import SimHost, SimIO, load_host
+    from mdev_manager.sim.node import sim_node
 
-    host = SimHost.create(tmp_path, load_host("default"))
-    env, io = HostEnv.under(tmp_path), SimIO(host)
+    node = sim_node(tmp_path, "default")
+    env, io = node.env, node.io
     assert reconcile(env, io, load_config(Path(__file__).parents[2] / "examples" / "layout.yaml")).ok
     inv = discover(env, io, node="sim-node-1")
     resources, warnings = compute_resources(inv)

@@ -11,8 +11,7 @@ import yaml
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from mdev_manager.config import ConfigError
 from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
-from mdev_manager.sim import SimHost, SimIO, load_host
+from mdev_manager.sim.node import sim_node
 from dra_bridge.sim.apiserver import LocalApiServer
 
 LAYOUTS = {"version": "vgpuctl/v1", "layouts": {
@@ -27,13 +26,13 @@ LABEL, STATE = "vgpu.kubevirt.io/config", "vgpu.kubevirt.io/config.state"
 def setup():
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="vgl") as d, LocalApiServer(version="1.36") as srv:
         root = Path(d)
-        host = SimHost.create(root / "host", load_host("default"))
+        node = sim_node(root / "host", "default")
         (root / "layouts.yaml").write_text(yaml.safe_dump(LAYOUTS))
         srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "sim-node-1", "labels": {}}})
         cfg = ServeConfig(node_name="sim-node-1", layout_file=root / "layouts.yaml", metrics_port=None,
                           kubelet_root=root / "k", cdi_root=root / "cdi", layout_label=LABEL, state_label=STATE)
-        daemon = Daemon(cfg, HostEnv.under(root / "host"), SimIO(host), srv.api_client())
-        yield srv, daemon, HostEnv.under(root / "host"), SimIO(host)
+        daemon = Daemon(cfg, node.env, node.io, srv.api_client())
+        yield srv, daemon, node.env, node.io
 
 
 def _label(srv, layout: str) -> None:
