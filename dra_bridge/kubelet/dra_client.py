@@ -3,15 +3,16 @@
 What the kubelet does with a DRA plugin: its plugin watcher finds ``<driver>-reg.sock`` and
 calls ``GetInfo`` / ``NotifyRegistrationStatus`` on it (:func:`register_plugin`); then it calls
 ``NodePrepareResources`` / ``NodeUnprepareResources`` (``v1`` or ``v1beta1``) on the endpoint
-the plugin named and watches ``DRAResourceHealth`` (:class:`DraClient`). The simulated cluster
-and the tests drive our plugin through this one client.
+the plugin named and watches ``DRAResourceHealth`` (``v1`` or ``v1alpha1``, whichever
+:func:`pick_health_service` finds in the plugin's ``supported_versions``) (:class:`DraClient`).
+The simulated cluster and the tests drive our plugin through this one client.
 
 The protobuf messages are swappable (``protos``): by default our generated stubs
-(:mod:`dra_bridge.kubelet.proto`); the tests pass messages compiled at test time from their own
-copies of the kubelet protos, so the two sides share only the wire format and the method paths,
-as with a real kubelet, and a mistake in our protos cannot hide on both sides. Calls go through
-generic gRPC callables built from the method paths below, which are the kubelet's API and
-depend on no stub.
+(:mod:`dra_bridge.kubelet.proto`); the tests pass messages compiled at test time from the
+upstream kubelet protos (``tests/support/kubelet/protos.py``), so the two sides share only the
+wire format and the method paths, as with a real kubelet, and a mistake in our protos cannot
+hide on both sides. Calls go through generic gRPC callables built from the method paths below,
+which are the kubelet's API and depend on no stub.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ DRA_V1BETA1 = "k8s.io.kubelet.pkg.apis.dra.v1beta1"
 DRA_PACKAGES = {"v1": DRA_V1, "v1beta1": DRA_V1BETA1}
 PLUGIN_REGISTRATION = "pluginregistration"
 DRA_HEALTH = "v1alpha1"
+DRA_HEALTH_PACKAGES = {"v1": "v1", "v1alpha1": DRA_HEALTH}  # health API version -> proto package
+# What a plugin lists in supported_versions for each health version, in the kubelet's order of
+# preference (kubernetes/kubelet pkg/apis/dra-health/{v1,v1alpha1}/types.go DRAResourceHealthService;
+# the kubelet's pkg/kubelet/cm/dra/plugin pickHealthService takes v1 when both are listed).
+HEALTH_SERVICES = {"v1": "v1.DRAResourceHealth", "v1alpha1": "v1alpha1.DRAResourceHealth"}
 
 RPC_TIMEOUT = 5.0
 
@@ -49,6 +55,7 @@ class _Generated:
         DRA_V1BETA1: "vgpuctl_dra_v1beta1_pb2",
         PLUGIN_REGISTRATION: "vgpuctl_pluginregistration_pb2",
         DRA_HEALTH: "vgpuctl_dra_health_v1alpha1_pb2",
+        DRA_HEALTH_PACKAGES["v1"]: "vgpuctl_dra_health_v1_pb2",
     }
 
     def message(self, full_name: str) -> type[Any]:
@@ -84,8 +91,14 @@ def _registration(method: str, request: str, response: str) -> Rpc:
 
 GET_INFO = _registration("GetInfo", "InfoRequest", "PluginInfo")
 NOTIFY_REGISTRATION = _registration("NotifyRegistrationStatus", "RegistrationStatus", "RegistrationStatusResponse")
-WATCH_HEALTH = Rpc(f"{DRA_HEALTH}.DRAResourceHealth", "NodeWatchResources", f"{DRA_HEALTH}.NodeWatchResourcesRequest",
-                   f"{DRA_HEALTH}.NodeWatchResourcesResponse", stream=True)
+
+
+def _watch_health(package: str) -> Rpc:
+    return Rpc(f"{package}.DRAResourceHealth", "NodeWatchResources", f"{package}.NodeWatchResourcesRequest",
+               f"{package}.NodeWatchResourcesResponse", stream=True)
+
+
+WATCH_HEALTH = {version: _watch_health(package) for version, package in DRA_HEALTH_PACKAGES.items()}
 
 
 def _dra(package: str, method: str) -> Rpc:
@@ -108,6 +121,13 @@ class PluginInfo(BaseModel):
     name: str
     endpoint: str
     supported_versions: list[str]
+
+
+def pick_health_service(supported_versions: Iterable[str]) -> str | None:
+    """The health API version the kubelet watches for a plugin listing ``supported_versions``:
+    ``"v1"`` if listed, else ``"v1alpha1"``, else None (no health stream)."""
+    listed = set(supported_versions)
+    return next((v for v, service in HEALTH_SERVICES.items() if service in listed), None)
 
 
 def register_plugin(reg_socket: Path | str, refuse: Callable[[PluginInfo], str | None] = lambda info: None, *,
@@ -191,10 +211,11 @@ class DraClient:
         resp = self._unprepare(self._unprepare_request(claims=self._claims(claims)), timeout=self.timeout)
         return {uid: r.error for uid, r in resp.claims.items()}
 
-    def watch_health(self, timeout: float = 60.0) -> Iterator[Any]:
-        """The ``NodeWatchResources`` stream (iterate it; ``cancel()`` ends it)."""
-        call = WATCH_HEALTH.callable(self._channel, self.protos)
-        return call(self.protos.message(WATCH_HEALTH.request)(), timeout=timeout)
+    def watch_health(self, timeout: float = 60.0, version: str = "v1") -> Iterator[Any]:
+        """The ``NodeWatchResources`` stream of health API ``version`` (``v1`` or ``v1alpha1``);
+        iterate it, ``cancel()`` ends it."""
+        rpc = WATCH_HEALTH[version]
+        return rpc.callable(self._channel, self.protos)(self.protos.message(rpc.request)(), timeout=timeout)
 
     @staticmethod
     def health_dict(resp: Any) -> dict[tuple[str, str], str]:
@@ -205,5 +226,11 @@ class DraClient:
             out[(d.device.pool_name, d.device.device_name)] = status
         return out
 
+    @staticmethod
+    def health_messages(resp: Any) -> dict[tuple[str, str], str]:
+        """A ``NodeWatchResourcesResponse`` -> {(pool, device): its ``message``}."""
+        return {(d.device.pool_name, d.device.device_name): d.message for d in resp.devices}
 
-__all__ = ["DRA_PACKAGES", "DraClient", "GENERATED", "PluginInfo", "Protos", "Rpc", "register_plugin", "unix_target"]
+
+__all__ = ["DRA_PACKAGES", "DraClient", "GENERATED", "HEALTH_SERVICES", "PluginInfo", "Protos", "Rpc",
+           "pick_health_service", "register_plugin", "unix_target"]

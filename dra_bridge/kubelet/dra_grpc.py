@@ -7,11 +7,12 @@
   calls ``GetInfo`` and then ``NotifyRegistrationStatus``;
 - the DRA service in both API versions, ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``
   and ``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin``, plus the device health
-  service ``v1alpha1.DRAResourceHealth`` on ``<kubelet_root>/plugins/<driver>/dra.sock``.
+  service ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth`` on
+  ``<kubelet_root>/plugins/<driver>/dra.sock``; registration lists every one of them.
 
 Everything the kubelet asks is handed to a :class:`DraDriver`; whatever the driver
 raises is turned into a per-claim error string, so a failing driver never takes the
-server down.
+server down. Sub-request names are answered as their parent request (firstAvailable).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from typing import Any, Protocol, runtime_checkable
 import grpc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1alpha1_pb2 as health_pb2
-from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1alpha1_pb2_grpc as health_grpc
+from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1_pb2 as health_v1_pb2
+from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1_pb2_grpc as health_v1_grpc
+from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1alpha1_pb2 as health_v1alpha1_pb2
+from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc
 from dra_bridge.kubelet.proto import vgpuctl_dra_v1_pb2 as dra_v1_pb2
 from dra_bridge.kubelet.proto import vgpuctl_dra_v1_pb2_grpc as dra_v1_grpc
 from dra_bridge.kubelet.proto import vgpuctl_dra_v1beta1_pb2 as dra_v1beta1_pb2
@@ -43,7 +46,14 @@ from dra_bridge.kubelet.proto import vgpuctl_pluginregistration_pb2_grpc as reg_
 log = logging.getLogger(__name__)
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
+# Registration's supported_versions names gRPC services as "<proto package>.<service>"; the kubelet
+# takes the first DRAPlugin it knows (pkg/kubelet/cm/dra/plugin, validateSupportedServices) and
+# watches health only on a DRAResourceHealth listed there, v1 before v1alpha1 (pickHealthService;
+# kubernetes/kubelet pkg/apis/dra-health/*/types.go DRAResourceHealthService).
 SUPPORTED_VERSIONS: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_SERVICES: tuple[str, ...] = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+# DeviceHealth.message: the kubelet keeps 1024 characters (longer: 1021 and "...").
+MAX_HEALTH_MESSAGE = 1024
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 # sun_path is 108 bytes including the terminating NUL.
 UNIX_PATH_MAX = 107
@@ -67,6 +77,9 @@ class ClaimRef(_Model):
 
 
 class PreparedDevice(_Model):
+    """One prepared device. ``request_names`` may name a firstAvailable sub-request
+    (``gpu/a100``, as the allocation result does); the kubelet is answered with the parent."""
+
     request_names: list[str] = []
     pool_name: str
     device_name: str
@@ -83,6 +96,25 @@ class DeviceHealthRecord(_Model):
     pool: str
     device: str
     healthy: bool | None = None  # None: unknown
+    message: str = ""  # why, for people; empty: a default for the status is sent
+
+
+HealthState = dict[tuple[str, str], tuple[bool | None, str]]  # (pool, device) -> (healthy, message)
+_DEFAULT_MESSAGE = {True: "healthy", False: "unhealthy (the driver gave no reason)", None: "health unknown"}
+
+
+def parent_request_names(names: Sequence[str]) -> list[str]:
+    """``gpu/a100`` -> ``gpu``: the kubelet hands a container only the devices whose request
+    names contain the container's request, which never names a sub-request. As the upstream
+    helper does before answering NodePrepareResources (k8s.io/dynamic-resource-allocation
+    ``kubeletplugin/draplugin.go``, stripSubrequestNames)."""
+    return [n.split("/", 1)[0] for n in names]
+
+
+def health_message(healthy: bool | None, message: str = "") -> str:
+    """``message`` (or a default for the status), cut as the kubelet would cut it."""
+    text = message or _DEFAULT_MESSAGE[healthy]
+    return text if len(text) <= MAX_HEALTH_MESSAGE else text[: MAX_HEALTH_MESSAGE - 3] + "..."
 
 
 @runtime_checkable
@@ -170,7 +202,7 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):
             type=DRA_PLUGIN_TYPE,
             name=p.driver_name,
             endpoint=str(p.dra_socket),
-            supported_versions=list(p.supported_versions),
+            supported_versions=list(p.advertised_services),
         )
 
     def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -184,6 +216,7 @@ class _DraServicer:
     def __init__(self, plugin: KubeletPlugin, pb2: ModuleType) -> None:
         self._plugin = plugin
         self._pb2 = pb2
+        self._has_share_id = "share_id" in pb2.Device.DESCRIPTOR.fields_by_name
 
     @staticmethod
     def _claims(request: Any) -> list[ClaimRef]:
@@ -201,12 +234,12 @@ class _DraServicer:
                 continue
             for d in result.devices:
                 dev = entry.devices.add(
-                    request_names=d.request_names,
+                    request_names=parent_request_names(d.request_names),
                     pool_name=d.pool_name,
                     device_name=d.device_name,
                     cdi_device_ids=d.cdi_device_ids,
                 )
-                if d.share_id is not None:
+                if d.share_id is not None and self._has_share_id:  # v1 only: v1beta1's Device has none
                     dev.share_id = d.share_id
         return resp
 
@@ -222,16 +255,13 @@ class _DraServicer:
         return resp
 
 
-_HEALTH_STATUS = {
-    True: health_pb2.HEALTHY,
-    False: health_pb2.UNHEALTHY,
-    None: health_pb2.UNKNOWN,
-}
+class _HealthServicer:
+    """NodeWatchResources for one health API version (v1 and v1alpha1 share the messages)."""
 
-
-class _HealthServicer(health_grpc.DRAResourceHealthServicer):
-    def __init__(self, plugin: KubeletPlugin) -> None:
+    def __init__(self, plugin: KubeletPlugin, pb2: ModuleType) -> None:
         self._plugin = plugin
+        self._pb2 = pb2
+        self._status = {True: pb2.HEALTHY, False: pb2.UNHEALTHY, None: pb2.UNKNOWN}
 
     def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         p = self._plugin
@@ -241,7 +271,7 @@ class _HealthServicer(health_grpc.DRAResourceHealthServicer):
         done = threading.Event()
         context.add_callback(done.set)
         p._track_stream(done)
-        last: dict[tuple[str, str], bool | None] | None = None
+        last: HealthState | None = None
         last_sent = 0.0
         try:
             while not done.is_set():
@@ -257,15 +287,16 @@ class _HealthServicer(health_grpc.DRAResourceHealthServicer):
         finally:
             p._untrack_stream(done)
 
-    def _response(self, state: Mapping[tuple[str, str], bool | None], now: float) -> Any:
-        timeout = self._plugin.health_check_timeout_seconds
-        resp = health_pb2.NodeWatchResourcesResponse()
-        for (pool, device), healthy in sorted(state.items()):
+    def _response(self, state: HealthState, now: float) -> Any:
+        pb2, timeout = self._pb2, self._plugin.health_check_timeout_seconds
+        resp = pb2.NodeWatchResourcesResponse()
+        for (pool, device), (healthy, message) in sorted(state.items()):
             resp.devices.add(
-                device=health_pb2.DeviceIdentifier(pool_name=pool, device_name=device),
-                health=_HEALTH_STATUS[healthy],
+                device=pb2.DeviceIdentifier(pool_name=pool, device_name=device),
+                health=self._status[healthy],
                 last_updated_time=int(now),
                 health_check_timeout_seconds=timeout,
+                message=message,
             )
         return resp
 
@@ -279,7 +310,8 @@ class KubeletPlugin:
     ``health_poll_interval``: seconds between two ``driver.health()`` calls per
     open health stream; a response is sent initially and whenever the state
     changes (and, if ``health_resend_interval`` is set, at least that often).
-    ``serialize``: call the driver for one request at a time.
+    ``serialize``: call the driver for one request at a time. ``supported_versions``: the DRA
+    services registration lists (the health services follow when the driver has ``health()``).
     """
 
     def __init__(
@@ -325,6 +357,13 @@ class KubeletPlugin:
     def running(self) -> bool:
         return self._dra_server is not None
 
+    @property
+    def advertised_services(self) -> tuple[str, ...]:
+        """What registration lists: the DRA services, and the health services when the driver
+        reports health (as the upstream helper lists health only when the plugin serves it)."""
+        health = HEALTH_SERVICES if callable(getattr(self.driver, "health", None)) else ()
+        return self.supported_versions + health
+
     def start(self) -> None:
         """Bind both sockets and start serving (service first, then registration)."""
         if self.running:
@@ -337,7 +376,10 @@ class KubeletPlugin:
         )
         dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, dra_v1_pb2), dra_server)
         dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, dra_v1beta1_pb2), dra_server)
-        health_grpc.add_DRAResourceHealthServicer_to_server(_HealthServicer(self), dra_server)
+        health_v1_grpc.add_DRAResourceHealthServicer_to_server(_HealthServicer(self, health_v1_pb2), dra_server)
+        health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            _HealthServicer(self, health_v1alpha1_pb2), dra_server
+        )
         dra_server.add_insecure_port(prepare_socket(self.dra_socket))
         dra_server.start()
         self._dra_server = dra_server
@@ -463,25 +505,24 @@ class KubeletPlugin:
                 out[c.uid] = str(err) if err else None
         return out
 
-    def _poll_health(
-        self, previous: dict[tuple[str, str], bool | None] | None
-    ) -> dict[tuple[str, str], bool | None] | None:
+    def _poll_health(self, previous: HealthState | None) -> HealthState | None:
         """Current health map, or None if unknown and nothing was sent yet.
 
-        When the driver fails, every device already reported becomes unknown.
+        When the driver fails, every device already reported becomes unknown, saying why.
         """
         try:
             records = self.driver.health()  # type: ignore[attr-defined]
-            state: dict[tuple[str, str], bool | None] = {}
+            state: HealthState = {}
             for r in records:
                 rec = r if isinstance(r, DeviceHealthRecord) else DeviceHealthRecord.model_validate(r)
-                state[(rec.pool, rec.device)] = rec.healthy
+                state[(rec.pool, rec.device)] = (rec.healthy, health_message(rec.healthy, rec.message))
             return state
-        except Exception:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             log.exception("DRA driver %s: health() failed", self.driver_name)
             if previous is None:
                 return None
-            return {key: None for key in previous}
+            failed = health_message(None, f"health check failed: {_error_text(exc)}")
+            return {key: (None, failed) for key in previous}
 
     def _track_stream(self, ev: threading.Event) -> None:
         with self._state_lock:

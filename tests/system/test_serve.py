@@ -28,6 +28,7 @@ from tests.support.dra import (
     add_claim,
     assert_consistent_pool,
     cdi_device,
+    claim_object,
     make_node,
     pool_slices,
     published_devices,
@@ -160,6 +161,9 @@ def test_register_prepare_repeat_restart_unprepare_over_sockets(srv, node, base)
         assert reg.info["type"] == "DRAPlugin" and reg.info["name"] == DRIVER
         assert reg.info["endpoint"] == str(kl / "plugins" / DRIVER / "dra.sock")
         assert "v1.DRAPlugin" in reg.info["supported_versions"]
+        # the health services are listed too, or the kubelet never watches device health
+        assert {"v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"} <= set(reg.info["supported_versions"])
+        assert reg.health_version == "v1"
         assert d1.plugin.wait_registered(5)
 
         vgpu_dev = next(n for n in sorted(published) if n.startswith("gpu-0-vgpu-"))
@@ -220,6 +224,31 @@ def test_register_prepare_repeat_restart_unprepare_over_sockets(srv, node, base)
     assert sockets(kl) == []
 
 
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_first_available_claim_is_answered_with_the_parent_request_over_sockets(srv, node, base, version):
+    """What ``render claim-template --set first_available=[...]`` gives a VM: the allocation names
+    the sub-request (``vgpu/small``), but the kubelet hands the container only devices whose
+    request_names contain the container's request, ``vgpu``; so the plugin answers ``vgpu``, as
+    upstream's kubelet plugin helper does (kubeletplugin/draplugin.go, stripSubrequestNames)."""
+    kl = base / "kl"
+    with running(make_daemon(node, srv, base)):
+        _, reg = register(kl)
+        dev_name = next(n for n in sorted(published_devices(pool_slices(srv, node=node.node)))
+                        if n.startswith("gpu-0-vgpu-"))
+        obj = claim_object("vm-first", [("vgpu/small", dev_name)], node=node.node)
+        obj["spec"]["devices"]["requests"] = [{"name": "vgpu", "firstAvailable": [
+            {"name": "small", "deviceClassName": "vgpu.kubevirt.io"}]}]
+        uid = srv.add(obj)["metadata"]["uid"]
+        with reg.client(version) as client:
+            got = client.prepare([("default", uid, "vm-first")])[uid]
+            assert got["error"] == ""
+            (dev,) = got["devices"]
+            assert (dev["device_name"], dev["request_names"]) == (dev_name, ["vgpu"])
+            for cid in dev["cdi_device_ids"]:
+                cdi_device(base / "cdi", cid)
+            assert client.unprepare([("default", uid, "vm-first")]) == {uid: ""}
+
+
 def test_bad_claim_over_the_socket_is_an_error_not_a_crash(srv, node, base):
     kl = base / "kl"
     with running(make_daemon(node, srv, base)):
@@ -274,17 +303,23 @@ def test_gpu_that_disappears_leaves_the_pool_within_one_resync(srv, node, base):
         assert lost
         _, reg = register(base / "kl")
         with reg.client("v1") as client:
-            stream = client.watch_health(timeout=WAIT)
-            first = DraClient.health_dict(stream.get())
-            assert {first[(node.node, n)] for n in lost} == {"HEALTHY"}
+            # a kubelet on health v1 and one still on v1alpha1 hear the same
+            streams = {v: client.watch_health(timeout=WAIT, version=v) for v in ("v1", "v1alpha1")}
+            for stream in streams.values():
+                first = stream.get()
+                assert {DraClient.health_dict(first)[(node.node, n)] for n in lost} == {"HEALTHY"}
+                assert all(DraClient.health_messages(first).values()), "DeviceHealth.message is empty"
             node.host.remove_gpu(gone)
             # before the resync the kubelet already hears the devices are unhealthy
-            while True:
-                state = DraClient.health_dict(stream.get())
-                if state.get((node.node, "gpu-1-passthrough")) == "UNHEALTHY":
-                    break
-            assert {state[(node.node, n)] for n in lost} == {"UNHEALTHY"}
-            stream.cancel()
+            for stream in streams.values():
+                while True:
+                    resp = stream.get()
+                    state = DraClient.health_dict(resp)
+                    if state.get((node.node, "gpu-1-passthrough")) == "UNHEALTHY":
+                        break
+                assert {state[(node.node, n)] for n in lost} == {"UNHEALTHY"}
+                assert all(DraClient.health_messages(resp)[(node.node, n)] for n in lost)
+                stream.cancel()
         d.resync()
         after = pool_slices(srv)
         assert_consistent_pool(after)

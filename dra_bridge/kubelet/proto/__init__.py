@@ -11,6 +11,7 @@ Modules (proto package -> module):
 - ``k8s.io.kubelet.pkg.apis.dra.v1beta1`` -> ``vgpuctl_dra_v1beta1_pb2[_grpc]``
 - ``pluginregistration``                  -> ``vgpuctl_pluginregistration_pb2[_grpc]``
 - ``v1alpha1`` (DRA health)               -> ``vgpuctl_dra_health_v1alpha1_pb2[_grpc]``
+- ``v1`` (DRA health)                     -> ``vgpuctl_dra_health_v1_pb2[_grpc]``
 - ``v1beta1`` (device plugin)             -> ``vgpuctl_deviceplugin_v1beta1_pb2[_grpc]``
 - ``v1`` (PodResources)                   -> ``vgpuctl_podresources_v1_pb2[_grpc]``
 """

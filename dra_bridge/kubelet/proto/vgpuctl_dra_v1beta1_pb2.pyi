@@ -44,18 +44,16 @@ class NodePrepareResourceResponse(_message.Message):
     def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("request_names", "pool_name", "device_name", "cdi_device_ids", "share_id")
+    __slots__ = ("request_names", "pool_name", "device_name", "cdi_device_ids")
     REQUEST_NAMES_FIELD_NUMBER: _ClassVar[int]
     POOL_NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
     CDI_DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
-    SHARE_ID_FIELD_NUMBER: _ClassVar[int]
     request_names: _containers.RepeatedScalarFieldContainer[str]
     pool_name: str
     device_name: str
     cdi_device_ids: _containers.RepeatedScalarFieldContainer[str]
-    share_id: str
-    def __init__(self, request_names: _Optional[_Iterable[str]] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ..., cdi_device_ids: _Optional[_Iterable[str]] = ..., share_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_names: _Optional[_Iterable[str]] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ..., cdi_device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeUnprepareResourcesRequest(_message.Message):
     __slots__ = ("claims",)

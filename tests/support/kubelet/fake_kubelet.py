@@ -1,6 +1,7 @@
 """A fake kubelet that talks to our plugins over real unix sockets.
 
-It uses its own protos (``tests/support/kubelet/proto``, see :mod:`tests.support.kubelet.protos`),
+Its messages are compiled at test time from the upstream kubelet protos (the test's own
+copies only when those are absent: :data:`tests.support.kubelet.protos.SOURCE` says which),
 never ``dra_bridge.kubelet.proto``: what both sides share is the wire format and the
 method paths, as with the real kubelet.
 
@@ -13,7 +14,8 @@ method paths, as with the real kubelet.
   real kubelet, wipes the other sockets in the directory).
 - DRA: :meth:`FakeKubelet.register_dra_plugin` dials a ``*-reg.sock`` in
   ``<root>/plugins_registry``, calls ``GetInfo`` and ``NotifyRegistrationStatus`` and
-  returns a :class:`DraClient` for the advertised endpoint (v1 or v1beta1). Both go
+  returns a :class:`DraClient` for the advertised endpoint (v1 or v1beta1), and which health
+  API the kubelet would watch (:attr:`DraRegistration.health_version`). Both go
   through the one kubelet DRA client, :mod:`dra_bridge.kubelet.dra_client` (also the
   simulated cluster's), handed this side's messages instead of our generated stubs.
 
@@ -118,13 +120,13 @@ class StreamReader:
 
 class DraClient(dra_client.DraClient):
     """The one kubelet DRA client (:class:`dra_bridge.kubelet.dra_client.DraClient`) speaking
-    through the test side's own protos; its health stream is read with a timeout."""
+    through the test side's protos; its health stream is read with a timeout."""
 
     def __init__(self, endpoint: Path | str, version: str = "v1", timeout: float = RPC_TIMEOUT) -> None:
         super().__init__(endpoint, version, timeout, protos=protos)
 
-    def watch_health(self, timeout: float = 60.0) -> StreamReader:  # type: ignore[override]
-        return StreamReader(super().watch_health(timeout))
+    def watch_health(self, timeout: float = 60.0, version: str = "v1") -> StreamReader:  # type: ignore[override]
+        return StreamReader(super().watch_health(timeout, version))
 
 
 @dataclass
@@ -132,6 +134,11 @@ class DraRegistration:
     reg_socket: Path
     info: dict[str, Any]
     accepted: bool
+
+    @property
+    def health_version(self) -> str | None:
+        """The health API the kubelet would watch for this plugin (None: none)."""
+        return dra_client.pick_health_service(self.info["supported_versions"])
 
     def client(self, version: str = "v1", timeout: float = RPC_TIMEOUT) -> DraClient:
         return DraClient(self.info["endpoint"], version, timeout)
