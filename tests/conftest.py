@@ -67,3 +67,10 @@ def holder(request, hold):
         return SimHolder(sim, list(paths))
 
     return start
+
+
+def pytest_report_header(config):
+    """Which kubelet protos the test kubelet was built from (upstream, or the test's own copies)."""
+    from tests.support.kubelet import protos
+
+    return f"kubelet protos: {protos.SOURCE}"
