@@ -69,11 +69,14 @@ def _is_set(obj: dict, field: str) -> bool:
     return value not in (None, "", {}, [])
 
 
-def _is_dns_label(name: Any) -> bool:
+def is_dns_label(name: Any) -> bool:
+    """An RFC 1123 label of at most 63 characters (the server's own check, written apart from
+    ``dra_bridge.api.k8sname`` so a mistake there cannot hide here)."""
     return isinstance(name, str) and len(name) <= 63 and bool(_DNS_LABEL.match(name))
 
 
-def _is_dns_subdomain(name: Any) -> bool:
+def is_dns_subdomain(name: Any) -> bool:
+    """An RFC 1123 subdomain of at most 253 characters."""
     return isinstance(name, str) and len(name) <= 253 and bool(_DNS_SUBDOMAIN.match(name))
 
 
@@ -85,7 +88,7 @@ def _too_many(path: str, n: int, limit: int, what: str = "items") -> FieldError:
 def _qualified_name_error(path: str, name: str) -> FieldError | None:
     """Attribute and capacity names: ``<C identifier>`` or ``<DNS subdomain>/<C identifier>``."""
     domain, _, ident = name.rpartition("/")
-    if "/" in name and (not domain or len(domain) > MAX_DOMAIN_LENGTH or not _is_dns_subdomain(domain)):
+    if "/" in name and (not domain or len(domain) > MAX_DOMAIN_LENGTH or not is_dns_subdomain(domain)):
         return FieldError(path, f'Invalid value: "{name}": the domain must be a DNS subdomain '
                                 f"of at most {MAX_DOMAIN_LENGTH} characters")
     if not _C_IDENTIFIER.match(ident) or len(ident) > MAX_ID_LENGTH:
@@ -104,7 +107,7 @@ def driver_name_is_a_dns_subdomain(spec: dict, minor: int) -> list[FieldError]:
     if len(driver) > MAX_DRIVER_NAME_LENGTH:
         return [FieldError("spec.driver", f"Too long: may not be more than {MAX_DRIVER_NAME_LENGTH} "
                                           "bytes", reason="FieldValueTooLong")]
-    if not _is_dns_subdomain(driver):
+    if not is_dns_subdomain(driver):
         return [FieldError("spec.driver", f'Invalid value: "{driver}": must be a DNS subdomain')]
     return []
 
@@ -121,7 +124,7 @@ def pool_is_valid(spec: dict, minor: int) -> list[FieldError]:
         errors.append(FieldError("spec.pool.name", f"Too long: may not be more than "
                                                    f"{MAX_POOL_NAME_LENGTH} bytes",
                                  reason="FieldValueTooLong"))
-    elif not all(_is_dns_subdomain(part) for part in name.split("/")):
+    elif not all(is_dns_subdomain(part) for part in name.split("/")):
         errors.append(FieldError("spec.pool.name", f'Invalid value: "{name}": each "/"-separated '
                                                    "part must be a DNS subdomain"))
     if (pool.get("generation") or 0) < 0:
@@ -188,7 +191,7 @@ def device_names_are_dns_labels(spec: dict, minor: int) -> list[FieldError]:
     """Device `name`: a DNS label."""
     return [FieldError(f"spec.devices[{i}].name", f'Invalid value: "{d.get("name")}": must be a '
                                                   "DNS label")
-            for i, d in enumerate(_devices(spec)) if not _is_dns_label(d.get("name"))]
+            for i, d in enumerate(_devices(spec)) if not is_dns_label(d.get("name"))]
 
 
 def device_names_unique(spec: dict, minor: int) -> list[FieldError]:
@@ -288,7 +291,7 @@ def counter_set_names_valid_and_unique(spec: dict, minor: int) -> list[FieldErro
     for i, cs in enumerate(_counter_sets(spec)):
         name = cs.get("name")
         path = f"spec.sharedCounters[{i}]"
-        if not _is_dns_label(name):
+        if not is_dns_label(name):
             errors.append(FieldError(f"{path}.name", f'Invalid value: "{name}": must be a DNS label'))
         elif name in seen:
             errors.append(FieldError(f"{path}.name", f'Duplicate value: "{name}"',
@@ -299,7 +302,7 @@ def counter_set_names_valid_and_unique(spec: dict, minor: int) -> list[FieldErro
             errors.append(FieldError(f"{path}.counters", "Required value",
                                      reason="FieldValueRequired"))
         for counter in counters:
-            if not _is_dns_label(counter):
+            if not is_dns_label(counter):
                 errors.append(FieldError(f"{path}.counters[{counter}]",
                                          f'Invalid value: "{counter}": must be a DNS label'))
     return errors
@@ -361,7 +364,7 @@ def consumed_counter_sets_are_dns_labels(spec: dict, minor: int) -> list[FieldEr
     errors = []
     for i, dev in enumerate(_devices(spec)):
         for j, c in enumerate(dev.get("consumesCounters") or []):
-            if not _is_dns_label(c.get("counterSet")):
+            if not is_dns_label(c.get("counterSet")):
                 errors.append(FieldError(f"spec.devices[{i}].consumesCounters[{j}].counterSet",
                                          f'Invalid value: "{c.get("counterSet")}": must be a '
                                          "DNS label"))
@@ -435,7 +438,7 @@ def request_names_valid_and_unique(devices: dict, path: str) -> list[FieldError]
     seen: set[str] = set()
     for i, req in enumerate(_requests(devices)):
         name = req.get("name")
-        if not _is_dns_label(name):
+        if not is_dns_label(name):
             errors.append(FieldError(f"{path}.requests[{i}].name", f'Invalid value: "{name}": '
                                                                    "must be a DNS label"))
         elif name in seen:
@@ -446,7 +449,7 @@ def request_names_valid_and_unique(devices: dict, path: str) -> list[FieldError]
         for j, sub in enumerate(req.get("firstAvailable") or []):
             sname = sub.get("name")
             spath = f"{path}.requests[{i}].firstAvailable[{j}].name"
-            if not _is_dns_label(sname):
+            if not is_dns_label(sname):
                 errors.append(FieldError(spath, f'Invalid value: "{sname}": must be a DNS label'))
             elif sname in sub_seen:
                 errors.append(FieldError(spath, f'Duplicate value: "{sname}"',

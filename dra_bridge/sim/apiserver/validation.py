@@ -29,10 +29,6 @@ HAVE_SCHEMAS = kv_utils is not None
 from dra_bridge.sim.apiserver import dra_rules
 from dra_bridge.sim.apiserver.errors import FieldError
 
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
                  "characters, '-' or '.', and must start and end with an alphanumeric character")
 LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
@@ -153,9 +149,9 @@ def metadata_errors(obj: dict, namespaced_name_is_label: bool = False) -> list[F
                                  reason="FieldValueRequired"))
         return errors
     if namespaced_name_is_label:
-        if len(name) > 63 or not DNS1123_LABEL.match(name):
+        if not dra_rules.is_dns_label(name):
             errors.append(FieldError("metadata.name", f'Invalid value: "{name}": {LABEL_MSG}'))
-    elif len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
+    elif not dra_rules.is_dns_subdomain(name):
         errors.append(FieldError("metadata.name", f'Invalid value: "{name}": {SUBDOMAIN_MSG}'))
     for key, value in (meta.get("labels") or {}).items():
         if value is not None and len(value) > 63:
