@@ -25,11 +25,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator,
                       model_validator)
 
 from mdev_manager.names import NameError_, check_pci_address, check_type_id, safe_component
+from mdev_manager.yamlfile import YamlFileError, load_yaml
 
 Mode = Literal["vgpu", "passthrough", "dra", "unmanaged"]
 
@@ -59,11 +59,20 @@ def parse_device_id(text: str, field: str = "deviceFilter") -> tuple[int, int, i
 
 
 class ConfigError(ValueError):
-    """Bad input: the message names the field and the fix. Raised before any write."""
+    """Bad input: the message names the field and the fix. Raised before any write.
 
-    def __init__(self, problems: list[str] | str):
+    ``source`` is the file the layout came from, when it came from one.
+    """
+
+    def __init__(self, problems: list[str] | str, source: str | None = None):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = source
         super().__init__("\n".join(self.problems))
+
+
+class ConfigFileError(ConfigError):
+    """The file cannot be read as a layout at all (missing, a directory, too big, not YAML, a
+    duplicate key): one problem, ``FILE[:LINE:COL]: what is wrong; how to fix``."""
 
 
 class GpuLayout(BaseModel):
@@ -181,7 +190,8 @@ def _from_device_manager(doc: dict, name: str) -> list[GpuLayout]:
     if not isinstance(configs, dict):
         raise ConfigError("vgpu-configs: expected a mapping of config name -> list of entries")
     if name not in configs:
-        raise ConfigError(f"vgpu-configs: no config named {name!r}; choose one of {', '.join(sorted(configs)) or '(none)'}")
+        names = ", ".join(sorted(str(n) for n in configs)) or "(none)"
+        raise ConfigError(f"vgpu-configs: no config named {name!r}; choose one of {names}")
     entries = configs[name]
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"vgpu-configs.{name}: expected a list of at least one entry "
@@ -255,19 +265,32 @@ def parse_config(doc: object, layout: str = "default") -> list[GpuLayout]:
 
 
 def _pydantic_problem(e: dict) -> str:
+    if e["loc"] and e["loc"][-1] == "[key]" and e["type"] == "string_type":
+        where = ".".join(str(x) for x in e["loc"][:-2]) or "config"
+        key = e["loc"][-2]
+        return f'{where}: the name {key!r} is not text; quote it: "{key}"'
     loc = ".".join(str(x) for x in e["loc"])
     msg = e["msg"].removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc and not msg.startswith(loc.split(".")[-1] + ":") else msg
 
 
-def load_config(path: Path | str, layout: str = "default") -> list[GpuLayout]:
+def load_document(path: Path | str) -> object:
+    """The layout file as YAML (bounded; duplicate keys, deep nesting, non-text names refused)."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML ({exc})") from None
-    return parse_config(doc, layout)
+        return load_yaml(path, what="layout file")
+    except YamlFileError as exc:
+        raise ConfigFileError(str(exc), source=str(path)) from None
 
 
-__all__ = ["ConfigError", "GpuLayout", "NodeConfig", "parse_config", "load_config", "check_type_id"]
+def load_config(path: Path | str, layout: str = "default") -> list[GpuLayout]:
+    """The layout ``layout`` of the file at ``path``; every ConfigError says which file."""
+    doc = load_document(path)
+    try:
+        return parse_config(doc, layout)
+    except ConfigError as exc:
+        exc.source = str(path)
+        raise
+
+
+__all__ = ["ConfigError", "ConfigFileError", "GpuLayout", "NodeConfig", "parse_config", "load_config",
+           "load_document", "check_type_id"]

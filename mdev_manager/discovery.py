@@ -7,6 +7,7 @@ trees, containers without udev); both read the same attributes afterwards.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -24,6 +25,35 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 _MAX_INSTANCE = re.compile(r"max_instance=(\d+)")
 _FRAMEBUFFER = re.compile(r"framebuffer=(\d+)M")
 _GVT_GM = re.compile(r"(low|high)_gm_size:\s*(\d+)MB")
+
+
+class HostReadError(OSError):
+    """A read of the host failed: which path, why, and what to check (one line for the CLI)."""
+
+    def __init__(self, err: int | None, reason: str, path: str, check: str):
+        super().__init__(err, reason, path)
+        self.check = check
+
+    def __str__(self) -> str:
+        return f"cannot read {self.filename}: {self.strerror}; {self.check}"
+
+
+def _what_to_check(err: int | None, env: HostEnv) -> str:
+    if err == errno.ENOTCONN:
+        return ("the file system there is disconnected (a FUSE mount whose process ended?): "
+                "unmount it (fusermount3 -u) and mount it again")
+    if err == errno.EIO:
+        return (f"the device or the mount failed the read: check dmesg, and that {env.sys_root} is the sysfs "
+                "meant (--sys-root)")
+    if err in (errno.EACCES, errno.EPERM):
+        return "run as root (device attributes in sysfs need it)"
+    return f"check that {env.sys_root} is a mounted sysfs (--sys-root)"
+
+
+def read_failed(exc: OSError, env: HostEnv) -> HostReadError:
+    """``exc`` worded for the admin: the path (else the sysfs root) and what to check for its errno."""
+    path = exc.filename if exc.filename is not None else env.sys_root
+    return HostReadError(exc.errno, exc.strerror or str(exc), os.fsdecode(path), _what_to_check(exc.errno, env))
 
 
 def pci_addresses(env: HostEnv, io: HostIO) -> list[str]:
@@ -256,9 +286,21 @@ def is_gpu(fields: dict) -> bool:
 
 
 def discover(env: HostEnv | None = None, io: HostIO | None = None, node: str = "") -> Inventory:
-    """The whole node inventory. GPUs are indexed in PCI address order; VFs belong to their PF."""
+    """The whole node inventory. GPUs are indexed in PCI address order; VFs belong to their PF.
+
+    A read that fails (not one that finds nothing) raises :class:`HostReadError` naming the path.
+    """
     env = env or HostEnv()
     io = io or RealIO()
+    try:
+        return _discover(env, io, node)
+    except HostReadError:
+        raise
+    except OSError as exc:
+        raise read_failed(exc, env) from exc
+
+
+def _discover(env: HostEnv, io: HostIO, node: str) -> Inventory:
     found = []
     for addr in pci_addresses(env, io):
         if io.exists(env.pci(addr) / "physfn"):

@@ -12,13 +12,10 @@ other sizes do not appear at all), devices already taken, and incomplete pools (
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterable
-
-import yaml
 
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.quantity import format_quantity, parse_quantity
@@ -26,6 +23,7 @@ from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.pools import read_pools
 from dra_bridge.scheduling.selectors import default_selectors
 from dra_bridge.scheduling.objects import dev_attr
+from mdev_manager.yamlfile import load_yaml
 
 CAPACITY_CLASS = "vgpuctl-capacity-probe"
 WHOLE_GPU = "whole GPU"
@@ -255,10 +253,11 @@ def from_objects(docs: Iterable[Any]) -> tuple[list[dict], list[dict]]:
     return slices, claims
 
 
+OBJECTS_MAX_BYTES = 256 << 20  # `kubectl get resourceslices -o json` of a thousand GPU nodes fits
+
+
 def from_file(path: str | Path) -> tuple[list[dict], list[dict]]:
-    text = Path(path).read_text()
-    try:
-        docs = [json.loads(text)]
-    except ValueError:
-        docs = list(yaml.safe_load_all(text))
+    """(slices, claims) from a file of objects, JSON or YAML (``-``: stdin); YamlFileError names the line."""
+    docs = load_yaml(path, what="file of API objects", max_bytes=OBJECTS_MAX_BYTES, all_documents=True,
+                     json_first=True)
     return from_objects(docs)

@@ -33,10 +33,10 @@ def run(args) -> int:
         slices, claims = from_file(args.from_file)
         report = compute(slices, claims, driver=args.driver, nodes=args.node)
     elif args.kubeconfig is not None:
-        from dra_bridge.kube.client import api_client_from
+        from dra_bridge.kube.client import connect
         from dra_bridge.kube.workloads import slices_and_claims
 
-        slices, claims = slices_and_claims(api_client_from(args.kubeconfig or None))
+        slices, claims = slices_and_claims(connect(args.kubeconfig or None))
         report = compute(slices, claims, driver=args.driver, nodes=args.node)
     else:
         report = simulated_capacity(args.server_version, args.layout, workloads=not args.empty)

@@ -32,6 +32,21 @@ def open_host(args) -> tuple[HostEnv, HostIO]:
     return env, RealIO()
 
 
+def check_sys_root(args, env: HostEnv, io: HostIO) -> None:
+    """A ``--sys-root`` that is no sysfs would read as a node without GPUs: say so instead."""
+    from mdev_manager.discovery import read_failed
+
+    if args.simulate or not args.sys_root:
+        return
+    try:
+        io.stat(env.pci_devices)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ValueError(f"--sys-root {env.sys_root}: no bus/pci/devices under it; give the root of a sysfs "
+                         "tree (default /sys)") from None
+    except OSError as exc:
+        raise read_failed(exc, env) from None
+
+
 def node_name(args, env: HostEnv | None = None) -> str:
     """The node's name: the simulated host's, else $NODE_NAME."""
     if args.simulate:

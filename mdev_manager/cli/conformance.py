@@ -43,10 +43,10 @@ def run(args) -> int:
         return 0
     kw = dict(profile=args.profile, node=args.node, max_workloads=args.max_workloads)
     if args.kubeconfig is not None:
-        from dra_bridge.kube.client import api_client_from
+        from dra_bridge.kube.client import connect
         from dra_bridge.scheduling.selectors import default_selectors
 
-        backend = KubeBackend(api_client_from(args.kubeconfig or None), namespace=args.namespace, image=args.image,
+        backend = KubeBackend(connect(args.kubeconfig or None), namespace=args.namespace, image=args.image,
                               driver=args.driver, vgpu_class=args.vgpu_class, passthrough_class=args.passthrough_class,
                               timeout=args.timeout, settle=args.settle, selectors=default_selectors(),
                               label=f"cluster ({args.kubeconfig or 'default kubeconfig'})")

@@ -3,6 +3,13 @@
 Command modules are imported by name only for the command being run, so ``vgpuctl discover`` or
 ``vgpuctl plan`` load neither ``grpc`` nor ``kubernetes``. A module serves a command either with
 ``add_<command>(parser)`` (which sets ``func``) or with ``add_arguments(parser)`` and ``run(args)``.
+
+Errors end here, in :func:`main`: bad input (a ``ValueError``: ConfigError, RenderError,
+YamlFileError, a kubeconfig that cannot be used, ...) and a failing host read print one line
+(a layout's problems one per line) and exit 2; anything unexpected prints one line naming the
+exception and exits 2 too; ``--debug`` lets it raise with its traceback instead. A reader that
+closed stdout early (``vgpuctl discover | head -1``) ends the command quietly with 141, what a
+shell reports for a tool killed by SIGPIPE (128 + 13).
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import select
 import sys
 from dataclasses import dataclass
 
@@ -60,6 +69,7 @@ def _global_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-root", help="vgpuctl state (default /var/lib/vgpuctl)")
     p.add_argument("--libvirt-uri", default=None, help="libvirt URI to check for devices in use (e.g. qemu:///system)")
     p.add_argument("-v", "--verbose", action="store_true", help="more detail (debug logs)")
+    p.add_argument("--debug", action="store_true", help="on an error, show the Python traceback")
 
 
 def _command_of(argv: list[str]) -> str | None:
@@ -104,22 +114,99 @@ def _fix_simulate(argv: list[str]) -> list[str]:
     return out
 
 
+# 128 + SIGPIPE: what a shell reports for a tool the signal ended (bash(1), EXIT STATUS), so
+# `set -o pipefail` scripts see vgpuctl as they see `yes | head -1`
+SIGPIPE_EXIT = 141
+
+
+def error_lines(exc: BaseException) -> list[str]:
+    """What the user is told about ``exc``: one line (a rejected layout: one per problem)."""
+    from mdev_manager.config import ConfigError, ConfigFileError
+
+    if isinstance(exc, ConfigFileError):
+        return [f"error: {_one_line(str(exc))}"]
+    if isinstance(exc, ConfigError):
+        where = f"{exc.source}: " if exc.source else ""
+        return [f"error: {where}the layout was rejected; nothing was changed:"] + [f"  - {p}" for p in exc.problems]
+    if isinstance(exc, OSError):
+        if type(exc).__str__ is not OSError.__str__ or isinstance(exc, FileExistsError):
+            return [f"error: {_one_line(str(exc))}"]  # it words itself (a failing host read)
+        if exc.strerror and exc.filename:
+            return [f"error: {exc.filename}: {exc.strerror}"]
+    if _is_validation_error(exc):
+        problems = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return [f"error: {exc.title}: " + "; ".join(problems)]
+    if isinstance(exc, (ValueError, KeyError)):
+        return [f"error: {_one_line(str(exc))}"]
+    text = _one_line(str(exc))
+    return [f"error: {type(exc).__name__}{': ' + text if text else ''} (an unexpected error; "
+            "run with --debug for the traceback)"]
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(exc, pydantic.ValidationError)
+
+
+def _stdout_closed() -> bool:
+    """Whether nothing reads stdout any more (a pipe whose reader exited reports POLLERR)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no fd (captured), or closed
+        return False
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit does not fail again (Python's signal docs,
+    "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _fix_simulate(sys.argv[1:] if argv is None else argv)  # before _command_of reads it
-    args = build_parser(_command_of(argv)).parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    from mdev_manager.config import ConfigError
-
+    debug = "--debug" in argv  # known before parsing, which may fail too
     try:
-        return args.func(args)
-    except ConfigError as exc:
-        print("error: the layout was rejected; nothing was changed:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
-    except (ValueError, KeyError, FileExistsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        args = build_parser(_command_of(argv)).parse_args(argv)
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except SystemExit:  # argparse: after -h, or a usage error
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _drop_stdout()
+            return SIGPIPE_EXIT
+        raise
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # a socket, not our reader
+            if debug:
+                raise
+            print(error_lines(exc)[0], file=sys.stderr)
+            return 2
+        _drop_stdout()
+        return SIGPIPE_EXIT
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        return 130  # 128 + SIGINT
+    except Exception as exc:  # noqa: BLE001 - the CLI's edge: everything ends as one line
+        if debug:
+            raise
+        for line in error_lines(exc):
+            print(line, file=sys.stderr)
         return 2
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mdev_manager.cli.common import dump, node_name, open_host
+from mdev_manager.cli.common import check_sys_root, dump, node_name, open_host
 from mdev_manager.cli.output import inventory_table, plan_text, report_text
 from mdev_manager.config import load_config
 from mdev_manager.discovery import discover
@@ -45,14 +45,16 @@ def add_restore(p: argparse.ArgumentParser) -> None:
 
 def run_discover(args) -> int:
     env, io = open_host(args)
+    check_sys_root(args, env, io)
     inv = discover(env, io, node=node_name(args, env))
     print(inventory_table(inv, types=args.types) if args.output == "table" else dump(inv, args.output))
     return 0
 
 
 def run_apply(args, dry_run: bool = False) -> int:
+    layouts = load_config(args.file, args.layout)  # bad input touches nothing, not even a simulated host
     env, io = open_host(args)
-    layouts = load_config(args.file, args.layout)
+    check_sys_root(args, env, io)
     out = reconcile(env, io, layouts, dry_run=dry_run or args.dry_run, node=node_name(args, env),
                     final_inventory=args.output != "table")
     if args.output != "table":
@@ -72,6 +74,7 @@ def run_apply(args, dry_run: bool = False) -> int:
 
 def run_restore(args) -> int:
     env, io = open_host(args)
+    check_sys_root(args, env, io)
     before = len(discover(env, io).all_vgpus())
     reports = restore(env, io)
     for r in reports:

@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from kubevirt_templates.render import KINDS, RenderError, canonical_kind, render, render_yaml
 from kubevirt_templates.validate import ENV_SCHEMA, KubeVirtSchema, is_kubevirt, load_schema
+from mdev_manager.yamlfile import YamlFileError, load_yaml, parse_yaml
 
 
 def parse_set(assignments: list[str]) -> dict[str, Any]:
@@ -32,8 +30,8 @@ def parse_set(assignments: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise RenderError(f"--set {item!r}: expected key=value (nested keys with dots: gpus.A100-4C=1)")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
+            value = parse_yaml(raw, name=f"--set {key.strip()}", what="value") if raw.strip() else ""
+        except YamlFileError as exc:
             raise RenderError(f"--set {item!r}: the value is not valid YAML ({exc})") from None
         parts = key.strip().split(".")
         node = out
@@ -57,12 +55,9 @@ def load_values(files: list[str] | None, sets: list[str] | None) -> dict[str, An
     values: dict[str, Any] = {}
     for f in files or []:
         try:
-            text = sys.stdin.read() if f == "-" else Path(f).read_text()
-            doc = yaml.safe_load(text) or {}
-        except OSError as exc:
-            raise RenderError(f"values file {f}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise RenderError(f"values file {f}: not valid YAML ({exc})") from None
+            doc = load_yaml(f, what="values file") or {}
+        except YamlFileError as exc:
+            raise RenderError(f"values file {exc}") from None
         if not isinstance(doc, dict):
             raise RenderError(f"values file {f}: expected a mapping of field: value")
         values = _merge(values, doc)
@@ -71,11 +66,9 @@ def load_values(files: list[str] | None, sets: list[str] | None) -> dict[str, An
 
 def _inventory_from_file(path: str) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise RenderError(f"--inventory {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise RenderError(f"--inventory {path}: not valid YAML/JSON ({exc})") from None
+        doc = load_yaml(path, what="node inventory", json_first=True)
+    except YamlFileError as exc:
+        raise RenderError(f"--inventory {exc}") from None
     if not isinstance(doc, dict) or "gpus" not in doc:
         raise RenderError(f"--inventory {path}: expected the output of `vgpuctl discover -o yaml`")
     return doc
@@ -102,11 +95,13 @@ def kubevirt_schema(args: argparse.Namespace) -> KubeVirtSchema | None:
     """The schema to validate against: the cluster's, a file's, or None (not asked for)."""
     kubeconfig = getattr(args, "kubeconfig", None)
     if kubeconfig:
-        from dra_bridge.kube.client import api_client_from
+        from dra_bridge.kube.client import KubeconfigError, api_client_from
         from dra_bridge.kube.openapi import KUBEVIRT_V1, OpenApiUnavailable, fetch_kubevirt_openapi
 
         try:
             api = api_client_from(kubeconfig)
+        except KubeconfigError as exc:
+            raise SchemaUnavailable(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - kubernetes.config raises several types
             raise SchemaUnavailable(f"--kubeconfig {kubeconfig}: {exc}") from None
         try:
@@ -167,9 +162,12 @@ def run(args: argparse.Namespace) -> int:
             values["inventories"] = list(values.get("inventories") or []) + inventories
         objects = render(kind, values)
     except RenderError as exc:
-        print(f"error: cannot render {args.kind}:", file=sys.stderr)
-        for p in exc.problems:
-            print(f"  - {p}", file=sys.stderr)
+        if len(exc.problems) == 1:
+            print(f"error: cannot render {args.kind}: {exc.problems[0]}", file=sys.stderr)
+        else:
+            print(f"error: cannot render {args.kind}:", file=sys.stderr)
+            for p in exc.problems:
+                print(f"  - {p}", file=sys.stderr)
         return 2
     status = _check_kubevirt(args, objects)
     if status:

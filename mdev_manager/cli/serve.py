@@ -35,19 +35,35 @@ def add_arguments(sv: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from dra_bridge.agent.daemon import Daemon, ServeConfig
     from dra_bridge.agent.observe import setup_logging
-    from dra_bridge.kube.client import api_client_from
+    from dra_bridge.kube.client import connect
+    from mdev_manager.config import load_document
 
-    setup_logging(logging.DEBUG if args.verbose else logging.INFO, json_logs=not args.plain_logs)
-    env, io = open_host(args)
-    node = args.node_name or os.environ.get("NODE_NAME") or node_name(args, env)
+    if args.file:
+        # a file that is not YAML stops the start; a layout in it that is rejected is reported on
+        # every resync (the state label reads failed) while the agent keeps serving
+        load_document(args.file)
+    version = _server_version(args.server_version)
+    node = args.node_name or os.environ.get("NODE_NAME") or node_name(args)
     if not node:
         raise ValueError("node name: set NODE_NAME (the DaemonSet sets it from spec.nodeName) or pass --node-name")
-    version = tuple(int(x) for x in args.server_version.split(".")[:2]) if args.server_version else None
+    api = connect(args.kubeconfig)  # bad input stops the start before the host is touched
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO, json_logs=not args.plain_logs)
+    env, io = open_host(args)
     cfg = ServeConfig(node_name=node, driver=args.driver, layout_file=args.file, layout=args.layout,
                       resync_seconds=args.resync, server_version=version, metrics_port=args.metrics_port,
                       kubelet_root=Path(args.kubelet_root), cdi_root=Path(args.cdi_root),
                       device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
                       layout_label=args.layout_label, state_label=args.state_label)
-    daemon = Daemon(cfg, env, io, api_client_from(args.kubeconfig)).start()
+    daemon = Daemon(cfg, env, io, api).start()
     daemon.run()
     return 0
+
+
+def _server_version(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        major, minor = (int(x) for x in text.split(".")[:2])
+    except ValueError:
+        raise ValueError(f"--server-version {text!r}: expected MAJOR.MINOR, e.g. 1.35") from None
+    return major, minor

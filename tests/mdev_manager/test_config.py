@@ -162,6 +162,28 @@ def test_load_config_file_errors(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(bad)
     assert "bad.yaml" in str(e.value) and "not valid YAML" in str(e.value)
+    assert str(e.value).startswith(f"{bad}:3:1: ")  # FILE:LINE:COL
+
+
+def test_load_config_refuses_duplicate_keys_and_numbers_for_names(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("version: vgpuctl/v1\nlayouts:\n  default:\n    - index: 0\n  default:\n    - index: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(dup)
+    assert e.value.problems == [f"{dup}:5:3: duplicate key 'default' (first at line 3); keep one of them"]
+    num = tmp_path / "num.yaml"
+    num.write_text("version: vgpuctl/v1\nlayouts:\n  1:\n    - index: 0\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(num, "1")
+    assert e.value.problems == [f'{num}:3:3: the key 1 is read as a number (1), not as a name; quote it: "1"']
+
+
+def test_names_that_are_not_text():
+    """Parsed elsewhere (not through the loader): still one problem naming the fix."""
+    assert problems({"version": "vgpuctl/v1", "layouts": {1: [{"index": 0}]}}, "1") == [
+        'layouts: the name 1 is not text; quote it: "1"']
+    dm = {"version": "v1", "vgpu-configs": {1: [{"devices": "all", "vgpu-devices": {"T4-1Q": 1}}]}}
+    assert problems(dm, "x") == ["vgpu-configs: no config named 'x'; choose one of 1"]
 
 
 # --------------------------------------------------------------------------- vgpu-device-manager v1
