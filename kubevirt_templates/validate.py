@@ -31,8 +31,11 @@ from typing import Any, Mapping, Union
 
 import jsonschema
 
+from mdev_manager.yamlfile import read_bytes
+
 #: The environment variable naming the schema file when no path is given.
 ENV_SCHEMA = "VGPUCTL_KUBEVIRT_OPENAPI"
+SCHEMA_MAX_BYTES = 64 << 20  # KubeVirt's whole OpenAPI document is under 1 MiB
 
 #: Definitions left free-form (by name suffix: swagger says ``k8s.io.apimachinery...``, v3 ``io.k8s.apimachinery...``).
 FREE_FORM = (
@@ -141,7 +144,13 @@ class KubeVirtSchema:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> KubeVirtSchema:
-        return cls(json.loads(Path(path).read_text()), source=str(path))
+        data = read_bytes(path, what="OpenAPI schema", max_bytes=SCHEMA_MAX_BYTES)
+        try:
+            return cls(json.loads(data), source=str(path))
+        except RecursionError:
+            raise ValueError("nested too deeply to be an OpenAPI schema") from None
+        except ValueError as exc:
+            raise ValueError(f"not a JSON OpenAPI schema ({exc})") from None
 
     def definition_for(self, obj: Mapping[str, Any]) -> str:
         """The definition of an object's ``apiVersion`` and ``kind`` (``v1.VirtualMachine``)."""

@@ -124,7 +124,8 @@ def kubevirt_schema(args: argparse.Namespace) -> KubeVirtSchema | None:
 
 
 def _check_kubevirt(args: argparse.Namespace, objects: list[dict[str, Any]]) -> int:
-    """0 when the KubeVirt objects validate (or validation was not asked for), else 1."""
+    """0 when the KubeVirt objects validate (or validation was not asked for), 1 when they do not,
+    2 when the schema asked for cannot be had (bad input, as for any unreadable file)."""
     kubevirt = [o for o in objects if is_kubevirt(o)]
     if not kubevirt:
         return 0
@@ -132,7 +133,7 @@ def _check_kubevirt(args: argparse.Namespace, objects: list[dict[str, Any]]) -> 
         schema = kubevirt_schema(args)
     except SchemaUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     if schema is None:
         print("note: the KubeVirt objects were NOT validated against KubeVirt's schema "
               f"(give --kubeconfig to use the cluster's, or --schema FILE / ${ENV_SCHEMA})", file=sys.stderr)

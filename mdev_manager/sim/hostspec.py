@@ -6,10 +6,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mdev_manager import catalog
+from mdev_manager.yamlfile import load_yaml
 
 
 class GpuGroup(BaseModel):
@@ -54,9 +54,9 @@ def load_host(ref: str | Path | None = None) -> HostSpec:
     ref = DEFAULT_PRESET if ref is None else ref
     path = Path(ref)
     if path.suffix in (".yaml", ".yml") and path.exists():
-        text = path.read_text()
+        doc = load_yaml(path, what="host spec")
     elif str(ref) in preset_names():
-        text = (PRESETS / f"{ref}.yaml").read_text()
+        doc = load_yaml(PRESETS / f"{ref}.yaml", what="host spec")
     else:
         raise ValueError(f"host: {ref!r} is neither a host YAML file nor a preset ({', '.join(preset_names())})")
-    return HostSpec.model_validate(yaml.safe_load(text))
+    return HostSpec.model_validate(doc)

@@ -728,7 +728,7 @@ def test_cli_validates_against_a_schema_file(tmp_path, monkeypatch, capsys):
     assert rc == 1 and out == ""  # nothing to pipe into kubectl apply
     assert f"VirtualMachine v does not validate against {future}" in err and "futureField" in err
     rc, out, err = _run(RENDER_VM + ["--schema", str(tmp_path / "missing.json")], capsys)
-    assert rc == 1 and out == "" and "missing.json" in err
+    assert rc == 2 and out == "" and "missing.json" in err
 
 
 class OpenApiStub:
@@ -801,7 +801,7 @@ def test_cli_refuses_a_cluster_without_kubevirt(tmp_path, monkeypatch, capsys):
     with LocalApiServer("1.35") as api:
         kubeconfig = str(api.kubeconfig(tmp_path / "kubeconfig"))
         rc, out, err = _run(RENDER_VM + ["--kubeconfig", kubeconfig], capsys)
-    assert rc == 1 and out == ""
+    assert rc == 2 and out == ""
     assert "cannot read KubeVirt's schema from the cluster" in err and "404" in err
     assert "is KubeVirt installed" in err
 

@@ -415,3 +415,26 @@ def test_debug_is_a_global_option():
     from mdev_manager.cli.main import _command_of
 
     assert _command_of(["--debug", "--simulate", "default", "apply", "-f", "x"]) == "apply"
+
+
+def test_a_bad_host_spec_names_its_line(tmp_path, monkeypatch, capsys):
+    """``--simulate HOST.yaml`` reads the host spec with the same loader as layouts."""
+    monkeypatch.setenv("VGPUCTL_SIM_DIR", str(tmp_path / "sim"))
+    spec = tmp_path / "host.yaml"
+    spec.write_text("gpus: [{board: T4}]\ngpus: []\n")
+    code, out, err = run(capsys, "--simulate", str(spec), "discover")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and f"{spec}:2:1:" in err and "duplicate key 'gpus'" in err
+    assert not (tmp_path / "sim").exists()  # no simulated host was built from it
+
+
+@pytest.mark.parametrize("content, words", [
+    ("[" * 5000 + "]" * 5000, "nested too deeply"),
+    ("{not json", "not a JSON OpenAPI schema"),
+])
+def test_a_bad_kubevirt_schema_file_is_bad_input(content, words, tmp_path, capsys):
+    schema = tmp_path / "schema.json"
+    schema.write_text(content)
+    code, out, err = run(capsys, "render", "vm", "--set", "name=v", "--set", "gpus.T4-2Q=1", "--schema", str(schema))
+    assert code == 2 and out == ""  # nothing to pipe into kubectl apply
+    assert err.count("\n") == 1 and str(schema) in err and words in err
