@@ -63,7 +63,7 @@ def _prepare(lines: list[str], n: int = 1000) -> None:
         t4 = [d.name for d in pool.devices if d.kind == "vgpu" and "t4-1q" in d.name and d.gpu == inv.gpus[0].address]
 
         def claim(i):
-            return {"metadata": {"name": f"c{i}", "namespace": "bench", "uid": f"uid-{i}"},
+            return {"metadata": {"name": f"c{i}", "namespace": "bench", "uid": f"00000000-0000-4000-8000-{i:012d}"},
                     "status": {"allocation": {"devices": {"results": [
                         {"request": "vgpu", "driver": "vgpu.kubevirt.io", "pool": "sim-node-1", "device": t4[0]}]}}}}
 
@@ -78,7 +78,7 @@ def _prepare(lines: list[str], n: int = 1000) -> None:
                 drv.store.io = paths_io
                 lat = []
                 for i in range(n):
-                    ref = ClaimRef(namespace="bench", uid=f"uid-{i}", name=f"c{i}")
+                    ref = ClaimRef(namespace="bench", uid=f"00000000-0000-4000-8000-{i:012d}", name=f"c{i}")
                     t0 = time.perf_counter()
                     res = drv.prepare([ref])[ref.uid]
                     lat.append(time.perf_counter() - t0)

@@ -13,6 +13,8 @@ from pathlib import Path
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 
+from dra_bridge.kubeletplugin.paths import check_uid, contained
+
 CDI_VERSION = "0.5.0"
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
@@ -52,7 +54,20 @@ def claim_spec(driver: str, claim_uid: str, devices: dict[str, list[dict]]) -> d
 
 
 def spec_path(cdi_root: Path, driver: str, claim_uid: str) -> Path:
-    return Path(cdi_root) / f"{driver}-claim_{claim_uid}.json"
+    """The claim's spec file; UnsafeName unless ``claim_uid`` is a UUID and the file stays in ``cdi_root``."""
+    return contained(cdi_root, Path(cdi_root) / f"{driver}-claim_{check_uid(claim_uid)}.json")
+
+
+def parse_spec_name(driver: str, file_name: str) -> str | None:
+    """The claim uid a claim spec file is named for (recovery), None for any other file."""
+    prefix, suffix = f"{driver}-claim_", ".json"
+    if not (file_name.startswith(prefix) and file_name.endswith(suffix)):
+        return None
+    uid = file_name[len(prefix):-len(suffix)]
+    try:
+        return check_uid(uid)
+    except ValueError:
+        return None
 
 
 def write_spec(io: HostIO, path: Path, spec: dict) -> None:

@@ -1,8 +1,20 @@
-"""The prepared-claims checkpoint: written atomically (fsync, rename) before prepare answers.
+"""The prepared-claims checkpoint: versioned, self-checking, written atomically (fsync, rename)
+before prepare answers.
 
 An entry is first written ``preparing`` with the vGPU ids it is about to create, then
 ``prepared``; a restart finds any ``preparing`` entry and undoes what it may have made,
 so a crash between creating a vGPU and recording it leaves no orphan.
+
+On disk: ``{"checksum": sha256(data), "data": {"version": N, "claims": {uid: record}}}``.
+A file of an older version is migrated step by step on load (one pure function per step)
+and written back in the current version at the next save; versions only add fields, so an
+older plugin still reads a newer file. A file that cannot be trusted (not JSON, not this
+shape, a bad checksum, a version this code does not know, a record that fails validation,
+a directory) raises :class:`CheckpointCorrupt`; the driver then moves it aside
+(:meth:`CheckpointStore.quarantine`) and rebuilds the state from what the node shows.
+
+Since version 2 each claim records the boot (``/proc/sys/kernel/random/boot_id``) its devices
+were made in: after a reboot they are gone, and the record says so.
 """
 
 from __future__ import annotations
@@ -10,14 +22,26 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import stat
+import time
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError, field_validator, model_validator
 
 from mdev_manager.host.io import HostIO, RealIO
 
+from dra_bridge.kubeletplugin.paths import check_label, check_name, check_namespace, check_request, check_uid
+
 log = logging.getLogger(__name__)
+
+CURRENT_VERSION = 2
+MAX_BYTES = 64 << 20  # thousands of claims fit in a few MiB; a bigger "checkpoint" is not one
+
+
+class CheckpointCorrupt(RuntimeError):
+    """The checkpoint cannot be trusted; the message says why."""
 
 
 class PreparedDeviceRecord(BaseModel):
@@ -35,24 +59,106 @@ class PreparedDeviceRecord(BaseModel):
     vfs_disabled: int = 0  # SR-IOV VFs this prepare turned off to pass the GPU through
     cdi_ids: list[str] = []
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        return check_label(v, "device")
+
+    @field_validator("request")
+    @classmethod
+    def _request(cls, v: str) -> str:
+        return v and check_request(v)  # "" : not known (rebuilt from a CDI spec alone)
+
 
 class ClaimRecord(BaseModel):
     uid: str
-    namespace: str
+    namespace: str  # "" when not known (rebuilt from a CDI spec alone)
     name: str
     state: Literal["preparing", "prepared"] = "preparing"
     devices: list[PreparedDeviceRecord] = []
     cdi_files: list[str] = []
     metadata_files: list[str] = []
+    boot_id: str | None = None  # the boot the devices were made in; None: not known (version 1)
+
+    @field_validator("uid")
+    @classmethod
+    def _uid(cls, v: str) -> str:
+        return check_uid(v)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        return v and check_namespace(v)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return v and check_name(v)
 
 
 class Checkpoint(BaseModel):
-    version: int = 1
+    version: int = CURRENT_VERSION
     claims: dict[str, ClaimRecord] = {}
+
+    @model_validator(mode="after")
+    def _keys_are_uids(self) -> "Checkpoint":
+        for key, rec in self.claims.items():
+            if key != rec.uid:
+                raise ValueError(f"claim key {key!r} differs from its record's uid {rec.uid!r}")
+        return self
+
+
+# --------------------------------------------------------------------------- versions (pure)
+
+
+def _v1_to_v2(data: dict) -> dict:
+    """Version 2 records the boot per claim; a version 1 claim's boot is not known."""
+    claims = data.get("claims")
+    if not isinstance(claims, dict):
+        raise CheckpointCorrupt("version 1 data has no claims map")
+    out = {uid: {**rec, "boot_id": None} if isinstance(rec, dict) else rec for uid, rec in claims.items()}
+    return {**data, "version": 2, "claims": out}
+
+
+#: version N -> version N+1
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
 
 
 def _digest(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def parse(text: str) -> Checkpoint:
+    """The checkpoint a file's text holds, migrated to the current version; CheckpointCorrupt else."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointCorrupt(f"not JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict) or "checksum" not in doc:
+        raise CheckpointCorrupt(f"not a checkpoint (a JSON {type(doc).__name__} without checksum and data)")
+    data = doc["data"]
+    if doc["checksum"] != _digest(json.dumps(data, sort_keys=True)):
+        raise CheckpointCorrupt("it fails its checksum")
+    version = data.get("version")
+    if type(version) is not int or not 1 <= version <= CURRENT_VERSION:
+        raise CheckpointCorrupt(f"version {version!r} is not one this plugin knows (1..{CURRENT_VERSION})")
+    while version < CURRENT_VERSION:
+        data = MIGRATIONS[version](data)
+        version = data["version"]
+    try:
+        return Checkpoint.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CheckpointCorrupt(f"invalid at {where or 'top level'}: {first['msg']}") from None
+
+
+def serialize(cp: Checkpoint) -> str:
+    data = cp.model_copy(update={"version": CURRENT_VERSION}).model_dump(mode="json")
+    return json.dumps({"checksum": _digest(json.dumps(data, sort_keys=True)), "data": data}, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- the file
 
 
 class CheckpointStore:
@@ -61,18 +167,30 @@ class CheckpointStore:
         self.io = io or RealIO()
 
     def load(self) -> Checkpoint:
+        """The checkpoint (empty when there is none); CheckpointCorrupt when it cannot be trusted."""
         try:
-            doc = json.loads(self.io.read(self.path))
+            st = self.io.stat(self.path)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointCorrupt("not a regular file")
+            if st.st_size > MAX_BYTES:
+                raise CheckpointCorrupt(f"{st.st_size} bytes, more than the {MAX_BYTES} a checkpoint may hold")
+            text = self.io.read(self.path)
         except FileNotFoundError:
             return Checkpoint()
-        except (OSError, ValueError) as exc:
-            raise RuntimeError(f"checkpoint {self.path} is unreadable ({exc}); move it aside to start fresh") from exc
-        body = json.dumps(doc.get("data", {}), sort_keys=True)
-        if doc.get("checksum") != _digest(body):
-            raise RuntimeError(f"checkpoint {self.path} fails its checksum; move it aside to start fresh")
-        return Checkpoint.model_validate(doc["data"])
+        except OSError as exc:  # an unreadable file
+            raise CheckpointCorrupt(f"unreadable ({exc.strerror or exc})") from None
+        return parse(text)
 
     def save(self, cp: Checkpoint) -> None:
-        data = cp.model_dump(mode="json")
-        body = json.dumps(data, sort_keys=True)
-        self.io.write_atomic(self.path, json.dumps({"checksum": _digest(body), "data": data}, sort_keys=True))
+        self.io.write_atomic(self.path, serialize(cp))
+
+    def quarantine(self) -> Path:
+        """Move the file (or directory) aside as ``<name>.corrupt-<UTC time>``, kept for inspection."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while self.io.exists(aside):
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+            n += 1
+        os.rename(self.path, aside)  # HostIO has no rename; the plugin's data dir is a plain directory
+        return aside

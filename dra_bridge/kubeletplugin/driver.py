@@ -4,33 +4,46 @@ Wiring only: claims come from a ClaimSource (:mod:`.claimsource`), devices from 
 published pool, effects from :mod:`.effects`, files from :mod:`.cdi` and :mod:`.metadata`,
 and every change is checkpointed before prepare answers. Prepare is idempotent: a prepared
 claim answers from the checkpoint and creates nothing new.
+
+Three things the node can do behind the plugin's back are handled here:
+
+* a corrupted checkpoint is moved aside and the state rebuilt from the node (:mod:`.recovery`);
+  the plugin keeps serving and removes nothing;
+* a reboot takes every vGPU, VF and tmpfs CDI spec with it: a claim prepared in an earlier
+  boot (its record carries the boot id) is re-created on its next prepare, same vGPU UUIDs
+  where the kernel allows, before the kubelet is answered, or answered with an error; and
+  undoing such a record touches files only, never the kernel (the ids may name someone else's
+  device now);
+* names from API objects are checked before anything is made (:mod:`.paths`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Callable
 
-from pathlib import Path
-
-from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor
-from mdev_manager.host.io import HostIO, RealIO, link_name
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO, RealIO, link_name, read_attr
 from mdev_manager.models import Usage
 
-from dra_bridge.kubeletplugin import cdi
-
-from dra_bridge.kubeletplugin import metadata
-from dra_bridge.kubeletplugin.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDeviceRecord
-from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
-from dra_bridge.pool.devices import Pool
 from dra_bridge.kubelet.dra_grpc import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
-from dra_bridge.kubeletplugin.paths import PluginPaths
-from dra_bridge.kubeletplugin.effects import (PrepareError, bind_passthrough, create_vgpu, passthrough_moves, plan_vgpu, read_one_gpu,
-                    release_passthrough, remove_vgpu)
+from dra_bridge.kubeletplugin import cdi, metadata, recovery
+from dra_bridge.kubeletplugin.checkpoint import (Checkpoint, CheckpointCorrupt, CheckpointStore, ClaimRecord,
+                                                 PreparedDeviceRecord)
+from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
+from dra_bridge.kubeletplugin.effects import (PrepareError, bind_passthrough, create_vgpu, passthrough_moves, plan_vgpu,
+                                              read_one_gpu, release_passthrough, remove_vgpu, device_present,
+                                              vgpu_present)
+from dra_bridge.kubeletplugin.paths import (PluginPaths, UnsafeName, check_label, check_name, check_namespace,
+                                            check_request, check_uid)
+from dra_bridge.pool.devices import Pool
 
 log = logging.getLogger(__name__)
+
+BOOT_ID = "sys/kernel/random/boot_id"  # under the proc root
 
 
 class Driver:
@@ -45,16 +58,49 @@ class Driver:
         self.ex = Executor(env, self.io)
         self.store = CheckpointStore(paths.checkpoint, self.io)
         self._lock = threading.Lock()
-        self.cp: Checkpoint = self.store.load()
+        self.cp: Checkpoint = self._load()
 
     # ------------------------------------------------------------ start-up
+    def boot_id(self) -> str | None:
+        """The kernel's id of this boot; None where the host has none (then every record counts as this boot's)."""
+        return read_attr(self.io, self.env.proc_root / BOOT_ID) or None
+
+    def _load(self) -> Checkpoint:
+        try:
+            return self.store.load()
+        except CheckpointCorrupt as exc:
+            return self._rebuild(str(exc))
+
+    def _rebuild(self, why: str) -> Checkpoint:
+        """Move the untrusted file aside, rebuild from the node, save; one log line says what happened."""
+        try:
+            kept = f"kept as {self.store.quarantine()}"
+        except OSError as exc:
+            kept = f"could not be moved aside ({exc.strerror or exc})"
+        obs = recovery.observe(self.paths, self.env, self.io)
+        claims, skipped = recovery.rebuild(obs, driver=self.paths.driver, pool=self.pool_name, boot_id=self.boot_id())
+        cp = Checkpoint(claims=claims)
+        try:
+            self.store.save(cp)
+            saved = ""
+        except OSError as exc:
+            saved = f"; the rebuilt checkpoint is not saved ({exc.strerror or exc})"
+        found = ", ".join(f"{_who(r)} ({_n(len(r.devices), 'device')}{'' if r.boot_id else ', to re-create'})"
+                          for r in claims.values()) or "none"
+        left = f"; left out: {'; '.join(skipped)}" if skipped else ""
+        log.warning("checkpoint %s cannot be trusted (%s), %s; recovered %d prepared claims from the CDI specs, "
+                    "metadata files and devices on the node: %s%s%s",
+                    self.paths.checkpoint, why, kept, len(claims), found, left, saved)
+        return cp
+
     def recover(self) -> list[str]:
         """Undo claims a crash left half-prepared; the kubelet prepares them again."""
         undone = []
         with self._lock:
+            boot = self.boot_id()
             for uid, rec in list(self.cp.claims.items()):
                 if rec.state == "preparing":
-                    self._undo(rec)
+                    self._undo(rec, boot)
                     del self.cp.claims[uid]
                     undone.append(uid)
             if undone:
@@ -65,9 +111,10 @@ class Driver:
     def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
         out = {}
         with self._lock:
+            boot = self.boot_id()
             for ref in claims:
                 try:
-                    out[ref.uid] = PrepareResult(devices=self._prepare_one(ref))
+                    out[ref.uid] = PrepareResult(devices=self._prepare_one(ref, boot))
                 except PrepareError as exc:
                     out[ref.uid] = PrepareResult(error=str(exc))
                 except OSError as exc:
@@ -78,14 +125,58 @@ class Driver:
         return [PreparedDevice(request_names=[d.request], pool_name=d.pool, device_name=d.device,
                                cdi_device_ids=d.cdi_ids) for d in rec.devices]
 
-    def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+    def _prepare_one(self, ref: ClaimRef, boot: str | None) -> list[PreparedDevice]:
+        _check_ref(ref)  # before anything is read, made or written
         known = self.cp.claims.get(ref.uid)
         if known and known.state == "prepared":
-            return self._answer(known)
+            _fill_identity(known, ref)
+            if self._of_this_boot(known, boot):
+                return self._answer(known)
+            return self._recreate(ref, known, boot)
         if known:  # a previous attempt failed or crashed half-way: start clean
-            self._undo(known)
+            self._undo(known, boot)
             del self.cp.claims[ref.uid]
             self.store.save(self.cp)
+        return self._prepare_new(ref, boot)
+
+    def _of_this_boot(self, rec: ClaimRecord, boot: str | None) -> bool:
+        """True when the record's devices are this boot's; a record of unknown boot (version 1, or
+        rebuilt with a device missing) is adopted when the host holds every one of its devices.
+        Where the host tells no boot id, nothing can be compared: the record is believed."""
+        if boot is None or rec.boot_id == boot:
+            return True
+        if rec.boot_id is None and rec.devices and all(device_present(self.env, self.io, d) for d in rec.devices):
+            rec.boot_id = boot
+            self.store.save(self.cp)
+            return True
+        return False
+
+    def _recreate(self, ref: ClaimRef, old: ClaimRecord, boot: str | None) -> list[PreparedDevice]:
+        """A claim prepared in an earlier boot: make its devices again before answering."""
+        where = f"claim {ref.namespace}/{ref.name}"
+        held = self._held_elsewhere(ref.uid, boot)
+        back = [d.vgpu_id for d in old.devices
+                if vgpu_present(self.env, self.io, d) and d.vgpu_id not in held]
+        if back:
+            raise PrepareError(f"{where} was prepared in an earlier boot ({old.boot_id or 'boot not recorded'}) and "
+                               f"its vGPUs {', '.join(back)} exist again: not re-creating over them; unprepare the "
+                               "claim (delete its pod) to start clean")
+        del self.cp.claims[ref.uid]
+        try:
+            devices = self._prepare_new(ref, boot, prefer={d.device: d for d in old.devices})
+        except (PrepareError, OSError) as exc:
+            self.cp.claims[ref.uid] = old  # kept: the next prepare tries again with the same ids
+            self.store.save(self.cp)
+            raise PrepareError(f"{exc} (re-creating the devices it held before the node rebooted)") from None
+        new = self.cp.claims[ref.uid]
+        same = sum(1 for d in new.devices if d.vgpu_id and d.vgpu_id == getattr(
+            next((o for o in old.devices if o.device == d.device), None), "vgpu_id", None))
+        log.info("%s: prepared before the node rebooted; re-created %s (%s with the same id as before) and "
+                 "rewrote its CDI specs and metadata", where, _n(len(new.devices), "device"), _n(same, "vGPU"))
+        return devices
+
+    def _prepare_new(self, ref: ClaimRef, boot: str | None,
+                     prefer: dict[str, PreparedDeviceRecord] | None = None) -> list[PreparedDevice]:
         try:
             claim = self.claims.get(ref.namespace, ref.name)
         except Exception as exc:  # API errors become the claim's error
@@ -96,14 +187,15 @@ class Driver:
         results = [r for r in allocation_results(claim) if r.get("driver") == self.paths.driver]
         if not results:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} has no devices allocated from {self.paths.driver}")
-        records, gpus = self._plan(ref, results)
-        rec = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=records)
+        _check_results(ref, claim, results)
+        records, gpus = self._plan(ref, results, prefer or {})
+        rec = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=records, boot_id=boot)
         self.cp.claims[ref.uid] = rec
         self.store.save(self.cp)  # intent first: a crash from here on is undone by recover()
         try:
             self._apply(rec, claim, gpus)
-        except (OSError, PrepareError) as exc:
-            self._undo(rec)
+        except (OSError, ValueError, PrepareError) as exc:
+            self._undo(rec, boot)
             del self.cp.claims[ref.uid]
             self.store.save(self.cp)
             raise PrepareError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
@@ -111,7 +203,8 @@ class Driver:
         self.store.save(self.cp)
         return self._answer(rec)
 
-    def _plan(self, ref: ClaimRef, results: list[dict]) -> tuple[list[PreparedDeviceRecord], dict]:
+    def _plan(self, ref: ClaimRef, results: list[dict],
+              prefer: dict[str, PreparedDeviceRecord]) -> tuple[list[PreparedDeviceRecord], dict]:
         pool = self.pool()
         taken: set[str] = set()
         records = []
@@ -132,7 +225,7 @@ class Driver:
                                        gpu=dev.gpu, type_id=dev.type_id)
             if dev.kind == "vgpu":
                 try:
-                    rec = plan_vgpu(gpu, rec, taken)
+                    rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name))
                 except PrepareError as exc:
                     raise PrepareError(f"{where}: {exc}") from None
             records.append(rec)
@@ -185,13 +278,15 @@ class Driver:
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
         with self._lock:
+            boot = self.boot_id()
             for ref in claims:
                 rec = self.cp.claims.get(ref.uid)
                 if rec is None:
                     out[ref.uid] = None  # unknown claims are a no-op
                     continue
+                _fill_identity(rec, ref)
                 try:
-                    self._undo(rec)
+                    self._undo(rec, boot)
                 except OSError as exc:
                     out[ref.uid] = f"claim {ref.namespace}/{ref.name}: {exc}"
                     continue
@@ -200,32 +295,55 @@ class Driver:
                 out[ref.uid] = None
         return out
 
-    def _undo(self, rec: ClaimRecord) -> None:
-        """Remove what prepare made; tolerant of parts that were never made."""
-        for d in rec.devices:
-            if d.kind == "vgpu" and d.parent:
-                remove_vgpu(self.ex, self.env, self.io, d)
-            elif d.kind == "passthrough" and (d.rebound or d.vfs_disabled):
-                release_passthrough(self.ex, read_one_gpu(self.env, self.io, d.gpu), d)
+    def _held_elsewhere(self, uid: str, boot: str | None) -> set[str]:
+        """vGPU ids and GPUs that another claim of this boot (or of unknown boot) holds."""
+        return {d.vgpu_id or d.gpu for other in self.cp.claims.values()
+                if other.uid != uid and _may_be_live(other, boot) for d in other.devices}
+
+    def _undo(self, rec: ClaimRecord, boot: str | None) -> None:
+        """Remove what prepare made; tolerant of parts that were never made.
+
+        The kernel is touched only for a record of this boot (or of unknown boot, where removal
+        goes by what the host shows), and never for a device another claim's record holds.
+        """
+        if _may_be_live(rec, boot):
+            held = self._held_elsewhere(rec.uid, boot)
+            for d in rec.devices:
+                if (d.vgpu_id or d.gpu) in held:
+                    continue
+                if d.kind == "vgpu" and d.parent:
+                    remove_vgpu(self.ex, self.env, self.io, d)
+                elif d.kind == "passthrough" and (d.rebound or d.vfs_disabled):
+                    release_passthrough(self.ex, read_one_gpu(self.env, self.io, d.gpu), d)
         cdi_files, metadata_files = self._files(rec)
         for f in cdi_files + metadata_files:
             self.io.remove(f)
         for f in metadata_files:  # remove the per-claim directories the metadata lived in
             for parent in (Path(f).parent, Path(f).parent.parent):
+                if not self.paths.owns(parent):
+                    continue
                 try:
-                    parent.rmdir()
+                    self.io.rmdir(parent)
                 except OSError:
                     pass
 
     def _files(self, rec: ClaimRecord) -> tuple[list[str], list[str]]:
         """The claim's CDI and metadata files: recorded ones plus the deterministic paths prepare
-        writes (a crash after writing them but before the final checkpoint left them unrecorded)."""
-        cdi_files = list(rec.cdi_files) + [str(cdi.spec_path(self.paths.cdi_root, self.paths.driver, rec.uid))]
+        writes (a crash after writing them but before the final checkpoint left them unrecorded).
+        Only files below the plugin's own directories, whatever the record says."""
+        cdi_files = list(rec.cdi_files)
         metadata_files = list(rec.metadata_files)
-        for request in sorted({d.request for d in rec.devices}):
-            cdi_files.append(str(metadata.cdi_path(self.paths.cdi_root, self.paths.driver, rec.uid, request)))
-            metadata_files.append(str(metadata.host_file(self.paths.metadata_dir, rec.namespace, rec.name, request)))
-        return list(dict.fromkeys(cdi_files)), list(dict.fromkeys(metadata_files))
+        try:
+            cdi_files.append(str(cdi.spec_path(self.paths.cdi_root, self.paths.driver, rec.uid)))
+            for request in sorted({d.request for d in rec.devices if d.request}):
+                cdi_files.append(str(metadata.cdi_path(self.paths.cdi_root, self.paths.driver, rec.uid, request)))
+                if rec.namespace and rec.name:
+                    metadata_files.append(
+                        str(metadata.host_file(self.paths.metadata_dir, rec.namespace, rec.name, request)))
+        except UnsafeName:
+            pass  # a record the checkpoint's validation let through cannot name a path; keep what is recorded
+        own = self.paths.owns
+        return ([f for f in dict.fromkeys(cdi_files) if own(f)], [f for f in dict.fromkeys(metadata_files) if own(f)])
 
     # ------------------------------------------------------------ for the node manager and health
     def usage(self) -> Usage:
@@ -233,11 +351,11 @@ class Driver:
         mdevs: dict[str, list[str]] = {}
         pci: dict[str, list[str]] = {}
         for rec in self.cp.claims.values():
-            who = f"ResourceClaim {rec.namespace}/{rec.name}"
+            who = f"ResourceClaim {_who(rec)}"
             for d in rec.devices:
                 if d.kind == "vgpu" and d.framework == "mdev" and d.vgpu_id:
                     mdevs.setdefault(d.vgpu_id, []).append(who)
-                else:
+                elif d.vgpu_id or d.gpu:
                     pci.setdefault(d.vgpu_id or d.gpu, []).append(who)
         return Usage(mdevs=mdevs, pci=pci)
 
@@ -250,3 +368,52 @@ class Driver:
                 present[dev.gpu] = self.io.exists(self.env.pci(dev.gpu))
             out.append(DeviceHealthRecord(pool=self.pool_name, device=dev.name, healthy=present[dev.gpu]))
         return out
+
+
+# --------------------------------------------------------------------------- checks (pure)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _may_be_live(rec: ClaimRecord, boot: str | None) -> bool:
+    """False only for a record known to come from another boot: its devices died with it."""
+    return boot is None or rec.boot_id is None or rec.boot_id == boot
+
+
+def _who(rec: ClaimRecord) -> str:
+    return f"{rec.namespace}/{rec.name}" if rec.namespace else f"uid {rec.uid}"
+
+
+def _fill_identity(rec: ClaimRecord, ref: ClaimRef) -> None:
+    """A record rebuilt from a CDI spec alone learns its namespace and name from the kubelet (checked)."""
+    if rec.namespace:
+        return
+    try:
+        rec.namespace, rec.name = check_namespace(ref.namespace), check_name(ref.name)
+    except UnsafeName:
+        pass
+
+
+def _check_ref(ref: ClaimRef) -> None:
+    """The kubelet's claim identity becomes checkpoint keys and paths: check it first."""
+    try:
+        check_namespace(ref.namespace)
+        check_name(ref.name)
+        check_uid(ref.uid)
+    except UnsafeName as exc:
+        raise PrepareError(f"claim {ref.namespace!r}/{ref.name!r} (uid {ref.uid!r}) refused: {exc}; "
+                           "nothing was prepared") from None
+
+
+def _check_results(ref: ClaimRef, claim: dict, results: list[dict]) -> None:
+    """Request and device names and the pod's claim name become paths or CDI names: check them
+    all before the first device is made."""
+    try:
+        for r in results:
+            check_request(r.get("request"))
+            check_label(r.get("device"), f"device of request {r.get('request')!r}")
+        metadata.pod_claim_name(claim)
+    except UnsafeName as exc:
+        raise PrepareError(f"claim {ref.namespace}/{ref.name} refused: {exc}; nothing was prepared") from None

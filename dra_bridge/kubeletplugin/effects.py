@@ -13,7 +13,7 @@ from mdev_manager.discovery import read_function, read_gpu
 from mdev_manager.host.env import HostEnv
 from mdev_manager.actions import DisableVfs, EnableVfs
 from mdev_manager.executor import Executor
-from mdev_manager.host.io import HostIO
+from mdev_manager.host.io import HostIO, link_name
 from mdev_manager.models import Gpu
 from mdev_manager.plan import native_driver
 
@@ -30,14 +30,15 @@ def read_one_gpu(env: HostEnv, io: HostIO, address: str, index: int = 0) -> Gpu 
     return read_gpu(env, io, address, index, read_function(env, io, address))
 
 
-def choose_parent(gpu: Gpu, type_id: str, taken: set[str]) -> tuple[str, str]:
-    """(framework, parent) for a new vGPU of ``type_id``; PrepareError says why none fits."""
+def choose_parent(gpu: Gpu, type_id: str, taken: set[str], first: str | None = None) -> tuple[str, str]:
+    """(framework, parent) for a new vGPU of ``type_id``, ``first`` tried first (a re-creation
+    keeps its parent where it can); PrepareError says why none fits."""
     offered = next((t for t in gpu.types if t.id == type_id), None)
     if offered is None:
         raise PrepareError(f"GPU {gpu.address} does not offer vGPU type {type_id} (driver {gpu.driver}, "
                            f"framework {gpu.framework})")
     busy = {v.parent for v in gpu.vgpus} | taken
-    for p in gpu.parents:
+    for p in sorted(gpu.parents, key=lambda p: p.address != first):
         if gpu.framework != "mdev" and p.address in busy:
             continue
         t = next((t for t in p.types if t.id == type_id), None)
@@ -64,11 +65,35 @@ def remove_vgpu(ex: Executor, env: HostEnv, io: HostIO, rec: PreparedDeviceRecor
         ex.remove_mdev(rec.parent, rec.vgpu_id)
 
 
-def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str]) -> PreparedDeviceRecord:
-    framework, parent = choose_parent(gpu, rec.type_id, taken)
-    vgpu_id = parent if framework == "vendor-vfio" else str(uuidlib.uuid4())
+def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str],
+              prefer: PreparedDeviceRecord | None = None) -> PreparedDeviceRecord:
+    """Where the vGPU goes; ``prefer`` (the record from before a reboot) keeps its parent and mdev UUID."""
+    framework, parent = choose_parent(gpu, rec.type_id, taken, prefer.parent if prefer else None)
+    if framework == "vendor-vfio":
+        vgpu_id = parent  # a vendor-VFIO vGPU is known by its VF
+    elif prefer is not None and prefer.framework == "mdev" and prefer.vgpu_id:
+        vgpu_id = prefer.vgpu_id
+    else:
+        vgpu_id = str(uuidlib.uuid4())
     taken.add(parent)
     return rec.model_copy(update={"framework": framework, "parent": parent, "vgpu_id": vgpu_id})
+
+
+def vgpu_present(env: HostEnv, io: HostIO, rec: PreparedDeviceRecord) -> bool:
+    """Whether the host holds the recorded vGPU (an mdev of that UUID, a VF carrying that type)."""
+    if rec.kind != "vgpu" or not rec.vgpu_id:
+        return False
+    if rec.framework == "vendor-vfio":
+        cur = env.pci(rec.vgpu_id) / "nvidia" / "current_vgpu_type"
+        return io.exists(cur) and io.read(cur).strip() == rec.type_id
+    return io.exists(env.mdev_devices / rec.vgpu_id)
+
+
+def device_present(env: HostEnv, io: HostIO, rec: PreparedDeviceRecord) -> bool:
+    """The recorded vGPU exists, or the recorded GPU is on vfio-pci."""
+    if rec.kind == "passthrough":
+        return link_name(io, env.pci(rec.gpu) / "driver") == "vfio-pci"
+    return vgpu_present(env, io, rec)
 
 
 def passthrough_moves(gpu: Gpu) -> list[str]:

@@ -594,8 +594,9 @@ class SimHost:
 
     def reboot(self) -> None:
         """A cold boot: no process survives, VFs and every vGPU are gone, drivers back to
-        their initial binding."""
+        their initial binding, a new boot id."""
         self.procs.kill_all()
+        self._new_boot_id()
         with self._locked():
             for gpu in self.state["gpus"]:
                 for p, v, _ in self._existing(gpu):
@@ -618,6 +619,13 @@ class SimHost:
             for gpu in self.state["gpus"]:
                 self._refresh(gpu)
             self._save()
+
+    def _new_boot_id(self) -> None:
+        """``/proc/sys/kernel/random/boot_id``: a fresh random UUID at every boot, as the kernel's
+        (a host built without one has none until its first reboot)."""
+        path = self.root / "proc/sys/kernel/random/boot_id"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{uuidlib.uuid4()}\n")
 
     def _force_remove_mdev(self, parent: str, uid: str) -> None:
         grp = self._vgpu_group(parent, uid)

@@ -598,11 +598,17 @@ def test_failure_half_way_undoes_the_claim(srv, node, paths):
     assert not list(paths.cdi_root.glob(f"*{greedy.uid}*"))
 
 
-def test_checkpoint_with_bad_checksum_is_refused(node, paths):
+def test_checkpoint_with_bad_checksum_is_moved_aside_not_trusted(node, paths, caplog):
+    """Issue #12 point 6: a bad checksum no longer stops the plugin; the file is kept aside and not
+    believed (tests/dra_bridge/test_checkpoint.py covers every kind of corruption)."""
     paths.checkpoint.parent.mkdir(parents=True)
-    paths.checkpoint.write_text(json.dumps({"checksum": "0" * 64, "data": {"version": 1, "claims": {}}}))
-    with pytest.raises(RuntimeError, match="checksum"):
-        make_driver(node, paths, DictClaims(), node.build_pool())
+    body = json.dumps({"checksum": "0" * 64, "data": {"version": 1, "claims": {}}})
+    paths.checkpoint.write_text(body)
+    drv = make_driver(node, paths, DictClaims(), node.build_pool())
+    assert drv.cp.claims == {}
+    (aside,) = paths.checkpoint.parent.glob("checkpoint.json.corrupt-*")
+    assert aside.read_text() == body
+    assert any("checksum" in r.getMessage() for r in caplog.records)
 
 
 def test_passthrough_of_a_dra_gpu_with_idle_vfs_turns_them_off_and_back_on(srv, tmp_path, paths):

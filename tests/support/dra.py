@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,10 +109,21 @@ def make_node(root: Path, preset: str = "default", *, version: tuple[int, int] =
     """A simulated host under ``root``; ``prepare_gpus`` runs the ``dra`` layout (enables VFs)."""
     sim = sim_node(Path(root) / "host", preset)
     node = SimNode(root=sim.root, host=sim.host, env=sim.env, io=sim.io, node=sim.node, version=version)
+    set_boot_id(node, str(uuid.uuid4()))  # a real host always has one; the simulator makes one at each reboot
     if prepare_gpus:
         out = reconcile(node.env, node.io, DRA_LAYOUT, node=node.node)
         assert out.ok, out
     return node
+
+
+def boot_id_file(node: SimNode) -> Path:
+    return node.env.proc_root / "sys/kernel/random/boot_id"
+
+
+def set_boot_id(node: SimNode, value: str) -> None:
+    path = boot_id_file(node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value + "\n")
 
 
 def devices_of(pool: Pool, gpu: str, kind: str, type_id: str | None = None) -> list[str]:
