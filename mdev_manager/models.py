@@ -235,3 +235,12 @@ class Usage(BaseModel):
 def _add_all(table: dict[str, list[str]], key: str, users: Iterable[str]) -> None:
     cur = table.setdefault(key, [])
     cur.extend(u for u in users if u not in cur)
+
+
+class Blocked(BaseModel):
+    """A device in use that keeps the node from its layout: the layout wants it gone or changed."""
+
+    device: str = Field(description="vGPU id (mdev UUID or VF address) or GPU address")
+    gpu: str = Field(description="PCI address of the physical GPU")
+    held_by: list[str] = Field(description="who holds it: processes, libvirt domains, ResourceClaims")
+    blocks: str = Field(description="what the layout wants done that waits for its release")

@@ -22,7 +22,8 @@ from mdev_manager import catalog
 from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
                       SaveDefinition, SaveVendorRecord, SetVgpuType, Skip)
 from mdev_manager.config import ConfigError, GpuLayout
-from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
+from mdev_manager.models import (Blocked, Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types,
+                                 occupancy)
 
 NVIDIA = "0x10de"
 
@@ -457,3 +458,31 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     for vf in dormant:
         removals.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
     plan.actions += removals + saves + creates
+
+
+# ---------------------------------------------------------------- what in-use devices hold back
+def blocked_by_use(inv: Inventory, layouts: list[GpuLayout], plan: Plan, usage: Usage) -> list[Blocked]:
+    """The devices a plan keeps only because something uses them, each with its users and what
+    waits for its release (the plan's other skips on the same GPU). Empty: the plan, once run,
+    leaves the node as the layout says. A whole GPU a DRA claim holds on a ``dra`` GPU is what
+    the layout asks for, not a block."""
+    modes = {addr: e.mode for addr, e in select_gpus(inv, layouts).items()}
+    waits: dict[str, list[str]] = defaultdict(list)
+    for s in plan.skipped:
+        if inv.gpu(s.device) is not None:
+            waits[s.device].append(s.reason)
+    vgpus = {v.id: v for v in inv.all_vgpus()}
+    out = []
+    for s in plan.skipped:
+        v = vgpus.get(s.device)
+        if v is not None and (users := _vgpu_users(v, usage)):
+            then = "; then " + "; ".join(waits[v.gpu]) if waits[v.gpu] else ""
+            out.append(Blocked(device=v.id, gpu=v.gpu, held_by=users,
+                               blocks=f"its removal: the layout has no room for this {v.type_name}{then}"))
+            continue
+        gpu = inv.gpu(s.device)
+        if (gpu is not None and modes.get(gpu.address) == "vgpu" and gpu.driver == "vfio-pci"
+                and (users := _group_users(gpu, usage))):
+            out.append(Blocked(device=gpu.address, gpu=gpu.address, held_by=users,
+                               blocks=f"its return to {native_driver(gpu) or 'its native driver'} for vGPUs"))
+    return out

@@ -2,6 +2,10 @@
 
 Steps that change what a GPU offers (drivers, VFs) come first; after them the node is
 discovered again and planned again, so vGPU steps are always planned on real state.
+
+The outcome tells the truth about the end state: ``blocked`` lists the devices in use that
+keep the node from the layout (who holds them, what waits for them); the node matches the
+layout only when every step succeeded and nothing is blocked (``matches``).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor, Report
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Inventory, Usage
-from mdev_manager.plan import make_plan
+from mdev_manager.models import Blocked, Inventory, Usage
+from mdev_manager.plan import blocked_by_use, make_plan
 from mdev_manager.usage import collect_usage
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,7 @@ class Outcome(BaseModel):
     rounds: list[Round] = []
     inventory: Inventory | None = None
     warnings: list[str] = []
+    blocked: list[Blocked] = []
 
     @property
     def changed(self) -> int:
@@ -42,15 +47,26 @@ class Outcome(BaseModel):
     def ok(self) -> bool:
         return all(not r.report.failed for r in self.rounds if r.report)
 
+    @property
+    def matches(self) -> bool:
+        """Every step succeeded and no device in use holds the node back."""
+        return self.ok and not self.blocked
+
 
 def plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None = None,
               node: str = "") -> tuple[Inventory, Plan, list[str]]:
+    inv, plan, warnings, _blocked = _plan_once(env, io, layouts, usage_extra, node)
+    return inv, plan, warnings
+
+
+def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None,
+               node: str) -> tuple[Inventory, Plan, list[str], list[Blocked]]:
     inv = discover(env, io, node=node)
     usage = collect_usage(env, io, usage_extra)
     defs, problems = persist.load_definitions(env, io)
     records = persist.load_vendor_vfio(env, io)
     plan = make_plan(inv, layouts, usage, defs, records)
-    return inv, plan, usage.warnings + problems
+    return inv, plan, usage.warnings + problems, blocked_by_use(inv, layouts, plan, usage)
 
 
 def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bool = False,
@@ -59,7 +75,7 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
     """Run rounds until nothing structural is left; ``final_inventory`` discovers the result once more."""
     out = Outcome()
     for _ in range(max_rounds):
-        inv, plan, warnings = plan_once(env, io, layouts, usage_extra, node)
+        inv, plan, warnings, out.blocked = _plan_once(env, io, layouts, usage_extra, node)
         out.inventory = inv
         out.warnings = sorted(set(out.warnings + warnings))
         if dry_run:

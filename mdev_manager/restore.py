@@ -4,6 +4,9 @@ mdevctl-format definitions with ``start: auto`` and saved vendor-VFIO records ar
 re-created where their device is missing. A parent that is a VF of a PF whose VFs are
 not enabled (they vanish on reboot) gets its PF's VFs enabled first: the VF is taken to
 sit on its PF's bus, as NVIDIA's boards place them (offset 4, stride 1).
+
+A device a prepared DRA claim holds (``usage``: the kubelet plugin's checkpoint) is the
+claim's: restore leaves its id and its VF to the kubelet plugin, which re-creates it.
 """
 
 from __future__ import annotations
@@ -14,15 +17,18 @@ from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor, Report
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Inventory, MdevDefinition
+from mdev_manager.models import Inventory, MdevDefinition, Usage
 
 
 def _bus(addr: str) -> str:
     return addr.rsplit(":", 1)[0]
 
 
-def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, str]) -> Plan:
+def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, str],
+                 usage: Usage | None = None) -> Plan:
     plan = Plan()
+    usage = usage or Usage()
+    defs, records = _not_claimed(plan, defs, records, usage)
     present = {p.address for g in inv.gpus for p in g.parents} | {vf.address for g in inv.gpus for vf in g.vfs}
     active = {v.id for v in inv.all_vgpus()}
     vendor_active = {v.id: v.type_id for v in inv.all_vgpus() if v.framework == "vendor-vfio"}
@@ -47,11 +53,32 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
     return plan
 
 
-def restore(env: HostEnv, io: HostIO) -> list[Report]:
+def _not_claimed(plan: Plan, defs: list[MdevDefinition], records: dict[str, str],
+                 usage: Usage) -> tuple[list[MdevDefinition], dict[str, str]]:
+    """The definitions and records whose device (or VF) no prepared claim holds; the others noted."""
+    kept_defs = []
+    for d in defs:
+        users = usage.mdev_users(d.uuid) + usage.pci_users(d.parent)
+        if users:
+            plan.notes.append(f"definition {d.uuid} on {d.parent} not restored: {'; '.join(users)}")
+        else:
+            kept_defs.append(d)
+    kept_records = {}
+    for vf, tid in records.items():
+        users = usage.pci_users(vf)
+        if users:
+            plan.notes.append(f"VF {vf} (type {tid}) not restored: {'; '.join(users)}")
+        else:
+            kept_records[vf] = tid
+    return kept_defs, kept_records
+
+
+def restore(env: HostEnv, io: HostIO, usage: Usage | None = None) -> list[Report]:
+    """Re-create what is saved and missing; ``usage`` (prepared DRA claims) names devices not to touch."""
     reports = []
     for _ in range(3):
         defs, _problems = persist.load_definitions(env, io)
-        plan = plan_restore(discover(env, io), defs, persist.load_vendor_vfio(env, io))
+        plan = plan_restore(discover(env, io), defs, persist.load_vendor_vfio(env, io), usage)
         if not plan.actions:
             break
         reports.append(Executor(env, io).run(plan))

@@ -4,6 +4,12 @@ One resync = reconcile the layout (when one is given; devices held by prepared c
 count as in use) -> discover -> build the pool -> publish slices. It runs at start, on
 udev events where udev exists, and every ``resync_seconds``. SIGTERM stops the servers
 and removes their sockets; vGPUs stay (the kubelet unprepares claims, not us).
+
+Every host write (restore, reconcile, the kubelet plugin's prepare and unprepare) holds the
+node lock (:mod:`mdev_manager.host.lock`), so a hand-run ``vgpuctl apply`` waits for it, and
+the agent for the hand-run one. The state label reads ``success`` only when the node matches
+its layout: devices in use that hold it back make it ``pending``, with the reason in the
+``vgpu.kubevirt.io/config.reason`` annotation and an Event on the Node.
 """
 
 from __future__ import annotations
@@ -20,18 +26,20 @@ from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO
+from mdev_manager.host.lock import NodeLock
 from mdev_manager.models import Inventory
 from mdev_manager.reconcile import reconcile
 from mdev_manager.restore import restore
 
 from dra_bridge.kube.claims import ApiClaimSource
-from dra_bridge.kube.nodes import node_labels, set_node_label
+from dra_bridge.kube.events import record_node_event
+from dra_bridge.kube.nodes import node_metadata, set_node_annotation, set_node_label
 from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.kubelet.dra_grpc import KubeletPlugin
 from dra_bridge.agent.observe import Metrics, ProbeServer
-from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, DEFAULT_DRIVER
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.kube.publisher import Publisher
@@ -68,6 +76,9 @@ class Daemon:
         self.layouts: list[GpuLayout] | None = None
         self._layout_name = cfg.layout
         self._labels: dict[str, str] = {}
+        self._annotations: dict[str, str] | None = None  # None: not read (no label options)
+        self._blocked_reason: str | None = None  # the last reason reported by Event
+        self.node_lock = NodeLock(env, f"vgpuctl serve (node agent of {cfg.node_name})")
         self._pool = Pool()
         self.inventory: Inventory | None = None
         self.driver = Driver(env=env, paths=self.paths, pool_name=cfg.node_name, claims=ApiClaimSource(api_client),
@@ -139,9 +150,9 @@ class Daemon:
         if not self.cfg.layout_file:
             return None
         name = self.cfg.layout
-        self._labels = {}
+        self._labels, self._annotations = {}, None
         if self.cfg.layout_label or self.cfg.state_label:
-            self._labels = node_labels(self.api_client, self.cfg.node_name)
+            self._labels, self._annotations = node_metadata(self.api_client, self.cfg.node_name)
             name = self._labels.get(self.cfg.layout_label or "", name) if self.cfg.layout_label else name
         if name == self._failed_layout:
             raise ConfigError(f"layout {name!r} was rejected; fix it or label the node with another layout")
@@ -160,8 +171,9 @@ class Daemon:
 
     def _apply_layout(self, layouts: list[GpuLayout]) -> None:
         try:
-            out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
-                            final_inventory=False)
+            with self.node_lock.hold():
+                out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
+                                final_inventory=False)
         except ConfigError:
             self._set_state(self._labels, "failed")
             self._failed_layout = self._layout_name
@@ -172,15 +184,50 @@ class Daemon:
                 log.warning("layout step failed: %s: %s %s", f.step, f.error, f.message)
         self._applied_layout = self._layout_name
         self._failed_layout = None
+        reason = blocked_reason(self._layout_name, out.blocked) if out.ok and out.blocked else None
+        if reason:
+            log.warning("%s", reason)
         if self.cfg.state_label:
-            self._set_state(self._labels, "success" if out.ok else "failed")
+            self._set_state(self._labels, "failed" if not out.ok else "pending" if reason else "success")
+            self._set_reason(reason)
+        self._report_blocked(reason)
+
+    def _set_reason(self, reason: str | None) -> None:
+        """The annotation explaining ``pending``; removed once the node matches (one patch per change)."""
+        current = (self._annotations or {}).get(ANNOTATION_CONFIG_REASON)
+        if current == reason:
+            return
+        set_node_annotation(self.api_client, self.cfg.node_name, ANNOTATION_CONFIG_REASON, reason)
+        if self._annotations is not None:
+            if reason is None:
+                self._annotations.pop(ANNOTATION_CONFIG_REASON, None)
+            else:
+                self._annotations[ANNOTATION_CONFIG_REASON] = reason
+
+    def _report_blocked(self, reason: str | None) -> None:
+        """An Event when the node becomes blocked (or the block changes), and one when it is released."""
+        if reason == self._blocked_reason:
+            return
+        before, self._blocked_reason = self._blocked_reason, reason
+        if reason is None and before is None:
+            return
+        try:
+            if reason is not None:
+                record_node_event(self.api_client, self.cfg.node_name, "LayoutBlocked", reason, warning=True)
+            else:
+                record_node_event(self.api_client, self.cfg.node_name, "LayoutApplied",
+                                  f"layout {self._layout_name}: the node matches it; the devices in use were released")
+        except Exception as exc:  # an event is a courtesy: the labels carry the state
+            log.warning("cannot record an Event on node %s: %s", self.cfg.node_name, exc)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "Daemon":
-        restored = restore(self.env, self.io)  # after a reboot: saved vGPUs first, then the layout
+        with self.node_lock.hold():  # after a reboot: saved vGPUs first, then the layout
+            restored = restore(self.env, self.io, self.driver.usage())
         if any(r.changed for r in restored):
             log.info("restored %d saved vGPUs and VFs", sum(r.changed for r in restored))
-        undone = self.driver.recover()
+        with self.node_lock.hold():
+            undone = self.driver.recover()
         if undone:
             log.warning("undid %d half-prepared claims left by a crash: %s", len(undone), ", ".join(undone))
         self._wrap_prepare()
@@ -204,12 +251,18 @@ class Daemon:
         return self
 
     def _wrap_prepare(self) -> None:
-        """Time every prepare for the histogram without the driver knowing about metrics."""
-        inner = self.driver.prepare
+        """Time every prepare for the histogram without the driver knowing about metrics; prepare
+        and unprepare write to the host, so they hold the node lock."""
+        inner, inner_unprepare = self.driver.prepare, self.driver.unprepare
+
+        def unprepare(claims):
+            with self.node_lock.hold():
+                return inner_unprepare(claims)
 
         def prepare(claims):
             t0 = time.perf_counter()
-            out = inner(claims)
+            with self.node_lock.hold():
+                out = inner(claims)
             per = (time.perf_counter() - t0) / max(1, len(claims))
             for uid, res in out.items():
                 self.metrics.prepare_seconds.observe(per)
@@ -218,6 +271,7 @@ class Daemon:
             return out
 
         self.driver.prepare = prepare
+        self.driver.unprepare = unprepare
 
     def _watch_udev(self) -> None:
         """Wake the loop on PCI / mdev uevents; without udev the periodic resync covers it."""
@@ -266,3 +320,9 @@ class Daemon:
         if self.probes:
             self.probes.stop()
         log.info("stopped; sockets removed, devices left in place")
+
+
+def blocked_reason(layout: str, blocked) -> str:
+    """One line for the annotation and the Event: which devices in use hold back which layout."""
+    parts = [f"{b.device} on GPU {b.gpu} held by {'; '.join(b.held_by)} blocks {b.blocks}" for b in blocked]
+    return f"layout {layout} not reached: {len(blocked)} device(s) in use: " + " | ".join(parts)

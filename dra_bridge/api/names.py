@@ -41,6 +41,9 @@ LABEL_CONFIG_STATE = "vgpu.kubevirt.io/config.state"
 #: NVIDIA vgpu-device-manager's equivalents, for migration.
 NVIDIA_LABEL_CONFIG = "nvidia.com/vgpu.config"
 NVIDIA_LABEL_CONFIG_STATE = "nvidia.com/vgpu.config.state"
+#: Node annotation the agent sets while the state label reads ``pending`` because devices in use
+#: keep the node from its layout: which devices, held by whom, blocking what (removed on success).
+ANNOTATION_CONFIG_REASON = "vgpu.kubevirt.io/config.reason"
 
 #: ResourceSlice labels: a publisher finds its own slices by them.
 LABEL_DRIVER = "vgpu.kubevirt.io/driver"

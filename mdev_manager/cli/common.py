@@ -17,13 +17,34 @@ def sim_dir_for(ref: str) -> Path:
     return base / Path(ref).stem
 
 
+def sim_root(args) -> Path | None:
+    """Where the simulated host lives (None on a real host)."""
+    if not args.simulate:
+        return None
+    return Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.simulate)
+
+
+DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
+KUBELET_ROOT_HELP = ("kubelet directory; prepared DRA claims are read from <it>/plugins/<driver>/checkpoint.json "
+                     "(default /var/lib/kubelet; with --simulate, <simulated host dir>/kubelet, where "
+                     "vgpuctl --simulate serve keeps them)")
+
+
+def kubelet_root(args) -> Path:
+    """``--kubelet-root``, else the simulated host's own kubelet directory, else /var/lib/kubelet:
+    ``serve --simulate`` and ``apply --simulate`` on one simulated node agree on it."""
+    if getattr(args, "kubelet_root", None):
+        return Path(args.kubelet_root)
+    root = sim_root(args)
+    return root / "kubelet" if root is not None else DEFAULT_KUBELET_ROOT
+
+
 def open_host(args) -> tuple[HostEnv, HostIO]:
     """The real host, or a simulated one whose state persists between commands."""
     if args.simulate:
         from mdev_manager.sim.node import sim_node
 
-        root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.simulate)
-        sim = sim_node(root, args.simulate, reuse=True, libvirt_uri=args.libvirt_uri)
+        sim = sim_node(sim_root(args), args.simulate, reuse=True, libvirt_uri=args.libvirt_uri)
         return sim.env, sim.io
     env = HostEnv()
     changes = {k: Path(v) for k, v in (("sys_root", args.sys_root), ("dev_root", args.dev_root),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mdev_manager.actions import Plan
 from mdev_manager.executor import Report
-from mdev_manager.models import Inventory
+from mdev_manager.models import Blocked, Inventory
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -53,4 +53,13 @@ def report_text(report: Report) -> str:
     for r in report.results:
         mark = "ok" if r.ok else ("skipped" if r.skipped else f"FAILED {r.error}")
         lines.append(f"  [{mark}] {r.step}" + (f": {r.message}" if r.message and not r.ok else ""))
+    return "\n".join(lines)
+
+
+def blocked_text(blocked: list[Blocked]) -> str:
+    """Which devices in use keep the node from the layout, held by whom, blocking what."""
+    lines = ["Blocked by devices in use:"]
+    for b in blocked:
+        lines.append(f"  {b.device} on GPU {b.gpu}: held by {'; '.join(b.held_by)}")
+        lines.append(f"    blocks {b.blocks}")
     return "\n".join(lines)

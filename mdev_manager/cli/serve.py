@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from mdev_manager.cli.common import node_name, open_host
+from mdev_manager.cli.common import kubelet_root, node_name, open_host
 
 
 def add_arguments(sv: argparse.ArgumentParser) -> None:
@@ -20,7 +20,9 @@ def add_arguments(sv: argparse.ArgumentParser) -> None:
     sv.add_argument("--resync", type=float, default=30.0, help="seconds between resyncs (default %(default)s)")
     sv.add_argument("--metrics-port", type=int, default=8080,
                     help="port of /metrics, /healthz, /readyz (default %(default)s)")
-    sv.add_argument("--kubelet-root", default="/var/lib/kubelet", help="kubelet directory (default %(default)s)")
+    sv.add_argument("--kubelet-root", default=None,
+                    help="kubelet directory (default /var/lib/kubelet; with --simulate, <simulated host dir>/kubelet, "
+                         "where apply, plan and restore --simulate read the prepared claims)")
     sv.add_argument("--cdi-root", default="/var/run/cdi", help="where CDI specs are written (default %(default)s)")
     sv.add_argument("--plain-logs", action="store_true", help="human-readable logs instead of JSON")
     sv.add_argument("--device-plugin", action="store_true",
@@ -51,7 +53,7 @@ def run(args) -> int:
     env, io = open_host(args)
     cfg = ServeConfig(node_name=node, driver=args.driver, layout_file=args.file, layout=args.layout,
                       resync_seconds=args.resync, server_version=version, metrics_port=args.metrics_port,
-                      kubelet_root=Path(args.kubelet_root), cdi_root=Path(args.cdi_root),
+                      kubelet_root=kubelet_root(args), cdi_root=Path(args.cdi_root),
                       device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
                       layout_label=args.layout_label, state_label=args.state_label)
     daemon = Daemon(cfg, env, io, api).start()

@@ -17,7 +17,8 @@ import yaml
 
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from kubevirt_templates import render
-from dra_bridge.api.names import LABEL_CONFIG, LABEL_CONFIG_STATE, NVIDIA_LABEL_CONFIG, NVIDIA_LABEL_CONFIG_STATE
+from dra_bridge.api.names import (ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE, NVIDIA_LABEL_CONFIG,
+                                   NVIDIA_LABEL_CONFIG_STATE)
 from kubevirt_templates.validate import kubernetes_problems
 from mdev_manager.config import parse_config
 from mdev_manager.plan import select_gpus
@@ -323,6 +324,17 @@ def test_admission_policies_confine_the_agent_to_its_node():
     assert _admit(npol, user=user, node="node-a", op="UPDATE",
                   obj=_node("node-a", base, spec={"unschedulable": True}), old=old)
     assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=_node("node-a", base, annotations={"a": "b"}), old=old)
+    # the reason of a pending layout: the one annotation the agent may set, change and remove
+    why = _node("node-a", base, annotations={"a": "b", ANNOTATION_CONFIG_REASON: "vGPU x in use"})
+    assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=why, old=_node("node-a", base, annotations={"a": "b"})) == []
+    assert _admit(npol, user=user, node="node-a", op="UPDATE",
+                  obj=_node("node-a", base, annotations={ANNOTATION_CONFIG_REASON: "x"}), old=old) == []
+    assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=why, old=old)  # "a" would be added too
+    assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=old, old=why)  # "a" would go too
+    assert _admit(npol, user=user, node="node-a", op="UPDATE",
+                  obj=_node("node-a", base, annotations={"a": "b"}), old=why) == []  # the reason removed
+    assert _admit(npol, user=user, node="node-a", op="UPDATE",
+                  obj=_node("node-a", base, annotations={"a": "c", ANNOTATION_CONFIG_REASON: "x"}), old=why)
 
 
 # --------------------------------------------------------------------------- the DaemonSet
