@@ -18,7 +18,7 @@ from mdev_manager.reconcile import reconcile
 
 from dra_bridge.pool.devices import GpuPolicy, PoolPolicy, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
-from dra_bridge.kubelet.dra_grpc import ClaimRef
+from dra_bridge.kubelet.types import ClaimRef
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.kube.publisher import Publisher
 from dra_bridge.pool.slices import build_slices

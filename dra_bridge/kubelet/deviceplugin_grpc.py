@@ -1,7 +1,7 @@
 """Kubelet-facing gRPC transport for the classic device plugin API (``v1beta1``).
 
 One :class:`DevicePluginServer` serves one extended resource (one
-:class:`DevicePluginBackend`) on its own socket in the kubelet's device plugin
+:class:`~dra_bridge.kubelet.types.DevicePluginBackend`) on its own socket in the kubelet's device plugin
 directory, and registers it with the kubelet through ``kubelet.sock``.
 :class:`KubeletWatcher` notices the kubelet re-creating ``kubelet.sock`` (a kubelet
 restart, which also wipes the plugin sockets) and brings every plugin back:
@@ -19,14 +19,14 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import grpc
-from pydantic import BaseModel, ConfigDict
 
-from dra_bridge.kubelet.dra_grpc import check_socket_path, prepare_socket, remove_socket
 from dra_bridge.kubelet.proto import vgpuctl_deviceplugin_v1beta1_pb2 as dp_pb2
 from dra_bridge.kubelet.proto import vgpuctl_deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from dra_bridge.kubelet.sockets import check_socket_path, prepare_socket, remove_socket
+from dra_bridge.kubelet.types import ContainerAllocation, DevicePluginBackend, DpDevice
 
 log = logging.getLogger(__name__)
 
@@ -38,63 +38,6 @@ KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_SOCKET_PREFIX = "vgpuctl-"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-# --------------------------------------------------------------------------- models
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class DpDevice(_Model):
-    id: str
-    healthy: bool = True
-    numa_node: int | None = None
-
-
-class DeviceSpec(_Model):
-    container_path: str
-    host_path: str
-    permissions: str = "rw"
-
-
-class MountSpec(_Model):
-    container_path: str
-    host_path: str
-    read_only: bool = False
-
-
-class ContainerAllocation(_Model):
-    envs: dict[str, str] = {}
-    devices: list[DeviceSpec] = []
-    mounts: list[MountSpec] = []
-    annotations: dict[str, str] = {}
-    cdi_devices: list[str] = []
-
-
-@runtime_checkable
-class DevicePluginBackend(Protocol):
-    """The logic behind one extended resource.
-
-    ``wait_for_change`` blocks at most ``timeout`` seconds and returns True when the
-    device list or health may have changed (a spurious True is fine: the server only
-    sends a new list when it differs). To miss no update it should also return True
-    at once when something changed since the calling thread's last ``devices()``
-    call (each ListAndWatch stream runs in one thread); the server also re-reads
-    ``devices()`` every ``resync_interval`` seconds. ``allocate`` and ``preferred`` may raise; the
-    kubelet then gets a gRPC error for that call (it fails the pod admission).
-    """
-
-    resource_name: str
-
-    def devices(self) -> list[DpDevice]: ...
-
-    def wait_for_change(self, timeout: float) -> bool: ...
-
-    def allocate(self, device_ids: list[str]) -> ContainerAllocation: ...
-
-    def preferred(self, available: list[str], must_include: list[str], size: int) -> list[str]: ...
 
 
 def socket_name_for(resource_name: str, prefix: str = DEFAULT_SOCKET_PREFIX) -> str:

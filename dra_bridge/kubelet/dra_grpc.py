@@ -10,7 +10,7 @@
   service ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth`` on
   ``<kubelet_root>/plugins/<driver>/dra.sock``; registration lists every one of them.
 
-Everything the kubelet asks is handed to a :class:`DraDriver`; whatever the driver
+Everything the kubelet asks is handed to a :class:`~dra_bridge.kubelet.types.DraDriver`; whatever the driver
 raises is turned into a per-claim error string, so a failing driver never takes the
 server down. Sub-request names are answered as their parent request (firstAvailable).
 """
@@ -18,19 +18,17 @@ server down. Sub-request names are answered as their parent request (firstAvaila
 from __future__ import annotations
 
 import logging
-import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import grpc
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1_pb2 as health_v1_pb2
 from dra_bridge.kubelet.proto import vgpuctl_dra_health_v1_pb2_grpc as health_v1_grpc
@@ -42,6 +40,8 @@ from dra_bridge.kubelet.proto import vgpuctl_dra_v1beta1_pb2 as dra_v1beta1_pb2
 from dra_bridge.kubelet.proto import vgpuctl_dra_v1beta1_pb2_grpc as dra_v1beta1_grpc
 from dra_bridge.kubelet.proto import vgpuctl_pluginregistration_pb2 as reg_pb2
 from dra_bridge.kubelet.proto import vgpuctl_pluginregistration_pb2_grpc as reg_grpc
+from dra_bridge.kubelet.sockets import check_socket_path, prepare_socket, remove_socket
+from dra_bridge.kubelet.types import ClaimRef, DeviceHealthRecord, DraDriver, PrepareResult, RegistrationState
 
 log = logging.getLogger(__name__)
 
@@ -55,48 +55,11 @@ HEALTH_SERVICES: tuple[str, ...] = ("v1.DRAResourceHealth", "v1alpha1.DRAResourc
 # DeviceHealth.message: the kubelet keeps 1024 characters (longer: 1021 and "...").
 MAX_HEALTH_MESSAGE = 1024
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
-# sun_path is 108 bytes including the terminating NUL.
-UNIX_PATH_MAX = 107
 
 _DRIVER_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
-# --------------------------------------------------------------------------- models
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ClaimRef(_Model):
-    """What the kubelet sends for a claim: its identity only."""
-
-    namespace: str
-    uid: str
-    name: str
-
-
-class PreparedDevice(_Model):
-    """One prepared device. ``request_names`` may name a firstAvailable sub-request
-    (``gpu/a100``, as the allocation result does); the kubelet is answered with the parent."""
-
-    request_names: list[str] = []
-    pool_name: str
-    device_name: str
-    cdi_device_ids: list[str] = []
-    share_id: str | None = None
-
-
-class PrepareResult(_Model):
-    devices: list[PreparedDevice] = []
-    error: str | None = None
-
-
-class DeviceHealthRecord(_Model):
-    pool: str
-    device: str
-    healthy: bool | None = None  # None: unknown
-    message: str = ""  # why, for people; empty: a default for the status is sent
+# --------------------------------------------------------------------------- answers
 
 
 HealthState = dict[tuple[str, str], tuple[bool | None, str]]  # (pool, device) -> (healthy, message)
@@ -115,68 +78,6 @@ def health_message(healthy: bool | None, message: str = "") -> str:
     """``message`` (or a default for the status), cut as the kubelet would cut it."""
     text = message or _DEFAULT_MESSAGE[healthy]
     return text if len(text) <= MAX_HEALTH_MESSAGE else text[: MAX_HEALTH_MESSAGE - 3] + "..."
-
-
-@runtime_checkable
-class DraDriver(Protocol):
-    """The driver logic behind :class:`KubeletPlugin`.
-
-    ``prepare`` returns claim UID -> :class:`PrepareResult`; ``unprepare`` returns
-    claim UID -> error message or ``None``. A claim missing from the answer is
-    reported to the kubelet as an error. Optionally the driver also has a
-    ``health() -> list[DeviceHealthRecord]`` method (see :class:`DraHealthSource`);
-    without it ``NodeWatchResources`` answers UNIMPLEMENTED, which the kubelet
-    tolerates.
-    """
-
-    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]: ...
-
-    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]: ...
-
-
-@runtime_checkable
-class DraHealthSource(Protocol):
-    def health(self) -> list[DeviceHealthRecord]: ...
-
-
-class RegistrationState(_Model):
-    plugin_registered: bool
-    error: str = ""
-    at: float
-
-
-# --------------------------------------------------------------------------- sockets
-
-
-def check_socket_path(path: Path) -> None:
-    """Raise ValueError if ``path`` cannot be a unix socket address."""
-    if len(os.fsencode(str(path))) > UNIX_PATH_MAX:
-        raise ValueError(f"unix socket path longer than {UNIX_PATH_MAX} bytes: {path}")
-
-
-def remove_socket(path: Path) -> None:
-    """Remove a (stale) socket file; refuse to delete anything that is not a socket."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(f"{path} is a directory, not a socket")
-    if not stat.S_ISSOCK(st.st_mode):
-        log.warning("removing non-socket file %s in the way of a socket", path)
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-
-
-def prepare_socket(path: Path) -> str:
-    """Create the parent directory, remove a stale socket, return the gRPC address."""
-    path = Path(os.path.abspath(path))
-    check_socket_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_socket(path)
-    return f"unix:{path}"
 
 
 def _error_text(exc: BaseException) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import stat
 import time
 from pathlib import Path
@@ -192,5 +191,5 @@ class CheckpointStore:
         while self.io.exists(aside):
             aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
             n += 1
-        os.rename(self.path, aside)  # HostIO has no rename; the plugin's data dir is a plain directory
+        self.io.rename(self.path, aside)
         return aside

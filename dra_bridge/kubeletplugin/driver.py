@@ -3,7 +3,9 @@
 Wiring only: claims come from a ClaimSource (:mod:`.claimsource`), devices from the
 published pool, effects from :mod:`.effects`, files from :mod:`.cdi` and :mod:`.metadata`,
 and every change is checkpointed before prepare answers. Prepare is idempotent: a prepared
-claim answers from the checkpoint and creates nothing new.
+claim answers from the checkpoint and creates nothing new. A device another claim's record
+holds (the same device, or the same GPU whole against a vGPU on it) is refused before anything
+is made (:func:`overlap`): the scheduler can allocate one device twice.
 
 Three things the node can do behind the plugin's back are handled here:
 
@@ -29,7 +31,7 @@ from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, read_attr
 from mdev_manager.models import Usage
 
-from dra_bridge.kubelet.dra_grpc import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
+from dra_bridge.kubelet.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from dra_bridge.kubeletplugin import cdi, metadata, recovery
 from dra_bridge.kubeletplugin.checkpoint import (Checkpoint, CheckpointCorrupt, CheckpointStore, ClaimRecord,
                                                  PreparedDeviceRecord)
@@ -42,8 +44,6 @@ from dra_bridge.kubeletplugin.paths import (PluginPaths, UnsafeName, check_label
 from dra_bridge.pool.devices import Pool
 
 log = logging.getLogger(__name__)
-
-BOOT_ID = "sys/kernel/random/boot_id"  # under the proc root
 
 
 class Driver:
@@ -63,7 +63,7 @@ class Driver:
     # ------------------------------------------------------------ start-up
     def boot_id(self) -> str | None:
         """The kernel's id of this boot; None where the host has none (then every record counts as this boot's)."""
-        return read_attr(self.io, self.env.proc_root / BOOT_ID) or None
+        return read_attr(self.io, self.env.boot_id) or None
 
     def _load(self) -> Checkpoint:
         try:
@@ -188,7 +188,11 @@ class Driver:
         if not results:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} has no devices allocated from {self.paths.driver}")
         _check_results(ref, claim, results)
-        records, gpus = self._plan(ref, results, prefer or {})
+        pool = self.pool()
+        clash = overlap(ref, results, self.pool_name, pool, self.cp.claims)  # under the lock, before any write
+        if clash:
+            raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}) refused, nothing prepared: {clash}")
+        records, gpus = self._plan(ref, results, pool, prefer or {})
         rec = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=records, boot_id=boot)
         self.cp.claims[ref.uid] = rec
         self.store.save(self.cp)  # intent first: a crash from here on is undone by recover()
@@ -203,9 +207,8 @@ class Driver:
         self.store.save(self.cp)
         return self._answer(rec)
 
-    def _plan(self, ref: ClaimRef, results: list[dict],
+    def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool,
               prefer: dict[str, PreparedDeviceRecord]) -> tuple[list[PreparedDeviceRecord], dict]:
-        pool = self.pool()
         taken: set[str] = set()
         records = []
         gpus = {}
@@ -270,9 +273,11 @@ class Driver:
             mpath = metadata.cdi_path(self.paths.cdi_root, self.paths.driver, rec.uid, request)
             cdi.write_spec(self.io, mpath, spec)
             rec.cdi_files.append(str(mpath))
-            for d in rec.devices:
-                if d.request == request:
-                    d.cdi_ids.append(mid)
+            # On the request's first device only, as the upstream helper injects it
+            # (k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go, NodePrepareResources:
+            # "Inject metadata CDI device IDs into the first device per request"): the runtime
+            # bind-mounts the file once per container, not once per device.
+            next(d for d in rec.devices if d.request == request).cdi_ids.append(mid)
 
     # ------------------------------------------------------------ unprepare
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]:
@@ -360,13 +365,16 @@ class Driver:
         return Usage(mdevs=mdevs, pci=pci)
 
     def health(self) -> list[DeviceHealthRecord]:
+        """A device is as healthy as its GPU is present on the PCI bus; the message says which GPU."""
         pool = self.pool()
-        present = {}
+        present: dict[str, bool] = {}
         out = []
         for dev in pool.devices:
             if dev.gpu not in present:
                 present[dev.gpu] = self.io.exists(self.env.pci(dev.gpu))
-            out.append(DeviceHealthRecord(pool=self.pool_name, device=dev.name, healthy=present[dev.gpu]))
+            message = f"GPU {dev.gpu} present" if present[dev.gpu] else f"GPU {dev.gpu} is gone from the PCI bus"
+            out.append(DeviceHealthRecord(pool=self.pool_name, device=dev.name, healthy=present[dev.gpu],
+                                          message=message))
         return out
 
 
@@ -405,6 +413,55 @@ def _check_ref(ref: ClaimRef) -> None:
     except UnsafeName as exc:
         raise PrepareError(f"claim {ref.namespace!r}/{ref.name!r} (uid {ref.uid!r}) refused: {exc}; "
                            "nothing was prepared") from None
+
+
+def _owner(rec: ClaimRecord) -> str:
+    name = f"{rec.namespace}/{rec.name}" if rec.namespace else "(name not recorded)"
+    return f"claim {name} (uid {rec.uid})"
+
+
+def overlap(ref: ClaimRef, results: list[dict], pool_name: str, pool: Pool,
+            claims: dict[str, ClaimRecord]) -> str | None:
+    """Why ``ref`` may not take the devices allocated to it; None when no other claim holds them.
+
+    Two claims allocated one device (a scheduler race, a pod force-deleted while its claim is
+    still prepared here) must not both prepare: two vGPUs for one published slot, or one VM's
+    GPU handed to another. NVIDIA's driver refuses the same (kubernetes-sigs/dra-driver-nvidia-gpu,
+    cmd/gpu-kubelet-plugin/device_state.go, ``validateNoOverlappingPreparedDevices``; see
+    kubernetes/kubernetes#136269). Decided differently here:
+
+    * nothing is exempt: the pool never publishes ``allowMultipleAllocations`` (no shareable
+      device, so no ``shareID``) and preparing makes the vGPU or binds the GPU, which cannot be
+      shared, so ``adminAccess`` (exempt at NVIDIA) is not either;
+    * every record holds its devices until its claim is unprepared: ``preparing`` ones (they may
+      have made some) and those of an earlier boot (their claim re-creates them at its next
+      prepare) too, where NVIDIA counts completed ones only and forgets them at a reboot;
+    * "the same device" is physical: a passed-through GPU and a vGPU on it (or the GPU's
+      passthrough device under another name) clash; both kinds of record name their GPU;
+    * the claim's own record is not another claim (a repeated prepare answers before this runs);
+      one device twice within the claim is refused too.
+    """
+    held = [(_owner(rec), d.pool, d.device, d.kind, d.gpu, False)
+            for rec in claims.values() if rec.uid != ref.uid for d in rec.devices]
+    for r in results:
+        name, where = r.get("device"), r.get("pool")
+        dev = pool.device(name or "") if where == pool_name else None
+        kind, gpu = (dev.kind, dev.gpu) if dev else (None, None)
+        for who, h_pool, h_name, h_kind, h_gpu, mine in held:
+            if (h_pool, h_name) == (where, name):
+                why = f"device {name} is already {'allocated to' if mine else 'prepared for'} {who}"
+            elif gpu and gpu == h_gpu and kind == "passthrough" and h_kind == "vgpu":
+                why = f"device {name} is the whole GPU {gpu}, which holds vGPUs: {h_name} of {who}"
+            elif gpu and gpu == h_gpu and h_kind == "passthrough":
+                why = f"device {name} is on GPU {gpu}, which is passed through whole as {h_name} to {who}"
+            else:
+                continue
+            if mine:
+                return f"{why}; one device serves one request"
+            return (f"{why}; one device serves one claim (allocated twice: a scheduler race or a force-deleted "
+                    "pod), this one prepares once that claim is unprepared")
+        held.append((f"request {r.get('request')} of this claim", where, name, kind, gpu, True))
+    return None
 
 
 def _check_results(ref: ClaimRef, claim: dict, results: list[dict]) -> None:

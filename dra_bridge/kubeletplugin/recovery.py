@@ -147,7 +147,7 @@ def rebuild(obs: Observed, *, driver: str, pool: str, boot_id: str | None) -> tu
         try:
             check_uid(uid)
             namespace, name = _identity(uid, obs)
-            devices, present = [], []
+            devices, present, with_metadata = [], [], set()
             for dev, info in sorted(_devices(uid, obs, driver, pool).items()):
                 check_label(dev, "device")
                 if info.get("request"):
@@ -155,8 +155,12 @@ def rebuild(obs: Observed, *, driver: str, pool: str, boot_id: str | None) -> tu
                 rec, here = _device_record(dev, info, obs.inventory)
                 rec.cdi_ids = [cdi.cdi_id(driver, uid, dev)] if dev in (obs.claim_specs.get(uid) or ("", {}))[1] else []
                 base = metadata.base_request(rec.request) if rec.request else None
-                if base and base in obs.metadata_specs.get(uid, {}):
+                # the metadata device goes with the first device of each request only, as prepare
+                # answers (upstream kubeletplugin/draplugin.go); the order prepare used is lost, so
+                # the first by name
+                if base and base in obs.metadata_specs.get(uid, {}) and base not in with_metadata:
                     rec.cdi_ids.append(metadata.cdi_id(driver, uid, base))
+                    with_metadata.add(base)
                 devices.append(rec)
                 present.append(here)
         except ValueError as exc:

@@ -60,6 +60,12 @@ class HostEnv:
     def iommufd(self) -> Path:
         return self.dev_root / "iommu"
 
+    # --- /proc -----------------------------------------------------------------
+    @property
+    def boot_id(self) -> Path:
+        """The kernel's random id of this boot (a new one at every boot)."""
+        return self.proc_root / "sys/kernel/random/boot_id"
+
     # --- persistence -----------------------------------------------------------
     @property
     def vendor_vfio_state(self) -> Path:

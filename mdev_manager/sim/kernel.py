@@ -1,10 +1,9 @@
-"""Kernel behaviour of a simulated GPU host, on a sysfs tree kept on disk.
+"""Kernel behaviour of a simulated GPU host: the attribute writes the kernel acts on.
 
-The tree under ``<root>/sys`` is the only state the manager sees: regular files for
-attributes, relative symlinks for links, directories for devices. Writes to the
-attributes the kernel acts on go through :meth:`SimHost.write`, which changes the tree
-the way the kernel does and fails with the kernel's errno (../shared/reference/kernel.md).
-Processes holding its files open live under ``<root>/proc`` (:mod:`.procs`).
+Writes go through :meth:`SimHost.write`, which changes the tree (:mod:`.tree`, the state and
+its device model) the way the kernel does and fails with the kernel's errno
+(../shared/reference/kernel.md). Processes holding its files open live under ``<root>/proc``
+(:mod:`.procs`).
 
 * ``<type>/create``: 36-byte UUID else EINVAL; EEXIST for a UUID anywhere on the host;
   EUSERS when no instance is left.
@@ -17,299 +16,28 @@ Processes holding its files open live under ``<root>/proc`` (:mod:`.procs`).
 
 Two points the reference marks unconfirmed are settings here: the errno for a type
 missing from ``creatable_vgpu_types`` (``UNLISTED_TYPE_ERRNO``) and writing a new type
-over a set one (EBUSY). Capacity is modelled per physical GPU as occupancy: each vGPU
-of type t takes 1/max(t) of the GPU, so any mix fits iff the fractions sum to <= 1;
-equal-size mode (the default) then forbids a second framebuffer size.
+over a set one (EBUSY).
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
-import json
 import os
-import re
 import shutil
-import threading
 import uuid as uuidlib
-from contextlib import contextmanager
-from fractions import Fraction
 from pathlib import Path
 
-from mdev_manager import catalog
-from mdev_manager.catalog import BoardSpec, TypeSpec
-from mdev_manager.sim.hostspec import HostSpec
-from mdev_manager.sim.procs import SimProcs, holding
-from mdev_manager.sim.rules import err, framebuffer, kstrtoul, remaining, type_facts, type_index, vf_address
+from mdev_manager.host.env import HostEnv
+from mdev_manager.sim.rules import err, kstrtoul
+from mdev_manager.sim.tree import ADDR, UUID, SysfsTree
 
 UNLISTED_TYPE_ERRNO = errno.EINVAL
-_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-HEADER = "ID    : vGPU Name"
 
 
-class SimHost:
-    """A simulated host rooted at ``root`` (``sys/``, ``dev/``, ``proc/``, ``etc/``, ``.sim/``)."""
+class SimHost(SysfsTree):
+    """A simulated host rooted at ``root``: its tree, and the kernel's answer to writes into it."""
 
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self.sys = self.root / "sys"
-        self.dev = self.root / "dev"
-        self._sys_real = os.path.realpath(self.sys)
-        self._lock = threading.RLock()
-        self.state = json.loads((self.root / ".sim/state.json").read_text())
-        self.procs = SimProcs(self.root)
-        self.procs.dir.mkdir(exist_ok=True)  # hosts made before processes were simulated
-
-    # ------------------------------------------------------------------ building
-    @classmethod
-    def create(cls, root: Path, spec: HostSpec) -> "SimHost":
-        """Build a fresh tree for ``spec`` (a cold boot: no VFs unless asked, no vGPUs)."""
-        root = Path(root)
-        if (root / ".sim").exists():
-            raise FileExistsError(f"{root} already holds a simulated host")
-        for sub in ("sys/bus/pci/devices", "sys/bus/mdev/devices", "sys/bus/mdev/drivers/vfio_mdev",
-                    "sys/class/mdev_bus", "sys/kernel/iommu_groups", "dev/vfio", "proc", "etc/mdevctl.d/scripts.d/callouts",
-                    "etc/mdevctl.d/scripts.d/notifiers", ".sim"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        (root / "sys/bus/pci/drivers_probe").write_text("")
-        (root / "dev/vfio/vfio").write_text("")
-        if spec.iommufd:
-            (root / "dev/iommu").write_text("")
-            (root / "dev/vfio/devices").mkdir()
-        state = {"spec": spec.model_dump(), "gpus": [], "functions": {}, "next_group": 1, "next_vfio": 0}
-        (root / ".sim/state.json").write_text(json.dumps(state))
-        host = cls(root)
-        host._populate(spec)
-        return host
-
-    @classmethod
-    def open_or_create(cls, root: Path, spec: HostSpec) -> "SimHost":
-        return cls(root) if (Path(root) / ".sim/state.json").exists() else cls.create(root, spec)
-
-    def _save(self) -> None:
-        tmp = self.root / ".sim/state.json.tmp"
-        tmp.write_text(json.dumps(self.state))
-        os.replace(tmp, self.root / ".sim/state.json")
-
-    def _new_group(self) -> int:
-        g = self.state["next_group"]
-        self.state["next_group"] = g + 1
-        (self.sys / f"kernel/iommu_groups/{g}/devices").mkdir(parents=True, exist_ok=True)
-        return g
-
-    def _populate(self, spec: HostSpec) -> None:
-        drivers = {"nvidia", "vfio-pci", "i915", "snd_hda_intel"}
-        for d in drivers:
-            ddir = self.sys / "bus/pci/drivers" / d
-            ddir.mkdir(parents=True, exist_ok=True)
-            for f in ("bind", "unbind", "new_id", "remove_id"):
-                (ddir / f).write_text("")
-        bus = 0x10
-        for group in spec.gpus:
-            board = catalog.board(group.board)
-            framework = group.framework or board.framework
-            for _ in range(group.count):
-                for _ in range(board.gpus_per_board):
-                    if board.vendor_id == "0x8086":
-                        pf, rel = "0000:00:02.0", "devices/pci0000:00"
-                    else:
-                        pf = f"0000:{bus:02x}:00.0"
-                        rel = f"devices/pci0000:{bus - 1:02x}/0000:{bus - 1:02x}:01.0"
-                        bus += 3
-                    native = board.driver
-                    initial = group.driver or native
-                    grp = self._new_group()
-                    self._add_function(pf, rel, board.vendor_id, board.device_id, board.class_code,
-                                       board.subsystem_vendor_id, board.subsystem_device_id,
-                                       group.numa_node, grp, native)
-                    self.state["functions"][pf]["initial"] = initial
-                    gpu = {"pf": pf, "board": board.key, "framework": framework,
-                           "mixed_size": group.mixed_size or board.vendor_id != "0x10de",
-                           "vf_total": board.sriov_total_vfs if framework != "mdev" else 0}
-                    self.state["gpus"].append(gpu)
-                    if gpu["vf_total"]:
-                        self._write(self._fdir(pf) / "sriov_totalvfs", f"{gpu['vf_total']}\n")
-                        self._write(self._fdir(pf) / "sriov_numvfs", "0\n")
-                    if group.audio_function:
-                        audio = pf[:-1] + "1"
-                        self._add_function(audio, rel, board.vendor_id, "0x10f8", "0x040300",
-                                           board.subsystem_vendor_id, board.subsystem_device_id,
-                                           group.numa_node, grp, "snd_hda_intel")
-                        self._bind(audio, "snd_hda_intel")
-                    if initial != "none":
-                        self._bind(pf, initial)
-                    if group.vfs_enabled and gpu["vf_total"] and initial == "nvidia":
-                        self._enable_vfs(gpu, gpu["vf_total"])
-        self._save()
-
-    def _add_function(self, addr, rel, vendor, device, cls_, svendor, sdevice, numa, grp, native, physfn=None):
-        fdir = self.sys / rel / addr
-        fdir.mkdir(parents=True, exist_ok=True)
-        for name, value in (("vendor", vendor), ("device", device), ("class", cls_),
-                            ("subsystem_vendor", svendor), ("subsystem_device", sdevice),
-                            ("numa_node", str(-1 if numa is None else numa)), ("driver_override", "(null)")):
-            (fdir / name).write_text(value + "\n")
-        self._link(self.sys / "bus/pci/devices" / addr, fdir)
-        self._link(fdir / "iommu_group", self.sys / f"kernel/iommu_groups/{grp}")
-        self._link(self.sys / f"kernel/iommu_groups/{grp}/devices/{addr}", fdir)
-        if physfn:
-            self._link(fdir / "physfn", self._fdir(physfn))
-        self.state["functions"][addr] = {"rel": f"{rel}/{addr}", "native": native, "group": grp}
-
-    # ------------------------------------------------------------------ helpers
-    def _fdir(self, addr: str) -> Path:
-        return self.sys / self.state["functions"][addr]["rel"]
-
-    def _link(self, link: Path | str, target: Path | str) -> None:
-        link, target = os.fspath(link), os.fspath(target)
-        rel = os.path.relpath(target, os.path.dirname(link))
-        try:
-            os.symlink(rel, link)
-        except FileExistsError:
-            os.unlink(link)
-            os.symlink(rel, link)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(link), exist_ok=True)
-            os.symlink(rel, link)
-
-    @staticmethod
-    def _write(path: Path | str, value: str) -> None:
-        """Rewrite an attribute file only when its value changes (sysfs reads are cheap here)."""
-        path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                if f.read() == value:
-                    return
-        except FileNotFoundError:
-            pass
-        # replace, never truncate-then-write: a reader without the lock sees old or new, not ""
-        head, name = os.path.split(path)
-        tmp = os.path.join(head, f".{name}.new")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(value)
-        os.replace(tmp, path)
-
-    def _driver(self, addr: str) -> str | None:
-        link = self._fdir(addr) / "driver"
-        return os.path.basename(os.readlink(link)) if os.path.lexists(link) else None
-
-    def _group(self, addr: str) -> int:
-        return self.state["functions"][addr]["group"]
-
-    def _gpu_of(self, addr: str) -> dict | None:
-        pf = self.state["functions"].get(addr, {}).get("physfn", addr)
-        return next((g for g in self.state["gpus"] if g["pf"] == pf), None)
-
-    def _board(self, gpu: dict) -> BoardSpec:
-        return catalog.board(gpu["board"])
-
-    def _vfs(self, gpu: dict) -> list[str]:
-        return sorted(a for a, f in self.state["functions"].items() if f.get("physfn") == gpu["pf"])
-
-    def _type_by_id(self, gpu: dict, type_id: str) -> TypeSpec | None:
-        return type_index(gpu["board"]).get(type_id)
-
-    @contextmanager
-    def _locked(self):
-        """One writer at a time, across threads (FUSE) and processes (CLI beside a mount)."""
-        with self._lock:
-            with open(self.root / ".sim/lock", "a") as lf:
-                fcntl.flock(lf, fcntl.LOCK_EX)
-                try:
-                    self.state = json.loads((self.root / ".sim/state.json").read_text())
-                    yield
-                finally:
-                    fcntl.flock(lf, fcntl.LOCK_UN)
-
-    def holders(self, paths: set[str]) -> list[int]:
-        """Pids holding any of ``paths`` open (the kernel's view of a busy vfio group):
-        real processes (tests' children) and the simulated ones."""
-        return holding("/proc", paths) + self.procs.holding(paths)
-
-    def _busy(self, group: int) -> bool:
-        return bool(self.holders({str(self.dev / "vfio" / str(group))}))
-
-    # ------------------------------------------------------------------ capacity
-    def _existing(self, gpu: dict) -> list[tuple[str, str, str]]:
-        """(parent, vgpu id, type id) of every vGPU on the physical GPU."""
-        out = []
-        parents = [gpu["pf"], *self._vfs(gpu)]
-        for p in parents:
-            pdir = os.fspath(self._fdir(p))
-            for name in os.listdir(pdir):
-                link = os.path.join(pdir, name, "mdev_type")
-                if _UUID.match(name) and os.path.lexists(link):
-                    out.append((p, name, os.path.basename(os.readlink(link))))
-            try:
-                with open(os.path.join(pdir, "nvidia/current_vgpu_type"), encoding="utf-8") as f:
-                    cur = f.read().strip()
-            except FileNotFoundError:
-                continue
-            if cur not in ("", "0"):
-                out.append((p, p, cur))
-        return out
-
-    def _occupancy(self, gpu: dict) -> tuple[Fraction, set]:
-        """Share of the GPU its vGPUs take, and their framebuffer sizes."""
-        used, sizes = Fraction(0), set()
-        for _, _, tid in self._existing(gpu):
-            et = self._type_by_id(gpu, tid)
-            if et is not None:
-                used += Fraction(1, et.max_instances)
-                sizes.add(framebuffer(gpu["board"], tid))
-        return used, sizes
-
-    def _refresh(self, gpu: dict) -> None:
-        """Rewrite ``available_instances`` / ``creatable_vgpu_types`` of every parent of the GPU."""
-        facts = type_facts(gpu["board"])
-        fw = gpu["framework"]
-        occupancy = self._occupancy(gpu)
-        rem = {num: remaining(gpu, t, *occupancy, fb) for _, num, t, fb in facts}
-        if fw == "mdev":
-            types_dir = os.path.join(self._fdir(gpu["pf"]), "mdev_supported_types")
-            if os.path.isdir(types_dir):
-                for tid, num, _, _ in facts:
-                    self._write(os.path.join(types_dir, tid, "available_instances"), f"{rem[num]}\n")
-            return
-        for vf in self._vfs(gpu):
-            vdir = self._fdir(vf)
-            types_dir = os.path.join(vdir, "mdev_supported_types")
-            if fw == "mdev-sriov" and os.path.isdir(types_dir):
-                has = any(_UUID.match(n) for n in os.listdir(vdir))
-                for tid, num, _, _ in facts:
-                    self._write(os.path.join(types_dir, tid, "available_instances"),
-                                f"{0 if has else min(1, rem[num])}\n")
-            elif fw == "vendor-vfio" and (vdir / "nvidia").exists():
-                current = (vdir / "nvidia/current_vgpu_type").read_text().strip()
-                lines = [HEADER]
-                if current == "0":
-                    lines += [f"{t.num:<6}: {t.name}" for _, num, t, _ in facts if rem[num] > 0]
-                self._write(vdir / "nvidia/creatable_vgpu_types", "\n".join(lines) + "\n")
-
-    # ------------------------------------------------------------------ driver model
-    def _bind(self, addr: str, driver: str, refresh: bool = True) -> None:
-        fdir = self._fdir(addr)
-        self._link(fdir / "driver", self.sys / "bus/pci/drivers" / driver)
-        self._link(self.sys / "bus/pci/drivers" / driver / addr, fdir)
-        gpu = self._gpu_of(addr)
-        fn = self.state["functions"][addr]
-        if driver == "vfio-pci":
-            self._add_cdev(fdir)
-        self._update_group_node(fn["group"])  # another driver in the group makes it unusable
-        if driver in ("nvidia", "i915") and gpu is not None:
-            is_pf = addr == gpu["pf"]
-            if gpu["framework"] == "mdev" and is_pf or gpu["framework"] == "mdev-sriov" and not is_pf:
-                self._make_mdev_parent(addr, gpu)
-            if gpu["framework"] == "vendor-vfio" and not is_pf:
-                nv = fdir / "nvidia"
-                nv.mkdir(exist_ok=True)
-                for name, val in (("current_vgpu_type", "0"), ("gpu_instance_id", "4294967295"),
-                                  ("placement_id", "65535"), ("vgpu_params", ""), ("warm_update", "0")):
-                    (nv / name).write_text(val + "\n")
-            if refresh:
-                self._refresh(gpu)
-
+    # ------------------------------------------------------------------ unbind (refused while in use)
     def _unbind(self, addr: str) -> None:
         fdir = self._fdir(addr)
         driver = self._driver(addr)
@@ -338,71 +66,7 @@ class SimHost:
         if gpu and addr != gpu["pf"]:
             self._refresh(gpu)
 
-    def _add_cdev(self, device_dir: Path) -> None:
-        """With iommufd, each vfio device also gets ``<dev>/vfio-dev/vfioN`` and ``/dev/vfio/devices/vfioN``.
-
-        vfio registers the cdev under the device it drives: a PCI function on vfio-pci, an
-        mdev, or a VF holding a vendor-VFIO vGPU (kernel.md).
-        """
-        if not (self.dev / "iommu").exists():
-            return
-        n = self.state["next_vfio"]
-        self.state["next_vfio"] = n + 1
-        (device_dir / "vfio-dev" / f"vfio{n}").mkdir(parents=True, exist_ok=True)
-        (self.dev / f"vfio/devices/vfio{n}").write_text("")
-
-    def _drop_cdevs(self, device_dir: Path) -> None:
-        if (device_dir / "vfio-dev").exists():
-            for n in os.listdir(device_dir / "vfio-dev"):
-                (self.dev / "vfio/devices" / n).unlink(missing_ok=True)
-            shutil.rmtree(device_dir / "vfio-dev")
-
-    def _update_group_node(self, group: int) -> None:
-        """``/dev/vfio/<group>`` exists while every function of the group is on vfio-pci or unbound."""
-        members = [a for a, f in self.state["functions"].items() if f["group"] == group]
-        drivers = [self._driver(a) for a in members]
-        node = self.dev / "vfio" / str(group)
-        if members and "vfio-pci" in drivers and all(d in ("vfio-pci", None) for d in drivers):
-            node.touch()
-        elif node.exists():
-            node.unlink()
-
-    def _make_mdev_parent(self, addr: str, gpu: dict) -> None:
-        board = self._board(gpu)
-        fdir = self._fdir(addr)
-        for t in board.types:
-            tdir = fdir / "mdev_supported_types" / t.mdev_id(board.driver)
-            (tdir / "devices").mkdir(parents=True, exist_ok=True)
-            (tdir / "name").write_text(t.name + "\n")
-            if t.description is not None:
-                (tdir / "description").write_text(t.description if t.description.endswith("\n") else t.description + "\n")
-            (tdir / "device_api").write_text("vfio-pci\n")
-            (tdir / "available_instances").write_text("0\n")
-            (tdir / "create").write_text("")
-        self._link(self.sys / "class/mdev_bus" / addr, fdir)
-
-    # ------------------------------------------------------------------ SR-IOV
-    def _enable_vfs(self, gpu: dict, n: int) -> None:
-        pf = gpu["pf"]
-        rel = self.state["functions"][pf]["rel"].rsplit("/", 1)[0]
-        board = self._board(gpu)
-        vf_groups = self.state.setdefault("vf_groups", {})
-        for i in range(n):
-            vf = vf_address(pf, i)
-            grp = vf_groups.get(vf) or self._new_group()
-            vf_groups[vf] = grp
-            (self.sys / f"kernel/iommu_groups/{grp}/devices").mkdir(parents=True, exist_ok=True)
-            self._add_function(vf, rel, board.vendor_id, board.device_id, board.class_code,
-                               board.subsystem_vendor_id, board.subsystem_device_id, None, grp, board.driver, physfn=pf)
-            self.state["functions"][vf]["physfn"] = pf
-            numa = (self._fdir(pf) / "numa_node").read_text()
-            (self._fdir(vf) / "numa_node").write_text(numa)
-            self._link(self._fdir(pf) / f"virtfn{i}", self._fdir(vf))
-        self._write(self._fdir(pf) / "sriov_numvfs", f"{n}\n")
-        for vf in self._vfs(gpu):
-            self._bind(vf, board.driver, refresh=False)  # once for all VFs, below
-        self._refresh(gpu)
-
+    # ------------------------------------------------------------------ SR-IOV disable
     def _disable_vfs(self, gpu: dict) -> None:
         vfs = self._vfs(gpu)
         for vf in vfs:
@@ -425,15 +89,10 @@ class SimHost:
                 os.unlink(self._fdir(gpu["pf"]) / name)
         self._write(self._fdir(gpu["pf"]) / "sriov_numvfs", "0\n")
 
-    # ------------------------------------------------------------------ mdev
-    def _vgpu_group(self, parent: str, vgpu: str) -> int:
-        if parent == vgpu:
-            return self._group(parent)
-        return int(os.path.basename(os.readlink(self._fdir(parent) / vgpu / "iommu_group")))
-
+    # ------------------------------------------------------------------ mdev create and remove
     def _create_mdev(self, parent: str, type_dir: Path, raw: str) -> None:
         text = raw[:-1] if raw.endswith("\n") else raw
-        if len(text) != 36 or not _UUID.match(text.lower()):
+        if len(text) != 36 or not UUID.match(text.lower()):
             raise err(errno.EINVAL, f"{raw!r} is not a UUID")
         uid = str(uuidlib.UUID(text))
         if os.path.lexists(self.sys / "bus/mdev/devices" / uid):
@@ -508,12 +167,12 @@ class SimHost:
         full = self.sys / rel
         name = rel.name
         parts = rel.parts
-        owner = next((x for x in reversed(parts[:-1]) if _ADDR.match(x) and x in self.state["functions"]), None)
+        owner = next((x for x in reversed(parts[:-1]) if ADDR.match(x) and x in self.state["functions"]), None)
         if not os.path.lexists(full):
             raise err(errno.ENOENT, str(rel))
         if name == "create" and len(parts) >= 3 and parts[-3] == "mdev_supported_types":
             return self._create_mdev(owner, full.parent, raw)
-        if name == "remove" and _UUID.match(parts[-2]):
+        if name == "remove" and UUID.match(parts[-2]):
             value = kstrtoul(raw)  # mdev_sysfs.c remove_store: kstrtoul(buf, 0, ...)
             if value:
                 self._remove_mdev(owner, parts[-2])
@@ -623,21 +282,9 @@ class SimHost:
     def _new_boot_id(self) -> None:
         """``/proc/sys/kernel/random/boot_id``: a fresh random UUID at every boot, as the kernel's
         (a host built without one has none until its first reboot)."""
-        path = self.root / "proc/sys/kernel/random/boot_id"
+        path = HostEnv.under(self.root).boot_id
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{uuidlib.uuid4()}\n")
-
-    def _force_remove_mdev(self, parent: str, uid: str) -> None:
-        grp = self._vgpu_group(parent, uid)
-        mdir = self._fdir(parent) / uid
-        type_dir = (mdir / os.readlink(mdir / "mdev_type")).resolve()
-        for link in (type_dir / "devices" / uid, self.sys / "bus/mdev/devices" / uid):
-            if os.path.lexists(link):
-                os.unlink(link)
-        shutil.rmtree(self.sys / f"kernel/iommu_groups/{grp}", ignore_errors=True)
-        (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
-        self._drop_cdevs(mdir)
-        shutil.rmtree(mdir)
 
     def remove_gpu(self, pf: str) -> None:
         """Hot-unplug: the GPU leaves the bus (health tests)."""

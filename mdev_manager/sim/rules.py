@@ -1,7 +1,7 @@
 """Stateless rules of the simulated kernel: number parsing, errors, VF addresses, type facts, capacity.
 
-Kept apart from :mod:`mdev_manager.sim.kernel` (which holds the state and the write
-dispatch) so each rule reads, and can be tested, on its own.
+Kept apart from :mod:`mdev_manager.sim.tree` (the state) and :mod:`mdev_manager.sim.kernel`
+(the write dispatch) so each rule reads, and can be tested, on its own.
 """
 
 from __future__ import annotations

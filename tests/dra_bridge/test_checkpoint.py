@@ -1,7 +1,8 @@
 """The kubelet plugin's node safety (issue #12, points 3, 6 and 7) on a simulated host.
 
 * A corrupted checkpoint is moved aside, the state rebuilt from the node, the plugin keeps
-  serving, no prepared claim's device is removed, and one log line says what was recovered.
+  serving, no prepared claim's device is removed, and one log line says what was recovered;
+  a rebuilt claim still holds its devices against other claims (point 2).
 * The checkpoint is versioned: a version 1 file (what the plugin wrote before) is migrated.
 * After a reboot, a checkpointed claim's devices are made again before prepare answers
   (CDI ids resolve), or prepare answers with a clear error.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge.kubelet.dra_grpc import ClaimRef
+from dra_bridge.kubelet.types import ClaimRef
 from dra_bridge.kubeletplugin import checkpoint as ckpt
 from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from dra_bridge.kubeletplugin.paths import PluginPaths
@@ -207,6 +208,34 @@ def test_rebuild_from_the_cdi_spec_alone(node, paths, caplog):
     assert "uid " + UID_VGPUS in plugin_warnings(caplog)[0].getMessage()
     assert drv.unprepare([refs[0]]) == {UID_VGPUS: None}
     assert node.mdevs() == set() and host_state(node)[1] == {}
+
+
+@pytest.mark.parametrize("spec_alone", [False, True])
+def test_rebuilt_claims_still_hold_their_devices(node, paths, spec_alone):
+    """Issue #12 point 2 after point 6: a record rebuilt from the node holds its devices like any
+    other, so a second claim on one of them (or a vGPU on the passed-through GPU) is refused,
+    naming the recovered claim, even when only its uid is known."""
+    claims, pool, refs, first = prepared(node, paths)
+    held = host_state(node)
+    if spec_alone:
+        shutil.rmtree(paths.metadata_dir)
+        for f in paths.cdi_root.glob(f"{DRIVER}_metadata_*"):
+            f.unlink()
+    paths.checkpoint.write_text("{")
+    drv = make_driver(node, paths, claims, pool)
+    t4_dev = devices_of(pool, T4, "vgpu")[0]
+    pt_vgpu = devices_of(pool, PT, "vgpu")[0]
+    same = claims.add(claim_object("vm-same", [("t4", t4_dev)], node=node.node),
+                      uid="6f1c1c2e-0000-4000-8000-00000000b001")
+    on_pt = claims.add(claim_object("vm-on-pt", [("v", pt_vgpu)], node=node.node),
+                       uid="6f1c1c2e-0000-4000-8000-00000000b002")
+    out = drv.prepare([same, on_pt])
+    for ref, holder, dev in [(same, UID_VGPUS, t4_dev), (on_pt, UID_PT, pt_vgpu)]:
+        err = out[ref.uid].error
+        assert err and holder in err and ref.uid in err and f"default/{ref.name}" in err and dev in err, err
+    if not spec_alone:
+        assert "default/vm-vgpus" in out[same.uid].error and "tenant/vm-pt" in out[on_pt.uid].error
+    assert host_state(node) == held and set(drv.cp.claims) == {UID_VGPUS, UID_PT}
 
 
 @pytest.mark.parametrize("text, words", [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -16,12 +17,15 @@ import pytest
 
 from dra_bridge.kubeletplugin import metadata
 from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
-from dra_bridge.kubelet.dra_grpc import ClaimRef
+from dra_bridge.kubelet.dra_grpc import parent_request_names
+from dra_bridge.kubelet.types import ClaimRef
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from mdev_manager.executor import Executor
+from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimIO
 from dra_bridge.sim.apiserver import LocalApiServer
 from tests.support.dra import (
+    DRA_LAYOUT,
     DRIVER,
     DictClaims,
     add_claim,
@@ -293,7 +297,11 @@ def test_subrequest_uses_the_base_request_in_paths(srv, node, paths):
     stored = srv.add(obj)
     ref = ClaimRef(namespace="default", name="vm-sub", uid=stored["metadata"]["uid"])
     (dev,) = prepare_ok(make_driver(node, paths, srv.api_client(), pool), ref)
+    # The driver names the sub-request the scheduler chose; the gRPC layer answers the kubelet
+    # with the parent request (a container's claim names only "vgpu"), as the upstream helper's
+    # stripSubrequestNames does (tests/dra_bridge/test_grpc_plugin.py checks the wire side).
     assert dev.request_names == ["vgpu/small"]
+    assert parent_request_names(dev.request_names) == ["vgpu"]
     meta_id = next(i for i in dev.cdi_device_ids if "/metadata=" in i)
     assert meta_id == f"{DRIVER}/metadata={ref.uid}_vgpu"
     (v,) = node.gpu("0000:10:00.0").vgpus
@@ -641,3 +649,162 @@ def test_passthrough_is_refused_while_a_vf_holds_a_vgpu(srv, tmp_path, paths):
     res = drv.prepare([ref2])[ref2.uid]
     assert res.error and "holds vGPUs" in res.error
     assert node.gpu(gpu).sriov_num_vfs == 16 and len(node.gpu(gpu).vgpus) == 1
+
+
+# --------------------------------------------------------------------------- one device, one claim (issue #12 point 2)
+
+
+T4 = "0000:10:00.0"
+
+
+def snapshot(node, paths: PluginPaths, gpu: str = T4):
+    """What a refused prepare must leave as it was: the kernel's devices, the GPU's driver, every plugin file."""
+    return (node.mdevs(), [(v.id, v.parent, v.type_id) for v in node.gpu(gpu).vgpus], node.driver_of(gpu),
+            {f: Path(f).read_bytes() for f in plugin_files(paths)})
+
+
+def assert_names_both(error: str | None, ours: ClaimRef, theirs: ClaimRef, *devices: str):
+    assert error, "the second claim was prepared"
+    for words in (f"{ours.namespace}/{ours.name}", ours.uid, f"{theirs.namespace}/{theirs.name}", theirs.uid,
+                  *devices):
+        assert words in error, f"{words!r} missing from: {error}"
+
+
+def test_two_claims_on_one_vgpu_device_only_the_first_prepares(srv, node, paths):
+    """A scheduler race or a force-deleted pod allocates one published vGPU slot twice: the T4
+    could make a second vGPU, so without the check both would prepare."""
+    pool = node.build_pool()
+    dev_name = devices_of(pool, T4, "vgpu", T4_1Q)[0]
+    first = add_claim(srv, "vm-a", [("vgpu", dev_name)], node=node.node)
+    second = add_claim(srv, "vm-b", [("vgpu", dev_name)], node=node.node, namespace="tenant")
+    drv = make_driver(node, paths, srv.api_client(), pool)
+    answer = drv.prepare([first])[first.uid]
+    assert answer.error is None
+    before, record = snapshot(node, paths), checkpoint_claims(paths)[first.uid]
+
+    res = drv.prepare([second])[second.uid]
+    assert_names_both(res.error, second, first, dev_name)
+    assert res.devices == []
+    assert snapshot(node, paths) == before, "the refused claim made something"
+    assert checkpoint_claims(paths) == {first.uid: record}, "the first claim's record changed"
+    # the first is untouched: the same claim again is idempotent, not a clash with itself
+    assert drv.prepare([first])[first.uid] == answer
+    # a restarted plugin knows from the checkpoint, and one call with both claims answers each
+    again = make_driver(node, paths, srv.api_client(), pool)
+    both = again.prepare([first, second])
+    assert both[first.uid] == answer
+    assert_names_both(both[second.uid].error, second, first, dev_name)
+    assert snapshot(node, paths) == before
+
+    # once the first claim is unprepared the kubelet's retry prepares the second
+    assert again.unprepare([first]) == {first.uid: None}
+    (dev,) = prepare_ok(again, second)
+    assert dev.device_name == dev_name
+    (v,) = node.gpu(T4).vgpus
+    assert set(checkpoint_claims(paths)) == {second.uid} and node.mdevs() == {v.id}
+
+
+@pytest.mark.parametrize("first_kind", ["passthrough", "vgpu"])
+def test_a_whole_gpu_and_a_vgpu_on_it_never_both_prepare(srv, node, paths, first_kind):
+    """Two device names, one physical GPU: the passthrough record and a vGPU record name the same GPU."""
+    pool = node.build_pool()
+    names = {"passthrough": devices_of(pool, T4, "passthrough")[0], "vgpu": devices_of(pool, T4, "vgpu")[0]}
+    second_kind = "vgpu" if first_kind == "passthrough" else "passthrough"
+    first = add_claim(srv, "vm-a", [("gpu", names[first_kind])], node=node.node)
+    second = add_claim(srv, "vm-b", [("gpu", names[second_kind])], node=node.node)
+    drv = make_driver(node, paths, srv.api_client(), pool)
+    prepare_ok(drv, first)
+    before, record = snapshot(node, paths), checkpoint_claims(paths)[first.uid]
+
+    res = drv.prepare([second])[second.uid]
+    assert_names_both(res.error, second, first, names["passthrough"], names["vgpu"], T4)
+    assert snapshot(node, paths) == before and checkpoint_claims(paths) == {first.uid: record}
+
+    assert drv.unprepare([first]) == {first.uid: None}
+    prepare_ok(drv, second)
+    if second_kind == "passthrough":
+        assert node.driver_of(T4) == "vfio-pci" and node.mdevs() == set()
+    else:
+        assert node.driver_of(T4) == "nvidia" and len(node.gpu(T4).vgpus) == 1
+
+
+def test_one_device_twice_in_one_claim_is_refused(srv, node, paths):
+    pool = node.build_pool()
+    dev_name = devices_of(pool, T4, "vgpu")[0]
+    ref = add_claim(srv, "vm-twice", [("a", dev_name), ("b", dev_name)], node=node.node)
+    res = make_driver(node, paths, srv.api_client(), pool).prepare([ref])[ref.uid]
+    assert res.error and dev_name in res.error and "request a" in res.error, res.error
+    assert node.mdevs() == set() and plugin_files(paths) == set() and checkpoint_claims(paths) == {}
+
+
+def test_a_claim_from_before_a_reboot_still_holds_its_device(srv, node, paths):
+    """After a reboot the first claim's vGPU is gone but its claim is still allocated: its next
+    prepare re-creates it, so a second claim on that device must not take it meanwhile."""
+    pool = node.build_pool()
+    dev_name = devices_of(pool, T4, "vgpu")[0]
+    first = add_claim(srv, "vm-a", [("vgpu", dev_name)], node=node.node)
+    second = add_claim(srv, "vm-b", [("vgpu", dev_name)], node=node.node)
+    prepare_ok(make_driver(node, paths, srv.api_client(), pool), first)
+    node.host.reboot()
+    shutil.rmtree(paths.cdi_root)
+    assert reconcile(node.env, node.io, DRA_LAYOUT, node=node.node).ok
+    assert node.mdevs() == set()
+
+    drv = make_driver(node, paths, srv.api_client(), node.build_pool())
+    assert drv.cp.claims[first.uid].boot_id != drv.boot_id()
+    res = drv.prepare([second])[second.uid]
+    assert_names_both(res.error, second, first, dev_name)
+    assert node.mdevs() == set() and set(checkpoint_claims(paths)) == {first.uid}
+    (dev,) = prepare_ok(drv, first)  # re-created, same device
+    assert dev.device_name == dev_name and len(node.mdevs()) == 1
+    assert drv.prepare([second])[second.uid].error
+    assert drv.unprepare([first]) == {first.uid: None}
+    prepare_ok(drv, second)
+
+
+# --------------------------------------------------------------------------- metadata once per request (#12 point 9b)
+
+
+def test_metadata_cdi_device_only_on_the_first_device_of_a_request(srv, node, paths):
+    """Upstream's helper injects the metadata CDI device into the first device of each request
+    (k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go): one bind mount per request.
+    The driver used to add it to every device of the request, so a request of two devices named
+    the same mount twice."""
+    pool = node.build_pool()
+    a, b = devices_of(pool, T4, "vgpu", T4_1Q)[:2]
+    c = devices_of(pool, "0000:19:00.0", "vgpu")[0]
+    ref = add_claim(srv, "vm-multi", [("vgpu", a), ("vgpu", b), ("other", c)], node=node.node)
+    drv = make_driver(node, paths, srv.api_client(), pool)
+    devs = prepare_ok(drv, ref)
+    assert [d.device_name for d in devs] == [a, b, c]
+    meta = {d.device_name: [i for i in d.cdi_device_ids if i.startswith(f"{DRIVER}/metadata=")] for d in devs}
+    assert meta == {a: [f"{DRIVER}/metadata={ref.uid}_vgpu"], b: [], c: [f"{DRIVER}/metadata={ref.uid}_other"]}
+    for d in devs:  # every device keeps its own vfio device
+        own = [i for i in d.cdi_device_ids if i.startswith(f"{DRIVER}/claim=")]
+        assert own == [f"{DRIVER}/claim={ref.uid}-{d.device_name}"]
+    # the request's one metadata file lists both of its devices
+    (doc,) = read_metadata_stream(metadata_file(paths, ref, "vgpu"))
+    assert [d["name"] for d in doc["requests"][0]["devices"]] == [a, b]
+    assert drv.prepare([ref])[ref.uid].devices == devs  # the checkpoint answers the same
+
+
+# --------------------------------------------------------------------------- health
+
+
+def test_health_names_the_gpu_in_each_message(node, paths):
+    pool = node.build_pool()
+    drv = make_driver(node, paths, DictClaims(), pool)
+    before = {r.device: r for r in drv.health()}
+    assert set(before) == {d.name for d in pool.devices}
+    gone = "0000:13:00.0"
+    on_gone = set(devices_of(pool, gone, "passthrough") + devices_of(pool, gone, "vgpu"))
+    assert on_gone
+    for d in pool.devices:
+        assert (before[d.name].healthy, before[d.name].message) == (True, f"GPU {d.gpu} present")
+    node.host.remove_gpu(gone)
+    after = {r.device: r for r in drv.health()}
+    for d in pool.devices:
+        if d.name in on_gone:
+            assert (after[d.name].healthy, after[d.name].message) == (False, f"GPU {gone} is gone from the PCI bus")
+        else:
+            assert (after[d.name].healthy, after[d.name].message) == (True, f"GPU {d.gpu} present")

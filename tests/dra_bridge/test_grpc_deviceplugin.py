@@ -12,15 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_bridge.kubelet.deviceplugin_grpc import (
-    ContainerAllocation,
-    DeviceSpec,
-    DevicePluginServer,
-    DpDevice,
-    KubeletWatcher,
-    MountSpec,
-    socket_name_for,
-)
+from dra_bridge.kubelet.deviceplugin_grpc import DevicePluginServer, KubeletWatcher, socket_name_for
+from dra_bridge.kubelet.types import ContainerAllocation, DeviceSpec, DpDevice, MountSpec
 from tests.support.kubelet.fake_kubelet import DevicePluginClient, FakeKubelet, short_root
 
 RESOURCE = "nvidia.com/GRID_T4-1Q"

@@ -17,13 +17,8 @@ import grpc
 import pytest
 
 from dra_bridge.kubelet import dra_client
-from dra_bridge.kubelet.dra_grpc import (
-    ClaimRef,
-    DeviceHealthRecord,
-    KubeletPlugin,
-    PreparedDevice,
-    PrepareResult,
-)
+from dra_bridge.kubelet.dra_grpc import KubeletPlugin
+from dra_bridge.kubelet.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from tests.support.kubelet import protos
 from tests.support.kubelet.fake_kubelet import DraClient, FakeKubelet, short_root
 

@@ -23,7 +23,7 @@ from dra_bridge.kube.claims import ApiClaimSource
 from dra_bridge.kubeletplugin.claimsource import ClaimSource
 from dra_bridge.pool.devices import Pool, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
-from dra_bridge.kubelet.dra_grpc import ClaimRef
+from dra_bridge.kubelet.types import ClaimRef
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.pool.policy import policy_from_layout
@@ -117,7 +117,7 @@ def make_node(root: Path, preset: str = "default", *, version: tuple[int, int] =
 
 
 def boot_id_file(node: SimNode) -> Path:
-    return node.env.proc_root / "sys/kernel/random/boot_id"
+    return node.env.boot_id
 
 
 def set_boot_id(node: SimNode, value: str) -> None:
