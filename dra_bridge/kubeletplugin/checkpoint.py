@@ -30,6 +30,7 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ValidationError, field_validator, model_validator
 
 from mdev_manager.host.io import HostIO, RealIO
+from mdev_manager.models import Usage
 
 from dra_bridge.kubeletplugin.paths import check_label, check_name, check_namespace, check_request, check_uid
 
@@ -105,6 +106,20 @@ class Checkpoint(BaseModel):
             if key != rec.uid:
                 raise ValueError(f"claim key {key!r} differs from its record's uid {rec.uid!r}")
         return self
+
+    def usage(self) -> Usage:
+        """Devices held by prepared claims, as the node manager counts what is in use (the daemon's
+        reconcile and ``vgpuctl apply`` alike)."""
+        mdevs: dict[str, list[str]] = {}
+        pci: dict[str, list[str]] = {}
+        for rec in self.claims.values():
+            who = f"ResourceClaim {rec.namespace}/{rec.name}" if rec.namespace else f"ResourceClaim uid {rec.uid}"
+            for d in rec.devices:
+                if d.kind == "vgpu" and d.framework == "mdev" and d.vgpu_id:
+                    mdevs.setdefault(d.vgpu_id, []).append(who)
+                elif d.vgpu_id or d.gpu:
+                    pci.setdefault(d.vgpu_id or d.gpu, []).append(who)
+        return Usage(mdevs=mdevs, pci=pci)
 
 
 # --------------------------------------------------------------------------- versions (pure)

@@ -353,16 +353,7 @@ class Driver:
     # ------------------------------------------------------------ for the node manager and health
     def usage(self) -> Usage:
         """Devices held by prepared claims count as in use for the node manager."""
-        mdevs: dict[str, list[str]] = {}
-        pci: dict[str, list[str]] = {}
-        for rec in self.cp.claims.values():
-            who = f"ResourceClaim {_who(rec)}"
-            for d in rec.devices:
-                if d.kind == "vgpu" and d.framework == "mdev" and d.vgpu_id:
-                    mdevs.setdefault(d.vgpu_id, []).append(who)
-                elif d.vgpu_id or d.gpu:
-                    pci.setdefault(d.vgpu_id or d.gpu, []).append(who)
-        return Usage(mdevs=mdevs, pci=pci)
+        return self.cp.usage()
 
     def health(self) -> list[DeviceHealthRecord]:
         """A device is as healthy as its GPU is present on the PCI bus; the message says which GPU."""

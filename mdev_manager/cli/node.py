@@ -97,16 +97,7 @@ def _claims_usage(args, env: HostEnv, io: HostIO) -> Usage:
         return _cannot_tell(env, io, f"the prepared-claims checkpoint {path} cannot be read ({exc}): which devices "
                                      "DRA claims hold cannot be told, so no existing vGPU or passed-through GPU is "
                                      "removed or changed; the agent (vgpuctl serve) rebuilds it at its next start")
-    mdevs: dict[str, list[str]] = {}
-    pci: dict[str, list[str]] = {}
-    for rec in cp.claims.values():
-        who = f"ResourceClaim {rec.namespace}/{rec.name}" if rec.namespace else f"ResourceClaim uid {rec.uid}"
-        for d in rec.devices:
-            if d.kind == "vgpu" and d.framework == "mdev" and d.vgpu_id:
-                mdevs.setdefault(d.vgpu_id, []).append(who)
-            elif d.vgpu_id or d.gpu:
-                pci.setdefault(d.vgpu_id or d.gpu, []).append(who)
-    return Usage(mdevs=mdevs, pci=pci)
+    return cp.usage()
 
 
 def _cannot_tell(env: HostEnv, io: HostIO, warning: str) -> Usage:
