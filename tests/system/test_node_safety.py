@@ -29,6 +29,7 @@ from mdev_manager.host.lock import NodeLock
 from mdev_manager.sim.node import sim_node
 
 from tests.support.dra import DictClaims, add_claim, claim_object, devices_of, make_driver, make_node
+from tests.support.kubelet.fake_kubelet import short_root
 
 T4 = "0000:10:00.0"
 UID = "6f1c1c2e-0000-4000-8000-00000000c001"
@@ -160,15 +161,17 @@ def test_a_second_writer_waits_then_runs(tmp_path, capsys):
 # --------------------------------------------------------------------------- the agent's status
 
 
-def test_agent_reports_pending_with_reason_and_event_then_success(tmp_path):
+def test_agent_reports_pending_with_reason_and_event_then_success(tmp_path, request):
     layouts = {"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}}
+    short, cleanup = short_root(tmp_path)  # the plugin's sockets live under the kubelet root
+    request.addfinalizer(cleanup)
     with LocalApiServer(version="1.36") as srv:
         node = sim_node(tmp_path / "host", "default")
         (node.env.proc_root / "sys/kernel/random").mkdir(parents=True, exist_ok=True)
         (node.env.proc_root / "sys/kernel/random/boot_id").write_text(str(uuid.uuid4()) + "\n")
         srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {}}})
         cfg = ServeConfig(node_name=node.node, layout_file=tmp_path / "layouts.yaml", metrics_port=None,
-                          kubelet_root=tmp_path / "k", cdi_root=tmp_path / "cdi", layout_label=LABEL_CONFIG,
+                          kubelet_root=short / "k", cdi_root=tmp_path / "cdi", layout_label=LABEL_CONFIG,
                           state_label=LABEL_CONFIG_STATE)
         (tmp_path / "layouts.yaml").write_text(yaml.safe_dump(layouts))
         daemon = Daemon(cfg, node.env, node.io, srv.api_client())

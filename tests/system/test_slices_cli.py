@@ -15,6 +15,7 @@ from mdev_manager.sim import load_host
 from dra_bridge.sim.apiserver import LocalApiServer
 from dra_bridge.sim.apiserver.featuregates import parse_gates
 from tests.support.simnodes import open_sim
+from tests.support.kubelet.fake_kubelet import short_root
 
 NODE = load_host("default").node
 
@@ -126,11 +127,15 @@ def test_same_slices_as_the_node_agent_publishes(simdir, capsys, tmp_path):
     code, doc, _ = slices(capsys, "-o", "json", "--server-version", "1.36")
     assert code == 0
     node = open_sim(simdir / "default")
-    with LocalApiServer(version="1.36", feature_gates={}) as srv:
-        cfg = ServeConfig(node_name=NODE, kubelet_root=tmp_path / "kl", cdi_root=tmp_path / "cdi",
-                          metrics_port=None, server_version=(1, 36))
-        Daemon(cfg, node.env, node.io, srv.api_client()).resync()
-        published = srv.objects("resourceslices")
+    root, cleanup = short_root(tmp_path)  # the plugin's sockets live under the kubelet root
+    try:
+        with LocalApiServer(version="1.36", feature_gates={}) as srv:
+            cfg = ServeConfig(node_name=NODE, kubelet_root=root / "kl", cdi_root=root / "cdi",
+                              metrics_port=None, server_version=(1, 36))
+            Daemon(cfg, node.env, node.io, srv.api_client()).resync()
+            published = srv.objects("resourceslices")
+    finally:
+        cleanup()
 
     def strip(s: dict) -> tuple:
         return s["metadata"]["name"], s["metadata"]["labels"], s["spec"]
