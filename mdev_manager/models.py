@@ -188,11 +188,19 @@ class Holder(BaseModel):
     comm: str
 
 
+class CdevHolder(Holder):
+    """A process with a device's vfio cdev (``/dev/vfio/devices/vfioN``, iommufd) open."""
+
+    node: str = Field(description="the cdev path it holds")
+
+
 class Usage(BaseModel):
     """Everything known to use devices. Values of ``mdevs``/``pci`` are user labels such as
     ``libvirt domain vm1``; an empty answer from ``*_users`` means the device is free."""
 
     vfio_groups: dict[int, list[Holder]] = {}
+    vfio_devices: dict[str, list[CdevHolder]] = Field(
+        {}, description="device (mdev UUID or PCI address) -> processes holding its vfio cdev")
     mdevs: dict[str, list[str]] = {}
     pci: dict[str, list[str]] = {}
     warnings: list[str] = []
@@ -204,9 +212,13 @@ class Usage(BaseModel):
         node = f"{self.vfio_dir}/{group}" if self.vfio_dir else f"VFIO group {group}"
         return [f"pid {h.pid} ({h.comm}) holds {node}" for h in self.vfio_groups.get(group, [])]
 
+    def _cdev_users(self, device: str) -> list[str]:
+        return [f"pid {h.pid} ({h.comm}) holds {h.node}" for h in self.vfio_devices.get(device, [])]
+
     def mdev_users(self, uuid: str, iommu_group: int | None = None) -> list[str]:
-        refs = self.mdevs.get(uuid.strip().lower(), [])
-        return self._group_users(iommu_group) + [f"{r} references it" for r in refs]
+        uuid = uuid.strip().lower()
+        refs = self.mdevs.get(uuid, [])
+        return self._group_users(iommu_group) + self._cdev_users(uuid) + [f"{r} references it" for r in refs]
 
     def pci_users(self, address: str, iommu_group: int | None = None) -> list[str]:
         try:
@@ -214,7 +226,7 @@ class Usage(BaseModel):
         except NameError_:
             address = address.strip().lower()
         refs = self.pci.get(address, [])
-        return self._group_users(iommu_group) + [f"{r} references it" for r in refs]
+        return self._group_users(iommu_group) + self._cdev_users(address) + [f"{r} references it" for r in refs]
 
     def merged(self, other: "Usage | None") -> "Usage":
         """Union of two views (duplicates dropped, order kept)."""
@@ -224,6 +236,9 @@ class Usage(BaseModel):
         for g, holders in other.vfio_groups.items():
             mine = out.vfio_groups.setdefault(g, [])
             mine.extend(h for h in holders if h not in mine)
+        for d, cdev_holders in other.vfio_devices.items():
+            mine_c = out.vfio_devices.setdefault(d, [])
+            mine_c.extend(h for h in cdev_holders if h not in mine_c)
         for mine, theirs in ((out.mdevs, other.mdevs), (out.pci, other.pci)):
             for key, users in theirs.items():
                 _add_all(mine, key, users)

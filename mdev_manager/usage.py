@@ -1,7 +1,9 @@
 """Who uses a vGPU or GPU right now, so the manager never pulls one out from under a VM.
 
 Two independent witnesses: processes holding a ``/dev/vfio/<group>`` open (QEMU in a
-virt-launcher pod, or anything else), and libvirt domains whose XML references an mdev
+virt-launcher pod, or anything else) or, with iommufd, a device's own vfio cdev
+``/dev/vfio/devices/vfioN`` (which names no group: it is mapped to its mdev or PCI function
+through sysfs), and libvirt domains whose XML references an mdev
 UUID or PCI address (running or merely defined). The DRA bridge adds a third witness,
 kubelet allocations, through ``collect_usage(extra=...)``.
 
@@ -21,18 +23,42 @@ from pydantic import BaseModel
 from mdev_manager.host import procfs
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Holder, Usage
+from mdev_manager.models import CdevHolder, Holder, Usage
 from mdev_manager.names import NameError_, check_pci_address
 
 log = logging.getLogger(__name__)
 
 
-# --- open VFIO groups -----------------------------------------------------------------
+# --- open VFIO groups and device cdevs -----------------------------------------------------------------
 
 def scan_vfio_holders(env: HostEnv, io: HostIO) -> dict[int, list[Holder]]:
     """Map VFIO group number -> processes with ``<dev_root>/vfio/<group>`` open (see
     :func:`mdev_manager.host.procfs.vfio_holders`)."""
-    return {g: [Holder(pid=p.pid, comm=p.comm) for p in procs] for g, procs in procfs.vfio_holders(env, io).items()}
+    return _group_holders(procfs.vfio_holders(env, io))
+
+
+def _group_holders(groups: dict[int, list[procfs.Proc]]) -> dict[int, list[Holder]]:
+    return {g: [Holder(pid=p.pid, comm=p.comm) for p in procs] for g, procs in groups.items()}
+
+
+def _cdev_holders(env: HostEnv, io: HostIO, cdevs: dict[str, list[procfs.Proc]],
+                  warnings: list[str]) -> dict[str, list[CdevHolder]]:
+    """Device (mdev UUID or PCI address) -> processes holding its vfio cdev.
+
+    A held cdev whose device cannot be told is a warning, never silence: something is in use.
+    """
+    out: dict[str, list[CdevHolder]] = {}
+    for cdev, procs in sorted(cdevs.items()):
+        node = str(env.vfio_cdev_dir / cdev)
+        device = procfs.cdev_device(env, io, cdev)
+        if device is None:
+            who = ", ".join(f"pid {p.pid} ({p.comm})" for p in procs)
+            msg = f"{who} holds {node}, but {env.vfio_dev_class / cdev / 'device'} does not say which device it is"
+            log.warning(msg)
+            warnings.append(msg)
+            continue
+        out.setdefault(device, []).extend(CdevHolder(pid=p.pid, comm=p.comm, node=node) for p in procs)
+    return out
 
 
 # --- libvirt -------------------------------------------------------------------------
@@ -159,17 +185,20 @@ def _domain_label(name: str, active: bool) -> str:
 
 
 def collect_usage(env: HostEnv, io: HostIO, extra: Usage | None = None) -> Usage:
-    """One view of device users on this host: open VFIO groups, libvirt domains, ``extra``."""
+    """One view of device users on this host: open VFIO groups and cdevs, libvirt domains, ``extra``."""
     warnings: list[str] = []
     if not io.is_dir(env.proc_root):
         msg = f"{env.proc_root} is not readable; open VFIO groups not checked"
         log.warning(msg)
         warnings.append(msg)
+    held = procfs.scan(env, io)
+    vfio_devices = _cdev_holders(env, io, held.cdevs, warnings)
     lv = libvirt_devices(env.libvirt_uri)
     if lv.warning:
         warnings.append(lv.warning)
     usage = Usage(
-        vfio_groups=scan_vfio_holders(env, io),
+        vfio_groups=_group_holders(held.groups),
+        vfio_devices=vfio_devices,
         mdevs={k: [_domain_label(d, lv.active.get(d, True)) for d in v] for k, v in lv.mdevs.items()},
         pci={k: [_domain_label(d, lv.active.get(d, True)) for d in v] for k, v in lv.pci.items()},
         warnings=warnings,

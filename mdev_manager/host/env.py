@@ -45,6 +45,12 @@ class HostEnv:
     def iommu_groups(self) -> Path:
         return self.sys_root / "kernel/iommu_groups"
 
+    @property
+    def vfio_dev_class(self) -> Path:
+        """``/sys/class/vfio-dev/vfioN``: one per vfio device cdev; its ``device`` link names the
+        device (an mdev, a VF or a PCI function) it belongs to."""
+        return self.sys_root / "class/vfio-dev"
+
     def pci(self, address: str) -> Path:
         return self.pci_devices / address
 
@@ -55,6 +61,11 @@ class HostEnv:
 
     def vfio_group(self, group: int | str) -> Path:
         return self.vfio_dir / str(group)
+
+    @property
+    def vfio_cdev_dir(self) -> Path:
+        """``/dev/vfio/devices``: the per-device cdevs an iommufd user opens instead of a group."""
+        return self.vfio_dir / "devices"
 
     @property
     def iommufd(self) -> Path:

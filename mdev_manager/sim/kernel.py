@@ -8,7 +8,9 @@ its device model) the way the kernel does and fails with the kernel's errno
 * ``<type>/create``: 36-byte UUID else EINVAL; EEXIST for a UUID anywhere on the host;
   EUSERS when no instance is left.
 * ``<mdev>/remove``: ``1`` removes, ``0`` does nothing, EBUSY while a process (real, or
-  simulated: :mod:`.procs`) holds the mdev's ``/dev/vfio/<group>`` (the vendor driver's refusal).
+  simulated: :mod:`.procs`) holds the mdev's ``/dev/vfio/<group>`` or, with iommufd, its vfio
+  cdev ``/dev/vfio/devices/vfioN`` (the vendor driver's refusal). Unbinding a function, disabling
+  VFs and clearing a vendor-VFIO vGPU are refused the same way while its group or cdev is open.
 * ``sriov_numvfs``: ERANGE above total, no-op for the current value, ENOENT without a
   driver, EBUSY for a nonzero value while VFs exist.
 * ``driver_override``, ``drivers/<d>/unbind``, ``drivers/<d>/bind``, ``drivers_probe``.
@@ -45,13 +47,13 @@ class SimHost(SysfsTree):
             raise err(errno.ENODEV, f"{addr} has no driver")
         gpu = self._gpu_of(addr)
         mine = [e for e in (self._existing(gpu) if gpu else []) if e[0] == addr]
-        if any(self._busy(self._vgpu_group(p, v)) for p, v, _ in mine):
+        if any(self._vgpu_busy(p, v) for p, v, _ in mine):
             raise err(errno.EBUSY, f"{addr} has vGPUs in use")
         if gpu and addr == gpu["pf"] and self._vfs(gpu):
             raise err(errno.EBUSY, f"{addr} has VFs enabled; disable them first")
         fn = self.state["functions"][addr]
-        if driver == "vfio-pci" and self._busy(fn["group"]):
-            raise err(errno.EBUSY, f"/dev/vfio/{fn['group']} is open")
+        if driver == "vfio-pci" and self._busy(fn["group"], fdir):
+            raise err(errno.EBUSY, f"/dev/vfio/{fn['group']} or {addr}'s vfio cdev is open")
         for p, v, _ in mine:
             if p != v:
                 self._remove_mdev(p, v)
@@ -71,8 +73,8 @@ class SimHost(SysfsTree):
         vfs = self._vfs(gpu)
         for vf in vfs:
             fn = self.state["functions"][vf]
-            if self._busy(fn["group"]) or any(self._busy(self._vgpu_group(p, v))
-                                               for p, v, _ in self._existing(gpu) if p == vf):
+            if self._busy(fn["group"], self._fdir(vf)) or any(self._vgpu_busy(p, v)
+                                                              for p, v, _ in self._existing(gpu) if p == vf):
                 raise err(errno.EBUSY, f"VF {vf} is in use")
         for i, vf in enumerate(vfs):
             if self._driver(vf):
@@ -117,8 +119,8 @@ class SimHost(SysfsTree):
 
     def _remove_mdev(self, parent: str, uid: str) -> None:
         grp = self._vgpu_group(parent, uid)
-        if self._busy(grp):
-            raise err(errno.EBUSY, f"mdev {uid} is in use (/dev/vfio/{grp} open)")
+        if self._vgpu_busy(parent, uid):
+            raise err(errno.EBUSY, f"mdev {uid} is in use (/dev/vfio/{grp} or its vfio cdev open)")
         self._force_remove_mdev(parent, uid)
         self._refresh(self._gpu_of(parent))
 
@@ -133,7 +135,7 @@ class SimHost(SysfsTree):
         current = int((nv / "current_vgpu_type").read_text())
         grp = self._group(vf)
         if value == 0:
-            if current and self._busy(grp):
+            if current and self._busy(grp, self._fdir(vf)):
                 raise err(errno.EBUSY, f"vGPU on {vf} is in use")
             (nv / "current_vgpu_type").write_text("0\n")
             (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)

@@ -4,8 +4,8 @@ A process is ``<root>/proc/<pid>/`` laid out as the real ``/proc`` is: ``comm``,
 ``cmdline`` (NUL-separated) and ``fd/<n>`` symlinks to the files it holds open (0-2 on
 ``/dev/null``). The node manager's holder scan (:mod:`mdev_manager.host.procfs`) reads
 them through HostIO exactly as it reads the real ``/proc``, and the simulated kernel asks
-:meth:`SimProcs.holding` whether a vfio group is busy (EBUSY on remove, unbind, VF
-disable). A held file is linked by its resolved absolute path, as the kernel shows it.
+:meth:`SimProcs.holding` whether a vfio group or device cdev is busy (EBUSY on remove,
+unbind, VF disable). A held file is linked by its resolved absolute path, as the kernel shows it.
 
 A process appears and disappears whole (built aside, renamed into place; renamed aside,
 removed), so a concurrent scan sees it with all its fds or not at all.

@@ -216,8 +216,21 @@ class SysfsTree:
         real processes (tests' children) and the simulated ones."""
         return holding("/proc", paths) + self.procs.holding(paths)
 
-    def _busy(self, group: int) -> bool:
-        return bool(self.holders({str(self.dev / "vfio" / str(group))}))
+    def _busy(self, group: int, device_dir: Path | None = None) -> bool:
+        """Is the group's ``/dev/vfio/<group>``, or a vfio cdev of ``device_dir``, open?
+
+        An iommufd user holds the device's cdev instead of the group; vfio keeps the device
+        registered (so its driver cannot let go of it) while either is open.
+        """
+        paths = {str(self.dev / "vfio" / str(group))}
+        if device_dir is not None and (device_dir / "vfio-dev").is_dir():
+            paths |= {str(self.dev / "vfio/devices" / n) for n in os.listdir(device_dir / "vfio-dev")}
+        return bool(self.holders(paths))
+
+    def _vgpu_busy(self, parent: str, vgpu: str) -> bool:
+        """A vGPU (an mdev, or a VF's vendor-VFIO vGPU) held through its group or its cdev."""
+        device_dir = self._fdir(parent) if parent == vgpu else self._fdir(parent) / vgpu
+        return self._busy(self._vgpu_group(parent, vgpu), device_dir)
 
     # ------------------------------------------------------------------ capacity
     def _existing(self, gpu: dict) -> list[tuple[str, str, str]]:
@@ -300,7 +313,8 @@ class SysfsTree:
                 self._refresh(gpu)
 
     def _add_cdev(self, device_dir: Path) -> None:
-        """With iommufd, each vfio device also gets ``<dev>/vfio-dev/vfioN`` and ``/dev/vfio/devices/vfioN``.
+        """With iommufd, each vfio device also gets ``<dev>/vfio-dev/vfioN`` (its ``device`` link back to
+        ``<dev>``, ``/sys/class/vfio-dev/vfioN`` a link to it) and ``/dev/vfio/devices/vfioN``.
 
         vfio registers the cdev under the device it drives: a PCI function on vfio-pci, an
         mdev, or a VF holding a vendor-VFIO vGPU (kernel.md).
@@ -309,13 +323,19 @@ class SysfsTree:
             return
         n = self.state["next_vfio"]
         self.state["next_vfio"] = n + 1
-        (device_dir / "vfio-dev" / f"vfio{n}").mkdir(parents=True, exist_ok=True)
+        cdev = device_dir / "vfio-dev" / f"vfio{n}"
+        cdev.mkdir(parents=True, exist_ok=True)
+        # the cdev's parent device, linked as sysfs links it: via the common ancestor, so it ends in its name
+        os.symlink(f"../../../{device_dir.name}", cdev / "device")
+        self._link(self.sys / "class/vfio-dev" / cdev.name, cdev)
         (self.dev / f"vfio/devices/vfio{n}").write_text("")
 
     def _drop_cdevs(self, device_dir: Path) -> None:
         if (device_dir / "vfio-dev").exists():
             for n in os.listdir(device_dir / "vfio-dev"):
                 (self.dev / "vfio/devices" / n).unlink(missing_ok=True)
+                if os.path.lexists(self.sys / "class/vfio-dev" / n):
+                    os.unlink(self.sys / "class/vfio-dev" / n)
             shutil.rmtree(device_dir / "vfio-dev")
 
     def _update_group_node(self, group: int) -> None:

@@ -362,6 +362,62 @@ def test_gpu_with_held_vgpus_cannot_be_passed_through(applied, holder):
     assert io.writes == []
 
 
+IOMMUFD_HOST = HostSpec(iommufd=True, gpus=[GpuGroup(board="T4"), GpuGroup(board="L40S", count=2)])
+IOMMUFD_LAYOUT = [{"index": 0, "vgpus": {"T4-2Q": 2}}, {"index": 1, "vgpus": {"L40S-24Q": 2}},
+                  {"index": 2, "mode": "passthrough"}]
+
+
+def vfio_cdev(sim: Sim, device_dir: Path) -> Path:
+    """``/dev/vfio/devices/vfioN`` of a device (what an iommufd VM opens instead of its group)."""
+    (name,) = os.listdir(device_dir / "vfio-dev")
+    return sim.env.vfio_cdev_dir / name
+
+
+def test_devices_held_through_their_vfio_cdev_survive_a_layout_that_drops_them(make_sim, holder):
+    """iommufd: the VM holds ``/dev/vfio/devices/vfioN`` (and /dev/iommu), no group. Its mdev,
+    vendor-VFIO vGPU and passed-through GPU are in use all the same."""
+    sim = make_sim(IOMMUFD_HOST)
+    assert apply(sim, layout(*IOMMUFD_LAYOUT)).ok
+    inv = sim.discover()
+    t4, l40s, pt = inv.gpus
+    t4_victim = sorted(t4.vgpus, key=lambda v: v.id)[-1]
+    l40s_victim = l40s.vgpus[-1]
+    cdevs = [vfio_cdev(sim, sim.env.pci(t4_victim.parent) / t4_victim.id), vfio_cdev(sim, sim.env.pci(l40s_victim.id)),
+             vfio_cdev(sim, sim.env.pci(pt.address))]
+    h = holder(sim, sim.env.iommufd, *cdevs)
+    seen = h.view(sim)
+
+    # the passed-through GPU cannot change form under its VM: refused before any write
+    io = CountingIO(sim.host)
+    before = snapshot(sim.root)
+    with pytest.raises(ConfigError) as e:
+        apply(seen, layout(*IOMMUFD_LAYOUT[:2], {"index": 2, "vgpus": {"L40S-24Q": 1}}), io=io)
+    (p,) = e.value.problems
+    assert p.startswith("gpus[2].mode:") and pt.address in p and f"pid {h.pid}" in p and str(cdevs[2]) in p
+    assert io.writes == [] and snapshot(sim.root) == before
+
+    # vGPUs a layout drops stay while their cdev is open
+    dropping = layout({"index": 0, "vgpus": {"T4-2Q": 0}}, {"index": 1, "vgpus": {"L40S-24Q": 0}}, IOMMUFD_LAYOUT[2])
+    out = apply(seen, dropping)
+    assert out.ok  # skipping is not failing
+    skipped = {s.device: s.reason for r in out.rounds for s in r.plan.skipped}
+    assert set(skipped) == {t4_victim.id, l40s_victim.id}
+    for reason, cdev in zip((skipped[t4_victim.id], skipped[l40s_victim.id]), cdevs):
+        assert f"pid {h.pid} " in reason and "in use" in reason and str(cdev) in reason
+    after = sim.discover()
+    assert [v.id for v in after.gpu(t4.address).vgpus] == [t4_victim.id]
+    assert [v.id for v in after.gpu(l40s.address).vgpus] == [l40s_victim.id]
+    assert after.gpu(pt.address).driver == "vfio-pci"
+    assert_persisted_exactly(sim)
+
+    h.release()
+    out = apply(seen, dropping)
+    assert out.ok and out.changed > 0
+    after = sim.discover()
+    assert after.gpu(t4.address).vgpus == [] and after.gpu(l40s.address).vgpus == []
+    assert_persisted_exactly(sim)
+
+
 @pytest.mark.libvirt
 @needs_libvirt
 def test_libvirt_domain_protects_its_mdev_and_pci_device(applied, tmp_path):

@@ -342,6 +342,58 @@ def test_iommufd_host_gets_vfio_cdevs(make_sim):
     assert not (sim.env.vfio_dir / "devices" / cdevs[0]).exists()
 
 
+IOMMUFD_HOST = HostSpec(iommufd=True, gpus=[GpuGroup(board="T4"), GpuGroup(board="L40S"),
+                                             GpuGroup(board="L40S", driver="vfio-pci")])
+
+
+def cdev_of(sim, device_dir: Path) -> Path:
+    """``/dev/vfio/devices/vfioN`` of the one vfio cdev registered under ``device_dir``."""
+    (name,) = os.listdir(device_dir / "vfio-dev")
+    return sim.env.vfio_cdev_dir / name
+
+
+def test_a_vfio_cdev_names_its_device_in_sysfs(make_sim):
+    """``/sys/class/vfio-dev/vfioN/device`` leads to the mdev, VF or function it belongs to."""
+    sim = make_sim(IOMMUFD_HOST)
+    t4, l40s, pt = gpu_of(sim, "T4"), gpu_of(sim, "L40S"), gpu_of(sim, "L40S", 1)
+    sim.io.write(type_dir(sim, t4, "T4", "T4-2Q") / "create", U1 + "\n")
+    vf = enable_vfs(sim, l40s)[0]
+    sim.io.write(sim.env.pci(vf) / "nvidia/current_vgpu_type", f"{spec('L40S', 'L40S-8Q').num}\n")
+    for device_dir in (sim.env.pci(t4) / U1, sim.env.pci(vf), sim.env.pci(pt)):
+        cdev = cdev_of(sim, device_dir)
+        assert cdev.exists()
+        assert os.path.realpath(sim.env.vfio_dev_class / cdev.name / "device") == os.path.realpath(device_dir)
+    names = os.listdir(sim.env.vfio_dev_class)
+    sim.io.write(sim.env.pci(t4) / U1 / "remove", "1\n")
+    sim.io.write(sim.env.pci(vf) / "nvidia/current_vgpu_type", "0\n")
+    _bind(sim, pt, None)
+    assert len(os.listdir(sim.env.vfio_dev_class)) == len(names) - 3  # each device's cdev goes with it
+
+
+def test_an_open_vfio_cdev_keeps_its_device(make_sim, holder):
+    """An iommufd user holds the device's cdev, not its group: remove, unbind, clearing a
+    vendor vGPU and disabling VFs are EBUSY all the same."""
+    sim = make_sim(IOMMUFD_HOST)
+    t4, l40s, pt = gpu_of(sim, "T4"), gpu_of(sim, "L40S"), gpu_of(sim, "L40S", 1)
+    sim.io.write(type_dir(sim, t4, "T4", "T4-2Q") / "create", U1 + "\n")
+    vf = enable_vfs(sim, l40s)[0]
+    nv = sim.env.pci(vf) / "nvidia/current_vgpu_type"
+    sim.io.write(nv, f"{spec('L40S', 'L40S-8Q').num}\n")
+    mdir = sim.env.pci(t4) / U1
+    h = holder(sim, sim.env.iommufd, cdev_of(sim, mdir), cdev_of(sim, sim.env.pci(vf)), cdev_of(sim, sim.env.pci(pt)))
+    assert write_err(sim, mdir / "remove", "1\n") == errno.EBUSY
+    assert write_err(sim, sim.env.pci_drivers / "nvidia" / "unbind", t4) == errno.EBUSY
+    assert write_err(sim, nv, "0\n") == errno.EBUSY
+    assert write_err(sim, sim.env.pci(l40s) / "sriov_numvfs", "0\n") == errno.EBUSY
+    assert write_err(sim, sim.env.pci_drivers / "vfio-pci" / "unbind", pt) == errno.EBUSY
+    assert mdir.is_dir() and read(nv).strip() != "0" and link_base(sim.env.pci(pt) / "driver") == "vfio-pci"
+    h.release()
+    sim.io.write(mdir / "remove", "1\n")
+    sim.io.write(sim.env.pci(l40s) / "sriov_numvfs", "0\n")
+    sim.io.write(sim.env.pci_drivers / "vfio-pci" / "unbind", pt)
+    assert not mdir.exists() and not sim.env.pci(vf).exists() and not (sim.env.pci(pt) / "driver").exists()
+
+
 # --------------------------------------------------------------------------- vendor-specific VFIO
 def creatable(sim, vf: str) -> list[str]:
     text = read(sim.env.pci(vf) / "nvidia" / "creatable_vgpu_types")

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from mdev_manager import catalog
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import RealIO
-from mdev_manager.models import Holder, Usage
+from mdev_manager.models import CdevHolder, Holder, Usage
+from mdev_manager.sim import HostSpec
+from mdev_manager.sim.hostspec import GpuGroup
 from mdev_manager.usage import collect_usage, libvirt_devices, parse_domain_devices, scan_vfio_holders
 
 MDEV = "5f3a7f62-1b2c-4d5e-8f90-0a1b2c3d4e5f"
@@ -148,6 +151,71 @@ def test_a_simulated_host_without_proc_is_not_checked(sim):
     assert usage.warnings == [f"{sim.env.proc_root} is not readable; open VFIO groups not checked"]
 
 
+# --- iommufd: a VM holds its device's vfio cdev (/dev/vfio/devices/vfioN), not the group ------
+
+IOMMUFD_HOST = HostSpec(iommufd=True, gpus=[GpuGroup(board="T4"), GpuGroup(board="L40S")])
+
+
+def _iommufd_vgpus(sim) -> tuple[str, Path, Path]:
+    """An mdev on the T4 and a vendor-VFIO vGPU on an L40S VF: (the VF, the mdev's cdev, the VF's cdev)."""
+    t4, l40s = (next(g["pf"] for g in sim.host.gpus() if g["board"] == b) for b in ("T4", "L40S"))
+    t4_type = catalog.board("T4").types[0].mdev_id(catalog.board("T4").driver)
+    sim.io.write(sim.env.pci(t4) / "mdev_supported_types" / t4_type / "create", MDEV)
+    sim.io.write(sim.env.pci(l40s) / "sriov_numvfs", "1\n")
+    vf = os.path.basename(os.readlink(sim.env.pci(l40s) / "virtfn0"))
+    sim.io.write(sim.env.pci(vf) / "nvidia/current_vgpu_type", f"{catalog.board('L40S').types[0].num}\n")
+    cdevs = []
+    for d in (sim.env.pci(t4) / MDEV, sim.env.pci(vf)):
+        (name,) = os.listdir(d / "vfio-dev")
+        cdevs.append(sim.env.vfio_cdev_dir / name)
+    return vf, *cdevs
+
+
+def test_simulated_qemu_holding_vfio_cdevs_is_found_then_gone(make_sim):
+    sim = make_sim(IOMMUFD_HOST)
+    vf, mdev_cdev, vf_cdev = _iommufd_vgpus(sim)
+    pid = sim.host.spawn_holder([sim.env.iommufd, mdev_cdev, vf_cdev])
+    assert scan_vfio_holders(sim.env, sim.io) == {}  # no group is open: only the cdevs say it
+    usage = collect_usage(sim.env, sim.io)
+    assert usage.warnings == []
+    assert usage.mdev_users(MDEV.upper()) == [f"pid {pid} (qemu-kvm) holds {mdev_cdev}"]
+    assert usage.pci_users(vf) == [f"pid {pid} (qemu-kvm) holds {vf_cdev}"]
+    sim.host.kill(pid)
+    usage = collect_usage(sim.env, sim.io)
+    assert usage.mdev_users(MDEV) == [] and usage.pci_users(vf) == []
+
+
+def test_cdev_holder_in_another_mount_namespace_is_found(make_sim):
+    """A virt-launcher's own /dev/vfio/devices: the fd names another path to the same node."""
+    sim = make_sim(IOMMUFD_HOST)
+    _, mdev_cdev, _ = _iommufd_vgpus(sim)
+    other = sim.root / "container/dev/vfio/devices"
+    other.mkdir(parents=True)
+    os.link(mdev_cdev, other / "vfio0")  # another name, too: the node identity decides
+    pid = sim.host.spawn_holder([other / "vfio0"], comm="virt-launcher")
+    assert collect_usage(sim.env, sim.io).mdev_users(MDEV) == [f"pid {pid} (virt-launcher) holds {mdev_cdev}"]
+
+
+def test_real_process_holding_a_vfio_cdev_is_found(make_sim, hold):
+    sim = make_sim(IOMMUFD_HOST)
+    vf, _, vf_cdev = _iommufd_vgpus(sim)
+    real = hold(sim.env.iommufd, vf_cdev)
+    users = collect_usage(sim.with_real_proc().env, sim.io).pci_users(vf)
+    assert any(u.startswith(f"pid {real.pid} (") and u.endswith(f"holds {vf_cdev}") for u in users)
+    assert collect_usage(sim.env, sim.io).pci_users(vf) == []  # the simulated /proc has no such process
+
+
+def test_a_held_cdev_of_unknown_device_is_a_warning(make_sim):
+    sim = make_sim(IOMMUFD_HOST)
+    _, mdev_cdev, _ = _iommufd_vgpus(sim)
+    os.unlink(sim.env.vfio_dev_class / mdev_cdev.name)  # sysfs does not say whose it is
+    pid = sim.host.spawn_holder([mdev_cdev])
+    usage = collect_usage(sim.env, sim.io)
+    assert usage.mdev_users(MDEV) == []
+    (w,) = usage.warnings
+    assert f"pid {pid} (qemu-kvm) holds {mdev_cdev}" in w and "which device" in w
+
+
 def test_parse_domain_devices_normalises():
     xml = f"""
     <domain type='kvm'><name>x</name><devices>
@@ -180,6 +248,13 @@ def test_usage_merge_and_reasons():
     ]
     assert u.pci_users("65:00.0") == ["ResourceClaim ns/c2 references it"]
     assert u.warnings == ["w"]
+    cdev = Usage(vfio_devices={MDEV: [CdevHolder(pid=11, comm="qemu-kvm", node="/dev/vfio/devices/vfio2")],
+                               "0000:65:00.0": [CdevHolder(pid=12, comm="qemu", node="/dev/vfio/devices/vfio3")]})
+    both = u.merged(cdev).merged(cdev)
+    assert both.mdev_users(MDEV, 3)[:2] == ["pid 10 (qemu-kvm) holds /dev/vfio/3",
+                                           "pid 11 (qemu-kvm) holds /dev/vfio/devices/vfio2"]
+    assert both.pci_users("65:00.0") == ["pid 12 (qemu) holds /dev/vfio/devices/vfio3",
+                                         "ResourceClaim ns/c2 references it"]
     assert base.mdevs[MDEV] == ["libvirt domain vm1"]  # inputs untouched
 
 
