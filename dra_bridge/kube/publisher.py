@@ -8,7 +8,14 @@
   are deleted last. The scheduler ignores the older generation and
   treats the new one as incomplete until ``resourceSliceCount`` slices of it are visible,
   so two generations are never read as one pool.
-Conflicts (409) re-read and retry; 429/5xx and connection errors back off and retry.
+API faults: 409 conflicts re-read and retry; 429/5xx and connection errors back off and retry,
+a bounded number of times (exponential backoff with jitter, each wait capped at ``max_backoff``).
+A ``Retry-After`` from the server is honoured (never retried sooner than asked) up to
+``RETRY_AFTER_CAP`` seconds, so a confused server cannot park the daemon. Every request carries a
+timeout; a request that times out is not retried (the server is overloaded, the next resync
+tries again) and fails the sync with :class:`ApiTimeout`. A create that finds its slice already
+there (an earlier request of ours the server applied after we gave up) replaces it, so a slow
+server never yields duplicate slices. The publisher LISTs; it keeps no watch to re-establish.
 """
 
 from __future__ import annotations
@@ -27,6 +34,45 @@ from dra_bridge.pool.slices import build_slices
 
 log = logging.getLogger(__name__)
 RETRYABLE = {409, 429, 500, 502, 503, 504}
+RETRY_AFTER_CAP = 30.0  # seconds: the longest Retry-After honoured as given
+
+
+class ApiTimeout(TimeoutError):
+    """The API server did not answer a request within the publisher's timeout."""
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The seconds an API error's ``Retry-After`` header asks for; ``None`` if absent or not seconds."""
+    value = (getattr(exc, "headers", None) or {}).get("Retry-After")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None  # absent, or an HTTP date (Kubernetes sends seconds)
+    return seconds if seconds >= 0 else None
+
+
+def retry_delay(attempt: int, *, backoff: float, max_backoff: float, jitter: float,
+                server_asks: float | None = None) -> float:
+    """Seconds to wait before retrying after failed ``attempt`` (0-based).
+
+    Exponential backoff with up to 50 % jitter (``jitter`` in [0, 1)), at most ``max_backoff``;
+    the server's ``Retry-After`` raises it, capped at :data:`RETRY_AFTER_CAP`.
+    """
+    delay = min(max_backoff, backoff * (2 ** attempt) * (1 + jitter / 2))
+    if server_asks is not None:
+        delay = max(delay, min(server_asks, RETRY_AFTER_CAP))
+    return delay
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """A read timeout (the server took the request, then did not answer), bare or in a MaxRetryError.
+
+    Connect errors are not timeouts here (urllib3 derives "connection refused" from its connect
+    timeout): an unreachable server is retried.
+    """
+    from urllib3.exceptions import ReadTimeoutError
+
+    return isinstance(exc, ReadTimeoutError) or isinstance(getattr(exc, "reason", None), ReadTimeoutError)
 
 
 class SyncResult(BaseModel):
@@ -40,11 +86,11 @@ class SyncResult(BaseModel):
         return self.created + self.updated + self.deleted
 
 
-def server_version(api_client) -> tuple[int, int]:
+def server_version(api_client, timeout: float | None = None) -> tuple[int, int]:
     """(major, minor) from the API server's /version (``minor`` may carry a ``+``)."""
     from kubernetes import client
 
-    info = client.VersionApi(api_client).get_code()
+    info = client.VersionApi(api_client).get_code(_request_timeout=timeout)
     return int(info.major), int("".join(ch for ch in info.minor if ch.isdigit()))
 
 
@@ -68,9 +114,17 @@ def _content(spec: dict) -> dict:
 
 
 class Publisher:
+    """Publishes a :class:`Pool` as this node's ResourceSlices (see the module docstring).
+
+    ``retries``: retries per request after the first attempt; ``backoff``: the first wait
+    (doubling, ``max_backoff`` at most); ``timeout``: seconds per request; ``sleep`` and
+    ``rand`` (jitter in [0, 1)) are injectable for tests.
+    """
+
     def __init__(self, api_client, *, driver: str, node_name: str, pool_name: str | None = None,
                  version: tuple[int, int] | None = None, retries: int = 5, backoff: float = 0.05,
-                 sleep: Callable[[float], None] = time.sleep):
+                 max_backoff: float = 5.0, timeout: float = 20.0,
+                 sleep: Callable[[float], None] = time.sleep, rand: Callable[[], float] = random.random):
         from kubernetes import client
 
         self.api_client = api_client
@@ -81,34 +135,44 @@ class Publisher:
         self._version = version
         self.retries = retries
         self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.timeout = timeout
         self.sleep = sleep
+        self.rand = rand
 
     @property
     def version(self) -> tuple[int, int]:
         if self._version is None:
-            self._version = self._retry(lambda: server_version(self.api_client))
+            self._version = self._retry("read /version", lambda: server_version(self.api_client, self.timeout))
         return self._version
 
-    def _retry(self, fn: Callable[[], Any]) -> Any:
+    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
         from urllib3.exceptions import HTTPError as TransportError  # connection refused/reset, timeouts
 
         for attempt in range(self.retries + 1):
+            asks = None
             try:
                 return fn()
             except api_exception() as exc:
                 if exc.status not in RETRYABLE or attempt == self.retries:
                     raise
-                log.info("API answered %s, retrying", exc.status)
+                asks = retry_after(exc)
+                log.info("%s: API answered %s, retrying", what, exc.status)
             except (ConnectionError, OSError, TransportError) as exc:
+                if _timed_out(exc):
+                    raise ApiTimeout(f"{what}: the API server did not answer within {self.timeout:g} s "
+                                     f"(overloaded?); the next resync tries again") from exc
                 if attempt == self.retries:
                     raise
-                log.info("API unreachable (%s), retrying", exc)
-            self.sleep(self.backoff * (2 ** attempt) * (1 + random.random() / 2))
+                log.info("%s: API unreachable (%s), retrying", what, exc)
+            self.sleep(retry_delay(attempt, backoff=self.backoff, max_backoff=self.max_backoff,
+                                   jitter=self.rand(), server_asks=asks))
 
     def existing(self, *, all_pools: bool = False) -> dict[str, dict]:
         """This driver's slices of this node: of our pool, or (``all_pools``) of any pool."""
         sel = f"spec.nodeName={self.node_name},spec.driver={self.driver}"
-        resp = self._retry(lambda: self.api.list_resource_slice(field_selector=sel))
+        resp = self._retry("list resourceslices", lambda: self.api.list_resource_slice(
+            field_selector=sel, _request_timeout=self.timeout))
         out = {}
         for item in resp.items:
             obj = sanitize(self.api_client, item)
@@ -144,7 +208,7 @@ class Publisher:
             name = s["metadata"]["name"]
             old = everything.get(name)  # (a slice of another pool under our name is taken over)
             if old is None:
-                self._retry(lambda s=s: self.api.create_resource_slice(s))
+                self._create(name, s)
                 result.created += 1
             elif self._differs(old, s, generation):
                 self._replace(name, s)
@@ -156,20 +220,37 @@ class Publisher:
             log.info("published pool %s generation %s: %s", self.pool_name, result.generation, result.model_dump())
         return result
 
+    def _create(self, name: str, body: dict) -> None:
+        def attempt() -> bool:
+            try:
+                self.api.create_resource_slice(body, _request_timeout=self.timeout)
+                return True
+            except api_exception() as exc:
+                # there after all (a create of ours the server applied after we gave up): replace it
+                if exc.status == 409 and missing_ok(self.api.read_resource_slice, name,
+                                                    _request_timeout=self.timeout):
+                    return False
+                raise
+
+        if not self._retry(f"create resourceslice {name}", attempt):
+            self._replace(name, body)
+
     def _replace(self, name: str, body: dict) -> None:
         def attempt():
-            current = self.api.read_resource_slice(name)
+            current = self.api.read_resource_slice(name, _request_timeout=self.timeout)
             body["metadata"]["resourceVersion"] = current.metadata.resource_version
             try:
-                return self.api.replace_resource_slice(name, body)
+                return self.api.replace_resource_slice(name, body, _request_timeout=self.timeout)
             finally:
                 body["metadata"].pop("resourceVersion", None)
 
-        if not missing_ok(self._retry, attempt):  # deleted meanwhile: create it again
-            self._retry(lambda: self.api.create_resource_slice(body))
+        if not missing_ok(self._retry, f"replace resourceslice {name}", attempt):  # deleted meanwhile
+            self._retry(f"create resourceslice {name}",
+                        lambda: self.api.create_resource_slice(body, _request_timeout=self.timeout))
 
     def _delete(self, name: str) -> None:
-        missing_ok(self._retry, lambda: self.api.delete_resource_slice(name))
+        missing_ok(self._retry, f"delete resourceslice {name}",
+                   lambda: self.api.delete_resource_slice(name, _request_timeout=self.timeout))
 
     def delete_all(self) -> int:
         have = self.existing(all_pools=True)

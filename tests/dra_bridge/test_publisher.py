@@ -393,13 +393,13 @@ def test_real_conflict_is_resolved_by_rereading(nodes):
             def __getattr__(self, name):
                 return getattr(api, name)
 
-            def replace_resource_slice(self, name, body):
+            def replace_resource_slice(self, name, body, **kw):
                 if not raced:  # bump the stored object's resourceVersion behind our back
                     obj = srv.get_object("resourceslices", name)
                     obj["metadata"]["labels"]["touched"] = "yes"
                     api.replace_resource_slice(name, obj)
                     raced.append(name)
-                return api.replace_resource_slice(name, body)
+                return api.replace_resource_slice(name, body, **kw)
 
         pub.api = Racing()
         pub.sync(changed)

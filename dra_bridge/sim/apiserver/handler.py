@@ -72,6 +72,14 @@ class HTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     app: App
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that gave up (a timeout, a dropped watch) is normal here; anything else is printed."""
+        import sys
+
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
 
 def discovery_route(app: App, parts: list[str]) -> Route | None:
     """The answer to a GET of a non-resource path (``/version``, ``/apis``, ...), if it is one."""
