@@ -37,6 +37,7 @@ from tests.support.dra import (
     make_node,
     read_metadata_stream,
 )
+from tests.support.simnodes import file_tree
 
 LOGGER = "dra_bridge.kubeletplugin"
 T4, A100, PT, L40S = "0000:10:00.0", "0000:16:00.0", "0000:13:00.0", "0000:19:00.0"
@@ -75,24 +76,6 @@ def host_state(node):
     vendor = {vf.address: node.current_vgpu_type(vf.address) for vf in node.gpu(L40S).vfs}
     return node.mdevs(), {a: t for a, t in vendor.items() if t != "0"}, node.driver_of(PT)
 
-
-def tree(root: Path) -> dict[str, str]:
-    """Every file, link and directory under ``root`` with its content or target (the simulator's own state left out)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = os.path.join(dirpath, name)
-            rel = os.path.relpath(p, root)
-            if "/.sim" in f"/{rel}":
-                continue
-            if os.path.islink(p):
-                out[rel] = "-> " + os.readlink(p)
-            elif os.path.isdir(p):
-                out[rel] = "dir"
-            else:
-                with open(p, "rb") as f:
-                    out[rel] = f.read().decode(errors="replace")
-    return out
 
 
 def check_resolves(paths, answer):
@@ -160,7 +143,7 @@ def test_corrupted_checkpoint_is_kept_aside_and_the_state_rebuilt(node, paths, c
     else:
         bad = CORRUPTIONS[case](body)
         (paths.checkpoint.write_bytes if isinstance(bad, bytes) else paths.checkpoint.write_text)(bad)
-    kept = tree(paths.checkpoint.parent)[paths.checkpoint.name]  # content, "dir" or "-> target"
+    kept = file_tree(paths.checkpoint.parent)[paths.checkpoint.name]  # content, "dir" or "-> target"
 
     caplog.set_level(logging.INFO, logger=LOGGER)
     drv = make_driver(node, paths, claims, pool)  # the plugin restarts: it must not raise
@@ -171,7 +154,7 @@ def test_corrupted_checkpoint_is_kept_aside_and_the_state_rebuilt(node, paths, c
     assert str(paths.checkpoint) in msg and "recovered 2 prepared claims" in msg, msg
     assert "default/vm-vgpus" in msg and "tenant/vm-pt" in msg
     (aside,) = paths.checkpoint.parent.glob("checkpoint.json.corrupt-*")
-    assert tree(aside.parent)[aside.name] == kept  # kept as it was
+    assert file_tree(aside.parent)[aside.name] == kept  # kept as it was
     if case == "directory":
         assert (aside / "inside").read_text() == "x"
     assert CheckpointStore(paths.checkpoint).load().claims.keys() == {UID_VGPUS, UID_PT}
@@ -449,15 +432,15 @@ def test_hostile_claim_identity_is_refused_before_anything_is_made(node, paths, 
     obj = claim_object(name, [("vgpu", devices_of(pool, T4, "vgpu")[0])], node=node.node, namespace=namespace)
     ref = claims.add(obj, uid=uid)
     drv = make_driver(node, paths, claims, pool)
-    before, mdevs = tree(tmp_path), node.mdevs()
+    before, mdevs = file_tree(tmp_path), node.mdevs()
     res = drv.prepare([ref])[uid]
     assert res.error and f"claim {field}" in res.error, res.error
     assert res.devices == []
-    assert tree(tmp_path) == before, "a refused claim wrote something"
+    assert file_tree(tmp_path) == before, "a refused claim wrote something"
     assert node.mdevs() == mdevs, "a refused claim left a vGPU behind"
     assert uid not in drv.cp.claims
     assert drv.unprepare([ref]) == {uid: None}  # unknown: nothing to do, nothing touched
-    assert tree(tmp_path) == before
+    assert file_tree(tmp_path) == before
 
 
 @pytest.mark.parametrize("field, change", [
@@ -476,10 +459,10 @@ def test_hostile_names_inside_the_claim_are_refused(node, paths, tmp_path, field
     change(obj)
     ref = claims.add(obj, uid=GOOD_UID)
     drv = make_driver(node, paths, claims, pool)
-    before = tree(tmp_path)
+    before = file_tree(tmp_path)
     res = drv.prepare([ref])[GOOD_UID]
     assert res.error and field in res.error and "vm" in res.error, res.error
-    assert tree(tmp_path) == before and node.mdevs() == set()
+    assert file_tree(tmp_path) == before and node.mdevs() == set()
     assert GOOD_UID not in drv.cp.claims
 
 

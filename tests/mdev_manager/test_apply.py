@@ -27,7 +27,8 @@ from mdev_manager.restore import restore
 from mdev_manager.sim import HostSpec, SimIO
 from mdev_manager.sim.hostspec import GpuGroup
 
-from tests.support.simnodes import EXAMPLE_LAYOUT, Sim, build_sim, copy_sim, layout, libvirt_node_xml, needs_libvirt
+from tests.support.simnodes import (EXAMPLE_LAYOUT, Sim, build_sim, copy_sim, file_tree, layout, libvirt_node_xml,
+                                    needs_libvirt)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -103,24 +104,6 @@ def assert_persisted_exactly(sim: Sim):
     assert len(ids) == len(set(ids))
 
 
-def snapshot(root: Path) -> dict[str, str]:
-    """Every file, link and directory under a simulated host, with its content or target."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = os.path.join(dirpath, name)
-            rel = os.path.relpath(p, root)
-            if rel.startswith(".sim"):
-                continue
-            if os.path.islink(p):
-                out[rel] = "-> " + os.readlink(p)
-            elif os.path.isdir(p):
-                out[rel] = "dir"
-            else:
-                with open(p, "rb") as f:
-                    out[rel] = f.read().decode(errors="replace")
-    return out
-
 
 def type_id(board_key: str, short: str) -> str:
     b = catalog.board(board_key)
@@ -182,21 +165,21 @@ def test_apply_presets_then_again_is_a_no_op(make_sim, preset):
                 assert gpu.sriov_num_vfs == gpu.sriov_total_vfs  # prepared for vGPUs, also in dra mode
         if entry.mode == "dra":
             assert gpu.vgpus == []  # the DRA bridge creates vGPUs per claim
-    before = snapshot(sim.root)
+    before = file_tree(sim.root)
 
     io = CountingIO(sim.host)
     again = apply(sim, layouts, io=io)
     assert again.ok and again.changed == 0
     assert io.writes == []
     assert all(r.plan.actions == [] for r in again.rounds)
-    assert snapshot(sim.root) == before
+    assert file_tree(sim.root) == before
 
 
 def test_dry_run_writes_nothing(sim):
     io = CountingIO(sim.host)
-    before = snapshot(sim.root)
+    before = file_tree(sim.root)
     out = apply(sim, load_config(EXAMPLE_LAYOUT), io=io, dry_run=True)
-    assert io.writes == [] and snapshot(sim.root) == before
+    assert io.writes == [] and file_tree(sim.root) == before
     (rnd,) = out.rounds
     assert rnd.report is None and rnd.plan.actions
 
@@ -342,12 +325,12 @@ def test_passthrough_gpu_held_open_cannot_change_form(applied, holder):
     doc = example_doc()
     doc["layouts"]["default"][1] = {"index": 1, "vgpus": {"T4-2Q": 2}}
     io = CountingIO(applied.host)
-    before = snapshot(applied.root)
+    before = file_tree(applied.root)
     with pytest.raises(ConfigError) as e:
         apply(h.view(applied), parse_config(doc), io=io)
     (p,) = e.value.problems
     assert p.startswith("gpus[1].mode:") and pt.address in p and f"pid {h.pid}" in p
-    assert io.writes == [] and snapshot(applied.root) == before
+    assert io.writes == [] and file_tree(applied.root) == before
 
 
 def test_gpu_with_held_vgpus_cannot_be_passed_through(applied, holder):
@@ -389,12 +372,12 @@ def test_devices_held_through_their_vfio_cdev_survive_a_layout_that_drops_them(m
 
     # the passed-through GPU cannot change form under its VM: refused before any write
     io = CountingIO(sim.host)
-    before = snapshot(sim.root)
+    before = file_tree(sim.root)
     with pytest.raises(ConfigError) as e:
         apply(seen, layout(*IOMMUFD_LAYOUT[:2], {"index": 2, "vgpus": {"L40S-24Q": 1}}), io=io)
     (p,) = e.value.problems
     assert p.startswith("gpus[2].mode:") and pt.address in p and f"pid {h.pid}" in p and str(cdevs[2]) in p
-    assert io.writes == [] and snapshot(sim.root) == before
+    assert io.writes == [] and file_tree(sim.root) == before
 
     # vGPUs a layout drops stay while their cdev is open
     dropping = layout({"index": 0, "vgpus": {"T4-2Q": 0}}, {"index": 1, "vgpus": {"L40S-24Q": 0}}, IOMMUFD_LAYOUT[2])
@@ -675,12 +658,12 @@ def test_bad_layouts_change_nothing(sim, change, field):
     doc = example_doc()
     change(doc)
     io = CountingIO(sim.host)
-    before = snapshot(sim.root)
+    before = file_tree(sim.root)
     with pytest.raises(ConfigError) as e:
         apply(sim, parse_config(doc), io=io)
     assert any(p.startswith(field) for p in e.value.problems), e.value.problems
     assert io.writes == []
-    assert snapshot(sim.root) == before
+    assert file_tree(sim.root) == before
 
 
 @pytest.mark.parametrize("entry", [
@@ -692,10 +675,10 @@ def test_bad_layouts_change_nothing(sim, change, field):
 def test_hostile_names_change_nothing(sim, entry):
     doc = example_doc()
     doc["layouts"]["default"][0] = entry
-    before = snapshot(sim.root)
+    before = file_tree(sim.root)
     with pytest.raises(ConfigError):
         apply(sim, parse_config(doc))
-    assert snapshot(sim.root) == before
+    assert file_tree(sim.root) == before
 
 
 def test_gpu_bound_to_another_driver_is_refused_before_any_write(make_sim, tmp_path):

@@ -7,6 +7,7 @@ its own directory. A ``Sim`` bundles the host, the ``HostEnv`` rooted in it and 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -166,3 +167,24 @@ def libvirt_missing() -> str | None:
 
 
 needs_libvirt = pytest.mark.skipif(libvirt_missing() is not None, reason=str(libvirt_missing()))
+
+
+def file_tree(root: Path, *, with_sim_state: bool = False) -> dict[str, str]:
+    """Every file, link and directory under ``root`` with its content or link target: what a test
+    compares before and after to show nothing was written. The simulator's own bookkeeping
+    (``.sim*`` at any depth) is left out unless ``with_sim_state``."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            if not with_sim_state and any(part.startswith(".sim") for part in Path(rel).parts):
+                continue
+            if os.path.islink(p):
+                out[rel] = "-> " + os.readlink(p)
+            elif os.path.isdir(p):
+                out[rel] = "dir"
+            else:
+                with open(p, "rb") as f:
+                    out[rel] = f.read().decode(errors="replace")
+    return out

@@ -24,7 +24,7 @@ from mdev_manager.cli.main import SIGPIPE_EXIT, main
 from mdev_manager.config import ConfigError, load_config
 from mdev_manager.yamlfile import YamlFileError, load_yaml, parse_yaml
 
-from tests.support.simnodes import EXAMPLE_LAYOUT
+from tests.support.simnodes import EXAMPLE_LAYOUT, file_tree
 
 LAYOUT = "version: vgpuctl/v1\nlayouts:\n  default:\n    - index: 0\n      mode: vgpu\n"
 
@@ -87,17 +87,6 @@ def simdir(tmp_path, monkeypatch):
     monkeypatch.setenv("VGPUCTL_SIM_DIR", str(d))
     return d
 
-
-def tree(root: Path) -> dict[str, str]:
-    """Every file, directory and link under ``root`` with its content (the simulated host's state)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = os.path.join(dirpath, name)
-            rel = os.path.relpath(p, root)
-            out[rel] = ("-> " + os.readlink(p)) if os.path.islink(p) else (
-                "dir" if os.path.isdir(p) else open(p, "rb").read().decode(errors="replace"))
-    return out
 
 
 def one_line(err: str) -> str:
@@ -195,21 +184,21 @@ def test_bad_layout_file_one_line_exit_2_nothing_written(case, command, made_sim
     make, fragments = CASES[case]
     path = tmp_path / f"{case}.yaml"
     make(path)
-    before = tree(made_sim)
+    before = file_tree(made_sim, with_sim_state=True)
     name = "T4-1Q" if case.startswith("dm-") else "default"
     code, out, err = run(capsys, "--simulate", command, "-f", str(path), "--layout", name)
     assert code == 2 and out == ""
     line = one_line(err)
     assert str(path) in line and all(f in line for f in fragments), line
-    assert tree(made_sim) == before
+    assert file_tree(made_sim, with_sim_state=True) == before
 
 
 def test_dev_zero_is_refused_at_once(made_sim, capsys):
-    before = tree(made_sim)
+    before = file_tree(made_sim, with_sim_state=True)
     code, _, err = run(capsys, "--simulate", "apply", "-f", "/dev/zero")
     assert code == 2
     assert one_line(err) == "error: /dev/zero: is a character device, not a layout file; give a regular file"
-    assert tree(made_sim) == before
+    assert file_tree(made_sim, with_sim_state=True) == before
 
 
 def test_a_rejected_layout_names_the_file_above_its_problems(made_sim, tmp_path, capsys):
@@ -229,7 +218,7 @@ def test_other_readers_of_user_files(case, made_sim, tmp_path, capsys):
     make, fragments = CASES[case]
     path = tmp_path / f"{case}.yaml"
     make(path)
-    before = tree(made_sim)
+    before = file_tree(made_sim, with_sim_state=True)
     readers = [["render", "vm", "-f", str(path)],
                ["render", "kubevirt-cr", "--inventory", str(path)],
                ["--simulate", "serve", "-f", str(path), "--metrics-port", "0"]]
@@ -240,7 +229,7 @@ def test_other_readers_of_user_files(case, made_sim, tmp_path, capsys):
         assert code == 2 and out == "", (argv, err)
         line = one_line(err)
         assert str(path) in line and all(f in line for f in fragments), (argv, line)
-    assert tree(made_sim) == before
+    assert file_tree(made_sim, with_sim_state=True) == before
 
 
 # --------------------------------------------------------------------------- as the admin sees it
@@ -250,7 +239,7 @@ def test_subprocess_bad_files_no_traceback(made_sim, tmp_path):
     deep, dup = tmp_path / "deep.yaml", tmp_path / "dup.yaml"
     _deep(deep)
     _duplicate(dup)
-    before = tree(made_sim)
+    before = file_tree(made_sim, with_sim_state=True)
     env = {"VGPUCTL_SIM_DIR": str(made_sim.parent)}
     for argv in (["--simulate", "apply", "-f", str(deep)],  # was a RecursionError
                  ["--simulate", "plan", "-f", "/dev/zero"],  # was a read without end
@@ -259,7 +248,7 @@ def test_subprocess_bad_files_no_traceback(made_sim, tmp_path):
         p = cli(*argv, cwd=tmp_path, env=env, timeout=60)
         assert p.returncode == 2 and p.stdout == "", (argv, p.stderr)
         assert str(argv[-1]) in one_line(p.stderr)
-    assert tree(made_sim) == before
+    assert file_tree(made_sim, with_sim_state=True) == before
 
 
 def test_stdout_closed_early_ends_quietly(made_sim, tmp_path):

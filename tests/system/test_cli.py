@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import yaml
@@ -12,7 +11,7 @@ from mdev_manager import catalog, persist
 from mdev_manager.cli.main import main
 from mdev_manager.sim import load_host, preset_names
 
-from tests.support.simnodes import EXAMPLE_LAYOUT, open_sim
+from tests.support.simnodes import EXAMPLE_LAYOUT, file_tree, open_sim
 
 
 @pytest.fixture
@@ -27,18 +26,6 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     out, err = capsys.readouterr()
     return code, out, err
 
-
-def tree(root) -> dict[str, str]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = os.path.join(dirpath, name)
-            rel = os.path.relpath(p, root)
-            if rel.startswith(".sim"):
-                continue
-            out[rel] = ("-> " + os.readlink(p)) if os.path.islink(p) else ("dir" if os.path.isdir(p)
-                                                                             else open(p, "rb").read().decode())
-    return out
 
 
 def test_discover_table_json_yaml(simdir, capsys):
@@ -71,7 +58,7 @@ def test_discover_table_json_yaml(simdir, capsys):
 
 def test_plan_changes_nothing(simdir, capsys):
     run(capsys, "--simulate", "discover")
-    before = tree(simdir / "default")
+    before = file_tree(simdir / "default")
     code, out, _ = run(capsys, "--simulate", "plan", "-f", str(EXAMPLE_LAYOUT))
     assert code == 0
     assert out.startswith("Plan:")
@@ -81,7 +68,7 @@ def test_plan_changes_nothing(simdir, capsys):
     assert f"bind {inv.gpus[1].address} to vfio-pci" in out
     assert f"enable {a100.sriov_total_vfs} SR-IOV VFs on {a100_addr}" in out
     assert "discovers the GPUs again" in out
-    assert tree(simdir / "default") == before
+    assert file_tree(simdir / "default") == before
 
 
 def test_apply_then_apply_again_says_zero_changes(simdir, capsys):
@@ -97,12 +84,12 @@ def test_apply_then_apply_again_says_zero_changes(simdir, capsys):
     assert n >= 2 * len(inv.all_vgpus())
     assert len(sim.definitions()) == sum(1 for v in inv.all_vgpus() if v.framework == "mdev")
 
-    before = tree(simdir / "default")
+    before = file_tree(simdir / "default")
     code, out, _ = run(capsys, "--simulate", "apply", "-f", str(EXAMPLE_LAYOUT))
     assert code == 0
     assert out.strip().splitlines()[-1] == "0 changes; node matches the layout"
     assert "nothing to change" in out
-    assert tree(simdir / "default") == before
+    assert file_tree(simdir / "default") == before
 
 
 def test_apply_json_output(simdir, capsys):
@@ -122,14 +109,14 @@ def test_apply_json_output(simdir, capsys):
 ])
 def test_bad_layout_exits_2_names_the_field_and_changes_nothing(simdir, capsys, tmp_path, entry, field):
     run(capsys, "--simulate", "discover")
-    before = tree(simdir / "default")
+    before = file_tree(simdir / "default")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"version": "vgpuctl/v1", "layouts": {"default": [entry]}}))
     code, out, err = run(capsys, "--simulate", "apply", "-f", str(bad))
     assert code == 2
     assert "the layout was rejected; nothing was changed" in err
     assert any(line.strip().startswith(f"- {field}") for line in err.splitlines()), err
-    assert tree(simdir / "default") == before
+    assert file_tree(simdir / "default") == before
 
 
 def test_missing_layout_file_exits_2(simdir, capsys, tmp_path):
