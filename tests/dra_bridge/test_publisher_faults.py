@@ -204,12 +204,13 @@ def test_429_without_retry_after_backs_off_exponentially_within_bounds(srv, node
 @pytest.mark.parametrize("verb", ["list", "create", "update"])
 def test_slow_server_fails_the_publish_cleanly_then_recovers(srv, node, verb):
     pool = node.build_pool()
-    pub = publisher(srv, node, timeout=0.2)
+    pub = publisher(srv, node, timeout=10.0)  # set-up and recovery: a loaded machine is no slow server
     if verb == "update":
         pub.sync(pool)
         pool = renamed(pool, -1)
     sleeps: list[float] = []
     pub.sleep = sleeps.append
+    pub.timeout = 0.2
     srv.inject(verb, "resourceslices", None, times=None, delay=0.6)  # answers, always too late
     started = time.monotonic()
     what = {"list": "list", "create": "create", "update": "replace"}[verb]
@@ -220,6 +221,7 @@ def test_slow_server_fails_the_publish_cleanly_then_recovers(srv, node, verb):
     srv.clear_injections()
     time.sleep(0.8)  # the late requests land on the server after the publisher gave up
     assert_safe(srv, node)
+    pub.timeout = 10.0
     pub.sync(pool)
     assert_published(srv, node, pool)
 
