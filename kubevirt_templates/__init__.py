@@ -9,6 +9,9 @@ raises :class:`RenderError` naming the field), renders the jinja2 template under
     render("claim-template", ClaimTemplateInput(min_memory="8Gi"))
 
 Kinds: ``vm``, ``kubevirt-cr``, ``deviceclasses``, ``claim-template``, ``passthrough-pod``.
+:mod:`~kubevirt_templates.keys` reads each kind's ``--set`` keys off its input model (the CLI's
+help), :mod:`~kubevirt_templates.profiles` checks the vGPU types values name against known ones,
+:mod:`~kubevirt_templates.validate` checks KubeVirt objects against KubeVirt's schema and admission.
 """
 
 from kubevirt_templates.inputs import (

@@ -108,14 +108,19 @@ class ClaimTemplateInput(DraNames):
     """A ResourceClaimTemplate for one device: a vGPU by profile, by minimum memory, the first
     available of several profiles, or a whole GPU for passthrough (optionally of one product)."""
 
-    name: DnsLabel | None = Field(None, description="default: derived from the selection (vgpu-a100-4c, vgpu-min-8gi, ...)")
-    namespace: DnsLabel = "default"
-    profile: Profile | None = Field(None, description="vGPU short type name, e.g. A100-4C")
-    min_memory: Quantity | None = Field(None, description="any vGPU with at least this framebuffer, e.g. 8Gi")
-    first_available: list[str] | None = Field(None, description="profiles in order of preference (at most 8)")
-    passthrough: bool = Field(False, description="a whole GPU (vfio-pci) instead of a vGPU")
-    product: Product | None = Field(None, description="passthrough only: pci.ids name of the GPU, e.g. 'TU104GL [Tesla T4]'")
-    request_name: DnsLabel | None = Field(None, description="default: vgpu, or gpu for passthrough; a VM's requestName")
+    name: DnsLabel | None = Field(None, description="the template's name; unset: from the selection "
+                                  "(vgpu-a100-4c, vgpu-min-8gi, ...)")
+    namespace: DnsLabel = Field("default", description="namespace of the template")
+    profile: Profile | None = Field(None, description="select a vGPU of this type (short name, e.g. A100-4C; "
+                                    "checked against the catalog or the node)")
+    min_memory: Quantity | None = Field(None, description="select any vGPU with at least this framebuffer, e.g. 8Gi")
+    first_available: list[str] | None = Field(None, description="select the first available of these vGPU types, "
+                                              f"in order of preference (at most {MAX_FIRST_AVAILABLE})")
+    passthrough: bool = Field(False, description="select a whole GPU (vfio-pci) instead of a vGPU")
+    product: Product | None = Field(None, description="passthrough only: the GPU's pci.ids name, e.g. "
+                                    "'TU104GL [Tesla T4]'; unset: any GPU")
+    request_name: DnsLabel | None = Field(None, description="the request's name (a VM's requestName); unset: vgpu, "
+                                          "or gpu for passthrough")
 
     @field_validator("first_available")
     @classmethod
@@ -146,27 +151,35 @@ class ClaimTemplateInput(DraNames):
 class VmInput(DraNames):
     """A VirtualMachine with vGPUs and/or a passthrough GPU, booting a containerDisk with cloud-init."""
 
-    name: DnsLabel
-    namespace: DnsLabel = "default"
+    name: DnsLabel = Field(description="the VM's name (a DNS label)")
+    namespace: DnsLabel = Field("default", description="namespace of the VM (and its claim templates)")
     mode: Literal["classic", "dra"] = Field(
         "classic", description="classic: device-plugin resources (gpus[].deviceName); dra: resource claims"
     )
-    gpus: dict[str, StrictInt] = Field(default_factory=dict, description="vGPU profile -> count, e.g. {A100-4C: 1}")
+    gpus: dict[str, StrictInt] = Field(
+        default_factory=dict, json_schema_extra={"key": "TYPE"},
+        description="how many vGPUs of this type (gpus.A100-4C=1; any case; checked against the catalog, or "
+        "the node's types with --simulate / --inventory)")
     passthrough: str | None = Field(
         None,
         description="a whole GPU: its pci.ids name ('TU104GL [Tesla T4]'); in classic mode a resource "
         "name (nvidia.com/TU104GL_TESLA_T4) works too",
     )
-    passthrough_count: int = Field(1, ge=1, le=8)
-    display: bool | None = Field(None, description="vGPU display adapter; None = KubeVirt's default (on)")
-    ramfb: bool | None = Field(None, description="boot framebuffer on the vGPU display; None = KubeVirt's default (on)")
-    cpus: int = Field(2, ge=1, le=512)
-    memory: Quantity = "4Gi"
-    image: str = DEFAULT_IMAGE
-    user_data: str | None = Field(None, description="cloud-init user data; default: a #cloud-config listing the GPUs")
-    ssh_authorized_keys: list[str] = Field(default_factory=list)
+    passthrough_count: int = Field(1, ge=1, le=8, description="how many such whole GPUs (1-8)")
+    display: bool | None = Field(
+        None, description="true: a display on every vGPU, the boot framebuffer (ramfb) on the first only "
+        "(KubeVirt allows one); false: none; unset: KubeVirt's default (display and ramfb on the first vGPU)")
+    ramfb: bool | None = Field(
+        None, description="the boot framebuffer (ramFB), on the first vGPU's display only, as KubeVirt refuses "
+        "it on more than one; unset: KubeVirt's default (on)")
+    cpus: int = Field(2, ge=1, le=512, description="virtual CPU cores (1-512)")
+    memory: Quantity = Field("4Gi", description="guest memory (a Kubernetes quantity)")
+    image: str = Field(DEFAULT_IMAGE, description="containerDisk image the VM boots")
+    user_data: str | None = Field(None, description="cloud-init user data; unset: a #cloud-config listing the GPUs")
+    ssh_authorized_keys: list[str] = Field(default_factory=list, description="SSH public keys for the default user")
     password: str | None = Field(None, description="password of the image's default user (console login)")
-    run_strategy: Literal["Always", "Halted", "Manual", "RerunOnFailure", "Once"] = "Always"
+    run_strategy: Literal["Always", "Halted", "Manual", "RerunOnFailure", "Once"] = Field(
+        "Always", description="the VM's runStrategy")
     resource_domain: ResourceDomain = Field(RESOURCE_DOMAIN, description="classic mode: the device plugin's resource prefix")
 
     @field_validator("gpus")
@@ -232,12 +245,14 @@ def classic_type_name(profile: str, field: str = "gpus") -> str:
 class PassthroughPodInput(DraNames):
     """A Pod that gets a whole GPU bound to vfio-pci through a claim (a DPDK-style user-space driver)."""
 
-    name: DnsLabel = "vfio-gpu"
-    namespace: DnsLabel = "default"
-    image: str = DEFAULT_POD_IMAGE
-    product: Product | None = Field(None, description="pci.ids name of the GPU; None = any passthrough GPU")
-    claim_template: DnsLabel | None = Field(None, description="an existing ResourceClaimTemplate; None = render one")
+    name: DnsLabel = Field("vfio-gpu", description="the Pod's name")
+    namespace: DnsLabel = Field("default", description="namespace of the Pod (and its claim template)")
+    image: str = Field(DEFAULT_POD_IMAGE, description="the container's image")
+    product: Product | None = Field(None, description="pci.ids name of the GPU; unset: any passthrough GPU")
+    claim_template: DnsLabel | None = Field(None, description="an existing ResourceClaimTemplate; unset: render one")
     command: list[str] = Field(
+        description="the container's command", json_schema_extra={"shown_default": "list /dev/vfio and the "
+                                                                   "device metadata, then sleep"},
         default_factory=lambda: [
             "sh", "-c",
             "ls -l /dev/vfio; cat /var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/*/*/*-metadata.json; "
@@ -249,14 +264,15 @@ class PassthroughPodInput(DraNames):
 class KubeVirtCrInput(_Input):
     """KubeVirt CR settings for GPUs managed by vgpuctl, from the inventories of the GPU nodes."""
 
-    name: DnsLabel = "kubevirt"
-    namespace: DnsLabel = "kubevirt"
-    inventories: list[Inventory] = Field(default_factory=list, description="`vgpuctl discover -o yaml` of each GPU node")
+    name: DnsLabel = Field("kubevirt", description="the KubeVirt CR's name")
+    namespace: DnsLabel = Field("kubevirt", description="the KubeVirt CR's namespace")
+    inventories: list[Inventory] = Field(default_factory=list, description="`vgpuctl discover -o yaml` of each GPU "
+                                         "node (give them with --inventory FILE, or --simulate)")
     classic: bool = Field(True, description="permit the device-plugin resources (permittedHostDevices)")
     dra: bool = Field(False, description="enable the DRA feature gates (GPUsWithDRA, HostDevicesWithDRA)")
     passthrough: bool = Field(True, description="permit whole GPUs (pciHostDevices)")
     vgpus: bool = Field(True, description="permit vGPU types (mediatedDevices; vendor-VFIO types as pciHostDevices)")
-    types: list[str] | None = Field(None, description="only these vGPU types (id, full or short name); None = all")
+    types: list[str] | None = Field(None, description="only these vGPU types (id, full or short name); unset: all")
     include_mig_backed: bool = Field(False, description="also permit MIG-backed vGPU types (need MIG on the GPU)")
     extra_feature_gates: list[str] = Field(default_factory=list, description="gates already enabled that must stay")
     resource_domain: ResourceDomain = Field(RESOURCE_DOMAIN, description="the device plugin's resource prefix")

@@ -26,6 +26,7 @@ from kubevirt_templates.inputs import (
     VmInput,
     classic_type_name,
 )
+from kubevirt_templates.keys import explain
 from kubevirt_templates.names import pci_vendor_selector
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -168,6 +169,27 @@ def default_user_data(v: VmInput) -> str:
     return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
 
 
+def display_options(display: bool | None, ramfb: bool | None, count: int) -> list[tuple[bool | None, bool | None]]:
+    """(``display.enabled``, ``display.ramFB.enabled``) of each of ``count`` vGPUs; None leaves it out.
+
+    KubeVirt's VMI admitter refuses "configuring multiple displays with ramfb" (validateMDEVRamFB in
+    pkg/virt-api/webhooks/validating-webhook/admitters/vmi-create-admitter.go): it counts every vGPU
+    whose ``virtualGPUOptions.display`` is set, not disabled, and whose ``ramFB`` is absent or
+    enabled. So the boot framebuffer goes to the first vGPU only: with ``display: true`` every later
+    vGPU shows a display with ``ramFB.enabled: false``; with display unset, later vGPUs carry no
+    options (KubeVirt's default, which gives display and ramfb to the first vGPU alone).
+    """
+    out: list[tuple[bool | None, bool | None]] = []
+    for k in range(count):
+        if k == 0:
+            out.append((display, ramfb))
+        elif display is None:
+            out.append((None, None))
+        else:
+            out.append((display, False if display else ramfb))
+    return out
+
+
 def _dra_names(v: VmInput) -> dict[str, Any]:
     return {"driver": v.driver, "vgpu_class": v.vgpu_class, "passthrough_class": v.passthrough_class}
 
@@ -212,14 +234,14 @@ def render_vm(v: VmInput) -> list[dict[str, Any]]:
                 claim = f"hostgpu{i + 1}"
                 claims.append({"name": claim, "template": ctx["name"]})
                 host_devices.append({"name": claim, "device_name": None, "claim": claim, "request": ctx["request"]})
+    for g, (display, ramfb) in zip(gpus, display_options(v.display, v.ramfb, len(gpus))):
+        g["display"], g["ramfb"] = display, ramfb
     vm = _render(
         "virtualmachine.yaml.j2",
         vm=v,
         gpus=gpus,
         host_devices=host_devices,
         claims=claims,
-        display=v.display,
-        ramfb=v.ramfb,
         user_data=v.user_data if v.user_data is not None else default_user_data(v),
     )
     return templates + vm
@@ -329,19 +351,6 @@ def canonical_kind(kind: str) -> str:
     return k
 
 
-def _problems(exc: ValidationError) -> list[str]:
-    out = []
-    for e in exc.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "missing":
-            msg = "required"
-        out.append(f"{loc}: {msg}" if loc and not msg.startswith(f"{loc.split('.')[-1]}") else msg)
-    return out
-
-
 def parse_values(kind: str, values: Mapping[str, Any] | BaseModel | None) -> BaseModel:
     """The typed input of ``kind`` from ``values``; RenderError lists every problem."""
     model, _ = KINDS[canonical_kind(kind)]
@@ -352,7 +361,7 @@ def parse_values(kind: str, values: Mapping[str, Any] | BaseModel | None) -> Bas
     try:
         return model.model_validate(dict(values or {}))
     except ValidationError as exc:
-        raise RenderError(_problems(exc)) from None
+        raise RenderError(explain(exc.errors(), model, canonical_kind(kind))) from None
 
 
 def render(kind: str, values: Mapping[str, Any] | BaseModel | None = None) -> list[dict[str, Any]]:
@@ -387,6 +396,7 @@ __all__ = [
     "RenderError",
     "canonical_kind",
     "class_expression",
+    "display_options",
     "min_memory_expression",
     "parse_values",
     "permitted_host_devices",

@@ -221,6 +221,44 @@ def validate_kubevirt(obj: Mapping[str, Any], schema: SchemaSource = None) -> No
         raise KubeVirtSchemaError(problems)
 
 
+def _vmi_spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "VirtualMachine":
+        spec = ((spec.get("template") or {}).get("spec")) or {}
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def ramfb_displays(obj: Mapping[str, Any]) -> int:
+    """How many vGPUs of a VirtualMachine (or VMI) show a display with ramfb, counted as KubeVirt's
+    countConfiguredMDEVRamFBs does: ``virtualGPUOptions.display`` set, ``enabled`` not false,
+    ``ramFB`` absent or enabled."""
+    gpus = ((_vmi_spec(obj).get("domain") or {}).get("devices") or {}).get("gpus") or []
+    count = 0
+    for g in gpus:
+        display = ((g or {}).get("virtualGPUOptions") or {}).get("display")
+        if display is None or display.get("enabled") is False:
+            continue
+        ramfb = display.get("ramFB")
+        if ramfb is None or ramfb.get("enabled") is True:
+            count += 1
+    return count
+
+
+def admission_problems(obj: Mapping[str, Any]) -> list[str]:
+    """What KubeVirt's admission webhooks refuse beyond the schema, for the rules the templates
+    could break: more than one vGPU display with ramfb (validateMDEVRamFB in
+    pkg/virt-api/webhooks/validating-webhook/admitters/vmi-create-admitter.go, which VM templates
+    go through too)."""
+    if obj.get("kind") not in ("VirtualMachine", "VirtualMachineInstance") or not is_kubevirt(obj):
+        return []
+    n = ramfb_displays(obj)
+    if n <= 1:
+        return []
+    return [f"{obj.get('kind')} domain.devices.gpus: configuring multiple displays with ramfb is not valid "
+            f"({n} vGPUs show a display with ramfb; KubeVirt's admitter allows one: set "
+            "virtualGPUOptions.display.ramFB.enabled: false on the others)"]
+
+
 def is_kubevirt(obj: Mapping[str, Any]) -> bool:
     group = str(obj.get("apiVersion", "")).partition("/")[0]
     return group == "kubevirt.io" or group.endswith(".kubevirt.io")
@@ -245,6 +283,7 @@ def kubernetes_problems(obj: Mapping[str, Any], versions: tuple[str, ...] = ("1.
 
 __all__ = [
     "ENV_SCHEMA",
+    "admission_problems",
     "KubeVirtSchema",
     "KubeVirtSchemaError",
     "KubeVirtSchemaMissing",
@@ -254,6 +293,7 @@ __all__ = [
     "kubernetes_problems",
     "kubevirt_problems",
     "load_schema",
+    "ramfb_displays",
     "schema_path",
     "validate_kubevirt",
 ]

@@ -22,8 +22,10 @@ them name the file's own fields (``vgpu-configs.<name>[i].vgpu-devices``).
 
 from __future__ import annotations
 
+import difflib
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator,
                       model_validator)
@@ -35,7 +37,8 @@ Mode = Literal["vgpu", "passthrough", "dra", "unmanaged"]
 
 # Our field -> vgpu-device-manager's, for errors about an entry read from its format
 # ("" names the entry itself: it has no field of its own for that).
-_DM_FIELDS = {"vgpus": "vgpu-devices", "index": "devices", "all": "devices", "device_filter": "device-filter"}
+_DM_FIELDS = {"vgpus": "vgpu-devices", "index": "devices", "all": "devices", "device_filter": "device-filter",
+              "deviceFilter": "device-filter"}
 
 
 def parse_device_id(text: str, field: str = "deviceFilter") -> tuple[int, int, int | None, int | None]:
@@ -61,7 +64,8 @@ def parse_device_id(text: str, field: str = "deviceFilter") -> tuple[int, int, i
 class ConfigError(ValueError):
     """Bad input: the message names the field and the fix. Raised before any write.
 
-    ``source`` is the file the layout came from, when it came from one.
+    ``source`` is the file the layout came from, when it came from one; each problem then
+    starts with ``FILE:LINE:`` (see :func:`layout_error`).
     """
 
     def __init__(self, problems: list[str] | str, source: str | None = None):
@@ -71,8 +75,53 @@ class ConfigError(ValueError):
 
 
 class ConfigFileError(ConfigError):
-    """The file cannot be read as a layout at all (missing, a directory, too big, not YAML, a
-    duplicate key): one problem, ``FILE[:LINE:COL]: what is wrong; how to fix``."""
+    """One problem located in a layout file, told in one line: ``FILE[:LINE[:COL]]: what is wrong;
+    what is allowed / how to fix``. A file that cannot be read as a layout at all (missing, not
+    YAML, a duplicate key) and a layout with a single wrong field both end as one of these."""
+
+
+def _closest(word: object, choices) -> str | None:
+    by_lower = {str(c).lower(): str(c) for c in choices}
+    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close and by_lower[close[0]] != str(word) else None
+
+
+def did_you_mean(word: object, choices) -> str:
+    """``"; did you mean 'mode'?"`` when ``word`` is a close misspelling of one of ``choices``
+    (case-insensitive, difflib's ratio >= 0.6), else ``""``."""
+    close = _closest(word, choices)
+    return f"; did you mean {close!r}?" if close else ""
+
+
+def path_of(loc) -> str:
+    """A place in a document as its author reads it: ``("layouts", "default", 0, "vgpus")`` ->
+    ``layouts.default[0].vgpus``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out
+
+
+def _locate(problem: str, file: str, lines: dict[str, int]) -> str:
+    """``FILE:LINE: problem``, the line of the longest path the problem starts with."""
+    best = ""
+    for path in lines:
+        if len(path) > len(best) and problem.startswith(path) and problem[len(path):len(path) + 1] in ("", ":", ".", "[", " "):
+            best = path
+    return f"{file}:{lines[best]}: {problem}" if best else f"{file}: {problem}"
+
+
+def _located(problems: list[str], file: str, lines: dict[str, int]) -> ConfigError:
+    located = [_locate(p, file, lines) for p in problems]
+    return (ConfigFileError if len(located) == 1 else ConfigError)(located, source=file)
+
+
+def layout_error(problems: list[str], layouts=()) -> ConfigError:
+    """The error for ``problems`` found in ``layouts``: when they were read from a file, each problem
+    names the file and line (``FILE:LINE: layouts.default[0].vgpus.T4-3Q: ...``) and a single one
+    is a one-line :class:`ConfigFileError`."""
+    src = next((e for e in layouts if e._file is not None), None)
+    return ConfigError(problems) if src is None else _located(problems, src._file, src._lines or {})
 
 
 class GpuLayout(BaseModel):
@@ -97,7 +146,12 @@ class GpuLayout(BaseModel):
     def _addr(cls, v: str | None) -> str | None:
         return None if v is None else check_pci_address(v, "pciAddress")
 
-    _source: str | None = PrivateAttr(None)  # the entry's place in a vgpu-device-manager file
+    # Where the entry is written (``layouts.default[0]``, ``vgpu-configs.a100[1]``), in which format,
+    # and, when read from a file, the file and the line of every path in it (for layout_error).
+    _path: str | None = PrivateAttr(None)
+    _dm: bool = PrivateAttr(False)
+    _file: str | None = PrivateAttr(None)
+    _lines: dict[str, int] | None = PrivateAttr(None)
 
     @field_validator("device_filter")
     @classmethod
@@ -122,13 +176,14 @@ class GpuLayout(BaseModel):
 
     def field_name(self, field: str) -> str:
         """What the admin's file calls ``field`` (our name; vgpu-device-manager's for its entries)."""
-        if self._source is None:
+        if not self._dm:
             return _alias(field)
         return _DM_FIELDS.get(field, "")
 
     def at(self, i: int, field: str = "") -> str:
-        """Where ``field`` of the ``i``-th entry is in the admin's file, for error messages."""
-        base = f"gpus[{i}]" if self._source is None else self._source
+        """Where ``field`` of the ``i``-th entry is written, for error messages: the path in the file
+        (``layouts.default[0].vgpus``); entries made in code have no file and say ``gpus[i]``."""
+        base = f"gpus[{i}]" if self._path is None else self._path
         name = self.field_name(field) if field else ""
         return f"{base}.{name}" if name else base
 
@@ -180,18 +235,103 @@ def _alias(field: str) -> str:
     return info.alias if info is not None and info.alias else field
 
 
+ENTRY_FIELDS = [_alias(f) for f in GpuLayout.model_fields]  # as written: index, pciAddress, ...
+DOCUMENT_FIELDS = list(NodeConfig.model_fields)
+DM_ENTRY_FIELDS = ["devices", "vgpu-devices", "device-filter"]
+MODES = list(get_args(Mode))
+
+# ---------------------------------------------------------------- pydantic's findings, in our words
+
+_HINTS = {  # what a mapping / list of a field holds, for "expected a mapping ..." messages
+    "layouts": "layout name -> list of entries",
+    "vgpus": "vGPU type -> count, e.g. {T4-2Q: 8}",
+    "vgpu-devices": "vGPU type -> count, e.g. {T4-2Q: 8}",
+}
+_ENTRY = "write one as {index: 0, mode: vgpu, vgpus: {T4-2Q: 8}} (select with index, pciAddress, model or all: true)"
+_LEADING_FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9_-]*)([.:])")
+
+
+def _kind(value: object) -> str:
+    return {dict: "a mapping", list: "a list", str: "text", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "nothing (null)"}.get(type(value), type(value).__name__)
+
+
+def _explain(e: dict, base: tuple, fields: list[str], rename: dict[str, str]) -> tuple[str, str, str | None]:
+    """One pydantic error as (path as written, message in our words, the field a misspelling
+    suggests). Nothing of pydantic's wording ("Input should be", "Extra inputs are not permitted")
+    is kept. ``fields``: what the level the error is at allows; ``rename``: our field -> the file's."""
+    loc = [rename.get(x, x) if i == 0 and isinstance(x, str) else x for i, x in enumerate(e["loc"])]
+    kind, value, ctx = e["type"], e.get("input"), e.get("ctx") or {}
+    field = loc[-1] if loc else ""
+    suggestion = None
+    if loc and loc[-1] == "[key]" and kind == "string_type":
+        return path_of(base + tuple(loc[:-2])) or "config", f"the name {loc[-2]!r} is not text; quote it: \"{loc[-2]}\"", None
+    if kind == "extra_forbidden":
+        suggestion = _closest(field, fields)
+        msg = f"unknown field (allowed: {', '.join(fields)}){did_you_mean(field, fields)}"
+    elif kind == "missing":
+        msg = "required"
+    elif kind == "literal_error":
+        allowed = MODES if field == "mode" else re.findall(r"'([^']*)'", ctx.get("expected", ""))
+        msg = f"{value!r} is not {'a mode' if field == 'mode' else 'allowed'} (allowed: {', '.join(allowed)})" \
+              + did_you_mean(value, allowed)
+    elif kind in ("int_type", "int_parsing", "int_from_float"):
+        msg = f"{value!r} is not a whole number"
+    elif kind in ("bool_type", "bool_parsing"):
+        msg = f"{value!r} is not true or false"
+    elif kind == "greater_than_equal":
+        msg = f"{value!r} must be >= {ctx.get('ge')}"
+    elif kind in ("model_type", "model_attributes_type") or (kind == "dict_type" and isinstance(field, int)):
+        msg = f"{value!r} is not an entry; {_ENTRY}"
+    elif kind == "dict_type":
+        msg = f"expected a mapping ({_HINTS.get(str(field), 'name: value')}), not {_kind(value)}"
+    elif kind == "list_type":
+        what = "entries (- index: 0 ...)" if len(loc) == 2 and loc[0] == "layouts" else "values"
+        msg = f"expected a list of {what}, not {_kind(value)}"
+    elif kind == "string_type":
+        msg = f"{value!r} is {_kind(value)}, not text; quote it"
+    elif kind == "value_error":  # our own validators' words, which name their field (and key)
+        msg = e["msg"].removeprefix("Value error, ")
+        m = _LEADING_FIELD.match(msg)
+        head = rename.get(m.group(1), m.group(1)) if m else ""
+        if m and (head == field or head in fields):
+            parent = loc[:-1] if head == field else loc
+            rest = head + msg[len(m.group(1)):]
+            where, _, msg = rest.partition(": ")
+            return path_of(base + tuple(parent)) + "." + where, msg, None
+    else:  # a check we have no words of our own for: pydantic's, rephrased
+        msg = e["msg"].replace("Input should be", "expected")
+    return path_of(base + tuple(loc)), msg, suggestion
+
+
+def _problems(errors: list[dict], base: tuple = (), rename: dict[str, str] | None = None,
+              fields: list[str] | None = None) -> list[str]:
+    """Every error as ``path: message``; a required field whose misspelling was found is said once.
+    Without ``fields``, the errors are our format's (document or entry fields, by depth)."""
+    found = []
+    for e in errors:
+        level = fields or (DOCUMENT_FIELDS if len(e["loc"]) <= 1 else ENTRY_FIELDS)
+        found.append(_explain(e, base, level, rename or {}))
+    suggested = {p.rsplit(".", 1)[0] + "." + s if "." in p else s for p, _, s in found if s}
+    return [f"{p}: {m}" for p, m, _ in found if not (m == "required" and p in suggested)]
+
+
 def _from_device_manager(doc: dict, name: str) -> list[GpuLayout]:
     """vgpu-device-manager's spec (api/spec/v1): the fields it allows, and the errors it gives, by its names."""
-    allowed = {"version", "vgpu-configs"}
-    extra = set(doc) - allowed
+    allowed = ["version", "vgpu-configs"]
+    extra = sorted(set(doc) - set(allowed))
     if extra:
-        raise ConfigError(f"{sorted(extra)[0]}: unknown field in a vgpu-device-manager config (allowed: version, vgpu-configs)")
+        raise ConfigError(f"{extra[0]}: unknown field in a vgpu-device-manager config (allowed: "
+                          f"{', '.join(allowed)}){did_you_mean(extra[0], allowed)}")
+    if "vgpu-configs" not in doc:
+        raise ConfigError("vgpu-configs: required (config name -> list of entries)")
     configs = doc.get("vgpu-configs") or {}
     if not isinstance(configs, dict):
         raise ConfigError("vgpu-configs: expected a mapping of config name -> list of entries")
     if name not in configs:
         names = ", ".join(sorted(str(n) for n in configs)) or "(none)"
-        raise ConfigError(f"vgpu-configs: no config named {name!r}; choose one of {names}")
+        raise ConfigError(f"vgpu-configs: no config named {name!r}; choose one of {names}"
+                          f"{did_you_mean(name, [str(n) for n in configs])}")
     entries = configs[name]
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"vgpu-configs.{name}: expected a list of at least one entry "
@@ -202,11 +342,12 @@ def _from_device_manager(doc: dict, name: str) -> list[GpuLayout]:
         if not isinstance(entry, dict):
             problems.append(f"{where}: {entry!r} is not an entry; write {{devices: all, vgpu-devices: {{{entry}: COUNT}}}}")
             continue
-        extra = sorted(set(entry) - {"devices", "vgpu-devices", "device-filter"})
+        extra = sorted(set(entry) - set(DM_ENTRY_FIELDS))
         missing = [k for k in ("devices", "vgpu-devices") if k not in entry]
         if extra or missing:
-            problems += [f"{where}.{k}: unknown field (allowed: devices, vgpu-devices, device-filter)" for k in extra]
-            problems += [f"{where}.{k}: required" for k in missing]
+            errors = [{"type": "extra_forbidden", "loc": (k,)} for k in extra]
+            errors += [{"type": "missing", "loc": (k,)} for k in missing]
+            problems += _problems(errors, ("vgpu-configs", name, i), fields=DM_ENTRY_FIELDS)
             continue
         devices, vgpus = entry["devices"], entry["vgpu-devices"] or {}
         dfilter = entry.get("device-filter") or []
@@ -224,73 +365,77 @@ def _from_device_manager(doc: dict, name: str) -> list[GpuLayout]:
                 problems.append(f"{where}.devices: {devices!r} must be 'all' or a list of GPU indices")
                 continue
         except ValidationError as exc:
-            for e in exc.errors():
-                msg = e["msg"].removeprefix("Value error, ")
-                loc = [str(x) for x in e["loc"]] or [""]
-                # our validators name our fields; say the file's names instead
-                for field, theirs in _DM_FIELDS.items():
-                    ours = _alias(field)
-                    if msg.startswith(ours) and msg[len(ours):len(ours) + 1] in (":", "."):
-                        msg = theirs + msg[len(ours):]
-                        break
-                field = ".".join([_DM_FIELDS.get(loc[0], loc[0]), *loc[1:]])
-                problems.append(f"{where}.{msg}" if ":" in msg.split(" ")[0] else f"{where}.{field}: {msg}")
+            problems += _problems(exc.errors(), ("vgpu-configs", name, i), _DM_FIELDS, DM_ENTRY_FIELDS)
             continue
         for layout in made:
-            layout._source = where
+            layout._path, layout._dm = where, True
         out += made
     if problems:
         raise ConfigError(problems)
     return out
 
 
-def parse_config(doc: object, layout: str = "default") -> list[GpuLayout]:
-    """The layout entries named ``layout`` from either format; ConfigError names the field."""
+def parse_config(doc: object, layout: str = "default", *, source: str | None = None,
+                 lines: dict[tuple, int] | None = None) -> list[GpuLayout]:
+    """The layout entries named ``layout`` from either format; ConfigError names the field as the
+    file writes it. With ``source`` (the file) and ``lines`` (its lines by path, from the loader),
+    entries remember where they are written, and every problem, here or when the layout is planned
+    against a node (:func:`layout_error`), names the file and line."""
+    if source is None:
+        return _parse(doc, layout)
+    where = {path_of(p): n for p, n in (lines or {}).items()}
+    try:
+        entries = _parse(doc, layout)
+    except ConfigError as exc:
+        raise _located(exc.problems, source, where) from None
+    for i, e in enumerate(entries):
+        e._file, e._lines = source, where
+        if not e._dm:
+            e._path = f"layouts.{layout}[{i}]"
+    return entries
+
+
+def _parse(doc: object, layout: str) -> list[GpuLayout]:
     if not isinstance(doc, dict):
-        raise ConfigError("config: expected a mapping with 'version'")
+        raise ConfigError(f"config: expected a mapping with 'version' (vgpuctl/v1, or v1 with vgpu-configs), "
+                          f"not {_kind(doc)}")
     version = doc.get("version")
     try:
-        if version == "v1" and "vgpu-configs" in doc:
+        if version == "v1" and "layouts" in doc and "vgpu-configs" not in doc:
+            raise ConfigError("version: 'v1' is vgpu-device-manager's format (vgpu-configs); a file of layouts "
+                              "says version: vgpuctl/v1")
+        if version == "v1":
             return _from_device_manager(doc, layout)
+        if version is None:
+            raise ConfigError("version: required; write version: vgpuctl/v1 (or v1 with vgpu-configs)")
         if version != "vgpuctl/v1":
             raise ConfigError(f"version: {version!r} is not known; use 'vgpuctl/v1' (or 'v1' with vgpu-configs)")
         cfg = NodeConfig.model_validate(doc)
     except ValidationError as exc:
-        raise ConfigError([_pydantic_problem(e) for e in exc.errors()]) from None
+        raise ConfigError(_problems(exc.errors())) from None
     except NameError_ as exc:
         raise ConfigError(str(exc)) from None
     if layout not in cfg.layouts:
-        raise ConfigError(f"layouts: no layout named {layout!r}; choose one of {', '.join(sorted(cfg.layouts))}")
+        raise ConfigError(f"layouts: no layout named {layout!r}; choose one of {', '.join(sorted(cfg.layouts))}"
+                          f"{did_you_mean(layout, cfg.layouts)}")
     return cfg.layouts[layout]
 
 
-def _pydantic_problem(e: dict) -> str:
-    if e["loc"] and e["loc"][-1] == "[key]" and e["type"] == "string_type":
-        where = ".".join(str(x) for x in e["loc"][:-2]) or "config"
-        key = e["loc"][-2]
-        return f'{where}: the name {key!r} is not text; quote it: "{key}"'
-    loc = ".".join(str(x) for x in e["loc"])
-    msg = e["msg"].removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc and not msg.startswith(loc.split(".")[-1] + ":") else msg
-
-
-def load_document(path: Path | str) -> object:
-    """The layout file as YAML (bounded; duplicate keys, deep nesting, non-text names refused)."""
+def load_document(path: Path | str, lines: dict[tuple, int] | None = None) -> object:
+    """The layout file as YAML (bounded; duplicate keys, deep nesting, non-text names refused);
+    ``lines`` is filled with where each key is written."""
     try:
-        return load_yaml(path, what="layout file")
+        return load_yaml(path, what="layout file", lines=lines)
     except YamlFileError as exc:
         raise ConfigFileError(str(exc), source=str(path)) from None
 
 
 def load_config(path: Path | str, layout: str = "default") -> list[GpuLayout]:
-    """The layout ``layout`` of the file at ``path``; every ConfigError says which file."""
-    doc = load_document(path)
-    try:
-        return parse_config(doc, layout)
-    except ConfigError as exc:
-        exc.source = str(path)
-        raise
+    """The layout ``layout`` of the file at ``path``; every problem names the file and line."""
+    lines: dict[tuple, int] = {}
+    doc = load_document(path, lines)
+    return parse_config(doc, layout, source=str(path), lines=lines)
 
 
-__all__ = ["ConfigError", "ConfigFileError", "GpuLayout", "NodeConfig", "parse_config", "load_config",
-           "load_document", "check_type_id"]
+__all__ = ["ConfigError", "ConfigFileError", "GpuLayout", "NodeConfig", "did_you_mean", "layout_error",
+           "load_config", "load_document", "parse_config", "path_of", "check_type_id"]

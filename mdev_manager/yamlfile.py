@@ -229,8 +229,10 @@ def _yaml_error(name: str, text: str, exc: yaml.YAMLError, what: str) -> YamlFil
         return YamlFileError(name, f"not valid YAML: the character U+{ord(char):04X} is not allowed",
                              "remove it (is it a binary file?)", line, col)
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
+    problem = getattr(exc, "problem", None)
     context = getattr(exc, "context", None)
+    if not problem:  # PyYAML's whole text, which calls a parsed string "<unicode string>": say the file
+        problem, context = " ".join(str(exc).replace("<unicode string>", name).split()), None
     context_mark = getattr(exc, "context_mark", None)
     if context and context_mark is not None and mark is not context_mark:
         problem += f" ({context} at line {context_mark.line + 1})"
@@ -268,15 +270,39 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _record_lines(root: Node, lines: dict[tuple, int]) -> None:
+    """Where each key and list item of a document is written: ``("layouts", "default", 0)`` -> line
+    (from 1), so a problem found after parsing can name its line. Iterative, each node once (an
+    alias repeats a node: its place is where it was first written)."""
+    seen: set[int] = set()
+    stack: list[tuple[Node, tuple]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, MappingNode):
+            for key, value in node.value:
+                if isinstance(key, ScalarNode) and key.tag != _MERGE:
+                    lines.setdefault(path + (key.value,), key.start_mark.line + 1)
+                    stack.append((value, path + (key.value,)))
+        elif isinstance(node, SequenceNode):
+            for i, item in enumerate(node.value):
+                lines.setdefault(path + (i,), item.start_mark.line + 1)
+                stack.append((item, path + (i,)))
+
+
 def parse_yaml(text: str, *, name: str = "<input>", what: str = "file", max_depth: int = MAX_DEPTH,
-               max_nodes: int | None = None, all_documents: bool = False, json_first: bool = False) -> Any:
+               max_nodes: int | None = None, all_documents: bool = False, json_first: bool = False,
+               lines: dict[tuple, int] | None = None) -> Any:
     """``text`` as YAML: one document (None when empty), or with ``all_documents`` the list of them.
 
     ``json_first`` tries JSON first (``kubectl -o json`` output is parsed much faster that way);
     whatever JSON cannot say precisely (a duplicate key, the nesting) is read again as YAML,
-    which names the line.
+    which names the line. ``lines``, when given, is filled with the line of every key and list
+    item of the (single) document, by path: problems found later can say where they are.
     """
-    if json_first and text.lstrip()[:1] in ("{", "["):
+    if json_first and lines is None and text.lstrip()[:1] in ("{", "["):
         try:
             doc = json.loads(text, object_pairs_hook=_no_duplicates)
             if _depth(doc) <= max_depth:
@@ -288,12 +314,18 @@ def parse_yaml(text: str, *, name: str = "<input>", what: str = "file", max_dept
     loader = None
     try:
         loader = loader_cls(text)  # checks the characters at once
+        loader.name = name  # every mark (and PyYAML's own wording) names the file, not "<unicode string>"
         if all_documents:
             docs = []
             while loader.check_data():
                 docs.append(loader.get_data())
             return docs
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if lines is not None:
+            _record_lines(node, lines)
+        return loader.construct_document(node)
     except _Refused as exc:
         raise YamlFileError(name, exc.problem, exc.fix, exc.mark.line + 1, exc.mark.column + 1) from None
     except yaml.YAMLError as exc:
@@ -304,12 +336,14 @@ def parse_yaml(text: str, *, name: str = "<input>", what: str = "file", max_dept
 
 
 def load_yaml(path: str | Path, *, what: str = "layout file", max_bytes: int = MAX_BYTES,
-              max_depth: int = MAX_DEPTH, all_documents: bool = False, json_first: bool = False) -> Any:
-    """The file at ``path`` (``-``: stdin) as YAML, or :class:`YamlFileError` saying where and how to fix it."""
+              max_depth: int = MAX_DEPTH, all_documents: bool = False, json_first: bool = False,
+              lines: dict[tuple, int] | None = None) -> Any:
+    """The file at ``path`` (``-``: stdin) as YAML, or :class:`YamlFileError` saying where and how to
+    fix it; ``lines`` as for :func:`parse_yaml`."""
     name = "<stdin>" if str(path) == "-" else str(path)
     text = _decode(read_bytes(path, what=what, max_bytes=max_bytes), name)
     return parse_yaml(text, name=name, what=what, max_depth=max_depth, all_documents=all_documents,
-                      json_first=json_first)
+                      json_first=json_first, lines=lines)
 
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "YamlFileError", "load_yaml", "parse_yaml", "read_bytes"]

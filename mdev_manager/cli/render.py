@@ -1,9 +1,16 @@
 """``vgpuctl render KIND [-f values.yaml] [--set key=value ...]``: print the objects as YAML.
 
-KubeVirt objects are validated before anything is printed: against the cluster's own schema
-with ``--kubeconfig`` (``/openapi/v3/apis/kubevirt.io/v1``: the KubeVirt release that will
-receive them), against a file with ``--schema FILE`` or ``$VGPUCTL_KUBEVIRT_OPENAPI``; with
-neither, stderr says that they were not validated.
+Each kind is a subcommand whose ``-h`` lists its ``--set`` keys, read off the kind's typed input
+(:mod:`kubevirt_templates.keys`), so the help says what the template accepts. vGPU types the
+values name are matched, case-insensitively, against the node's types (``--simulate``,
+``--inventory``) or else vgpuctl's catalog, and written as those spell them; an unknown one is
+refused with the closest names (:mod:`kubevirt_templates.profiles`).
+
+KubeVirt objects are checked before anything is printed: always against the admission rule the
+templates could break (one vGPU display with ramfb), and against the cluster's own schema with
+``--kubeconfig`` (``/openapi/v3/apis/kubevirt.io/v1``: the KubeVirt release that will receive
+them), against a file with ``--schema FILE`` or ``$VGPUCTL_KUBEVIRT_OPENAPI``; with neither,
+stderr says that they were not validated against a schema.
 
 ``kubevirt-cr`` needs the GPU nodes' inventories: ``--inventory FILE`` (repeatable; the output
 of ``vgpuctl discover -o yaml`` on each node), or the simulated host with ``--simulate``
@@ -17,8 +24,10 @@ import os
 import sys
 from typing import Any
 
-from kubevirt_templates.render import KINDS, RenderError, canonical_kind, render, render_yaml
-from kubevirt_templates.validate import ENV_SCHEMA, KubeVirtSchema, is_kubevirt, load_schema
+from kubevirt_templates.keys import keys_help
+from kubevirt_templates.profiles import TYPED_KINDS, KnownTypes, check_types
+from kubevirt_templates.render import ALIASES, KINDS, RenderError, canonical_kind, render, render_yaml
+from kubevirt_templates.validate import ENV_SCHEMA, KubeVirtSchema, admission_problems, is_kubevirt, load_schema
 from mdev_manager.yamlfile import YamlFileError, load_yaml, parse_yaml
 
 
@@ -87,6 +96,52 @@ def _simulated_inventory(args: argparse.Namespace) -> dict[str, Any]:
     return inv.model_dump(mode="json")
 
 
+def catalog_types() -> KnownTypes:
+    """Every vGPU type of vgpuctl's catalog (the boards it knows)."""
+    from mdev_manager import catalog
+
+    types, mig = [], set()
+    for b in catalog.BOARDS.values():
+        for t in b.types:
+            if t.mig_backed:
+                mig.add(t.short_name.lower())
+            else:
+                types.append((str(t.num) if b.framework == "vendor-vfio" else t.mdev_id(b.driver), t.name))
+    return KnownTypes(tuple(types), source=f"vgpuctl's catalog (boards {', '.join(sorted(catalog.BOARDS))})",
+                      listing="for a node's own types give its inventory: --inventory FILE or --simulate",
+                      mig_backed=frozenset(mig))
+
+
+def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes:
+    """The vGPU types the inventories' GPUs offer (before a GPU's VFs are enabled: what they will offer)."""
+    from mdev_manager.models import Inventory
+    from mdev_manager.plan import offered_types
+
+    from dra_bridge.api.names import type_is_mig_backed
+
+    from pydantic import ValidationError
+
+    types, mig = [], set()
+    for doc in inventories:
+        try:
+            inv = Inventory.model_validate(doc)
+        except ValidationError as exc:
+            where = ".".join(str(x) for x in exc.errors()[0]["loc"])
+            raise RenderError(f"--inventory: {where or 'the document'} is not as `vgpuctl discover -o yaml` "
+                              "writes it; give that command's output") from None
+        for gpu in inv.gpus:
+            for t in offered_types(gpu):
+                if type_is_mig_backed(t):
+                    mig.add(t.short_name.lower())
+                else:
+                    types.append((t.id, t.name))
+    if simulated and len(inventories) == 1:
+        where, listing = "the simulated node", "list them: vgpuctl --simulate discover --types"
+    else:
+        where, listing = "the given nodes", "list them: vgpuctl discover --types, on the node"
+    return KnownTypes(tuple(types), source=where, listing=listing, mig_backed=frozenset(mig))
+
+
 class SchemaUnavailable(Exception):
     """The schema that was asked for could not be read."""
 
@@ -129,6 +184,11 @@ def _check_kubevirt(args: argparse.Namespace, objects: list[dict[str, Any]]) -> 
     kubevirt = [o for o in objects if is_kubevirt(o)]
     if not kubevirt:
         return 0
+    refused = [p for o in kubevirt for p in admission_problems(o)]
+    if refused:  # a template bug: KubeVirt's admission would refuse the object
+        for p in refused:
+            print(f"error: {p}", file=sys.stderr)
+        return 1
     try:
         schema = kubevirt_schema(args)
     except SchemaUnavailable as exc:
@@ -150,18 +210,40 @@ def _check_kubevirt(args: argparse.Namespace, objects: list[dict[str, Any]]) -> 
     return status
 
 
+def _values(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The values of ``kind``: files, then --set, the inventories for kubevirt-cr, and every vGPU
+    type written as the node (or the catalog) spells it. RenderError lists every problem."""
+    values = load_values(args.values, args.set)
+    inventories = [_inventory_from_file(p) for p in args.inventory or []]
+    simulated = bool(getattr(args, "simulate", None))
+    if simulated:
+        inventories.append(_simulated_inventory(args))
+    if kind == "kubevirt-cr":
+        if inventories:
+            values["inventories"] = list(values.get("inventories") or []) + inventories
+        return values
+    if inventories and kind not in TYPED_KINDS:
+        raise RenderError(f"--inventory/--simulate: {kind} names no vGPU type; the inventories make "
+                          f"kubevirt-cr and check the types of {' and '.join(TYPED_KINDS)}")
+    if kind not in TYPED_KINDS:
+        return values
+    known = node_types(inventories, simulated) if inventories else catalog_types()
+    values, problems = check_types(kind, values, known)
+    if problems:
+        try:
+            render(kind, values)  # the other keys' problems too, in one go
+        except RenderError as exc:
+            said = {p.split(":", 1)[0] for p in problems}
+            problems += [p for p in exc.problems if p.split(":", 1)[0] not in said]
+        raise RenderError(problems)
+    return values
+
+
 def run(args: argparse.Namespace) -> int:
+    _gather(args)
     try:
         kind = canonical_kind(args.kind)
-        values = load_values(args.values, args.set)
-        inventories = [_inventory_from_file(p) for p in args.inventory or []]
-        if getattr(args, "simulate", None):
-            inventories.append(_simulated_inventory(args))
-        if inventories:
-            if kind != "kubevirt-cr":
-                raise RenderError("--inventory/--simulate: only kubevirt-cr is generated from inventories")
-            values["inventories"] = list(values.get("inventories") or []) + inventories
-        objects = render(kind, values)
+        objects = render(kind, _values(kind, args))
     except RenderError as exc:
         if len(exc.problems) == 1:
             print(f"error: cannot render {args.kind}: {exc.problems[0]}", file=sys.stderr)
@@ -177,26 +259,72 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_arguments(r: argparse.ArgumentParser) -> None:
-    """The ``render`` arguments (the main CLI sets ``func`` to :func:`run`)."""
-    kinds = ", ".join(KINDS)
-    r.description = (f"Render a template as YAML. Kinds: {kinds}. Values come from -f files and --set, "
-                     "validated before anything is printed; KubeVirt objects also against KubeVirt's schema "
-                     "(--kubeconfig: the cluster's; --schema or $" + ENV_SCHEMA + ": a file).")
-    r.add_argument("kind", metavar="KIND", help=f"one of: {kinds}")
-    r.add_argument("-f", "--values", action="append", metavar="FILE", help="values YAML (repeatable; - for stdin)")
-    r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="set a value (YAML): --set mode=dra --set gpus.A100-4C=1 --set first_available=[A100-4C,T4-4C]")
-    r.add_argument("--inventory", action="append", metavar="FILE",
-                   help="kubevirt-cr: a node inventory (`vgpuctl discover -o yaml`); repeatable")
-    r.add_argument("--simulate", nargs="?", const="default", default=argparse.SUPPRESS, metavar="PRESET",
-                   help="kubevirt-cr: use the simulated host's inventory")
-    schema = r.add_mutually_exclusive_group()
-    schema.add_argument("--kubeconfig", metavar="FILE",
+_SUMMARY = {
+    "vm": "a VirtualMachine with vGPUs and/or whole GPUs (device-plugin resources, or claims with mode=dra)",
+    "kubevirt-cr": "the KubeVirt CR's GPU settings (permittedHostDevices, feature gates) from the nodes' inventories",
+    "deviceclasses": "the driver's two DeviceClasses (vGPUs, whole GPUs)",
+    "claim-template": "a ResourceClaimTemplate for one device (by profile, min_memory, first_available or passthrough)",
+    "passthrough-pod": "a Pod given a whole GPU bound to vfio-pci through a claim",
+}
+_EXAMPLES = {
+    "vm": "vgpuctl render vm --set name=vm1 --set mode=dra --set gpus.A100-4C=1 --set display=true",
+    "kubevirt-cr": "vgpuctl --simulate render kubevirt-cr --set dra=true",
+    "deviceclasses": "vgpuctl render deviceclasses",
+    "claim-template": "vgpuctl render claim-template --set first_available=[A100-8C,L40S-8Q]",
+    "passthrough-pod": "vgpuctl render passthrough-pod --set 'product=TU104GL [Tesla T4]'",
+}
+
+
+def _options(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The options every kind takes, before its name (``prefix`` "pre_": kept apart, as the kind's
+    parser would overwrite them) or after it (absent unless given); :func:`_gather` joins them."""
+    quiet = {} if prefix else {"default": argparse.SUPPRESS}
+    p.add_argument("-f", "--values", action="append", metavar="FILE", dest=prefix + "values", **quiet,
+                   help="values YAML (repeatable; - for stdin)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest=prefix + "set", **quiet,
+                   help="set a key (the value is YAML: 2, true, [a, b]); the keys are listed below")
+    p.add_argument("--inventory", action="append", metavar="FILE", dest=prefix + "inventory", **quiet,
+                   help="a node inventory (`vgpuctl discover -o yaml`; repeatable): kubevirt-cr is made from "
+                   "them; vm and claim-template check their vGPU types against them")
+    p.add_argument("--simulate", nargs="?", const="default", default=argparse.SUPPRESS, metavar="PRESET",
+                   help="use the simulated host's inventory, as --inventory does")
+    schema = p.add_mutually_exclusive_group()
+    schema.add_argument("--kubeconfig", metavar="FILE", dest=prefix + "kubeconfig", **quiet,
                         help="validate KubeVirt objects against this cluster's schema (/openapi/v3/apis/kubevirt.io/v1)")
-    schema.add_argument("--schema", metavar="FILE",
+    schema.add_argument("--schema", metavar="FILE", dest=prefix + "schema", **quiet,
                         help=f"validate KubeVirt objects against this OpenAPI file (default ${ENV_SCHEMA}); "
                         "KubeVirt's api/openapi-spec/swagger.json or an OpenAPI v3 document")
+
+
+def _gather(args: argparse.Namespace) -> None:
+    """The options given before the kind's name and after it, as one: lists joined, a value after
+    the name winning."""
+    for name in ("values", "set", "inventory"):
+        setattr(args, name, (getattr(args, "pre_" + name, None) or []) + (getattr(args, name, None) or []))
+    for name in ("kubeconfig", "schema"):
+        setattr(args, name, getattr(args, name, None) or getattr(args, "pre_" + name, None))
+
+
+def add_arguments(r: argparse.ArgumentParser) -> None:
+    """The ``render`` arguments: one subcommand per kind (the main CLI sets ``func`` to :func:`run`)."""
+    aliases = {k: [a for a, to in ALIASES.items() if to == k] for k in KINDS}
+    r.formatter_class = argparse.RawDescriptionHelpFormatter
+    r.description = ("Render KubeVirt and DRA objects as YAML. Values come from -f files and --set KEY=VALUE,\n"
+                     "checked before anything is printed: vGPU types against vgpuctl's catalog, or the node's\n"
+                     "with --simulate / --inventory; KubeVirt objects also against KubeVirt's admission rules\n"
+                     f"and schema (--kubeconfig: the cluster's; --schema or ${ENV_SCHEMA}: a file).")
+    r.epilog = "\n\n".join(f"{kind} keys (--set KEY=VALUE; vgpuctl render {kind} -h):\n{keys_help(model)}"
+                           for kind, (model, _) in KINDS.items())
+    _options(r, prefix="pre_")
+    kinds = r.add_subparsers(dest="kind", metavar="KIND", required=True)
+    for kind, (model, _) in KINDS.items():
+        summary = _SUMMARY[kind]
+        k = kinds.add_parser(kind, aliases=aliases[kind], help=summary,
+                             description=summary[:1].upper() + summary[1:] + ".",
+                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                             epilog=f"keys (--set KEY=VALUE, or KEY: VALUE in a -f file):\n{keys_help(model)}\n\n"
+                                    f"example:\n  {_EXAMPLES[kind]}")
+        _options(k)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from mdev_manager.cli.render import load_values, parse_set
 from kubevirt_templates.names import pci_vendor_selector
 from kubevirt_templates.validate import (
     ENV_SCHEMA,
+    admission_problems,
     KubeVirtSchema,
     KubeVirtSchemaError,
     KubeVirtSchemaMissing,
@@ -86,6 +87,8 @@ def assert_valid(objects: list[dict]) -> None:
             assert problems == [], f"{o['kind']} {o['metadata'].get('name')}: {problems}"
         for expr in kcel.expressions_in(o):
             kcel.compile_selector(expr)
+    for o in objects:  # what KubeVirt's admission refuses beyond the schema (ramfb on one vGPU only)
+        assert admission_problems(o) == [], o
     for o in objects:
         if is_kubevirt(o):
             problems = kubevirt_problems(o, kubevirt_schema())
@@ -95,6 +98,9 @@ def assert_valid(objects: list[dict]) -> None:
 # Sample inputs of every kind (each must render valid objects).
 SAMPLES = {
     "vm-classic": ("vm", {"name": "vgpu-vm", "gpus": {"T4-1Q": 2}, "display": True, "ramfb": True}),
+    "vm-classic-displays": ("vm", {"name": "vdi", "gpus": {"T4-1Q": 2, "T4-2Q": 1}, "display": True}),
+    "vm-dra-displays": ("vm", {"name": "vdi-dra", "mode": "dra", "gpus": {"A100-4C": 2}, "display": True,
+                               "ramfb": True}),
     "vm-classic-full-name": ("vm", {"name": "a100-vm", "gpus": {"NVIDIA A100-4C": 1}, "display": False}),
     "vm-classic-passthrough": ("vm", {"name": "pt-vm", "passthrough": "TU104GL [Tesla T4]"}),
     "vm-classic-resource": ("vm", {"name": "pt-vm2", "passthrough": "nvidia.com/TU104GL_TESLA_T4"}),
@@ -281,7 +287,10 @@ def test_an_openapi_v3_document_validates_the_same(kubevirt_v3):
     ("vm", {"name": "v", "gpus": {"T4-1Q": 1}, "display": False, "ramfb": True}, "ramfb"),
     ("vm", {"name": "v", "passthrough": "TU104GL [Tesla T4]", "display": True}, "apply to vGPUs"),
     ("vm", {"name": "v", "mode": "dra", "passthrough": "nvidia.com/TU104GL_TESLA_T4"}, "product name"),
-    ("vm", {"name": "v", "gpus": {"T4-1Q": 1}, "colour": "red"}, "colour: unknown field"),
+    ("vm", {"name": "v", "gpus": {"T4-1Q": 1}, "colour": "red"}, "colour: unknown key (the keys: vgpuctl render vm -h)"),
+    ("vm", {"name": "v", "gpus": {"T4-1Q": 1}, "cpu": 4}, "cpu: unknown key; did you mean 'cpus'?"),
+    ("vm", {"name": "v", "gpus": {"T4-1Q": 1}, "mode": "dras"}, "(allowed: classic, dra); did you mean 'dra'?"),
+    ("vm", {"name": "v", "gpus": {"T4-1Q": 1}, "cpus": "many"}, "cpus: 'many' is not a whole number"),
     ("vm", {"name": "v", "gpus": {"T4-1Q": 1}, "image": "has space"}, "image"),
     ("claim-template", {}, "exactly one of profile, min_memory, first_available"),
     ("claim-template", {"profile": "A100-4C", "min_memory": "8Gi"}, "got profile, min_memory"),
@@ -306,6 +315,7 @@ def test_wrong_values_fail_with_a_message_naming_the_field(kind, values, fragmen
     with pytest.raises(RenderError) as exc:
         render(kind, values)
     assert any(fragment in p for p in exc.value.problems), exc.value.problems
+    assert not any("Input should be" in p or "Value error" in p for p in exc.value.problems), exc.value.problems
 
 
 def test_render_accepts_models_and_aliases():
@@ -689,8 +699,8 @@ def test_cli_kubevirt_cr_from_inventory_files(tmp_path, capsys):
     assert rc == 0, err
     (kv,) = list(yaml.safe_load_all(out))
     assert "mediatedDevices" not in kv["spec"]["configuration"]["permittedHostDevices"]
-    rc, out, err = _run(["render", "vm", "--inventory", str(inv), "--set", "name=x"], capsys)
-    assert rc == 2 and "only kubevirt-cr" in err
+    rc, out, err = _run(["render", "deviceclasses", "--inventory", str(inv)], capsys)
+    assert rc == 2 and "deviceclasses names no vGPU type" in err
 
 
 RENDER_VM = ["render", "vm", "--set", "name=v", "--set", "gpus.T4-1Q=1"]

@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from mdev_manager.config import ConfigError, load_config, parse_config
+from mdev_manager.config import ConfigError, ConfigFileError, did_you_mean, layout_error, load_config, parse_config
 
 from tests.support.simnodes import EXAMPLE_LAYOUT
 
 V = "vgpuctl/v1"
+PYDANTIC_WORDS = ("Input should be", "Extra inputs are not permitted", "Field required", "pydantic", "Value error")
 
 
 def ours(*entries, name="default"):
@@ -83,27 +84,29 @@ def test_named_layouts():
 
 # --------------------------------------------------------------------------- bad input: our format
 @pytest.mark.parametrize("entry,field,reason", [
-    ({"index": 0, "pciAddress": "0000:10:00.0"}, "layouts.default.0", "exactly one of"),
-    ({"mode": "vgpu"}, "layouts.default.0", "exactly one of"),
-    ({"all": False}, "layouts.default.0", "exactly one of"),
-    ({"index": 0, "vgpu": {"T4-1Q": 1}}, "layouts.default.0.vgpu", "Extra inputs"),
-    ({"index": 0, "mode": "pass"}, "layouts.default.0.mode", "'passthrough'"),
-    ({"index": 0, "mode": "passthrough", "vgpus": {"T4-1Q": 1}}, "vgpus", "only mode vgpu or dra"),
-    ({"index": 0, "mode": "unmanaged", "vgpus": {"T4-1Q": 1}}, "vgpus", "only mode vgpu or dra"),
-    ({"index": 0, "vgpus": {"T4-1Q": -1}}, "vgpus", ">= 0"),
-    ({"index": 0, "vgpus": {"T4-1Q": "four"}}, "layouts.default.0.vgpus.T4-1Q", "integer"),
-    ({"index": 0, "vgpus": {"T4-1Q": 2.5}}, "layouts.default.0.vgpus.T4-1Q", "integer"),
-    ({"index": 0, "vgpus": {"T4-1Q": True}}, "layouts.default.0.vgpus.T4-1Q", "integer"),
-    ({"index": 0, "vgpus": ["T4-1Q"]}, "layouts.default.0.vgpus", "dictionary"),
-    ({"index": -1}, "layouts.default.0.index", "greater than or equal to 0"),
-    ({"index": True}, "layouts.default.0.index", "integer"),
-    ({"pciAddress": "0000:zz:00.0"}, "pciAddress", "not a PCI address"),
-    ({"pciAddress": "0000:65:00.8"}, "pciAddress", "not a PCI address"),
+    ({"index": 0, "pciAddress": "0000:10:00.0"}, "layouts.default[0]", "exactly one of"),
+    ({"mode": "vgpu"}, "layouts.default[0]", "exactly one of"),
+    ({"all": False}, "layouts.default[0]", "exactly one of"),
+    ({"index": 0, "vgpu": {"T4-1Q": 1}}, "layouts.default[0].vgpu", "unknown field (allowed: index, pciAddress"),
+    ({"index": 0, "mode": "pass"}, "layouts.default[0].mode", "(allowed: vgpu, passthrough, dra, unmanaged)"),
+    ({"index": 0, "mode": "passthrough", "vgpus": {"T4-1Q": 1}}, "layouts.default[0].vgpus", "only mode vgpu or dra"),
+    ({"index": 0, "mode": "unmanaged", "vgpus": {"T4-1Q": 1}}, "layouts.default[0].vgpus", "only mode vgpu or dra"),
+    ({"index": 0, "vgpus": {"T4-1Q": -1}}, "layouts.default[0].vgpus.T4-1Q", ">= 0"),
+    ({"index": 0, "vgpus": {"T4-1Q": "four"}}, "layouts.default[0].vgpus.T4-1Q", "not a whole number"),
+    ({"index": 0, "vgpus": {"T4-1Q": 2.5}}, "layouts.default[0].vgpus.T4-1Q", "not a whole number"),
+    ({"index": 0, "vgpus": {"T4-1Q": True}}, "layouts.default[0].vgpus.T4-1Q", "not a whole number"),
+    ({"index": 0, "vgpus": ["T4-1Q"]}, "layouts.default[0].vgpus", "expected a mapping (vGPU type -> count"),
+    ({"index": -1}, "layouts.default[0].index", "-1 must be >= 0"),
+    ({"index": True}, "layouts.default[0].index", "True is not a whole number"),
+    ({"pciAddress": "0000:zz:00.0"}, "layouts.default[0].pciAddress", "not a PCI address"),
+    ({"pciAddress": "0000:65:00.8"}, "layouts.default[0].pciAddress", "not a PCI address"),
 ])
 def test_bad_entries_name_the_field(entry, field, reason):
+    """The path as the file writes it (``layouts.default[0].vgpus``), the reason in our words."""
     p = one_problem(ours(entry))
-    assert p.startswith(field) or f"{field}:" in p or f"{field}." in p, p
+    assert p.startswith(f"{field}: "), p
     assert reason in p, p
+    assert not any(w in p for w in PYDANTIC_WORDS), p
 
 
 @pytest.mark.parametrize("entry,field", [
@@ -132,9 +135,9 @@ def test_hostile_names_are_refused(entry, field):
 def test_every_problem_is_reported_at_once():
     p = problems(ours({"index": -1}, {"pciAddress": "nope"}, {"index": 0, "mode": "x"}))
     assert len(p) == 3
-    assert any("layouts.default.0.index" in x for x in p)
-    assert any("pciAddress" in x for x in p)
-    assert any("layouts.default.2.mode" in x for x in p)
+    assert any(x.startswith("layouts.default[0].index:") for x in p)
+    assert any(x.startswith("layouts.default[1].pciAddress:") for x in p)
+    assert any(x.startswith("layouts.default[2].mode:") for x in p)
 
 
 @pytest.mark.parametrize("doc,field", [
@@ -143,7 +146,7 @@ def test_every_problem_is_reported_at_once():
     ({"version": V}, "layouts"),
     ({"version": V, "layouts": {"default": [{"index": 0}]}, "gpus": []}, "gpus"),
     ({"version": V, "layouts": {"default": {"index": 0}}}, "layouts.default"),
-    ({"version": V, "layouts": {"default": ["T4"]}}, "layouts.default.0"),
+    ({"version": V, "layouts": {"default": ["T4"]}}, "layouts.default[0]"),
     ([{"index": 0}], "config"),
     ("version: vgpuctl/v1", "config"),
     (None, "config"),
@@ -243,7 +246,7 @@ def test_device_manager_unknown_name_lists_the_choices():
     ({"version": "v1", "vgpu-configs": {"a": []}}, "vgpu-configs.a", "at least one entry"),
     ({"version": "v1", "vgpu-configs": {"a": []}, "other": 1}, "other", "unknown field"),
     ({"version": "v1", "vgpu-configs": {"a": [{"devices": [-1], "vgpu-devices": {"T4-1Q": 1}}]}},
-     "vgpu-configs.a[0].devices", "greater than or equal to 0"),
+     "vgpu-configs.a[0].devices", "-1 must be >= 0"),
     ({"version": "v1", "vgpu-configs": {"a": [{"devices": "all", "vgpu-devices": {"T4-1Q": -2}}]}},
      "vgpu-configs.a[0].vgpu-devices.T4-1Q", ">= 0"),
     ({"version": "v1", "vgpu-configs": {"a": [{"devices": "all", "vgpu-devices": {"../../x": 1}}]}},
@@ -258,3 +261,90 @@ def test_device_manager_bad_input(doc, field, reason):
     assert p.startswith(field), p
     assert reason in p, p
 
+
+
+# --------------------------------------------------------------------------- one error style (issue #16)
+@pytest.mark.parametrize("doc, name, want", [
+    (ours({"index": 0, "mdoe": "vgpu"}), "default",
+     "layouts.default[0].mdoe: unknown field (allowed: index, pciAddress, model, all, nvidiaOnly, mode, vgpus, "
+     "passthrough, deviceFilter, mixedSize); did you mean 'mode'?"),
+    (ours({"index": 0, "mode": "passthru"}), "default",
+     "layouts.default[0].mode: 'passthru' is not a mode (allowed: vgpu, passthrough, dra, unmanaged); "
+     "did you mean 'passthrough'?"),
+    (ours({"index": 0, "mixedsize": True}), "default", "did you mean 'mixedSize'?"),
+    ({"version": V, "layout": {"default": [{"index": 0}]}}, "default",
+     "layout: unknown field (allowed: version, layouts); did you mean 'layouts'?"),
+    (ours({"index": 0}), "defualt", "layouts: no layout named 'defualt'; choose one of default; did you mean 'default'?"),
+    ({"version": "v1", "vgpu-configs": {"a": [{"devices": "all", "vgpu-device": {"T4-1Q": 1}}]}}, "a",
+     "vgpu-configs.a[0].vgpu-device: unknown field (allowed: devices, vgpu-devices, device-filter); "
+     "did you mean 'vgpu-devices'?"),
+    ({"version": "v1", "vgpu-config": {}}, "a", "did you mean 'vgpu-configs'?"),
+])
+def test_a_misspelling_gets_one_problem_with_a_suggestion(doc, name, want):
+    """One problem, not also "required" for the field that was meant."""
+    p = one_problem(doc, name)
+    assert p == want or p.endswith(want), p
+
+
+@pytest.mark.parametrize("doc", [
+    ours({"index": "0"}), ours({"index": 0, "vgpus": "T4-1Q"}), ours({"index": 0, "all": "yes please"}),
+    ours({"index": 0, "deviceFilter": 5}), ours({"model": 7}), ours(5), {"version": V, "layouts": []},
+    {"version": V, "layouts": {"default": None}}, ours({"index": 0, "mode": None}), ours({"index": 1.5}),
+])
+def test_no_pydantic_wording_leaks(doc):
+    for p in problems(doc):
+        assert not any(w in p for w in PYDANTIC_WORDS), p
+        assert p.startswith(("layouts", "version")), p
+
+
+def test_problems_in_a_file_name_the_file_and_line(tmp_path):
+    path = tmp_path / "layout.yaml"
+    path.write_text("version: vgpuctl/v1\nlayouts:\n  default:\n    - index: 0\n      vgpus:\n        T4-1Q: x\n"
+                    "    - index: 1\n      colour: red\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.source == str(path)
+    assert e.value.problems == [f"{path}:6: layouts.default[0].vgpus.T4-1Q: 'x' is not a whole number",
+                                f"{path}:8: layouts.default[1].colour: unknown field (allowed: index, pciAddress, "
+                                "model, all, nvidiaOnly, mode, vgpus, passthrough, deviceFilter, mixedSize)"]
+    path.write_text("version: vgpuctl/v1\nlayouts:\n  default:\n    - index: 0\n      mode: vgpus\n")
+    with pytest.raises(ConfigFileError) as e:  # one problem: one line
+        load_config(path)
+    assert str(e.value) == (f"{path}:5: layouts.default[0].mode: 'vgpus' is not a mode (allowed: vgpu, passthrough, "
+                            "dra, unmanaged); did you mean 'vgpu'?")
+
+
+def test_entries_from_a_file_know_where_they_are_written(tmp_path):
+    """Planning against a node (plan.py) names the entry as the file writes it, with its line."""
+    path = tmp_path / "layout.yaml"
+    path.write_text("version: vgpuctl/v1\nlayouts:\n  big:\n    - index: 0\n      vgpus:\n        T4-3Q: 1\n")
+    (entry,) = load_config(path, "big")
+    assert entry.at(0, "vgpus") == "layouts.big[0].vgpus" and entry.at(0, "mixed_size") == "layouts.big[0].mixedSize"
+    err = layout_error(["layouts.big[0].vgpus.T4-3Q: not offered", "layouts.big[0] (index 0): busy"], [entry])
+    assert err.problems == [f"{path}:6: layouts.big[0].vgpus.T4-3Q: not offered", f"{path}:4: layouts.big[0] (index 0): busy"]
+    assert not isinstance(err, ConfigFileError) and err.source == str(path)
+    one = layout_error(["layouts.big[0].vgpus: too many"], [entry])
+    assert isinstance(one, ConfigFileError) and str(one) == f"{path}:5: layouts.big[0].vgpus: too many"
+    (coded,) = parse_config(ours({"index": 0}))  # made in code: no file, positions
+    assert coded.at(0, "vgpus") == "gpus[0].vgpus"
+    assert layout_error(["gpus[0]: x"], [coded]).problems == ["gpus[0]: x"]
+    dm = tmp_path / "dm.yaml"
+    dm.write_text("version: v1\nvgpu-configs:\n  a:\n    - devices: [0, 1]\n      vgpu-devices: {T4-1Q: 1}\n")
+    entries = load_config(dm, "a")
+    assert [e.at(i, "vgpus") for i, e in enumerate(entries)] == ["vgpu-configs.a[0].vgpu-devices"] * 2
+    assert str(layout_error(["vgpu-configs.a[0].vgpu-devices.T4-1Q: no"], entries)) == \
+        f"{dm}:5: vgpu-configs.a[0].vgpu-devices.T4-1Q: no"
+
+
+def test_did_you_mean():
+    assert did_you_mean("mdoe", ["index", "mode"]) == "; did you mean 'mode'?"
+    assert did_you_mean("MODE", ["mode"]) == "; did you mean 'mode'?"  # a case slip
+    assert did_you_mean("mode", ["mode"]) == ""  # nothing to correct
+    assert did_you_mean("colour", ["index", "mode"]) == ""
+
+
+def test_the_version_tells_the_format():
+    assert one_problem({"version": "v1", "layouts": {"default": [{"index": 0}]}}).startswith(
+        "version: 'v1' is vgpu-device-manager's format")
+    assert one_problem({"version": "v1"}, "a") == "vgpu-configs: required (config name -> list of entries)"
+    assert one_problem({"layouts": {}}).startswith("version: required; write version: vgpuctl/v1")

@@ -151,6 +151,30 @@ def test_the_loader_refuses_hostile_yaml(text, fragment):
     assert "\n" not in str(e.value)
 
 
+def test_the_loader_says_where_each_key_is():
+    lines: dict[tuple, int] = {}
+    doc = parse_yaml("base: &b {x: 1}\nlayouts:\n  default:\n    - index: 0\n      vgpus:\n        T4-1Q: 2\n"
+                     "    - <<: *b\n      all: true\n", lines=lines)
+    assert doc["layouts"]["default"][1] == {"x": 1, "all": True}
+    assert lines[("layouts",)] == 2 and lines[("layouts", "default", 0)] == 4
+    assert lines[("layouts", "default", 0, "vgpus", "T4-1Q")] == 6 and lines[("layouts", "default", 1, "all")] == 8
+
+
+def test_yaml_errors_name_the_file_never_unicode_string():
+    """PyYAML calls a parsed string "<unicode string>"; every message says the file instead."""
+    from mdev_manager.yamlfile import _yaml_error
+
+    for text in ('a: "x\n', "a:\n\t- b", "- a\nb: c", "a: *nope", "&a a: &a b", "%YAML 1.1\n%YAML 1.1\n---\na: 1"):
+        with pytest.raises(YamlFileError) as e:
+            parse_yaml(text, name="layout.yaml")
+        assert str(e.value).startswith("layout.yaml:") and "<unicode string>" not in str(e.value), str(e.value)
+    mark = yaml.Mark("<unicode string>", 0, 2, 0, None, None)
+    err = _yaml_error("layout.yaml", "", yaml.MarkedYAMLError(context="while parsing", context_mark=mark), "file")
+    assert "<unicode string>" not in str(err) and str(err).startswith("layout.yaml:3:1: not valid YAML: while parsing")
+    err = _yaml_error("layout.yaml", "", yaml.YAMLError('in "<unicode string>", line 3'), "file")
+    assert str(err).startswith("layout.yaml: not valid YAML: in \"layout.yaml\", line 3")
+
+
 def test_the_loader_bounds_what_it_reads(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -209,7 +233,10 @@ def test_a_rejected_layout_names_the_file_above_its_problems(made_sim, tmp_path,
     assert code == 2 and "Traceback" not in err
     head, *problems = err.splitlines()
     assert head == f"error: {path}: the layout was rejected; nothing was changed:"
-    assert len(problems) == 2 and all(p.startswith("  - layouts.default.") for p in problems), err
+    assert problems == [f"  - {path}:4: layouts.default[0].mode: 'sideways' is not a mode (allowed: vgpu, passthrough, "
+                        "dra, unmanaged)",
+                        f"  - {path}:5: layouts.default[1].colour: unknown field (allowed: index, pciAddress, model, "
+                        "all, nvidiaOnly, mode, vgpus, passthrough, deviceFilter, mixedSize)"], err
 
 
 @pytest.mark.parametrize("case", ["deep", "duplicate", "integer-name", "broken", "directory", "too-big"])
