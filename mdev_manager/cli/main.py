@@ -32,7 +32,7 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "discover": Command("mdev_manager.cli.node", "show GPUs, vGPU types and vGPUs"),
-    "plan": Command("mdev_manager.cli.node", "print the steps apply would take"),
+    "plan": Command("mdev_manager.cli.node", "print what apply would change, per GPU (-v: every step)"),
     "apply": Command("mdev_manager.cli.node", "make the node match a layout"),
     "restore": Command("mdev_manager.cli.node", "re-create saved vGPUs that are missing (after a reboot)"),
     "serve": Command("mdev_manager.cli.serve",
@@ -44,8 +44,10 @@ COMMANDS: dict[str, Command] = {
                     "a pod claiming vGPUs and whole GPUs, torn down again."),
     "capacity": Command("mdev_manager.cli.capacity",
                         "how many more vGPUs of each profile (or whole GPUs) fit, per node and GPU",
-                        "Reads ResourceSlices and ResourceClaims from a cluster (--kubeconfig), from a file of "
-                        "objects (--from), or runs the simulated demo cluster with its workloads."),
+                        "Reads ResourceSlices and ResourceClaims from a cluster (--kubeconfig) or a file of "
+                        "objects (--from); with --simulate, the simulated node's slices and prepared claims; "
+                        "without any, the demo's simulated example cluster with its made-up workloads (said "
+                        "in the first line)."),
     "conformance": Command("mdev_manager.cli.conformance",
                            "run the KAR-0003/KAR-0004 conformance checks (simulated cluster by default)",
                            "Five checks of GPU sharing through DRA; against the simulated cluster unless "
@@ -58,7 +60,48 @@ COMMANDS: dict[str, Command] = {
 _VALUED = {"--simulate", "--sim-dir", "--sys-root", "--dev-root", "--mdevctl-root", "--state-root", "--libvirt-uri"}
 
 
+def version() -> str:
+    """The installed distribution's version; from a source checkout, pyproject.toml's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("vgpuctl")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        try:
+            with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
+                return str(tomllib.load(f)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's default in its help, unless the text already says it or there is none to say
+    (None, a flag's False, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default in (None, False, "", [], argparse.SUPPRESS)
+                or not (action.option_strings or action.nargs in ("?", "*"))):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """vgpuctl's parser: its subcommands' parsers (made with this class) show defaults too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def _global_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=f"vgpuctl {version()}",
+                   help="print vgpuctl's version and exit")
     p.add_argument("--simulate", nargs="?", const="default", metavar="PRESET|HOST.yaml",
                    help="run against a simulated host (state kept between commands; preset default: default)")
     p.add_argument("--sim-dir", help="where the simulated host lives (default ~/.local/state/vgpuctl/sim/<name>, "
@@ -68,7 +111,8 @@ def _global_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mdevctl-root", help="mdevctl definitions (default /etc/mdevctl.d)")
     p.add_argument("--state-root", help="vgpuctl state (default /var/lib/vgpuctl)")
     p.add_argument("--libvirt-uri", default=None, help="libvirt URI to check for devices in use (e.g. qemu:///system)")
-    p.add_argument("-v", "--verbose", action="store_true", help="more detail (debug logs)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="more detail: debug logs, and every step of plan and apply")
     p.add_argument("--debug", action="store_true", help="on an error, show the Python traceback")
 
 
@@ -89,7 +133,7 @@ def _command_of(argv: list[str]) -> str | None:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with the arguments of ``command`` only (every command is listed in ``-h``)."""
-    p = argparse.ArgumentParser(prog="vgpuctl", description="vGPU and GPU passthrough manager for KubeVirt nodes")
+    p = Parser(prog="vgpuctl", description="vGPU and GPU passthrough manager for KubeVirt nodes")
     _global_options(p)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for name, c in COMMANDS.items():

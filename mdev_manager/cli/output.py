@@ -1,10 +1,18 @@
-"""Human-readable tables for the CLI (JSON and YAML come straight from the models)."""
+"""Human-readable text for the CLI (JSON and YAML come straight from the models).
+
+Admins think in type names (``T4-2Q``), the kernel in ids (``nvidia-231``, vendor-VFIO ``1152``):
+steps are worded with :class:`TypeNames`, which shows the id beside the name only when asked
+(``--show-ids``).
+"""
 
 from __future__ import annotations
 
-from mdev_manager.actions import Plan
-from mdev_manager.executor import Report
-from mdev_manager.models import Blocked, Inventory
+from collections.abc import Iterable
+
+from mdev_manager.actions import CreateMdev, Plan, SaveDefinition, SaveVendorRecord, SetVgpuType
+from mdev_manager.executor import Report, StepResult
+from mdev_manager.models import Inventory
+from mdev_manager.plan import offered_types
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -41,25 +49,64 @@ def inventory_table(inv: Inventory, types: bool = False) -> str:
     return "\n".join(out)
 
 
-def plan_text(plan: Plan) -> str:
-    lines = [f"{i + 1:3}. {a.describe()}" for i, a in enumerate(plan.actions)] or ["nothing to change"]
-    lines += [f"  skipped {s.device}: {s.reason}" for s in plan.skipped]
-    lines += [f"  note: {n}" for n in plan.notes]
-    return "\n".join(lines)
-
-
 def report_text(report: Report) -> str:
-    lines = []
-    for r in report.results:
-        mark = "ok" if r.ok else ("skipped" if r.skipped else f"FAILED {r.error}")
-        lines.append(f"  [{mark}] {r.step}" + (f": {r.message}" if r.message and not r.ok else ""))
-    return "\n".join(lines)
+    return "\n".join(result_line(r.step, r) for r in report.results)
 
 
-def blocked_text(blocked: list[Blocked]) -> str:
-    """Which devices in use keep the node from the layout, held by whom, blocking what."""
-    lines = ["Blocked by devices in use:"]
-    for b in blocked:
-        lines.append(f"  {b.device} on GPU {b.gpu}: held by {'; '.join(b.held_by)}")
-        lines.append(f"    blocks {b.blocks}")
-    return "\n".join(lines)
+# ------------------------------------------------------------------ type names
+
+def short_type(type_name: str) -> str:
+    """``GRID T4-2Q`` -> ``T4-2Q``: the name a layout uses."""
+    return type_name.split()[-1] if type_name.strip() else type_name
+
+
+class TypeNames:
+    """Type id -> short name, per GPU (ids are the driver's, names what the admin wrote)."""
+
+    def __init__(self, inventories: Iterable[Inventory | None], show_ids: bool = False):
+        self.show_ids = show_ids
+        self._by_gpu: dict[tuple[str, str], str] = {}
+        self._any: dict[str, str] = {}
+        for inv in inventories:
+            for g in inv.gpus if inv else []:
+                # before its VFs are enabled a GPU offers nothing yet: the catalog names its types
+                for t in [*g.types, *(t for p in g.parents for t in p.types), *offered_types(g)]:
+                    self._by_gpu.setdefault((g.address, t.id), t.short_name)
+                    self._any.setdefault(t.id, t.short_name)
+                for v in g.vgpus:
+                    self._by_gpu.setdefault((g.address, v.type_id), short_type(v.type_name))
+
+    def __call__(self, gpu: str, type_id: str) -> str:
+        name = self._by_gpu.get((gpu, type_id)) or self._any.get(type_id)
+        if name is None:
+            return type_id
+        return f"{name} ({type_id})" if self.show_ids else name
+
+
+def step_text(a, names: TypeNames) -> str:
+    """One step as the admin reads it: type names instead of the kernel's ids."""
+    if isinstance(a, CreateMdev):
+        return f"create mdev {a.uuid} of type {names(a.gpu, a.type_id)} on {a.parent}"
+    if isinstance(a, SaveDefinition):
+        return f"persist mdev {a.uuid} of type {names(a.gpu, a.type_id)} on {a.parent}"
+    if isinstance(a, SetVgpuType) and a.type_id != "0":
+        return f"set VF {a.vf} to vGPU type {names(a.gpu, a.type_id)}"
+    if isinstance(a, SaveVendorRecord) and a.type_id:
+        return f"persist VF {a.vf} as type {names(a.gpu, a.type_id)}"
+    return a.describe()
+
+
+def steps_text(plan: Plan, names: TypeNames) -> str:
+    """The numbered steps of a plan (``plan -v``)."""
+    return "\n".join(f"{i + 1:3}. {step_text(a, names)}" for i, a in enumerate(plan.actions)) or "  nothing to change"
+
+
+def result_line(text: str, r: StepResult) -> str:
+    mark = "ok" if r.ok else ("skipped" if r.skipped else f"FAILED {r.error}")
+    return f"  [{mark}] {text}" + (f": {r.message}" if r.message and not r.ok else "")
+
+
+def results_text(plan: Plan, report: Report, names: TypeNames) -> str:
+    """Each step with its result (``apply -v``); the steps are the plan's, one result each."""
+    lines = [result_line(step_text(a, names), r) for a, r in zip(plan.actions, report.results)]
+    return "\n".join(lines) or "  nothing to change"

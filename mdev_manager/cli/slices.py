@@ -90,8 +90,10 @@ def _report_dropped(dropped, version: str, gates: dict[str, bool]) -> None:
               file=sys.stderr)
 
 
-def run(args) -> int:
-    from mdev_manager.config import load_config
+def node_slices(env, io, node: str, *, driver: str, kubelet_root: Path, version: tuple[int, int],
+                gates: dict[str, bool], layouts=None) -> tuple[list[dict], list[str]]:
+    """(slices, warnings): what this node's agent would publish for an API server of ``version`` with
+    ``gates`` (fields that server drops are left in; ``run`` removes them). Shared with ``capacity``."""
     from mdev_manager.discovery import discover
 
     from dra_bridge.kubeletplugin.gpuids import StableGpuIds
@@ -99,6 +101,20 @@ def run(args) -> int:
     from dra_bridge.pool.devices import build_pool
     from dra_bridge.pool.policy import policy_from_layout
     from dra_bridge.pool.slices import plan_slices
+
+    inv = discover(env, io, node=node)
+    policy = policy_from_layout(inv, layouts)
+    ids = StableGpuIds(PluginPaths(driver=driver, kubelet_root=kubelet_root).data_dir / "gpu-ids.json", _ReadOnly(io))
+    build_for = builder_version(version, gates)
+    pool = build_pool(ids.apply(inv), policy, driver, server_version=build_for,
+                      pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
+    plan = plan_slices(pool, driver=driver, node_name=node, pool_name=node, generation=1, server_version=build_for)
+    return plan.slices, [*pool.warnings, *plan.warnings]
+
+
+def run(args) -> int:
+    from mdev_manager.config import load_config
+
     from dra_bridge.sim.apiserver import featuregates
 
     version = featuregates.version_tuple(args.server_version)
@@ -109,22 +125,15 @@ def run(args) -> int:
         raise ValueError("node name: set NODE_NAME or pass --node-name (or use --simulate)")
     layouts = load_config(args.file, args.layout) if args.file else None
 
-    inv = discover(env, io, node=node)
-    policy = policy_from_layout(inv, layouts)
-    ids = StableGpuIds(PluginPaths(driver=args.driver, kubelet_root=Path(args.kubelet_root)).data_dir
-                       / "gpu-ids.json", _ReadOnly(io))
-    build_for = builder_version(version, gates)
-    pool = build_pool(ids.apply(inv), policy, args.driver, server_version=build_for,
-                      pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
-    plan = plan_slices(pool, driver=args.driver, node_name=node, pool_name=node, generation=1,
-                       server_version=build_for)
-    for warning in [*pool.warnings, *plan.warnings]:
+    slices, warnings = node_slices(env, io, node, driver=args.driver, kubelet_root=Path(args.kubelet_root),
+                                   version=version, gates=gates, layouts=layouts)
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    dropped = [d for s in plan.slices for d in featuregates.drop_disabled(s, None, gates)]
+    dropped = [d for s in slices for d in featuregates.drop_disabled(s, None, gates)]
     if dropped:
         _report_dropped(dropped, args.server_version, gates)
 
-    doc = {"apiVersion": "v1", "kind": "List", "items": plan.slices}
+    doc = {"apiVersion": "v1", "kind": "List", "items": slices}
     print(json.dumps(doc, indent=2) if args.output == "json" else yaml.safe_dump(doc, sort_keys=False), end="")
     if args.output == "json":
         print()
