@@ -3,6 +3,11 @@
 Each step is one or a few attribute writes. A failed write is reported for its device
 with the kernel's errno and the steps that depend on it are skipped; the rest of the
 plan still runs, and nothing already correct is undone.
+
+Saved state follows the design's crash-safety order: a definition, vendor-VFIO record or
+passthrough binding is written before the device changes, and a passthrough binding is
+forgotten only once its function is back on its native driver, so a crash between two
+writes leaves state that ``restore`` or the next apply completes.
 """
 
 from __future__ import annotations
@@ -134,7 +139,12 @@ class Executor:
         elif isinstance(a, DisableVfs):
             io.write(env.pci(check_pci_address(a.gpu)) / "sriov_numvfs", "0\n")
         elif isinstance(a, BindDriver):
-            self.bind(check_pci_address(a.address), a.driver)
+            addr = check_pci_address(a.address)
+            if a.driver == "vfio-pci":
+                self._passthrough(addr, check_pci_address(a.gpu))  # before the bind: restore can finish it
+            self.bind(addr, a.driver)
+            if a.driver is None:
+                self._passthrough(addr, None)
         elif isinstance(a, SaveDefinition):
             # Ordering (definition before device) is what crash safety needs; durability against
             # power loss comes from one sync at the end of the run (a reboot loses the devices too).
@@ -159,6 +169,23 @@ class Executor:
             self._records = records
         else:  # pragma: no cover
             raise TypeError(f"unknown step {a!r}")
+
+    def _passthrough(self, function: str, gpu: str | None) -> None:
+        """Remember (``gpu`` set) or forget a function a layout passes through; no write when unchanged.
+
+        Only plan steps come here: the kubelet plugin's passthrough claims (``bind`` called
+        directly) are the plugin's to recover from its checkpoint.
+        """
+        saved = persist.load_passthrough(self.env, self.io)
+        if saved.get(function) == gpu:
+            return
+        if gpu is None:
+            del saved[function]
+        else:
+            saved[function] = gpu
+        # synced once at the end of the run, as definitions are (a reboot loses the binding too)
+        persist.save_passthrough(self.env, self.io, saved, durable=False)
+        self._unsynced = True
 
     def records(self) -> dict[str, str]:
         if self._records is None:

@@ -2,7 +2,9 @@
 
 mdevs are kept in mdevctl's own format (``<mdevctl_root>/<parent>/<uuid>``) so mdevctl,
 libvirt and admins see the same definitions we do. Vendor-VFIO vGPUs have no mdevctl
-format; they get a small JSON file of our own.
+format; they get a small JSON file of our own, and so do the functions a layout passed
+through to vfio-pci (a reboot returns them to their native driver, and nothing else on the
+host remembers the decision).
 
 mdevctl 1.2.0 rejects its *whole* listing when one file is bad (unparsable JSON, missing
 ``start``, an attr that is not a one-key object, ``attrs`` not a list) and panics on a
@@ -166,3 +168,48 @@ def save_vendor_vfio(env: HostEnv, io: HostIO, mapping: dict[str, str]) -> None:
     io.makedirs(env.vendor_vfio_state.parent)
     body = {"version": _VENDOR_VERSION, "vfs": checked}
     io.write_atomic(env.vendor_vfio_state, json.dumps(body, indent=2, sort_keys=True) + "\n")
+
+
+# --- passthrough bindings -------------------------------------------------------------
+
+_PASSTHROUGH_VERSION = 1
+
+
+def passthrough_path(env: HostEnv) -> Path:
+    """The functions a layout bound to vfio-pci, next to the vendor-VFIO records."""
+    return env.state_root / "passthrough.json"
+
+
+def load_passthrough(env: HostEnv, io: HostIO) -> dict[str, str]:
+    """PCI function -> its physical GPU, for each function a layout passed through.
+
+    Missing file: empty. A corrupt file or entry is skipped and logged: restore then leaves
+    those GPUs on their native driver, which the next apply corrects.
+    """
+    path = passthrough_path(env)
+    try:
+        data = json.loads(io.read(path))
+        functions = data["functions"]
+        if not isinstance(functions, dict):
+            raise ValueError("'functions' is not an object")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("cannot use %s (%s); no saved passthrough bindings", path, e)
+        return {}
+    out: dict[str, str] = {}
+    for fn, gpu in functions.items():
+        try:
+            out[canonical_pci(fn, "function")] = canonical_pci(gpu, "gpu")
+        except (NameError_, AttributeError) as e:  # AttributeError: not a string
+            log.warning("%s: skipping entry %r: %s", path, fn, e)
+    return out
+
+
+def save_passthrough(env: HostEnv, io: HostIO, mapping: dict[str, str], durable: bool = True) -> None:
+    """Replace the whole store atomically (``durable=False``: the caller syncs once per run)."""
+    checked = dict(sorted((canonical_pci(f, "function"), canonical_pci(g, "gpu")) for f, g in mapping.items()))
+    path = passthrough_path(env)
+    io.makedirs(path.parent)
+    body = {"version": _PASSTHROUGH_VERSION, "functions": checked}
+    io.write_atomic(path, json.dumps(body, indent=2, sort_keys=True) + "\n", durable=durable)

@@ -1,9 +1,16 @@
-"""Bring back saved vGPUs after a reboot or crash, without a layout (``vgpuctl restore``).
+"""Bring back what a layout set up, after a reboot or crash, without the layout (``vgpuctl restore``).
 
-mdevctl-format definitions with ``start: auto`` and saved vendor-VFIO records are
-re-created where their device is missing. A parent that is a VF of a PF whose VFs are
-not enabled (they vanish on reboot) gets its PF's VFs enabled first: the VF is taken to
-sit on its PF's bus, as NVIDIA's boards place them (offset 4, stride 1).
+The order is the layout's: first the structural steps (functions a layout passed through go
+back to vfio-pci, SR-IOV VFs are enabled), then, discovered again, the vGPUs. mdevctl-format
+definitions with ``start: auto`` and saved vendor-VFIO records are re-created where their
+device is missing. A parent that is a VF of a PF whose VFs are not enabled (they vanish on
+reboot) gets its PF's VFs enabled first: the VF is taken to sit on its PF's bus, as NVIDIA's
+boards place them (offset 4, stride 1).
+
+Passthrough bindings come from the executor's record (``persist.load_passthrough``). A GPU
+that also has saved vGPUs is not rebound: a layout passing a GPU through forgets its vGPUs
+first, so saved vGPUs there are the newer decision. A GPU holding vGPUs or VFs, or a function
+something uses, is never rebound; the next apply settles it.
 
 A device a prepared DRA claim holds (``usage``: the kubelet plugin's checkpoint) is the
 claim's: restore leaves its id and its VF to the kubelet plugin, which re-creates it.
@@ -12,12 +19,13 @@ claim's: restore leaves its id and its VF to the kubelet plugin, which re-create
 from __future__ import annotations
 
 from mdev_manager import persist
-from mdev_manager.actions import CreateMdev, EnableVfs, Plan, SetVgpuType
+from mdev_manager.actions import BindDriver, CreateMdev, EnableVfs, Plan, SetVgpuType
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor, Report
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Inventory, MdevDefinition, Usage
+from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage
+from mdev_manager.usage import collect_usage
 
 
 def _bus(addr: str) -> str:
@@ -25,10 +33,18 @@ def _bus(addr: str) -> str:
 
 
 def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, str],
-                 usage: Usage | None = None) -> Plan:
+                 usage: Usage | None = None, passthrough: dict[str, str] | None = None,
+                 holders: Usage | None = None) -> Plan:
+    """The steps that bring back saved state; structural steps alone when any are needed.
+
+    ``passthrough`` maps a passed-through function to its GPU; ``holders`` (default ``usage``)
+    says who holds what, for the rebinding (processes and claims, see :func:`restore`).
+    """
     plan = Plan()
     usage = usage or Usage()
+    saved = {d.parent for d in defs if d.start == "auto"} | set(records)
     defs, records = _not_claimed(plan, defs, records, usage)
+    passed = _plan_bindings(plan, inv, passthrough or {}, saved, holders or usage)
     present = {p.address for g in inv.gpus for p in g.parents} | {vf.address for g in inv.gpus for vf in g.vfs}
     active = {v.id for v in inv.all_vgpus()}
     vendor_active = {v.id: v.type_id for v in inv.all_vgpus() if v.framework == "vendor-vfio"}
@@ -36,6 +52,7 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
     missing_parents |= {vf for vf in records if vf not in present}
     for g in inv.gpus:
         if (g.sriov_total_vfs and not g.sriov_num_vfs and g.driver not in (None, "vfio-pci")  # not a passed-through GPU
+                and g.address not in passed
                 and any(_bus(p) == _bus(g.address) for p in missing_parents)):
             plan.actions.append(EnableVfs(gpu=g.address, count=g.sriov_total_vfs))
     if plan.actions:
@@ -51,6 +68,58 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
         if vf in present and vendor_active.get(vf) is None:
             plan.actions.append(SetVgpuType(gpu=gpu_of[vf], vf=vf, type_id=tid))
     return plan
+
+
+def _has_saved_vgpus(g: Gpu, saved_parents: set[str]) -> bool:
+    """A saved vGPU sits on the GPU, a present VF of it, or a vanished VF on its bus."""
+    own = {g.address} | {p.address for p in g.parents} | {vf.address for vf in g.vfs}
+    return any(p in own or (g.sriov_total_vfs and not g.vfs and _bus(p) == _bus(g.address))
+               for p in saved_parents)
+
+
+def _plan_bindings(plan: Plan, inv: Inventory, passthrough: dict[str, str], saved_parents: set[str],
+                   holders: Usage) -> set[str]:
+    """Bind the saved passthrough functions back to vfio-pci; returns the GPUs that stay passed through."""
+    by_gpu: dict[str, list[str]] = {}
+    for fn, gpu in sorted(passthrough.items()):
+        by_gpu.setdefault(gpu, []).append(fn)
+    passed: set[str] = set()
+    for addr, functions in sorted(by_gpu.items()):
+        g = inv.gpu(addr)
+        if g is None:
+            plan.notes.append(f"passthrough GPU {addr}: not on this node")
+            continue
+        if _has_saved_vgpus(g, saved_parents):
+            plan.notes.append(f"passthrough GPU {addr}: not rebound, it has saved vGPUs (a newer layout); "
+                              "apply the layout to settle it")
+            continue
+        passed.add(addr)
+        drivers = g.iommu_group_drivers or {g.address: g.driver}
+        todo = [fn for fn in functions if fn in drivers and drivers[fn] != "vfio-pci"]
+        for fn in functions:
+            if fn not in drivers:
+                plan.notes.append(f"passthrough function {fn}: no longer in GPU {addr}'s IOMMU group; not rebound")
+        if not todo:
+            continue
+        why = _why_not_rebind(g, todo, holders)
+        if why:
+            plan.notes.append(f"passthrough GPU {addr}: not rebound to vfio-pci, {why}")
+            continue
+        plan.actions += [BindDriver(gpu=addr, address=fn, driver="vfio-pci") for fn in todo]
+    return passed
+
+
+def _why_not_rebind(g: Gpu, functions: list[str], holders: Usage) -> str:
+    """Why the GPU's functions cannot change driver now ('' when they can): a driver change
+    destroys its vGPUs and VFs, and nothing in use ever changes under its user."""
+    if g.vgpus:
+        return f"it holds {len(g.vgpus)} vGPU(s)"
+    if g.sriov_num_vfs:
+        return f"it has {g.sriov_num_vfs} VFs enabled"
+    users = [u for fn in functions for u in holders.pci_users(fn, g.iommu_group)]
+    if users:
+        return f"in use ({'; '.join(dict.fromkeys(users))})"
+    return ""
 
 
 def _not_claimed(plan: Plan, defs: list[MdevDefinition], records: dict[str, str],
@@ -74,11 +143,19 @@ def _not_claimed(plan: Plan, defs: list[MdevDefinition], records: dict[str, str]
 
 
 def restore(env: HostEnv, io: HostIO, usage: Usage | None = None) -> list[Report]:
-    """Re-create what is saved and missing; ``usage`` (prepared DRA claims) names devices not to touch."""
+    """Re-create what is saved and missing; ``usage`` (prepared DRA claims) names devices not to touch.
+
+    Rebinding also checks the processes holding VFIO groups and cdevs, but not libvirt: a
+    defined domain waiting for its passthrough GPU is why the GPU is rebound, and a running
+    one holds the group (which the process scan sees).
+    """
     reports = []
     for _ in range(3):
         defs, _problems = persist.load_definitions(env, io)
-        plan = plan_restore(discover(env, io), defs, persist.load_vendor_vfio(env, io), usage)
+        passthrough = persist.load_passthrough(env, io)
+        holders = collect_usage(env.with_(libvirt_uri=None), io, usage) if passthrough else usage
+        plan = plan_restore(discover(env, io), defs, persist.load_vendor_vfio(env, io), usage,
+                            passthrough, holders)
         if not plan.actions:
             break
         reports.append(Executor(env, io).run(plan))

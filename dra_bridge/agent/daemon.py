@@ -5,15 +5,22 @@ count as in use) -> discover -> build the pool -> publish slices. It runs at sta
 udev events where udev exists, and every ``resync_seconds``. SIGTERM stops the servers
 and removes their sockets; vGPUs stay (the kubelet unprepares claims, not us).
 
+The layout is read again when the node label names another one or the file's content
+changes. The content is hashed through the path on every resync, not watched: kubelet updates
+a mounted ConfigMap by swapping a ``..data`` symlink, which an inotify watch on the path misses.
+
 Every host write (restore, reconcile, the kubelet plugin's prepare and unprepare) holds the
 node lock (:mod:`mdev_manager.host.lock`), so a hand-run ``vgpuctl apply`` waits for it, and
 the agent for the hand-run one. The state label reads ``success`` only when the node matches
 its layout: devices in use that hold it back make it ``pending``, with the reason in the
-``vgpu.kubevirt.io/config.reason`` annotation and an Event on the Node.
+``vgpu.kubevirt.io/config.reason`` annotation. Events on the Node (:mod:`.events`) say when a
+layout is applied, blocked or failed; the metrics (:mod:`.observe`) carry the layout state and
+the free vGPUs per GPU and profile (:mod:`.capacity`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import signal
 import threading
@@ -27,17 +34,20 @@ from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.host.lock import NodeLock
-from mdev_manager.models import Inventory
-from mdev_manager.reconcile import reconcile
+from mdev_manager.models import Inventory, Usage
+from mdev_manager.plan import select_gpus
+from mdev_manager.reconcile import Outcome, reconcile
 from mdev_manager.restore import restore
+from mdev_manager.usage import collect_usage
 
 from dra_bridge.kube.claims import ApiClaimSource
-from dra_bridge.kube.events import record_node_event
 from dra_bridge.kube.nodes import node_metadata, set_node_annotation, set_node_label
 from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.kubelet.dra_grpc import KubeletPlugin
+from dra_bridge.agent.capacity import free_vgpus
+from dra_bridge.agent.events import LayoutEvents, failed_steps_text
 from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, DEFAULT_DRIVER
 from dra_bridge.kubeletplugin.paths import PluginPaths
@@ -77,7 +87,8 @@ class Daemon:
         self._layout_name = cfg.layout
         self._labels: dict[str, str] = {}
         self._annotations: dict[str, str] | None = None  # None: not read (no label options)
-        self._blocked_reason: str | None = None  # the last reason reported by Event
+        self.events = LayoutEvents(api_client, cfg.node_name)
+        self._digest: str | None = None  # content hash of the layout file the layouts came from
         self.node_lock = NodeLock(env, f"vgpuctl serve (node agent of {cfg.node_name})")
         self._pool = Pool()
         self.inventory: Inventory | None = None
@@ -90,7 +101,8 @@ class Daemon:
         self.device_plugins = None
         self._dp_exclude: set[str] = set()
         self._applied_layout: str | None = None
-        self._failed_layout: str | None = None
+        self._failed: tuple[str, str | None] | None = None  # (layout, file digest) rejected: not retried
+        self._last_good: list[GpuLayout] | None = None  # the last layout applied: published while a new one fails
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._ready = False
@@ -99,10 +111,18 @@ class Daemon:
     # ------------------------------------------------------------ one resync
     def resync(self) -> dict:
         with self._lock:
+            rejected: ConfigError | None = None
             try:
-                layouts = self._current_layouts()
-                if layouts is not None:
-                    self._apply_layout(layouts)
+                try:
+                    layouts = self._current_layouts()
+                    if layouts is not None:
+                        self._apply_layout(layouts)
+                except ConfigError as exc:
+                    # a rejected layout changes nothing on the node, so what the last good one
+                    # offers is still true and stays published; the error is raised after that
+                    rejected, layouts = exc, self._last_good
+                    if layouts is None:
+                        raise
                 inv = discover(self.env, self.io, node=self.cfg.node_name)
                 policy = policy_from_layout(inv, layouts)
                 if self.device_plugins is not None:
@@ -130,7 +150,18 @@ class Daemon:
             self.metrics.gpus.set(len(inv.gpus))
             self.metrics.vgpus.set(len(inv.all_vgpus()))
             self.metrics.prepared_claims.set(len(self.driver.cp.claims))
+            self.metrics.set_free_vgpus(self._free_vgpus(inv, pool, layouts))
+            if rejected is not None:
+                raise rejected
             return result.model_dump()
+
+    def _free_vgpus(self, inv: Inventory, pool, layouts: list[GpuLayout] | None) -> dict[tuple[str, str], int]:
+        """Free vGPUs per GPU and profile; the host's users are scanned only when a vgpu-mode GPU holds vGPUs."""
+        vgpu_mode = {a for a, e in select_gpus(inv, layouts).items() if e.mode == "vgpu"} if layouts else set()
+        usage = Usage()
+        if any(g.vgpus for g in inv.gpus if g.address in vgpu_mode):
+            usage = collect_usage(self.env, self.io, self._usage())
+        return free_vgpus(inv, pool, vgpu_mode, usage)
 
     # ------------------------------------------------------------ layout selection by node label
     def _usage(self):
@@ -140,13 +171,16 @@ class Daemon:
         return usage
 
     def _set_state(self, labels: dict[str, str], state: str) -> None:
+        """The layout state: always in the metrics, on the node label when one is configured."""
+        self.metrics.set_layout_state(state)
         if not self.cfg.state_label or labels.get(self.cfg.state_label) == state:
             return
         set_node_label(self.api_client, self.cfg.node_name, self.cfg.state_label, state)
         labels[self.cfg.state_label] = state
 
     def _current_layouts(self) -> list[GpuLayout] | None:
-        """The layout named by the node label (vgpu-device-manager style), else the configured one."""
+        """The layout named by the node label (vgpu-device-manager style), else the configured one;
+        read again when the name or the file's content changed."""
         if not self.cfg.layout_file:
             return None
         name = self.cfg.layout
@@ -154,43 +188,56 @@ class Daemon:
         if self.cfg.layout_label or self.cfg.state_label:
             self._labels, self._annotations = node_metadata(self.api_client, self.cfg.node_name)
             name = self._labels.get(self.cfg.layout_label or "", name) if self.cfg.layout_label else name
-        if name == self._failed_layout:
+        digest = content_digest(self.cfg.layout_file)
+        if (name, digest) == self._failed:
             raise ConfigError(f"layout {name!r} was rejected; fix it or label the node with another layout")
-        if name != self._applied_layout or self.layouts is None:
-            if self.cfg.state_label:
-                self._set_state(self._labels, "pending")
+        edited = digest is not None and digest != self._digest  # unreadable (mid-swap): keep the last one
+        if name != self._applied_layout or self.layouts is None or edited:
+            if edited and name == self._applied_layout and self.layouts is not None:
+                log.info("layout file %s changed; reading layout %s again", self.cfg.layout_file, name)
+            self._set_state(self._labels, "pending")
             try:
                 self.layouts = load_config(self.cfg.layout_file, name)
             except ConfigError as exc:
-                self._set_state(self._labels, "failed")
-                self._failed_layout = name
-                log.error("layout %s rejected: %s", name, exc)
+                self._reject(name, digest, exc)
                 raise
-            self._layout_name = name
+            self._layout_name, self._digest = name, digest
         return self.layouts
+
+    def _reject(self, name: str, digest: str | None, exc: ConfigError) -> None:
+        """A layout that cannot be applied as written: failed until the label or the file changes."""
+        self._set_state(self._labels, "failed")
+        self._failed = (name, digest)
+        self.layouts = None
+        log.error("layout %s rejected: %s", name, exc)
+        self.events.report(name, failed=f"layout {name} rejected: {exc}")
 
     def _apply_layout(self, layouts: list[GpuLayout]) -> None:
         try:
             with self.node_lock.hold():
                 out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
                                 final_inventory=False)
-        except ConfigError:
-            self._set_state(self._labels, "failed")
-            self._failed_layout = self._layout_name
-            self.layouts = None
+        except ConfigError as exc:
+            self._reject(self._layout_name, self._digest, exc)
             raise
-        for r in out.rounds:
-            for f in (r.report.failed if r.report else []):
-                log.warning("layout step failed: %s: %s %s", f.step, f.error, f.message)
         self._applied_layout = self._layout_name
-        self._failed_layout = None
+        self._last_good = layouts
+        self._failed = None
+        self._report(out)
+
+    def _report(self, out: Outcome) -> None:
+        """State label and metric, reason annotation, and an Event when there is news."""
+        failed = [f for r in out.rounds for f in (r.report.failed if r.report else [])]
+        for f in failed:
+            log.warning("layout step failed: %s: %s %s", f.step, f.error, f.message)
         reason = blocked_reason(self._layout_name, out.blocked) if out.ok and out.blocked else None
         if reason:
             log.warning("%s", reason)
+        self._set_state(self._labels, "failed" if not out.ok else "pending" if reason else "success")
         if self.cfg.state_label:
-            self._set_state(self._labels, "failed" if not out.ok else "pending" if reason else "success")
             self._set_reason(reason)
-        self._report_blocked(reason)
+        self.events.report(self._layout_name, changed=out.changed, blocked=reason,
+                           failed=failed_steps_text(self._layout_name, failed) if failed else None)
 
     def _set_reason(self, reason: str | None) -> None:
         """The annotation explaining ``pending``; removed once the node matches (one patch per change)."""
@@ -203,22 +250,6 @@ class Daemon:
                 self._annotations.pop(ANNOTATION_CONFIG_REASON, None)
             else:
                 self._annotations[ANNOTATION_CONFIG_REASON] = reason
-
-    def _report_blocked(self, reason: str | None) -> None:
-        """An Event when the node becomes blocked (or the block changes), and one when it is released."""
-        if reason == self._blocked_reason:
-            return
-        before, self._blocked_reason = self._blocked_reason, reason
-        if reason is None and before is None:
-            return
-        try:
-            if reason is not None:
-                record_node_event(self.api_client, self.cfg.node_name, "LayoutBlocked", reason, warning=True)
-            else:
-                record_node_event(self.api_client, self.cfg.node_name, "LayoutApplied",
-                                  f"layout {self._layout_name}: the node matches it; the devices in use were released")
-        except Exception as exc:  # an event is a courtesy: the labels carry the state
-            log.warning("cannot record an Event on node %s: %s", self.cfg.node_name, exc)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "Daemon":
@@ -239,7 +270,13 @@ class Daemon:
                 device_plugin_dir=self.cfg.kubelet_root / "device-plugins",
                 pod_resources_socket=self.cfg.kubelet_root / "pod-resources/kubelet.sock",
                 node=self.cfg.node_name, exclude=lambda _inv: self._dp_exclude)
-        self.resync()
+        try:
+            self.resync()
+        except Exception as exc:  # logged in resync; the kubelet must still reach the plugin (unprepare)
+            log.warning("first resync failed (%s); serving the kubelet plugin anyway, next try in %ss",
+                        exc, self.cfg.resync_seconds)
+            if self.inventory is None:
+                self.inventory = discover(self.env, self.io, node=self.cfg.node_name)
         if self.device_plugins is not None:
             self.device_plugins.start(self.inventory)
         self.plugin.start()
@@ -320,6 +357,14 @@ class Daemon:
         if self.probes:
             self.probes.stop()
         log.info("stopped; sockets removed, devices left in place")
+
+
+def content_digest(path: Path) -> str | None:
+    """sha256 of the file's content, read through every symlink (a ConfigMap's ``..data``); None if unreadable."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def blocked_reason(layout: str, blocked) -> str:

@@ -32,6 +32,9 @@ def setup_logging(level: int = logging.INFO, json_logs: bool = True) -> None:
     root.setLevel(level)
 
 
+LAYOUT_STATES = ("success", "pending", "failed")
+
+
 class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -45,6 +48,21 @@ class Metrics:
         self.gpus = Gauge("vgpuctl_gpus", "GPUs discovered on the node", registry=r)
         self.vgpus = Gauge("vgpuctl_vgpus", "vGPUs present on the node", registry=r)
         self.prepared_claims = Gauge("vgpuctl_prepared_claims", "Claims prepared on this node", registry=r)
+        self.gpu_free_vgpus = Gauge(
+            "vgpuctl_gpu_free_vgpus", "vGPUs of a profile a new workload can get on a physical GPU now "
+            "(vgpu mode: idle vGPUs; dra mode: instances it can still create)", ["gpu", "profile"], registry=r)
+        self.layout_state = Gauge("vgpuctl_layout_state", "1 for the layout's state (success, pending: devices "
+                                  "in use hold it back, failed), 0 for the others", ["state"], registry=r)
+
+    def set_free_vgpus(self, free: dict[tuple[str, str], int]) -> None:
+        """Replace every series: a profile or GPU that went away must not linger."""
+        self.gpu_free_vgpus.clear()
+        for (gpu, profile), n in sorted(free.items()):
+            self.gpu_free_vgpus.labels(gpu, profile).set(n)
+
+    def set_layout_state(self, state: str) -> None:
+        for s in LAYOUT_STATES:
+            self.layout_state.labels(s).set(1 if s == state else 0)
 
 
 class ProbeServer:

@@ -4,7 +4,9 @@ One simulated node from the catalog (two Tesla T4 with mdev, an A100 with mdev o
 L40S with NVIDIA vendor-specific VFIO), the node manager applying the demo layout, the DRA bridge
 publishing ResourceSlices to an in-process API server, and a set of workloads as real objects:
 VirtualMachines asking for vGPUs of two profiles through ResourceClaimTemplates, a VM with a whole
-GPU passed through, a pod consuming a vfio device, and one workload too many. Each workload's
+GPU passed through, pods consuming vGPUs as vfio devices, and one workload too many. A VM and a pod
+share the first T4: both vGPUs draw on that GPU's one counter set, which is why the workload too
+many (another T4 vGPU) is refused by the scheduler model, with its reason. Each workload's
 claims are made from its templates, allocated by the scheduler model, prepared by the kubelet
 plugin over its real sockets (the vGPUs appear on the simulated host, which is checked), and run
 the shipped health check on the device nodes they got. Then everything is torn down and the host
@@ -35,14 +37,12 @@ class DemoWorkload:
 
 WORKLOADS: tuple[DemoWorkload, ...] = (
     DemoWorkload("vm-t4-a", "VM: T4-8Q vGPU", "vm", {"gpus": {"T4-8Q": 1}}),
-    DemoWorkload("vm-t4-b", "VM: T4-8Q vGPU", "vm", {"gpus": {"T4-8Q": 1}}),
+    DemoWorkload("pod-t4", "pod: T4-8Q vGPU", "pod", {"profile": "T4-8Q"}),  # shares GPU 0 with vm-t4-a
     DemoWorkload("vm-a100", "VM: A100-10C vGPU", "vm", {"gpus": {"A100-10C": 1}}),
     DemoWorkload("vm-passthrough", "VM: a whole T4", "vm", {"passthrough": "TU104GL [Tesla T4]"}),
-    DemoWorkload("vfio-pod", "pod: vfio device", "pod", {"profile": "L40S-12Q"}),
+    DemoWorkload("vfio-pod", "pod: L40S-12Q vGPU", "pod", {"profile": "L40S-12Q"}),
     DemoWorkload("vm-t4-c", "VM: T4-8Q vGPU", "vm", {"gpus": {"T4-8Q": 1}}, expect="Pending"),
 )
-
-PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 
 
 def render_workload(w: DemoWorkload) -> list[dict]:
@@ -61,6 +61,7 @@ def render_workload(w: DemoWorkload) -> list[dict]:
 @dataclass
 class Holder:
     workload: str
+    owner: str  # VM | pod: what holds the claim
     kind: str  # vgpu | passthrough
     profile: str
     memory: int | None
@@ -95,6 +96,7 @@ class DemoReport:
     workloads: list[dict] = field(default_factory=list)
     gpus: list[GpuView] = field(default_factory=list)
     refused: list[dict] = field(default_factory=list)
+    shared: list[dict] = field(default_factory=list)  # GPUs whose counters VMs and pods hold together
     host_problems: list[str] = field(default_factory=list)
     teardown: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -135,12 +137,30 @@ def _gpu_views(c: SimCluster, owners: dict[str, Workload], frameworks: dict[str,
             claim = h["claim"].split("/", 1)[-1]
             w = owners.get(claim)
             dev = next((d for d in (w.devices if w else []) if d.device == h["device"]), None)
-            view.holders.append(Holder(workload=w.name if w else claim, kind=dev.kind if dev else "?",
+            view.holders.append(Holder(workload=w.name if w else claim, owner=_owner(w),
+                                       kind=dev.kind if dev else "?",
                                        profile=h["profile"], memory=int(dev.memory) if dev and dev.memory else None,
                                        device=h["device"], host_id=dev.host_id if dev else None,
                                        iommu_group=dev.iommu_group if dev else None))
-        view.left = [{"profile": p.profile, "fits": p.fits, "of": p.published} for p in g.profiles]
+        view.left = [{"profile": p.profile, "fits": p.fits, "of": p.published, "memory": p.memory}
+                     for p in g.profiles]
         out.append(view)
+    return out
+
+
+def _owner(w: Workload | None) -> str:
+    return "VM" if w is not None and w.kind == "VirtualMachine" else "pod" if w is not None else "?"
+
+
+def shared_gpus(gpus: list[GpuView]) -> list[dict]:
+    """The GPUs whose one counter set VMs and pods draw on together: one accounting for both."""
+    out = []
+    for g in gpus:
+        vms = [h.workload for h in g.holders if h.owner == "VM"]
+        pods = [h.workload for h in g.holders if h.owner == "pod"]
+        if vms and pods:
+            out.append({"gpu": g.index, "address": g.address, "counter_set": g.counter_set, "vms": vms,
+                        "pods": pods, "memory_used": g.memory_used, "memory_total": g.memory_total})
     return out
 
 
@@ -155,7 +175,7 @@ def _refusal_detail(w: Workload, gpus: list[GpuView], profile: str) -> list[str]
         if whole:
             lines.append(f"{label}: the whole GPU is passed through to {whole[0].workload}")
         elif g.holders:
-            held = ", ".join(f"{h.workload} ({h.profile}, {_human(h.memory)})" for h in g.holders)
+            held = ", ".join(f"{h.owner} {h.workload} ({h.profile}, {_human(h.memory)})" for h in g.holders)
             free = (g.memory_total or 0) - g.memory_used
             lines.append(f"{label}: {_human(g.memory_used)} of {_human(g.memory_total)} in use by {held}; "
                          + (f"{_human(free)} left" if free else "nothing left"))
@@ -201,13 +221,16 @@ def run_demo(version: str = "1.35", *, selectors=None, progress=None) -> DemoRep
             rep.host_problems += c.host_problems(w)
         rep.problems += rep.host_problems
         rep.gpus = _gpu_views(c, owners, {g.address: g.framework for g in inv.gpus})
+        rep.shared = shared_gpus(rep.gpus)
+        if not rep.shared:
+            rep.problems.append("no GPU is shared by a VM and a pod")
         for spec, w in launched:
             d = w.to_dict()
             d["what"] = spec.what
             rep.workloads.append(d)
             if w.phase == "Pending":
                 profile = next(iter(spec.values.get("gpus", {}) or {}), None) or spec.values.get("profile") or "?"
-                rep.refused.append({"workload": w.name, "asked": profile, "reason": w.reason,
+                rep.refused.append({"workload": w.name, "owner": _owner(w), "asked": profile, "reason": w.reason,
                                     "per_gpu": _refusal_detail(w, rep.gpus, profile)})
         # ---- teardown
         before = {v.id for v in c.inventory().all_vgpus()}

@@ -237,3 +237,25 @@ def test_real_mdevctl_reads_what_we_write(env, io):
         (P2, U2): {"mdev_type": "nvidia-223", "start": "manual",
                    "attrs": [{"nvidia/vgpu_params": "frl_enable=0"}]},
     }
+
+
+# --------------------------------------------------------------------------- passthrough bindings
+def test_passthrough_round_trip_and_bad_content(env, io, caplog):
+    from mdev_manager.persist import load_passthrough, passthrough_path, save_passthrough
+
+    assert load_passthrough(env, io) == {}
+    save_passthrough(env, io, {"0000:13:00.1": "0000:13:00.0", "0000:13:00.0": "0000:13:00.0"})
+    path = passthrough_path(env)
+    assert path.parent == env.state_root
+    assert json.loads(path.read_text()) == {"version": 1, "functions": {"0000:13:00.0": "0000:13:00.0",
+                                                                         "0000:13:00.1": "0000:13:00.0"}}
+    assert load_passthrough(env, io) == {"0000:13:00.0": "0000:13:00.0", "0000:13:00.1": "0000:13:00.0"}
+    with pytest.raises(NameError_):
+        save_passthrough(env, io, {"../0000:13:00.0": "0000:13:00.0"})
+    path.write_text(json.dumps({"version": 1, "functions": {"0000:13:00.0": "0000:13:00.0", "x/../y": "0000:13:00.0",
+                                                            "0000:14:00.0": 7}}))
+    with caplog.at_level(logging.WARNING):
+        assert load_passthrough(env, io) == {"0000:13:00.0": "0000:13:00.0"}
+    for bad in ("{nope", "[]", json.dumps({"functions": []})):
+        path.write_text(bad)
+        assert load_passthrough(env, io) == {}

@@ -39,7 +39,7 @@ def test_demo_runs_the_whole_system(report):
     assert report.ok, report.problems
     assert report.node == "sim-node-1" and report.kubernetes == "v1.35.0"
     phases = {w["name"]: w["phase"] for w in report.workloads}
-    assert phases == {"vm-t4-a": "Running", "vm-t4-b": "Running", "vm-a100": "Running", "vm-passthrough": "Running",
+    assert phases == {"vm-t4-a": "Running", "pod-t4": "Running", "vm-a100": "Running", "vm-passthrough": "Running",
                       "vfio-pod": "Running", "vm-t4-c": "Pending"}
     # the node manager applied the layout: VFs on the SR-IOV boards
     vfs = {g["model"]: g["vfs"] for g in report.layout["gpus"]}
@@ -76,9 +76,25 @@ def test_demo_workloads_are_real_claims_prepared_by_the_plugin(report):
     assert report.host_problems == []
 
 
+def test_demo_a_vm_and_a_pod_share_one_gpus_counters(report):
+    """One accounting: a VM's vGPU and a pod's vGPU (a vfio device) on the same T4, drawing on its
+    one counter set, and the next T4 vGPU refused because that set is spent."""
+    vm, pod = by_name(report, "vm-t4-a"), by_name(report, "pod-t4")
+    assert (vm["kind"], pod["kind"]) == ("VirtualMachine", "Pod")
+    (dv,), (dp,) = vm["devices"], pod["devices"]
+    assert dv["gpu"] == dp["gpu"] == "0000:10:00.0" and dv["counter_set"] == dp["counter_set"]
+    assert dv["kind"] == dp["kind"] == "vgpu" and dv["host_id"] != dp["host_id"]  # two mdevs on one GPU
+    assert [n["path"] for n in dp["device_nodes"]][-1] == f"/dev/vfio/{dp['iommu_group']}"
+    g0 = next(g for g in report.gpus if g.index == 0)
+    assert [(h.owner, h.workload) for h in g0.holders] == [("VM", "vm-t4-a"), ("pod", "pod-t4")]
+    assert report.shared == [{"gpu": 0, "address": "0000:10:00.0", "counter_set": dv["counter_set"],
+                              "vms": ["vm-t4-a"], "pods": ["pod-t4"], "memory_used": 16 * GiB,
+                              "memory_total": 16 * GiB}]
+
+
 def test_demo_accounts_per_gpu(report):
     gpus = {g.index: g for g in report.gpus}
-    assert [h.workload for h in gpus[0].holders] == ["vm-t4-a", "vm-t4-b"]
+    assert [h.workload for h in gpus[0].holders] == ["vm-t4-a", "pod-t4"]
     assert gpus[0].memory_used == gpus[0].memory_total == 16 * GiB and gpus[0].vgpus_used == 2
     assert [(h.workload, h.kind) for h in gpus[1].holders] == [("vm-passthrough", "passthrough")]
     assert gpus[1].memory_used == 16 * GiB  # the whole GPU consumes the whole counter set
@@ -91,10 +107,11 @@ def test_demo_accounts_per_gpu(report):
 
 def test_demo_explains_the_refusal(report):
     (r,) = report.refused
-    assert r["workload"] == "vm-t4-c" and r["asked"] == "T4-8Q"
-    assert "gpu-0" in r["reason"] and "framebuffer" in r["reason"]
+    assert r["workload"] == "vm-t4-c" and r["owner"] == "VM" and r["asked"] == "T4-8Q"
+    # the allocator's own reason: the shared counter set has no framebuffer left
+    assert "gpu-0 has 0 B of 16 GiB framebuffer left; needs 8 GiB" in r["reason"]
     text = "\n".join(r["per_gpu"])
-    assert "vm-t4-a" in text and "vm-t4-b" in text
+    assert "in use by VM vm-t4-a (T4-8Q, 8 GiB), pod pod-t4 (T4-8Q, 8 GiB)" in text
     assert "passed through to vm-passthrough" in text
     assert "no T4-8Q devices published" in text
 
@@ -109,7 +126,8 @@ def test_demo_tears_everything_down(report):
 def test_demo_text(report):
     out = demo_cli.text(report)
     for needle in ("[1] node manager", "[2] DRA bridge", "vm-t4-a", "[4] per physical GPU", "left: 3 x A100-10C",
-                   "[5] refused", "vm-t4-c asked for a T4-8Q vGPU and stays Pending", "host clean", "done in"):
+                   "VM  vm-t4-a", "pod pod-t4", "VM vm-t4-a and pod pod-t4 draw on the same 16 GiB",
+                   "[5] refused", "VM vm-t4-c asked for a T4-8Q vGPU and stays Pending", "host clean", "done in"):
         assert needle in out, needle
 
 
@@ -121,10 +139,36 @@ def test_demo_svg_is_well_formed(report):
     titles = " ".join(r.find(SVG + "title").text for r in segments)
     assert "vm-passthrough" in titles and "vfio-pod" in titles
     texts = " ".join("".join(t.itertext()) for t in root.iter(SVG + "text"))
-    assert "refused: vm-t4-c" in texts and "GPU 3" in texts
+    assert "refused: VM vm-t4-c" in texts and "GPU 3" in texts
     # the passed-through T4 is drawn full, the A100 bar is longer than a T4's (scaled to memory)
-    bars = [r for r in root.iter(SVG + "rect") if r.get("fill") == "#e8e8e8"]
+    bars = [r for r in root.iter(SVG + "rect") if r.get("class") == "gpu"]
     assert len(bars) == 4 and float(bars[2].get("width")) > float(bars[0].get("width"))
+
+
+def test_demo_svg_has_a_legend_and_tells_vms_from_pods(report):
+    root = ET.fromstring(demo_cli.svg(report))
+    legend = next(g for g in root.iter(SVG + "g") if g.get("class") == "legend")
+    entries = ["".join(t.itertext()) for t in legend.iter(SVG + "text")]
+    assert entries == ["Legend", "VM: vGPU or whole GPU (virt-launcher pod's claim)", "pod: vGPU as a vfio device",
+                       "free framebuffer", "refused request (stays Pending)"]
+    # VMs solid in blues, pods in oranges with the hatch pattern over them, each labelled with its kind
+    segments = {r.find(SVG + "title").text.split(" · ")[0]: r for r in root.iter(SVG + "rect")
+                if r.find(SVG + "title") is not None}
+    assert set(segments) == {"VM vm-t4-a", "pod pod-t4", "VM vm-a100", "VM vm-passthrough", "pod vfio-pod"}
+    for who, r in segments.items():
+        owner = who.split()[0]
+        assert r.get("class") == f"holder {owner.lower()}"
+        assert r.get("fill") in (demo_cli.VM_COLORS if owner == "VM" else demo_cli.POD_COLORS)
+    hatched = [r for r in root.iter(SVG + "rect") if r.get("fill") == "url(#pod-hatch)"]
+    assert len(hatched) == 1 + 2  # the legend's swatch and the two pods
+    assert root.find(f"{SVG}defs/{SVG}pattern[@id='pod-hatch']") is not None
+    texts = ["".join(t.itertext()) for t in root.iter(SVG + "text")]
+    assert "VM vm-t4-a" in texts and "pod pod-t4" in texts  # labels on the shared T4's segments
+    assert any("shared by VM vm-t4-a and pod pod-t4: one counter set" in t for t in texts)
+    # the refused request drawn as a dashed box past the full T4 it did not fit on
+    dashed = [r for r in root.iter(SVG + "rect") if r.get("stroke-dasharray")]
+    assert len(dashed) == 2  # the legend's swatch and vm-t4-c on GPU 0
+    assert "T4-8Q: refused" in texts
 
 
 def test_demo_json_is_complete(report):
