@@ -54,17 +54,31 @@ def _check_files(kubeconfig: str | None) -> list[str]:
     return present
 
 
+def transport_retries():
+    """urllib3's retry policy for every client we build: only connection errors are retried there
+    (the request never reached the server). The kubernetes client's default ``Retry(3)`` would also
+    re-send a timed-out GET/PUT/DELETE up to three times and wait out any 429/503 ``Retry-After``
+    with no cap before the caller sees it; the callers that retry (the publisher) do that themselves,
+    bounded (urllib3 ``Retry``: ``read``, ``status``, ``respect_retry_after_header``)."""
+    from urllib3.util.retry import Retry
+
+    return Retry(total=3, connect=3, read=0, status=0, other=0, redirect=3,
+                 respect_retry_after_header=False, raise_on_status=False)
+
+
 def api_client_from(kubeconfig: str | None):
     """In-cluster config when running in a pod, else the kubeconfig (flag, $KUBECONFIG, ~/.kube/config)."""
     from kubernetes import client, config
 
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
-            config.load_incluster_config()
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)
         except Exception as exc:  # noqa: BLE001 - ConfigException, OSError, ...
             raise KubeconfigError(f"in-cluster config: {exc}; run in a pod with a service account token, "
                                   "or pass --kubeconfig FILE") from None
-        return client.ApiClient()
+        cfg.retries = transport_retries()
+        return client.ApiClient(cfg)
     files = _check_files(kubeconfig)
     cfg = client.Configuration()
     try:
@@ -73,6 +87,7 @@ def api_client_from(kubeconfig: str | None):
         where = ", ".join(files)
         raise KubeconfigError(f"kubeconfig {where}: {_first_line(exc)}; check it with "
                               f"`kubectl config view --kubeconfig {files[0]}`") from None
+    cfg.retries = transport_retries()
     return client.ApiClient(cfg)
 
 
@@ -130,6 +145,7 @@ def plain_http_configuration(url: str):
 
     cfg = client.Configuration(host=url, no_proxy="127.0.0.1,localhost")
     cfg.verify_ssl = False
+    cfg.retries = transport_retries()
     return cfg
 
 

@@ -12,8 +12,10 @@ API faults: 409 conflicts re-read and retry; 429/5xx and connection errors back 
 a bounded number of times (exponential backoff with jitter, each wait capped at ``max_backoff``).
 A ``Retry-After`` from the server is honoured (never retried sooner than asked) up to
 ``RETRY_AFTER_CAP`` seconds, so a confused server cannot park the daemon. Every request carries a
-timeout; a request that times out is not retried (the server is overloaded, the next resync
-tries again) and fails the sync with :class:`ApiTimeout`. A create that finds its slice already
+timeout; an idempotent request (GET, PUT, DELETE) that times out is re-sent once, a create is not,
+and a second timeout fails the sync with :class:`ApiTimeout` (the server is overloaded, the next
+resync tries again). These retries are all there are: the clients built by :mod:`.client` let
+urllib3 retry only connection errors (:func:`.client.transport_retries`). A create that finds its slice already
 there (an earlier request of ours the server applied after we gave up) replaces it, so a slow
 server never yields duplicate slices. The publisher LISTs; it keeps no watch to re-establish.
 """
@@ -146,9 +148,12 @@ class Publisher:
             self._version = self._retry("read /version", lambda: server_version(self.api_client, self.timeout))
         return self._version
 
-    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _retry(self, what: str, fn: Callable[[], Any], *, idempotent: bool = True) -> Any:
+        """``fn`` with the bounded retries of the module docstring; ``idempotent``: safe to re-send
+        after a timeout (a create is not: the server may have applied it)."""
         from urllib3.exceptions import HTTPError as TransportError  # connection refused/reset, timeouts
 
+        resent = not idempotent
         for attempt in range(self.retries + 1):
             asks = None
             try:
@@ -160,8 +165,12 @@ class Publisher:
                 log.info("%s: API answered %s, retrying", what, exc.status)
             except (ConnectionError, OSError, TransportError) as exc:
                 if _timed_out(exc):
-                    raise ApiTimeout(f"{what}: the API server did not answer within {self.timeout:g} s "
-                                     f"(overloaded?); the next resync tries again") from exc
+                    if resent or attempt == self.retries:
+                        raise ApiTimeout(f"{what}: the API server did not answer within {self.timeout:g} s "
+                                         f"(overloaded?); the next resync tries again") from exc
+                    resent = True
+                    log.info("%s: no answer within %g s, sending it once more", what, self.timeout)
+                    continue
                 if attempt == self.retries:
                     raise
                 log.info("%s: API unreachable (%s), retrying", what, exc)
@@ -232,7 +241,7 @@ class Publisher:
                     return False
                 raise
 
-        if not self._retry(f"create resourceslice {name}", attempt):
+        if not self._retry(f"create resourceslice {name}", attempt, idempotent=False):
             self._replace(name, body)
 
     def _replace(self, name: str, body: dict) -> None:
@@ -246,7 +255,7 @@ class Publisher:
 
         if not missing_ok(self._retry, f"replace resourceslice {name}", attempt):  # deleted meanwhile
             self._retry(f"create resourceslice {name}",
-                        lambda: self.api.create_resource_slice(body, _request_timeout=self.timeout))
+                        lambda: self.api.create_resource_slice(body, _request_timeout=self.timeout), idempotent=False)
 
     def _delete(self, name: str) -> None:
         missing_ok(self._retry, f"delete resourceslice {name}",
