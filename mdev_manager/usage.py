@@ -7,6 +7,10 @@ through sysfs), and libvirt domains whose XML references an mdev
 UUID or PCI address (running or merely defined). The DRA bridge adds a third witness,
 kubelet allocations, through ``collect_usage(extra=...)``.
 
+A held PCI function also holds the functions that answer for it (:func:`_credited`): every other
+function of its IOMMU group (the GPU behind its audio function) and, for a VF, its PF. The planner
+asks about the GPU, not about the function the VM happened to open.
+
 The facts come from the host layer (:mod:`mdev_manager.host.procfs` reads ``/proc``
 through ``HostIO``, so a simulated host's processes count as a real one's); this module
 decides what they mean. The result types live in :mod:`mdev_manager.models`.
@@ -58,6 +62,48 @@ def _cdev_holders(env: HostEnv, io: HostIO, cdevs: dict[str, list[procfs.Proc]],
             warnings.append(msg)
             continue
         out.setdefault(device, []).extend(CdevHolder(pid=p.pid, comm=p.comm, node=node) for p in procs)
+    return out
+
+
+def _credited(env: HostEnv, io: HostIO, groups: dict[int, list[procfs.Proc]],
+              cdevs: dict[str, list[CdevHolder]]) -> dict[str, list[CdevHolder]]:
+    """The holders of a PCI function, credited to the functions that answer for it.
+
+    * Its IOMMU group's other functions: the group, not the function, is vfio's unit of
+      ownership. With ``/dev/vfio/<group>`` open the whole group is held (``Usage.pci_users``
+      already asks about the GPU's group); a cdev names one function, yet "vfio device cdev
+      access is still bound by IOMMU group semantics, ie. there can be only one DMA owner for the
+      group. Devices belonging to the same group can not be [...] shared between native kernel
+      and vfio bus driver" (Documentation/driver-api/vfio.rst, "VFIO Device cdev"). A VM holding
+      the GPU's audio function 0000:xx:00.1 therefore holds the GPU: returning the GPU to its
+      native driver would fail at probe (the group's DMA owner is the user) and leave it driverless.
+    * A VF's PF: disabling SR-IOV (``sriov_numvfs`` 0) or rebinding the PF removes every VF,
+      the held one too.
+
+    mdevs are left alone: each has an IOMMU group of its own, and its users are the vGPU's.
+    """
+    out: dict[str, list[CdevHolder]] = {}
+
+    def credit(address: str, holders: Iterable[CdevHolder]) -> None:
+        mine = out.setdefault(address, [])
+        mine.extend(h for h in holders if h not in mine)
+
+    for device, holders in sorted(cdevs.items()):
+        try:
+            address = check_pci_address(device)
+        except NameError_:
+            continue  # an mdev
+        rel = procfs.related_functions(env, io, address)
+        for mate in rel.group_mates:
+            credit(mate, (h.model_copy(update={"node": f"{h.node} of {address}, in IOMMU group {rel.group} with it"})
+                          for h in holders))
+        if rel.physfn:
+            credit(rel.physfn, (h.model_copy(update={"node": f"{h.node} of its VF {address}"}) for h in holders))
+    for group, procs in sorted(groups.items()):
+        for member in procfs.group_members(env, io, group):
+            if (pf := procfs.related_functions(env, io, member).physfn) is not None:
+                node = f"{env.vfio_group(group)} of its VF {member}"
+                credit(pf, (CdevHolder(pid=p.pid, comm=p.comm, node=node) for p in procs))
     return out
 
 
@@ -193,6 +239,9 @@ def collect_usage(env: HostEnv, io: HostIO, extra: Usage | None = None) -> Usage
         warnings.append(msg)
     held = procfs.scan(env, io)
     vfio_devices = _cdev_holders(env, io, held.cdevs, warnings)
+    for address, holders in _credited(env, io, held.groups, vfio_devices).items():
+        mine = vfio_devices.setdefault(address, [])
+        mine.extend(h for h in holders if h not in mine)
     lv = libvirt_devices(env.libvirt_uri)
     if lv.warning:
         warnings.append(lv.warning)

@@ -6,17 +6,49 @@
 
 from __future__ import annotations
 
-from dra_bridge.kube.objects import sanitize
+from dra_bridge.kube.objects import raw, sanitize
+
+LIST_PAGE = 500  # claims per list request: a big cluster's claims in bounded pieces
+LIST_TIMEOUT = 10.0  # seconds per request: a rebuild must not hang on a black-holed server
 
 
 class ApiClaimSource:
     """ResourceClaims through the official client, as plain camelCase dicts."""
 
-    def __init__(self, api_client):
+    def __init__(self, api_client, *, timeout: float = LIST_TIMEOUT):
         from kubernetes import client
 
         self.api_client = api_client
         self.api = client.ResourceV1Api(api_client)
+        self.timeout = timeout
 
     def get(self, namespace: str, name: str) -> dict:
         return sanitize(self.api_client, self.api.read_namespaced_resource_claim(name, namespace))
+
+    def allocated(self, driver: str, pool: str) -> list[dict]:
+        """Every ResourceClaim, in any namespace, with a device allocated from ``driver``'s ``pool``
+        (``status.allocation.devices.results``); what the plugin rebuilds its checkpoint from when
+        the file cannot be trusted. Raises the client's errors: the caller decides what an
+        unreachable server means.
+
+        Filtered here: kube-apiserver offers no field selector on a claim's allocation (its
+        ResourceClaim fields are ``generic.ObjectMetaFieldsSet`` only: kubernetes/kubernetes,
+        pkg/registry/resource/resourceclaim/strategy.go, ``toSelectableFields``), so one paged
+        list it is; it runs only when the checkpoint cannot be trusted.
+        """
+        out: list[dict] = []
+        token = None
+        while True:
+            kw = {"limit": LIST_PAGE, "_request_timeout": self.timeout}
+            if token:
+                kw["_continue"] = token
+            page = raw(self.api.list_resource_claim_for_all_namespaces, **kw)
+            for claim in page.get("items") or []:
+                alloc = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+                if any(r.get("driver") == driver and r.get("pool") == pool for r in alloc.get("results") or []):
+                    claim.setdefault("apiVersion", "resource.k8s.io/v1")
+                    claim.setdefault("kind", "ResourceClaim")
+                    out.append(claim)
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return out

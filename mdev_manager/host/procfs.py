@@ -1,8 +1,9 @@
 """Which processes hold a ``/dev/vfio/<group>`` or an iommufd user's per-device cdev
 (``/dev/vfio/devices/vfioN``) open: a scan of ``/proc/*/fd``, through HostIO.
 
-The facts only (pid, comm, group or cdev, the device a cdev belongs to); what they mean for
-a vGPU is :mod:`mdev_manager.usage`'s business. Everything is read through a ``HostIO`` under ``env.proc_root``, so the same scan
+The facts only (pid, comm, group or cdev, the device a cdev belongs to, the functions a held
+one shares its IOMMU group with, a VF's PF); what they mean for a vGPU or a GPU is
+:mod:`mdev_manager.usage`'s business. Everything is read through a ``HostIO`` under ``env.proc_root``, so the same scan
 runs on the real ``/proc`` and on a simulated host's processes (``<root>/proc/<pid>/fd/<n>``
 symlinks, see :mod:`mdev_manager.sim.procs`).
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from mdev_manager.host.env import HostEnv
-from mdev_manager.host.io import HostIO
+from mdev_manager.host.io import HostIO, link_name
 
 _DELETED = " (deleted)"
 K = TypeVar("K")
@@ -181,3 +182,36 @@ def cdev_device(env: HostEnv, io: HostIO, cdev: str) -> str | None:
     except OSError:
         return None
     return name or None
+
+
+class Related(NamedTuple):
+    """The PCI functions a held function answers for: its IOMMU group's other functions, and the
+    PF when it is a VF (facts from sysfs; :mod:`mdev_manager.usage` decides what they mean)."""
+
+    group: int | None
+    group_mates: list[str]
+    physfn: str | None
+
+
+def related_functions(env: HostEnv, io: HostIO, address: str) -> Related:
+    """``<bdf>/iommu_group`` (a link to ``/sys/kernel/iommu_groups/<N>``, whose ``devices/`` lists
+    every member) and ``<bdf>/physfn`` (a VF's link to its PF; Documentation/PCI/pci-iov-howto.rst).
+    Unreadable parts are left empty: an mdev, or a function gone meanwhile, has neither."""
+    fdir = env.pci(address)
+    group = link_name(io, fdir / "iommu_group")
+    number = int(group) if group and group.isdigit() else None
+    mates: list[str] = []
+    if number is not None:
+        try:
+            mates = sorted(n.lower() for n in io.listdir(env.iommu_groups / group / "devices") if n != address)
+        except OSError:
+            pass
+    return Related(number, mates, link_name(io, fdir / "physfn"))
+
+
+def group_members(env: HostEnv, io: HostIO, group: int) -> list[str]:
+    """The functions (or mdev) of an IOMMU group, from ``/sys/kernel/iommu_groups/<N>/devices``."""
+    try:
+        return sorted(n.lower() for n in io.listdir(env.iommu_groups / str(group) / "devices"))
+    except OSError:
+        return []

@@ -230,7 +230,7 @@ def test_parse_names_what_is_wrong(text, words):
         ckpt.parse(text)
 
 
-@pytest.mark.parametrize("version", [0, 3, 99, "2", None, 1.5, True])
+@pytest.mark.parametrize("version", [0, ckpt.CURRENT_VERSION + 1, 99, "2", None, 1.5, True])
 def test_unknown_versions_are_corrupt(version):
     data = {"version": version, "claims": {}}
     body = json.dumps({"checksum": ckpt._digest(json.dumps(data, sort_keys=True)), "data": data})
@@ -269,7 +269,7 @@ def test_version_1_is_migrated_and_its_claims_adopted(node, paths, caplog):
     held = host_state(node)
     paths.checkpoint.write_text(as_version_1(paths.checkpoint.read_text()))
     cp = CheckpointStore(paths.checkpoint).load()
-    assert cp.version == ckpt.CURRENT_VERSION == 2
+    assert cp.version == ckpt.CURRENT_VERSION
     assert all(r.boot_id is None and r.state == "prepared" for r in cp.claims.values())
 
     drv = make_driver(node, paths, claims, pool)
@@ -277,7 +277,7 @@ def test_version_1_is_migrated_and_its_claims_adopted(node, paths, caplog):
     assert drv.prepare(refs) == first  # devices all on the host: this boot's, answered as they are
     assert host_state(node) == held
     doc = json.loads(paths.checkpoint.read_text())
-    assert doc["data"]["version"] == 2
+    assert doc["data"]["version"] == ckpt.CURRENT_VERSION
     assert {r["boot_id"] for r in doc["data"]["claims"].values()} == {drv.boot_id()}
     assert not list(paths.checkpoint.parent.glob("*.corrupt-*"))
 
@@ -353,7 +353,7 @@ def test_after_a_reboot_prepare_recreates_the_devices_first(node, paths, caplog)
     (meta,) = read_metadata_stream(paths.metadata_dir / "default_vm-vgpus" / "t4" / "metadata.json")
     (t4,) = [d for d in new.values() if d.request == "t4"]
     assert meta["requests"][0]["devices"][0]["attributes"] == {"mdevUUID": {"string": t4.vgpu_id}}
-    assert any("rebooted" in r.getMessage() for r in caplog.records)
+    assert any("earlier boot" in r.getMessage() for r in caplog.records)
 
     # idempotent again, and unprepare gives everything back
     assert drv.prepare(refs) == out
@@ -367,7 +367,7 @@ def test_after_a_reboot_a_claim_that_cannot_be_recreated_gets_a_clear_error(node
     shutil.rmtree(paths.cdi_root)
     drv = make_driver(node, paths, claims, pool)
     res = drv.prepare([refs[0]])[UID_VGPUS]
-    assert res.error and "vm-vgpus" in res.error and "rebooted" in res.error, res.error
+    assert res.error and "vm-vgpus" in res.error and "earlier boot" in res.error, res.error
     assert res.devices == []
     assert node.mdevs() == set(), "the part that could be made was left behind"
     assert drv.cp.claims[UID_VGPUS].state == "prepared"  # kept, so the next prepare tries again

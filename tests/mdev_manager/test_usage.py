@@ -15,6 +15,8 @@ from mdev_manager.host.io import RealIO
 from mdev_manager.models import CdevHolder, Holder, Usage
 from mdev_manager.sim import HostSpec
 from mdev_manager.sim.hostspec import GpuGroup
+from mdev_manager.config import GpuLayout
+from mdev_manager.reconcile import reconcile
 from mdev_manager.usage import collect_usage, libvirt_devices, parse_domain_devices, scan_vfio_holders
 
 MDEV = "5f3a7f62-1b2c-4d5e-8f90-0a1b2c3d4e5f"
@@ -215,6 +217,92 @@ def test_a_held_cdev_of_unknown_device_is_a_warning(make_sim):
     (w,) = usage.warnings
     assert f"pid {pid} (qemu-kvm) holds {mdev_cdev}" in w and "which device" in w
 
+
+
+# --- a held function answers for its GPU: IOMMU group mates, a VF's PF (issue 12) ------------
+
+COMPANION_HOST = HostSpec(iommufd=True, gpus=[GpuGroup(board="T4", audio_function=True), GpuGroup(board="L40S")])
+
+
+def _passed_through_with_audio(sim) -> tuple[str, str, Path]:
+    """The T4 and its audio function passed through (both on vfio-pci): (GPU, audio, the audio's cdev)."""
+    t4 = next(g["pf"] for g in sim.host.gpus() if g["board"] == "T4")
+    audio = t4[:-1] + "1"
+    out = reconcile(sim.env, sim.io, [GpuLayout(pci_address=t4, mode="passthrough")])
+    assert out.ok and out.blocked == [], out
+    assert {_driver(sim, a) for a in (t4, audio)} == {"vfio-pci"}
+    (name,) = os.listdir(sim.env.pci(audio) / "vfio-dev")
+    return t4, audio, sim.env.vfio_cdev_dir / name
+
+
+def _driver(sim, address: str) -> str | None:
+    link = sim.env.pci(address) / "driver"
+    return os.path.basename(os.readlink(link)) if os.path.lexists(link) else None
+
+
+def test_a_held_companion_cdev_holds_its_gpu(make_sim):
+    """A VM on the GPU's audio function (its cdev, iommufd) holds the GPU: one DMA owner per group."""
+    sim = make_sim(COMPANION_HOST)
+    t4, audio, cdev = _passed_through_with_audio(sim)
+    gpu = sim.discover().gpu(t4)
+    pid = sim.host.spawn_holder([sim.env.iommufd, cdev], comm="virt-launcher")
+    usage = collect_usage(sim.env, sim.io)
+    assert usage.warnings == []
+    assert usage.pci_users(audio) == [f"pid {pid} (virt-launcher) holds {cdev}"]
+    assert usage.pci_users(t4, gpu.iommu_group) == [
+        f"pid {pid} (virt-launcher) holds {cdev} of {audio}, in IOMMU group {gpu.iommu_group} with it"]
+    sim.host.kill(pid)
+    assert collect_usage(sim.env, sim.io).pci_users(t4, gpu.iommu_group) == []
+
+
+def test_apply_leaves_a_gpu_bound_while_its_companion_cdev_is_held(make_sim):
+    """The layout wants the T4 back for vGPUs; its audio function's cdev is open: the apply says the
+    GPU is blocked, by whom, and rebinds nothing (the kernel would unbind the GPU, then fail its
+    probe on nvidia: the group's DMA owner is the VM). Released, the next apply goes through."""
+    sim = make_sim(COMPANION_HOST)
+    t4, audio, cdev = _passed_through_with_audio(sim)
+    pid = sim.host.spawn_holder([sim.env.iommufd, cdev])
+    layout = [GpuLayout(pci_address=t4, mode="vgpu", vgpus={catalog.board("T4").types[0].name: 1})]
+    out = reconcile(sim.env, sim.io, layout)
+    (blocked,) = out.blocked
+    assert (blocked.device, blocked.gpu) == (t4, t4)
+    assert any(f"pid {pid} (qemu-kvm) holds {cdev} of {audio}" in h for h in blocked.held_by), blocked
+    assert not out.matches
+    assert all(not r.report or not r.report.results for r in out.rounds), "a step ran under the VM"
+    assert (_driver(sim, t4), _driver(sim, audio)) == ("vfio-pci", "vfio-pci")
+    sim.host.kill(pid)
+    out = reconcile(sim.env, sim.io, layout)
+    assert out.matches, out
+    assert _driver(sim, t4) == "nvidia" and len(sim.discover().gpu(t4).vgpus) == 1
+
+
+def test_a_held_vf_is_credited_to_its_pf(make_sim):
+    """A VF's holder (its cdev, or its group the legacy way) holds the PF too: disabling SR-IOV or
+    rebinding the PF would take the VF away."""
+    sim = make_sim(IOMMUFD_HOST)
+    vf, _, vf_cdev = _iommufd_vgpus(sim)
+    pf = next(g["pf"] for g in sim.host.gpus() if g["board"] == "L40S")
+    by_cdev = sim.host.spawn_holder([sim.env.iommufd, vf_cdev])
+    usage = collect_usage(sim.env, sim.io)
+    assert usage.pci_users(vf) == [f"pid {by_cdev} (qemu-kvm) holds {vf_cdev}"]
+    assert usage.pci_users(pf) == [f"pid {by_cdev} (qemu-kvm) holds {vf_cdev} of its VF {vf}"]
+    sim.host.kill(by_cdev)
+    group = int(os.path.basename(os.readlink(sim.env.pci(vf) / "iommu_group")))
+    by_group = sim.host.spawn_holder([sim.env.vfio_group(group)])
+    usage = collect_usage(sim.env, sim.io)
+    assert usage.pci_users(pf) == [f"pid {by_group} (qemu-kvm) holds {sim.env.vfio_group(group)} of its VF {vf}"]
+    sim.host.kill(by_group)
+    assert collect_usage(sim.env, sim.io).pci_users(pf) == []
+
+
+def test_an_mdev_holder_is_not_credited_to_its_parent(make_sim):
+    """An mdev has an IOMMU group of its own: a VM on one vGPU does not hold the GPU's other vGPUs."""
+    sim = make_sim(IOMMUFD_HOST)
+    _, mdev_cdev, _ = _iommufd_vgpus(sim)
+    t4 = next(g["pf"] for g in sim.host.gpus() if g["board"] == "T4")
+    sim.host.spawn_holder([sim.env.iommufd, mdev_cdev])
+    usage = collect_usage(sim.env, sim.io)
+    assert usage.mdev_users(MDEV) and usage.pci_users(t4) == []
 
 def test_parse_domain_devices_normalises():
     xml = f"""
