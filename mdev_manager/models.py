@@ -203,8 +203,14 @@ class Usage(BaseModel):
         {}, description="device (mdev UUID or PCI address) -> processes holding its vfio cdev")
     mdevs: dict[str, list[str]] = {}
     pci: dict[str, list[str]] = {}
+    claimed: dict[str, list[str]] = Field({}, description=(
+        "vGPU id -> the DRA claims it was made for: in use, and never a layout's device (no definition, "
+        "not counted towards a layout), so one device never serves a claim and the layout at once"))
     warnings: list[str] = []
     vfio_dir: str = ""
+
+    def claims_of(self, device: str) -> list[str]:
+        return self.claimed.get(device.strip().lower(), [])
 
     def _group_users(self, group: int | None) -> list[str]:
         if group is None:
@@ -239,7 +245,7 @@ class Usage(BaseModel):
         for d, cdev_holders in other.vfio_devices.items():
             mine_c = out.vfio_devices.setdefault(d, [])
             mine_c.extend(h for h in cdev_holders if h not in mine_c)
-        for mine, theirs in ((out.mdevs, other.mdevs), (out.pci, other.pci)):
+        for mine, theirs in ((out.mdevs, other.mdevs), (out.pci, other.pci), (out.claimed, other.claimed)):
             for key, users in theirs.items():
                 _add_all(mine, key, users)
         out.warnings.extend(w for w in other.warnings if w not in out.warnings)

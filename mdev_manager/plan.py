@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 from mdev_manager import catalog
 from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
                       SaveDefinition, SaveVendorRecord, SetVgpuType, Skip)
-from mdev_manager.config import ConfigError, GpuLayout
+from mdev_manager.config import ConfigError, GpuLayout, did_you_mean, layout_error
 from mdev_manager.models import (Blocked, Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types,
                                  occupancy)
 
@@ -74,7 +74,7 @@ def select_gpus(inv: Inventory, layouts: list[GpuLayout]) -> dict[str, GpuLayout
                 chosen[g.address] = entry
                 where_chosen[g.address] = where
     if problems:
-        raise ConfigError(problems)
+        raise layout_error(problems, layouts)  # named as the file writes them
     return chosen
 
 
@@ -140,7 +140,8 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
         field = f"{entry.at(i, 'vgpus')}.{ref}"
         if t is None:
             names = ", ".join(t.short_name for t in types if not t.mig_backed) or "none (not a vGPU-capable GPU)"
-            problems.append(f"{field}: {_label(gpu)} offers no vGPU type {ref!r}; it offers {names}")
+            close = did_you_mean(ref, [t.short_name for t in types if not t.mig_backed])
+            problems.append(f"{field}: {_label(gpu)} offers no vGPU type {ref!r}; it offers {names}{close}")
             continue
         if t.mig_backed:
             problems.append(f"{field}: {t.name} is MIG-backed and needs MIG mode, which vgpuctl does not configure yet")
@@ -204,7 +205,7 @@ def make_plan(
             except ConfigError as exc:
                 problems += exc.problems
     if problems:
-        raise ConfigError(problems)
+        raise layout_error(problems, layouts)  # named as the file writes them
     plan = Plan()
     for addr, entry in chosen.items():
         gpu = gpus[addr]
@@ -238,21 +239,14 @@ def _workload_conflicts(gpu: Gpu, entry: GpuLayout, usage: Usage, i: int) -> lis
     """A GPU held by a workload in another form cannot change form under it."""
     out = []
     where = entry.at(i, "mode")
+    # A GPU a workload holds in another form (passed through, or vGPUs in use) is not a layout
+    # error: the layout is reached once the workload lets go (a "converging" node, blocked_by_use).
+    # A foreign driver is one: vgpuctl never unbinds a driver it does not manage.
     if entry.mode in ("vgpu", "dra"):
         native = native_driver(gpu)
-        if entry.mode == "dra" and gpu.driver == "vfio-pci" and _group_users(gpu, usage):
-            pass  # a DRA claim holds the whole GPU: _prepare_for_vgpu leaves it alone
-        elif gpu.driver == "vfio-pci" and _group_users(gpu, usage):
-            out.append(f"{where}: {_label(gpu)} is passed through to a workload "
-                       f"({'; '.join(_group_users(gpu, usage))}); release it or mark the GPU unmanaged")
-        elif gpu.driver not in (None, "vfio-pci", native):
+        if gpu.driver not in (None, "vfio-pci", native):
             out.append(f"{where}: {_label(gpu)} is bound to {gpu.driver}, not {native}; "
                        "unbind it or mark the GPU unmanaged")
-    if entry.mode == "passthrough":
-        busy = [v for v in gpu.vgpus if _vgpu_users(v, usage)]
-        if busy:
-            out.append(f"{where}: {_label(gpu)} has vGPUs in use ({', '.join(v.id for v in busy)}); "
-                       "it cannot be passed through until they are released")
     return out
 
 
@@ -284,6 +278,13 @@ def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
 
 
 def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
+    busy = [v for v in gpu.vgpus if _vgpu_users(v, usage)]
+    if busy:  # nothing changes under a workload: the GPU is passed through once they are released
+        for v in busy:
+            plan.skipped.append(Skip(device=v.id, reason=f"in use ({'; '.join(_vgpu_users(v, usage))})"))
+        plan.skipped.append(Skip(device=gpu.address, reason=(
+            f"passed through once its {len(busy)} vGPU(s) in use are released")))
+        return
     for v in gpu.vgpus:
         if v.framework == "mdev":
             plan.actions.append(RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id))
@@ -359,9 +360,14 @@ def _split_existing(plan: Plan, vgpus: list[Vgpu], wanted: dict[str, int], usage
     Shared by both frameworks: the surplus that something uses stays and is reported.
     """
     by_type: dict[str, list[Vgpu]] = defaultdict(list)
-    for v in vgpus:
-        by_type[v.type_id].append(v)
     keep, busy, drop = [], [], []
+    for v in vgpus:
+        if claims := usage.claims_of(v.id):  # a DRA claim's, never the layout's: left to the claim
+            busy.append(v)
+            plan.skipped.append(Skip(device=v.id, reason=f"not {verb}: made for {'; '.join(claims)}, "
+                                                         "not part of the layout"))
+        else:
+            by_type[v.type_id].append(v)
     for tid, lst in by_type.items():
         users = {v.id: _vgpu_users(v, usage) for v in lst}
         lst.sort(key=lambda v: _keep_order(v, users[v.id], saved))
@@ -476,9 +482,15 @@ def blocked_by_use(inv: Inventory, layouts: list[GpuLayout], plan: Plan, usage: 
     for s in plan.skipped:
         v = vgpus.get(s.device)
         if v is not None and (users := _vgpu_users(v, usage)):
-            then = "; then " + "; ".join(waits[v.gpu]) if waits[v.gpu] else ""
-            out.append(Blocked(device=v.id, gpu=v.gpu, held_by=users,
-                               blocks=f"its removal: the layout has no room for this {v.type_name}{then}"))
+            if modes.get(v.gpu) == "passthrough":
+                blocks = f"passing GPU {v.gpu} through: the layout wants the whole GPU"
+            elif usage.claims_of(v.id):
+                then = "; then " + "; ".join(waits[v.gpu]) if waits[v.gpu] else ""
+                blocks = f"the layout: this {v.type_name} belongs to a DRA claim, not to the layout{then}"
+            else:
+                then = "; then " + "; ".join(waits[v.gpu]) if waits[v.gpu] else ""
+                blocks = f"its removal: the layout has no room for this {v.type_name}{then}"
+            out.append(Blocked(device=v.id, gpu=v.gpu, held_by=users, blocks=blocks))
             continue
         gpu = inv.gpu(s.device)
         if (gpu is not None and modes.get(gpu.address) == "vgpu" and gpu.driver == "vfio-pci"

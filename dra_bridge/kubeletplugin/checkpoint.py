@@ -14,7 +14,9 @@ a directory) raises :class:`CheckpointCorrupt`; the driver then moves it aside
 (:meth:`CheckpointStore.quarantine`) and rebuilds the state from what the node shows.
 
 Since version 2 each claim records the boot (``/proc/sys/kernel/random/boot_id``) its devices
-were made in: after a reboot they are gone, and the record says so.
+were made in: after a reboot they are gone, and the record says so. Version 3 adds the
+``unpreparing`` state: unprepare records its intent before removing anything, so a crash half-way
+is finished at the next start instead of leaving a "prepared" claim whose devices are gone.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dra_bridge.kubeletplugin.paths import check_label, check_name, check_namesp
 
 log = logging.getLogger(__name__)
 
-CURRENT_VERSION = 2
+CURRENT_VERSION = 3
 MAX_BYTES = 64 << 20  # thousands of claims fit in a few MiB; a bigger "checkpoint" is not one
 
 
@@ -74,7 +76,8 @@ class ClaimRecord(BaseModel):
     uid: str
     namespace: str  # "" when not known (rebuilt from a CDI spec alone)
     name: str
-    state: Literal["preparing", "prepared"] = "preparing"
+    # preparing: devices being made (intent); prepared: answered; unpreparing: being removed (intent)
+    state: Literal["preparing", "prepared", "unpreparing"] = "preparing"
     devices: list[PreparedDeviceRecord] = []
     cdi_files: list[str] = []
     metadata_files: list[str] = []
@@ -112,14 +115,17 @@ class Checkpoint(BaseModel):
         reconcile and ``vgpuctl apply`` alike)."""
         mdevs: dict[str, list[str]] = {}
         pci: dict[str, list[str]] = {}
+        claimed: dict[str, list[str]] = {}
         for rec in self.claims.values():
             who = f"ResourceClaim {rec.namespace}/{rec.name}" if rec.namespace else f"ResourceClaim uid {rec.uid}"
             for d in rec.devices:
+                if d.kind == "vgpu" and d.vgpu_id:
+                    claimed.setdefault(d.vgpu_id.lower(), []).append(who)
                 if d.kind == "vgpu" and d.framework == "mdev" and d.vgpu_id:
                     mdevs.setdefault(d.vgpu_id, []).append(who)
                 elif d.vgpu_id or d.gpu:
                     pci.setdefault(d.vgpu_id or d.gpu, []).append(who)
-        return Usage(mdevs=mdevs, pci=pci)
+        return Usage(mdevs=mdevs, pci=pci, claimed=claimed)
 
 
 # --------------------------------------------------------------------------- versions (pure)
@@ -134,8 +140,13 @@ def _v1_to_v2(data: dict) -> dict:
     return {**data, "version": 2, "claims": out}
 
 
+def _v2_to_v3(data: dict) -> dict:
+    """Version 3 adds the ``unpreparing`` state (an unprepare's intent); version 2 records are unchanged."""
+    return {**data, "version": 3}
+
+
 #: version N -> version N+1
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def _digest(body: str) -> str:

@@ -37,8 +37,7 @@ from dra_bridge.kubeletplugin.checkpoint import (Checkpoint, CheckpointCorrupt, 
                                                  PreparedDeviceRecord)
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.effects import (PrepareError, bind_passthrough, create_vgpu, passthrough_moves, plan_vgpu,
-                                              read_one_gpu, release_passthrough, remove_vgpu, device_present,
-                                              vgpu_present)
+                                              read_one_gpu, release_passthrough, remove_vgpu, device_present)
 from dra_bridge.kubeletplugin.paths import (PluginPaths, UnsafeName, check_label, check_name, check_namespace,
                                             check_request, check_uid)
 from dra_bridge.pool.devices import Pool
@@ -72,34 +71,48 @@ class Driver:
             return self._rebuild(str(exc))
 
     def _rebuild(self, why: str) -> Checkpoint:
-        """Move the untrusted file aside, rebuild from the node, save; one log line says what happened."""
+        """Move the untrusted file aside, rebuild from the node and the API server's claims allocated
+        here (:mod:`.recovery`), save; one log line says what happened and what came from the API."""
         try:
             kept = f"kept as {self.store.quarantine()}"
         except OSError as exc:
             kept = f"could not be moved aside ({exc.strerror or exc})"
-        obs = recovery.observe(self.paths, self.env, self.io)
-        claims, skipped = recovery.rebuild(obs, driver=self.paths.driver, pool=self.pool_name, boot_id=self.boot_id())
-        cp = Checkpoint(claims=claims)
+        try:
+            published = self.pool()  # empty while the daemon starts: device names then tell the GPU
+        except Exception:  # noqa: BLE001 - the pool is a hint; the rebuild goes on without it
+            published = None
+        obs = recovery.observe(self.paths, self.env, self.io, self.claims, self.pool_name)
+        out = recovery.rebuild(obs, driver=self.paths.driver, pool=self.pool_name, boot_id=self.boot_id(),
+                               published=published if published is not None and published.devices else None)
+        cp = Checkpoint(claims=out.claims)
         try:
             self.store.save(cp)
             saved = ""
         except OSError as exc:
             saved = f"; the rebuilt checkpoint is not saved ({exc.strerror or exc})"
-        found = ", ".join(f"{_who(r)} ({_n(len(r.devices), 'device')}{'' if r.boot_id else ', to re-create'})"
-                          for r in claims.values()) or "none"
-        left = f"; left out: {'; '.join(skipped)}" if skipped else ""
-        log.warning("checkpoint %s cannot be trusted (%s), %s; recovered %d prepared claims from the CDI specs, "
-                    "metadata files and devices on the node: %s%s%s",
-                    self.paths.checkpoint, why, kept, len(claims), found, left, saved)
+        found = ", ".join(f"{_who(r)} ({_n(len(r.devices), 'device')}{_rebuilt_how(r)})"
+                          for r in out.claims.values()) or "none"
+        if obs.api is None:
+            sources = f"the CDI specs, metadata files and devices on the node (not the API server: {obs.api_error})"
+        else:
+            sources = (f"the CDI specs, metadata files, devices on the node and the API server's {len(obs.api)} "
+                       "claims allocated here")
+        api = f"; from the API server: {'; '.join(out.from_api)}" if out.from_api else ""
+        waiting = (f"; allocated here but not prepared (the kubelet prepares them): {', '.join(out.not_prepared)}"
+                   if out.not_prepared else "")
+        left = f"; left out: {'; '.join(out.skipped)}" if out.skipped else ""
+        log.warning("checkpoint %s cannot be trusted (%s), %s; recovered %d prepared claims from %s: %s%s%s%s%s",
+                    self.paths.checkpoint, why, kept, len(out.claims), sources, found, api, waiting, left, saved)
         return cp
 
     def recover(self) -> list[str]:
-        """Undo claims a crash left half-prepared; the kubelet prepares them again."""
+        """Undo claims a crash left half-prepared (the kubelet prepares them again) or half-unprepared
+        (the kubelet was unpreparing them: finish it)."""
         undone = []
         with self._lock:
             boot = self.boot_id()
             for uid, rec in list(self.cp.claims.items()):
-                if rec.state == "preparing":
+                if rec.state in ("preparing", "unpreparing"):
                     self._undo(rec, boot)
                     del self.cp.claims[uid]
                     undone.append(uid)
@@ -130,9 +143,16 @@ class Driver:
         known = self.cp.claims.get(ref.uid)
         if known and known.state == "prepared":
             _fill_identity(known, ref)
-            if self._of_this_boot(known, boot):
+            if not self._of_this_boot(known, boot):
+                return self._recreate(ref, known, boot, f"in an earlier boot ({known.boot_id or 'boot not recorded'})")
+            # the answer must name devices that exist: one removed behind the plugin's back (by
+            # hand, by a tool that ignores claims) is made again, or the kubelet is told why not
+            gone = [d.device for d in known.devices if not device_present(self.env, self.io, d)]
+            if not gone:
+                if self._files_missing(known):
+                    self._rewrite_files(ref, known)
                 return self._answer(known)
-            return self._recreate(ref, known, boot)
+            return self._recreate(ref, known, boot, f"in this boot but {', '.join(gone)} vanished since")
         if known:  # a previous attempt failed or crashed half-way: start clean
             self._undo(known, boot)
             del self.cp.claims[ref.uid]
@@ -151,28 +171,28 @@ class Driver:
             return True
         return False
 
-    def _recreate(self, ref: ClaimRef, old: ClaimRecord, boot: str | None) -> list[PreparedDevice]:
-        """A claim prepared in an earlier boot: make its devices again before answering."""
+    def _recreate(self, ref: ClaimRef, old: ClaimRecord, boot: str | None, when: str) -> list[PreparedDevice]:
+        """A claim whose devices are gone (a reboot, a removal behind our back): make them again
+        before answering. Only when none of them is left: one that exists may be a VM's."""
         where = f"claim {ref.namespace}/{ref.name}"
         held = self._held_elsewhere(ref.uid, boot)
-        back = [d.vgpu_id for d in old.devices
-                if vgpu_present(self.env, self.io, d) and d.vgpu_id not in held]
+        back = [d.vgpu_id or d.gpu for d in old.devices
+                if device_present(self.env, self.io, d) and (d.vgpu_id or d.gpu) not in held]
         if back:
-            raise PrepareError(f"{where} was prepared in an earlier boot ({old.boot_id or 'boot not recorded'}) and "
-                               f"its vGPUs {', '.join(back)} exist again: not re-creating over them; unprepare the "
-                               "claim (delete its pod) to start clean")
+            raise PrepareError(f"{where} was prepared {when} and its devices {', '.join(back)} exist: not "
+                               "re-creating over them; unprepare the claim (delete its pod) to start clean")
         del self.cp.claims[ref.uid]
         try:
             devices = self._prepare_new(ref, boot, prefer={d.device: d for d in old.devices})
         except (PrepareError, OSError) as exc:
             self.cp.claims[ref.uid] = old  # kept: the next prepare tries again with the same ids
             self.store.save(self.cp)
-            raise PrepareError(f"{exc} (re-creating the devices it held before the node rebooted)") from None
+            raise PrepareError(f"{exc} (re-creating the devices it was prepared with {when})") from None
         new = self.cp.claims[ref.uid]
         same = sum(1 for d in new.devices if d.vgpu_id and d.vgpu_id == getattr(
             next((o for o in old.devices if o.device == d.device), None), "vgpu_id", None))
-        log.info("%s: prepared before the node rebooted; re-created %s (%s with the same id as before) and "
-                 "rewrote its CDI specs and metadata", where, _n(len(new.devices), "device"), _n(same, "vGPU"))
+        log.info("%s: prepared %s; re-created %s (%s with the same id as before) and rewrote its CDI specs "
+                 "and metadata", where, when, _n(len(new.devices), "device"), _n(same, "vGPU"))
         return devices
 
     def _prepare_new(self, ref: ClaimRef, boot: str | None,
@@ -236,27 +256,36 @@ class Driver:
 
     def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict) -> None:
         """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""
-        cdi_devices: dict[str, list[dict]] = {}
-        by_request: dict[str, list[dict]] = {}
         for d in rec.devices:
             gpu = gpus[d.gpu]
             if d.kind == "vgpu":
                 create_vgpu(self.ex, gpu, d)
-                link = (self.env.mdev_devices / d.vgpu_id if d.framework == "mdev" else self.env.pci(d.parent))
-                group = link_name(self.io, link / "iommu_group")
-                d.iommu_group = int(group) if group and group.isdigit() else None
-                cdevs = self.io.listdir(link / "vfio-dev")  # with iommufd: the vGPU's own vfio cdev
-                vfio_dev = cdevs[0] if cdevs else None
-                attrs = {"mdevUUID": {"string": d.vgpu_id}} if d.framework == "mdev" else \
-                    {"resource.kubernetes.io/pciBusID": {"string": d.vgpu_id}}
             else:
                 d.rebound = passthrough_moves(gpu)
                 d.vfs_disabled = gpu.sriov_num_vfs
                 self.store.save(self.cp)  # what to give back, on disk before the first bind (crash safety)
                 bind_passthrough(self.ex, gpu)
-                after = read_one_gpu(self.env, self.io, d.gpu)
-                d.iommu_group, vfio_dev = after.iommu_group, after.vfio_dev
-                attrs = {"resource.kubernetes.io/pciBusID": {"string": d.gpu}}
+        self._write_files(rec, claim)
+
+    def _vfio(self, d: PreparedDeviceRecord) -> tuple[int | None, str | None, dict]:
+        """(IOMMU group, vfio cdev name, metadata attributes) of a prepared device, as the host shows it."""
+        if d.kind == "vgpu":
+            link = self.env.mdev_devices / d.vgpu_id if d.framework == "mdev" else self.env.pci(d.vgpu_id)
+            group = link_name(self.io, link / "iommu_group")
+            cdevs = self.io.listdir(link / "vfio-dev")  # with iommufd: the vGPU's own vfio cdev
+            attrs = {"mdevUUID": {"string": d.vgpu_id}} if d.framework == "mdev" else \
+                {"resource.kubernetes.io/pciBusID": {"string": d.vgpu_id}}
+            return (int(group) if group and group.isdigit() else None), (cdevs[0] if cdevs else None), attrs
+        after = read_one_gpu(self.env, self.io, d.gpu)
+        return after.iommu_group, after.vfio_dev, {"resource.kubernetes.io/pciBusID": {"string": d.gpu}}
+
+    def _write_files(self, rec: ClaimRecord, claim: dict) -> None:
+        """The claim's CDI spec, metadata files and their CDI specs, from its devices on the host."""
+        cdi_devices: dict[str, list[dict]] = {}
+        by_request: dict[str, list[dict]] = {}
+        rec.cdi_files, rec.metadata_files = [], []
+        for d in rec.devices:
+            d.iommu_group, vfio_dev, attrs = self._vfio(d)
             cdi_devices[d.device] = cdi.vfio_nodes(self.env, d.iommu_group, vfio_dev, self.io.exists(self.env.iommufd))
             d.cdi_ids = [cdi.cdi_id(self.paths.driver, rec.uid, d.device)]
             by_request.setdefault(d.request, []).append(
@@ -279,6 +308,27 @@ class Driver:
             # bind-mounts the file once per container, not once per device.
             next(d for d in rec.devices if d.request == request).cdi_ids.append(mid)
 
+    def _files_missing(self, rec: ClaimRecord) -> bool:
+        """A prepared claim whose answer would name CDI devices that resolve to nothing."""
+        return not rec.cdi_files or any(not d.cdi_ids for d in rec.devices) or \
+            not all(self.io.exists(Path(f)) for f in rec.cdi_files + rec.metadata_files)
+
+    def _rewrite_files(self, ref: ClaimRef, rec: ClaimRecord) -> None:
+        """Write a prepared claim's files again (its devices exist): a rebuilt record that had none,
+        specs lost with tmpfs. The claim is read again for its metadata."""
+        where = f"claim {ref.namespace}/{ref.name}"
+        if not (rec.namespace and rec.name and all(d.request for d in rec.devices)):
+            raise PrepareError(f"{where}: its devices exist but its CDI specs are gone and the record does not say "
+                               "which requests they serve; unprepare the claim (delete its pod) to start clean")
+        try:
+            claim = self.claims.get(ref.namespace, ref.name)
+        except Exception as exc:  # API errors become the claim's error
+            raise PrepareError(f"{where}: its CDI specs are gone and the claim cannot be read to write them again: "
+                               f"{exc}") from None
+        self._write_files(rec, claim)
+        self.store.save(self.cp)
+        log.info("%s: prepared, its devices present; wrote its CDI specs and metadata again", where)
+
     # ------------------------------------------------------------ unprepare
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
@@ -290,6 +340,9 @@ class Driver:
                     out[ref.uid] = None  # unknown claims are a no-op
                     continue
                 _fill_identity(rec, ref)
+                if rec.state != "unpreparing":  # intent first: a crash half-way is finished by recover()
+                    rec.state = "unpreparing"
+                    self.store.save(self.cp)
                 try:
                     self._undo(rec, boot)
                 except OSError as exc:
@@ -379,6 +432,12 @@ def _n(count: int, noun: str) -> str:
 def _may_be_live(rec: ClaimRecord, boot: str | None) -> bool:
     """False only for a record known to come from another boot: its devices died with it."""
     return boot is None or rec.boot_id is None or rec.boot_id == boot
+
+
+def _rebuilt_how(rec: ClaimRecord) -> str:
+    if not rec.cdi_files and not rec.metadata_files:
+        return ", no files: held from its allocation"
+    return "" if rec.boot_id else ", to re-create"
 
 
 def _who(rec: ClaimRecord) -> str:

@@ -317,7 +317,9 @@ def test_in_use_devices_survive_a_layout_that_drops_them(applied, holder):
     assert_persisted_exactly(applied)
 
 
-def test_passthrough_gpu_held_open_cannot_change_form(applied, holder):
+def test_passthrough_gpu_held_open_waits_before_changing_form(applied, holder):
+    """A GPU a VM holds is not rebound under it: the apply converges (blocked, nothing written)
+    and finishes once the VM lets go."""
     inv = applied.discover()
     pt = inv.gpus[1]
     assert pt.driver == "vfio-pci"
@@ -326,23 +328,26 @@ def test_passthrough_gpu_held_open_cannot_change_form(applied, holder):
     doc["layouts"]["default"][1] = {"index": 1, "vgpus": {"T4-2Q": 2}}
     io = CountingIO(applied.host)
     before = file_tree(applied.root)
-    with pytest.raises(ConfigError) as e:
-        apply(h.view(applied), parse_config(doc), io=io)
-    (p,) = e.value.problems
-    assert p.startswith("gpus[1].mode:") and pt.address in p and f"pid {h.pid}" in p
+    out = apply(h.view(applied), parse_config(doc), io=io)
+    (b,) = out.blocked
+    assert b.device == pt.address and f"pid {h.pid}" in b.held_by[0] and "return to nvidia" in b.blocks
+    assert out.ok and not out.matches
     assert io.writes == [] and file_tree(applied.root) == before
+    h.release()
+    out = apply(applied, parse_config(doc))
+    assert out.matches and len(applied.discover().gpu(pt.address).vgpus) == 2
 
 
-def test_gpu_with_held_vgpus_cannot_be_passed_through(applied, holder):
+def test_gpu_with_held_vgpus_waits_before_being_passed_through(applied, holder):
     t4 = applied.discover().gpus[0]
     h = holder(applied, applied.env.vfio_group(t4.vgpus[3].iommu_group))
     doc = example_doc()
     doc["layouts"]["default"][0] = {"index": 0, "mode": "passthrough"}
     io = CountingIO(applied.host)
-    with pytest.raises(ConfigError) as e:
-        apply(h.view(applied), parse_config(doc), io=io)
-    assert t4.vgpus[3].id in e.value.problems[0] and e.value.problems[0].startswith("gpus[0].mode:")
-    assert io.writes == []
+    out = apply(h.view(applied), parse_config(doc), io=io)
+    (b,) = out.blocked
+    assert b.device == t4.vgpus[3].id and f"pid {h.pid}" in b.held_by[0] and "through" in b.blocks
+    assert io.writes == [] and [v.id for v in applied.discover().gpus[0].vgpus] == [v.id for v in t4.vgpus]
 
 
 IOMMUFD_HOST = HostSpec(iommufd=True, gpus=[GpuGroup(board="T4"), GpuGroup(board="L40S", count=2)])
@@ -370,13 +375,12 @@ def test_devices_held_through_their_vfio_cdev_survive_a_layout_that_drops_them(m
     h = holder(sim, sim.env.iommufd, *cdevs)
     seen = h.view(sim)
 
-    # the passed-through GPU cannot change form under its VM: refused before any write
+    # the passed-through GPU cannot change form under its VM: blocked, nothing written
     io = CountingIO(sim.host)
     before = file_tree(sim.root)
-    with pytest.raises(ConfigError) as e:
-        apply(seen, layout(*IOMMUFD_LAYOUT[:2], {"index": 2, "vgpus": {"L40S-24Q": 1}}), io=io)
-    (p,) = e.value.problems
-    assert p.startswith("gpus[2].mode:") and pt.address in p and f"pid {h.pid}" in p and str(cdevs[2]) in p
+    out = apply(seen, layout(*IOMMUFD_LAYOUT[:2], {"index": 2, "vgpus": {"L40S-24Q": 1}}), io=io)
+    (b,) = out.blocked
+    assert b.device == pt.address and f"pid {h.pid}" in b.held_by[0] and str(cdevs[2]) in b.held_by[0]
     assert io.writes == [] and file_tree(sim.root) == before
 
     # vGPUs a layout drops stay while their cdev is open
@@ -427,12 +431,12 @@ def test_libvirt_domain_protects_its_mdev_and_pci_device(applied, tmp_path):
     assert skip.device == held.id and "libvirt domain vm1" in skip.reason
     assert [v.id for v in lv.discover().gpu(t4.address).vgpus] == [held.id]
 
-    # the passed-through GPU is referenced by vm1: it cannot become a vGPU host
+    # the passed-through GPU is referenced by vm1: it does not become a vGPU host under it
     doc["layouts"]["default"][1] = {"index": 1, "vgpus": {"T4-2Q": 1}}
     io = CountingIO(applied.host)
-    with pytest.raises(ConfigError) as e:
-        reconcile(lv.env, io, parse_config(doc))
-    assert "libvirt domain vm1" in e.value.problems[0] and pt.address in e.value.problems[0]
+    out = reconcile(lv.env, io, parse_config(doc))
+    (b,) = [b for b in out.blocked if b.device == pt.address]
+    assert "libvirt domain vm1" in b.held_by[0] and "return to nvidia" in b.blocks
     assert io.writes == []
 
 
@@ -520,10 +524,10 @@ def test_restore_after_reboot_recreates_the_same_devices(applied):
     assert_persisted_exactly(applied)
     # restore is idempotent
     assert restore(applied.env, applied.io) == []
-    # apply afterwards only has the passthrough GPU to re-bind; the vGPUs are right already
+    # restore re-bound the passthrough GPU too: apply has nothing left
     out = apply(applied, load_config(EXAMPLE_LAYOUT))
     steps = [r.step for rnd in out.rounds for r in rnd.report.results]
-    assert out.ok and steps == [f"bind {inv.gpus[1].address} to vfio-pci"]
+    assert out.ok and steps == [] and applied.discover().gpu(inv.gpus[1].address).driver == "vfio-pci"
     assert sorted((v.parent, v.id, v.type_id) for v in applied.discover().all_vgpus()) == before
 
 

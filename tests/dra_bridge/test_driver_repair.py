@@ -1,0 +1,123 @@
+"""What the kubelet is answered must exist: the plugin repairs what vanished behind its back.
+
+Each case was found by the fault campaign (tests/campaign):
+
+* a prepared claim whose vGPU was removed behind the plugin's back (by hand, by a crashed
+  unprepare of an older plugin) is made again on its next prepare, not answered from the
+  checkpoint with a device that is gone;
+* a prepared claim whose CDI specs are gone while its devices exist (tmpfs cleared, a rebuilt
+  record) gets its files written again before the kubelet is answered;
+* an unprepare killed half-way leaves its intent (``unpreparing``) in the checkpoint, and the
+  next start finishes it: no claim recorded as prepared with its devices gone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.sim.apiserver import LocalApiServer
+from mdev_manager.executor import Executor
+from mdev_manager.sim import SimIO
+
+from tests.support.dra import add_claim, devices_of, make_driver, make_node
+
+T4 = "0000:10:00.0"
+
+
+@pytest.fixture
+def srv():
+    with LocalApiServer(version="1.35") as server:
+        yield server
+
+
+@pytest.fixture
+def setup(tmp_path, srv):
+    node = make_node(tmp_path, "default")
+    paths = PluginPaths.under(tmp_path / "plugin")
+    pool = node.build_pool()
+    ref = add_claim(srv, "vm1", [("gpu", devices_of(pool, T4, "vgpu")[0])], node=node.node, namespace="default")
+    drv = make_driver(node, paths, srv.api_client(), pool)
+    assert drv.prepare([ref])[ref.uid].error is None
+    return node, paths, pool, ref, drv
+
+
+def resolves(paths: PluginPaths, answer) -> None:
+    """Every CDI id the kubelet was given names a device in a spec on disk."""
+    known = set()
+    for f in paths.cdi_root.iterdir():
+        spec = json.loads(f.read_text())
+        known |= {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+    for dev in answer.devices:
+        assert dev.cdi_device_ids and set(dev.cdi_device_ids) <= known
+
+
+def test_a_vgpu_removed_behind_the_plugins_back_is_made_again(setup):
+    node, paths, pool, ref, drv = setup
+    (d,) = drv.cp.claims[ref.uid].devices
+    Executor(node.env, node.io).remove_mdev(d.parent, d.vgpu_id)  # an admin's mdevctl stop
+    assert d.vgpu_id not in node.mdevs()
+    answer = drv.prepare([ref])[ref.uid]
+    assert answer.error is None
+    (again,) = drv.cp.claims[ref.uid].devices
+    assert again.vgpu_id in node.mdevs() and again.vgpu_id == d.vgpu_id  # the same UUID, as after a reboot
+    resolves(paths, answer)
+
+
+def test_a_vgpu_in_use_behind_a_vanished_sibling_is_not_made_over(setup, srv):
+    """Two devices, one gone: the other may be a VM's; not re-created over it, and the kubelet is told why."""
+    node, paths, pool, _ref, drv = setup
+    two = add_claim(srv, "vm2", [("a", devices_of(pool, T4, "vgpu")[1]), ("b", devices_of(pool, T4, "vgpu")[2])],
+                    node=node.node, namespace="default")
+    assert drv.prepare([two])[two.uid].error is None
+    first, second = drv.cp.claims[two.uid].devices
+    Executor(node.env, node.io).remove_mdev(first.parent, first.vgpu_id)
+    answer = drv.prepare([two])[two.uid]
+    assert answer.error and second.vgpu_id in answer.error and "not re-creating" in answer.error
+    assert second.vgpu_id in node.mdevs()
+
+
+def test_lost_cdi_specs_are_written_again_before_the_answer(setup):
+    node, paths, pool, ref, drv = setup
+    shutil.rmtree(paths.cdi_root)  # /var/run is tmpfs: cleared without a reboot by a careless admin
+    answer = drv.prepare([ref])[ref.uid]
+    assert answer.error is None
+    resolves(paths, answer)
+    assert all(Path(f).is_file() for f in drv.cp.claims[ref.uid].cdi_files)
+
+
+class DiesAt(SimIO):
+    """Raises (the process dies) before the write whose path ends in ``name``."""
+
+    def __init__(self, host, name: str):
+        super().__init__(host)
+        self.name = name
+
+    def write(self, path, data):
+        if str(path).endswith(self.name):
+            raise SystemExit("killed")
+        super().write(path, data)
+
+    def remove(self, path):
+        if str(path).endswith(self.name):
+            raise SystemExit("killed")
+        super().remove(path)
+
+
+def test_an_unprepare_killed_half_way_is_finished_at_the_next_start(setup, srv):
+    node, paths, pool, ref, drv = setup
+    (d,) = drv.cp.claims[ref.uid].devices
+    dying = make_driver(node, paths, srv.api_client(), pool, io=DiesAt(node.host, ".json"))  # after the vGPU
+    with pytest.raises(SystemExit):
+        dying.unprepare([ref])
+    assert d.vgpu_id not in node.mdevs()  # the vGPU went, the record did not
+    restarted = make_driver(node, paths, srv.api_client(), pool)
+    assert restarted.cp.claims[ref.uid].state == "unpreparing"
+    assert restarted.recover() == [ref.uid]
+    assert ref.uid not in restarted.cp.claims and not any(paths.cdi_root.iterdir())
+    # the kubelet's retried unprepare is a no-op; a new prepare starts clean
+    assert restarted.unprepare([ref]) == {ref.uid: None}
