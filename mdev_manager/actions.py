@@ -100,9 +100,21 @@ class SaveVendorRecord(_Action):
         return f"persist VF {self.vf} as type {self.type_id}" if self.type_id else f"forget VF {self.vf}"
 
 
+class SavePassthrough(_Action):
+    """Remember (``keep``) or forget a function the layout passes through, so ``restore`` binds it
+    again after a reboot: a GPU already on vfio-pci gets no bind step that would record it."""
+
+    kind: Literal["save_passthrough"] = "save_passthrough"
+    address: str
+    keep: bool
+
+    def describe(self) -> str:
+        return f"persist {self.address} as passed through" if self.keep else f"forget {self.address} as passed through"
+
+
 Action = Annotated[
     Union[EnableVfs, DisableVfs, BindDriver, SaveDefinition, CreateMdev, RemoveMdev, RemoveDefinition,
-          SetVgpuType, SaveVendorRecord],
+          SetVgpuType, SaveVendorRecord, SavePassthrough],
     Field(discriminator="kind"),
 ]
 

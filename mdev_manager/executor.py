@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from mdev_manager import persist
 from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
-                      SaveDefinition, SaveVendorRecord, SetVgpuType)
+                      SaveDefinition, SavePassthrough, SaveVendorRecord, SetVgpuType)
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name, override_value, read_attr
 from mdev_manager.models import MdevDefinition
@@ -159,6 +159,8 @@ class Executor:
             persist.remove_definition(env, io, a.parent, a.uuid)
         elif isinstance(a, SetVgpuType):
             self.set_vgpu_type(a.vf, a.type_id)
+        elif isinstance(a, SavePassthrough):
+            self._passthrough(check_pci_address(a.address), check_pci_address(a.gpu) if a.keep else None)
         elif isinstance(a, SaveVendorRecord):
             records = dict(self.records())
             if a.type_id is None:

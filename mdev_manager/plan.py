@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 from mdev_manager import catalog
 from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
-                      SaveDefinition, SaveVendorRecord, SetVgpuType, Skip)
+                      SaveDefinition, SavePassthrough, SaveVendorRecord, SetVgpuType, Skip)
 from mdev_manager.config import ConfigError, GpuLayout, did_you_mean, layout_error
 from mdev_manager.models import (Blocked, Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types,
                                  occupancy)
@@ -186,6 +186,7 @@ def make_plan(
     definitions: list[MdevDefinition] = (),
     vendor_records: dict[str, str] | None = None,
     new_uuid: Callable[[], str] = lambda: str(uuidlib.uuid4()),
+    passthrough: dict[str, str] | None = None,
 ) -> Plan:
     """The ordered steps that take the node to ``layouts``. Raises ConfigError before any step on bad input."""
     usage = usage or Usage()
@@ -209,6 +210,8 @@ def make_plan(
     plan = Plan()
     for addr, entry in chosen.items():
         gpu = gpus[addr]
+        if passthrough is not None:
+            _plan_passthrough_record(plan, gpu, entry.mode, passthrough)
         if entry.mode == "passthrough":
             _plan_passthrough(plan, gpu, usage, definitions, vendor_records or {})
         elif entry.mode in ("vgpu", "dra"):
@@ -277,6 +280,20 @@ def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
     return False
 
 
+def _plan_passthrough_record(plan: Plan, gpu: Gpu, mode: str, saved: dict[str, str]) -> None:
+    """What ``restore`` rebinds after a reboot: a passthrough GPU's functions already on vfio-pci
+    (a bind step records the others itself), and nothing of a GPU the layout hands back (unmanaged;
+    other modes rebind it to its native driver, which forgets it)."""
+    drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
+    if mode == "passthrough":
+        for fn, driver in sorted(drivers.items()):
+            if driver == "vfio-pci" and saved.get(fn) != gpu.address:
+                plan.actions.append(SavePassthrough(gpu=gpu.address, address=fn, keep=True))
+    elif mode == "unmanaged":
+        for fn in sorted(f for f, g in saved.items() if g == gpu.address):
+            plan.actions.append(SavePassthrough(gpu=gpu.address, address=fn, keep=False))
+
+
 def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
     busy = [v for v in gpu.vgpus if _vgpu_users(v, usage)]
     if busy:  # nothing changes under a workload: the GPU is passed through once they are released
@@ -284,6 +301,12 @@ def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) 
             plan.skipped.append(Skip(device=v.id, reason=f"in use ({'; '.join(_vgpu_users(v, usage))})"))
         plan.skipped.append(Skip(device=gpu.address, reason=(
             f"passed through once its {len(busy)} vGPU(s) in use are released")))
+        return
+    drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
+    if any(d != "vfio-pci" for d in drivers.values()) and (users := _group_users(gpu, usage)):
+        # a VF or a companion function of its group is held (vfio: one owner per group): the
+        # kernel would refuse the VF disable or the unbind, so nothing is tried under it
+        plan.skipped.append(Skip(device=gpu.address, reason=f"passed through once released ({'; '.join(users)})"))
         return
     for v in gpu.vgpus:
         if v.framework == "mdev":
@@ -493,6 +516,10 @@ def blocked_by_use(inv: Inventory, layouts: list[GpuLayout], plan: Plan, usage: 
             out.append(Blocked(device=v.id, gpu=v.gpu, held_by=users, blocks=blocks))
             continue
         gpu = inv.gpu(s.device)
+        if gpu is not None and modes.get(gpu.address) == "passthrough" and (users := _group_users(gpu, usage)):
+            out.append(Blocked(device=gpu.address, gpu=gpu.address, held_by=users,
+                               blocks="passing it through: its IOMMU group is held by another owner"))
+            continue
         if (gpu is not None and modes.get(gpu.address) == "vgpu" and gpu.driver == "vfio-pci"
                 and (users := _group_users(gpu, usage))):
             out.append(Blocked(device=gpu.address, gpu=gpu.address, held_by=users,

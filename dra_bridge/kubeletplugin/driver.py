@@ -113,7 +113,12 @@ class Driver:
             boot = self.boot_id()
             for uid, rec in list(self.cp.claims.items()):
                 if rec.state in ("preparing", "unpreparing"):
-                    self._undo(rec, boot)
+                    try:
+                        self._undo(rec, boot)
+                    except OSError as exc:  # e.g. EBUSY: a VM holds the device; never forced
+                        log.warning("claim %s: left %s by a crash, not undone yet (%s); its devices stay "
+                                    "in use until the kubelet's next prepare or unprepare", _who(rec), rec.state, exc)
+                        continue
                     del self.cp.claims[uid]
                     undone.append(uid)
             if undone:

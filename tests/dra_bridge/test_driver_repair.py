@@ -121,3 +121,22 @@ def test_an_unprepare_killed_half_way_is_finished_at_the_next_start(setup, srv):
     assert ref.uid not in restarted.cp.claims and not any(paths.cdi_root.iterdir())
     # the kubelet's retried unprepare is a no-op; a new prepare starts clean
     assert restarted.unprepare([ref]) == {ref.uid: None}
+
+
+def test_recover_never_forces_a_device_a_vm_holds(setup, srv):
+    """A half-prepared claim whose vGPU a process holds open (EBUSY): the start goes on, the record
+    stays (its device in use), and the next recover finishes once the process lets go."""
+    from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
+
+    node, paths, pool, ref, drv = setup
+    cp = CheckpointStore(paths.checkpoint).load()
+    cp.claims[ref.uid].state = "preparing"  # a crash between making the vGPU and answering
+    CheckpointStore(paths.checkpoint).save(cp)
+    (d,) = cp.claims[ref.uid].devices
+    pid = node.host.spawn_holder([node.env.vfio_group(d.iommu_group)])
+    restarted = make_driver(node, paths, srv.api_client(), pool)
+    assert restarted.recover() == []
+    assert restarted.cp.claims[ref.uid].state == "preparing" and d.vgpu_id in node.mdevs()
+    assert d.vgpu_id in restarted.usage().mdevs
+    node.host.kill(pid)
+    assert restarted.recover() == [ref.uid] and d.vgpu_id not in node.mdevs()

@@ -465,3 +465,19 @@ def test_nvidia_only_indices_skip_other_vendors(make_sim):
     entry = layout({"index": 0, "vgpus": {"T4-4Q": 1}})[0].model_copy(update={"nvidia_only": True})
     plan = make_plan(inv, [entry], new_uuid=uuids())
     assert {a.gpu for a in plan.actions} == {inv.gpus[1].address}
+
+
+def test_passthrough_waits_while_a_vf_or_group_mate_is_held(sim, l40s):
+    """A held VF (or a function of the GPU's IOMMU group; usage credits both to the GPU) would be
+    taken away by disabling SR-IOV or rebinding: nothing is tried under it, the GPU is blocked."""
+    inv = sim.discover()
+    gpu = inv.gpu(l40s.address)
+    assert gpu.sriov_num_vfs and not gpu.vgpus
+    who = f"pid 7 (qemu-kvm) holds /dev/vfio/devices/vfio3 of its VF {gpu.vfs[0].address}"
+    usage = Usage(pci={gpu.address: [who]})
+    layouts = layout({"pciAddress": gpu.address, "mode": "passthrough"})
+    plan = make_plan(inv, layouts, usage=usage)
+    assert [a for a in plan.actions if getattr(a, "gpu", None) == gpu.address] == []
+    (b,) = blocked_by_use(inv, layouts, plan, usage)
+    assert b.device == gpu.address and who in b.held_by[0] and "passing it through" in b.blocks
+    assert of(make_plan(inv, layouts), DisableVfs)  # released: VFs off, then vfio-pci

@@ -191,3 +191,24 @@ def test_no_vfs_or_vgpus_on_a_saved_passthrough_gpu(applied):
                         persist.load_passthrough(applied.env, applied.io))
     assert a100.address not in {a.gpu for a in plan.actions if isinstance(a, EnableVfs)}
     assert (a100.address, "vfio-pci") in {(a.address, a.driver) for a in plan.actions if isinstance(a, BindDriver)}
+
+
+def test_a_gpu_already_on_vfio_pci_is_recorded_and_unmanaged_forgets_it(sim):
+    """A GPU bound to vfio-pci by hand (or by an older vgpuctl) gets no bind step: apply records
+    it all the same, so restore brings it back after a reboot; a layout that hands the GPU back
+    (unmanaged) forgets it, so no stale record rebinds it later."""
+    from mdev_manager.executor import Executor
+
+    Executor(sim.env, sim.io).bind(PASSED, "vfio-pci")
+    doc = {"version": "vgpuctl/v1", "layouts": {"default": [{"pciAddress": PASSED, "mode": "passthrough"}],
+                                                "off": [{"pciAddress": PASSED, "mode": "unmanaged"}]}}
+    out = reconcile(sim.env, sim.io, layout(*doc["layouts"]["default"]))
+    assert out.ok and [r.step for rnd in out.rounds for r in rnd.report.results] == [
+        f"persist {PASSED} as passed through"]
+    assert persist.load_passthrough(sim.env, sim.io) == {PASSED: PASSED}
+    sim.host.reboot()
+    restore(sim.env, sim.io)
+    assert sim.discover().gpu(PASSED).driver == "vfio-pci"
+    assert reconcile(sim.env, sim.io, layout(*doc["layouts"]["off"])).ok
+    assert persist.load_passthrough(sim.env, sim.io) == {}
+    assert sim.discover().gpu(PASSED).driver == "vfio-pci"  # unmanaged: left as it is
