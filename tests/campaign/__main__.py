@@ -1,0 +1,44 @@
+"""``python -m tests.campaign --steps N --seed S``: a longer run of the node-safety campaign."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from tests.campaign.run import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.campaign", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=int, default=200, help="steps to run in all")
+    p.add_argument("--seed", type=int, action="append", help="hypothesis seed (repeat for several runs)")
+    p.add_argument("--episode-steps", type=int, default=50, help="steps per fresh node")
+    p.add_argument("--no-shrink", action="store_true", help="report the first failing sequence as found")
+    p.add_argument("-v", "--verbose", action="store_true", help="show the agent's log (warnings and up)")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.episode_steps < 1:
+        p.error("--steps and --episode-steps must be at least 1")
+    logging.basicConfig(level=logging.WARNING if args.verbose else logging.CRITICAL, format="%(name)s: %(message)s")
+    code = 0
+    for s in args.seed or [0]:
+        def progress(done: int, total: int) -> None:
+            if sys.stderr.isatty() or done % 100 == 0 or done == total:
+                print(f"\rseed {s}: {done}/{total} steps", end="" if sys.stderr.isatty() else "\n",
+                      file=sys.stderr, flush=True)
+
+        res = run(args.steps, s, episode_steps=args.episode_steps, shrink=not args.no_shrink, progress=progress)
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(res.kinds.items()))
+        print(f"seed {s}: {res.episodes} nodes, {res.seconds:.0f} s; steps by kind: {kinds}")
+        if res.failure:
+            print(res.failure)
+            code = 1
+        print(res.line)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
