@@ -23,7 +23,6 @@ import pytest
 from dra_bridge.kubelet.types import ClaimRef
 from dra_bridge.kubeletplugin import checkpoint as ckpt
 from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
-from dra_bridge.kubeletplugin.paths import PluginPaths
 from mdev_manager.reconcile import reconcile
 from tests.support.dra import (
     DRA_LAYOUT,
@@ -34,7 +33,6 @@ from tests.support.dra import (
     claim_object,
     devices_of,
     make_driver,
-    make_node,
     read_metadata_stream,
 )
 from tests.support.simnodes import file_tree
@@ -43,16 +41,6 @@ LOGGER = "dra_bridge.kubeletplugin"
 T4, A100, PT, L40S = "0000:10:00.0", "0000:16:00.0", "0000:13:00.0", "0000:19:00.0"
 UID_VGPUS = "6f1c1c2e-0000-4000-8000-00000000a001"
 UID_PT = "6f1c1c2e-0000-4000-8000-00000000a002"
-
-
-@pytest.fixture
-def node(tmp_path):
-    return make_node(tmp_path, "default")
-
-
-@pytest.fixture
-def paths(tmp_path):
-    return PluginPaths.under(tmp_path / "plugin")
 
 
 def prepared(node, paths):

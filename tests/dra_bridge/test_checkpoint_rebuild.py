@@ -21,26 +21,9 @@ import pytest
 from dra_bridge.kubeletplugin import cdi, metadata, recovery
 from dra_bridge.pool.devices import Pool
 from dra_bridge.sim.apiserver import LocalApiServer
-from dra_bridge.kubeletplugin.paths import PluginPaths
 from tests.dra_bridge.test_checkpoint import (A100, L40S, LOGGER, PT, T4, check_resolves, host_state, norm,
                                               plugin_warnings, prepared)
-from tests.support.dra import DRIVER, add_claim, devices_of, make_driver, make_node, read_metadata_stream
-
-
-@pytest.fixture
-def node(tmp_path):
-    return make_node(tmp_path, "default")
-
-
-@pytest.fixture
-def paths(tmp_path):
-    return PluginPaths.under(tmp_path / "plugin")
-
-
-@pytest.fixture
-def srv():
-    with LocalApiServer(version="1.35") as server:
-        yield server
+from tests.support.dra import DRIVER, add_claim, devices_of, make_driver, read_metadata_stream
 
 
 def api_prepared(node, paths, srv):

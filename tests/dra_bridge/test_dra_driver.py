@@ -23,7 +23,6 @@ from dra_bridge.kubeletplugin.paths import PluginPaths
 from mdev_manager.executor import Executor
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimIO
-from dra_bridge.sim.apiserver import LocalApiServer
 from tests.support.dra import (
     DRA_LAYOUT,
     DRIVER,
@@ -42,22 +41,6 @@ from tests.support.dra import (
 
 T4_1Q, T4_2Q = "nvidia-230", "nvidia-231"
 POD_CLAIM = metadata.POD_CLAIM_ANNOTATION
-
-
-@pytest.fixture
-def srv():
-    with LocalApiServer(version="1.35") as s:
-        yield s
-
-
-@pytest.fixture
-def node(tmp_path):
-    return make_node(tmp_path, "default")
-
-
-@pytest.fixture
-def paths(tmp_path):
-    return PluginPaths.under(tmp_path / "plugin")
 
 
 def prepare_ok(drv, ref: ClaimRef):

@@ -20,19 +20,12 @@ from pathlib import Path
 import pytest
 
 from dra_bridge.kubeletplugin.paths import PluginPaths
-from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
 
 from tests.support.dra import add_claim, devices_of, make_driver, make_node
 
 T4 = "0000:10:00.0"
-
-
-@pytest.fixture
-def srv():
-    with LocalApiServer(version="1.35") as server:
-        yield server
 
 
 @pytest.fixture
