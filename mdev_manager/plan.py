@@ -217,8 +217,9 @@ def make_plan(
         elif entry.mode in ("vgpu", "dra"):
             if _prepare_for_vgpu(plan, gpu, usage):
                 continue
-            if entry.mode == "dra":
-                continue  # the DRA bridge creates vGPUs per claim
+            if entry.mode == "dra":  # the DRA bridge creates vGPUs per claim
+                _plan_dra(plan, gpu, usage, definitions, vendor_records or {})
+                continue
             if gpu.framework in ("mdev", "mdev-sriov"):
                 _plan_mdev(plan, gpu, wanted[addr], usage, definitions, new_uuid)
             elif gpu.framework == "vendor-vfio":
@@ -278,6 +279,37 @@ def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
         plan.actions.append(EnableVfs(gpu=gpu.address, count=gpu.sriov_total_vfs))
         return True
     return False
+
+
+def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
+    """A ``dra`` GPU's vGPUs are its claims': what an earlier layout saved on it goes, so the
+    layout and a claim never name one device (a dormant record would take a claim's VF back at the
+    next restore) and no vGPU outside the DRA accounting takes the GPU's capacity. Unused saved
+    vGPUs are removed with their definitions or records, dormant ones forgotten; one in use stays
+    (blocked) until released; a claim's is never touched."""
+    parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
+    defs = {d.uuid: d for d in definitions if d.parent in parents}
+    recs = {vf: t for vf, t in records.items() if vf in parents}
+    present = {v.id for v in gpu.vgpus}
+    for v in gpu.vgpus:
+        saved = v.id in defs if v.framework == "mdev" else v.id in recs
+        if not saved or usage.claims_of(v.id):
+            continue
+        if users := _vgpu_users(v, usage):
+            plan.skipped.append(Skip(device=v.id, reason=f"not removed: in use ({'; '.join(users)})"))
+            continue
+        if v.framework == "mdev":
+            plan.actions += [RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id),
+                             RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id)]
+        else:
+            plan.actions += [SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"),
+                             SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None)]
+    for d in defs.values():
+        if d.uuid not in present:
+            plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
+    for vf in sorted(recs):
+        if vf not in present:
+            plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
 
 
 def _plan_passthrough_record(plan: Plan, gpu: Gpu, mode: str, saved: dict[str, str]) -> None:

@@ -481,3 +481,23 @@ def test_passthrough_waits_while_a_vf_or_group_mate_is_held(sim, l40s):
     (b,) = blocked_by_use(inv, layouts, plan, usage)
     assert b.device == gpu.address and who in b.held_by[0] and "passing it through" in b.blocks
     assert of(make_plan(inv, layouts), DisableVfs)  # released: VFs off, then vfio-pci
+
+
+def test_a_gpu_turned_dra_sheds_what_the_layout_saved_on_it(sim, t4):
+    """In dra mode a GPU's vGPUs are its claims': the layout's saved vGPUs go (unused ones with
+    their definitions, dormant definitions too), one a VM uses stays blocked, a claim's is never
+    touched. A dormant definition left behind would take a claim's device back at the next restore
+    (found by the fault campaign)."""
+    t2q = tid("T4", "T4-2Q")
+    free, used, claimed = create(sim, t4.address, t2q, 3)
+    dormant = str(uuidlib.uuid4())
+    defs = defs_for(t4.address, t2q, [free, used, dormant])
+    inv = sim.discover()
+    layouts = layout({"index": 0, "mode": "dra"})
+    usage = Usage(mdevs={used: ["libvirt domain vm1"], claimed: ["ResourceClaim vms/c"]},
+                  claimed={claimed: ["ResourceClaim vms/c"]})
+    plan = make_plan(inv, layouts, usage=usage, definitions=defs)
+    assert [a.uuid for a in of(plan, RemoveMdev)] == [free]
+    assert sorted(a.uuid for a in of(plan, RemoveDefinition)) == sorted([free, dormant])
+    (b,) = blocked_by_use(inv, layouts, plan, usage)
+    assert b.device == used and "libvirt domain vm1" in b.held_by[0]
