@@ -293,7 +293,11 @@ def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
     present = {v.id for v in gpu.vgpus}
     for v in gpu.vgpus:
         saved = v.id in defs if v.framework == "mdev" else v.id in recs
-        if not saved or usage.claims_of(v.id):
+        if saved and usage.claims_of(v.id):  # the claim's device: only the layout's record of it goes
+            plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id) if v.framework == "mdev"
+                                else SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None))
+            continue
+        if not saved:
             continue
         if users := _vgpu_users(v, usage):
             plan.skipped.append(Skip(device=v.id, reason=f"not removed: in use ({'; '.join(users)})"))
@@ -446,6 +450,9 @@ def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
     keep, busy, drop = _split_existing(plan, [v for v in gpu.vgpus if v.framework == "mdev"], wanted, usage,
                                        set(defs), "removed")
     kept = keep + busy
+    for v in busy:
+        if v.id in defs and usage.claims_of(v.id):  # a claim's device is not the layout's to save
+            removals.append(RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id))
     for v in keep:
         if v.id not in defs:
             saves.append(SaveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id, type_id=v.type_id))
@@ -489,6 +496,12 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     vfs = [vf.address for vf in gpu.vfs]
     mine = {vf: tid for vf, tid in records.items() if vf in vfs}
     removals, saves, creates = [], [], []
+    # a VF a DRA claim holds (or will make its vGPU on again, after a reboot) is the claim's: a
+    # layout record naming it is forgotten and the VF is not the layout's to fill
+    claimed_vfs = {vf for vf in vfs if usage.claims_of(vf)}
+    for vf in sorted(claimed_vfs & set(mine)):
+        removals.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
+        del mine[vf]
     keep, busy, drop = _split_existing(plan, gpu.vgpus, wanted, usage, set(mine), "cleared")
     kept = keep + busy
     for v in keep:
@@ -498,7 +511,7 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
         removals.append(SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"))
         if v.id in mine:
             removals.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None))
-    holding = {v.id for v in kept}
+    holding = {v.id for v in kept} | claimed_vfs
     free = [vf for vf in vfs if vf not in holding]
     dormant = {vf: tid for vf, tid in mine.items() if vf not in {v.id for v in gpu.vgpus}}
     room = _Room(gpu, types, kept)

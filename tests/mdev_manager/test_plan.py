@@ -501,3 +501,23 @@ def test_a_gpu_turned_dra_sheds_what_the_layout_saved_on_it(sim, t4):
     assert sorted(a.uuid for a in of(plan, RemoveDefinition)) == sorted([free, dormant])
     (b,) = blocked_by_use(inv, layouts, plan, usage)
     assert b.device == used and "libvirt domain vm1" in b.held_by[0]
+
+
+def test_a_vf_a_claim_holds_is_not_the_layouts(sim, l40s):
+    """A dormant layout record naming a VF a claim holds (its vGPU gone with a reboot, to be made
+    again) is forgotten, and the layout fills other VFs: after a reboot the layout took the claim's
+    VF back and the claim could not be re-created (found by the fault campaign)."""
+    inv = sim.discover()
+    gpu = inv.gpu(l40s.address)
+    vf = gpu.vfs[0].address
+    t = next(t for t in gpu.types if t.short_name == "L40S-8Q")
+    records = {vf: t.id}
+    usage = Usage(pci={vf: ["ResourceClaim vms/c"]}, claimed={vf: ["ResourceClaim vms/c"]})
+    plan = make_plan(inv, layout({"pciAddress": gpu.address, "vgpus": {"L40S-8Q": 2}}), usage=usage,
+                     vendor_records=records)
+    assert SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None) in plan.actions
+    made = [a.vf for a in of(plan, SetVgpuType)]
+    assert len(made) == 2 and vf not in made
+    # in dra mode the same record goes too
+    plan = make_plan(inv, layout({"pciAddress": gpu.address, "mode": "dra"}), usage=usage, vendor_records=records)
+    assert of(plan, SaveVendorRecord) == [SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None)]
