@@ -22,7 +22,7 @@ from mdev_manager import catalog
 from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
                       SaveDefinition, SavePassthrough, SaveVendorRecord, SetVgpuType, Skip)
 from mdev_manager.config import ConfigError, GpuLayout, did_you_mean, layout_error
-from mdev_manager.models import (Blocked, Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types,
+from mdev_manager.models import (Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types,
                                  occupancy)
 
 NVIDIA = "0x10de"
@@ -229,11 +229,11 @@ def make_plan(
     return plan
 
 
-def _group_users(gpu: Gpu, usage: Usage) -> list[str]:
+def group_users(gpu: Gpu, usage: Usage) -> list[str]:
     return usage.pci_users(gpu.address, gpu.iommu_group)
 
 
-def _vgpu_users(v: Vgpu, usage: Usage) -> list[str]:
+def vgpu_users(v: Vgpu, usage: Usage) -> list[str]:
     if v.framework == "mdev":
         return usage.mdev_users(v.id, v.iommu_group)
     return usage.pci_users(v.id, v.iommu_group)
@@ -257,9 +257,9 @@ def _workload_conflicts(gpu: Gpu, entry: GpuLayout, usage: Usage, i: int) -> lis
 def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
     """Native driver and VFs first; True when the GPU needs another discovery before vGPUs."""
     native = native_driver(gpu)
-    if gpu.driver == "vfio-pci" and _group_users(gpu, usage):
+    if gpu.driver == "vfio-pci" and group_users(gpu, usage):
         plan.skipped.append(Skip(device=gpu.address, reason=(
-            f"passed through ({'; '.join(_group_users(gpu, usage))}); returned to {native} when released")))
+            f"passed through ({'; '.join(group_users(gpu, usage))}); returned to {native} when released")))
         return True
     if gpu.driver in (None, "vfio-pci") and native:
         drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
@@ -299,7 +299,7 @@ def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
             continue
         if not saved:
             continue
-        if users := _vgpu_users(v, usage):
+        if users := vgpu_users(v, usage):
             plan.skipped.append(Skip(device=v.id, reason=f"not removed: in use ({'; '.join(users)})"))
             continue
         if v.framework == "mdev":
@@ -331,15 +331,15 @@ def _plan_passthrough_record(plan: Plan, gpu: Gpu, mode: str, saved: dict[str, s
 
 
 def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
-    busy = [v for v in gpu.vgpus if _vgpu_users(v, usage)]
+    busy = [v for v in gpu.vgpus if vgpu_users(v, usage)]
     if busy:  # nothing changes under a workload: the GPU is passed through once they are released
         for v in busy:
-            plan.skipped.append(Skip(device=v.id, reason=f"in use ({'; '.join(_vgpu_users(v, usage))})"))
+            plan.skipped.append(Skip(device=v.id, reason=f"in use ({'; '.join(vgpu_users(v, usage))})"))
         plan.skipped.append(Skip(device=gpu.address, reason=(
             f"passed through once its {len(busy)} vGPU(s) in use are released")))
         return
     drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
-    if any(d != "vfio-pci" for d in drivers.values()) and (users := _group_users(gpu, usage)):
+    if any(d != "vfio-pci" for d in drivers.values()) and (users := group_users(gpu, usage)):
         # a VF or a companion function of its group is held (vfio: one owner per group): the
         # kernel would refuse the VF disable or the unbind, so nothing is tried under it
         plan.skipped.append(Skip(device=gpu.address, reason=f"passed through once released ({'; '.join(users)})"))
@@ -428,7 +428,7 @@ def _split_existing(plan: Plan, vgpus: list[Vgpu], wanted: dict[str, int], usage
         else:
             by_type[v.type_id].append(v)
     for tid, lst in by_type.items():
-        users = {v.id: _vgpu_users(v, usage) for v in lst}
+        users = {v.id: vgpu_users(v, usage) for v in lst}
         lst.sort(key=lambda v: _keep_order(v, users[v.id], saved))
         want = wanted.get(tid, 0)
         keep += lst[:want]
@@ -532,41 +532,3 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     for vf in dormant:
         removals.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
     plan.actions += removals + saves + creates
-
-
-# ---------------------------------------------------------------- what in-use devices hold back
-def blocked_by_use(inv: Inventory, layouts: list[GpuLayout], plan: Plan, usage: Usage) -> list[Blocked]:
-    """The devices a plan keeps only because something uses them, each with its users and what
-    waits for its release (the plan's other skips on the same GPU). Empty: the plan, once run,
-    leaves the node as the layout says. A whole GPU a DRA claim holds on a ``dra`` GPU is what
-    the layout asks for, not a block."""
-    modes = {addr: e.mode for addr, e in select_gpus(inv, layouts).items()}
-    waits: dict[str, list[str]] = defaultdict(list)
-    for s in plan.skipped:
-        if inv.gpu(s.device) is not None:
-            waits[s.device].append(s.reason)
-    vgpus = {v.id: v for v in inv.all_vgpus()}
-    out = []
-    for s in plan.skipped:
-        v = vgpus.get(s.device)
-        if v is not None and (users := _vgpu_users(v, usage)):
-            if modes.get(v.gpu) == "passthrough":
-                blocks = f"passing GPU {v.gpu} through: the layout wants the whole GPU"
-            elif usage.claims_of(v.id):
-                then = "; then " + "; ".join(waits[v.gpu]) if waits[v.gpu] else ""
-                blocks = f"the layout: this {v.type_name} belongs to a DRA claim, not to the layout{then}"
-            else:
-                then = "; then " + "; ".join(waits[v.gpu]) if waits[v.gpu] else ""
-                blocks = f"its removal: the layout has no room for this {v.type_name}{then}"
-            out.append(Blocked(device=v.id, gpu=v.gpu, held_by=users, blocks=blocks))
-            continue
-        gpu = inv.gpu(s.device)
-        if gpu is not None and modes.get(gpu.address) == "passthrough" and (users := _group_users(gpu, usage)):
-            out.append(Blocked(device=gpu.address, gpu=gpu.address, held_by=users,
-                               blocks="passing it through: its IOMMU group is held by another owner"))
-            continue
-        if (gpu is not None and modes.get(gpu.address) == "vgpu" and gpu.driver == "vfio-pci"
-                and (users := _group_users(gpu, usage))):
-            out.append(Blocked(device=gpu.address, gpu=gpu.address, held_by=users,
-                               blocks=f"its return to {native_driver(gpu) or 'its native driver'} for vGPUs"))
-    return out

@@ -22,7 +22,8 @@ from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor, Report
 from mdev_manager.host.io import HostIO
 from mdev_manager.models import Blocked, Inventory, Usage
-from mdev_manager.plan import blocked_by_use, make_plan
+from mdev_manager.blocked import blocked_by_use
+from mdev_manager.plan import make_plan
 from mdev_manager.usage import collect_usage
 
 log = logging.getLogger(__name__)

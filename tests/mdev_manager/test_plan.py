@@ -15,7 +15,8 @@ from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs,
 from mdev_manager.config import ConfigError
 from mdev_manager.executor import Executor
 from mdev_manager.models import Holder, MdevDefinition, Usage
-from mdev_manager.plan import blocked_by_use, make_plan
+from mdev_manager.blocked import blocked_by_use
+from mdev_manager.plan import make_plan
 
 from tests.support.simnodes import layout
 
