@@ -40,15 +40,20 @@ def _devices(world: World) -> list[str]:
     return [d.name for d in world.daemon._pool.devices]
 
 
+def _resynced(world: World, what: str, layout: str) -> Checks:
+    """One resync of the agent; a clean one must leave true labels and ``layout`` applied."""
+    err = world.resync()
+    world.log.append(f"{what}: {err or 'ok'}")
+    return Checks(labels=err is None, settled=layout if err is None else None)
+
+
 # --------------------------------------------------------------------------- the agent and admins
 
 
 @dataclass(frozen=True)
 class Resync:
     def run(self, world: World) -> Checks:
-        err = world.resync()
-        world.log.append(f"resync: {err or 'ok'}")
-        return Checks(labels=err is None, settled=world.selected if err is None else None)
+        return _resynced(world, "resync", world.selected)
 
 
 @dataclass(frozen=True)
@@ -65,9 +70,7 @@ class SelectLayout:
         client.CoreV1Api(world.srv.api_client()).patch_node(
             world.node.node, {"metadata": {"labels": {LABEL_CONFIG: self.name}}})
         world.selected = self.name
-        err = world.resync()
-        world.log.append(f"resync on layout {self.name}: {err or 'ok'}")
-        return Checks(labels=err is None, settled=self.name if err is None else None)
+        return _resynced(world, f"resync on layout {self.name}", self.name)
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,7 @@ class EditLayout:
     def run(self, world: World) -> Checks:
         world.layouts[self.name] = json.loads(json.dumps(list(self.entries)))
         world.write_layouts()
-        err = world.resync()
-        world.log.append(f"resync after editing {self.name}: {err or 'ok'}")
-        return Checks(labels=err is None, settled=world.selected if err is None else None)
+        return _resynced(world, f"resync after editing {self.name}", world.selected)
 
 
 @dataclass(frozen=True)
