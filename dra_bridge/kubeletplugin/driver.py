@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from mdev_manager import persist
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, read_attr
@@ -236,6 +237,7 @@ class Driver:
     def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool,
               prefer: dict[str, PreparedDeviceRecord]) -> tuple[list[PreparedDeviceRecord], dict]:
         taken: set[str] = set()
+        avoid: set[str] | None = None  # VFs a layout record names (a restore would take them back)
         records = []
         gpus = {}
         for r in results:
@@ -253,8 +255,10 @@ class Driver:
             rec = PreparedDeviceRecord(request=r["request"], pool=r["pool"], device=dev.name, kind=dev.kind,
                                        gpu=dev.gpu, type_id=dev.type_id)
             if dev.kind == "vgpu":
+                if gpu.framework == "vendor-vfio" and avoid is None:  # read once, only where a VF is the id
+                    avoid = set(persist.load_vendor_vfio(self.env, self.io))
                 try:
-                    rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name))
+                    rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
                 except PrepareError as exc:
                     raise PrepareError(f"{where}: {exc}") from None
             records.append(rec)

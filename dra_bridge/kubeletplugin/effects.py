@@ -30,15 +30,17 @@ def read_one_gpu(env: HostEnv, io: HostIO, address: str, index: int = 0) -> Gpu 
     return read_gpu(env, io, address, index, read_function(env, io, address))
 
 
-def choose_parent(gpu: Gpu, type_id: str, taken: set[str], first: str | None = None) -> tuple[str, str]:
+def choose_parent(gpu: Gpu, type_id: str, taken: set[str], first: str | None = None,
+                  avoid: set[str] = frozenset()) -> tuple[str, str]:
     """(framework, parent) for a new vGPU of ``type_id``, ``first`` tried first (a re-creation
-    keeps its parent where it can); PrepareError says why none fits."""
+    keeps its parent where it can), parents in ``avoid`` last (VFs a layout record names: its
+    restore would want them back); PrepareError says why none fits."""
     offered = next((t for t in gpu.types if t.id == type_id), None)
     if offered is None:
         raise PrepareError(f"GPU {gpu.address} does not offer vGPU type {type_id} (driver {gpu.driver}, "
                            f"framework {gpu.framework})")
     busy = {v.parent for v in gpu.vgpus} | taken
-    for p in sorted(gpu.parents, key=lambda p: p.address != first):
+    for p in sorted(gpu.parents, key=lambda p: (p.address != first, p.address in avoid)):
         if gpu.framework != "mdev" and p.address in busy:
             continue
         t = next((t for t in p.types if t.id == type_id), None)
@@ -66,9 +68,9 @@ def remove_vgpu(ex: Executor, env: HostEnv, io: HostIO, rec: PreparedDeviceRecor
 
 
 def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str],
-              prefer: PreparedDeviceRecord | None = None) -> PreparedDeviceRecord:
+              prefer: PreparedDeviceRecord | None = None, avoid: set[str] = frozenset()) -> PreparedDeviceRecord:
     """Where the vGPU goes; ``prefer`` (the record from before a reboot) keeps its parent and mdev UUID."""
-    framework, parent = choose_parent(gpu, rec.type_id, taken, prefer.parent if prefer else None)
+    framework, parent = choose_parent(gpu, rec.type_id, taken, prefer.parent if prefer else None, avoid)
     if framework == "vendor-vfio":
         vgpu_id = parent  # a vendor-VFIO vGPU is known by its VF
     elif prefer is not None and prefer.framework == "mdev" and prefer.vgpu_id:

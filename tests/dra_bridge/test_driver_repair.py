@@ -133,3 +133,21 @@ def test_recover_never_forces_a_device_a_vm_holds(setup, srv):
     assert d.vgpu_id in restarted.usage().mdevs
     node.host.kill(pid)
     assert restarted.recover() == [ref.uid] and d.vgpu_id not in node.mdevs()
+
+
+def test_prepare_leaves_a_vf_a_layout_record_names_for_last(node, paths, srv):
+    """A dormant layout record (its vGPU gone: a crash mid-apply, a reboot) wants its VF back at the
+    next restore: prepare takes other VFs first, so the layout and a claim do not meet on one VF."""
+    from mdev_manager import persist
+
+    L40S = next(g["pf"] for g in node.host.gpus() if g["board"] == "L40S")
+    pool = node.build_pool()
+    device = devices_of(pool, L40S, "vgpu")[0]
+    vfs = [vf.address for vf in node.gpu(L40S).vfs]
+    type_id = next(d.type_id for d in pool.devices if d.name == device)
+    persist.save_vendor_vfio(node.env, node.io, {vfs[0]: type_id})
+    ref = add_claim(srv, "vm-l40s", [("gpu", device)], node=node.node, namespace="default")
+    drv = make_driver(node, paths, srv.api_client(), pool)
+    assert drv.prepare([ref])[ref.uid].error is None
+    (d,) = drv.cp.claims[ref.uid].devices
+    assert d.vgpu_id != vfs[0] and d.vgpu_id in vfs
