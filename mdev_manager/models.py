@@ -239,23 +239,19 @@ class Usage(BaseModel):
         if other is None:
             return self.model_copy(deep=True)
         out = self.model_copy(deep=True)
-        for g, holders in other.vfio_groups.items():
-            mine = out.vfio_groups.setdefault(g, [])
-            mine.extend(h for h in holders if h not in mine)
-        for d, cdev_holders in other.vfio_devices.items():
-            mine_c = out.vfio_devices.setdefault(d, [])
-            mine_c.extend(h for h in cdev_holders if h not in mine_c)
-        for mine, theirs in ((out.mdevs, other.mdevs), (out.pci, other.pci), (out.claimed, other.claimed)):
+        for mine, theirs in ((out.vfio_groups, other.vfio_groups), (out.vfio_devices, other.vfio_devices),
+                             (out.mdevs, other.mdevs), (out.pci, other.pci), (out.claimed, other.claimed)):
             for key, users in theirs.items():
-                _add_all(mine, key, users)
+                add_unique(mine, key, users)
         out.warnings.extend(w for w in other.warnings if w not in out.warnings)
         out.vfio_dir = out.vfio_dir or other.vfio_dir
         return out
 
 
-def _add_all(table: dict[str, list[str]], key: str, users: Iterable[str]) -> None:
+def add_unique(table: dict, key, items: Iterable) -> None:
+    """Append ``items`` to ``table[key]`` (made if missing), skipping those already there, in order."""
     cur = table.setdefault(key, [])
-    cur.extend(u for u in users if u not in cur)
+    cur.extend(u for u in items if u not in cur)
 
 
 class Blocked(BaseModel):

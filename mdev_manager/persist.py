@@ -175,18 +175,13 @@ def save_vendor_vfio(env: HostEnv, io: HostIO, mapping: dict[str, str]) -> None:
 _PASSTHROUGH_VERSION = 1
 
 
-def passthrough_path(env: HostEnv) -> Path:
-    """The functions a layout bound to vfio-pci, next to the vendor-VFIO records."""
-    return env.state_root / "passthrough.json"
-
-
 def load_passthrough(env: HostEnv, io: HostIO) -> dict[str, str]:
     """PCI function -> its physical GPU, for each function a layout passed through.
 
     Missing file: empty. A corrupt file or entry is skipped and logged: restore then leaves
     those GPUs on their native driver, which the next apply corrects.
     """
-    path = passthrough_path(env)
+    path = env.passthrough_state
     try:
         data = json.loads(io.read(path))
         functions = data["functions"]
@@ -209,7 +204,7 @@ def load_passthrough(env: HostEnv, io: HostIO) -> dict[str, str]:
 def save_passthrough(env: HostEnv, io: HostIO, mapping: dict[str, str], durable: bool = True) -> None:
     """Replace the whole store atomically (``durable=False``: the caller syncs once per run)."""
     checked = dict(sorted((canonical_pci(f, "function"), canonical_pci(g, "gpu")) for f, g in mapping.items()))
-    path = passthrough_path(env)
+    path = env.passthrough_state
     io.makedirs(path.parent)
     body = {"version": _PASSTHROUGH_VERSION, "functions": checked}
     io.write_atomic(path, json.dumps(body, indent=2, sort_keys=True) + "\n", durable=durable)

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from mdev_manager.host import procfs
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import CdevHolder, Holder, Usage
+from mdev_manager.models import CdevHolder, Holder, Usage, add_unique
 from mdev_manager.names import NameError_, check_pci_address
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,6 @@ def _credited(env: HostEnv, io: HostIO, groups: dict[int, list[procfs.Proc]],
     mdevs are left alone: each has an IOMMU group of its own, and its users are the vGPU's.
     """
     out: dict[str, list[CdevHolder]] = {}
-
-    def credit(address: str, holders: Iterable[CdevHolder]) -> None:
-        mine = out.setdefault(address, [])
-        mine.extend(h for h in holders if h not in mine)
-
     for device, holders in sorted(cdevs.items()):
         try:
             address = check_pci_address(device)
@@ -95,15 +90,15 @@ def _credited(env: HostEnv, io: HostIO, groups: dict[int, list[procfs.Proc]],
             continue  # an mdev
         rel = procfs.related_functions(env, io, address)
         for mate in rel.group_mates:
-            credit(mate, (h.model_copy(update={"node": f"{h.node} of {address}, in IOMMU group {rel.group} with it"})
+            add_unique(out, mate, (h.model_copy(update={"node": f"{h.node} of {address}, in IOMMU group {rel.group} with it"})
                           for h in holders))
         if rel.physfn:
-            credit(rel.physfn, (h.model_copy(update={"node": f"{h.node} of its VF {address}"}) for h in holders))
+            add_unique(out, rel.physfn, (h.model_copy(update={"node": f"{h.node} of its VF {address}"}) for h in holders))
     for group, procs in sorted(groups.items()):
         for member in procfs.group_members(env, io, group):
             if (pf := procfs.related_functions(env, io, member).physfn) is not None:
                 node = f"{env.vfio_group(group)} of its VF {member}"
-                credit(pf, (CdevHolder(pid=p.pid, comm=p.comm, node=node) for p in procs))
+                add_unique(out, pf, (CdevHolder(pid=p.pid, comm=p.comm, node=node) for p in procs))
     return out
 
 
@@ -240,8 +235,7 @@ def collect_usage(env: HostEnv, io: HostIO, extra: Usage | None = None) -> Usage
     held = procfs.scan(env, io)
     vfio_devices = _cdev_holders(env, io, held.cdevs, warnings)
     for address, holders in _credited(env, io, held.groups, vfio_devices).items():
-        mine = vfio_devices.setdefault(address, [])
-        mine.extend(h for h in holders if h not in mine)
+        add_unique(vfio_devices, address, holders)
     lv = libvirt_devices(env.libvirt_uri)
     if lv.warning:
         warnings.append(lv.warning)

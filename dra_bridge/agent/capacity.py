@@ -15,15 +15,10 @@ Passthrough and unmanaged GPUs hold no vGPU profile and get no series. The sched
 
 from __future__ import annotations
 
-from mdev_manager.models import Inventory, Usage, Vgpu
+from mdev_manager.models import Inventory, Usage
+from mdev_manager.plan import vgpu_users
 
 from dra_bridge.pool.devices import Pool
-
-
-def _users(v: Vgpu, usage: Usage) -> list[str]:
-    if v.framework == "mdev":
-        return usage.mdev_users(v.id, v.iommu_group)
-    return usage.pci_users(v.id, v.iommu_group)
 
 
 def free_vgpus(inv: Inventory, pool: Pool, vgpu_mode: set[str], usage: Usage) -> dict[tuple[str, str], int]:
@@ -38,7 +33,7 @@ def free_vgpus(inv: Inventory, pool: Pool, vgpu_mode: set[str], usage: Usage) ->
                 if t is None:
                     continue
                 key = (g.address, t.short_name)
-                out[key] = out.get(key, 0) + (0 if _users(v, usage) else 1)
+                out[key] = out.get(key, 0) + (0 if vgpu_users(v, usage) else 1)
             continue
         for tid, t in types.items():
             if (g.address, tid) in published:

@@ -28,8 +28,7 @@ def allocated_claims(source: object, driver: str, pool: str) -> list[dict] | Non
     Errors propagate: the caller decides what an unreachable server means."""
     if not isinstance(source, ListsAllocated):
         return None
-    return [c for c in source.allocated(driver, pool)
-            if any(r.get("driver") == driver and r.get("pool") == pool for r in allocation_results(c))]
+    return source.allocated(driver, pool)
 
 
 def allocation_results(claim: dict) -> list[dict]:

@@ -83,6 +83,11 @@ class HostEnv:
         """Saved vendor-VFIO vGPUs (mdevctl has no format for them)."""
         return self.state_root / "vendor-vfio.json"
 
+    @property
+    def passthrough_state(self) -> Path:
+        """The functions a layout bound to vfio-pci (a reboot forgets them; restore rebinds them)."""
+        return self.state_root / "passthrough.json"
+
     def with_(self, **changes) -> "HostEnv":
         return replace(self, **changes)
 

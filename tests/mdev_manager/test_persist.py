@@ -241,11 +241,11 @@ def test_real_mdevctl_reads_what_we_write(env, io):
 
 # --------------------------------------------------------------------------- passthrough bindings
 def test_passthrough_round_trip_and_bad_content(env, io, caplog):
-    from mdev_manager.persist import load_passthrough, passthrough_path, save_passthrough
+    from mdev_manager.persist import load_passthrough, save_passthrough
 
     assert load_passthrough(env, io) == {}
     save_passthrough(env, io, {"0000:13:00.1": "0000:13:00.0", "0000:13:00.0": "0000:13:00.0"})
-    path = passthrough_path(env)
+    path = env.passthrough_state
     assert path.parent == env.state_root
     assert json.loads(path.read_text()) == {"version": 1, "functions": {"0000:13:00.0": "0000:13:00.0",
                                                                          "0000:13:00.1": "0000:13:00.0"}}

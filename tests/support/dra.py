@@ -116,11 +116,12 @@ def make_node(root: Path, preset: str = "default", *, version: tuple[int, int] =
     return node
 
 
-def boot_id_file(node: SimNode) -> Path:
+def boot_id_file(node) -> Path:
     return node.env.boot_id
 
 
-def set_boot_id(node: SimNode, value: str) -> None:
+def set_boot_id(node, value: str) -> None:
+    """The host's boot id (any simulated node: this module's or :func:`mdev_manager.sim.node.sim_node`'s)."""
     path = boot_id_file(node)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(value + "\n")

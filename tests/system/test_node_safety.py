@@ -28,7 +28,7 @@ from mdev_manager.cli.main import main
 from mdev_manager.host.lock import NodeLock
 from mdev_manager.sim.node import sim_node
 
-from tests.support.dra import DictClaims, add_claim, claim_object, devices_of, make_driver, make_node
+from tests.support.dra import DictClaims, add_claim, claim_object, devices_of, make_driver, make_node, set_boot_id
 from tests.support.kubelet.fake_kubelet import short_root
 
 T4 = "0000:10:00.0"
@@ -167,8 +167,7 @@ def test_agent_reports_pending_with_reason_and_event_then_success(tmp_path, requ
     request.addfinalizer(cleanup)
     with LocalApiServer(version="1.36") as srv:
         node = sim_node(tmp_path / "host", "default")
-        (node.env.proc_root / "sys/kernel/random").mkdir(parents=True, exist_ok=True)
-        (node.env.proc_root / "sys/kernel/random/boot_id").write_text(str(uuid.uuid4()) + "\n")
+        set_boot_id(node, str(uuid.uuid4()))  # a real host always has one
         srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {}}})
         cfg = ServeConfig(node_name=node.node, layout_file=tmp_path / "layouts.yaml", metrics_port=None,
                           kubelet_root=short / "k", cdi_root=tmp_path / "cdi", layout_label=LABEL_CONFIG,

@@ -28,6 +28,7 @@ from mdev_manager.config import ConfigError
 from mdev_manager.sim import SimIO
 from mdev_manager.sim.node import sim_node
 
+from tests.support.dra import set_boot_id
 from tests.support.kubelet.fake_kubelet import short_root
 
 T4, T4B = "0000:10:00.0", "0000:13:00.0"
@@ -78,8 +79,7 @@ def agent(tmp_path, request):
     request.addfinalizer(cleanup)
     with LocalApiServer(version="1.37") as srv:
         node = sim_node(tmp_path / "host", "default")
-        (node.env.proc_root / "sys/kernel/random").mkdir(parents=True, exist_ok=True)
-        (node.env.proc_root / "sys/kernel/random/boot_id").write_text(str(uuid.uuid4()) + "\n")
+        set_boot_id(node, str(uuid.uuid4()))  # a real host always has one
         srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {}}})
         cm = ConfigMapVolume(tmp_path / "config")
         cm.write(doc({"pciAddress": T4, "mode": "vgpu", "vgpus": {"T4-2Q": 2}}))
