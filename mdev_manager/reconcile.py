@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from mdev_manager import persist
 from mdev_manager.actions import Plan
@@ -39,6 +39,8 @@ class Outcome(BaseModel):
     inventory: Inventory | None = None
     warnings: list[str] = []
     blocked: list[Blocked] = []
+    # who used what when the last round planned: callers reuse it instead of scanning /proc again
+    usage: Usage = Field(default_factory=Usage, exclude=True)
 
     @property
     def changed(self) -> int:
@@ -56,18 +58,18 @@ class Outcome(BaseModel):
 
 def plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None = None,
               node: str = "") -> tuple[Inventory, Plan, list[str]]:
-    inv, plan, warnings, _blocked = _plan_once(env, io, layouts, usage_extra, node)
+    inv, plan, warnings, _blocked, _usage = _plan_once(env, io, layouts, usage_extra, node)
     return inv, plan, warnings
 
 
 def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None,
-               node: str) -> tuple[Inventory, Plan, list[str], list[Blocked]]:
+               node: str) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
     inv = discover(env, io, node=node)
     usage = collect_usage(env, io, usage_extra)
     defs, problems = persist.load_definitions(env, io)
     records = persist.load_vendor_vfio(env, io)
     plan = make_plan(inv, layouts, usage, defs, records, passthrough=persist.load_passthrough(env, io))
-    return inv, plan, usage.warnings + problems, blocked_by_use(inv, layouts, plan, usage)
+    return inv, plan, usage.warnings + problems, blocked_by_use(inv, layouts, plan, usage), usage
 
 
 def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bool = False,
@@ -76,7 +78,7 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
     """Run rounds until nothing structural is left; ``final_inventory`` discovers the result once more."""
     out = Outcome()
     for _ in range(max_rounds):
-        inv, plan, warnings, out.blocked = _plan_once(env, io, layouts, usage_extra, node)
+        inv, plan, warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node)
         out.inventory = inv
         out.warnings = sorted(set(out.warnings + warnings))
         if dry_run:

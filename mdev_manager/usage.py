@@ -96,7 +96,7 @@ def _credited(env: HostEnv, io: HostIO, groups: dict[int, list[procfs.Proc]],
             add_unique(out, rel.physfn, (h.model_copy(update={"node": f"{h.node} of its VF {address}"}) for h in holders))
     for group, procs in sorted(groups.items()):
         for member in procfs.group_members(env, io, group):
-            if (pf := procfs.related_functions(env, io, member).physfn) is not None:
+            if (pf := procfs.physfn(env, io, member)) is not None:
                 node = f"{env.vfio_group(group)} of its VF {member}"
                 add_unique(out, pf, (CdevHolder(pid=p.pid, comm=p.comm, node=node) for p in procs))
     return out

@@ -112,11 +112,12 @@ class Daemon:
     def resync(self) -> dict:
         with self._lock:
             rejected: ConfigError | None = None
+            seen: Usage | None = None  # who used what when the layout was applied (None: not applied)
             try:
                 try:
                     layouts = self._current_layouts()
                     if layouts is not None:
-                        self._apply_layout(layouts)
+                        seen = self._apply_layout(layouts)
                 except ConfigError as exc:
                     # a rejected layout changes nothing on the node, so what the last good one
                     # offers is still true and stays published; the error is raised after that
@@ -150,16 +151,18 @@ class Daemon:
             self.metrics.gpus.set(len(inv.gpus))
             self.metrics.vgpus.set(len(inv.all_vgpus()))
             self.metrics.prepared_claims.set(len(self.driver.cp.claims))
-            self.metrics.set_free_vgpus(self._free_vgpus(inv, pool, layouts))
+            self.metrics.set_free_vgpus(self._free_vgpus(inv, pool, layouts, seen))
             if rejected is not None:
                 raise rejected
             return result.model_dump()
 
-    def _free_vgpus(self, inv: Inventory, pool, layouts: list[GpuLayout] | None) -> dict[tuple[str, str], int]:
-        """Free vGPUs per GPU and profile; the host's users are scanned only when a vgpu-mode GPU holds vGPUs."""
+    def _free_vgpus(self, inv: Inventory, pool, layouts: list[GpuLayout] | None,
+                    seen: Usage | None) -> dict[tuple[str, str], int]:
+        """Free vGPUs per GPU and profile. The users are the ones the layout's apply just saw
+        (``seen``); the host is scanned only when no apply ran and a vgpu-mode GPU holds vGPUs."""
         vgpu_mode = {a for a, e in select_gpus(inv, layouts).items() if e.mode == "vgpu"} if layouts else set()
-        usage = Usage()
-        if any(g.vgpus for g in inv.gpus if g.address in vgpu_mode):
+        usage = seen or Usage()
+        if seen is None and any(g.vgpus for g in inv.gpus if g.address in vgpu_mode):
             usage = collect_usage(self.env, self.io, self._usage())
         return free_vgpus(inv, pool, vgpu_mode, usage)
 
@@ -212,7 +215,8 @@ class Daemon:
         log.error("layout %s rejected: %s", name, exc)
         self.events.report(name, failed=f"layout {name} rejected: {exc}")
 
-    def _apply_layout(self, layouts: list[GpuLayout]) -> None:
+    def _apply_layout(self, layouts: list[GpuLayout]) -> Usage:
+        """Reconcile the node to ``layouts``; returns who used what as the apply saw it."""
         try:
             with self.node_lock.hold():
                 out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
@@ -224,6 +228,7 @@ class Daemon:
         self._last_good = layouts
         self._failed = None
         self._report(out)
+        return out.usage
 
     def _report(self, out: Outcome) -> None:
         """State label and metric, reason annotation, and an Event when there is news."""

@@ -206,7 +206,12 @@ def related_functions(env: HostEnv, io: HostIO, address: str) -> Related:
             mates = sorted(n.lower() for n in io.listdir(env.iommu_groups / group / "devices") if n != address)
         except OSError:
             pass
-    return Related(number, mates, link_name(io, fdir / "physfn"))
+    return Related(number, mates, physfn(env, io, address))
+
+
+def physfn(env: HostEnv, io: HostIO, address: str) -> str | None:
+    """A VF's PF (``<bdf>/physfn``, Documentation/PCI/pci-iov-howto.rst); None for anything else."""
+    return link_name(io, env.pci(address) / "physfn")
 
 
 def group_members(env: HostEnv, io: HostIO, group: int) -> list[str]:
