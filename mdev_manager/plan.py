@@ -281,6 +281,20 @@ def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
     return False
 
 
+def _clear(gpu: Gpu, v: Vgpu):
+    """The step that removes vGPU ``v`` from the host (an mdev, or a VF's vendor-VFIO type)."""
+    if v.framework == "mdev":
+        return RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id)
+    return SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0")
+
+
+def _forget(gpu: Gpu, v: Vgpu):
+    """The step that forgets the layout's saved record of vGPU ``v`` (definition or vendor record)."""
+    if v.framework == "mdev":
+        return RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id)
+    return SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None)
+
+
 def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
     """A ``dra`` GPU's vGPUs are its claims': what an earlier layout saved on it goes, so the
     layout and a claim never name one device (a dormant record would take a claim's VF back at the
@@ -292,22 +306,14 @@ def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
     recs = {vf: t for vf, t in records.items() if vf in parents}
     present = {v.id for v in gpu.vgpus}
     for v in gpu.vgpus:
-        saved = v.id in defs if v.framework == "mdev" else v.id in recs
-        if saved and usage.claims_of(v.id):  # the claim's device: only the layout's record of it goes
-            plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id) if v.framework == "mdev"
-                                else SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None))
-            continue
-        if not saved:
-            continue
-        if users := vgpu_users(v, usage):
+        if v.id not in (defs if v.framework == "mdev" else recs):
+            continue  # not the layout's: a claim's, or nobody's to touch
+        if usage.claims_of(v.id):  # the claim's device: only the layout's record of it goes
+            plan.actions.append(_forget(gpu, v))
+        elif users := vgpu_users(v, usage):
             plan.skipped.append(Skip(device=v.id, reason=f"not removed: in use ({'; '.join(users)})"))
-            continue
-        if v.framework == "mdev":
-            plan.actions += [RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id),
-                             RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id)]
         else:
-            plan.actions += [SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"),
-                             SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None)]
+            plan.actions += [_clear(gpu, v), _forget(gpu, v)]
     for d in defs.values():
         if d.uuid not in present:
             plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
@@ -344,11 +350,7 @@ def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) 
         # kernel would refuse the VF disable or the unbind, so nothing is tried under it
         plan.skipped.append(Skip(device=gpu.address, reason=f"passed through once released ({'; '.join(users)})"))
         return
-    for v in gpu.vgpus:
-        if v.framework == "mdev":
-            plan.actions.append(RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id))
-        else:
-            plan.actions.append(SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"))
+    plan.actions += [_clear(gpu, v) for v in gpu.vgpus]
     parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
     if gpu.sriov_total_vfs and not gpu.vfs:
         # VFs gone (a reboot): their saved vGPUs sit on the PF's bus, as restore assumes; forget
@@ -452,14 +454,12 @@ def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
     kept = keep + busy
     for v in busy:
         if v.id in defs and usage.claims_of(v.id):  # a claim's device is not the layout's to save
-            removals.append(RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id))
+            removals.append(_forget(gpu, v))
     for v in keep:
         if v.id not in defs:
             saves.append(SaveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id, type_id=v.type_id))
     for v in drop:
-        removals.append(RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id))
-        if v.id in defs:
-            removals.append(RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id))
+        removals += [_clear(gpu, v), _forget(gpu, v)] if v.id in defs else [_clear(gpu, v)]
     active = {v.id for v in gpu.vgpus}
     removed = {a.uuid for a in removals if isinstance(a, RemoveMdev)}
     busy_parents = {v.parent for v in gpu.vgpus if v.id not in removed}
@@ -508,9 +508,7 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
         if mine.get(v.id) != v.type_id:
             saves.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=v.type_id))
     for v in drop:
-        removals.append(SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0"))
-        if v.id in mine:
-            removals.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None))
+        removals += [_clear(gpu, v), _forget(gpu, v)] if v.id in mine else [_clear(gpu, v)]
     holding = {v.id for v in kept} | claimed_vfs
     free = [vf for vf in vfs if vf not in holding]
     dormant = {vf: tid for vf, tid in mine.items() if vf not in {v.id for v in gpu.vgpus}}
