@@ -361,6 +361,7 @@ class Daemon:
             self.device_plugins.stop()
         if self.probes:
             self.probes.stop()
+        self.publisher.close()
         log.info("stopped; sockets removed, devices left in place")
 
 

@@ -1,8 +1,9 @@
 """Keep this node's ResourceSlices equal to the pool, with the fewest API writes.
 
 * Nothing changed: no write at all (the comparison is on the slices' specs).
-* Same number of slices and one slice changed: only that slice is replaced, in place, at
-  the same pool generation (one write is atomic, so the pool is old or new, never mixed).
+* Same slices and one of them changed or missing (deleted behind our back): only that slice is
+  replaced or re-created, in place, at the same pool generation (one write is atomic, so the pool
+  is old or new, never mixed).
 * Slice count changed, or several slices changed: the generation is bumped and every slice
   rewritten; slices that no longer belong (this driver and node, including other pools)
   are deleted last. The scheduler ignores the older generation and
@@ -17,11 +18,17 @@ and a second timeout fails the sync with :class:`ApiTimeout` (the server is over
 resync tries again). These retries are all there are: the clients built by :mod:`.client` let
 urllib3 retry only connection errors (:func:`.client.transport_retries`). A create that finds its slice already
 there (an earlier request of ours the server applied after we gave up) replaces it, so a slow
-server never yields duplicate slices. The publisher LISTs; it keeps no watch to re-establish.
+server never yields duplicate slices.
+
+What the server holds comes from a :class:`~.slicemirror.SliceMirror`: one LIST, then a watch, as
+upstream's slice controller keeps an informer. A resync with nothing to change therefore makes no
+request at all; each built slice is hashed once and compared by digest. The mirror LISTs again only
+when its watch was lost (410 Gone, a broken stream). ``watch=False`` LISTs at every sync instead.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -30,13 +37,15 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from dra_bridge.kube.errors import api_exception, missing_ok
-from dra_bridge.kube.objects import sanitize
+from dra_bridge.kube.objects import raw
+from dra_bridge.kube.slicemirror import Known, SliceMirror, content_digest
 from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.slices import build_slices
 
 log = logging.getLogger(__name__)
 RETRYABLE = {409, 429, 500, 502, 503, 504}
 RETRY_AFTER_CAP = 30.0  # seconds: the longest Retry-After honoured as given
+WATCH_SECONDS = 300  # a watch request's server-side timeout; it is then resumed from its last version
 
 
 class ApiTimeout(TimeoutError):
@@ -96,25 +105,6 @@ def server_version(api_client, timeout: float | None = None) -> tuple[int, int]:
     return int(info.major), int("".join(ch for ch in info.minor if ch.isdigit()))
 
 
-def _strip(obj: Any) -> Any:
-    """Drop empty values so specs compare equal however the server echoes them."""
-    if isinstance(obj, dict):
-        out = {k: _strip(v) for k, v in obj.items()}
-        return {k: v for k, v in out.items() if v not in (None, {}, [])}
-    if isinstance(obj, list):
-        return [_strip(v) for v in obj]
-    return obj
-
-
-def _content(spec: dict) -> dict:
-    """A slice's spec without the pool bookkeeping that a generation bump changes."""
-    s = dict(_strip(spec))
-    pool = dict(s.get("pool", {}))
-    pool.pop("generation", None)
-    s["pool"] = pool
-    return s
-
-
 class Publisher:
     """Publishes a :class:`Pool` as this node's ResourceSlices (see the module docstring).
 
@@ -125,7 +115,7 @@ class Publisher:
 
     def __init__(self, api_client, *, driver: str, node_name: str, pool_name: str | None = None,
                  version: tuple[int, int] | None = None, retries: int = 5, backoff: float = 0.05,
-                 max_backoff: float = 5.0, timeout: float = 20.0,
+                 max_backoff: float = 5.0, timeout: float = 20.0, watch: bool = True,
                  sleep: Callable[[float], None] = time.sleep, rand: Callable[[], float] = random.random):
         from kubernetes import client
 
@@ -141,6 +131,9 @@ class Publisher:
         self.timeout = timeout
         self.sleep = sleep
         self.rand = rand
+        self.watch = watch
+        self._selector = f"spec.nodeName={node_name},spec.driver={driver}"
+        self.mirror = SliceMirror(self._list_raw, self._watch_raw)
 
     @property
     def version(self) -> tuple[int, int]:
@@ -177,14 +170,41 @@ class Publisher:
             self.sleep(retry_delay(attempt, backoff=self.backoff, max_backoff=self.max_backoff,
                                    jitter=self.rand(), server_asks=asks))
 
+    def _list_raw(self) -> dict:
+        return self._retry("list resourceslices", lambda: raw(
+            self.api.list_resource_slice, field_selector=self._selector, _request_timeout=self.timeout))
+
+    def _watch_raw(self, version: str | None):
+        """Raw watch events of this driver's slices on this node, from ``version`` (one request; it
+        ends at the server's timeout). An ``ERROR`` event is yielded as is (the mirror handles it)."""
+        from kubernetes.watch.watch import iter_resp_lines
+
+        resp = self.api.list_resource_slice(
+            field_selector=self._selector, watch=True, resource_version=version, allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS, _preload_content=False, _request_timeout=(self.timeout, WATCH_SECONDS + 30))
+        try:
+            for line in iter_resp_lines(resp):
+                if line:
+                    yield json.loads(line)
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def known(self, *, all_pools: bool = False) -> dict[str, Known]:
+        """This driver's slices of this node as the server holds them: of our pool, or (``all_pools``)
+        of any pool. From the watched mirror; a LIST only when it is not synced (or ``watch=False``)."""
+        if self.watch and self.mirror.synced:
+            have = self.mirror.snapshot()
+        elif self.watch:
+            have = self.mirror.list_and_watch()
+        else:
+            have = {o["metadata"]["name"]: Known.of(o) for o in self._list_raw().get("items") or []}
+        return {n: k for n, k in have.items() if all_pools or k.pool == self.pool_name}
+
     def existing(self, *, all_pools: bool = False) -> dict[str, dict]:
-        """This driver's slices of this node: of our pool, or (``all_pools``) of any pool."""
-        sel = f"spec.nodeName={self.node_name},spec.driver={self.driver}"
-        resp = self._retry("list resourceslices", lambda: self.api.list_resource_slice(
-            field_selector=sel, _request_timeout=self.timeout))
+        """The server's full objects (a LIST, for tools and tests; the sync itself uses :meth:`known`)."""
         out = {}
-        for item in resp.items:
-            obj = sanitize(self.api_client, item)
+        for obj in self._list_raw().get("items") or []:
             if all_pools or obj["spec"].get("pool", {}).get("name") == self.pool_name:
                 out[obj["metadata"]["name"]] = obj
         return out
@@ -194,24 +214,25 @@ class Publisher:
                             generation=generation, server_version=self.version)
 
     @staticmethod
-    def _differs(old: dict | None, new: dict, generation: int) -> bool:
-        return old is None or _content(old["spec"]) != _content(new["spec"]) \
-            or old["spec"]["pool"].get("generation") != generation \
-            or (old["metadata"].get("labels") or {}) != new["metadata"]["labels"]
+    def _differs(old: Known | None, digest: str, generation: int) -> bool:
+        return old is None or old.digest != digest or old.generation != generation
 
     def sync(self, pool: Pool) -> SyncResult:
-        everything = self.existing(all_pools=True)
-        have = {n: o for n, o in everything.items() if o["spec"].get("pool", {}).get("name") == self.pool_name}
-        generation = max((o["spec"]["pool"].get("generation", 0) for o in have.values()), default=0)
+        everything = self.known(all_pools=True)
+        have = {n: k for n, k in everything.items() if k.pool == self.pool_name}
+        generation = max((k.generation for k in have.values()), default=0)
         want = self.desired(pool, generation)
-        same_shape = set(have) == {s["metadata"]["name"] for s in want} and all(
-            o["spec"]["pool"].get("generation", 0) == generation for o in have.values())
-        if same_shape and sum(self._differs(have.get(s["metadata"]["name"]), s, generation) for s in want) > 1:
-            same_shape = False  # in-place updates of several slices would show a mix of old and new as one pool
+        digests = {s["metadata"]["name"]: content_digest(s) for s in want}  # each built slice hashed once
+        # one slice changed or missing: written in place at the same generation (one write is atomic);
+        # in-place writes of several would show a mix of old and new as one pool
+        same_shape = bool(have) and set(have) <= set(digests) and all(k.generation == generation for k in have.values())
+        if same_shape and sum(self._differs(have.get(n), d, generation) for n, d in digests.items()) > 1:
+            same_shape = False
         result = SyncResult(generation=generation)
         if not same_shape:
             generation += 1
-            want = self.desired(pool, generation)
+            for s in want:  # the generation is not part of the digest: no rebuild needed
+                s["spec"]["pool"]["generation"] = generation
             result.generation = generation
         for s in want:
             name = s["metadata"]["name"]
@@ -219,10 +240,10 @@ class Publisher:
             if old is None:
                 self._create(name, s)
                 result.created += 1
-            elif self._differs(old, s, generation):
+            elif self._differs(old, digests[name], generation):
                 self._replace(name, s)
                 result.updated += 1
-        for name in sorted(set(everything) - {s["metadata"]["name"] for s in want}):
+        for name in sorted(set(everything) - set(digests)):
             self._delete(name)
             result.deleted += 1
         if result.writes:
@@ -232,7 +253,7 @@ class Publisher:
     def _create(self, name: str, body: dict) -> None:
         def attempt() -> bool:
             try:
-                self.api.create_resource_slice(body, _request_timeout=self.timeout)
+                self.mirror.record(raw(self.api.create_resource_slice, body, _request_timeout=self.timeout))
                 return True
             except api_exception() as exc:
                 # there after all (a create of ours the server applied after we gave up): replace it
@@ -249,20 +270,25 @@ class Publisher:
             current = self.api.read_resource_slice(name, _request_timeout=self.timeout)
             body["metadata"]["resourceVersion"] = current.metadata.resource_version
             try:
-                return self.api.replace_resource_slice(name, body, _request_timeout=self.timeout)
+                self.mirror.record(raw(self.api.replace_resource_slice, name, body, _request_timeout=self.timeout))
             finally:
                 body["metadata"].pop("resourceVersion", None)
 
         if not missing_ok(self._retry, f"replace resourceslice {name}", attempt):  # deleted meanwhile
-            self._retry(f"create resourceslice {name}",
-                        lambda: self.api.create_resource_slice(body, _request_timeout=self.timeout), idempotent=False)
+            self._retry(f"create resourceslice {name}", lambda: self.mirror.record(
+                raw(self.api.create_resource_slice, body, _request_timeout=self.timeout)), idempotent=False)
 
     def _delete(self, name: str) -> None:
         missing_ok(self._retry, f"delete resourceslice {name}",
                    lambda: self.api.delete_resource_slice(name, _request_timeout=self.timeout))
+        self.mirror.forget(name)
 
     def delete_all(self) -> int:
         have = self.existing(all_pools=True)
         for name in have:
             self._delete(name)
         return len(have)
+
+    def close(self) -> None:
+        """Stop the watch (the daemon's shutdown)."""
+        self.mirror.stop()

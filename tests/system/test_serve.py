@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from kubernetes import client
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.api.names import LABEL_ROLE
@@ -359,14 +360,18 @@ def test_periodic_resync_and_metrics(srv, node, base):
         wait_until(lambda: metric(http_get(port, "/metrics")[1], "vgpuctl_resyncs_total", 'result="ok"') >= 5,
                    10, "two more resyncs")
         assert srv.writes == []
-        # a failing API shows as an error resync, and the loop keeps going
-        srv.inject("list", "resourceslices", 403, times=None)
+        # ... nor read: the publisher watches its slices instead of listing them (#15)
+        assert [r for r in srv.request_log if r.resource == "resourceslices" and r.verb != "watch"] == []
+        # a slice deleted behind its back while the API refuses writes: an error resync, and the
+        # loop keeps going until the slice is back
+        srv.inject("create", "resourceslices", 403, times=None)
+        victim = pool_slices(srv)[0]["metadata"]["name"]
+        client.ResourceV1Api(srv.api_client()).delete_resource_slice(victim)
         wait_until(lambda: metric(http_get(port, "/metrics")[1], "vgpuctl_resyncs_total", 'result="error"', 0) >= 1,
                    10, "an error resync")
         srv.clear_injections()
-        ok = metric(http_get(port, "/metrics")[1], "vgpuctl_resyncs_total", 'result="ok"')
-        wait_until(lambda: metric(http_get(port, "/metrics")[1], "vgpuctl_resyncs_total", 'result="ok"') > ok,
-                   10, "recovery after the API error")
+        wait_until(lambda: victim in {s["metadata"]["name"] for s in pool_slices(srv)}, 10,
+                   "recovery after the API error")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
