@@ -37,6 +37,7 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from dra_bridge.kube.errors import api_exception, missing_ok
+from dra_bridge.kube.kept import KeptFields, observe
 from dra_bridge.kube.objects import raw
 from dra_bridge.kube.slicemirror import Known, SliceMirror, content_digest
 from dra_bridge.pool.devices import Pool
@@ -134,6 +135,11 @@ class Publisher:
         self.watch = watch
         self._selector = f"spec.nodeName={node_name},spec.driver={driver}"
         self.mirror = SliceMirror(self._list_raw, self._watch_raw)
+        # name -> (digest of what we sent, digest of what the server stored) of our last write: a
+        # server that drops fields (a disabled gate) stores less than we send, and a slice it still
+        # holds as we left it is compared by what we sent, or every resync would rewrite it
+        self._sent: dict[str, tuple[str, str]] = {}
+        self.kept = KeptFields()
 
     @property
     def version(self) -> tuple[int, int]:
@@ -213,9 +219,21 @@ class Publisher:
         return build_slices(pool, driver=self.driver, node_name=self.node_name, pool_name=self.pool_name,
                             generation=generation, server_version=self.version)
 
-    @staticmethod
-    def _differs(old: Known | None, digest: str, generation: int) -> bool:
-        return old is None or old.digest != digest or old.generation != generation
+    def _differs(self, name: str, old: Known | None, digest: str, generation: int) -> bool:
+        if old is None or old.generation != generation:
+            return True
+        sent, stored = self._sent.get(name, (None, None))
+        return (sent if stored == old.digest else old.digest) != digest
+
+    def _written(self, name: str, body: dict, answer: dict) -> None:
+        """Remember a write: the mirror takes the server's answer; what it kept is noted."""
+        self.mirror.record(answer)
+        self._sent[name] = (content_digest(body), content_digest(answer))
+        kept = observe(self.kept, body, answer)
+        if kept != self.kept:
+            level = logging.WARNING if False in (kept.counters, kept.compatibility_groups) else logging.INFO
+            log.log(level, "the API server keeps: %s", kept.describe())
+            self.kept = kept
 
     def sync(self, pool: Pool) -> SyncResult:
         everything = self.known(all_pools=True)
@@ -226,7 +244,7 @@ class Publisher:
         # one slice changed or missing: written in place at the same generation (one write is atomic);
         # in-place writes of several would show a mix of old and new as one pool
         same_shape = bool(have) and set(have) <= set(digests) and all(k.generation == generation for k in have.values())
-        if same_shape and sum(self._differs(have.get(n), d, generation) for n, d in digests.items()) > 1:
+        if same_shape and sum(self._differs(n, have.get(n), d, generation) for n, d in digests.items()) > 1:
             same_shape = False
         result = SyncResult(generation=generation)
         if not same_shape:
@@ -240,7 +258,7 @@ class Publisher:
             if old is None:
                 self._create(name, s)
                 result.created += 1
-            elif self._differs(old, digests[name], generation):
+            elif self._differs(name, old, digests[name], generation):
                 self._replace(name, s)
                 result.updated += 1
         for name in sorted(set(everything) - set(digests)):
@@ -253,7 +271,7 @@ class Publisher:
     def _create(self, name: str, body: dict) -> None:
         def attempt() -> bool:
             try:
-                self.mirror.record(raw(self.api.create_resource_slice, body, _request_timeout=self.timeout))
+                self._written(name, body, raw(self.api.create_resource_slice, body, _request_timeout=self.timeout))
                 return True
             except api_exception() as exc:
                 # there after all (a create of ours the server applied after we gave up): replace it
@@ -270,18 +288,20 @@ class Publisher:
             current = self.api.read_resource_slice(name, _request_timeout=self.timeout)
             body["metadata"]["resourceVersion"] = current.metadata.resource_version
             try:
-                self.mirror.record(raw(self.api.replace_resource_slice, name, body, _request_timeout=self.timeout))
+                self._written(name, body, raw(self.api.replace_resource_slice, name, body,
+                                              _request_timeout=self.timeout))
             finally:
                 body["metadata"].pop("resourceVersion", None)
 
         if not missing_ok(self._retry, f"replace resourceslice {name}", attempt):  # deleted meanwhile
-            self._retry(f"create resourceslice {name}", lambda: self.mirror.record(
-                raw(self.api.create_resource_slice, body, _request_timeout=self.timeout)), idempotent=False)
+            self._retry(f"create resourceslice {name}", lambda: self._written(
+                name, body, raw(self.api.create_resource_slice, body, _request_timeout=self.timeout)), idempotent=False)
 
     def _delete(self, name: str) -> None:
         missing_ok(self._retry, f"delete resourceslice {name}",
                    lambda: self.api.delete_resource_slice(name, _request_timeout=self.timeout))
         self.mirror.forget(name)
+        self._sent.pop(name, None)
 
     def delete_all(self) -> int:
         have = self.existing(all_pools=True)

@@ -147,3 +147,28 @@ def test_error_event_marks_the_mirror_unsynced():
     mirror.list_and_watch()
     wait_for(lambda: not mirror.synced)
     mirror.stop()
+
+
+# --------------------------------------------------------------------------- what the server keeps
+
+@pytest.mark.parametrize("version,gates,kept", [
+    ("1.35", {}, {"counters": False}),  # DRAPartitionableDevices alpha, off: counters dropped
+    ("1.35", None, {"counters": True}),  # every gate on
+    ("1.37", {}, {"counters": True, "compatibility_groups": False}),  # DRADeviceCompatibilityGroups alpha
+])
+def test_fields_the_server_drops_are_detected_and_do_not_cause_rewrites(tmp_path, version, gates, kept):
+    major, minor = (int(x) for x in version.split("."))
+    node = make_node(tmp_path, "default", version=(major, minor))
+    pool = node.build_pool()
+    with LocalApiServer(version=version, feature_gates=gates) as srv:
+        pub = publisher(srv, node)
+        try:
+            assert pub.sync(pool).created > 0
+            for field, value in kept.items():
+                assert getattr(pub.kept, field) is value, pub.kept.describe()
+            srv.reset_counters()
+            assert pub.sync(pool).writes == 0  # the server's copy lacks fields, yet is as we left it
+            assert pub.sync(pool).writes == 0
+            assert not srv.writes
+        finally:
+            pub.close()

@@ -1,0 +1,54 @@
+"""Which DRA fields the API server keeps, read from its answers to our own writes (by effect).
+
+kube-apiserver silently drops the fields of a disabled feature gate when it stores an object
+(``dropDisabledFields`` in pkg/registry/resource/resourceslice/strategy.go): with
+``DRAPartitionableDevices`` off (the default on 1.34 and 1.35) ``sharedCounters`` and
+``consumesCounters`` vanish, with ``DRADeviceCompatibilityGroups`` off (alpha on 1.37)
+``compatibilityGroups`` do, with ``DRADeviceBindingConditions`` off the binding fields. A
+version number cannot tell: gates are per cluster. Comparing what we sent with what the server
+answered can, on every write, so a cluster whose gates change is seen at its next write.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class KeptFields(BaseModel):
+    """Per field family: True kept, False dropped, None never sent yet (unknown)."""
+
+    counters: bool | None = None  # sharedCounters / consumesCounters (DRAPartitionableDevices)
+    compatibility_groups: bool | None = None  # consumesCounters[].compatibilityGroups (1.37 alpha gate)
+    binding_conditions: bool | None = None  # devices[].bindingConditions (DRADeviceBindingConditions)
+
+    def describe(self) -> str:
+        def word(v: bool | None) -> str:
+            return "unknown" if v is None else "kept" if v else "DROPPED"
+        return (f"counters {word(self.counters)}, compatibility groups {word(self.compatibility_groups)}, "
+                f"binding conditions {word(self.binding_conditions)}")
+
+
+def _devices(obj: dict) -> list[dict]:
+    return (obj.get("spec") or {}).get("devices") or []
+
+
+def _has_counters(obj: dict) -> bool:
+    return bool((obj.get("spec") or {}).get("sharedCounters")) or any(d.get("consumesCounters") for d in _devices(obj))
+
+
+def _has_groups(obj: dict) -> bool:
+    return any(c.get("compatibilityGroups") for d in _devices(obj) for c in d.get("consumesCounters") or [])
+
+
+def _has_binding(obj: dict) -> bool:
+    return any(d.get("bindingConditions") for d in _devices(obj))
+
+
+def observe(kept: KeptFields, sent: dict, answer: dict) -> KeptFields:
+    """``kept`` updated by one write: a family we sent is kept iff the server's answer still has it."""
+    out = kept.model_copy()
+    for field, has in (("counters", _has_counters), ("compatibility_groups", _has_groups),
+                       ("binding_conditions", _has_binding)):
+        if has(sent):
+            setattr(out, field, has(answer))
+    return out
