@@ -52,6 +52,10 @@ COMMANDS: dict[str, Command] = {
                            "run the KAR-0003/KAR-0004 conformance checks (simulated cluster by default)",
                            "Five checks of GPU sharing through DRA; against the simulated cluster unless "
                            "--kubeconfig is given. Prints a table and writes JUnit XML."),
+    "doctor": Command("mdev_manager.cli.doctor", "check a cluster for the DRA bridge: PASS / WARN / FAIL with fixes",
+                      "Reads the API server (its version, and which DRA fields it keeps, found by a dry-run "
+                      "ResourceSlice), KubeVirt's CR, the DeviceClasses and each GPU node's agent state. Exit 0 "
+                      "when nothing failed, 1 when a check failed."),
     "sim": Command("mdev_manager.cli.sim", "simulated hosts and the local Kubernetes API server"),
 }
 

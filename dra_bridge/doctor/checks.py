@@ -1,0 +1,139 @@
+"""The doctor's checks: facts read from a cluster (:mod:`dra_bridge.kube.clusterfacts`) in, one
+finding per line out, each PASS / WARN / FAIL with the fix. Pure: the tests feed facts directly.
+
+FAIL means the accounting is not safe or the driver cannot work (the scheduler could hand out one
+GPU twice, or claims cannot be allocated); WARN means something works less well than it could.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG_STATE, PASSTHROUGH_CLASS, VGPU_CLASS
+from dra_bridge.kube.clusterfacts import ClusterFacts
+
+Status = Literal["PASS", "WARN", "FAIL"]
+#: KubeVirt's feature gates for devices through DRA (kubevirt.md: alpha v1.6-v1.8, beta v1.9).
+KUBEVIRT_DRA_GATES = ("GPUsWithDRA", "HostDevicesWithDRA")
+
+
+class Finding(BaseModel):
+    status: Status
+    check: str
+    detail: str
+    fix: str | None = None
+
+
+def _server(f: ClusterFacts) -> list[Finding]:
+    if f.version is None:
+        return [Finding(status="FAIL", check="API server", detail="no version answer")]
+    ok = f.version >= (1, 34)
+    return [Finding(status="PASS" if ok else "FAIL", check="API server",
+                    detail=f"Kubernetes {f.git_version or '%d.%d' % f.version}",
+                    fix=None if ok else "upgrade to Kubernetes 1.34 or later (resource.k8s.io/v1)")]
+
+
+def _fields(f: ClusterFacts) -> list[Finding]:
+    if f.version is None or f.version < (1, 34):
+        return []
+    if f.probe_error:
+        return [Finding(status="WARN", check="DRA fields kept", detail=f"could not probe: {f.probe_error}",
+                        fix="run the doctor with create permission on resourceslices (a dry run: nothing is stored)")]
+    out = []
+    k = f.kept
+    if k.counters is False:
+        out.append(Finding(status="FAIL", check="shared counters",
+                           detail="the server drops sharedCounters/consumesCounters: without them a whole GPU and "
+                                  "its vGPUs are independent devices to the scheduler",
+                           fix="enable the DRAPartitionableDevices feature gate on kube-apiserver and kube-scheduler "
+                               "(alpha in 1.34-1.35; beta and on by default from 1.36)"))
+    else:
+        out.append(Finding(status="PASS", check="shared counters", detail="kept (one counter set per physical GPU)"))
+    if f.version < (1, 37):
+        out.append(Finding(status="PASS", check="compatibility groups",
+                           detail=f"not in Kubernetes {f.version[0]}.{f.version[1]}: one vGPU size per GPU is offered "
+                                  "at a time"))
+    elif k.compatibility_groups is False:
+        out.append(Finding(status="WARN", check="compatibility groups",
+                           detail="the server drops compatibilityGroups: only one vGPU size per GPU can be offered",
+                           fix="enable the DRADeviceCompatibilityGroups feature gate (alpha in 1.37) on "
+                               "kube-apiserver and kube-scheduler, and restart the agents"))
+    else:
+        out.append(Finding(status="PASS", check="compatibility groups", detail="kept: every vGPU size is offered"))
+    out.append(Finding(status="PASS" if k.binding_conditions else "WARN", check="binding conditions",
+                       detail="kept" if k.binding_conditions else "dropped (DRADeviceBindingConditions is off)",
+                       fix=None if k.binding_conditions else
+                       "enable DRADeviceBindingConditions (beta, on by default from 1.36)"))
+    return out
+
+
+def _kubevirt(f: ClusterFacts) -> list[Finding]:
+    kv = f.kubevirt
+    if kv.error:
+        return [Finding(status="WARN", check="KubeVirt", detail=f"could not read the KubeVirt CR: {kv.error}")]
+    if not kv.installed:
+        return [Finding(status="WARN", check="KubeVirt", detail="not installed (no kubevirt.io/v1 KubeVirt)",
+                        fix="install KubeVirt v1.8 or later for VMs; pods can use the devices without it")]
+    out = [Finding(status="PASS", check="KubeVirt", detail=f"installed, version {kv.version or 'unknown'}")]
+    missing = [g for g in KUBEVIRT_DRA_GATES if g not in kv.feature_gates]
+    out.append(Finding(
+        status="WARN" if missing else "PASS", check="KubeVirt DRA gates",
+        detail=f"missing {', '.join(missing)}" if missing else ", ".join(KUBEVIRT_DRA_GATES) + " on",
+        fix=None if not missing else "add them to spec.configuration.developerConfiguration.featureGates "
+                                     "(vgpuctl render kubevirt-cr prints the settings)"))
+    mdev = kv.mdev_configuration
+    if mdev is not None and mdev.get("enabled") is not False:
+        out.append(Finding(status="FAIL", check="KubeVirt mdev management",
+                           detail="mediatedDevicesConfiguration is set without enabled: false: virt-handler creates "
+                                  "and removes vGPUs itself and will fight the node agent",
+                           fix="set spec.configuration.mediatedDevicesConfiguration.enabled: false"))
+    else:
+        out.append(Finding(status="PASS", check="KubeVirt mdev management",
+                           detail="virt-handler leaves vGPUs to the node agent"))
+    return out
+
+
+def _classes(f: ClusterFacts) -> list[Finding]:
+    if f.classes_error:
+        return [Finding(status="WARN", check="DeviceClasses", detail=f"could not list: {f.classes_error}")]
+    names = {c.name for c in f.classes if c.ours}
+    missing = [c for c in (VGPU_CLASS, PASSTHROUGH_CLASS) if c not in {x.name for x in f.classes}]
+    if missing:
+        return [Finding(status="FAIL", check="DeviceClasses", detail=f"missing {', '.join(missing)}",
+                        fix="kubectl apply -k deploy/base (or vgpuctl render deviceclasses | kubectl apply -f -)")]
+    return [Finding(status="PASS", check="DeviceClasses", detail=f"{len(names)} select driver {f.driver}")]
+
+
+def _nodes(f: ClusterFacts) -> list[Finding]:
+    if f.nodes_error:
+        return [Finding(status="WARN", check="GPU nodes", detail=f"could not list: {f.nodes_error}")]
+    if not f.nodes:
+        return [Finding(status="WARN", check="GPU nodes", detail=f"no node publishes devices of {f.driver}",
+                        fix="check that the vgpuctl DaemonSet runs on the GPU nodes (kubectl -n vgpuctl get pods)")]
+    out = []
+    for n in f.nodes:
+        state = n.state or "unlabelled"
+        status: Status = {"success": "PASS", "pending": "WARN", "failed": "FAIL"}.get(n.state or "", "WARN")
+        if n.slices == 0:
+            status = "FAIL" if status == "PASS" else status
+        detail = f"layout {n.layout or '-'}, {LABEL_CONFIG_STATE}={state}, {n.slices} slices, {n.devices} devices"
+        if n.reason:
+            detail += f"; {n.reason}"
+        fix = {"pending": f"release the devices named in its {ANNOTATION_CONFIG_REASON} annotation",
+               "failed": "kubectl -n vgpuctl logs the agent on this node; fix the layout it names"}.get(n.state or "")
+        if n.slices == 0 and fix is None:
+            fix = "the agent publishes nothing: check its logs"
+        out.append(Finding(status=status, check=f"node {n.name}", detail=detail, fix=fix))
+    return out
+
+
+def diagnose(facts: ClusterFacts) -> list[Finding]:
+    """Every finding, in the order an admin fixes things: server, fields, KubeVirt, classes, nodes."""
+    return _server(facts) + _fields(facts) + _kubevirt(facts) + _classes(facts) + _nodes(facts)
+
+
+def exit_code(findings: list[Finding]) -> int:
+    """0: nothing failed; 1: a FAIL (warnings alone do not fail)."""
+    return 1 if any(x.status == "FAIL" for x in findings) else 0
