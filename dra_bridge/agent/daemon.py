@@ -41,6 +41,8 @@ from mdev_manager.restore import restore
 from mdev_manager.usage import collect_usage
 
 from dra_bridge.kube.claims import ApiClaimSource
+from dra_bridge.kube.clusterfacts import probe_kept
+from dra_bridge.kube.kept import ANNOTATION_DRA_FIELDS, KeptFields
 from dra_bridge.kube.nodes import node_metadata, set_node_annotation, set_node_label
 from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
@@ -72,6 +74,8 @@ class ServeConfig(BaseModel):
     resource_prefix: str = "nvidia.com/"
     layout_label: str | None = Field(None, description="node label naming the layout to apply (else `layout`)")
     state_label: str | None = Field(None, description="node label reporting pending | success | failed")
+    probe_seconds: float = Field(300.0, description=(
+        "how often to check again which DRA fields the API server keeps (a dry-run ResourceSlice): servers upgrade"))
 
 
 class Daemon:
@@ -97,6 +101,9 @@ class Daemon:
         self.plugin = KubeletPlugin(cfg.driver, self.driver, cfg.kubelet_root,
                                     health_poll_interval=cfg.health_poll_seconds)
         self.probes: ProbeServer | None = None
+        self.kept = KeptFields()  # which DRA fields the server keeps (probe, then every write's answer)
+        self._probed_at: float | None = None
+        self._kept_annotated: str | None = None
         self.gpu_ids = StableGpuIds(self.paths.data_dir / "gpu-ids.json", self.io)
         self.device_plugins = None
         self._dp_exclude: set[str] = set()
@@ -133,11 +140,13 @@ class Daemon:
                     self._dp_exclude = set(policy.gpus) | (
                         {g.address for g in inv.gpus} if policy.others is not None else set())
                     self.device_plugins.refresh(inv)
+                self._check_fields()
                 pool = build_pool(self.gpu_ids.apply(inv), policy, self.cfg.driver,
-                                  server_version=self.publisher.version,
+                                  server_version=self._shape_version(),
                                   pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
                 self._pool, self.inventory = pool, inv
                 result = self.publisher.sync(pool)
+                self._note_fields(self.kept.merged(self.publisher.kept))
             except Exception:
                 self.metrics.resyncs.labels("error").inc()
                 log.exception("resync failed")
@@ -165,6 +174,46 @@ class Daemon:
         if seen is None and any(g.vgpus for g in inv.gpus if g.address in vgpu_mode):
             usage = collect_usage(self.env, self.io, self._usage())
         return free_vgpus(inv, pool, vgpu_mode, usage)
+
+    # ------------------------------------------------------------ what the API server keeps
+    def _check_fields(self) -> None:
+        """Which DRA fields the server keeps, by a dry-run probe: at start and every ``probe_seconds``
+        (a server can be upgraded or have its gates changed under a running agent)."""
+        now = time.monotonic()
+        if self._probed_at is not None and now - self._probed_at < self.cfg.probe_seconds:
+            return
+        self._probed_at = now
+        try:
+            self._note_fields(probe_kept(self.api_client, self.publisher.version, self.cfg.node_name))
+        except Exception as exc:  # noqa: BLE001 - no permission or no answer: the writes' answers still tell
+            log.info("could not probe which DRA fields the API server keeps (%s); judging by our writes", exc)
+
+    def _note_fields(self, kept: KeptFields) -> None:
+        """Log a change, set the metric and the node annotation (one patch per change)."""
+        if kept != self.kept:
+            bad = False in (kept.counters, kept.compatibility_groups)
+            log.log(logging.WARNING if bad else logging.INFO, "the API server keeps: %s", kept.describe())
+            if kept.counters is False:
+                log.warning("shared counters are dropped: the scheduler cannot keep a GPU and its vGPUs apart; "
+                            "enable the DRAPartitionableDevices feature gate (vgpuctl doctor explains)")
+            self.kept = kept
+        self.metrics.set_fields_kept(kept)
+        self.metrics.api_lists.set(self.publisher.mirror.lists)
+        text = kept.annotation()
+        if text != self._kept_annotated:
+            try:
+                set_node_annotation(self.api_client, self.cfg.node_name, ANNOTATION_DRA_FIELDS, text)
+                self._kept_annotated = text
+            except Exception as exc:  # noqa: BLE001 - the annotation is a report; the publish goes on
+                log.info("could not annotate node %s with %s (%s)", self.cfg.node_name, ANNOTATION_DRA_FIELDS, exc)
+
+    def _shape_version(self) -> tuple[int, int]:
+        """The server version the pool is shaped for: a 1.37 server that drops compatibility groups
+        gets the pre-1.37 shape (one vGPU size per GPU), which never relies on them (schema.md)."""
+        version = self.publisher.version
+        if version >= (1, 37) and self.kept.compatibility_groups is False:
+            return (1, 36)
+        return version
 
     # ------------------------------------------------------------ layout selection by node label
     def _usage(self):

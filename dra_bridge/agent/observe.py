@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -53,6 +54,19 @@ class Metrics:
             "(vgpu mode: idle vGPUs; dra mode: instances it can still create)", ["gpu", "profile"], registry=r)
         self.layout_state = Gauge("vgpuctl_layout_state", "1 for the layout's state (success, pending: devices "
                                   "in use hold it back, failed), 0 for the others", ["state"], registry=r)
+        self.fields_kept = Gauge("vgpuctl_api_fields_kept", "1 when the API server keeps this DRA field family, "
+                                 "0 when it drops it (found by effect; absent while unknown)", ["field"], registry=r)
+        self.api_lists = Gauge("vgpuctl_api_slice_lists", "LISTs of this node's ResourceSlices since start "
+                               "(1 unless the watch was lost)", registry=r)
+
+    def set_fields_kept(self, kept) -> None:
+        for field in ("counters", "compatibility_groups", "binding_conditions"):
+            value = getattr(kept, field)
+            if value is None:
+                with contextlib.suppress(KeyError):  # never set: nothing to remove
+                    self.fields_kept.remove(field)
+            else:
+                self.fields_kept.labels(field).set(1 if value else 0)
 
     def set_free_vgpus(self, free: dict[tuple[str, str], int]) -> None:
         """Replace every series: a profile or GPU that went away must not linger."""

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+#: Node annotation the agent sets: which DRA field families the API server keeps.
+ANNOTATION_DRA_FIELDS = "vgpu.kubevirt.io/dra-fields"
+
 
 class KeptFields(BaseModel):
     """Per field family: True kept, False dropped, None never sent yet (unknown)."""
@@ -26,6 +29,18 @@ class KeptFields(BaseModel):
             return "unknown" if v is None else "kept" if v else "DROPPED"
         return (f"counters {word(self.counters)}, compatibility groups {word(self.compatibility_groups)}, "
                 f"binding conditions {word(self.binding_conditions)}")
+
+    def annotation(self) -> str:
+        """``counters=kept,compatibilityGroups=dropped,bindingConditions=unknown``: for the node annotation."""
+        def word(v: bool | None) -> str:
+            return "unknown" if v is None else "kept" if v else "dropped"
+        return (f"counters={word(self.counters)},compatibilityGroups={word(self.compatibility_groups)},"
+                f"bindingConditions={word(self.binding_conditions)}")
+
+    def merged(self, later: "KeptFields") -> "KeptFields":
+        """``later``'s knowledge where it has any, ours elsewhere."""
+        return KeptFields(**{f: v if (v := getattr(later, f)) is not None else getattr(self, f)
+                             for f in type(self).model_fields})
 
 
 def _devices(obj: dict) -> list[dict]:

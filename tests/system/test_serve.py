@@ -432,3 +432,29 @@ def test_vgpuctl_serve_subprocess(version):
             log.close()
         assert rc == 0, output[-3000:]
         assert sockets(kl) == [], "sockets left behind after SIGTERM"
+
+
+@pytest.mark.parametrize("version,gates,counters,groups", [
+    ("1.35", {}, 0, None),  # DRAPartitionableDevices off by default: counters dropped
+    ("1.37", {}, 1, 0),  # DRADeviceCompatibilityGroups alpha: groups dropped
+    ("1.37", {"DRADeviceCompatibilityGroups": True}, 1, 1),
+])
+def test_the_agent_finds_what_the_server_keeps(base, version, gates, counters, groups):
+    major, minor = (int(x) for x in version.split("."))
+    node = make_node(base, "default", version=(major, minor))
+    with LocalApiServer(version=version, feature_gates=gates) as srv:
+        client.CoreV1Api(srv.api_client()).create_node({"metadata": {"name": node.node}})
+        with running(make_daemon(node, srv, base)) as r:
+            text = http_get(r.daemon.probes.port, "/metrics")[1]
+            assert metric(text, "vgpuctl_api_fields_kept", 'field="counters"') == counters
+            if groups is not None:
+                assert metric(text, "vgpuctl_api_fields_kept", 'field="compatibility_groups"') == groups
+            note = client.CoreV1Api(srv.api_client()).read_node(node.node).metadata.annotations
+            assert note["vgpu.kubevirt.io/dra-fields"].startswith(f"counters={'kept' if counters else 'dropped'}")
+            slices = pool_slices(srv, node=node.node)
+            has_groups = any(c.get("compatibilityGroups") for s in slices for d in s["spec"].get("devices") or []
+                             for c in d.get("consumesCounters") or [])
+            assert has_groups == bool(groups)  # a server dropping the groups gets the one-size-per-GPU shape
+            srv.reset_counters()
+            r.daemon.resync()
+            assert srv.writes == []  # nothing rewritten although the server stores less than was sent
