@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-ALL = ["node", "dra", "allocator"]
+ALL = ["discovery", "node", "dra", "allocator"]
 
 
 def parser() -> argparse.ArgumentParser:

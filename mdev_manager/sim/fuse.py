@@ -30,7 +30,9 @@ never deadlock against the FUSE loop; it waits for the mount and unmounts on exi
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import json
 import errno
 import fcntl
 import itertools
@@ -67,18 +69,28 @@ def attr_mode(name: str) -> int:
     return 0o644 if name in WRITABLE_ATTRS else 0o444
 
 
+def _counted(fn, name: str, counts: collections.Counter):
+    def call(*args, **kw):
+        counts[name] += 1
+        return fn(*args, **kw)
+    return call
+
+
 class SimFS(mfusepy.Operations):
     """Pass-through of ``host.sys`` whose writes are kernel writes (see the module doc)."""
 
     use_ns = True  # timestamps in nanoseconds (mfusepy >= 3)
 
-    def __init__(self, host: SimHost):
+    def __init__(self, host: SimHost, counts: collections.Counter | None = None):
         self.host = host
         self.base = os.path.realpath(host.sys)
         self._lockfile = host.root / ".sim/lock"
         self._files: dict[int, dict] = {}  # fh -> {"path": backing path, "data": bytes | None}
         self._fh = itertools.count(1)
         self._mutex = threading.Lock()
+        if counts is not None:  # requests per operation, for the benchmarks (``--stats``)
+            for name in [n for n, v in vars(type(self)).items() if callable(v) and not n.startswith("_")]:
+                setattr(self, name, _counted(getattr(self, name), name, counts))
 
     # ------------------------------------------------------------------ helpers
     def _backing(self, path: str) -> str:
@@ -233,7 +245,7 @@ class SimFS(mfusepy.Operations):
 
 
 def mount(host: SimHost, mountpoint: Path, foreground: bool = True, allow_other: bool = False, *,
-          threads: bool = False) -> None:
+          threads: bool = False, stats: Path | None = None) -> None:
     """Serve ``host.sys`` at ``mountpoint``; in the foreground this returns once unmounted.
 
     Single-threaded by default: every request runs Python under the GIL anyway, and
@@ -243,11 +255,14 @@ def mount(host: SimHost, mountpoint: Path, foreground: bool = True, allow_other:
     Attribute, entry and negative lookups are never cached by the kernel (timeouts 0),
     since the tree changes underneath.
     """
+    counts = collections.Counter() if stats is not None else None
     mfusepy.FUSE(
-        SimFS(host), str(mountpoint), raw_fi=True, foreground=foreground, nothreads=not threads,
+        SimFS(host, counts), str(mountpoint), raw_fi=True, foreground=foreground, nothreads=not threads,
         allow_other=allow_other, fsname="simsys:" + str(host.root).replace(",", "_"), subtype="vgpuctl-sim",
         attr_timeout=0, entry_timeout=0, negative_timeout=0,
     )
+    if stats is not None:  # unmounted: every request served is counted
+        Path(stats).write_text(json.dumps(dict(counts)))
 
 
 def _run(cmd: list[str], timeout: float = 10.0) -> subprocess.CompletedProcess:
@@ -282,14 +297,16 @@ def _project_root() -> str:
 
 @contextlib.contextmanager
 def mounted(host: SimHost | Path | str, mountpoint: Path | str, timeout: float = MOUNT_TIMEOUT,
-            allow_other: bool = False, max_seconds: float | None = None, threads: bool = False) -> Iterator[Path]:
+            allow_other: bool = False, max_seconds: float | None = None, threads: bool = False,
+            stats: Path | None = None) -> Iterator[Path]:
     """Mount the host's ``sys/`` at ``mountpoint`` in a child process; unmount on exit.
 
     Yields the mountpoint once ``os.path.ismount`` says it is mounted; raises
     ``RuntimeError`` (with the child's output) if that takes longer than ``timeout``.
     ``max_seconds`` bounds the mount's life: past it the daemon is killed, so a hung
     request fails with ENOTCONN instead of blocking its caller forever (tests).
-    ``threads`` runs libfuse's multithreaded loop (see :func:`mount`).
+    ``threads`` runs libfuse's multithreaded loop (see :func:`mount`). ``stats``: a file the
+    daemon writes its requests per operation to (JSON) once unmounted.
     """
     root = Path(host.root if isinstance(host, SimHost) else host)
     mp = Path(mountpoint)
@@ -305,6 +322,8 @@ def mounted(host: SimHost | Path | str, mountpoint: Path | str, timeout: float =
         cmd.append("--allow-other")
     if threads:
         cmd.append("--threads")
+    if stats is not None:
+        cmd += ["--stats", str(stats)]
     log_file = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env)
 
@@ -353,12 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     ap.add_argument("--threads", action="store_true", help="libfuse's multithreaded loop (default: one thread)")
     ap.add_argument("--debug", action="store_true", help="log every FUSE error")
+    ap.add_argument("--stats", type=Path, help="write the requests served per operation (JSON) here when unmounted")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not (args.root / ".sim/state.json").exists():
         ap.error(f"{args.root} holds no simulated host (no .sim/state.json)")
-    mount(SimHost(args.root), args.mountpoint, foreground=True, allow_other=args.allow_other, threads=args.threads)
+    mount(SimHost(args.root), args.mountpoint, foreground=True, allow_other=args.allow_other, threads=args.threads,
+          stats=args.stats)
     return 0
 
 
