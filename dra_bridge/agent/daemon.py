@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
+from mdev_manager.host.fingerprint import fingerprint
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.host.lock import NodeLock
 from mdev_manager.models import Inventory, Usage
@@ -74,6 +75,9 @@ class ServeConfig(BaseModel):
     resource_prefix: str = "nvidia.com/"
     layout_label: str | None = Field(None, description="node label naming the layout to apply (else `layout`)")
     state_label: str | None = Field(None, description="node label reporting pending | success | failed")
+    full_resync_seconds: float | None = Field(None, description=(
+        "a periodic resync skips discovery and publishing when nothing changed (host fingerprint, layout, "
+        "claims, published slices); at least this often it does everything anyway (default 10 x resync_seconds)"))
     probe_seconds: float = Field(300.0, description=(
         "how often to check again which DRA fields the API server keeps (a dry-run ResourceSlice): servers upgrade"))
 
@@ -102,6 +106,9 @@ class Daemon:
                                     health_poll_interval=cfg.health_poll_seconds)
         self.probes: ProbeServer | None = None
         self.kept = KeptFields()  # which DRA fields the server keeps (probe, then every write's answer)
+        self._claims_changed = 0  # bumped by every prepare and unprepare
+        self._last_key: tuple | None = None  # what the last complete resync saw (see _unchanged)
+        self._last_full = 0.0
         self._probed_at: float | None = None
         self._kept_annotated: str | None = None
         self.gpu_ids = StableGpuIds(self.paths.data_dir / "gpu-ids.json", self.io)
@@ -116,54 +123,83 @@ class Daemon:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ one resync
-    def resync(self) -> dict:
+    def _resync_key(self, claims_changed: int | None = None) -> tuple:
+        """What a resync's outcome depends on, cheaply: the host's fingerprint, the layout's name and
+        file content, the claims prepared (a count of prepares and unprepares), the fields the server keeps."""
+        name = self.cfg.layout
+        if self.cfg.layout_label:
+            name = node_metadata(self.api_client, self.cfg.node_name)[0].get(self.cfg.layout_label, name)
+        digest = content_digest(self.cfg.layout_file) if self.cfg.layout_file else None
+        claims = self._claims_changed if claims_changed is None else claims_changed
+        return (fingerprint(self.env, self.io), name, digest, claims, self.kept)
+
+    def _unchanged(self) -> bool:
+        """Nothing a resync depends on changed since the last complete one, which is recent enough."""
+        now = time.monotonic()
+        full_every = self.cfg.full_resync_seconds or 10 * self.cfg.resync_seconds
+        if self._last_key is None or now - self._last_full >= full_every or \
+                self._probed_at is None or now - self._probed_at >= self.cfg.probe_seconds:
+            return False
+        return self._resync_key() == self._last_key and self.publisher.is_current()
+
+    def resync(self, force: bool = True) -> dict:
+        """One resync. ``force=False`` (the periodic loop) skips it when :meth:`_unchanged` says so."""
         with self._lock:
-            rejected: ConfigError | None = None
-            seen: Usage | None = None  # who used what when the layout was applied (None: not applied)
+            if not force and self._unchanged():
+                self.metrics.resyncs.labels("unchanged").inc()
+                return {"unchanged": True}
+            claims = self._claims_changed  # a prepare during the resync makes the next one run
+            result = self._resync()
+            self._last_key, self._last_full = self._resync_key(claims), time.monotonic()
+            return result
+
+    def _resync(self) -> dict:
+        rejected: ConfigError | None = None
+        seen: Usage | None = None  # who used what when the layout was applied (None: not applied)
+        try:
             try:
-                try:
-                    layouts = self._current_layouts()
-                    if layouts is not None:
-                        seen = self._apply_layout(layouts)
-                except ConfigError as exc:
-                    # a rejected layout changes nothing on the node, so what the last good one
-                    # offers is still true and stays published; the error is raised after that
-                    rejected, layouts = exc, self._last_good
-                    if layouts is None:
-                        raise
-                inv = discover(self.env, self.io, node=self.cfg.node_name)
-                policy = policy_from_layout(inv, layouts)
-                if self.device_plugins is not None:
-                    if layouts is None:
-                        policy = PoolPolicy()  # classic-only node: the device plugin advertises everything
-                    # a GPU offered through DRA is never also advertised by the device plugin
-                    self._dp_exclude = set(policy.gpus) | (
-                        {g.address for g in inv.gpus} if policy.others is not None else set())
-                    self.device_plugins.refresh(inv)
-                self._check_fields()
-                pool = build_pool(self.gpu_ids.apply(inv), policy, self.cfg.driver,
-                                  server_version=self._shape_version(),
-                                  pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
-                self._pool, self.inventory = pool, inv
-                result = self.publisher.sync(pool)
-                self._note_fields(self.kept.merged(self.publisher.kept))
-            except Exception:
-                self.metrics.resyncs.labels("error").inc()
-                log.exception("resync failed")
-                raise
-            self.metrics.resyncs.labels("ok").inc()
-            for verb, n in (("create", result.created), ("update", result.updated), ("delete", result.deleted)):
-                if n:
-                    self.metrics.api_writes.labels(verb).inc(n)
-            for kind in ("vgpu", "passthrough"):
-                self.metrics.devices.labels(kind).set(sum(1 for d in pool.devices if d.kind == kind))
-            self.metrics.gpus.set(len(inv.gpus))
-            self.metrics.vgpus.set(len(inv.all_vgpus()))
-            self.metrics.prepared_claims.set(len(self.driver.cp.claims))
-            self.metrics.set_free_vgpus(self._free_vgpus(inv, pool, layouts, seen))
-            if rejected is not None:
-                raise rejected
-            return result.model_dump()
+                layouts = self._current_layouts()
+                if layouts is not None:
+                    seen = self._apply_layout(layouts)
+            except ConfigError as exc:
+                # a rejected layout changes nothing on the node, so what the last good one
+                # offers is still true and stays published; the error is raised after that
+                rejected, layouts = exc, self._last_good
+                if layouts is None:
+                    raise
+            inv = discover(self.env, self.io, node=self.cfg.node_name)
+            policy = policy_from_layout(inv, layouts)
+            if self.device_plugins is not None:
+                if layouts is None:
+                    policy = PoolPolicy()  # classic-only node: the device plugin advertises everything
+                # a GPU offered through DRA is never also advertised by the device plugin
+                self._dp_exclude = set(policy.gpus) | (
+                    {g.address for g in inv.gpus} if policy.others is not None else set())
+                self.device_plugins.refresh(inv)
+            self._check_fields()
+            pool = build_pool(self.gpu_ids.apply(inv), policy, self.cfg.driver,
+                              server_version=self._shape_version(),
+                              pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
+            self._pool, self.inventory = pool, inv
+            result = self.publisher.sync(pool)
+            self._note_fields(self.kept.merged(self.publisher.kept))
+        except Exception:
+            self.metrics.resyncs.labels("error").inc()
+            log.exception("resync failed")
+            raise
+        self.metrics.resyncs.labels("ok").inc()
+        for verb, n in (("create", result.created), ("update", result.updated), ("delete", result.deleted)):
+            if n:
+                self.metrics.api_writes.labels(verb).inc(n)
+        for kind in ("vgpu", "passthrough"):
+            self.metrics.devices.labels(kind).set(sum(1 for d in pool.devices if d.kind == kind))
+        self.metrics.gpus.set(len(inv.gpus))
+        self.metrics.vgpus.set(len(inv.all_vgpus()))
+        self.metrics.prepared_claims.set(len(self.driver.cp.claims))
+        self.metrics.set_free_vgpus(self._free_vgpus(inv, pool, layouts, seen))
+        if rejected is not None:
+            raise rejected
+        return result.model_dump()
 
     def _free_vgpus(self, inv: Inventory, pool, layouts: list[GpuLayout] | None,
                     seen: Usage | None) -> dict[tuple[str, str], int]:
@@ -348,11 +384,13 @@ class Daemon:
 
         def unprepare(claims):
             with self.node_lock.hold():
+                self._claims_changed += 1
                 return inner_unprepare(claims)
 
         def prepare(claims):
             t0 = time.perf_counter()
             with self.node_lock.hold():
+                self._claims_changed += 1
                 out = inner(claims)
             per = (time.perf_counter() - t0) / max(1, len(claims))
             for uid, res in out.items():
@@ -386,12 +424,12 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
         while not self._stop.is_set():
-            self._wake.wait(self.cfg.resync_seconds)
+            woken = self._wake.wait(self.cfg.resync_seconds)  # an event (udev, trigger): do it all
             self._wake.clear()
             if self._stop.is_set():
                 break
             try:
-                self.resync()
+                self.resync(force=woken)
             except Exception:
                 pass  # logged and counted in resync; the next round tries again
         self._shutdown()

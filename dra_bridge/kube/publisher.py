@@ -140,6 +140,7 @@ class Publisher:
         # holds as we left it is compared by what we sent, or every resync would rewrite it
         self._sent: dict[str, tuple[str, str]] = {}
         self.kept = KeptFields()
+        self._seen: frozenset | None = None  # the mirror as our last sync left it
 
     @property
     def version(self) -> tuple[int, int]:
@@ -235,7 +236,20 @@ class Publisher:
             log.log(level, "the API server keeps: %s", kept.describe())
             self.kept = kept
 
+    def _mirror_key(self) -> frozenset:
+        return frozenset((n, k.digest, k.generation) for n, k in self.mirror.snapshot().items())
+
+    def is_current(self) -> bool:
+        """The server holds exactly what our last sync left (the watch saw no other change): a
+        resync whose pool did not change either has nothing to publish, nor to compare."""
+        return self.watch and self.mirror.synced and self._seen is not None and self._mirror_key() == self._seen
+
     def sync(self, pool: Pool) -> SyncResult:
+        result = self._sync(pool)
+        self._seen = self._mirror_key() if self.watch and self.mirror.synced else None
+        return result
+
+    def _sync(self, pool: Pool) -> SyncResult:
         everything = self.known(all_pools=True)
         have = {n: k for n, k in everything.items() if k.pool == self.pool_name}
         generation = max((k.generation for k in have.values()), default=0)

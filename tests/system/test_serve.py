@@ -458,3 +458,38 @@ def test_the_agent_finds_what_the_server_keeps(base, version, gates, counters, g
             srv.reset_counters()
             r.daemon.resync()
             assert srv.writes == []  # nothing rewritten although the server stores less than was sent
+
+
+class CountingIO(SimIO):
+    """The simulated host's transport, counting directory listings (discovery makes hundreds)."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self.listings = 0
+
+    def listdir(self, path):
+        self.listings += 1
+        return super().listdir(path)
+
+
+def test_idle_periodic_resyncs_skip_discovery_and_the_api_until_something_changes(srv, node, base):
+    io = CountingIO(node.host)
+    with running(make_daemon(node, srv, base, resync=0.1, io=io, full_resync_seconds=3600)) as r:
+        port = r.daemon.probes.port
+        resyncs = lambda result: metric(http_get(port, "/metrics")[1], "vgpuctl_resyncs_total",  # noqa: E731
+                                        f'result="{result}"', 0)
+        wait_until(lambda: resyncs("unchanged") >= 1, 10, "an unchanged resync")
+        ok, listings = resyncs("ok"), io.listings
+        srv.reset_counters()
+        wait_until(lambda: resyncs("unchanged") >= 5, 10, "more unchanged resyncs")
+        assert resyncs("ok") == ok, "a periodic resync with nothing changed did everything again"
+        per_idle = (io.listings - listings) / 4
+        assert per_idle < 10, f"{per_idle} directory listings per idle resync: discovery ran"
+        assert [q for q in srv.request_log if q.verb != "watch"] == []
+        # a vGPU made by hand (mdevctl start, say): the next periodic resync sees it
+        t4 = next(g for g in r.daemon.inventory.gpus if g.framework == "mdev")
+        t = t4.type_by_ref("T4-4Q")
+        io.write(node.env.pci(t4.address) / "mdev_supported_types" / t.id / "create",
+                 "0b7c6a3e-1d2f-4e5a-9b8c-7d6e5f4a3b2c")
+        wait_until(lambda: resyncs("ok") > ok, 10, "a full resync after the change")
+        assert any(v.id == "0b7c6a3e-1d2f-4e5a-9b8c-7d6e5f4a3b2c" for v in r.daemon.inventory.all_vgpus())
