@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-ALL = ["discovery", "node", "dra", "allocator"]
+ALL = ["discovery", "agent", "node", "dra", "allocator"]
 
 
 def parser() -> argparse.ArgumentParser:

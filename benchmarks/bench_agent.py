@@ -1,0 +1,147 @@
+"""The node agent at rest (issue #15): CPU and API requests of an idle resync, and its memory.
+
+* Idle resync, on the largest preset (16 L40S x 32 VFs, mdev on VFs, every GPU in ``dra`` mode)
+  against the local API server: CPU time (``process_time``, this process only: the API server
+  runs in a thread of it, so its share is measured apart and subtracted) of a periodic resync
+  that finds nothing changed, beside a forced full resync (what every periodic resync did
+  before) — fastest of ``RUNS``, interleaved. API requests per idle resync beside a model of
+  upstream's slice controller (k8s.io/dynamic-resource-allocation/resourceslice: an informer,
+  no periodic LIST, writes only on change: 0 requests when idle) and the bytes one LIST of the
+  node's slices would move.
+* ``vgpuctl serve`` as a separate process (real imports, real sockets) against ``vgpuctl sim
+  apiserver``: resident memory (VmRSS) once it is ready, on the default preset and the largest,
+  beside the bound the issue sets (80 MB) and a Python that imports only the serve path's modules.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mdev_manager.config import parse_config
+
+from .common import HEADER, row
+
+RUNS = int(os.environ.get("VGPUCTL_BENCH_RUNS", "5"))
+DRA_ALL = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}})
+RSS_BOUND_MB = 80
+
+
+def _cpu(fn) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
+def _idle_resync(lines: list[str]) -> None:
+    from dra_bridge.agent.daemon import Daemon, ServeConfig
+    from dra_bridge.sim.apiserver import LocalApiServer
+    from mdev_manager.reconcile import reconcile
+    from mdev_manager.sim.node import sim_node
+
+    base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
+    with tempfile.TemporaryDirectory(dir=base, prefix="vgagent") as d, LocalApiServer(version="1.36") as srv:
+        sim = sim_node(Path(d) / "host", "bench-large")
+        reconcile(sim.env, sim.io, DRA_ALL)
+        cfg = ServeConfig(node_name=sim.node, kubelet_root=Path(d) / "kl", cdi_root=Path(d) / "cdi", metrics_port=None,
+                          resync_seconds=30.0, full_resync_seconds=3600)
+        daemon = Daemon(cfg, sim.env, sim.io, srv.api_client())
+        try:
+            daemon.resync()
+            daemon.resync(force=False)  # warm
+            idle, full = float("inf"), float("inf")
+            for _ in range(RUNS):
+                srv.reset_counters()
+                idle = min(idle, _cpu(lambda: daemon.resync(force=False)))
+                requests = [r for r in srv.request_log if r.verb != "watch"]
+                full = min(full, _cpu(lambda: daemon.resync(force=True)))
+            listed = sum(len(str(o)) for o in daemon.publisher.existing(all_pools=True).values())
+            n_dev = len(daemon._pool.devices)
+        finally:
+            daemon.publisher.close()
+    lines.append(row(f"idle resync CPU ({n_dev} devices published)", f"{idle * 1000:.1f} ms", f"{full * 1000:.0f} ms",
+                     idle / full, "peer: a full resync (discover, reconcile, build, compare); bound: 50 ms"))
+    lines.append(row("API requests per idle resync", str(len(requests)), "0", None,
+                     f"peer: upstream's informer-based slice controller; a LIST would move {listed / 1e6:.2f} MB"))
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ready(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _serve_rss(preset: str, settle: float = 3.0) -> float:
+    """VmRSS (MB) of ``vgpuctl --simulate PRESET serve`` once ready (published, plugin up) and a
+    few seconds of idle resyncs later."""
+    with tempfile.TemporaryDirectory(prefix="vgrss") as d:
+        kc = Path(d) / "kc"
+        cli = [sys.executable, "-m", "mdev_manager.cli.main"]
+        api = subprocess.Popen([*cli, "sim", "apiserver", "--kubeconfig-out", str(kc), "--version", "1.36"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(200):
+                if kc.exists():
+                    break
+                time.sleep(0.05)
+            env = {**os.environ, "VGPUCTL_SIM_DIR": str(Path(d) / "sim")}
+            port = _free_port()
+            srv = subprocess.Popen([*cli, "--simulate", preset, "serve", "--kubeconfig", str(kc), "--metrics-port",
+                                    str(port), "--resync", "1",
+                                    "--kubelet-root", str(Path(d) / "kl"), "--cdi-root", str(Path(d) / "cdi")],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                deadline = time.monotonic() + 600
+                while not _ready(port):
+                    if srv.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"vgpuctl serve ({preset}) did not become ready")
+                    time.sleep(0.2)
+                time.sleep(settle)
+                return _rss_kb(srv.pid) / 1024
+            finally:
+                srv.terminate()
+                srv.wait(timeout=30)
+        finally:
+            api.terminate()
+            api.wait(timeout=30)
+
+
+def _imports_rss() -> float:
+    code = ("import dra_bridge.agent.daemon, mdev_manager.cli.serve; "
+            "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout) / 1024
+
+
+def run() -> list[str]:
+    lines = ["Node agent at rest", HEADER]
+    _idle_resync(lines)
+    imports = _imports_rss()
+    for preset in ("default", "bench-large"):
+        mb = _serve_rss(preset)
+        lines.append(row(f"serve RSS after start ({preset})", f"{mb:.0f} MB", f"{RSS_BOUND_MB} MB", mb / RSS_BOUND_MB,
+                         f"peer: the bound; the serve path's imports alone take {imports:.0f} MB"))
+    return lines
