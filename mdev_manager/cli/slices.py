@@ -5,7 +5,9 @@ The slices come from the node agent's own code (discover -> pool policy -> ``bui
 version's defaults, as kube-apiserver has them). What the builder can express it is asked for
 (no compatibility groups when ``DRADeviceCompatibilityGroups`` is off: the equal-size choice of
 servers without them); what it cannot (no counters when ``DRAPartitionableDevices`` is off) is
-removed afterwards with the API server's own drop rules, and said so on stderr.
+removed afterwards with the API server's own drop rules, and said so on stderr. With
+``--kubeconfig`` the version and what the server keeps are not given but found, by effect: a
+dry-run probe slice (nothing stored) shows which DRA fields that server drops.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--feature-gates", default="", metavar="NAME=true|false,...",
                    help="the API server's feature gates over that version's defaults, e.g. "
                         "DRADeviceCompatibilityGroups=true (default: none, the version's defaults)")
+    p.add_argument("--kubeconfig", nargs="?", const="", metavar="FILE",
+                   help="detect the server's version and the DRA fields it keeps from a cluster (a dry-run probe, "
+                        "nothing stored) instead of --server-version / --feature-gates")
     p.add_argument("-f", "--file", metavar="LAYOUT",
                    help="layout file: the pool policy comes from its DRA entries, as the node agent's "
                         "(default: none, every GPU offered)")
@@ -112,13 +117,35 @@ def node_slices(env, io, node: str, *, driver: str, kubelet_root: Path, version:
     return plan.slices, [*pool.warnings, *plan.warnings]
 
 
+def _detected(args) -> tuple[tuple[int, int], dict[str, bool]]:
+    """The cluster's version, and gates as its effect shows them (only the DRA gates the slices use)."""
+    from dra_bridge.kube.client import connect
+    from dra_bridge.kube.clusterfacts import probe_kept
+    from dra_bridge.kube.publisher import server_version
+    from dra_bridge.sim.apiserver import featuregates
+
+    api = connect(args.kubeconfig or None)
+    version = server_version(api)
+    kept = probe_kept(api, version)
+    print(f"detected: Kubernetes {version[0]}.{version[1]}; the API server keeps {kept.describe()}", file=sys.stderr)
+    overrides = {"DRAPartitionableDevices": kept.counters is not False}
+    if version >= (1, 37):
+        overrides[GROUPS_GATE] = kept.compatibility_groups is not False
+    known = featuregates.resolve(version, {})
+    return version, featuregates.resolve(version, {k: v for k, v in overrides.items() if k in known})
+
+
 def run(args) -> int:
     from mdev_manager.config import load_config
 
     from dra_bridge.sim.apiserver import featuregates
 
-    version = featuregates.version_tuple(args.server_version)
-    gates = featuregates.resolve(version, featuregates.parse_gates(args.feature_gates))
+    if args.kubeconfig is not None:
+        version, gates = _detected(args)
+        args.server_version = f"{version[0]}.{version[1]}"
+    else:
+        version = featuregates.version_tuple(args.server_version)
+        gates = featuregates.resolve(version, featuregates.parse_gates(args.feature_gates))
     env, io = open_host(args)
     node = args.node_name or node_name(args, env)
     if not node:

@@ -168,3 +168,21 @@ def test_node_name_required_off_simulation(capsys, monkeypatch):
     monkeypatch.delenv("NODE_NAME", raising=False)
     code = main(["--sys-root", os.devnull, "slices"])
     assert code == 2 and "node name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("version,gates,counters,groups", [
+    ("1.35", {}, False, False),  # DRAPartitionableDevices alpha, off
+    ("1.36", {}, True, False),
+    ("1.37", {"DRADeviceCompatibilityGroups": True}, True, True),
+])
+def test_kubeconfig_detects_what_the_server_keeps(simdir, capsys, tmp_path, version, gates, counters, groups):
+    with LocalApiServer(version=version, feature_gates=gates) as srv:
+        kc = srv.kubeconfig(tmp_path / "kc")
+        code, doc, err = slices(capsys, "--kubeconfig", str(kc), "-o", "json")
+        assert srv.writes == []  # the probe is a dry run
+    assert code == 0, err
+    assert f"detected: Kubernetes {version}" in err
+    assert ("counters kept" if counters else "counters DROPPED") in err
+    assert bool(list(walk(doc, "sharedCounters"))) == counters
+    assert bool(list(walk(doc, "compatibilityGroups"))) == groups
+    accepted(doc["items"], version, ",".join(f"{k}={str(v).lower()}" for k, v in gates.items()))
