@@ -77,14 +77,51 @@ def _int(value: str | None) -> int | None:
     return None if n is None or n < 0 else n
 
 
-def _dev_dir(env: HostEnv, io: HostIO, addr: str):
-    """The device's real directory: resolving the bus link once saves a lookup per attribute."""
-    return io.realpath(env.pci(addr))
+class DeviceDirs:
+    """Each PCI function's real directory, resolved once per discovery.
+
+    ``bus/pci/devices/<addr>`` is a relative link into ``devices/``, whose directories are real
+    (sysfs has no links below it, nor does the simulated tree): one ``readlink`` and a lexical
+    join resolve it, where ``realpath`` would ``lstat`` every component, and it would be done
+    again for every attribute group (four times per VF). Attributes are then opened relative
+    to the directory (:meth:`HostIO.read_attrs`).
+    """
+
+    def __init__(self, env: HostEnv, io: HostIO):
+        self.env, self.io = env, io
+        self._dirs: dict[str, Path] = {}
+
+    def __call__(self, addr: str) -> Path:
+        d = self._dirs.get(addr)
+        if d is None:
+            d = self._resolve(self.env.pci_devices, self.env.pci(addr))
+            self._dirs[addr] = d
+        return d
+
+    def _resolve(self, base: Path, link: Path) -> Path:
+        try:
+            return Path(os.path.normpath(os.path.join(base, self.io.readlink(link))))
+        except OSError:  # not a link (a hand-made tree): the slow way
+            return self.io.realpath(link)
+
+    def via(self, parent_dir: Path, entry: str) -> str | None:
+        """The function a link in ``parent_dir`` names (``virtfn3``), its directory remembered."""
+        try:
+            target = self.io.readlink(parent_dir / entry)
+        except OSError:
+            return None
+        addr = os.path.basename(target)
+        self._dirs.setdefault(addr, Path(os.path.normpath(os.path.join(parent_dir, target))))
+        return addr
 
 
-def read_function(env: HostEnv, io: HostIO, addr: str) -> dict:
+def _dev_dir(env: HostEnv, io: HostIO, addr: str, dirs: DeviceDirs | None = None) -> Path:
+    return (dirs or DeviceDirs(env, io))(addr)
+
+
+def read_function(env: HostEnv, io: HostIO, addr: str, dirs: DeviceDirs | None = None) -> dict:
     """The attributes common to every PCI function, as model fields."""
-    d = _dev_dir(env, io, addr)
+    d = _dev_dir(env, io, addr, dirs)
     a = io.read_attrs(d, ["vendor", "device", "class", "subsystem_vendor", "subsystem_device", "numa_node",
                           "driver_override"])
     vendor = a["vendor"] or "0x0000"
@@ -130,8 +167,8 @@ def _max_instances(name: str, description: str) -> int | None:
     return known.max_instances if known else None
 
 
-def read_mdev_types(env: HostEnv, io: HostIO, parent: str) -> list[VgpuType]:
-    base = _dev_dir(env, io, parent) / "mdev_supported_types"
+def read_mdev_types(env: HostEnv, io: HostIO, parent: str, dirs: DeviceDirs | None = None) -> list[VgpuType]:
+    base = _dev_dir(env, io, parent, dirs) / "mdev_supported_types"
     out = []
     for tid, a in io.read_children(base, ["name", "description", "device_api", "available_instances"]).items():
         name = a["name"] or tid
@@ -163,9 +200,9 @@ def _vendor_type(tid: str, name: str, available: int) -> VgpuType:
                     framebuffer_mib=framebuffer_mib_from_name(name), mig_backed=is_mig_backed(name))
 
 
-def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str) -> list[Vgpu]:
+def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str, dirs: DeviceDirs | None = None) -> list[Vgpu]:
     out = []
-    pdir = _dev_dir(env, io, parent)
+    pdir = _dev_dir(env, io, parent, dirs)
     for name in io.listdir(pdir):
         if not _UUID.match(name) or not io.exists(pdir / name / "mdev_type"):
             continue
@@ -227,29 +264,30 @@ def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -
     return None  # full, or nothing of another size would fit anyway
 
 
-def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict) -> Gpu:
-    d = _dev_dir(env, io, addr)
+def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs: DeviceDirs | None = None) -> Gpu:
+    dirs = dirs or DeviceDirs(env, io)
+    d = dirs(addr)
     total = _int(read_attr(io, d / "sriov_totalvfs")) or 0
     vfs = []
     for entry in io.listdir(d):
         if entry.startswith("virtfn") and entry[6:].isdigit():
-            vf_addr = link_name(io, d / entry)
+            vf_addr = dirs.via(d, entry)
             if vf_addr:
-                vfs.append(VirtualFunction(index=int(entry[6:]), physfn=addr, **read_function(env, io, vf_addr)))
+                vfs.append(VirtualFunction(index=int(entry[6:]), physfn=addr, **read_function(env, io, vf_addr, dirs)))
     vfs.sort(key=lambda v: v.index)
     parents: list[MdevParent] = []
     vgpus: list[Vgpu] = []
     framework = "none"
     if io.exists(d / "mdev_supported_types"):
         framework = "mdev"
-        parents.append(MdevParent(address=addr, types=read_mdev_types(env, io, addr)))
-        vgpus += read_mdevs(env, io, addr, addr)
+        parents.append(MdevParent(address=addr, types=read_mdev_types(env, io, addr, dirs)))
+        vgpus += read_mdevs(env, io, addr, addr, dirs)
     for vf in vfs:
-        vd = _dev_dir(env, io, vf.address)
+        vd = dirs(vf.address)
         if io.exists(vd / "mdev_supported_types"):
             framework = "mdev-sriov"
-            parents.append(MdevParent(address=vf.address, types=read_mdev_types(env, io, vf.address)))
-            vgpus += read_mdevs(env, io, vf.address, addr)
+            parents.append(MdevParent(address=vf.address, types=read_mdev_types(env, io, vf.address, dirs)))
+            vgpus += read_mdevs(env, io, vf.address, addr, dirs)
         elif io.exists(vd / "nvidia" / "creatable_vgpu_types"):
             framework = "vendor-vfio"
             listed = parse_creatable(read_attr(io, vd / "nvidia" / "creatable_vgpu_types", "") or "")
@@ -301,20 +339,16 @@ def discover(env: HostEnv | None = None, io: HostIO | None = None, node: str = "
 
 
 def _discover(env: HostEnv, io: HostIO, node: str) -> Inventory:
+    dirs = DeviceDirs(env, io)
     found = []
     for addr in pci_addresses(env, io):
-        if io.exists(env.pci(addr) / "physfn"):
+        d = dirs(addr)
+        if io.exists(d / "physfn"):
             continue
-        fields = read_function(env, io, addr)
+        fields = read_function(env, io, addr, dirs)
         if is_gpu(fields):
             found.append((addr, len(found), fields))
-    # Each GPU is hundreds of small reads; on a big node they overlap well in threads
-    # (sysfs and FUSE reads release the GIL while they wait).
-    if len(found) > 2:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(8, len(found))) as pool:
-            gpus = list(pool.map(lambda f: read_gpu(env, io, *f), found))
-    else:
-        gpus = [read_gpu(env, io, *f) for f in found]
+    # One thread: sysfs attributes are kernel memory, read without blocking, so threads only
+    # fight over the GIL (a pool of 8 took twice as long on a 16-GPU tree; #15).
+    gpus = [read_gpu(env, io, *f, dirs=dirs) for f in found]
     return Inventory(node=node or os.uname().nodename, gpus=gpus, iommufd=io.exists(env.iommufd))
