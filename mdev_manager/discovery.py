@@ -167,10 +167,20 @@ def _max_instances(name: str, description: str) -> int | None:
     return known.max_instances if known else None
 
 
-def read_mdev_types(env: HostEnv, io: HostIO, parent: str, dirs: DeviceDirs | None = None) -> list[VgpuType]:
+_TYPE_ATTRS = ["name", "description", "device_api", "available_instances"]
+
+
+def read_mdev_types(env: HostEnv, io: HostIO, parent: str, dirs: DeviceDirs | None = None,
+                    only: set[str] | None = None) -> list[VgpuType]:
+    """The parent's types; ``only``: just these type ids (prepare needs one type, not all 23)."""
     base = _dev_dir(env, io, parent, dirs) / "mdev_supported_types"
     out = []
-    for tid, a in io.read_children(base, ["name", "description", "device_api", "available_instances"]).items():
+    if only is None:
+        listed = io.read_children(base, _TYPE_ATTRS)
+    else:
+        listed = {tid: io.read_attrs(base / tid, _TYPE_ATTRS) for tid in sorted(only)}
+        listed = {tid: a for tid, a in listed.items() if any(v is not None for v in a.values())}
+    for tid, a in listed.items():
         name = a["name"] or tid
         desc = a["description"] or ""
         out.append(VgpuType(
@@ -264,7 +274,11 @@ def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -
     return None  # full, or nothing of another size would fit anyway
 
 
-def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs: DeviceDirs | None = None) -> Gpu:
+def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs: DeviceDirs | None = None,
+             only_types: set[str] | None = None) -> Gpu:
+    """One GPU with its VFs, parents, types and vGPUs. ``only_types`` reads just those mdev types of
+    each parent (a claim's prepare): the GPU's ``types`` then hold only them, and what is derived
+    from all types (``mixed_size``, the occupancy cap of other types) is not to be relied on."""
     dirs = dirs or DeviceDirs(env, io)
     d = dirs(addr)
     total = _int(read_attr(io, d / "sriov_totalvfs")) or 0
@@ -280,13 +294,13 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
     framework = "none"
     if io.exists(d / "mdev_supported_types"):
         framework = "mdev"
-        parents.append(MdevParent(address=addr, types=read_mdev_types(env, io, addr, dirs)))
+        parents.append(MdevParent(address=addr, types=read_mdev_types(env, io, addr, dirs, only_types)))
         vgpus += read_mdevs(env, io, addr, addr, dirs)
     for vf in vfs:
         vd = dirs(vf.address)
         if io.exists(vd / "mdev_supported_types"):
             framework = "mdev-sriov"
-            parents.append(MdevParent(address=vf.address, types=read_mdev_types(env, io, vf.address, dirs)))
+            parents.append(MdevParent(address=vf.address, types=read_mdev_types(env, io, vf.address, dirs, only_types)))
             vgpus += read_mdevs(env, io, vf.address, addr, dirs)
         elif io.exists(vd / "nvidia" / "creatable_vgpu_types"):
             framework = "vendor-vfio"

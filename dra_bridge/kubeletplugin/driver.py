@@ -28,6 +28,7 @@ from typing import Callable
 
 from mdev_manager import persist
 from mdev_manager.executor import Executor
+from mdev_manager.discovery import read_function
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, read_attr
 from mdev_manager.models import Usage
@@ -248,10 +249,13 @@ class Driver:
             dev = pool.device(r.get("device", ""))
             if dev is None:
                 raise PrepareError(f"{where}: device {r.get('device')} no longer exists on this node")
-            gpu = gpus.get(dev.gpu) or read_one_gpu(self.env, self.io, dev.gpu)
+            # a vGPU needs its type's parents only; a whole GPU needs everything (its group, its VFs)
+            key = (dev.gpu, dev.type_id) if dev.kind == "vgpu" else dev.gpu
+            gpu = gpus.get(key) or read_one_gpu(self.env, self.io, dev.gpu,
+                                                only_types={dev.type_id} if dev.kind == "vgpu" else None)
             if gpu is None:
                 raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
-            gpus[dev.gpu] = gpu
+            gpus[key] = gpu
             rec = PreparedDeviceRecord(request=r["request"], pool=r["pool"], device=dev.name, kind=dev.kind,
                                        gpu=dev.gpu, type_id=dev.type_id)
             if dev.kind == "vgpu":
@@ -267,10 +271,10 @@ class Driver:
     def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict) -> None:
         """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""
         for d in rec.devices:
-            gpu = gpus[d.gpu]
             if d.kind == "vgpu":
-                create_vgpu(self.ex, gpu, d)
+                create_vgpu(self.ex, gpus[(d.gpu, d.type_id)], d)
             else:
+                gpu = gpus[d.gpu]
                 d.rebound = passthrough_moves(gpu)
                 d.vfs_disabled = gpu.sriov_num_vfs
                 self.store.save(self.cp)  # what to give back, on disk before the first bind (crash safety)
@@ -286,8 +290,8 @@ class Driver:
             attrs = {"mdevUUID": {"string": d.vgpu_id}} if d.framework == "mdev" else \
                 {"resource.kubernetes.io/pciBusID": {"string": d.vgpu_id}}
             return (int(group) if group and group.isdigit() else None), (cdevs[0] if cdevs else None), attrs
-        after = read_one_gpu(self.env, self.io, d.gpu)
-        return after.iommu_group, after.vfio_dev, {"resource.kubernetes.io/pciBusID": {"string": d.gpu}}
+        fn = read_function(self.env, self.io, d.gpu)  # the GPU's own group and cdev: no need to read its VFs
+        return fn["iommu_group"], fn["vfio_dev"], {"resource.kubernetes.io/pciBusID": {"string": d.gpu}}
 
     def _write_files(self, rec: ClaimRecord, claim: dict) -> None:
         """The claim's CDI spec, metadata files and their CDI specs, from its devices on the host."""

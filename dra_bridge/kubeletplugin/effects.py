@@ -24,10 +24,13 @@ class PrepareError(Exception):
     """A per-claim error returned to the kubelet."""
 
 
-def read_one_gpu(env: HostEnv, io: HostIO, address: str, index: int = 0) -> Gpu | None:
+def read_one_gpu(env: HostEnv, io: HostIO, address: str, index: int = 0,
+                 only_types: set[str] | None = None) -> Gpu | None:
+    """The GPU as it is now; ``only_types``: read just those vGPU types of each parent (a vGPU's
+    prepare needs one type: 1 of 23 type directories per VF on an L40S)."""
     if not io.exists(env.pci(address)):
         return None
-    return read_gpu(env, io, address, index, read_function(env, io, address))
+    return read_gpu(env, io, address, index, read_function(env, io, address), only_types=only_types)
 
 
 def choose_parent(gpu: Gpu, type_id: str, taken: set[str], first: str | None = None,
