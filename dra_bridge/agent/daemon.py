@@ -303,9 +303,15 @@ class Daemon:
     def _apply_layout(self, layouts: list[GpuLayout]) -> Usage:
         """Reconcile the node to ``layouts``; returns who used what as the apply saw it."""
         try:
-            with self.node_lock.hold():
-                out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
-                                final_inventory=False)
+            # plan without the node lock first: a node that matches its layout (almost every resync)
+            # is left alone without making a prepare wait for a whole discovery; when there is
+            # something to do, the lock is taken and the node discovered and planned again under it
+            out = reconcile(self.env, self.io, layouts, dry_run=True, usage_extra=self._usage(),
+                            node=self.cfg.node_name, final_inventory=False)
+            if any(r.plan.actions for r in out.rounds):
+                with self.node_lock.hold():
+                    out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
+                                    final_inventory=False)
         except ConfigError as exc:
             self._reject(self._layout_name, self._digest, exc)
             raise

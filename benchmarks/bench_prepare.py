@@ -1,0 +1,128 @@
+"""Prepare latency over the kubelet's gRPC socket, with resyncs running (issue #15).
+
+The largest preset (16 L40S x 32 VFs, mdev on VFs: 23 types per VF) in ``dra`` mode, the real agent
+(``Daemon.start()``: kubelet plugin on its unix socket, publisher on the local API server) and a
+kubelet model registering it and calling ``NodePrepareResources`` / ``NodeUnprepareResources``
+for one-vGPU claims, one claim at a time, each on the next free VF's worth of capacity, while
+another thread runs full resyncs back to back (the worst case: every resync discovers the node).
+Reported: p50 / p99 of prepare and of unprepare; beside them the simulated kernel's own share
+(the time spent in its model of ``create`` / ``remove`` writes, measured in the transport) and
+the p99 without it: what a real kernel's sysfs write would replace. Bound: 20 ms p99.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from mdev_manager.config import parse_config
+from mdev_manager.sim.io import SimIO
+
+from .common import HEADER, percentile, row
+
+CLAIMS = int(os.environ.get("VGPUCTL_BENCH_CLAIMS", "200"))
+DRA_ALL = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}})
+BOUND_MS = 20.0
+
+
+class TimedIO(SimIO):
+    """The simulated host's transport, adding up the time its kernel model takes to create and
+    remove vGPUs (the writes a prepare makes; a steady resync makes none)."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self._lock = threading.Lock()
+        self.kernel = 0.0
+
+    def write(self, path, data):
+        t0 = time.perf_counter()
+        try:
+            return super().write(path, data)
+        finally:
+            if Path(path).name in ("create", "remove", "current_vgpu_type"):
+                with self._lock:
+                    self.kernel += time.perf_counter() - t0
+
+    def take(self) -> float:
+        with self._lock:
+            spent, self.kernel = self.kernel, 0.0
+        return spent
+
+
+def run() -> list[str]:
+    from dra_bridge.agent.daemon import Daemon, ServeConfig
+    from dra_bridge.sim.apiserver import LocalApiServer
+    from mdev_manager.reconcile import reconcile
+    from mdev_manager.sim.node import sim_node
+    from tests.support.dra import add_claim
+    from tests.support.kubelet.fake_kubelet import FakeKubelet
+
+    lines = [f"Prepare over gRPC (bench-large, {CLAIMS} one-vGPU claims, full resyncs running)", HEADER]
+    base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
+    with tempfile.TemporaryDirectory(dir=base, prefix="vgprep") as d, LocalApiServer(version="1.36") as srv:
+        sim = sim_node(Path(d) / "host", "bench-large")
+        reconcile(sim.env, sim.io, DRA_ALL)
+        io = TimedIO(sim.host)
+        kl = Path(tempfile.mkdtemp(prefix="vgk", dir="/tmp"))  # unix socket paths must stay short
+        cfg = ServeConfig(node_name=sim.node, kubelet_root=kl, cdi_root=Path(d) / "cdi", metrics_port=None,
+                          resync_seconds=3600, health_poll_seconds=3600)
+        daemon = Daemon(cfg, sim.env, io, srv.api_client()).start()
+        stop = threading.Event()
+
+        def resyncs():
+            while not stop.is_set():
+                daemon.resync()
+
+        bg = threading.Thread(target=resyncs, daemon=True)
+        try:
+            kubelet = FakeKubelet(kl)
+            for _ in range(200):
+                if kubelet.discover_dra_plugins():
+                    break
+                time.sleep(0.05)
+            reg = kubelet.register_dra_plugin(kubelet.discover_dra_plugins()[0])
+            pool = daemon._pool
+            # one type per GPU, claims spread over the GPUs as a scheduler would
+            by_gpu: dict[str, list[str]] = {}
+            for dev in pool.devices:
+                if dev.kind == "vgpu" and dev.type_id == next(x.type_id for x in pool.devices
+                                                              if x.kind == "vgpu" and x.gpu == dev.gpu):
+                    by_gpu.setdefault(dev.gpu, []).append(dev.name)
+            order = [devs[i] for i in range(max(map(len, by_gpu.values()))) for devs in by_gpu.values()
+                     if i < len(devs)][:CLAIMS]
+            refs = [add_claim(srv, f"c{i}", [("vgpu", name)], node=sim.node) for i, name in enumerate(order)]
+            bg.start()
+            prep, unprep, kernel = [], [], []
+            with reg.client("v1") as client:
+                for ref in refs:
+                    io.take()
+                    t0 = time.perf_counter()
+                    out = client.prepare([(ref.namespace, ref.uid, ref.name)])
+                    prep.append(time.perf_counter() - t0)
+                    assert out[ref.uid]["error"] == "", out[ref.uid]["error"]
+                    kernel.append(io.take())
+                for ref in refs:
+                    t0 = time.perf_counter()
+                    assert client.unprepare([(ref.namespace, ref.uid, ref.name)])[ref.uid] == ""
+                    unprep.append(time.perf_counter() - t0)
+        finally:
+            stop.set()
+            if bg.is_alive():
+                bg.join(timeout=120)
+            daemon.stop()
+            daemon._shutdown()
+    p99 = percentile(prep, 99) * 1000
+    k99 = percentile(kernel, 99) * 1000
+    lines += [
+        row("prepare p50", f"{percentile(prep, 50) * 1000:.1f} ms", f"{BOUND_MS:.0f} ms", None, "peer: the bound (p99)"),
+        row("prepare p99", f"{p99:.1f} ms", f"{BOUND_MS:.0f} ms", p99 / BOUND_MS,
+            f"of which the simulated kernel p99 {k99:.1f} ms"),
+        row("prepare p99 without the simulated kernel", f"{percentile([p - k for p, k in zip(prep, kernel)], 99) * 1000:.1f} ms",
+            f"{BOUND_MS:.0f} ms", None, "what a real sysfs write replaces"),
+        row("unprepare p50 / p99", f"{percentile(unprep, 50) * 1000:.1f} / {percentile(unprep, 99) * 1000:.1f} ms",
+            "-", None, ""),
+    ]
+    return lines
