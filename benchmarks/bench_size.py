@@ -1,0 +1,55 @@
+"""What one 8-GPU node puts in etcd (issue #13/#15): devices, slices and bytes of its ResourceSlices.
+
+For 8 x T4, 8 x A100-40GB and 8 x L40S nodes in ``dra`` mode (every vGPU type offered), the pool
+our agent publishes for Kubernetes 1.36 (one vGPU size per GPU: no compatibility groups) and 1.37
+(every size, kept apart by compatibility groups), as JSON the way the publisher sends it. Beside
+it, NVIDIA's DRA driver on the same GPUs: one device per MIG placement plus the full GPU (MIG
+GPUs, counted from the A100's profile and placement table in our catalog), one per GPU otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from mdev_manager import catalog
+from mdev_manager.config import parse_config
+from mdev_manager.discovery import discover
+from mdev_manager.reconcile import reconcile
+from mdev_manager.sim.hostspec import GpuGroup, HostSpec
+from mdev_manager.sim.node import sim_node
+
+from dra_bridge.pool.devices import PoolPolicy, build_pool
+from dra_bridge.pool.slices import build_slices
+
+from .common import HEADER, row
+
+DRA_ALL = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}})
+BOARDS = ("T4", "A100-40GB", "L40S")
+
+
+def nvidia_devices_per_gpu(board: str) -> int:
+    """NVIDIA's DRA driver: the full GPU plus one device per MIG placement of every profile."""
+    mig = catalog.board(board).mig
+    return 1 + (sum(len(p.placement_starts) for p in mig.profiles) if mig else 0)
+
+
+def run() -> list[str]:
+    lines = ["ResourceSlices of one 8-GPU node (dra mode, every type offered)", HEADER]
+    with tempfile.TemporaryDirectory(prefix="vgsize") as d:
+        for board in BOARDS:
+            sim = sim_node(Path(d) / board, HostSpec(name=board, node=f"n-{board.lower()}",
+                                                      gpus=[GpuGroup(board=board, count=8)]))
+            reconcile(sim.env, sim.io, DRA_ALL)
+            inv = discover(sim.env, sim.io)
+            peer = 8 * nvidia_devices_per_gpu(board)
+            for version in ((1, 36), (1, 37)):
+                pool = build_pool(inv, PoolPolicy.default(), "vgpu.kubevirt.io", server_version=version)
+                slices = build_slices(pool, driver="vgpu.kubevirt.io", node_name=sim.node, pool_name=sim.node,
+                                      generation=1, server_version=version)
+                size = sum(len(json.dumps(s, separators=(",", ":"))) for s in slices)
+                lines.append(row(f"8 x {board}, {version[0]}.{version[1]}: devices", str(len(pool.devices)), str(peer),
+                                 len(pool.devices) / peer, f"{len(slices)} slices, {size / 1024:.0f} KiB; peer: NVIDIA's "
+                                                           "DRA driver (MIG placements + full GPU)"))
+    return lines
