@@ -29,6 +29,7 @@ from .common import HEADER, row
 RUNS = int(os.environ.get("VGPUCTL_BENCH_RUNS", "5"))
 DRA_ALL = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}})
 RSS_BOUND_MB = 80
+PREPARED = int(os.environ.get("VGPUCTL_BENCH_PREPARED", "512"))
 
 
 def _cpu(fn) -> float:
@@ -94,11 +95,53 @@ def _ready(port: int) -> bool:
         return False
 
 
-def _serve_rss(preset: str, settle: float = 3.0) -> float:
-    """VmRSS (MB) of ``vgpuctl --simulate PRESET serve`` once ready (published, plugin up) and a
-    few seconds of idle resyncs later."""
-    with tempfile.TemporaryDirectory(prefix="vgrss") as d:
+def _prepare_through(kc: Path, kl: Path, node: str, count: int) -> int:
+    """Register the running agent's plugin with a kubelet model and prepare ``count`` one-vGPU
+    claims (one type per GPU, spread over the GPUs) through its socket; the claims prepared."""
+    from kubernetes import client, config as kconfig
+
+    from tests.support.dra import claim_object
+    from tests.support.kubelet.fake_kubelet import FakeKubelet
+
+    api = kconfig.new_client_from_config(str(kc))
+    res = client.ResourceV1Api(api)
+    d = "vgpu.kubevirt.io"
+    by_gpu: dict[int, list[str]] = {}
+    first_type: dict[int, str] = {}
+    for s in res.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
+        for dev in s.spec.devices or []:
+            attrs = {k: (v.string if v.string is not None else v.int) for k, v in (dev.attributes or {}).items()}
+            if attrs.get("type") != "vgpu":
+                continue
+            gpu = attrs["gpuIndex"]
+            if first_type.setdefault(gpu, attrs["typeId"]) == attrs["typeId"]:
+                by_gpu.setdefault(gpu, []).append(dev.name)
+    names = [devs[i] for i in range(max(map(len, by_gpu.values()))) for devs in by_gpu.values() if i < len(devs)]
+    kubelet = FakeKubelet(kl)
+    for _ in range(400):
+        if kubelet.discover_dra_plugins():
+            break
+        time.sleep(0.05)
+    reg = kubelet.register_dra_plugin(kubelet.discover_dra_plugins()[0])
+    done = 0
+    with reg.client("v1") as plugin:
+        for i, name in enumerate(names[:count]):
+            body = claim_object(f"c{i}", [("vgpu", name)], node=node, driver=d)
+            status = body.pop("status")
+            made = res.create_namespaced_resource_claim("default", body)
+            made.status = status
+            res.replace_namespaced_resource_claim_status(f"c{i}", "default", api.sanitize_for_serialization(made))
+            out = plugin.prepare([("default", made.metadata.uid, f"c{i}")])
+            done += out[made.metadata.uid]["error"] == ""
+    return done
+
+
+def _serve_rss(preset: str, settle: float = 3.0, prepare: int = 0) -> tuple[float, int]:
+    """(VmRSS in MB, claims prepared) of ``vgpuctl --simulate PRESET serve`` once ready (published,
+    plugin up), after ``prepare`` claims through its socket, and a few seconds of resyncs later."""
+    with tempfile.TemporaryDirectory(prefix="vgrss", dir="/tmp") as d:
         kc = Path(d) / "kc"
+        kl = Path(d) / "k"  # unix socket paths must stay short
         cli = [sys.executable, "-m", "mdev_manager.cli.main"]
         api = subprocess.Popen([*cli, "sim", "apiserver", "--kubeconfig-out", str(kc), "--version", "1.36"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -111,7 +154,7 @@ def _serve_rss(preset: str, settle: float = 3.0) -> float:
             port = _free_port()
             srv = subprocess.Popen([*cli, "--simulate", preset, "serve", "--kubeconfig", str(kc), "--metrics-port",
                                     str(port), "--resync", "1",
-                                    "--kubelet-root", str(Path(d) / "kl"), "--cdi-root", str(Path(d) / "cdi")],
+                                    "--kubelet-root", str(kl), "--cdi-root", str(Path(d) / "cdi")],
                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 deadline = time.monotonic() + 600
@@ -119,14 +162,21 @@ def _serve_rss(preset: str, settle: float = 3.0) -> float:
                     if srv.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"vgpuctl serve ({preset}) did not become ready")
                     time.sleep(0.2)
+                done = _prepare_through(kc, kl, _node_of(preset), prepare) if prepare else 0
                 time.sleep(settle)
-                return _rss_kb(srv.pid) / 1024
+                return _rss_kb(srv.pid) / 1024, done
             finally:
                 srv.terminate()
                 srv.wait(timeout=30)
         finally:
             api.terminate()
             api.wait(timeout=30)
+
+
+def _node_of(preset: str) -> str:
+    from mdev_manager.sim.hostspec import load_host
+
+    return load_host(preset).node
 
 
 def _imports_rss() -> float:
@@ -140,8 +190,9 @@ def run() -> list[str]:
     lines = ["Node agent at rest", HEADER]
     _idle_resync(lines)
     imports = _imports_rss()
-    for preset in ("default", "bench-large"):
-        mb = _serve_rss(preset)
-        lines.append(row(f"serve RSS after start ({preset})", f"{mb:.0f} MB", f"{RSS_BOUND_MB} MB", mb / RSS_BOUND_MB,
+    for preset, prepare in (("default", 0), ("bench-large", 0), ("bench-large", PREPARED)):
+        mb, done = _serve_rss(preset, prepare=prepare)
+        what = f"{done} vGPUs prepared" if prepare else "after start"
+        lines.append(row(f"serve RSS, {what} ({preset})", f"{mb:.0f} MB", f"{RSS_BOUND_MB} MB", mb / RSS_BOUND_MB,
                          f"peer: the bound; the serve path's imports alone take {imports:.0f} MB"))
     return lines
