@@ -42,8 +42,7 @@ from mdev_manager.restore import restore
 from mdev_manager.usage import collect_usage
 
 from dra_bridge.kube.claims import ApiClaimSource
-from dra_bridge.kube.clusterfacts import probe_kept
-from dra_bridge.kube.kept import ANNOTATION_DRA_FIELDS, KeptFields
+from dra_bridge.kube.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
 from dra_bridge.kube.nodes import node_metadata, set_node_annotation, set_node_label
 from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
@@ -220,7 +219,7 @@ class Daemon:
             return
         self._probed_at = now
         try:
-            self._note_fields(probe_kept(self.api_client, self.publisher.version, self.cfg.node_name))
+            self._note_fields(probe_kept(self.api_client, self.publisher.version, self.cfg.node_name, self.cfg.driver))
         except Exception as exc:  # noqa: BLE001 - no permission or no answer: the writes' answers still tell
             log.info("could not probe which DRA fields the API server keeps (%s); judging by our writes", exc)
 

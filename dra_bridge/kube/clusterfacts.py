@@ -1,24 +1,18 @@
 """What ``vgpuctl doctor`` reads from a cluster: the facts its (pure) checks judge.
 
-The DRA fields the server keeps are found by effect, not from its version: a server-side dry run
-(``dryRun=All``: validated, defaulted, stripped of disabled gates' fields, never stored) of probe
-ResourceSlices carrying counters, compatibility groups and binding conditions, compared with what
-the server answers (:mod:`.kept`). It needs ``create`` on resourceslices, as the agent has. Every
-read that fails is recorded as a one-line reason instead of stopping the others.
+The DRA fields the server keeps are found by effect, not from its version (:func:`.kept.probe_kept`:
+dry-run probe slices). Every read that fails is recorded as a one-line reason instead of stopping
+the others. The agent does not load this module (its RBAC is what its own code calls).
 """
 
 from __future__ import annotations
-
-import uuid
 
 from pydantic import BaseModel, Field
 
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE
 from dra_bridge.kube.errors import api_exception
-from dra_bridge.kube.kept import KeptFields, observe
+from dra_bridge.kube.kept import KeptFields, probe_kept
 from dra_bridge.kube.objects import raw
-
-PROBE_DRIVER = "doctor.vgpuctl.kubevirt.io"  # the probes' driver: never one a real driver publishes
 
 
 class KubeVirtFacts(BaseModel):
@@ -61,38 +55,6 @@ def _why(exc: BaseException) -> str:
     status = getattr(exc, "status", None)
     reason = getattr(exc, "reason", None) or type(exc).__name__
     return f"HTTP {status} {reason}" if status else str(exc) or reason
-
-
-def _probe_slices(version: tuple[int, int], node: str) -> list[dict]:
-    """Probe slices valid on ``version``: 1.34 puts counters and the devices consuming them in one
-    slice; 1.35+ allows only one of the two per slice (dra.md, KEP-4815)."""
-    name = f"vgpuctl-doctor-{uuid.uuid4().hex[:8]}"
-    pool = {"name": name, "generation": 1, "resourceSliceCount": 1 if version < (1, 35) else 2}
-    counters = [{"name": "probe", "counters": {"memory": {"value": "1Gi"}}}]
-    consume = {"counterSet": "probe", "counters": {"memory": {"value": "1Gi"}}}
-    if version >= (1, 37):
-        consume["compatibilityGroups"] = ["probe"]
-    device = {"name": "probe-0", "consumesCounters": [consume],
-              "bindingConditions": ["vgpu.kubevirt.io/probe"], "bindingFailureConditions": ["vgpu.kubevirt.io/probe-failed"]}
-
-    def body(suffix: str, spec: dict) -> dict:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name + suffix},
-                "spec": {"driver": PROBE_DRIVER, "nodeName": node, "pool": pool, **spec}}
-
-    if version < (1, 35):
-        return [body("", {"sharedCounters": counters, "devices": [device]})]
-    return [body("-c", {"sharedCounters": counters}), body("-d", {"devices": [device]})]
-
-
-def probe_kept(api_client, version: tuple[int, int], node: str = "vgpuctl-doctor-probe") -> KeptFields:
-    """Which DRA field families the server keeps, by dry-run creates (nothing is stored)."""
-    from kubernetes import client
-
-    api = client.ResourceV1Api(api_client)
-    kept = KeptFields()
-    for body in _probe_slices(version, node):
-        kept = observe(kept, body, raw(api.create_resource_slice, body, dry_run="All"))
-    return kept
 
 
 def _kubevirt(api_client) -> KubeVirtFacts:

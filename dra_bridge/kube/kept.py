@@ -11,7 +11,13 @@ answered can, on every write, so a cluster whose gates change is seen at its nex
 
 from __future__ import annotations
 
+import uuid
+
 from pydantic import BaseModel
+
+from dra_bridge.kube.objects import raw
+
+PROBE_DRIVER = "doctor.vgpuctl.kubevirt.io"  # the doctor's probes: never a driver that publishes
 
 #: Node annotation the agent sets: which DRA field families the API server keeps.
 ANNOTATION_DRA_FIELDS = "vgpu.kubevirt.io/dra-fields"
@@ -67,3 +73,37 @@ def observe(kept: KeptFields, sent: dict, answer: dict) -> KeptFields:
         if has(sent):
             setattr(out, field, has(answer))
     return out
+
+
+def _probe_slices(version: tuple[int, int], node: str, driver: str = PROBE_DRIVER) -> list[dict]:
+    """Probe slices valid on ``version``: 1.34 puts counters and the devices consuming them in one
+    slice; 1.35+ allows only one of the two per slice (dra.md, KEP-4815)."""
+    name = f"vgpuctl-doctor-{uuid.uuid4().hex[:8]}"
+    pool = {"name": name, "generation": 1, "resourceSliceCount": 1 if version < (1, 35) else 2}
+    counters = [{"name": "probe", "counters": {"memory": {"value": "1Gi"}}}]
+    consume = {"counterSet": "probe", "counters": {"memory": {"value": "1Gi"}}}
+    if version >= (1, 37):
+        consume["compatibilityGroups"] = ["probe"]
+    device = {"name": "probe-0", "consumesCounters": [consume],
+              "bindingConditions": ["vgpu.kubevirt.io/probe"], "bindingFailureConditions": ["vgpu.kubevirt.io/probe-failed"]}
+
+    def body(suffix: str, spec: dict) -> dict:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name + suffix},
+                "spec": {"driver": driver, "nodeName": node, "pool": pool, **spec}}
+
+    if version < (1, 35):
+        return [body("", {"sharedCounters": counters, "devices": [device]})]
+    return [body("-c", {"sharedCounters": counters}), body("-d", {"devices": [device]})]
+
+
+def probe_kept(api_client, version: tuple[int, int], node: str = "vgpuctl-doctor-probe",
+               driver: str = PROBE_DRIVER) -> KeptFields:
+    """Which DRA field families the server keeps, by dry-run creates (nothing is stored). The agent
+    probes as its own driver and node, the only slices its admission policy lets it write."""
+    from kubernetes import client
+
+    api = client.ResourceV1Api(api_client)
+    kept = KeptFields()
+    for body in _probe_slices(version, node, driver):
+        kept = observe(kept, body, raw(api.create_resource_slice, body, dry_run="All"))
+    return kept

@@ -120,7 +120,7 @@ def node_slices(env, io, node: str, *, driver: str, kubelet_root: Path, version:
 def _detected(args) -> tuple[tuple[int, int], dict[str, bool]]:
     """The cluster's version, and gates as its effect shows them (only the DRA gates the slices use)."""
     from dra_bridge.kube.client import connect
-    from dra_bridge.kube.clusterfacts import probe_kept
+    from dra_bridge.kube.kept import probe_kept
     from dra_bridge.kube.publisher import server_version
     from dra_bridge.sim.apiserver import featuregates
 

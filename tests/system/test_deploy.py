@@ -17,6 +17,7 @@ import yaml
 
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from kubevirt_templates import render
+from dra_bridge.kube.kept import ANNOTATION_DRA_FIELDS
 from dra_bridge.api.names import (ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE, NVIDIA_LABEL_CONFIG,
                                    NVIDIA_LABEL_CONFIG_STATE)
 from kubevirt_templates.validate import kubernetes_problems
@@ -335,6 +336,17 @@ def test_admission_policies_confine_the_agent_to_its_node():
                   obj=_node("node-a", base, annotations={"a": "b"}), old=why) == []  # the reason removed
     assert _admit(npol, user=user, node="node-a", op="UPDATE",
                   obj=_node("node-a", base, annotations={"a": "c", ANNOTATION_CONFIG_REASON: "x"}), old=why)
+    # what the API server keeps (#14): the other annotation the agent owns
+    kept = _node("node-a", base, annotations={"a": "b", ANNOTATION_DRA_FIELDS: "counters=kept"})
+    assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=kept,
+                  old=_node("node-a", base, annotations={"a": "b"})) == []
+    assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=kept,
+                  old=_node("node-a", base, annotations={"a": "x"}))  # "a" changed too
+    # the agent's dry-run probe of kept fields is a slice of its own driver and node: admitted
+    probe = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "vgpuctl-doctor-x-d"},
+             "spec": {"driver": "vgpu.kubevirt.io", "nodeName": "node-a",
+                      "pool": {"name": "vgpuctl-doctor-x", "generation": 1, "resourceSliceCount": 2}}}
+    assert _admit(sp, user=user, node="node-a", op="CREATE", obj=probe, old=None) == []
 
 
 # --------------------------------------------------------------------------- the DaemonSet
