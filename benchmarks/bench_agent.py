@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mdev_manager.config import parse_config
 
-from .common import HEADER, row
+from .common import HEADER, register_plugin, row
 
 RUNS = int(os.environ.get("VGPUCTL_BENCH_RUNS", "5"))
 DRA_ALL = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}})
@@ -101,7 +101,6 @@ def _prepare_through(kc: Path, kl: Path, node: str, count: int) -> int:
     from kubernetes import client, config as kconfig
 
     from tests.support.dra import claim_object
-    from tests.support.kubelet.fake_kubelet import FakeKubelet
 
     api = kconfig.new_client_from_config(str(kc))
     res = client.ResourceV1Api(api)
@@ -117,12 +116,7 @@ def _prepare_through(kc: Path, kl: Path, node: str, count: int) -> int:
             if first_type.setdefault(gpu, attrs["typeId"]) == attrs["typeId"]:
                 by_gpu.setdefault(gpu, []).append(dev.name)
     names = [devs[i] for i in range(max(map(len, by_gpu.values()))) for devs in by_gpu.values() if i < len(devs)]
-    kubelet = FakeKubelet(kl)
-    for _ in range(400):
-        if kubelet.discover_dra_plugins():
-            break
-        time.sleep(0.05)
-    reg = kubelet.register_dra_plugin(kubelet.discover_dra_plugins()[0])
+    reg = register_plugin(kl)
     done = 0
     with reg.client("v1") as plugin:
         for i, name in enumerate(names[:count]):

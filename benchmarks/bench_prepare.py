@@ -22,7 +22,7 @@ from pathlib import Path
 from mdev_manager.config import parse_config
 from mdev_manager.sim.io import SimIO
 
-from .common import HEADER, percentile, row
+from .common import HEADER, percentile, register_plugin, row
 
 CLAIMS = int(os.environ.get("VGPUCTL_BENCH_CLAIMS", "200"))
 DRA_ALL = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}})
@@ -64,7 +64,6 @@ def measure(resync_seconds: float, what: str) -> list[str]:
     from mdev_manager.reconcile import reconcile
     from mdev_manager.sim.node import sim_node
     from tests.support.dra import add_claim
-    from tests.support.kubelet.fake_kubelet import FakeKubelet
 
     lines = [f"Prepare over gRPC (bench-large, {CLAIMS} one-vGPU claims, {what})", HEADER]
     base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
@@ -78,12 +77,7 @@ def measure(resync_seconds: float, what: str) -> list[str]:
         daemon = Daemon(cfg, sim.env, io, srv.api_client()).start()
         bg = threading.Thread(target=daemon.run, daemon=True)
         try:
-            kubelet = FakeKubelet(kl)
-            for _ in range(200):
-                if kubelet.discover_dra_plugins():
-                    break
-                time.sleep(0.05)
-            reg = kubelet.register_dra_plugin(kubelet.discover_dra_plugins()[0])
+            reg = register_plugin(kl)
             pool = daemon._pool
             # one type per GPU, claims spread over the GPUs as a scheduler would
             by_gpu: dict[str, list[str]] = {}

@@ -36,10 +36,23 @@ def sim_host(preset: str):
         yield sim.host, sim.env, sim.io
 
 
+def register_plugin(kubelet_root: Path, timeout: float = 20.0):
+    """A kubelet model that found the agent's registration socket and registered its DRA plugin."""
+    from tests.support.kubelet.fake_kubelet import FakeKubelet
+
+    kubelet = FakeKubelet(kubelet_root)
+    deadline = time.monotonic() + timeout
+    while not kubelet.discover_dra_plugins():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no DRA plugin registration socket under {kubelet_root}")
+        time.sleep(0.05)
+    return kubelet.register_dra_plugin(kubelet.discover_dra_plugins()[0])
+
+
 def row(name: str, ours: str, peer: str, ratio: float | None, note: str = "") -> str:
     r = "-" if ratio is None else f"{ratio:.2f}x"
     return f"{name:44} {ours:>14} {peer:>14} {r:>9}  {note}"
 
 
 HEADER = f"{'measure':44} {'vgpuctl':>14} {'peer':>14} {'ratio':>9}"
-__all__ = ["percentile", "best_of", "sim_host", "row", "HEADER", "statistics"]
+__all__ = ["percentile", "best_of", "sim_host", "register_plugin", "row", "HEADER", "statistics"]
