@@ -54,6 +54,7 @@ from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, DEFAULT_DRIVER
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.pool.policy import policy_from_layout
+from dra_bridge.pool.safe import without_counters
 from dra_bridge.kube.publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class Daemon:
         self._claims_changed = 0  # bumped by every prepare and unprepare
         self._last_key: tuple | None = None  # what the last complete resync saw (see _unchanged)
         self._last_full = 0.0
+        self._safe_warned: list[str] = []
         self._probed_at: float | None = None
         self._kept_annotated: str | None = None
         self.gpu_ids = StableGpuIds(self.paths.data_dir / "gpu-ids.json", self.io)
@@ -179,6 +181,12 @@ class Daemon:
             pool = build_pool(self.gpu_ids.apply(inv), policy, self.cfg.driver,
                               server_version=self._shape_version(),
                               pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
+            if self.kept.counters is False:  # the server drops them: publish only what is safe without
+                pool = without_counters(pool, inv)
+                if pool.warnings != self._safe_warned:
+                    for warning in pool.warnings:
+                        log.warning("%s", warning)
+                    self._safe_warned = list(pool.warnings)
             self._pool, self.inventory = pool, inv
             result = self.publisher.sync(pool)
             self._note_fields(self.kept.merged(self.publisher.kept))

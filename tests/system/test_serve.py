@@ -455,6 +455,13 @@ def test_the_agent_finds_what_the_server_keeps(base, version, gates, counters, g
             has_groups = any(c.get("compatibilityGroups") for s in slices for d in s["spec"].get("devices") or []
                              for c in d.get("consumesCounters") or [])
             assert has_groups == bool(groups)  # a server dropping the groups gets the one-size-per-GPU shape
+            if not counters:  # ... and one dropping the counters gets the whole GPU or one type per GPU
+                kinds: dict[str, set] = {}
+                for d in (d for s in slices for d in s["spec"].get("devices") or []):
+                    attrs = d["attributes"]
+                    kinds.setdefault(attrs["gpuIndex"]["int"], set()).add(
+                        attrs["type"]["string"] + "/" + attrs.get("typeId", {}).get("string", ""))
+                assert kinds and all(len(k) == 1 for k in kinds.values()), kinds
             srv.reset_counters()
             r.daemon.resync()
             assert srv.writes == []  # nothing rewritten although the server stores less than was sent
