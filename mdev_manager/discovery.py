@@ -17,8 +17,10 @@ from mdev_manager import catalog
 from mdev_manager.host import pciids
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, override_value, read_attr
-from mdev_manager.models import Gpu, Inventory, MdevParent, Vgpu, VgpuType, VirtualFunction, held_types, occupancy
-from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, short_type_name
+from mdev_manager.models import (Gpu, Inventory, MdevParent, MigState, Vgpu, VgpuType, VirtualFunction, held_types,
+                                 occupancy)
+from mdev_manager.host.nvml import Mig
+from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, mig_profile_of, short_type_name
 
 log = logging.getLogger(__name__)
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -188,7 +190,7 @@ def read_mdev_types(env: HostEnv, io: HostIO, parent: str, dirs: DeviceDirs | No
             device_api=a["device_api"] or "vfio-pci",
             available_instances=_int(a["available_instances"]) or 0,
             max_instances=_max_instances(name, desc), framebuffer_mib=_framebuffer(name, desc),
-            mig_backed=is_mig_backed(name),
+            mig_backed=is_mig_backed(name), gpu_instance_profile=mig_profile_of(name),
         ))
     return out
 
@@ -207,7 +209,8 @@ def parse_creatable(text: str) -> list[tuple[str, str]]:
 def _vendor_type(tid: str, name: str, available: int) -> VgpuType:
     return VgpuType(id=tid, name=name, short_name=short_type_name(name), framework="vendor-vfio",
                     available_instances=available, max_instances=_max_instances(name, ""),
-                    framebuffer_mib=framebuffer_mib_from_name(name), mig_backed=is_mig_backed(name))
+                    framebuffer_mib=framebuffer_mib_from_name(name), mig_backed=is_mig_backed(name),
+                    gpu_instance_profile=mig_profile_of(name))
 
 
 def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str, dirs: DeviceDirs | None = None) -> list[Vgpu]:
@@ -312,13 +315,16 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
                 spec = catalog.match_board(fields["vendor_id"], fields["device_id"], fields.get("subsystem_device_id"))
                 if known is None and spec:
                     known = next((t.name for t in spec.types if str(t.num) == current), None)
+                gi = _int(read_attr(io, vd / "nvidia" / "gpu_instance_id"))
                 vgpus.append(Vgpu(id=vf.address, framework="vendor-vfio", type_id=current,
                                   type_name=known or current, parent=vf.address, gpu=addr,
-                                  iommu_group=vf.iommu_group))
+                                  iommu_group=vf.iommu_group,
+                                  gpu_instance=gi if known and is_mig_backed(known) and gi != NO_GPU_INSTANCE else None))
     board = catalog.match_board(fields["vendor_id"], fields["device_id"], fields.get("subsystem_device_id"))
     types = _merge_types(parents, board, framework == "vendor-vfio")
     if framework in ("mdev-sriov", "vendor-vfio"):
         _cap_by_occupancy(types, vgpus)
+    mig = _mig_state(io, addr, fields, types, vgpus)
     group_members = []
     if fields.get("iommu_group") is not None:
         group_members = io.listdir(env.iommu_groups / str(fields["iommu_group"]) / "devices")
@@ -329,7 +335,36 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
                iommu_group_overrides={m: o for m, o in overrides.items() if o},
                mixed_size=infer_mixed_size(fields["vendor_id"], types, vgpus),
                sriov_num_vfs=_int(read_attr(io, d / "sriov_numvfs")) or 0, vfs=vfs, parents=parents,
-               types=types, vgpus=vgpus, **fields)
+               types=types, vgpus=vgpus, mig=mig, **fields)
+
+
+NO_GPU_INSTANCE = 4294967295  # a VF's nvidia/gpu_instance_id with no GPU instance chosen (0xFFFFFFFF)
+
+
+def _mig_state(io: HostIO, addr: str, fields: dict, types: list[VgpuType], vgpus: list[Vgpu]) -> MigState | None:
+    """NVML's view of an NVIDIA GPU on its driver, with each GPU instance's vGPU.
+
+    A vendor-VFIO VF names its instance (``nvidia/gpu_instance_id``); an mdev does not, so mdevs
+    of a profile are matched to that profile's remaining instances in id order (which one holds
+    which is then a guess; how many are held is not)."""
+    if fields.get("vendor_id") != "0x10de" or fields.get("driver") != "nvidia":
+        return None
+    raw = Mig(io.nvml()).state(addr)
+    mig = None if raw is None else MigState.model_validate(raw)
+    if mig is None or not mig.enabled:
+        return mig
+    by_id = {g.id: g for g in mig.instances}
+    for v in vgpus:
+        if v.gpu_instance in by_id:
+            by_id[v.gpu_instance].vgpu = v.id
+    profile_of = {t.id: t.gpu_instance_profile for t in types}
+    for v in vgpus:
+        name = profile_of.get(v.type_id) or mig_profile_of(v.type_name)
+        if v.gpu_instance is None and name and (prof := mig.profile(name)):
+            gi = next((g for g in mig.instances if g.profile_id == prof.id and g.vgpu is None), None)
+            if gi is not None:
+                gi.vgpu, v.gpu_instance = v.id, gi.id
+    return mig
 
 
 def is_gpu(fields: dict) -> bool:

@@ -36,6 +36,7 @@ class VgpuType(_Model):
     max_instances: int | None = Field(None, description="per physical GPU when it holds only this type")
     framebuffer_mib: int | None = None
     mig_backed: bool = False
+    gpu_instance_profile: str | None = Field(None, description="MIG-backed: the GPU-instance profile it takes whole (3g.20gb)")
 
 
 class Vgpu(_Model):
@@ -48,6 +49,57 @@ class Vgpu(_Model):
     parent: str = Field(description="PCI address of the device the vGPU lives on (PF or VF)")
     gpu: str = Field(description="PCI address of the physical GPU")
     iommu_group: int | None = None
+    gpu_instance: int | None = Field(None, description="MIG-backed: id of the GPU instance it lives on")
+
+
+# --- MIG (NVML's view: nvmlGpuInstanceProfileInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceInfo_t)
+
+class MigPlacement(_Model):
+    """Where a GPU instance sits: memory slices [start, start + size)."""
+
+    start: int = Field(ge=0)
+    size: int = Field(ge=1)
+
+    @property
+    def slices(self) -> range:
+        return range(self.start, self.start + self.size)
+
+
+class GpuInstanceProfile(_Model):
+    """One GPU-instance profile as NVML reports it (``nvidia-smi mig -lgip`` / ``-lgipp``)."""
+
+    id: int = Field(description="NVML profile id (nvidia-smi's ID column: 19 for 1g.5gb on A100)")
+    name: str = Field(description="1g.5gb, 1g.5gb+me, 3g.20gb ...")
+    slices: int = Field(description="compute slices (the 'Ng' of the name)")
+    instances: int = Field(description="most instances of this profile at once")
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    placements: list[MigPlacement]
+
+
+class GpuInstance(_Model):
+    id: int
+    profile_id: int
+    placement: MigPlacement
+    vgpu: str | None = Field(None, description="the vGPU living on it (VF address or mdev UUID), if any")
+
+
+class MigState(_Model):
+    """A MIG-capable GPU: its mode (``pending`` differs until a reset), profiles and GPU instances."""
+
+    enabled: bool
+    pending: bool
+    memory_slices: int = Field(description="memory slices of the GPU (8 on A100 and H100)")
+    profiles: list[GpuInstanceProfile] = []
+    instances: list[GpuInstance] = []
+
+    def profile(self, ref: int | str) -> GpuInstanceProfile | None:
+        return next((p for p in self.profiles if p.id == ref or p.name == ref), None)
 
 
 def occupancy(counts: Iterable[tuple[VgpuType, int]]) -> Fraction:
@@ -103,6 +155,7 @@ class Gpu(PciFunction):
     types: list[VgpuType] = Field([], description="types offered by the GPU, instances summed over its parents")
     vgpus: list[Vgpu] = []
     mixed_size: bool | None = Field(None, description="mixed-size mode as the available instances show it; None: cannot tell")
+    mig: MigState | None = Field(None, description="MIG mode, profiles and GPU instances (NVML); None: not MIG-capable")
 
     @property
     def model(self) -> str:

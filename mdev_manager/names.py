@@ -88,3 +88,14 @@ def type_series(name: str) -> str | None:
     short = short_type_name(name)
     m = _MIG_BACKED.match(short) or _TIME_SLICED.match(short)
     return m.group("series") if m else None
+
+
+def mig_profile_of(name: str) -> str | None:
+    """The GPU-instance profile a MIG-backed type occupies, from its name: ``A100-3-20C`` ->
+    ``3g.20gb``, ``A100-1-5CME`` -> ``1g.5gb+me`` (NVIDIA's vGPU user guide names each MIG-backed
+    type after the profile of the GPU instance it takes whole); None for time-sliced types."""
+    m = _MIG_BACKED.match(short_type_name(name))
+    if not m:
+        return None
+    suffix = {"ME": "+me", "MEALL": "+me.all", "NOME": "-me", "GFX": "+gfx"}.get(m.group("suffix") or "", "")
+    return f"{m.group('slices')}g.{m.group('gb')}gb{suffix}"

@@ -14,7 +14,10 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from mdev_manager.host.nvml import NvmlTransport
 
 # A kept directory fd whose directory went away (removed, or removed and made again)
 # fails with one of these; the open then walks the full path once more.
@@ -39,13 +42,15 @@ class HostIO(Protocol):
     def stat(self, path: Path) -> os.stat_result: ...
     def makedirs(self, path: Path) -> None: ...
     def rmdir(self, path: Path) -> None: ...
+    def nvml(self) -> "NvmlTransport": ...
 
 
 class RealIO:
     """Plain file I/O. A sysfs attribute write is one ``write(2)``, as the kernel wants."""
 
-    def __init__(self) -> None:
+    def __init__(self, nvml: "NvmlTransport | None" = None) -> None:
         self._local = threading.local()
+        self._nvml = nvml  # None: NVIDIA's library through nvidia-ml-py, on first use
 
     def read(self, path: Path) -> str:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
@@ -208,6 +213,14 @@ class RealIO:
     def rmdir(self, path: Path) -> None:
         """Remove an empty directory (OSError when it is not empty or absent)."""
         os.rmdir(path)
+
+    def nvml(self) -> "NvmlTransport":
+        """NVIDIA's management library (MIG), through nvidia-ml-py; loaded on first call."""
+        from mdev_manager.host.nvml import PynvmlTransport
+
+        if self.__dict__.get("_nvml") is None:
+            self._nvml = PynvmlTransport()
+        return self._nvml  # type: ignore[return-value]
 
 
 def _read_at(dfd: int, names: list[str]) -> dict[str, str | None]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from mdev_manager.host.io import RealIO
 from mdev_manager.sim.kernel import SimHost
+from mdev_manager.sim.nvml import SimNvml
 
 
 class SimIO(RealIO):
@@ -14,6 +15,9 @@ class SimIO(RealIO):
         super().__init__()
         self.host = host
         self._sys = os.path.realpath(host.sys)
+
+    def nvml(self) -> SimNvml:
+        return SimNvml(self.host)
 
     def write(self, path: Path, data: str) -> None:
         real = os.path.realpath(path)

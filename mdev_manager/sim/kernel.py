@@ -30,10 +30,13 @@ import uuid as uuidlib
 from pathlib import Path
 
 from mdev_manager.host.env import HostEnv
+from mdev_manager.names import mig_profile_of
+from mdev_manager.sim.nvml import free_instances, mig_record
 from mdev_manager.sim.rules import err, kstrtoul
 from mdev_manager.sim.tree import ADDR, UUID, SysfsTree
 
 UNLISTED_TYPE_ERRNO = errno.EINVAL
+NO_INSTANCE = 4294967295  # a VF's nvidia/gpu_instance_id before a MIG-backed vGPU takes one
 
 
 class SimHost(SysfsTree):
@@ -102,6 +105,7 @@ class SimHost(SysfsTree):
         if int((type_dir / "available_instances").read_text()) < 1:
             raise err(errno.EUSERS, f"no instances of {type_dir.name} left on {parent}")
         gpu = self._gpu_of(parent)
+        self._take_instance(gpu, type_dir.name, uid)
         mdir = self._fdir(parent) / uid
         mdir.mkdir()
         (mdir / "remove").write_text("")
@@ -122,7 +126,28 @@ class SimHost(SysfsTree):
         if self._vgpu_busy(parent, uid):
             raise err(errno.EBUSY, f"mdev {uid} is in use (/dev/vfio/{grp} or its vfio cdev open)")
         self._force_remove_mdev(parent, uid)
+        self._release_instance(self._gpu_of(parent), uid)
         self._refresh(self._gpu_of(parent))
+
+    # ------------------------------------------------------------------ MIG-backed vGPUs
+    def _take_instance(self, gpu: dict, type_id: str, vgpu: str, wanted: int | None = None) -> int | None:
+        """A MIG-backed vGPU takes a free GPU instance of its profile whole: the one ``wanted``
+        (vendor VFIO: the VF's ``gpu_instance_id``), else the lowest free one. None for other types."""
+        t = self._type_by_id(gpu, type_id)
+        if t is None or not t.mig_backed:
+            return None
+        free = free_instances(gpu, mig_profile_of(t.name) or "")
+        if wanted is not None:
+            free = [g for g in free if g["id"] == wanted]
+        if not free:
+            raise err(errno.EINVAL, f"no free GPU instance for {t.name}" + (f" with id {wanted}" if wanted else ""))
+        free[0]["vgpu"] = vgpu
+        return free[0]["id"]
+
+    def _release_instance(self, gpu: dict, vgpu: str) -> None:
+        for gi in mig_record(gpu)["gis"] if gpu and "mig" in gpu else []:
+            if gi.get("vgpu") == vgpu:
+                gi.pop("vgpu")
 
     # ------------------------------------------------------------------ vendor VFIO
     def _set_vgpu_type(self, vf: str, raw: str) -> None:
@@ -140,12 +165,19 @@ class SimHost(SysfsTree):
             (nv / "current_vgpu_type").write_text("0\n")
             (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
             self._drop_cdevs(self._fdir(vf))
+            if current:
+                self._release_instance(gpu, vf)
+                (nv / "gpu_instance_id").write_text(f"{NO_INSTANCE}\n")
         else:
             if current:
                 raise err(errno.EBUSY, f"{vf} already holds vGPU type {current}")
             listed = {line.split(":")[0].strip() for line in (nv / "creatable_vgpu_types").read_text().splitlines()[1:]}
             if str(value) not in listed:
                 raise err(UNLISTED_TYPE_ERRNO, f"type {value} is not creatable on {vf}")
+            chosen = int((nv / "gpu_instance_id").read_text().strip() or NO_INSTANCE)
+            gi = self._take_instance(gpu, str(value), vf, None if chosen == NO_INSTANCE else chosen)
+            if gi is not None:
+                (nv / "gpu_instance_id").write_text(f"{gi}\n")
             (nv / "current_vgpu_type").write_text(f"{value}\n")
             (self.dev / "vfio" / str(grp)).touch()
             self._add_cdev(self._fdir(vf))
@@ -269,6 +301,8 @@ class SimHost(SysfsTree):
                         self._force_remove_mdev(p, v)
                 if self._vfs(gpu):
                     self._disable_vfs(gpu)
+                if "mig" in gpu:  # MIG mode is kept on the board; GPU instances are not
+                    gpu["mig"]["gis"] = []
             for addr, fn in list(self.state["functions"].items()):
                 (self._fdir(addr) / "driver_override").write_text("(null)\n")
                 initial = fn.get("initial", fn["native"])

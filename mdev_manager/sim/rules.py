@@ -13,6 +13,8 @@ from functools import lru_cache
 
 from mdev_manager import catalog
 from mdev_manager.catalog import TypeSpec
+from mdev_manager.names import mig_profile_of
+from mdev_manager.sim.nvml import free_instances, mig_enabled
 
 
 def err(code: int, what: str) -> OSError:
@@ -69,10 +71,14 @@ def remaining(gpu: dict, t: TypeSpec, used: Fraction, sizes: set, fb: int | None
     """How many more of ``t`` (framebuffer ``fb``) fit beside vGPUs taking ``used``, of ``sizes``.
 
     Each vGPU of type t takes 1/max(t) of the GPU; in equal-size mode (``mixed_size``
-    false) a second framebuffer size does not fit at all.
+    false) a second framebuffer size does not fit at all. In MIG mode only MIG-backed types
+    are creatable, one per free GPU instance of their profile; out of it, none of them
+    (NVIDIA vGPU user guide, "MIG-backed vGPUs": the GPU instance is created first).
     """
-    if t.mig_backed:
-        return 0  # MIG is not enabled on simulated GPUs
+    if mig_enabled(gpu) or t.mig_backed:
+        if not (t.mig_backed and mig_enabled(gpu)):
+            return 0
+        return len(free_instances(gpu, mig_profile_of(t.name) or ""))
     if not gpu["mixed_size"] and sizes - {fb}:
         return 0
     return max(0, int((1 - used) * t.max_instances))

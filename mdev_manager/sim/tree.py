@@ -257,7 +257,7 @@ class SysfsTree:
         used, sizes = Fraction(0), set()
         for _, _, tid in self._existing(gpu):
             et = self._type_by_id(gpu, tid)
-            if et is not None:
+            if et is not None and not et.mig_backed:
                 used += Fraction(1, et.max_instances)
                 sizes.add(framebuffer(gpu["board"], tid))
         return used, sizes

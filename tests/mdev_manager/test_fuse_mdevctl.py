@@ -276,7 +276,8 @@ def test_discovery_through_the_mount_equals_in_process(fsim, preset):
     s = fsim(preset, vfs=True)
     populate(s.host)
     inside = discover(s.env, s.io, node="sim")
-    through = discover(s.menv, RealIO(), node="sim")
+    # the mount carries sysfs; NVML (MIG) is the simulated host's own transport either way
+    through = discover(s.menv, RealIO(nvml=s.io.nvml()), node="sim")
     assert through.model_dump() == inside.model_dump()
     assert inside.gpus and any(g.vgpus for g in inside.gpus)
 
@@ -631,7 +632,7 @@ def test_reconcile_starts_a_definition_mdevctl_left_stopped(fsim):
 def test_reconcile_through_the_mount_with_plain_file_io(fsim):
     """The production path: RealIO on a /sys that is the FUSE mount; mdevctl agrees."""
     s = fsim("default")
-    out = reconcile(s.menv, RealIO(), _layouts({"T4-2Q": 4}), node="sim")
+    out = reconcile(s.menv, RealIO(nvml=s.io.nvml()), _layouts({"T4-2Q": 4}), node="sim")
     assert out.ok, out
     ids = {v.id for v in out.inventory.gpus[0].vgpus}
     assert len(ids) == 4

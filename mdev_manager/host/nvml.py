@@ -1,0 +1,213 @@
+"""MIG through NVML: a small typed API over a swappable transport.
+
+The transport speaks NVML's calls, keyed by the GPU's PCI address, in NVML's terms (profile
+ids as ``nvmlGpuInstanceProfileInfo_t.id``, placements as ``nvmlGpuInstancePlacement_t``) and
+fails with NVML's return codes (:class:`NvmlError`). Production uses :class:`PynvmlTransport`
+over ``nvidia-ml-py`` (NVIDIA's official bindings); the simulated host supplies its own
+transport; nothing above this module knows which one it has.
+
+Calls used, as NVML documents them (https://docs.nvidia.com/deploy/nvml-api/group__nvmlMultiInstanceGPU.html):
+``nvmlDeviceGetMigMode``, ``nvmlDeviceSetMigMode``, ``nvmlDeviceGetGpuInstanceProfileInfo``,
+``nvmlDeviceGetGpuInstancePossiblePlacements_v2``, ``nvmlDeviceGetGpuInstances``,
+``nvmlGpuInstanceGetInfo``, ``nvmlDeviceCreateGpuInstanceWithPlacement``, ``nvmlGpuInstanceDestroy``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+# NVML return codes (nvml.h, nvmlReturn_t)
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+
+NVML_GPU_INSTANCE_PROFILE_COUNT = 18  # NVML_GPU_INSTANCE_PROFILE_* constants 0..17 (nvml.h)
+
+_NAMES = {1: "uninitialized", 2: "invalid argument", 3: "not supported", 4: "insufficient permissions",
+          6: "not found", 9: "driver not loaded", 12: "NVML library not found", 19: "in use",
+          23: "insufficient resources"}
+
+
+class NvmlError(Exception):
+    """An NVML call failed with ``code`` (an ``nvmlReturn_t``)."""
+
+    def __init__(self, code: int, what: str = ""):
+        self.code = code
+        self.what = what
+        super().__init__(f"NVML: {_NAMES.get(code, f'error {code}')}" + (f": {what}" if what else ""))
+
+
+class NvmlTransport(Protocol):
+    """NVML's MIG calls for the GPU at a PCI address (``0000:41:00.0``)."""
+
+    def mig_mode(self, bus_id: str) -> tuple[int, int]: ...
+    def set_mig_mode(self, bus_id: str, mode: int) -> None: ...
+    def gpu_instance_profiles(self, bus_id: str) -> list[dict]: ...
+    def memory_slices(self, bus_id: str) -> int: ...
+    def gpu_instances(self, bus_id: str) -> list[tuple[int, int, int, int]]: ...
+    def create_gpu_instance(self, bus_id: str, profile_id: int, start: int, size: int) -> int: ...
+    def destroy_gpu_instance(self, bus_id: str, gi_id: int) -> None: ...
+
+
+class Mig:
+    """The node's MIG control: read a GPU's state, switch its mode, create and destroy GPU instances."""
+
+    def __init__(self, transport: NvmlTransport):
+        self.t = transport
+
+    def state(self, bus_id: str) -> dict | None:
+        """The GPU's MIG state (the fields of :class:`mdev_manager.models.MigState`); None when it has
+        no MIG (or no NVML answers for it)."""
+        try:
+            current, pending = self.t.mig_mode(bus_id)
+            profiles = self.t.gpu_instance_profiles(bus_id)
+            slices = self.t.memory_slices(bus_id)
+            raw = self.t.gpu_instances(bus_id) if current else []
+        except NvmlError as e:
+            if e.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_FOUND, NVML_ERROR_LIBRARY_NOT_FOUND,
+                          NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_UNINITIALIZED, NVML_ERROR_INVALID_ARGUMENT):
+                return None
+            raise
+        instances = [{"id": gid, "profile_id": pid, "placement": {"start": start, "size": size}}
+                     for gid, pid, start, size in sorted(raw)]
+        return {"enabled": bool(current), "pending": bool(pending), "memory_slices": slices, "profiles": profiles,
+                "instances": instances}
+
+    def set_mode(self, bus_id: str, enabled: bool) -> None:
+        self.t.set_mig_mode(bus_id, 1 if enabled else 0)
+
+    def create(self, bus_id: str, profile_id: int, start: int, size: int) -> int:
+        """Create a GPU instance at a placement; returns its id."""
+        return self.t.create_gpu_instance(bus_id, profile_id, start, size)
+
+    def destroy(self, bus_id: str, gi_id: int) -> None:
+        self.t.destroy_gpu_instance(bus_id, gi_id)
+
+
+class NoNvml:
+    """A host without NVIDIA's library: no GPU has MIG."""
+
+    def _none(self, *_a, **_k):
+        raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    mig_mode = set_mig_mode = gpu_instance_profiles = memory_slices = gpu_instances = _none
+    create_gpu_instance = destroy_gpu_instance = _none
+
+
+class PynvmlTransport:
+    """NVML through ``nvidia-ml-py`` (``import pynvml``), initialised on first use.
+
+    Not exercised here (no NVIDIA driver on these machines); every call maps one NVML call, and
+    NVML's exceptions become :class:`NvmlError` with the same return code.
+    """
+
+    _lock = threading.Lock()
+    _ready = False
+    _failed: int | None = None  # nvmlInit's error: a host without the driver answers at once after the first try
+
+    def __init__(self, lib=None):
+        self._lib = lib
+
+    def _nvml(self):
+        if self._lib is None:
+            try:
+                import pynvml  # nvidia-ml-py
+            except ImportError:
+                raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND, "nvidia-ml-py is not installed") from None
+            self._lib = pynvml
+        with self._lock:
+            if PynvmlTransport._failed is not None:
+                raise NvmlError(PynvmlTransport._failed, "NVML did not initialise")
+            if not PynvmlTransport._ready:
+                try:
+                    self._call(self._lib.nvmlInit)
+                except NvmlError as e:
+                    PynvmlTransport._failed = e.code
+                    raise
+                PynvmlTransport._ready = True
+        return self._lib
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # pynvml.NVMLError carries .value (the nvmlReturn_t)
+            code = getattr(e, "value", None)
+            if isinstance(code, int):
+                raise NvmlError(code, str(e)) from None
+            raise
+
+    def _handle(self, bus_id: str):
+        lib = self._nvml()
+        return lib, self._call(lib.nvmlDeviceGetHandleByPciBusId, bus_id.upper().encode())
+
+    def mig_mode(self, bus_id: str) -> tuple[int, int]:
+        lib, h = self._handle(bus_id)
+        current, pending = self._call(lib.nvmlDeviceGetMigMode, h)
+        return int(current), int(pending)
+
+    def set_mig_mode(self, bus_id: str, mode: int) -> None:
+        lib, h = self._handle(bus_id)
+        self._call(lib.nvmlDeviceSetMigMode, h, mode)
+
+    def _infos(self, lib, h):
+        for const in range(NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                yield self._call(lib.nvmlDeviceGetGpuInstanceProfileInfo, h, const)
+            except NvmlError as e:
+                if e.code not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
+                    raise
+
+    def _placements(self, lib, h, profile_id: int) -> list[dict]:
+        arr = (lib.c_nvmlGpuInstancePlacement_t * 32)()
+        count = lib.c_uint(32)
+        self._call(lib.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, arr, lib.byref(count))
+        return [{"start": arr[i].start, "size": arr[i].size} for i in range(count.value)]
+
+    def gpu_instance_profiles(self, bus_id: str) -> list[dict]:
+        lib, h = self._handle(bus_id)
+        out = []
+        for info in self._infos(lib, h):
+            name = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
+            out.append(dict(
+                id=info.id, name=name.removeprefix("MIG "), slices=info.sliceCount, instances=info.instanceCount,
+                memory_mib=info.memorySizeMB, multiprocessors=info.multiprocessorCount,
+                copy_engines=info.copyEngineCount, decoders=info.decoderCount, encoders=info.encoderCount,
+                jpeg_engines=info.jpegCount, ofa_engines=info.ofaCount,
+                placements=self._placements(lib, h, info.id)))
+        return out
+
+    def memory_slices(self, bus_id: str) -> int:
+        """The widest placement's end: the full profile spans every memory slice."""
+        return max((p["start"] + p["size"] for prof in self.gpu_instance_profiles(bus_id) for p in prof["placements"]),
+                   default=0)
+
+    def gpu_instances(self, bus_id: str) -> list[tuple[int, int, int, int]]:
+        lib, h = self._handle(bus_id)
+        out = []
+        for info in self._infos(lib, h):
+            arr = (lib.c_nvmlGpuInstance_t * max(1, info.instanceCount))()
+            count = lib.c_uint(0)
+            self._call(lib.nvmlDeviceGetGpuInstances, h, info.id, arr, lib.byref(count))
+            for i in range(count.value):
+                gi = self._call(lib.nvmlGpuInstanceGetInfo, arr[i])
+                out.append((gi.id, gi.profileId, gi.placement.start, gi.placement.size))
+        return out
+
+    def create_gpu_instance(self, bus_id: str, profile_id: int, start: int, size: int) -> int:
+        lib, h = self._handle(bus_id)
+        placement = lib.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, size
+        gi = self._call(lib.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile_id, lib.byref(placement))
+        return int(self._call(lib.nvmlGpuInstanceGetInfo, gi).id)
+
+    def destroy_gpu_instance(self, bus_id: str, gi_id: int) -> None:
+        lib, h = self._handle(bus_id)
+        gi = self._call(lib.nvmlDeviceGetGpuInstanceById, h, gi_id)
+        self._call(lib.nvmlGpuInstanceDestroy, gi)

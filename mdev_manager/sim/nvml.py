@@ -1,0 +1,139 @@
+"""NVML of a simulated host: MIG mode and GPU instances of its MIG-capable GPUs.
+
+Implements :class:`mdev_manager.host.nvml.NvmlTransport` over the host's state, with NVML's
+rules and return codes (https://docs.nvidia.com/deploy/nvml-api/group__nvmlMultiInstanceGPU.html):
+
+* a GPU without MIG answers ``NOT_SUPPORTED``; an unknown address ``NOT_FOUND``;
+* MIG mode changes only while the GPU holds no vGPU and no GPU instance (``IN_USE``); the mode
+  survives a reboot (NVIDIA keeps it on the board), GPU instances do not;
+* a GPU instance is created only in MIG mode (``NOT_SUPPORTED`` otherwise), at one of its
+  profile's possible placements (``INVALID_ARGUMENT`` otherwise), on memory slices no other
+  instance holds, within the profile's instance count and the GPU's engines
+  (``INSUFFICIENT_RESOURCES`` otherwise);
+* a GPU instance a vGPU lives on is not destroyed (``IN_USE``).
+
+MIG-backed vGPU types become creatable on the VFs while a free GPU instance of their profile
+exists (:meth:`free_instances`, read by the kernel model's refresh).
+"""
+
+from __future__ import annotations
+
+from mdev_manager.catalog_mig import MEMORY_SLICES, has_mig, mig_profiles
+from mdev_manager.host.nvml import (NVML_ERROR_IN_USE, NVML_ERROR_INSUFFICIENT_RESOURCES, NVML_ERROR_INVALID_ARGUMENT,
+                                    NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NvmlError)
+from mdev_manager.models import GpuInstanceProfile
+
+ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")
+
+
+def mig_record(gpu: dict) -> dict:
+    """The GPU's MIG state in the host state (made on first use)."""
+    return gpu.setdefault("mig", {"current": 0, "pending": 0, "gis": []})
+
+
+def free_instances(gpu: dict, profile_name: str) -> list[dict]:
+    """GPU instances of ``profile_name`` no vGPU lives on, lowest id first."""
+    if not has_mig(gpu["board"]):
+        return []
+    mig = mig_record(gpu)
+    ids = {p.id for p in mig_profiles(gpu["board"]) if p.name == profile_name}
+    return sorted((g for g in mig["gis"] if g["profile"] in ids and not g.get("vgpu")), key=lambda g: g["id"])
+
+
+def mig_enabled(gpu: dict) -> bool:
+    return has_mig(gpu["board"]) and bool(mig_record(gpu)["current"])
+
+
+class SimNvml:
+    """The simulated host's NVML (the transport :class:`~mdev_manager.host.nvml.Mig` drives)."""
+
+    def __init__(self, host):
+        self.host = host
+
+    # ------------------------------------------------------------------ helpers
+    def _gpu(self, bus_id: str) -> dict:
+        addr = bus_id.lower()
+        gpu = next((g for g in self.host.state["gpus"] if g["pf"] == addr), None)
+        if gpu is None:
+            raise NvmlError(NVML_ERROR_NOT_FOUND, f"no GPU at {bus_id}")
+        if not has_mig(gpu["board"]):
+            raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{bus_id} ({gpu['board']}) has no MIG")
+        return gpu
+
+    def _read(self, bus_id: str) -> dict:
+        with self.host._locked():
+            return self._gpu(bus_id)
+
+    @staticmethod
+    def _profile(gpu: dict, profile_id: int) -> GpuInstanceProfile:
+        prof = next((p for p in mig_profiles(gpu["board"]) if p.id == profile_id), None)
+        if prof is None:
+            raise NvmlError(NVML_ERROR_INVALID_ARGUMENT, f"no GPU instance profile {profile_id}")
+        return prof
+
+    # ------------------------------------------------------------------ transport
+    def mig_mode(self, bus_id: str) -> tuple[int, int]:
+        mig = mig_record(self._read(bus_id))
+        return mig["current"], mig["pending"]
+
+    def set_mig_mode(self, bus_id: str, mode: int) -> None:
+        with self.host._locked():
+            gpu = self._gpu(bus_id)
+            mig = mig_record(gpu)
+            if mig["current"] == int(bool(mode)):
+                return
+            if mig["gis"] or self.host._existing(gpu):
+                raise NvmlError(NVML_ERROR_IN_USE, f"{bus_id} holds vGPUs or GPU instances")
+            mig["current"] = mig["pending"] = int(bool(mode))
+            self.host._refresh(gpu)
+            self.host._save()
+
+    def gpu_instance_profiles(self, bus_id: str) -> list[dict]:
+        return [p.model_dump() for p in mig_profiles(self._read(bus_id)["board"])]
+
+    def memory_slices(self, bus_id: str) -> int:
+        return MEMORY_SLICES[self._read(bus_id)["board"]]
+
+    def gpu_instances(self, bus_id: str) -> list[tuple[int, int, int, int]]:
+        mig = mig_record(self._read(bus_id))
+        if not mig["current"]:
+            raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{bus_id} is not in MIG mode")
+        return [(g["id"], g["profile"], g["start"], g["size"]) for g in mig["gis"]]
+
+    def create_gpu_instance(self, bus_id: str, profile_id: int, start: int, size: int) -> int:
+        with self.host._locked():
+            gpu = self._gpu(bus_id)
+            mig = mig_record(gpu)
+            if not mig["current"]:
+                raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{bus_id} is not in MIG mode")
+            prof = self._profile(gpu, profile_id)
+            if not any(p.start == start and p.size == size for p in prof.placements):
+                raise NvmlError(NVML_ERROR_INVALID_ARGUMENT, f"{prof.name} cannot be placed at {start}:{size}")
+            taken = {s for g in mig["gis"] for s in range(g["start"], g["start"] + g["size"])}
+            if taken & set(range(start, start + size)):
+                raise NvmlError(NVML_ERROR_INSUFFICIENT_RESOURCES, f"memory slices {start}..{start + size - 1} are taken")
+            if sum(1 for g in mig["gis"] if g["profile"] == profile_id) >= prof.instances:
+                raise NvmlError(NVML_ERROR_INSUFFICIENT_RESOURCES, f"{prof.instances} {prof.name} exist already")
+            full = max(mig_profiles(gpu["board"]), key=lambda p: (p.slices, p.memory_mib))
+            for engine in ENGINES:
+                used = sum(getattr(self._profile(gpu, g["profile"]), engine) for g in mig["gis"])
+                if used + getattr(prof, engine) > getattr(full, engine):
+                    raise NvmlError(NVML_ERROR_INSUFFICIENT_RESOURCES, f"no {engine.replace('_', ' ')} left")
+            gid = min(set(range(1, 64)) - {g["id"] for g in mig["gis"]})
+            mig["gis"].append({"id": gid, "profile": profile_id, "start": start, "size": size})
+            self.host._refresh(gpu)
+            self.host._save()
+            return gid
+
+    def destroy_gpu_instance(self, bus_id: str, gi_id: int) -> None:
+        with self.host._locked():
+            gpu = self._gpu(bus_id)
+            mig = mig_record(gpu)
+            gi = next((g for g in mig["gis"] if g["id"] == gi_id), None)
+            if gi is None:
+                raise NvmlError(NVML_ERROR_NOT_FOUND, f"no GPU instance {gi_id} on {bus_id}")
+            if gi.get("vgpu"):
+                raise NvmlError(NVML_ERROR_IN_USE, f"GPU instance {gi_id} holds vGPU {gi['vgpu']}")
+            mig["gis"].remove(gi)
+            self.host._refresh(gpu)
+            self.host._save()
