@@ -159,6 +159,76 @@ _add(BoardSpec(
         *_series("L40S", "NVIDIA", 1157, _L40S_SIZES, "A"),
     ],
 ))
+# --- boards admins buy today (#13). Names and counts: NVIDIA vgpu-device-manager's
+# examples/config-example.yaml (C and Q series, max per GPU in equal-size mode) and NVIDIA's vGPU
+# user guide; device ids: NVIDIA gpu-admin-tools and pci.ids. Their vGPU type ids are not public
+# for these driver branches: the ids below are placeholders (made_up_ids), in a range no real
+# board uses here. Ada, Hopper and Blackwell offer vGPUs through vendor-specific VFIO only
+# (vGPU 17+). MIG-backed types are named <board>-<slices>-<GB>C[ME] after the GPU instance they
+# take whole (A100-3-20C -> 3g.20gb); their profiles are in catalog_mig.
+
+def _mig_types(prefix: str, start: int, rows: list[tuple[str, int]]) -> list[TypeSpec]:
+    """MIG-backed C types: rows are (slices-GB suffix, max per GPU)."""
+    return [TypeSpec(num=start + i, name=f"NVIDIA {prefix}-{tail}", max_instances=n) for i, (tail, n) in enumerate(rows)]
+
+
+_ADA_48 = [(1, 32), (2, 24), (3, 16), (4, 12), (6, 8), (8, 6), (12, 4), (16, 3), (24, 2), (48, 1)]
+_ADA_24 = [(1, 24), (2, 12), (3, 8), (4, 6), (6, 4), (8, 3), (12, 2), (24, 1)]
+_HOPPER_MIG = [("1-10C", 7), ("1-10CME", 1), ("1-20C", 4), ("2-20C", 3), ("3-40C", 2), ("4-40C", 1), ("7-80C", 1)]
+
+_add(BoardSpec(
+    key="L4", product_name="AD104GL [L4]", vendor_id="0x10de", device_id="0x27b8", subsystem_device_id="0x16ca",
+    framebuffer_mib=24576, framework="vendor-vfio", sriov_total_vfs=24, made_up_ids=True,
+    types=[*_series("L4", "NVIDIA", 9100, _ADA_24, "Q"), *_series("L4", "NVIDIA", 9120, _ADA_24[3:], "C")],
+))
+_add(BoardSpec(
+    key="L40", product_name="AD102GL [L40]", vendor_id="0x10de", device_id="0x26b5", subsystem_device_id="0x169d",
+    framebuffer_mib=49152, framework="vendor-vfio", sriov_total_vfs=32, made_up_ids=True,
+    types=[*_series("L40", "NVIDIA", 9200, _ADA_48, "Q"), *_series("L40", "NVIDIA", 9220, _ADA_48[3:], "C")],
+))
+_add(BoardSpec(
+    key="A10", product_name="GA102GL [A10]", vendor_id="0x10de", device_id="0x2236", subsystem_device_id="0x1482",
+    framebuffer_mib=24576, framework="vendor-vfio", sriov_total_vfs=24, made_up_ids=True,
+    types=[*_series("A10", "NVIDIA", 9300, _ADA_24, "Q"), *_series("A10", "NVIDIA", 9320, _ADA_24[3:], "C")],
+))
+_add(BoardSpec(
+    key="A40", product_name="GA102GL [A40]", vendor_id="0x10de", device_id="0x2235", subsystem_device_id="0x145a",
+    framebuffer_mib=49152, framework="vendor-vfio", sriov_total_vfs=32, made_up_ids=True,
+    types=[*_series("A40", "NVIDIA", 9400, _ADA_48, "Q"), *_series("A40", "NVIDIA", 9420, _ADA_48[3:], "C")],
+))
+_add(BoardSpec(
+    key="A30", product_name="GA100GL [A30 PCIe]", vendor_id="0x10de", device_id="0x20b7", subsystem_device_id="0x1532",
+    framebuffer_mib=24576, framework="vendor-vfio", sriov_total_vfs=8, made_up_ids=True,
+    types=[*_series("A30", "NVIDIA", 9500, [(4, 6), (6, 4), (8, 3), (12, 2), (24, 1)], "C"),
+           *_mig_types("A30", 9520, [("1-6C", 4), ("1-6CME", 1), ("2-12C", 2), ("2-12CME", 1), ("4-24C", 1)])],
+))
+_add(BoardSpec(
+    key="H100-80GB", product_name="GH100 [H100 PCIe]", vendor_id="0x10de", device_id="0x2331", subsystem_device_id="0x1626",
+    framebuffer_mib=81920, framework="vendor-vfio", sriov_total_vfs=20, made_up_ids=True,
+    types=[*_series("H100", "NVIDIA", 9600, [(4, 20), (5, 16), (8, 10), (10, 8), (16, 5), (20, 4), (40, 2), (80, 1)], "C"),
+           *_mig_types("H100", 9620, _HOPPER_MIG)],
+))
+_add(BoardSpec(
+    key="H100-NVL", product_name="GH100 [H100 NVL]", vendor_id="0x10de", device_id="0x2321", subsystem_device_id="0x1839",
+    framebuffer_mib=96256, framework="vendor-vfio", sriov_total_vfs=23, made_up_ids=True,
+    types=[*_series("H100L", "NVIDIA", 9700, [(4, 23), (6, 15), (11, 8), (15, 6), (23, 4), (47, 2), (94, 1)], "C"),
+           *_mig_types("H100L", 9720, [("1-12C", 7), ("1-12CME", 1), ("1-24C", 4), ("2-24C", 3), ("3-47C", 2),
+                                       ("4-47C", 1), ("7-94C", 1)])],
+))
+_add(BoardSpec(
+    key="H200", product_name="GH100 [H200 NVL]", vendor_id="0x10de", device_id="0x233b", subsystem_device_id="0x1996",
+    framebuffer_mib=144384, framework="vendor-vfio", sriov_total_vfs=32, made_up_ids=True,
+    types=[*_series("H200", "NVIDIA", 9800, [(4, 32), (7, 20), (8, 16), (14, 10), (17, 8), (28, 5), (35, 4), (70, 2),
+                                              (141, 1)], "C"),
+           *_mig_types("H200", 9820, [("1-18C", 7), ("1-18CME", 1), ("1-35C", 4), ("2-35C", 3), ("3-71C", 2),
+                                      ("4-71C", 1), ("7-141C", 1)])],
+))
+_add(BoardSpec(
+    key="H20", product_name="GH100 [H20]", vendor_id="0x10de", device_id="0x2329", subsystem_device_id="0x198b",
+    framebuffer_mib=98304, framework="vendor-vfio", sriov_total_vfs=24, made_up_ids=True,
+    types=_series("H20", "NVIDIA", 9900, [(4, 24), (6, 16), (8, 12), (12, 8), (16, 6), (24, 4), (32, 3), (48, 2), (96, 1)], "C"),
+))
+
 _add(BoardSpec(
     key="UHD630", product_name="CoffeeLake-S GT2 [UHD Graphics 630]", vendor_id="0x8086", device_id="0x3e92", class_code="0x030000",
     subsystem_vendor_id="0x8086", subsystem_device_id="0x2212",
