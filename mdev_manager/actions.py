@@ -79,14 +79,65 @@ class RemoveDefinition(_Action):
 
 
 class SetVgpuType(_Action):
-    """Vendor-specific VFIO: write a type id (``0`` clears) to the VF's ``current_vgpu_type``."""
+    """Vendor-specific VFIO: write a type id (``0`` clears) to the VF's ``current_vgpu_type``; a
+    MIG-backed type first names its GPU instance in the VF's ``gpu_instance_id``."""
 
     kind: Literal["set_vgpu_type"] = "set_vgpu_type"
     vf: str
     type_id: str
+    gpu_instance: int | None = None
 
     def describe(self) -> str:
-        return f"clear the vGPU on VF {self.vf}" if self.type_id == "0" else f"set VF {self.vf} to vGPU type {self.type_id}"
+        if self.type_id == "0":
+            return f"clear the vGPU on VF {self.vf}"
+        on = f" on GPU instance {self.gpu_instance}" if self.gpu_instance is not None else ""
+        return f"set VF {self.vf} to vGPU type {self.type_id}{on}"
+
+
+class SetMigMode(_Action):
+    """NVML: switch the GPU's MIG mode (only while it holds no vGPU and no GPU instance)."""
+
+    kind: Literal["set_mig_mode"] = "set_mig_mode"
+    enabled: bool
+
+    def describe(self) -> str:
+        return f"{'enable' if self.enabled else 'disable'} MIG mode on {self.gpu}"
+
+
+class CreateGpuInstance(_Action):
+    """NVML: create a GPU instance of profile ``profile_id`` at memory slices [start, start + size)."""
+
+    kind: Literal["create_gpu_instance"] = "create_gpu_instance"
+    profile_id: int
+    profile: str
+    start: int
+    size: int
+
+    def describe(self) -> str:
+        return f"create GPU instance {self.profile} (profile {self.profile_id}) at slices {self.start}-{self.start + self.size - 1} on {self.gpu}"
+
+
+class DestroyGpuInstance(_Action):
+    kind: Literal["destroy_gpu_instance"] = "destroy_gpu_instance"
+    gpu_instance: int
+    profile: str
+    start: int
+
+    def describe(self) -> str:
+        return f"destroy GPU instance {self.gpu_instance} ({self.profile} at slice {self.start}) on {self.gpu}"
+
+
+class SaveMigRecord(_Action):
+    """Record the GPU instances the layout keeps (placement and the vGPU on each; empty forgets), so
+    ``restore`` re-creates them at the same placements after a reboot, before their vGPUs."""
+
+    kind: Literal["save_mig_record"] = "save_mig_record"
+    instances: list[dict]
+
+    def describe(self) -> str:
+        if not self.instances:
+            return f"forget the GPU instances of {self.gpu}"
+        return f"persist {len(self.instances)} GPU instance(s) of {self.gpu}"
 
 
 class SaveVendorRecord(_Action):
@@ -114,12 +165,14 @@ class SavePassthrough(_Action):
 
 Action = Annotated[
     Union[EnableVfs, DisableVfs, BindDriver, SaveDefinition, CreateMdev, RemoveMdev, RemoveDefinition,
-          SetVgpuType, SaveVendorRecord, SavePassthrough],
+          SetVgpuType, SaveVendorRecord, SavePassthrough, SetMigMode, CreateGpuInstance, DestroyGpuInstance,
+          SaveMigRecord],
     Field(discriminator="kind"),
 ]
 
-# Steps that change what the GPU offers: the reconciler runs them, discovers again and re-plans.
-STRUCTURAL = (EnableVfs, DisableVfs, BindDriver)
+# Steps that change what the GPU offers: the reconciler runs them, discovers again and re-plans
+# (a new GPU instance's id, and the MIG-backed types it makes creatable, are known only then).
+STRUCTURAL = (EnableVfs, DisableVfs, BindDriver, SetMigMode, CreateGpuInstance, DestroyGpuInstance)
 
 
 class Skip(BaseModel):

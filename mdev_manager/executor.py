@@ -19,8 +19,10 @@ from typing import Callable
 from pydantic import BaseModel
 
 from mdev_manager import persist
-from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
-                      SaveDefinition, SavePassthrough, SaveVendorRecord, SetVgpuType)
+from mdev_manager.actions import (BindDriver, CreateGpuInstance, CreateMdev, DestroyGpuInstance, DisableVfs, EnableVfs,
+                                  Plan, RemoveDefinition, RemoveMdev, SaveDefinition, SaveMigRecord, SavePassthrough,
+                                  SaveVendorRecord, SetMigMode, SetVgpuType)
+from mdev_manager.host.nvml import Mig, NvmlError
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name, override_value, read_attr
 from mdev_manager.models import MdevDefinition
@@ -59,7 +61,7 @@ def _device(a) -> str:
 
 def _blocks(a) -> set[str]:
     """Keys that, when this step fails, make later steps meaningless."""
-    if isinstance(a, (EnableVfs, DisableVfs, BindDriver)):
+    if isinstance(a, (EnableVfs, DisableVfs, BindDriver, SetMigMode, CreateGpuInstance, DestroyGpuInstance)):
         return {f"gpu:{a.gpu}"}
     if isinstance(a, SaveDefinition):
         return {f"mdev:{a.uuid}"}
@@ -116,6 +118,12 @@ class Executor:
                 continue
             try:
                 self.apply(a)
+            except NvmlError as exc:
+                log.warning("%s failed: %s", a.describe(), exc)
+                report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False,
+                                                 error=f"NVML_ERROR_{exc.code}", message=str(exc)))
+                broken |= _blocks(a)
+                continue
             except OSError as exc:
                 name = errno_mod.errorcode.get(exc.errno or 0, "EIO")
                 log.warning("%s failed: %s", a.describe(), exc)
@@ -158,7 +166,17 @@ class Executor:
         elif isinstance(a, RemoveDefinition):
             persist.remove_definition(env, io, a.parent, a.uuid)
         elif isinstance(a, SetVgpuType):
-            self.set_vgpu_type(a.vf, a.type_id)
+            self.set_vgpu_type(a.vf, a.type_id, a.gpu_instance)
+        elif isinstance(a, SetMigMode):
+            Mig(io.nvml()).set_mode(check_pci_address(a.gpu), a.enabled)
+        elif isinstance(a, CreateGpuInstance):
+            Mig(io.nvml()).create(check_pci_address(a.gpu), a.profile_id, a.start, a.size)
+        elif isinstance(a, DestroyGpuInstance):
+            Mig(io.nvml()).destroy(check_pci_address(a.gpu), a.gpu_instance)
+        elif isinstance(a, SaveMigRecord):
+            saved = persist.load_mig(env, io)
+            saved[check_pci_address(a.gpu)] = a.instances
+            persist.save_mig(env, io, saved)
         elif isinstance(a, SavePassthrough):
             self._passthrough(check_pci_address(a.address), check_pci_address(a.gpu) if a.keep else None)
         elif isinstance(a, SaveVendorRecord):
@@ -205,12 +223,17 @@ class Executor:
             return  # already gone: removal is idempotent
         self.io.write(path, "1\n")
 
-    def set_vgpu_type(self, vf: str, type_id: str) -> None:
+    def set_vgpu_type(self, vf: str, type_id: str, gpu_instance: int | None = None) -> None:
+        """``gpu_instance``: a MIG-backed type's GPU instance, named in the VF's ``gpu_instance_id``
+        before the type is set (NVIDIA's vendor-specific VFIO)."""
         if type_id != "0":
             check_type_id(type_id)
         if not type_id.isdigit():
             raise OSError(errno_mod.EINVAL, f"vendor-VFIO type ids are decimal, not {type_id!r}")
-        self.io.write(self.env.pci(check_pci_address(vf)) / "nvidia" / "current_vgpu_type", f"{type_id}\n")
+        nv = self.env.pci(check_pci_address(vf)) / "nvidia"
+        if gpu_instance is not None and type_id != "0":
+            self.io.write(nv / "gpu_instance_id", f"{int(gpu_instance)}\n")
+        self.io.write(nv / "current_vgpu_type", f"{type_id}\n")
 
     def bind(self, address: str, driver: str | None) -> None:
         """driver_override, unbind, drivers_probe (kernel.md); ``None`` returns to the native driver."""

@@ -208,3 +208,54 @@ def save_passthrough(env: HostEnv, io: HostIO, mapping: dict[str, str], durable:
     io.makedirs(path.parent)
     body = {"version": _PASSTHROUGH_VERSION, "functions": checked}
     io.write_atomic(path, json.dumps(body, indent=2, sort_keys=True) + "\n", durable=durable)
+
+
+# --- GPU instances a layout keeps (MIG) ------------------------------------------------
+
+_MIG_VERSION = 1
+
+
+def _check_mig_entry(entry) -> dict:
+    """``{"profile": id, "start": s, "size": n, "vgpu": VF address or mdev UUID}``."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{entry!r} is not an object")
+    out = {k: entry[k] for k in ("profile", "start", "size")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in out.values()) or out["size"] < 1:
+        raise ValueError(f"{entry!r}: profile, start and size are counts")
+    vgpu = entry.get("vgpu")
+    if vgpu is not None:
+        if not isinstance(vgpu, str):
+            raise ValueError(f"{entry!r}: vgpu is a VF address or an mdev UUID")
+        out["vgpu"] = check_uuid(vgpu) if "-" in vgpu else canonical_pci(vgpu, "vgpu")
+    return out
+
+
+def load_mig(env: HostEnv, io: HostIO) -> dict[str, list[dict]]:
+    """GPU address -> the GPU instances its layout keeps. Missing file: empty; a corrupt file or
+    entry is skipped and logged (restore then leaves those instances to the next apply)."""
+    path = env.mig_state
+    try:
+        data = json.loads(io.read(path))
+        gpus = data["gpus"]
+        if not isinstance(gpus, dict):
+            raise ValueError("'gpus' is not an object")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("cannot use %s (%s); no saved GPU instances", path, e)
+        return {}
+    out: dict[str, list[dict]] = {}
+    for gpu, entries in gpus.items():
+        try:
+            out[canonical_pci(gpu, "gpu")] = [_check_mig_entry(e) for e in entries]
+        except (NameError_, ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("%s: skipping GPU %r: %s", path, gpu, e)
+    return out
+
+
+def save_mig(env: HostEnv, io: HostIO, mapping: dict[str, list[dict]]) -> None:
+    """Replace the whole store atomically; GPUs without instances are dropped."""
+    checked = {canonical_pci(g, "gpu"): sorted((_check_mig_entry(e) for e in entries), key=lambda e: e["start"])
+               for g, entries in sorted(mapping.items()) if entries}
+    io.makedirs(env.mig_state.parent)
+    io.write_atomic(env.mig_state, json.dumps({"version": _MIG_VERSION, "gpus": checked}, indent=2, sort_keys=True) + "\n")

@@ -15,15 +15,16 @@ mode, crash recovery) is tested on plain data. The rules:
 from __future__ import annotations
 
 import uuid as uuidlib
-from collections import defaultdict
 from typing import Callable, Iterable
 
 from mdev_manager import catalog
 from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
                       SaveDefinition, SavePassthrough, SaveVendorRecord, SetVgpuType, Skip)
 from mdev_manager.config import ConfigError, GpuLayout, did_you_mean, layout_error
-from mdev_manager.models import (Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types,
-                                 occupancy)
+from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
+from mdev_manager.migplan import check_mig_layout, plan_mig
+from mdev_manager.names import mig_profile_of
+from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
 
 NVIDIA = "0x10de"
 
@@ -89,7 +90,8 @@ def offered_types(gpu: Gpu) -> list[VgpuType]:
     fw = "vendor-vfio" if board.framework == "vendor-vfio" else "mdev"
     return [VgpuType(id=str(t.num) if fw == "vendor-vfio" else t.mdev_id(board.driver), name=t.name,
                      short_name=t.short_name, framework=fw, available_instances=t.max_instances,
-                     max_instances=t.max_instances, framebuffer_mib=t.fb_mib, mig_backed=t.mig_backed)
+                     max_instances=t.max_instances, framebuffer_mib=t.fb_mib, mig_backed=t.mig_backed,
+                     gpu_instance_profile=mig_profile_of(t.name))
             for t in board.types]
 
 
@@ -139,12 +141,14 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
         t = resolve_type(types, ref)
         field = f"{entry.at(i, 'vgpus')}.{ref}"
         if t is None:
-            names = ", ".join(t.short_name for t in types if not t.mig_backed) or "none (not a vGPU-capable GPU)"
-            close = did_you_mean(ref, [t.short_name for t in types if not t.mig_backed])
+            usable = [t.short_name for t in types if not t.mig_backed or gpu.mig is not None]
+            names = ", ".join(usable) or "none (not a vGPU-capable GPU)"
+            close = did_you_mean(ref, usable)
             problems.append(f"{field}: {_label(gpu)} offers no vGPU type {ref!r}; it offers {names}{close}")
             continue
-        if t.mig_backed:
-            problems.append(f"{field}: {t.name} is MIG-backed and needs MIG mode, which vgpuctl does not configure yet")
+        if t.mig_backed and entry.mode != "vgpu":
+            problems.append(f"{field}: {t.name} is MIG-backed; in {entry.mode} mode the DRA bridge creates them per "
+                            "claim (set migMode: true); list MIG-backed types in vgpu mode only")
             continue
         if t.id in wanted:
             problems.append(f"{field}: names the same type as another key ({t.name}); list each type once")
@@ -154,6 +158,9 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
             continue
         wanted[t.id] = (t, count)
     active = [(t, n) for t, n in wanted.values() if n > 0]
+    if any(t.mig_backed for t, _ in active):  # GPU instances, not shares: placements decide what fits
+        problems += check_mig_layout(gpu, active, entry.at(i, "vgpus"), _label(gpu))
+        active = []
     sizes = sorted({t.framebuffer_mib for t, _ in active if t.framebuffer_mib})
     if len(sizes) > 1 and not gpu.mixed_size and gpu.vendor_id == NVIDIA:
         detail = ", ".join(f"{t.short_name} ({t.framebuffer_mib} MiB)" for t, _ in active)
@@ -162,7 +169,7 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
     elif entry.mode == "vgpu" and occupancy(active) > 1:
         detail = " + ".join(f"{n} x {t.short_name} (max {t.max_instances})" for t, n in active)
         problems.append(f"{entry.at(i, 'vgpus')}: {detail} is more than {_label(gpu)} holds")
-    total = sum(n for _, n in active)
+    total = sum(n for _, n in wanted.values() if n > 0)
     vf_bound = gpu.sriov_total_vfs if gpu.framework != "mdev" else 0
     if entry.mode == "vgpu" and vf_bound and total > vf_bound:
         problems.append(f"{entry.at(i, 'vgpus')}: {total} vGPUs need {total} VFs; {_label(gpu)} has {vf_bound}")
@@ -187,6 +194,7 @@ def make_plan(
     vendor_records: dict[str, str] | None = None,
     new_uuid: Callable[[], str] = lambda: str(uuidlib.uuid4()),
     passthrough: dict[str, str] | None = None,
+    mig_records: dict[str, list[dict]] | None = None,
 ) -> Plan:
     """The ordered steps that take the node to ``layouts``. Raises ConfigError before any step on bad input."""
     usage = usage or Usage()
@@ -220,6 +228,9 @@ def make_plan(
             if entry.mode == "dra":  # the DRA bridge creates vGPUs per claim
                 _plan_dra(plan, gpu, usage, definitions, vendor_records or {})
                 continue
+            if gpu.mig is not None and plan_mig(plan, gpu, wanted[addr], usage, definitions, vendor_records or {},
+                                                (mig_records or {}).get(addr), new_uuid):
+                continue
             if gpu.framework in ("mdev", "mdev-sriov"):
                 _plan_mdev(plan, gpu, wanted[addr], usage, definitions, new_uuid)
             elif gpu.framework == "vendor-vfio":
@@ -231,12 +242,6 @@ def make_plan(
 
 def group_users(gpu: Gpu, usage: Usage) -> list[str]:
     return usage.pci_users(gpu.address, gpu.iommu_group)
-
-
-def vgpu_users(v: Vgpu, usage: Usage) -> list[str]:
-    if v.framework == "mdev":
-        return usage.mdev_users(v.id, v.iommu_group)
-    return usage.pci_users(v.id, v.iommu_group)
 
 
 def _workload_conflicts(gpu: Gpu, entry: GpuLayout, usage: Usage, i: int) -> list[str]:
@@ -281,20 +286,6 @@ def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
     return False
 
 
-def _clear(gpu: Gpu, v: Vgpu):
-    """The step that removes vGPU ``v`` from the host (an mdev, or a VF's vendor-VFIO type)."""
-    if v.framework == "mdev":
-        return RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id)
-    return SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0")
-
-
-def _forget(gpu: Gpu, v: Vgpu):
-    """The step that forgets the layout's saved record of vGPU ``v`` (definition or vendor record)."""
-    if v.framework == "mdev":
-        return RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id)
-    return SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None)
-
-
 def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
     """A ``dra`` GPU's vGPUs are its claims': what an earlier layout saved on it goes, so the
     layout and a claim never name one device (a dormant record would take a claim's VF back at the
@@ -309,11 +300,11 @@ def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
         if v.id not in (defs if v.framework == "mdev" else recs):
             continue  # not the layout's: a claim's, or nobody's to touch
         if usage.claims_of(v.id):  # the claim's device: only the layout's record of it goes
-            plan.actions.append(_forget(gpu, v))
+            plan.actions.append(forget_step(gpu, v))
         elif users := vgpu_users(v, usage):
             plan.skipped.append(Skip(device=v.id, reason=f"not removed: in use ({'; '.join(users)})"))
         else:
-            plan.actions += [_clear(gpu, v), _forget(gpu, v)]
+            plan.actions += [clear_step(gpu, v), forget_step(gpu, v)]
     for d in defs.values():
         if d.uuid not in present:
             plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
@@ -350,7 +341,7 @@ def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) 
         # kernel would refuse the VF disable or the unbind, so nothing is tried under it
         plan.skipped.append(Skip(device=gpu.address, reason=f"passed through once released ({'; '.join(users)})"))
         return
-    plan.actions += [_clear(gpu, v) for v in gpu.vgpus]
+    plan.actions += [clear_step(gpu, v) for v in gpu.vgpus]
     parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
     if gpu.sriov_total_vfs and not gpu.vfs:
         # VFs gone (a reboot): their saved vGPUs sit on the PF's bus, as restore assumes; forget
@@ -409,57 +400,23 @@ class _Room:
         self.sizes.add(t.framebuffer_mib)
 
 
-def _keep_order(v: Vgpu, users: list[str], saved: set[str]) -> tuple:
-    """Which existing vGPUs to keep first: in use, then already persisted, then by id."""
-    return (not users, v.id not in saved, v.id)
-
-
-def _split_existing(plan: Plan, vgpus: list[Vgpu], wanted: dict[str, int], usage: Usage, saved: set[str],
-                    verb: str) -> tuple[list[Vgpu], list[Vgpu], list[Vgpu]]:
-    """(kept as wanted, kept because in use, to remove) over a GPU's existing vGPUs, per type.
-
-    Shared by both frameworks: the surplus that something uses stays and is reported.
-    """
-    by_type: dict[str, list[Vgpu]] = defaultdict(list)
-    keep, busy, drop = [], [], []
-    for v in vgpus:
-        if claims := usage.claims_of(v.id):  # a DRA claim's, never the layout's: left to the claim
-            busy.append(v)
-            plan.skipped.append(Skip(device=v.id, reason=f"not {verb}: made for {'; '.join(claims)}, "
-                                                         "not part of the layout"))
-        else:
-            by_type[v.type_id].append(v)
-    for tid, lst in by_type.items():
-        users = {v.id: vgpu_users(v, usage) for v in lst}
-        lst.sort(key=lambda v: _keep_order(v, users[v.id], saved))
-        want = wanted.get(tid, 0)
-        keep += lst[:want]
-        for v in lst[want:]:
-            if users[v.id]:
-                busy.append(v)
-                plan.skipped.append(Skip(device=v.id, reason=f"not {verb}: in use ({'; '.join(users[v.id])})"))
-            else:
-                drop.append(v)
-    return keep, busy, drop
-
-
 def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
                definitions: Iterable[MdevDefinition], new_uuid: Callable[[], str]) -> None:
     types = {t.id: t for t in gpu.types}
     parents = [p.address for p in gpu.parents]
     defs = {d.uuid: d for d in definitions if d.parent in parents}
     removals, saves, creates = [], [], []
-    keep, busy, drop = _split_existing(plan, [v for v in gpu.vgpus if v.framework == "mdev"], wanted, usage,
+    keep, busy, drop = split_existing(plan, [v for v in gpu.vgpus if v.framework == "mdev"], wanted, usage,
                                        set(defs), "removed")
     kept = keep + busy
     for v in busy:
         if v.id in defs and usage.claims_of(v.id):  # a claim's device is not the layout's to save
-            removals.append(_forget(gpu, v))
+            removals.append(forget_step(gpu, v))
     for v in keep:
         if v.id not in defs:
             saves.append(SaveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id, type_id=v.type_id))
     for v in drop:
-        removals += [_clear(gpu, v), _forget(gpu, v)] if v.id in defs else [_clear(gpu, v)]
+        removals += [clear_step(gpu, v), forget_step(gpu, v)] if v.id in defs else [clear_step(gpu, v)]
     active = {v.id for v in gpu.vgpus}
     removed = {a.uuid for a in removals if isinstance(a, RemoveMdev)}
     busy_parents = {v.parent for v in gpu.vgpus if v.id not in removed}
@@ -502,13 +459,13 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     for vf in sorted(claimed_vfs & set(mine)):
         removals.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
         del mine[vf]
-    keep, busy, drop = _split_existing(plan, gpu.vgpus, wanted, usage, set(mine), "cleared")
+    keep, busy, drop = split_existing(plan, gpu.vgpus, wanted, usage, set(mine), "cleared")
     kept = keep + busy
     for v in keep:
         if mine.get(v.id) != v.type_id:
             saves.append(SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=v.type_id))
     for v in drop:
-        removals += [_clear(gpu, v), _forget(gpu, v)] if v.id in mine else [_clear(gpu, v)]
+        removals += [clear_step(gpu, v), forget_step(gpu, v)] if v.id in mine else [clear_step(gpu, v)]
     holding = {v.id for v in kept} | claimed_vfs
     free = [vf for vf in vfs if vf not in holding]
     dormant = {vf: tid for vf, tid in mine.items() if vf not in {v.id for v in gpu.vgpus}}

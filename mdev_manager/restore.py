@@ -19,7 +19,7 @@ claim's: restore leaves its id and its VF to the kubelet plugin, which re-create
 from __future__ import annotations
 
 from mdev_manager import persist
-from mdev_manager.actions import BindDriver, CreateMdev, EnableVfs, Plan, SetVgpuType
+from mdev_manager.actions import BindDriver, CreateGpuInstance, CreateMdev, EnableVfs, Plan, SetMigMode, SetVgpuType
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor, Report
@@ -34,7 +34,7 @@ def _bus(addr: str) -> str:
 
 def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, str],
                  usage: Usage | None = None, passthrough: dict[str, str] | None = None,
-                 holders: Usage | None = None) -> Plan:
+                 holders: Usage | None = None, mig: dict[str, list[dict]] | None = None) -> Plan:
     """The steps that bring back saved state; structural steps alone when any are needed.
 
     ``passthrough`` maps a passed-through function to its GPU; ``holders`` (default ``usage``)
@@ -57,6 +57,9 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
             plan.actions.append(EnableVfs(gpu=g.address, count=g.sriov_total_vfs))
     if plan.actions:
         return plan
+    instance_of = _plan_instances(plan, inv, mig or {})
+    if plan.actions:
+        return plan
     gpu_of = {p.address: g.address for g in inv.gpus for p in g.parents}
     gpu_of |= {vf.address: g.address for g in inv.gpus for vf in g.vfs}
     for d in defs:
@@ -66,8 +69,43 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
             plan.notes.append(f"definition {d.uuid}: parent {d.parent} is not on this node")
     for vf, tid in sorted(records.items()):
         if vf in present and vendor_active.get(vf) is None:
-            plan.actions.append(SetVgpuType(gpu=gpu_of[vf], vf=vf, type_id=tid))
+            plan.actions.append(SetVgpuType(gpu=gpu_of[vf], vf=vf, type_id=tid, gpu_instance=instance_of.get(vf)))
     return plan
+
+
+def _plan_instances(plan: Plan, inv: Inventory, saved: dict[str, list[dict]]) -> dict[str, int]:
+    """GPU instances do not survive a reboot (MIG mode does, on the board): the saved ones are
+    created again at their placements, before their vGPUs. Returns vGPU -> its instance's id
+    once they all exist (what a vendor-VFIO VF names in ``gpu_instance_id``)."""
+    instance_of: dict[str, int] = {}
+    for addr, entries in sorted(saved.items()):
+        g = inv.gpu(addr)
+        if g is None or g.mig is None:
+            plan.notes.append(f"GPU {addr}: {len(entries)} saved GPU instance(s), but "
+                              + ("the GPU is not on this node" if g is None else "NVML reports no MIG for it"))
+            continue
+        if not g.mig.enabled:
+            if g.vgpus:
+                plan.notes.append(f"GPU {addr}: not put back in MIG mode, it holds {len(g.vgpus)} vGPU(s)")
+            else:
+                plan.actions.append(SetMigMode(gpu=addr, enabled=True))
+            continue
+        for e in entries:
+            here = next((i for i in g.mig.instances if i.profile_id == e["profile"]
+                         and i.placement.start == e["start"] and i.placement.size == e["size"]), None)
+            if here is not None:
+                if e.get("vgpu"):
+                    instance_of[e["vgpu"]] = here.id
+                continue
+            taken = [i for i in g.mig.instances if set(i.placement.slices) & set(range(e["start"], e["start"] + e["size"]))]
+            if taken:
+                plan.notes.append(f"GPU {addr}: GPU instance at slices {e['start']}+{e['size']} not re-created, "
+                                  f"instance {taken[0].id} holds them")
+                continue
+            prof = g.mig.profile(e["profile"])
+            plan.actions.append(CreateGpuInstance(gpu=addr, profile_id=e["profile"], profile=prof.name if prof else "?",
+                                                  start=e["start"], size=e["size"]))
+    return instance_of
 
 
 def _has_saved_vgpus(g: Gpu, saved_parents: set[str]) -> bool:
@@ -150,12 +188,12 @@ def restore(env: HostEnv, io: HostIO, usage: Usage | None = None) -> list[Report
     one holds the group (which the process scan sees).
     """
     reports = []
-    for _ in range(3):
+    for _ in range(4):
         defs, _problems = persist.load_definitions(env, io)
         passthrough = persist.load_passthrough(env, io)
         holders = collect_usage(env.with_(libvirt_uri=None), io, usage) if passthrough else usage
         plan = plan_restore(discover(env, io), defs, persist.load_vendor_vfio(env, io), usage,
-                            passthrough, holders)
+                            passthrough, holders, persist.load_mig(env, io))
         if not plan.actions:
             break
         reports.append(Executor(env, io).run(plan))

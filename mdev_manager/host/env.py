@@ -84,6 +84,11 @@ class HostEnv:
         return self.state_root / "vendor-vfio.json"
 
     @property
+    def mig_state(self) -> Path:
+        """The GPU instances a layout keeps (a reboot loses them; restore re-creates them)."""
+        return self.state_root / "mig.json"
+
+    @property
     def passthrough_state(self) -> Path:
         """The functions a layout bound to vfio-pci (a reboot forgets them; restore rebinds them)."""
         return self.state_root / "passthrough.json"

@@ -434,11 +434,14 @@ def test_type_refs_by_id_full_and_short_name(sim, t4):
         assert [c.type_id for c in of(plan, CreateMdev)] == [tid("T4", "T4-2Q")] * 2
 
 
-def test_mig_backed_types_are_refused(make_sim):
+def test_mig_backed_types_need_a_gpu_with_mig(make_sim):
+    """A100 types on a GPU whose NVML reports no MIG (the driver is not loaded, or no NVML)."""
     sim = make_sim("a100-node")
+    inv = sim.discover()
+    inv.gpus[0].mig = None
     with pytest.raises(ConfigError) as e:
-        make_plan(sim.discover(), layout({"index": 0, "vgpus": {"A100-1-5C": 1}}))
-    assert "MIG" in e.value.problems[0] and e.value.problems[0].startswith("gpus[0].vgpus.A100-1-5C")
+        make_plan(inv, layout({"index": 0, "vgpus": {"A100-1-5C": 1}}))
+    assert "no MIG" in e.value.problems[0] and e.value.problems[0].startswith("gpus[0].vgpus")
 
 
 def test_all_problems_reported_together(sim):

@@ -1,0 +1,241 @@
+"""MIG-backed vGPUs in a layout: MIG mode, GPU instances at placements, one vGPU on each. Pure.
+
+NVIDIA's vGPU user guide ("MIG-backed vGPUs"): a MIG-backed type (``A100-3-20C``) takes one GPU
+instance of its profile (``3g.20gb``) whole; MIG mode is switched while the GPU holds nothing;
+the GPU instances are created (``nvidia-smi mig -cgi``, NVML's
+``nvmlDeviceCreateGpuInstanceWithPlacement``) before the vGPUs on the VFs. Time-sliced and
+MIG-backed vGPUs never share a GPU. The rules kept here, as in :mod:`.plan`:
+
+* vGPUs the layout wants stay, with their GPU instances; a vGPU or GPU instance in use is never
+  removed; a free GPU instance of a wanted profile is reused before a new one is placed;
+* new GPU instances go where they fit beside the kept ones (a search over NVML's possible
+  placements, so fragmentation is worked around where a placement exists at all);
+* creating or destroying a GPU instance is structural: the node is discovered again (the new
+  instance's id, and the types it makes creatable) before the vGPUs are planned;
+* the GPU instances holding the layout's vGPUs are recorded (:class:`SaveMigRecord`), so
+  ``restore`` re-creates them at the same placements after a reboot.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from typing import Callable, Iterable
+
+from mdev_manager.actions import (CreateGpuInstance, CreateMdev, DestroyGpuInstance, Plan, RemoveDefinition, SaveDefinition,
+                                  SaveMigRecord, SaveVendorRecord, SetMigMode, SetVgpuType, Skip)
+from mdev_manager.models import Gpu, GpuInstanceProfile, MdevDefinition, MigPlacement, MigState, Usage, VgpuType
+from mdev_manager.names import mig_profile_of
+from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
+
+ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")
+
+
+def profile_of(mig: MigState | None, t: VgpuType) -> GpuInstanceProfile | None:
+    """The GPU-instance profile a MIG-backed type takes, as the GPU's NVML lists it."""
+    name = t.gpu_instance_profile or mig_profile_of(t.name)
+    return mig.profile(name) if mig and name else None
+
+
+def full_profile(mig: MigState) -> GpuInstanceProfile:
+    """The profile spanning the whole GPU: its engines are the GPU's (NVIDIA's DRA driver takes
+    each counter's total as the maximum over the profiles, which is this one)."""
+    return max(mig.profiles, key=lambda p: (p.slices, p.memory_mib, p.multiprocessors))
+
+
+def engines_fit(mig: MigState, profiles: Iterable[GpuInstanceProfile]) -> bool:
+    chosen = list(profiles)
+    full = full_profile(mig)
+    return all(sum(getattr(p, e) for p in chosen) <= getattr(full, e) for e in ENGINES)
+
+
+def place(mig: MigState, taken: list[tuple[GpuInstanceProfile, MigPlacement]],
+          need: list[GpuInstanceProfile]) -> list[MigPlacement] | None:
+    """A placement for each of ``need`` beside ``taken`` (in ``need``'s order), or None.
+
+    Backtracking over each profile's possible placements, widest profiles first, lowest start
+    first: at most 7 instances over 8 slices, so the search is tiny and exact.
+    """
+    if not engines_fit(mig, [p for p, _ in taken] + need):
+        return None
+    used: set[int] = {s for _, pl in taken for s in pl.slices}
+    count: dict[int, int] = {}
+    for p, _ in taken:
+        count[p.id] = count.get(p.id, 0) + 1
+    order = sorted(range(len(need)), key=lambda i: (-max(pl.size for pl in need[i].placements), need[i].id))
+    chosen: dict[int, MigPlacement] = {}
+
+    def search(k: int) -> bool:
+        if k == len(order):
+            return True
+        i = order[k]
+        p = need[i]
+        if count.get(p.id, 0) >= p.instances:
+            return False
+        for pl in p.placements:
+            slices = set(pl.slices)
+            if used & slices:
+                continue
+            used.update(slices)
+            count[p.id] = count.get(p.id, 0) + 1
+            chosen[i] = pl
+            if search(k + 1):
+                return True
+            used.difference_update(slices)
+            count[p.id] -= 1
+        return False
+
+    return [chosen[i] for i in range(len(need))] if search(0) else None
+
+
+def check_mig_layout(gpu: Gpu, wanted: list[tuple[VgpuType, int]], where: str, label: str) -> list[str]:
+    """Problems with a layout's MIG-backed types on ``gpu`` (each naming ``where``)."""
+    mig_types = [(t, n) for t, n in wanted if t.mig_backed and n > 0]
+    if not mig_types:
+        return []
+    if gpu.mig is None:
+        return [f"{where}: {mig_types[0][0].name} is MIG-backed; {label} has no MIG (NVML reports none for it)"]
+    if any(not t.mig_backed and n > 0 for t, n in wanted):
+        return [f"{where}: {label} holds MIG-backed or time-sliced vGPUs, never both; list only one kind"]
+    need: list[GpuInstanceProfile] = []
+    for t, n in mig_types:
+        prof = profile_of(gpu.mig, t)
+        if prof is None:
+            return [f"{where}.{t.short_name}: {label} has no GPU-instance profile {mig_profile_of(t.name)!r} "
+                    f"for it; its profiles are {', '.join(p.name for p in gpu.mig.profiles)}"]
+        need += [prof] * n
+    if place(gpu.mig, [], need) is None:
+        detail = " + ".join(f"{n} x {t.short_name} ({profile_of(gpu.mig, t).name})" for t, n in mig_types)
+        return [f"{where}: {detail} do not fit on {label}: no placement of these GPU instances exists "
+                f"(NVML's placements, {gpu.mig.memory_slices} memory slices); see `nvidia-smi mig -lgipp`"]
+    return []
+
+
+def _record(gpu: Gpu, mig: MigState, holders: dict[int, str]) -> list[dict]:
+    by_id = {g.id: g for g in mig.instances}
+    return sorted(({"profile": by_id[i].profile_id, "start": by_id[i].placement.start,
+                    "size": by_id[i].placement.size, "vgpu": v} for i, v in holders.items() if i in by_id),
+                  key=lambda e: e["start"])
+
+
+def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definitions: Iterable[MdevDefinition],
+             records: dict[str, str], saved_mig: list[dict] | None,
+             new_uuid: Callable[[], str] = lambda: str(uuidlib.uuid4())) -> bool:
+    """Steps taking a MIG-capable GPU to ``wanted`` (type id -> count): MIG-backed types put it in
+    MIG mode; time-sliced ones take it out (both only while nothing is in use). False when the GPU
+    stays out of MIG mode: its time-sliced vGPUs are :mod:`.plan`'s."""
+    mig = gpu.mig
+    assert mig is not None
+    types = {t.id: t for t in gpu.types}
+    want_mig = any(types[tid].mig_backed for tid, n in wanted.items() if n > 0 and tid in types)
+    if want_mig != mig.enabled and (want_mig or any(n > 0 for n in wanted.values())):
+        _switch_mode(plan, gpu, usage, definitions, records, want_mig)
+        return True
+    if not mig.enabled:
+        return False
+    parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
+    saved_ids = {d.uuid for d in definitions if d.parent in parents} | {vf for vf in records if vf in parents}
+    keep, busy, drop = split_existing(plan, gpu.vgpus, wanted, usage, saved_ids, "removed")
+    for v in drop:
+        plan.actions += [clear_step(gpu, v)] + ([forget_step(gpu, v)] if v.id in saved_ids else [])
+    holding = {v.gpu_instance: v.id for v in keep + busy if v.gpu_instance is not None}
+    free = [g for g in mig.instances if g.id not in holding]
+    # what each wanted type still needs, served first by free instances of its profile
+    need: list[tuple[VgpuType, GpuInstanceProfile]] = []
+    for tid, n in sorted(wanted.items()):
+        t = types.get(tid)
+        prof = profile_of(mig, t) if t else None
+        if t is None or prof is None:
+            continue
+        need += [(t, prof)] * (n - sum(1 for v in keep if v.type_id == tid))
+    reuse: dict[int, tuple[VgpuType, GpuInstanceProfile]] = {}
+    fresh: list[tuple[VgpuType, GpuInstanceProfile]] = []
+    for t, prof in need:
+        gi = next((g for g in free if g.profile_id == prof.id and g.id not in reuse), None)
+        if gi is None:
+            fresh.append((t, prof))
+        else:
+            reuse[gi.id] = (t, prof)
+    structural = False
+    for g in free:
+        if g.id not in reuse:
+            prof = mig.profile(g.profile_id)
+            plan.actions.append(DestroyGpuInstance(gpu=gpu.address, gpu_instance=g.id, start=g.placement.start,
+                                                   profile=prof.name if prof else str(g.profile_id)))
+            structural = True
+    if fresh:
+        taken = [(mig.profile(g.profile_id), g.placement) for g in mig.instances
+                 if g.id in holding or g.id in reuse]
+        spots = place(mig, taken, [p for _, p in fresh])
+        if spots is None:
+            plan.skipped.append(Skip(device=gpu.address, reason=(
+                f"{len(fresh)} GPU instance(s) ({', '.join(p.name for _, p in fresh)}) not created: no placement "
+                "left beside the GPU instances kept (in use or wanted); they are created once those are released")))
+        else:
+            for (_, prof), pl in zip(fresh, spots):
+                plan.actions.append(CreateGpuInstance(gpu=gpu.address, profile_id=prof.id, profile=prof.name,
+                                                      start=pl.start, size=pl.size))
+            structural = True
+    if structural:
+        return True  # discovered again: the vGPUs are planned on the instances as they are then
+    creates = Plan()
+    created = _create_vgpus(creates, gpu, reuse, keep + busy, records, new_uuid)
+    kept_ids = {v.id for v in keep}
+    record = _record(gpu, mig, {**{i: v for i, v in holding.items() if v in kept_ids}, **created})
+    if record != (saved_mig or []):  # before the vGPUs: a crash between leaves a record restore completes
+        plan.actions.append(SaveMigRecord(gpu=gpu.address, instances=record))
+    plan.actions += creates.actions
+    plan.skipped += creates.skipped
+    # saved vGPUs the layout no longer has (dormant after a reboot, or replaced): forgotten
+    live = kept_ids | set(created.values()) | {v.id for v in busy} | {v.id for v in drop}
+    for vf in sorted(vf for vf in records if vf in parents and vf not in live):
+        plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
+    for d in definitions:
+        if d.parent in parents and d.uuid not in live:
+            plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
+    return True
+
+
+def _create_vgpus(plan: Plan, gpu: Gpu, reuse: dict, kept: list, records: dict[str, str],
+                  new_uuid: Callable[[], str]) -> dict[int, str]:
+    """One vGPU on each reused GPU instance, each on a free VF; returns GPU instance -> vGPU id."""
+    holding_vfs = {v.parent for v in kept}
+    free_vfs = [vf.address for vf in gpu.vfs if vf.address not in holding_vfs]
+    created: dict[int, str] = {}
+    for gi_id, (t, _prof) in sorted(reuse.items()):
+        if not free_vfs:
+            plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: no free VF left"))
+            break
+        vf = free_vfs.pop(0)
+        if t.framework == "vendor-vfio":
+            if records.get(vf) != t.id:
+                plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=t.id))
+            plan.actions.append(SetVgpuType(gpu=gpu.address, vf=vf, type_id=t.id, gpu_instance=gi_id))
+            created[gi_id] = vf
+        else:
+            uid = new_uuid()
+            plan.actions += [SaveDefinition(gpu=gpu.address, parent=vf, uuid=uid, type_id=t.id),
+                             CreateMdev(gpu=gpu.address, parent=vf, uuid=uid, type_id=t.id)]
+            created[gi_id] = uid
+    return created
+
+
+def _switch_mode(plan: Plan, gpu: Gpu, usage: Usage, definitions, records, enable: bool) -> None:
+    """Everything on the GPU goes (nothing of it in use), then the mode switches."""
+    busy = [v for v in gpu.vgpus if vgpu_users(v, usage) or usage.claims_of(v.id)]
+    if busy:
+        for v in busy:
+            plan.skipped.append(Skip(device=v.id, reason=f"in use ({'; '.join(vgpu_users(v, usage) or usage.claims_of(v.id))})"))
+        plan.skipped.append(Skip(device=gpu.address, reason=(
+            f"MIG mode {'enabled' if enable else 'disabled'} once its {len(busy)} vGPU(s) in use are released")))
+        return
+    parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
+    saved = {d.uuid for d in definitions if d.parent in parents} | {vf for vf in records if vf in parents}
+    for v in gpu.vgpus:
+        plan.actions += [clear_step(gpu, v)] + ([forget_step(gpu, v)] if v.id in saved else [])
+    if gpu.mig and gpu.mig.enabled:
+        for g in gpu.mig.instances:
+            prof = gpu.mig.profile(g.profile_id)
+            plan.actions.append(DestroyGpuInstance(gpu=gpu.address, gpu_instance=g.id, start=g.placement.start,
+                                                   profile=prof.name if prof else str(g.profile_id)))
+        plan.actions.append(SaveMigRecord(gpu=gpu.address, instances=[]))
+    plan.actions.append(SetMigMode(gpu=gpu.address, enabled=enable))

@@ -1,0 +1,63 @@
+"""The vGPU steps both planners share (time-sliced in :mod:`.plan`, MIG-backed in :mod:`.migplan`):
+who uses a vGPU, the steps that remove or forget one, and which existing vGPUs a layout keeps."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from mdev_manager.actions import Plan, RemoveDefinition, RemoveMdev, SaveVendorRecord, SetVgpuType, Skip
+from mdev_manager.models import Gpu, Usage, Vgpu
+
+
+def vgpu_users(v: Vgpu, usage: Usage) -> list[str]:
+    if v.framework == "mdev":
+        return usage.mdev_users(v.id, v.iommu_group)
+    return usage.pci_users(v.id, v.iommu_group)
+
+
+def clear_step(gpu: Gpu, v: Vgpu):
+    """The step that removes vGPU ``v`` from the host (an mdev, or a VF's vendor-VFIO type)."""
+    if v.framework == "mdev":
+        return RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id)
+    return SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0")
+
+
+def forget_step(gpu: Gpu, v: Vgpu):
+    """The step that forgets the layout's saved record of vGPU ``v`` (definition or vendor record)."""
+    if v.framework == "mdev":
+        return RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id)
+    return SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None)
+
+
+def keep_order(v: Vgpu, users: list[str], saved: set[str]) -> tuple:
+    """Which existing vGPUs to keep first: in use, then already persisted, then by id."""
+    return (not users, v.id not in saved, v.id)
+
+
+def split_existing(plan: Plan, vgpus: list[Vgpu], wanted: dict[str, int], usage: Usage, saved: set[str],
+                    verb: str) -> tuple[list[Vgpu], list[Vgpu], list[Vgpu]]:
+    """(kept as wanted, kept because in use, to remove) over a GPU's existing vGPUs, per type.
+
+    Shared by both frameworks: the surplus that something uses stays and is reported.
+    """
+    by_type: dict[str, list[Vgpu]] = defaultdict(list)
+    keep, busy, drop = [], [], []
+    for v in vgpus:
+        if claims := usage.claims_of(v.id):  # a DRA claim's, never the layout's: left to the claim
+            busy.append(v)
+            plan.skipped.append(Skip(device=v.id, reason=f"not {verb}: made for {'; '.join(claims)}, "
+                                                         "not part of the layout"))
+        else:
+            by_type[v.type_id].append(v)
+    for tid, lst in by_type.items():
+        users = {v.id: vgpu_users(v, usage) for v in lst}
+        lst.sort(key=lambda v: keep_order(v, users[v.id], saved))
+        want = wanted.get(tid, 0)
+        keep += lst[:want]
+        for v in lst[want:]:
+            if users[v.id]:
+                busy.append(v)
+                plan.skipped.append(Skip(device=v.id, reason=f"not {verb}: in use ({'; '.join(users[v.id])})"))
+            else:
+                drop.append(v)
+    return keep, busy, drop
