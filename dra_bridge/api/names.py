@@ -69,6 +69,15 @@ def vgpu_device_name(gpu_index: int, type_part: str, k: int) -> str:
     return fit_dns_label(f"gpu-{gpu_index}-vgpu-", type_part, f"-{k}")
 
 
+def mig_device_name(gpu_index: int, profile: str, profile_id: int, start: int) -> str:
+    """A MIG-backed vGPU's placement, named as NVIDIA's DRA driver names MIG devices
+    (kubernetes-sigs/dra-driver-nvidia-gpu, ``MigSpecTuple.ToCanonicalName``):
+    ``gpu-<i>-mig-<profile without dots, '+' as '-'>-<GI profile id>-<placement start>``
+    (``gpu-0-mig-3g20gb-9-4``); the id tells ``+me`` and ``-me`` profiles apart."""
+    pname = re.sub(r"[^a-z0-9-]+", "-", profile.lower().replace(".", "")).strip("-")
+    return fit_dns_label(f"gpu-{gpu_index}-mig-", pname, f"-{profile_id}-{start}")
+
+
 def compatibility_group(fb_mib: int) -> str:
     """The equal-size group of a vGPU type: one group per framebuffer size."""
     return f"fb-{fb_mib}"

@@ -60,6 +60,12 @@ class PreparedDeviceRecord(BaseModel):
     rebound: list[str] = []  # functions this prepare moved to vfio-pci (passthrough)
     vfs_disabled: int = 0  # SR-IOV VFs this prepare turned off to pass the GPU through
     cdi_ids: list[str] = []
+    # MIG-backed: the GPU instance prepare creates for the vGPU (profile id and placement: its
+    # intent, on disk before the create), and its id once made
+    gi_profile: int | None = None
+    gi_start: int | None = None
+    gi_size: int | None = None
+    gpu_instance: int | None = None
 
     @field_validator("device")
     @classmethod

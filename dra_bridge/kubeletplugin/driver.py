@@ -38,8 +38,9 @@ from dra_bridge.kubeletplugin import cdi, metadata, recovery
 from dra_bridge.kubeletplugin.checkpoint import (Checkpoint, CheckpointCorrupt, CheckpointStore, ClaimRecord,
                                                  PreparedDeviceRecord)
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
-from dra_bridge.kubeletplugin.effects import (PrepareError, bind_passthrough, create_vgpu, passthrough_moves, plan_vgpu,
-                                              read_one_gpu, release_passthrough, remove_vgpu, device_present)
+from dra_bridge.kubeletplugin.effects import (PrepareError, bind_passthrough, create_instance, create_vgpu,
+                                              passthrough_moves, plan_mig_vgpu, plan_vgpu, read_one_gpu,
+                                              release_passthrough, remove_vgpu, device_present)
 from dra_bridge.kubeletplugin.overlap import overlap
 from dra_bridge.kubeletplugin.paths import (PluginPaths, UnsafeName, check_label, check_name, check_namespace,
                                             check_request, check_uid)
@@ -262,7 +263,11 @@ class Driver:
                 if gpu.framework == "vendor-vfio" and avoid is None:  # read once, only where a VF is the id
                     avoid = set(persist.load_vendor_vfio(self.env, self.io))
                 try:
-                    rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
+                    if dev.placement is not None:
+                        rec = plan_mig_vgpu(gpu, rec, dev.placement, dev.gpu_instance_profile, taken,
+                                            prefer.get(dev.name), avoid or set())
+                    else:
+                        rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
                 except PrepareError as exc:
                     raise PrepareError(f"{where}: {exc}") from None
             records.append(rec)
@@ -272,6 +277,9 @@ class Driver:
         """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""
         for d in rec.devices:
             if d.kind == "vgpu":
+                if d.gi_profile is not None:
+                    create_instance(self.ex, d)
+                    self.store.save(self.cp)  # the instance's id, before its vGPU (crash safety)
                 create_vgpu(self.ex, gpus[(d.gpu, d.type_id)], d)
             else:
                 gpu = gpus[d.gpu]

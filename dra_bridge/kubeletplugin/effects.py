@@ -7,6 +7,7 @@ touch the kernel the same way.
 
 from __future__ import annotations
 
+import errno
 import uuid as uuidlib
 
 from mdev_manager.discovery import read_function, read_gpu
@@ -14,7 +15,8 @@ from mdev_manager.host.env import HostEnv
 from mdev_manager.actions import DisableVfs, EnableVfs
 from mdev_manager.executor import Executor
 from mdev_manager.host.io import HostIO, link_name
-from mdev_manager.models import Gpu
+from mdev_manager.host.nvml import NVML_ERROR_NOT_FOUND, Mig, NvmlError
+from mdev_manager.models import Gpu, MigPlacement
 from mdev_manager.plan import native_driver
 
 from dra_bridge.kubeletplugin.checkpoint import PreparedDeviceRecord
@@ -54,9 +56,21 @@ def choose_parent(gpu: Gpu, type_id: str, taken: set[str], first: str | None = N
     raise PrepareError(f"GPU {gpu.address} cannot create {offered.name} now: {why}")
 
 
+def create_instance(ex: Executor, rec: PreparedDeviceRecord) -> None:
+    """A MIG-backed vGPU's GPU instance, at the allocated placement (NVML
+    ``nvmlDeviceCreateGpuInstanceWithPlacement``); its id goes into the record."""
+    if rec.gi_profile is None or rec.gpu_instance is not None:
+        return
+    try:
+        rec.gpu_instance = Mig(ex.io.nvml()).create(rec.gpu, rec.gi_profile, rec.gi_start, rec.gi_size)
+    except NvmlError as exc:
+        raise PrepareError(f"GPU {rec.gpu}: GPU instance (profile {rec.gi_profile}) at memory slices "
+                           f"{rec.gi_start}-{rec.gi_start + rec.gi_size - 1} not created: {exc}") from None
+
+
 def create_vgpu(ex: Executor, gpu: Gpu, rec: PreparedDeviceRecord) -> None:
     if rec.framework == "vendor-vfio":
-        ex.set_vgpu_type(rec.parent, rec.type_id)
+        ex.set_vgpu_type(rec.parent, rec.type_id, rec.gpu_instance)
     else:
         ex.create_mdev(rec.parent, rec.type_id, rec.vgpu_id)
 
@@ -68,6 +82,53 @@ def remove_vgpu(ex: Executor, env: HostEnv, io: HostIO, rec: PreparedDeviceRecor
             ex.set_vgpu_type(rec.parent, "0")
     elif rec.vgpu_id:
         ex.remove_mdev(rec.parent, rec.vgpu_id)
+    remove_instance(ex, rec)
+
+
+def remove_instance(ex: Executor, rec: PreparedDeviceRecord) -> None:
+    """The GPU instance prepare made, once no vGPU lives on it (NVML refuses it otherwise): found by
+    its placement, so a crash before its id was recorded, or a reboot, leaves nothing behind."""
+    if rec.gi_profile is None:
+        return
+    mig = Mig(ex.io.nvml())
+    try:
+        state = mig.state(rec.gpu)
+        for gi in (state or {}).get("instances", []):
+            if gi["profile_id"] == rec.gi_profile and gi["placement"]["start"] == rec.gi_start:
+                mig.destroy(rec.gpu, gi["id"])
+    except NvmlError as exc:
+        if exc.code != NVML_ERROR_NOT_FOUND:
+            raise OSError(errno.EBUSY, f"GPU instance at slice {rec.gi_start} of {rec.gpu}: {exc}") from None
+
+
+def plan_mig_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, placement: MigPlacement, profile_id: int, taken: set[str],
+                  prefer: PreparedDeviceRecord | None = None, avoid: set[str] = frozenset()) -> PreparedDeviceRecord:
+    """A MIG-backed vGPU: its GPU instance at the allocated placement, then the vGPU on a free VF."""
+    if gpu.mig is None or not gpu.mig.enabled:
+        raise PrepareError(f"GPU {gpu.address} is not in MIG mode; {rec.device} cannot be made")
+    slices = set(placement.slices)
+    clash = next((g for g in gpu.mig.instances if slices & set(g.placement.slices)), None)
+    if clash is not None:
+        raise PrepareError(f"GPU {gpu.address}: memory slices {placement.start}-{placement.start + placement.size - 1} "
+                           f"are held by GPU instance {clash.id}" + (f" ({clash.vgpu})" if clash.vgpu else ""))
+    busy = {v.parent for v in gpu.vgpus} | taken
+    first = prefer.parent if prefer else None
+    vfs = sorted((vf.address for vf in gpu.vfs if vf.address not in busy),
+                 key=lambda a: (a != first, a in avoid, a))
+    if not vfs:
+        raise PrepareError(f"GPU {gpu.address} has no free VF for {rec.device}")
+    parent = vfs[0]
+    taken.add(parent)
+    framework = "vendor-vfio" if gpu.framework == "vendor-vfio" else "mdev"
+    if framework == "vendor-vfio":
+        vgpu_id = parent
+    elif prefer is not None and prefer.vgpu_id and prefer.framework == "mdev":
+        vgpu_id = prefer.vgpu_id
+    else:
+        vgpu_id = str(uuidlib.uuid4())
+    return rec.model_copy(update={"framework": framework, "parent": parent, "vgpu_id": vgpu_id,
+                                  "gi_profile": profile_id, "gi_start": placement.start,
+                                  "gi_size": placement.size, "gpu_instance": None})
 
 
 def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str],

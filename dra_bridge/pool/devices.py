@@ -13,14 +13,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from fractions import Fraction
-from typing import Any, Iterable, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any, Iterable
 
 from mdev_manager.models import Gpu, Inventory, VgpuType
-from mdev_manager.names import check_pci_address, framebuffer_mib_from_name, short_type_name, type_series
+from mdev_manager.names import short_type_name, type_series
 
-from dra_bridge.api.k8sname import dns_safe, is_dns_subdomain, truncate_utf8
+from dra_bridge.api.k8sname import dns_safe, is_dns_subdomain
 from dra_bridge.api.names import (
     DEFAULT_DRIVER,
     compatibility_group,
@@ -30,210 +28,16 @@ from dra_bridge.api.names import (
     vgpu_device_name,
 )
 from dra_bridge.api.quantity import parse_quantity
+from dra_bridge.pool.mig import add_mig_gpu
+from dra_bridge.pool.model import (  # noqa: F401  re-exported: the pool's data is read from here
+    ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, MAX_ATTRS_AND_CAPACITY, AttrKey, AttrValue, Consumption, CounterSet, GpuPolicy,
+    Pool, PoolDevice, PoolPolicy, _hex_id, _is_nvidia, attr_bool, attr_int, attr_string, attr_version, format_kib,
+    format_mib, gpu_framebuffer_mib, gpu_vgpu_limit, type_framebuffer_mib, type_max_instances)
 
 #: Kubernetes version from which ``consumesCounters[].compatibilityGroups`` exists.
 COMPATIBILITY_GROUPS_SINCE = (1, 37)
 #: Oldest Kubernetes version with ``resource.k8s.io/v1``.
 OLDEST_SERVER = (1, 34)
-
-ATTR_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
-ATTR_PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
-
-MAX_ATTRS_AND_CAPACITY = 32
-
-AttrKey = Literal["string", "int", "bool", "version"]
-#: A device attribute value: exactly one of ``{"string": s}``, ``{"int": i}``, ``{"bool": b}``,
-#: ``{"version": semver}`` (the ResourceSlice wire form).
-AttrValue = dict[AttrKey, str | int | bool]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-# --------------------------------------------------------------------------- policy
-
-
-class GpuPolicy(_Model):
-    """What one physical GPU offers through DRA."""
-
-    passthrough: bool = Field(
-        True,
-        description="offer the whole GPU (vfio-pci passthrough); it consumes all of the GPU's "
-        "counters, so it is only allocatable while no vGPU of that GPU is allocated",
-    )
-    vgpu_types: list[str] | None = Field(
-        None,
-        description="types to offer, by id, full name or short name (in priority order); "
-        "None = every time-sliced type the GPU offers (MIG-backed types are never offered: "
-        "they need MIG, not supported yet); [] = no vGPUs",
-    )
-    equal_size_fb_mib: int | None = Field(
-        None,
-        gt=0,
-        description="framebuffer size (MiB) the node manager configured the GPU for; on servers "
-        "< 1.37 only types of this size are published",
-    )
-    mixed_size: bool = Field(
-        False,
-        description="the GPU runs in mixed-size mode: vGPUs of different framebuffer sizes may "
-        "share it (no equal-size restriction, no compatibility groups)",
-    )
-
-
-class PoolPolicy(_Model):
-    """Per-GPU offer, keyed by the GPU's PCI address; ``others`` applies to unlisted GPUs."""
-
-    gpus: dict[str, GpuPolicy] = Field(default_factory=dict)
-    others: GpuPolicy | None = Field(None, description="policy for GPUs not in `gpus`; None = not offered")
-
-    @field_validator("gpus")
-    @classmethod
-    def _normalise_addresses(cls, v: dict[str, GpuPolicy]) -> dict[str, GpuPolicy]:
-        out: dict[str, GpuPolicy] = {}
-        for addr, pol in v.items():
-            key = check_pci_address(addr, "gpus")
-            if key in out:
-                raise ValueError(f"gpus: {addr!r} listed twice")
-            out[key] = pol
-        return out
-
-    @classmethod
-    def default(cls, *, passthrough: bool = True) -> PoolPolicy:
-        """Offer everything: every GPU, every time-sliced type, and (unless turned off) passthrough.
-
-        Passthrough is a flag, not inferred from the vGPUs present: the GPU's counter set already
-        keeps the scheduler from allocating the whole GPU while any of its vGPUs is allocated,
-        and inferring it would make the published pool flap as claims come and go.
-        """
-        return cls(others=GpuPolicy(passthrough=passthrough))
-
-    def for_gpu(self, address: str) -> GpuPolicy | None:
-        return self.gpus.get(address.lower(), self.others)
-
-
-# --------------------------------------------------------------------------- pool
-
-
-class CounterSet(_Model):
-    name: str
-    counters: dict[str, int | str]
-
-
-class Consumption(_Model):
-    counter_set: str
-    counters: dict[str, str]
-    compatibility_groups: list[str] = Field(
-        default_factory=list, description="published only to servers >= 1.37 (at most 2)"
-    )
-
-
-class PoolDevice(_Model):
-    name: str
-    attributes: dict[str, AttrValue] = Field(default_factory=dict)
-    capacity: dict[str, str] = Field(default_factory=dict)
-    consumes: list[Consumption] = Field(default_factory=list)
-    gpu: str = Field(description="PCI address of the physical GPU (PF)")
-    kind: Literal["vgpu", "passthrough"]
-    type_id: str | None = None
-
-
-class Pool(_Model):
-    counter_sets: list[CounterSet] = Field(default_factory=list)
-    devices: list[PoolDevice] = Field(default_factory=list)
-    warnings: list[str] = Field(default_factory=list, description="what was left out, and why")
-
-    def device(self, name: str) -> PoolDevice | None:
-        return next((d for d in self.devices if d.name == name), None)
-
-    def counter_set(self, name: str) -> CounterSet | None:
-        return next((c for c in self.counter_sets if c.name == name), None)
-
-    def devices_of(self, counter_set: str) -> list[PoolDevice]:
-        return [d for d in self.devices if any(c.counter_set == counter_set for c in d.consumes)]
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _hex_id(value: str) -> str:
-    v = value.strip().lower()
-    v = v[2:] if v.startswith("0x") else v
-    return "0x" + v.zfill(4)
-
-
-def format_mib(mib: int) -> str:
-    """A framebuffer size as a binary Quantity: ``16Gi``, ``1536Mi``."""
-    return format_kib(mib * 1024)
-
-
-def format_kib(kib: int) -> str:
-    if kib % (1024 * 1024) == 0:
-        return f"{kib // (1024 * 1024)}Gi"
-    if kib % 1024 == 0:
-        return f"{kib // 1024}Mi"
-    return f"{kib}Ki"
-
-
-def attr_string(v: str) -> AttrValue:
-    return {"string": truncate_utf8(v)}
-
-
-def attr_int(v: int) -> AttrValue:
-    return {"int": int(v)}
-
-
-def attr_bool(v: bool) -> AttrValue:
-    return {"bool": bool(v)}
-
-
-def attr_version(v: str) -> AttrValue:
-    return {"version": v}
-
-
-def type_framebuffer_mib(t: VgpuType) -> int | None:
-    return t.framebuffer_mib or framebuffer_mib_from_name(t.name)
-
-
-def gpu_framebuffer_mib(gpu: Gpu) -> int | None:
-    """The GPU's framebuffer, from its types (the inventory has no field for it).
-
-    The largest of ``framebuffer_mib`` and ``framebuffer_mib * max_instances`` over every type
-    the GPU lists (MIG-backed ones count only by their own size): the full-size type (max 1) carries the whole
-    framebuffer, and no type can pack more than the board has. Taking the product alone would
-    under-count boards whose instance cap is below framebuffer / size (L40S-1Q: 32 x 1 GiB on 48 GiB).
-    """
-    best: int | None = None
-    for t in gpu.types:
-        fb = type_framebuffer_mib(t)
-        if not fb:
-            continue
-        packed = fb if type_is_mig_backed(t) else fb * (t.max_instances or 1)
-        best = max(best or 0, fb, packed)
-    return best
-
-
-def type_max_instances(t: VgpuType, gpu_fb_mib: int | None) -> int | None:
-    if t.max_instances:
-        return t.max_instances
-    fb = type_framebuffer_mib(t)
-    if fb and gpu_fb_mib:
-        return gpu_fb_mib // fb or None
-    return None
-
-
-def gpu_vgpu_limit(gpu: Gpu) -> int:
-    """How many vGPUs the board admits at once: the largest ``max_instances`` of any type,
-    capped by the VF count on SR-IOV boards (one VF per vGPU)."""
-    most = max((t.max_instances or 0 for t in gpu.types), default=0)
-    if gpu.framework in ("mdev-sriov", "vendor-vfio") and gpu.sriov_total_vfs:
-        most = min(most, gpu.sriov_total_vfs) if most else gpu.sriov_total_vfs
-    return max(most, 1)
-
-
-def _is_nvidia(gpu: Gpu) -> bool:
-    return _hex_id(gpu.vendor_id) == "0x10de"
-
 
 # --------------------------------------------------------------------------- build
 
@@ -329,6 +133,9 @@ def _equal_size_choice(
 
 
 def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None) -> None:
+    if gpu.mig is not None and gpu.mig.enabled:
+        add_mig_gpu(pool, gpu, pol, _common_attributes(gpu, pcie_root))
+        return
     warnings = pool.warnings
     total_fb = gpu_framebuffer_mib(gpu)
     equal_size = _is_nvidia(gpu) and not pol.mixed_size

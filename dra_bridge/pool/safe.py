@@ -5,7 +5,9 @@ slices without ``sharedCounters`` and ``consumesCounters``: every device is then
 the scheduler, which could allocate a whole GPU together with its vGPUs, or vGPU slots of several
 types (or sizes) that no GPU can hold at once. What stays safe is what holds without counters:
 per physical GPU, either the whole GPU, or the slots of *one* vGPU type (a type's slots number its
-maximum instances, so any subset of them is creatable) — never both, and never two types. A GPU
+maximum instances, so any subset of them is creatable; a MIG-backed type's slots are its profile's
+placements, which never overlap one another, cut to the profile's instance count) — never both,
+and never two types. A GPU
 gets the slots of the type it already holds vGPUs of, else of the first type its policy offers;
 the whole GPU only when it offers no vGPU type. The counter sets are left out too (the server
 would drop them anyway). Pure: the agent applies it when it has found the counters dropped.
@@ -35,6 +37,10 @@ def without_counters(pool: Pool, inventory: Inventory) -> Pool:
             offered = list(dict.fromkeys(d.type_id for d in vgpus))
             chosen = next((t for t in offered if t in held), offered[0])
             keep = [d for d in vgpus if d.type_id == chosen]
+            if keep[0].placement is not None:
+                # MIG-backed: one profile's placements never overlap one another, but the profile
+                # may have fewer instances than placements (one "+me" per GPU): that many at most
+                keep = keep[:keep[0].profile_instances or len(keep)]
             dropped = sorted({t for t in offered if t != chosen}) + (["the whole GPU"] if whole else [])
             if dropped:
                 out.warnings.append(f"GPU {addr}: the API server drops shared counters, so only vGPU type "

@@ -1,0 +1,133 @@
+"""The DRA devices of a GPU in MIG mode: one per (GPU-instance profile, placement), in NVIDIA's
+counter vocabulary, so MIG-backed vGPUs carry the claim semantics of physical MIG slices.
+
+As NVIDIA's DRA driver publishes MIG devices (kubernetes-sigs/dra-driver-nvidia-gpu,
+``cmd/gpu-kubelet-plugin``: ``partitions.go``, ``mig.go``): one counter set per physical GPU,
+``gpu-<i>-counter-set``, holding ``multiprocessors``, ``copy-engines``, ``decoders``, ``encoders``,
+``jpeg-engines``, ``ofa-engines`` and ``memory`` (bytes) at the full profile's values (the
+maximum over the profiles), and one ``memory-slice-<k>`` counter of 1 per memory slice. A
+placement device consumes its profile's values plus ``memory-slice-<k>`` for each slice it
+spans; the whole GPU consumes everything. Two placements that overlap, one profile beyond its
+engines (a second ``+me``), or the whole GPU beside any placement are thus never allocated
+together: exactly NVML's placement rules (checked exhaustively in the tests).
+
+The vGPU a placement's claim gets is the MIG-backed type of that profile (``A100-3-20C`` on
+``3g.20gb``; NVIDIA's user guide names each after the profile it takes whole). Pure.
+"""
+
+from __future__ import annotations
+
+from mdev_manager.models import Gpu, GpuInstanceProfile, MigState, VgpuType
+from mdev_manager.names import mig_profile_of, type_series
+
+from dra_bridge.api.names import counter_set_name, mig_device_name, passthrough_device_name, type_is_mig_backed
+from dra_bridge.pool.model import (ATTR_PCI_BUS_ID, AttrValue, Consumption, CounterSet, GpuPolicy, Pool, PoolDevice,
+                                   attr_bool, attr_int, attr_string, format_mib)
+
+#: NVIDIA's counter names for a profile's engines (camelToDNSName of NVML's field names), and the
+#: capacity names of a MIG device (camelCase), each with the profile field it counts.
+ENGINE_COUNTERS = (("multiprocessors", "multiprocessors", "multiprocessors"),
+                   ("copy-engines", "copyEngines", "copy_engines"),
+                   ("decoders", "decoders", "decoders"),
+                   ("encoders", "encoders", "encoders"),
+                   ("jpeg-engines", "jpegEngines", "jpeg_engines"),
+                   ("ofa-engines", "ofaEngines", "ofa_engines"))
+
+
+def memory_slice(k: int) -> str:
+    return f"memory-slice-{k}"
+
+
+def full_profile(mig: MigState) -> GpuInstanceProfile:
+    return max(mig.profiles, key=lambda p: (p.slices, p.memory_mib, p.multiprocessors))
+
+
+def gpu_counters(mig: MigState) -> dict[str, int | str]:
+    """The GPU's counter set: each engine and the memory at the full profile's values, one counter per memory slice."""
+    full = full_profile(mig)
+    out: dict[str, int | str] = {name: getattr(full, field) for name, _, field in ENGINE_COUNTERS}
+    out["memory"] = format_mib(full.memory_mib)
+    out.update({memory_slice(k): 1 for k in range(mig.memory_slices)})
+    return out
+
+
+def profile_consumption(prof: GpuInstanceProfile, start: int, size: int) -> dict[str, str]:
+    out = {name: str(getattr(prof, field)) for name, _, field in ENGINE_COUNTERS}
+    out["memory"] = format_mib(prof.memory_mib)
+    out.update({memory_slice(k): "1" for k in range(start, start + size)})
+    return out
+
+
+def mig_types(gpu: Gpu, pol: GpuPolicy, warnings: list[str]) -> dict[int, VgpuType]:
+    """GPU-instance profile id -> the MIG-backed type its placements offer (the policy's order
+    first; ``None`` in the policy: every MIG-backed type the GPU offers)."""
+    assert gpu.mig is not None
+    refs = pol.vgpu_types
+    if refs is None:
+        chosen = [t for t in gpu.types if type_is_mig_backed(t)]
+    else:
+        chosen = []
+        for ref in refs:
+            t = gpu.type_by_ref(ref)
+            if t is None or not type_is_mig_backed(t):
+                warnings.append(f"GPU {gpu.address}: {ref!r} is not a MIG-backed type of this GPU, which is in MIG "
+                                "mode; skipped")
+            elif t not in chosen:
+                chosen.append(t)
+    out: dict[int, VgpuType] = {}
+    for t in chosen:
+        prof = gpu.mig.profile(t.gpu_instance_profile or mig_profile_of(t.name) or "")
+        if prof is None:
+            warnings.append(f"GPU {gpu.address}: {t.short_name} needs GPU-instance profile "
+                            f"{mig_profile_of(t.name)!r}, which NVML does not list; skipped")
+            continue
+        out.setdefault(prof.id, t)
+    return out
+
+
+def add_mig_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, common: dict[str, AttrValue]) -> None:
+    """The counter set and devices of a GPU in MIG mode (see the module docstring)."""
+    mig = gpu.mig
+    assert mig is not None and mig.enabled
+    if not mig.profiles:
+        pool.warnings.append(f"GPU {gpu.address}: in MIG mode but NVML lists no GPU-instance profile; not offered")
+        return
+    cs = counter_set_name(gpu.index)
+    counters = gpu_counters(mig)
+    offered = mig_types(gpu, pol, pool.warnings)
+    if not offered and not pol.passthrough:
+        return
+    pool.counter_sets.append(CounterSet(name=cs, counters=counters))
+    full = full_profile(mig)
+    if pol.passthrough:
+        pool.devices.append(PoolDevice(
+            name=passthrough_device_name(gpu.index), kind="passthrough", gpu=gpu.address,
+            attributes={"type": attr_string("passthrough"), "profile": attr_string(gpu.model),
+                        "framework": attr_string("vfio-pci"), "migEnabled": attr_bool(True), **common,
+                        ATTR_PCI_BUS_ID: attr_string(gpu.address)},
+            capacity={"memory": format_mib(full.memory_mib)},
+            consumes=[Consumption(counter_set=cs, counters={k: str(v) for k, v in counters.items()})]))
+    for pid, t in sorted(offered.items(), key=lambda kv: (-mig.profile(kv[0]).slices, kv[0])):
+        prof = mig.profile(pid)
+        attrs: dict[str, AttrValue] = {
+            "type": attr_string("vgpu"),
+            "profile": attr_string(prof.name),
+            "vgpuType": attr_string(t.short_name),
+            "typeName": attr_string(t.name),
+            "typeId": attr_string(t.id),
+            "framework": attr_string(t.framework),
+            "migBacked": attr_bool(True),
+            **common,
+            "parentPciBusID": attr_string(gpu.address),
+        }
+        if (series := type_series(t.name)) is not None:
+            attrs["series"] = attr_string(series)
+        cap = {"memory": format_mib(prof.memory_mib),
+               **{cap_name: str(getattr(prof, field)) for _, cap_name, field in ENGINE_COUNTERS}}
+        for pl in prof.placements:
+            pool.devices.append(PoolDevice(
+                name=mig_device_name(gpu.index, prof.name, prof.id, pl.start), kind="vgpu", gpu=gpu.address,
+                type_id=t.id, gpu_instance_profile=prof.id, placement=pl, profile_instances=prof.instances,
+                attributes={**attrs, "placementStart": attr_int(pl.start), "placementSize": attr_int(pl.size)},
+                capacity=dict(cap),
+                consumes=[Consumption(counter_set=cs, counters=profile_consumption(prof, pl.start, pl.size))]))
