@@ -21,8 +21,9 @@ from __future__ import annotations
 import uuid as uuidlib
 from typing import Callable, Iterable
 
-from mdev_manager.actions import (CreateGpuInstance, CreateMdev, DestroyGpuInstance, Plan, RemoveDefinition, SaveDefinition,
-                                  SaveMigRecord, SaveVendorRecord, SetMigMode, SetVgpuType, Skip)
+from mdev_manager.actions import (CreateGpuInstance, CreateMdev, DestroyGpuInstance, Plan, RemoveDefinition,
+                                  RemoveMdev, SaveDefinition, SaveMigRecord, SaveVendorRecord, SetMigMode, SetVgpuType,
+                                  Skip)
 from mdev_manager.models import Gpu, GpuInstanceProfile, MdevDefinition, MigPlacement, MigState, Usage, VgpuType
 from mdev_manager.names import mig_profile_of
 from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
@@ -128,7 +129,7 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     types = {t.id: t for t in gpu.types}
     want_mig = any(types[tid].mig_backed for tid, n in wanted.items() if n > 0 and tid in types)
     if want_mig != mig.enabled and (want_mig or any(n > 0 for n in wanted.values())):
-        _switch_mode(plan, gpu, usage, definitions, records, want_mig)
+        switch_mig_mode(plan, gpu, usage, definitions, records, want_mig)
         return True
     if not mig.enabled:
         return False
@@ -219,7 +220,7 @@ def _create_vgpus(plan: Plan, gpu: Gpu, reuse: dict, kept: list, records: dict[s
     return created
 
 
-def _switch_mode(plan: Plan, gpu: Gpu, usage: Usage, definitions, records, enable: bool) -> None:
+def switch_mig_mode(plan: Plan, gpu: Gpu, usage: Usage, definitions, records, enable: bool) -> None:
     """Everything on the GPU goes (nothing of it in use), then the mode switches."""
     busy = [v for v in gpu.vgpus if vgpu_users(v, usage) or usage.claims_of(v.id)]
     if busy:
@@ -239,3 +240,26 @@ def _switch_mode(plan: Plan, gpu: Gpu, usage: Usage, definitions, records, enabl
                                                    profile=prof.name if prof else str(g.profile_id)))
         plan.actions.append(SaveMigRecord(gpu=gpu.address, instances=[]))
     plan.actions.append(SetMigMode(gpu=gpu.address, enabled=enable))
+
+
+def forget_layout_instances(plan: Plan, gpu: Gpu, saved: list[dict] | None) -> None:
+    """A GPU handed to DRA: the GPU instances an earlier layout made go once their vGPUs do (this
+    plan removes the unused ones), so claims find the placements free and restore no longer
+    re-creates them; one whose vGPU stays (in use) stays, and so does its record."""
+    if not saved or gpu.mig is None or not gpu.mig.enabled:
+        return
+    removed = {a.uuid for a in plan.actions if isinstance(a, RemoveMdev) and a.gpu == gpu.address}
+    removed |= {a.vf for a in plan.actions if isinstance(a, SetVgpuType) and a.gpu == gpu.address and a.type_id == "0"}
+    kept = []
+    for e in saved:
+        gi = next((i for i in gpu.mig.instances if i.profile_id == e["profile"] and i.placement.start == e["start"]), None)
+        if gi is None:
+            continue
+        if gi.vgpu is None or gi.vgpu in removed:
+            prof = gpu.mig.profile(gi.profile_id)
+            plan.actions.append(DestroyGpuInstance(gpu=gpu.address, gpu_instance=gi.id, start=gi.placement.start,
+                                                   profile=prof.name if prof else str(gi.profile_id)))
+        else:
+            kept.append(e)
+    if kept != saved:
+        plan.actions.append(SaveMigRecord(gpu=gpu.address, instances=kept))

@@ -22,7 +22,7 @@ from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs,
                       SaveDefinition, SavePassthrough, SaveVendorRecord, SetVgpuType, Skip)
 from mdev_manager.config import ConfigError, GpuLayout, did_you_mean, layout_error
 from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
-from mdev_manager.migplan import check_mig_layout, plan_mig
+from mdev_manager.migplan import check_mig_layout, forget_layout_instances, plan_mig, switch_mig_mode
 from mdev_manager.names import mig_profile_of
 from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
 
@@ -146,9 +146,13 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
             close = did_you_mean(ref, usable)
             problems.append(f"{field}: {_label(gpu)} offers no vGPU type {ref!r}; it offers {names}{close}")
             continue
-        if t.mig_backed and entry.mode != "vgpu":
-            problems.append(f"{field}: {t.name} is MIG-backed; in {entry.mode} mode the DRA bridge creates them per "
-                            "claim (set migMode: true); list MIG-backed types in vgpu mode only")
+        if t.mig_backed and entry.mode == "dra" and not entry.mig_mode:
+            problems.append(f"{field}: {t.name} is MIG-backed; a dra GPU offers MIG-backed types in MIG mode "
+                            "only: add migMode: true to this entry")
+            continue
+        if not t.mig_backed and entry.mode == "dra" and entry.mig_mode:
+            problems.append(f"{field}: {t.name} is time-sliced; a GPU in MIG mode (migMode: true) offers "
+                            "MIG-backed types only")
             continue
         if t.id in wanted:
             problems.append(f"{field}: names the same type as another key ({t.name}); list each type once")
@@ -159,7 +163,8 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
         wanted[t.id] = (t, count)
     active = [(t, n) for t, n in wanted.values() if n > 0]
     if any(t.mig_backed for t, _ in active):  # GPU instances, not shares: placements decide what fits
-        problems += check_mig_layout(gpu, active, entry.at(i, "vgpus"), _label(gpu))
+        if entry.mode == "vgpu":  # a dra entry's keys name what is offered; claims take the placements
+            problems += check_mig_layout(gpu, active, entry.at(i, "vgpus"), _label(gpu))
         active = []
     sizes = sorted({t.framebuffer_mib for t, _ in active if t.framebuffer_mib})
     if len(sizes) > 1 and not gpu.mixed_size and gpu.vendor_id == NVIDIA:
@@ -208,6 +213,9 @@ def make_plan(
                 continue
             gpu = gpus[addr] = _with_size_mode(inv.gpu(addr), e, i, problems)
             try:
+                if e.mig_mode is not None and e.mode != "dra":
+                    problems.append(f"{e.at(i, 'mig_mode')}: only dra mode takes migMode; in vgpu mode the "
+                                    "MIG-backed types in vgpus put the GPU in MIG mode")
                 if e.mode in ("vgpu", "dra"):
                     wanted[addr] = validate_layout(gpu, e, i)
                 problems += _workload_conflicts(gpu, e, usage, i)
@@ -226,7 +234,11 @@ def make_plan(
             if _prepare_for_vgpu(plan, gpu, usage):
                 continue
             if entry.mode == "dra":  # the DRA bridge creates vGPUs per claim
+                if entry.mig_mode is not None and gpu.mig is not None and gpu.mig.enabled != entry.mig_mode:
+                    switch_mig_mode(plan, gpu, usage, definitions, vendor_records or {}, entry.mig_mode)
+                    continue
                 _plan_dra(plan, gpu, usage, definitions, vendor_records or {})
+                forget_layout_instances(plan, gpu, (mig_records or {}).get(addr))
                 continue
             if gpu.mig is not None and plan_mig(plan, gpu, wanted[addr], usage, definitions, vendor_records or {},
                                                 (mig_records or {}).get(addr), new_uuid):

@@ -34,8 +34,18 @@ def inventory_table(inv: Inventory, types: bool = False) -> str:
               "-" if v.iommu_group is None else str(v.iommu_group)] for v in inv.all_vgpus()]
     if vgpus:
         out += ["", table(vgpus, ["GPU", "VGPU", "TYPE", "FRAMEWORK", "PARENT", "IOMMU"])]
+    mig = [[str(g.index), str(i.id), p.name if (p := g.mig.profile(i.profile_id)) else str(i.profile_id),
+            f"{i.placement.start}:{i.placement.size}", i.vgpu or "-"]
+           for g in inv.gpus if g.mig and g.mig.enabled for i in g.mig.instances]
+    modes = [f"GPU {g.index}: MIG mode {'on' if g.mig.enabled else 'off'}"
+             + (f" (pending {'on' if g.mig.pending else 'off'})" if g.mig.pending != g.mig.enabled else "")
+             for g in inv.gpus if g.mig]
+    if modes:
+        out += ["", "; ".join(modes)]
+    if mig:
+        out += [table(mig, ["GPU", "GPU INSTANCE", "PROFILE", "PLACEMENT", "VGPU"])]
     for g in inv.gpus:
-        offered = [t for t in g.types if not t.mig_backed]
+        offered = [t for t in g.types if not t.mig_backed or (g.mig and g.mig.enabled)]
         if not offered:
             continue
         if types:

@@ -267,7 +267,7 @@ def test_device_manager_bad_input(doc, field, reason):
 @pytest.mark.parametrize("doc, name, want", [
     (ours({"index": 0, "mdoe": "vgpu"}), "default",
      "layouts.default[0].mdoe: unknown field (allowed: index, pciAddress, model, all, nvidiaOnly, mode, vgpus, "
-     "passthrough, deviceFilter, mixedSize); did you mean 'mode'?"),
+     "passthrough, migMode, deviceFilter, mixedSize); did you mean 'mode'?"),
     (ours({"index": 0, "mode": "passthru"}), "default",
      "layouts.default[0].mode: 'passthru' is not a mode (allowed: vgpu, passthrough, dra, unmanaged); "
      "did you mean 'passthrough'?"),
@@ -306,7 +306,7 @@ def test_problems_in_a_file_name_the_file_and_line(tmp_path):
     assert e.value.source == str(path)
     assert e.value.problems == [f"{path}:6: layouts.default[0].vgpus.T4-1Q: 'x' is not a whole number",
                                 f"{path}:8: layouts.default[1].colour: unknown field (allowed: index, pciAddress, "
-                                "model, all, nvidiaOnly, mode, vgpus, passthrough, deviceFilter, mixedSize)"]
+                                "model, all, nvidiaOnly, mode, vgpus, passthrough, migMode, deviceFilter, mixedSize)"]
     path.write_text("version: vgpuctl/v1\nlayouts:\n  default:\n    - index: 0\n      mode: vgpus\n")
     with pytest.raises(ConfigFileError) as e:  # one problem: one line
         load_config(path)

@@ -227,7 +227,8 @@ def test_a_gpu_instance_in_use_is_never_destroyed(mig):
 @pytest.mark.parametrize("entry, expect", [
     ({"pciAddress": A100_VFIO, "vgpus": {"A100-3-20C": 1, "A100-10C": 1}}, "never both"),
     ({"pciAddress": A100_VFIO, "vgpus": {"A100-4-20C": 1, "A100-3-20C": 1, "A100-1-5C": 1}}, "do not fit"),
-    ({"pciAddress": A100_VFIO, "mode": "dra", "vgpus": {"A100-3-20C": 1}}, "in dra mode"),
+    ({"pciAddress": A100_VFIO, "mode": "dra", "vgpus": {"A100-3-20C": 1}}, "add migMode: true"),
+    ({"pciAddress": A100_VFIO, "mode": "dra", "migMode": True, "vgpus": {"A100-10C": 1}}, "MIG-backed types only"),
 ])
 def test_impossible_mig_layouts_are_refused_before_any_step(mig, entry, expect):
     with pytest.raises(ConfigError) as e:
@@ -255,3 +256,23 @@ def test_the_mig_record_survives_corruption_by_being_ignored(mig):
     assert persist.load_mig(mig.env, mig.io) == {}
     out = reconcile(mig.env, mig.io, MIXED)
     assert out.matches and len(persist.load_mig(mig.env, mig.io)) == 3
+
+
+def test_handing_a_mig_gpu_to_dra_frees_its_placements_and_its_record(mig):
+    reconcile(mig.env, mig.io, MIXED)
+    dra = layout({"all": True, "mode": "dra", "migMode": True})
+    out = reconcile(mig.env, mig.io, dra)
+    assert out.matches
+    inv = mig.discover()
+    assert all(g.mig.enabled and not g.mig.instances and not g.vgpus for g in inv.gpus if g.mig)
+    assert persist.load_mig(mig.env, mig.io) == {}
+    assert reconcile(mig.env, mig.io, dra).changed == 0
+
+
+def test_the_discover_command_shows_mig_mode_and_gpu_instances(mig):
+    from mdev_manager.cli.output import inventory_table
+
+    reconcile(mig.env, mig.io, MIXED)
+    text = inventory_table(mig.discover())
+    assert "GPU 2: MIG mode on" in text and "GPU 3:" not in text.split("MIG mode")[-1].split("\n")[0]
+    assert any(line.split()[:4] == ["2", "1", "3g.40gb", "0:4"] for line in text.splitlines())

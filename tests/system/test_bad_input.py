@@ -236,7 +236,7 @@ def test_a_rejected_layout_names_the_file_above_its_problems(made_sim, tmp_path,
     assert problems == [f"  - {path}:4: layouts.default[0].mode: 'sideways' is not a mode (allowed: vgpu, passthrough, "
                         "dra, unmanaged)",
                         f"  - {path}:5: layouts.default[1].colour: unknown field (allowed: index, pciAddress, model, "
-                        "all, nvidiaOnly, mode, vgpus, passthrough, deviceFilter, mixedSize)"], err
+                        "all, nvidiaOnly, mode, vgpus, passthrough, migMode, deviceFilter, mixedSize)"], err
 
 
 @pytest.mark.parametrize("case", ["deep", "duplicate", "integer-name", "broken", "directory", "too-big"])
