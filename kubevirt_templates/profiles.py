@@ -50,7 +50,7 @@ class KnownTypes:
     def problem(self, key: str, ref: str) -> str:
         """Why ``ref`` (at ``key``) is refused: one line with the closest names and where to look."""
         if short_type_name(str(ref)).lower() in self.mig_backed:
-            return (f"{key}: {ref} is MIG-backed: it needs MIG mode, which vgpuctl does not configure yet; "
+            return (f"{key}: {ref} is MIG-backed, and no GPU of {self.source} has MIG (NVML reports none); "
                     "choose a time-sliced type")
         shorts = sorted({short_type_name(n) for _, n in self.types})
         pool = sorted({n for _, n in self.types}) if " " in str(ref).strip() else shorts

@@ -81,7 +81,15 @@ def class_expression(driver: str, kind: str) -> str:
 
 
 def profile_expression(driver: str, profile: str) -> str:
-    return f"device.attributes[{cel_string(driver)}].profile == {cel_string(profile)}"
+    """Devices that can be a vGPU of type ``profile``: a size slot its type shares with the other
+    series of its size, or a MIG placement (``vgpuTypes``: the short names, space-separated)."""
+    return f"device.attributes[{cel_string(driver)}].vgpuTypes.contains({cel_string(' ' + profile + ' ')})"
+
+
+def vgpu_config(driver: str, requests: list[str], profile: str) -> dict[str, Any]:
+    """The claim's opaque configuration choosing the type a slot becomes (dra_bridge/kubeletplugin/claimconfig.py)."""
+    return {"requests": requests, "opaque": {"driver": driver, "parameters": {
+        "apiVersion": "vgpu.kubevirt.io/v1alpha1", "kind": "VgpuConfig", "vgpuType": profile}}}
 
 
 def min_memory_expression(driver: str, quantity: str) -> str:
@@ -132,11 +140,13 @@ def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
         "device_class": v.passthrough_class if v.passthrough else v.vgpu_class,
         "selectors": [],
         "alternatives": [],
+        "config": [],
     }
     if v.passthrough and v.product:
         t["selectors"] = [product_expression(v.driver, v.product)]
     elif v.profile:
         t["selectors"] = [profile_expression(v.driver, v.profile)]
+        t["config"] = [vgpu_config(v.driver, [t["request"]], v.profile)]
     elif v.min_memory:
         t["selectors"] = [min_memory_expression(v.driver, v.min_memory)]
     elif v.first_available:
@@ -147,6 +157,7 @@ def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
             {"name": n, "device_class": v.vgpu_class, "selectors": [profile_expression(v.driver, p)]}
             for n, p in zip(names, v.first_available)
         ]
+        t["config"] = [vgpu_config(v.driver, [f"{t['request']}/{n}"], p) for n, p in zip(names, v.first_available)]
     return t
 
 

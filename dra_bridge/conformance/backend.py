@@ -145,12 +145,18 @@ class KubeBackend:
         return devices_by_key(self.slices())
 
     # ------------------------------------------------------------ objects
-    def template(self, name: str, device_class: str, selectors: list[str], request: str = "gpu") -> str:
+    def template(self, name: str, device_class: str, selectors: list[str], request: str = "gpu",
+                 vgpu_type: str | None = None) -> str:
+        """``vgpu_type``: the type a size slot becomes (the claim's opaque VgpuConfig for this driver)."""
+        devices: dict[str, Any] = {"requests": [{"name": request, "exactly": {
+            "deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1,
+            "selectors": [{"cel": {"expression": e}} for e in selectors]}}]}
+        if vgpu_type:
+            devices["config"] = [{"requests": [request], "opaque": {"driver": self.driver, "parameters": {
+                "apiVersion": "vgpu.kubevirt.io/v1alpha1", "kind": "VgpuConfig", "vgpuType": vgpu_type}}}]
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": name, "namespace": self.namespace, "labels": dict(MANAGED)},
-                "spec": {"spec": {"devices": {"requests": [{"name": request, "exactly": {
-                    "deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1,
-                    "selectors": [{"cel": {"expression": e}} for e in selectors]}}]}}}}
+                "spec": {"spec": {"devices": devices}}}
         self.api.create_claim_template(self.namespace, body)
         return name
 

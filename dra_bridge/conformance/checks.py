@@ -73,7 +73,11 @@ class Conformance:
         return f'device.attributes["resource.kubernetes.io"].pciBusID == {_cel(gpu)}'
 
     def _profile_sel(self, profile: str) -> str:
-        return f"device.attributes[{_cel(self.b.driver)}].profile == {_cel(profile)}"
+        """A device that can become ``profile``: a size slot or MIG placement listing it in
+        ``vgpuTypes``, else (an agent that publishes no such list) one of that ``profile``."""
+        d = _cel(self.b.driver)
+        return (f"has(device.attributes[{d}].vgpuTypes) ? device.attributes[{d}].vgpuTypes.contains("
+                f"{_cel(' ' + profile + ' ')}) : device.attributes[{d}].profile == {_cel(profile)}")
 
     def _require_running(self, r: Run, what: str) -> None:
         if r.phase != "Running":
@@ -148,7 +152,8 @@ class Conformance:
         if self._tmpl_vgpu is None:
             t = self.target
             sels = [self._profile_sel(t.profile), self._gpu_sel(t.index, t.gpu, "vgpu")]
-            self._tmpl_vgpu = self.b.template(f"logical-gpu-{random_suffix()}", self.b.vgpu_class, sels)
+            self._tmpl_vgpu = self.b.template(f"logical-gpu-{random_suffix()}", self.b.vgpu_class, sels,
+                                              vgpu_type=t.profile)
         return self._tmpl_vgpu
 
     def stop_all(self) -> None:

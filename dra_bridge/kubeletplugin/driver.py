@@ -38,6 +38,7 @@ from dra_bridge.kubeletplugin import cdi, metadata, recovery
 from dra_bridge.kubeletplugin.checkpoint import (Checkpoint, CheckpointCorrupt, CheckpointStore, ClaimRecord,
                                                  PreparedDeviceRecord)
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
+from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
 from dra_bridge.kubeletplugin.effects import (PrepareError, bind_passthrough, create_instance, create_vgpu,
                                               passthrough_moves, plan_mig_vgpu, plan_vgpu, read_one_gpu,
                                               release_passthrough, remove_vgpu, device_present)
@@ -221,7 +222,7 @@ class Driver:
         clash = overlap(ref, results, self.pool_name, pool, self.cp.claims)  # under the lock, before any write
         if clash:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}) refused, nothing prepared: {clash}")
-        records, gpus = self._plan(ref, results, pool, prefer or {})
+        records, gpus = self._plan(ref, results, pool, prefer or {}, claim)
         rec = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=records, boot_id=boot)
         self.cp.claims[ref.uid] = rec
         self.store.save(self.cp)  # intent first: a crash from here on is undone by recover()
@@ -236,8 +237,8 @@ class Driver:
         self.store.save(self.cp)
         return self._answer(rec)
 
-    def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool,
-              prefer: dict[str, PreparedDeviceRecord]) -> tuple[list[PreparedDeviceRecord], dict]:
+    def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool, prefer: dict[str, PreparedDeviceRecord],
+              claim: dict | None = None) -> tuple[list[PreparedDeviceRecord], dict]:
         taken: set[str] = set()
         avoid: set[str] | None = None  # VFs a layout record names (a restore would take them back)
         records = []
@@ -250,15 +251,22 @@ class Driver:
             dev = pool.device(r.get("device", ""))
             if dev is None:
                 raise PrepareError(f"{where}: device {r.get('device')} no longer exists on this node")
+            type_id = dev.type_id
+            if dev.kind == "vgpu" and dev.type_choices:  # a size slot: the claim's config picks the type
+                try:
+                    wanted = requested_type(claim or {}, r.get("request", ""), self.paths.driver)
+                    type_id = pick_type(dev.type_choices, dev.type_id, wanted, dev.name)
+                except VgpuConfigError as exc:
+                    raise PrepareError(f"{where}: {exc}") from None
             # a vGPU needs its type's parents only; a whole GPU needs everything (its group, its VFs)
-            key = (dev.gpu, dev.type_id) if dev.kind == "vgpu" else dev.gpu
+            key = (dev.gpu, type_id) if dev.kind == "vgpu" else dev.gpu
             gpu = gpus.get(key) or read_one_gpu(self.env, self.io, dev.gpu,
-                                                only_types={dev.type_id} if dev.kind == "vgpu" else None)
+                                                only_types={type_id} if dev.kind == "vgpu" else None)
             if gpu is None:
                 raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
             gpus[key] = gpu
             rec = PreparedDeviceRecord(request=r["request"], pool=r["pool"], device=dev.name, kind=dev.kind,
-                                       gpu=dev.gpu, type_id=dev.type_id)
+                                       gpu=dev.gpu, type_id=type_id)
             if dev.kind == "vgpu":
                 if gpu.framework == "vendor-vfio" and avoid is None:  # read once, only where a VF is the id
                     avoid = set(persist.load_vendor_vfio(self.env, self.io))

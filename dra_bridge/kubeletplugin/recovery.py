@@ -56,7 +56,7 @@ from dra_bridge.kubeletplugin.paths import (PluginPaths, UnsafeName, check_label
 from dra_bridge.pool.devices import Pool
 
 PCI_ATTR = "resource.kubernetes.io/pciBusID"
-_DEVICE_NAME = re.compile(r"^gpu-(\d+)-(passthrough|vgpu-.+)$")  # dra_bridge.api.names: the GPU's stable number
+_DEVICE_NAME = re.compile(r"^gpu-(\d+)-(passthrough|vgpu-.+|mig-.+)$")  # dra_bridge.api.names: the GPU's stable number
 
 
 @dataclass
@@ -247,9 +247,21 @@ def _published(device: str, published: Pool | None, obs: Observed) -> tuple[str 
     address = numbers.get(int(m.group(1)), "")
     if m.group(2) == "passthrough":
         return "passthrough", address, None
-    # the type part is the type's DNS-safe short name (its id appended when two share one), as
-    # dra_bridge.pool.devices names them; a name cut to fit a DNS label leaves the type unknown
-    rest, gpu = m.group(2).removeprefix("vgpu-"), obs.inventory.gpu(address)
+    gpu = obs.inventory.gpu(address)
+    if m.group(2).startswith("mig-"):  # gpu-<n>-mig-<profile>-<profile id>-<start>: the profile's type
+        pid = re.search(r"-(\d+)-\d+$", m.group(2))
+        prof = gpu.mig.profile(int(pid.group(1))) if gpu and gpu.mig and pid else None
+        types = [t.id for t in (gpu.types if gpu else []) if prof and t.gpu_instance_profile == prof.name]
+        return "vgpu", address, types[0] if len(types) == 1 else None
+    rest = m.group(2).removeprefix("vgpu-")
+    size = re.match(r"^(\d+)(gb|mb)-\d+$", rest)
+    if size:  # a size slot: its type is the claim's choice; known here only when the size has one
+        fb = int(size.group(1)) * (1024 if size.group(2) == "gb" else 1)
+        types = [t.id for t in (gpu.types if gpu else []) if t.framebuffer_mib == fb and not t.mig_backed]
+        return "vgpu", address, types[0] if len(types) == 1 else None
+    # else the type's DNS-safe short name (its id appended when two share one), as
+    # dra_bridge.pool.devices names a slot whose size repeats; a name cut to fit a DNS label
+    # leaves the type unknown
     fits = [t.id for t in (gpu.types if gpu else [])
             if rest.startswith(dns_safe(t.short_name or short_type_name(t.name)) + "-")]
     exact = [i for i in fits if f"-{dns_safe(i)}-" in f"-{rest}"]

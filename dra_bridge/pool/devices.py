@@ -219,10 +219,13 @@ def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_
             )
         )
 
-    # --- vGPUs: max_instances devices per type, each consuming a fair share
-    parts = [dns_safe(t.short_name or short_type_name(t.name)) for t, _, _ in offered]
-    for (t, n, fb), part in zip(offered, parts):
-        middle = part if parts.count(part) == 1 else f"{part}-{dns_safe(t.id)}"
+    # --- vGPUs: one device per size slot (framebuffer size x instance index), each consuming a fair
+    # share; the types of one size and instance limit (A, B, C, Q series) share the slots, the claim's
+    # opaque config choosing the type (else the slot's default, its `profile`)
+    slots = size_slots(offered)
+    for slot in slots:
+        t, n, fb = slot[0]
+        middle = slot_name(slot, slots)
         groups = [compatibility_group(fb)] if equal_size and fb else []
         attrs = {
             "type": attr_string("vgpu"),
@@ -230,6 +233,7 @@ def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_
             "typeName": attr_string(t.name),
             "typeId": attr_string(t.id),
             "framework": attr_string(t.framework),
+            "vgpuTypes": attr_string(vgpu_types_attr(x for x, _, _ in slot)),
             **common,
             "parentPciBusID": attr_string(gpu.address),
         }
@@ -241,6 +245,7 @@ def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_
             counters={share_counter: fmt(total_units // n), "vgpus": "1"},
             compatibility_groups=groups,
         )
+        choices = {x.short_name: x.id for x, _, _ in slot}
         for k in range(n):
             pool.devices.append(
                 PoolDevice(
@@ -251,8 +256,53 @@ def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_
                     gpu=gpu.address,
                     kind="vgpu",
                     type_id=t.id,
+                    type_choices=dict(choices),
                 )
             )
+
+
+#: Which type of a size a slot is by default (its ``profile``): NVIDIA's series, most asked for first.
+SERIES_ORDER = {"Q": 0, "C": 1, "B": 2, "A": 3}
+
+
+def size_slots(offered: list[tuple[VgpuType, int, int | None]]) -> list[list[tuple[VgpuType, int, int | None]]]:
+    """The offered types grouped into slots: one group per (framebuffer size, instance limit), in
+    the order the sizes first appear, each group's default type first (series Q, C, B, A). A type of
+    unknown size stays alone, and a group whose ``vgpuTypes`` attribute would pass the 64-byte
+    limit of a string attribute is split (a selector must find every name whole)."""
+    groups: dict[tuple, list] = {}
+    for entry in offered:
+        t, n, fb = entry
+        key = (fb, n) if fb else ("type", t.id)
+        groups.setdefault(key, []).append(entry)
+    out = []
+    for members in groups.values():
+        members = sorted(members, key=lambda e: (SERIES_ORDER.get(type_series(e[0].name) or "", 9), members.index(e)))
+        chunk: list = []
+        for e in members:
+            if chunk and len(vgpu_types_attr(x for x, _, _ in chunk + [e]).encode()) > 64:
+                out.append(chunk)
+                chunk = []
+            chunk.append(e)
+        out.append(chunk)
+    return out
+
+
+def vgpu_types_attr(types) -> str:
+    """The ``vgpuTypes`` attribute: the short names, space-separated with a space at each end, so
+    ``vgpuTypes.contains(" T4-2Q ")`` matches one whole name."""
+    return " " + " ".join(t.short_name or short_type_name(t.name) for t in types) + " "
+
+
+def slot_name(slot: list, slots: list[list]) -> str:
+    """The middle of a slot's device names: its size (``2gb``, ``512mb``) when no other slot of the
+    GPU has that size; else the default type's short name (with its id if that repeats too)."""
+    t, _, fb = slot[0]
+    if fb and sum(1 for other in slots if other[0][2] == fb) == 1:
+        return f"{fb // 1024}gb" if fb % 1024 == 0 else f"{fb}mb"
+    part = dns_safe(t.short_name or short_type_name(t.name))
+    same = [o for o in slots if dns_safe(o[0][0].short_name or short_type_name(o[0][0].name)) == part]
+    return part if len(same) == 1 else f"{part}-{dns_safe(t.id)}"
 
 
 def _common_attributes(gpu: Gpu, pcie_root: str | None) -> dict[str, AttrValue]:

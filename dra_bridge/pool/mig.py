@@ -113,6 +113,7 @@ def add_mig_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, common: dict[str, AttrValu
             "type": attr_string("vgpu"),
             "profile": attr_string(prof.name),
             "vgpuType": attr_string(t.short_name),
+            "vgpuTypes": attr_string(f" {t.short_name} "),
             "typeName": attr_string(t.name),
             "typeId": attr_string(t.id),
             "framework": attr_string(t.framework),

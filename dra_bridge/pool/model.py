@@ -114,6 +114,8 @@ class PoolDevice(_Model):
     gpu: str = Field(description="PCI address of the physical GPU (PF)")
     kind: Literal["vgpu", "passthrough"]
     type_id: str | None = None
+    type_choices: dict[str, str] = Field(default_factory=dict, description=(
+        "vGPU: the types a claim may ask for on this slot (short name -> type id); type_id is the default"))
     gpu_instance_profile: int | None = Field(None, description="MIG-backed: the NVML profile id of its GPU instance")
     placement: MigPlacement | None = Field(None, description="MIG-backed: where its GPU instance is created")
     profile_instances: int | None = Field(None, description="MIG-backed: most instances of its profile per GPU")

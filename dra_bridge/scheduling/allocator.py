@@ -451,7 +451,11 @@ class Allocator:
                         res["shareID"] = str(uuidlib.uuid4())
                         res["consumedCapacity"] = {k: format_quantity(v) for k, v in (ch.consumed or {}).items()}
                     results.append(res)
-                allocations.append({"devices": {"results": results},
+                devices: dict = {"results": results}
+                config = [{"source": "FromClaim", **c} for c in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []]
+                if config:  # as kube-scheduler does: the claim's config travels with its allocation
+                    devices["config"] = config
+                allocations.append({"devices": devices,
                                     "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                                         {"key": "metadata.name", "operator": "In", "values": [n]}]}]}})
             return n, allocations

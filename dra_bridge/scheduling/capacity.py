@@ -85,8 +85,10 @@ def _probe(driver: str, kind: str, profile_attr: str | None, index: int | None, 
     """A claim for one device of ``profile`` on one GPU (by index, else by PCI address)."""
     d = _cel_str(driver)
     sels = [f"device.attributes[{d}].type == {_cel_str(kind)}"]
-    if profile_attr is not None:
-        sels.append(f"device.attributes[{d}].profile == {_cel_str(profile_attr)}")
+    if profile_attr is not None:  # a slot that can become it (vgpuTypes), or a device of that profile
+        sels.append(f"has(device.attributes[{d}].vgpuTypes) ? "
+                    f"device.attributes[{d}].vgpuTypes.contains({_cel_str(' ' + profile_attr + ' ')}) : "
+                    f"device.attributes[{d}].profile == {_cel_str(profile_attr)}")
     if index is not None:
         sels.append(f"device.attributes[{d}].gpuIndex == {int(index)}")
     elif gpu is not None and kind == "vgpu":
@@ -175,7 +177,10 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
             for d in devs:
                 rd = raw.get(d.key, {})
                 kind = dev_attr(rd, "type", driver) or "?"
-                by_profile.setdefault((kind, dev_attr(rd, "profile", driver) if kind == "vgpu" else None), []).append(d)
+                # a size slot (or MIG placement) counts for every type it can become (vgpuTypes)
+                names = (dev_attr(rd, "vgpuTypes", driver) or "").split() if kind == "vgpu" else []
+                for prof in names or [dev_attr(rd, "profile", driver) if kind == "vgpu" else None]:
+                    by_profile.setdefault((kind, prof), []).append(d)
             for (kind, prof), pdevs in sorted(by_profile.items(), key=lambda kv: _profile_order(kv[0], kv[1], raw)):
                 rd = raw.get(pdevs[0].key, {})
                 mem = (rd.get("capacity") or {}).get("memory")

@@ -1,11 +1,12 @@
 """``vgpuctl demo``: the whole system on a simulated cluster, in seconds, with nothing to install.
 
-One simulated node from the catalog (two Tesla T4 with mdev, an A100 with mdev on SR-IOV VFs, an
-L40S with NVIDIA vendor-specific VFIO), the node manager applying the demo layout, the DRA bridge
+One simulated node from the catalog (two Tesla T4 with mdev, an A100 with mdev on SR-IOV VFs in MIG
+mode, an L40S with NVIDIA vendor-specific VFIO), the node manager applying the demo layout, the DRA bridge
 publishing ResourceSlices to an in-process API server, and a set of workloads as real objects:
 VirtualMachines asking for vGPUs of two profiles through ResourceClaimTemplates, a VM with a whole
 GPU passed through, pods consuming vGPUs as vfio devices, and one workload too many. A VM and a pod
-share the first T4: both vGPUs draw on that GPU's one counter set, which is why the workload too
+share the first T4, and a VM and a pod share the A100 through MIG-backed vGPUs at two GPU-instance
+placements: each GPU's vGPUs draw on its one counter set, which is why the workload too
 many (another T4 vGPU) is refused by the scheduler model, with its reason. Each workload's
 claims are made from its templates, allocated by the scheduler model, prepared by the kubelet
 plugin over its real sockets (the vGPUs appear on the simulated host, which is checked), and run
@@ -38,7 +39,8 @@ class DemoWorkload:
 WORKLOADS: tuple[DemoWorkload, ...] = (
     DemoWorkload("vm-t4-a", "VM: T4-8Q vGPU", "vm", {"gpus": {"T4-8Q": 1}}),
     DemoWorkload("pod-t4", "pod: T4-8Q vGPU", "pod", {"profile": "T4-8Q"}),  # shares GPU 0 with vm-t4-a
-    DemoWorkload("vm-a100", "VM: A100-10C vGPU", "vm", {"gpus": {"A100-10C": 1}}),
+    DemoWorkload("vm-a100", "VM: A100-3-20C MIG-backed vGPU", "vm", {"gpus": {"A100-3-20C": 1}}),
+    DemoWorkload("pod-a100", "pod: A100-1-5C MIG-backed vGPU", "pod", {"profile": "A100-1-5C"}),  # same A100
     DemoWorkload("vm-passthrough", "VM: a whole T4", "vm", {"passthrough": "TU104GL [Tesla T4]"}),
     DemoWorkload("vfio-pod", "pod: L40S-12Q vGPU", "pod", {"profile": "L40S-12Q"}),
     DemoWorkload("vm-t4-c", "VM: T4-8Q vGPU", "vm", {"gpus": {"T4-8Q": 1}}, expect="Pending"),
@@ -81,6 +83,8 @@ class GpuView:
     memory_used: int
     vgpus_total: int | None
     vgpus_used: int
+    slices_total: int = 0  # a GPU in MIG mode: memory slices (NVIDIA's memory-slice-k counters)
+    slices_used: int = 0
     holders: list[Holder] = field(default_factory=list)
     left: list[dict] = field(default_factory=list)  # {"profile", "fits", "of"}
 
@@ -132,7 +136,9 @@ def _gpu_views(c: SimCluster, owners: dict[str, Workload], frameworks: dict[str,
                        counter_set=g.counter_set, memory_total=_bytes(g.totals.get("memory")),
                        memory_used=_bytes(g.used.get("memory")) or 0,
                        vgpus_total=int(g.totals["vgpus"]) if "vgpus" in g.totals else None,
-                       vgpus_used=int(g.used.get("vgpus", 0) or 0))
+                       vgpus_used=int(g.used.get("vgpus", 0) or 0),
+                       slices_total=sum(1 for k in g.totals if k.startswith("memory-slice-")),
+                       slices_used=sum(1 for k, v in g.used.items() if k.startswith("memory-slice-") and v not in ("0", 0)))
         for h in g.holders:
             claim = h["claim"].split("/", 1)[-1]
             w = owners.get(claim)

@@ -28,9 +28,10 @@ layouts:
       mode: dra
       vgpus: {T4-8Q: 2}
       passthrough: true
-    - model: A100              # A100 40GB, mdev on SR-IOV VFs
-      mode: dra
-      vgpus: {A100-10C: 4}
+    - model: A100              # A100 40GB, mdev on SR-IOV VFs, in MIG mode: MIG-backed vGPUs
+      mode: dra                #   at their GPU-instance placements
+      migMode: true
+      vgpus: {A100-3-20C: 0, A100-1-5C: 0}
       passthrough: true
     - model: L40S              # L40S, NVIDIA vendor-specific VFIO on VFs
       mode: dra

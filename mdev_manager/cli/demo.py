@@ -88,7 +88,9 @@ def text(rep: DemoReport) -> str:
     L.append("[4] per physical GPU (memory counter: used of total)")
     for g in rep.gpus:
         L.append(f"    GPU {g.index}  {g.address}  {g.model}  ({g.framework})  {_bar(g.memory_used, g.memory_total)} "
-                 f"{_human(g.memory_used)} of {_human(g.memory_total)}, {g.vgpus_used} of {g.vgpus_total} vGPUs")
+                 f"{_human(g.memory_used)} of {_human(g.memory_total)}, "
+                 + (f"{g.slices_used} of {g.slices_total} memory slices (MIG)" if g.slices_total
+                    else f"{g.vgpus_used} of {g.vgpus_total} vGPUs"))
         for h in g.holders:
             who = f"{h.host_id} on vfio-pci" if h.kind == "passthrough" else (
                 f"VF {h.host_id}" if (h.host_id or "").count(":") == 2 else f"mdev {h.host_id}")

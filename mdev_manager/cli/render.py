@@ -100,16 +100,12 @@ def catalog_types() -> KnownTypes:
     """Every vGPU type of vgpuctl's catalog (the boards it knows)."""
     from mdev_manager import catalog
 
-    types, mig = [], set()
+    types = []
     for b in catalog.BOARDS.values():
-        for t in b.types:
-            if t.mig_backed:
-                mig.add(t.short_name.lower())
-            else:
-                types.append((str(t.num) if b.framework == "vendor-vfio" else t.mdev_id(b.driver), t.name))
+        for t in b.types:  # MIG-backed ones too: a GPU in MIG mode offers them at its placements
+            types.append((str(t.num) if b.framework == "vendor-vfio" else t.mdev_id(b.driver), t.name))
     return KnownTypes(tuple(types), source=f"vgpuctl's catalog (boards {', '.join(sorted(catalog.BOARDS))})",
-                      listing="for a node's own types give its inventory: --inventory FILE or --simulate",
-                      mig_backed=frozenset(mig))
+                      listing="for a node's own types give its inventory: --inventory FILE or --simulate")
 
 
 def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes:
@@ -131,7 +127,7 @@ def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes
                               "writes it; give that command's output") from None
         for gpu in inv.gpus:
             for t in offered_types(gpu):
-                if type_is_mig_backed(t):
+                if type_is_mig_backed(t) and gpu.mig is None:  # no MIG on that GPU (NVML says)
                     mig.add(t.short_name.lower())
                 else:
                     types.append((t.id, t.name))

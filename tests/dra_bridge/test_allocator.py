@@ -73,7 +73,8 @@ def sel(expr: str) -> list[dict]:
 
 
 def profile_is(profile: str) -> str:
-    return f'device.attributes["{D}"].profile == "{profile}"'
+    """A device that can become a vGPU of ``profile`` (a size slot of its size, or a MIG placement)."""
+    return f'device.attributes["{D}"].vgpuTypes.contains(" {profile} ")'
 
 
 def claim(name: str, *requests: dict, constraints: list | None = None, status: dict | None = None) -> dict:

@@ -25,6 +25,11 @@ from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, short_t
 V137 = (1, 37)
 V136 = (1, 36)
 
+
+def serving(pool, type_id: str) -> list:
+    """The devices a claim for ``type_id`` may get: its size slots (shared with the other series of its size)."""
+    return [d for d in pool.devices if d.type_id == type_id or type_id in d.type_choices.values()]
+
 # --------------------------------------------------------------------------- inventory builders
 # Type data from the NVIDIA tables in the reference (vgpu-types.md).
 
@@ -244,18 +249,18 @@ def test_l40s_caps_at_32_and_shares_are_exact():
     pool = build_pool(inventory(gpu), PoolPolicy.default(), server_version=V137)
     cs = pool.counter_set("gpu-0-counter-set")
     assert cs.counters == {"memory": "48Gi", "vgpus": 32}
-    one_q = [d for d in pool.devices if d.type_id == "1147"]
+    one_q = serving(pool, "1147")
     assert len(one_q) == 32
     assert one_q[0].consumes[0].counters == {"memory": "1536Mi", "vgpus": "1"}
     assert one_q[0].capacity == {"memory": "1Gi"}
     assert co_allocatable(pool, [d.name for d in one_q])
     # every type: max_instances of it fill the GPU exactly and one more does not exist
     for t in gpu.types:
-        devs = [d.name for d in pool.devices if d.type_id == t.id]
+        devs = [d.name for d in serving(pool, t.id)]
         assert len(devs) == t.max_instances
         assert co_allocatable(pool, devs)
     # 16 x 3Q (3 GiB each, 48 GiB) and one 1Q on top would overflow the board
-    three_q = [d.name for d in pool.devices if d.type_id == "1149"]
+    three_q = [d.name for d in serving(pool, "1149")]
     assert not co_allocatable(pool, three_q + [one_q[0].name])
 
 
@@ -269,31 +274,35 @@ def test_t4_counters_names_and_groups():
     assert pt.kind == "passthrough"
     assert pt.consumes[0].counters == {"memory": "16Gi", "vgpus": "16"}
     assert pt.consumes[0].compatibility_groups == []
-    names = [d.name for d in pool.devices if d.type_id == "nvidia-230"]
-    assert names == [f"gpu-0-vgpu-t4-1q-{k}" for k in range(16)]
-    d = pool.device("gpu-0-vgpu-t4-1q-3")
+    names = [d.name for d in serving(pool, "nvidia-230")]
+    assert names == [f"gpu-0-vgpu-1gb-{k}" for k in range(16)]  # one slot per instance of the size
+    d = pool.device("gpu-0-vgpu-1gb-3")
+    assert d.type_id == "nvidia-230" and d.attributes["profile"] == {"string": "T4-1Q"}  # Q by default
+    assert d.type_choices == {"T4-1Q": "nvidia-230", "T4-1B": "nvidia-222"}
+    assert d.attributes["vgpuTypes"] == {"string": " T4-1Q T4-1B "}
     assert d.consumes[0].counters == {"memory": "1Gi", "vgpus": "1"}
     assert d.consumes[0].compatibility_groups == ["fb-1024"]
-    assert pool.device("gpu-0-vgpu-t4-4c-0").consumes[0].compatibility_groups == ["fb-4096"]
-    # same size, different series: may share the GPU; different sizes may not
-    assert co_allocatable(pool, ["gpu-0-vgpu-t4-1q-0", "gpu-0-vgpu-t4-1b-0"])
-    assert co_allocatable(pool, ["gpu-0-vgpu-t4-4q-0", "gpu-0-vgpu-t4-4c-0"])
-    assert not co_allocatable(pool, ["gpu-0-vgpu-t4-1q-0", "gpu-0-vgpu-t4-2q-0"])
-    assert co_allocatable(pool, ["gpu-0-vgpu-t4-1q-0", "gpu-0-vgpu-t4-2q-0"], compatibility_groups=False)
+    assert pool.device("gpu-0-vgpu-4gb-0").consumes[0].compatibility_groups == ["fb-4096"]
+    assert "nvidia-319" in pool.device("gpu-0-vgpu-4gb-0").type_choices.values()  # T4-4C shares the 4 GB slots
+    # one size's slots hold any of its series together; different sizes may not share the GPU
+    assert co_allocatable(pool, [f"gpu-0-vgpu-1gb-{k}" for k in range(16)])
+    assert not co_allocatable(pool, ["gpu-0-vgpu-1gb-0", "gpu-0-vgpu-2gb-0"])
+    assert co_allocatable(pool, ["gpu-0-vgpu-1gb-0", "gpu-0-vgpu-2gb-0"], compatibility_groups=False)
+    assert len([d for d in pool.devices if d.kind == "vgpu"]) == 31  # 16 + 8 + 4 + 2 + 1 slots
     assert pool.warnings == []
 
 
 def test_a100_excludes_mig_backed_and_caps_vgpus():
     gpu = a100()
     pool = build_pool(inventory(gpu), PoolPolicy.default(), server_version=V137)
-    tids = {d.type_id for d in pool.devices if d.kind == "vgpu"}
+    tids = {t for d in pool.devices if d.kind == "vgpu" for t in d.type_choices.values()}
     assert tids == {f"nvidia-{n}" for n in range(468, 474)}
     cs = pool.counter_set("gpu-0-counter-set")
     assert cs.counters == {"memory": "40Gi", "vgpus": 10}
-    assert pool.device("gpu-0-vgpu-a100-4c-3").consumes[0].counters == {"memory": "4Gi", "vgpus": "1"}
-    assert len([d for d in pool.devices if d.type_id == "nvidia-468"]) == 10
+    assert pool.device("gpu-0-vgpu-4gb-3").consumes[0].counters == {"memory": "4Gi", "vgpus": "1"}
+    assert len(serving(pool, "nvidia-468")) == 10
     # the 5C type: 8 instances of 5 GiB on 40 GiB
-    assert pool.device("gpu-0-vgpu-a100-5c-7").consumes[0].counters["memory"] == "5Gi"
+    assert pool.device("gpu-0-vgpu-5gb-7").consumes[0].counters["memory"] == "5Gi"
 
 
 def test_explicit_mig_backed_and_unknown_types_warn():
@@ -320,7 +329,7 @@ def test_passthrough_excludes_every_vgpu():
                     assert not co_allocatable(pool, [pt, d.name])
                     assert not co_allocatable(pool, [pt, d.name], compatibility_groups=False)
         # ...but a passthrough GPU and a vGPU of another GPU are independent
-        assert co_allocatable(pool, ["gpu-0-passthrough", "gpu-1-vgpu-a100-4c-0"])
+        assert co_allocatable(pool, ["gpu-0-passthrough", "gpu-1-vgpu-4gb-0"])
 
 
 def test_a16_board_has_one_counter_set_per_gpu():
@@ -330,9 +339,9 @@ def test_a16_board_has_one_counter_set_per_gpu():
     for c in pool.counter_sets:
         assert c.counters == {"memory": "16Gi", "vgpus": 16}
     # a full GPU 0 does not stop GPU 1
-    full0 = [d.name for d in pool.devices if d.gpu == gpus[0].address and d.type_id == "nvidia-711"]
-    assert co_allocatable(pool, full0 + ["gpu-1-vgpu-a16-16q-0"])
-    assert pool.device("gpu-2-vgpu-a16-1q-0").attributes["parentPciBusID"] == {"string": gpus[2].address}
+    full0 = [d.name for d in serving(pool, "nvidia-711") if d.gpu == gpus[0].address]
+    assert co_allocatable(pool, full0 + ["gpu-1-vgpu-16gb-0"])
+    assert pool.device("gpu-2-vgpu-1gb-0").attributes["parentPciBusID"] == {"string": gpus[2].address}
 
 
 # --------------------------------------------------------------------------- servers < 1.37
@@ -346,7 +355,7 @@ def test_old_server_empty_gpu_publishes_smallest_size_only():
     gpu = t4()
     pool = build_pool(inventory(gpu), PoolPolicy.default(), server_version=V136)
     assert sizes_of(pool, gpu) == {"1Gi"}
-    assert {d.type_id for d in pool.devices if d.kind == "vgpu"} == {"nvidia-222", "nvidia-230"}
+    assert {t for d in pool.devices if d.kind == "vgpu" for t in d.type_choices.values()} == {"nvidia-222", "nvidia-230"}
     assert pool.device("gpu-0-passthrough") is not None
     # anything the counters admit is creatable, even with groups ignored
     assert feasible_by_counters(pool, gpu, groups=False) == feasible_by_board(pool, gpu, equal_size=True)
@@ -357,7 +366,7 @@ def test_old_server_uses_configured_size():
     pol = PoolPolicy(gpus={"0000:3b:00.0": GpuPolicy(equal_size_fb_mib=4096)})
     pool = build_pool(inventory(gpu), pol, server_version=(1, 34))
     assert sizes_of(pool, gpu) == {"4Gi"}
-    assert {d.type_id for d in pool.devices if d.kind == "vgpu"} == {"nvidia-232", "nvidia-319"}
+    assert {t for d in pool.devices if d.kind == "vgpu" for t in d.type_choices.values()} == {"nvidia-232", "nvidia-319"}
     # the counter set still describes the whole GPU; 4 x 4Gi fill it
     assert pool.counter_sets[0].counters == {"memory": "16Gi", "vgpus": 16}
 
@@ -412,7 +421,7 @@ def test_policy_selects_gpus_and_passthrough():
     pol = PoolPolicy(gpus={"65:00.0": GpuPolicy(passthrough=False, vgpu_types=["A100-20C"])})
     pool = build_pool(inv, pol, server_version=V137)
     assert [c.name for c in pool.counter_sets] == ["gpu-1-counter-set"]
-    assert [d.name for d in pool.devices] == ["gpu-1-vgpu-a100-20c-0", "gpu-1-vgpu-a100-20c-1"]
+    assert [d.name for d in pool.devices] == ["gpu-1-vgpu-20gb-0", "gpu-1-vgpu-20gb-1"]
     # passthrough only: the counter set is still there (one per physical GPU)
     pol = PoolPolicy(others=GpuPolicy(vgpu_types=[]))
     pool = build_pool(inv, pol, server_version=V137)
@@ -461,7 +470,7 @@ def test_attributes_follow_conventions():
     assert pt.capacity == {"memory": "48Gi"}
     assert pt.type_id is None
 
-    v = pool.device("gpu-0-vgpu-l40s-2q-5")
+    v = pool.device("gpu-0-vgpu-2gb-5")
     assert v.kind == "vgpu" and v.type_id == "1148" and v.gpu == "0000:ca:00.0"
     a = v.attributes
     assert a["type"] == {"string": "vgpu"}
@@ -475,9 +484,11 @@ def test_attributes_follow_conventions():
     assert a["series"] == {"string": "Q"}
     assert ATTR_PCI_BUS_ID not in a  # KubeVirt would take it for a PCI device
     assert v.capacity == {"memory": "2Gi"}
-    assert pool.device("gpu-0-vgpu-l40s-1q-0").attributes["framework"] == {"string": "vendor-vfio"}
+    assert a["vgpuTypes"] == {"string": " L40S-2Q L40S-2B "}  # the size's types, the default first
+    assert v.type_choices == {"L40S-2Q": "1148", "L40S-2B": "1146"}
+    assert pool.device("gpu-0-vgpu-1gb-0").attributes["framework"] == {"string": "vendor-vfio"}
     t4pool = build_pool(inventory(t4()), PoolPolicy.default(), server_version=V137)
-    assert t4pool.device("gpu-0-vgpu-t4-1q-0").attributes["framework"] == {"string": "mdev"}
+    assert t4pool.device("gpu-0-vgpu-1gb-0").attributes["framework"] == {"string": "mdev"}
 
 
 def test_unknown_numa_is_omitted():
@@ -501,7 +512,9 @@ def test_long_names_are_sanitised_truncated_and_unique():
     gpu = make_gpu(12, "0000:3b:00.0", "0x1eb8", product, "mdev", types)
     pool = build_pool(inventory(gpu), PoolPolicy(others=GpuPolicy(mixed_size=True)), server_version=V137)
     names = [d.name for d in pool.devices]
-    assert len(names) == len(set(names)) == 1 + 4 + 2 + 1 + 1 + 1
+    # the three 16 GB types share one slot (one size, one instance limit)
+    assert len(names) == len(set(names)) == 1 + 4 + 2 + 1
+    assert len(pool.device("gpu-12-vgpu-16gb-0").type_choices) == 3
     for n in names:
         assert is_dns_label(n), n
     for d in pool.devices:
@@ -560,7 +573,7 @@ def test_inexact_shares_round_the_counter_down():
     gpu = make_gpu(0, "0000:3b:00.0", "0x0001", "Z", "mdev", types)
     pool = build_pool(inventory(gpu), PoolPolicy(others=GpuPolicy(mixed_size=True)), server_version=V137)
     total = parse_quantity(pool.counter_sets[0].counters["memory"])
-    share = parse_quantity(pool.device("gpu-0-vgpu-z-3q-0").consumes[0].counters["memory"])
+    share = parse_quantity(pool.device("gpu-0-vgpu-3gb-0").consumes[0].counters["memory"])
     assert total == 3 * share and total <= 10 * 2**30
     assert any("rounded down" in w for w in pool.warnings)
     assert feasible_by_counters(pool, gpu, groups=True) == feasible_by_board(pool, gpu, equal_size=False)

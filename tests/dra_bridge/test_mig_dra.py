@@ -150,7 +150,7 @@ def test_prepare_and_unprepare_a_mig_backed_vgpu_and_a_time_sliced_one(tmp_path,
     drv = make_driver(node, paths, claims, lambda: pool_of(node))
     refs = {}
     for name, dev in (("vm-a", "gpu-2-mig-3g40gb-9-4"), ("vm-b", "gpu-1-mig-2g10gb-14-2"),
-                      ("vm-c", "gpu-0-mig-1g5gb-19-6"), ("vm-d", "gpu-3-vgpu-l40s-1q-0")):
+                      ("vm-c", "gpu-0-mig-1g5gb-19-6"), ("vm-d", "gpu-3-vgpu-1gb-0")):
         refs[name] = claims.add(claim_object(name, [("gpu", dev)], node=node.node), str(uuid.uuid4()))
     res = drv.prepare(list(refs.values()))
     assert all(r.error is None for r in res.values()), {k: r.error for k, r in res.items()}
@@ -208,3 +208,36 @@ def test_an_8_gpu_h100_node_publishes_nvidia_counts(tmp_path):
     pool = build_pool(discover(sim.env, sim.io), PoolPolicy.default(), server_version=(1, 35))
     assert len(pool.devices) == 8 * (1 + 25)  # the whole GPU and NVIDIA's 25 placements (7+1... of 7 profiles)
     assert len(pool.counter_sets) == 8 and all(len(c.counters) == 15 for c in pool.counter_sets)
+
+
+def test_a_placement_name_tells_its_gpu_and_type_without_the_pool(node):
+    """What the checkpoint rebuild reads back from a device name at the daemon's start."""
+    from dra_bridge.kubeletplugin import recovery
+
+    obs = recovery.Observed(inventory=discover(node.env, node.io))
+    for d in pool_of(node).devices:
+        if d.placement is not None:
+            assert recovery._published(d.name, None, obs) == ("vgpu", d.gpu, d.type_id), d.name
+
+
+def test_capacity_is_placement_aware(node):
+    """`vgpuctl capacity`: how many more A100-3-20C fit on the A100 given what is allocated where:
+    a 1g.5gb at slice 0 leaves one 3g.20gb (at 4), a 1g.5gb at slice 5 leaves one (at 0), both
+    leave none, though memory alone would take one more."""
+    from dra_bridge.scheduling import capacity
+
+    slices = build_slices(pool_of(node, (1, 37)), driver="vgpu.kubevirt.io", node_name=node.node,
+                          pool_name=node.node, generation=1, server_version=(1, 37))
+
+    def allocated(*devices):
+        return [{**claim_object(f"c{k}", [("gpu", d)], node=node.node), "metadata": {"name": f"c{k}",
+                 "namespace": "default", "uid": str(uuid.uuid4())}} for k, d in enumerate(devices)]
+
+    def fits(*devices):
+        r = capacity.compute(slices, allocated(*devices))
+        return r.fits(node.node, 1, "A100-3-20C"), r.fits(node.node, 1, "A100-1-5C")
+
+    assert fits() == (2, 7)
+    assert fits("gpu-1-mig-1g5gb-19-0") == (1, 6)
+    assert fits("gpu-1-mig-1g5gb-19-0", "gpu-1-mig-1g5gb-19-5") == (0, 5)
+    assert fits("gpu-1-passthrough") == (0, 0)

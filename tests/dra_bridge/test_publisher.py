@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mdev_manager.sim.hostspec import GpuGroup, HostSpec
+
 import copy
 
 import pytest
@@ -64,8 +66,10 @@ def content(slices: list[dict]) -> dict[str, dict]:
 
 
 def small_node(root, version: str):
-    """Four T4s offering three types each: several slices on every version, cheap to snapshot."""
-    node = make_node(root, "t4-node", version=version_tuple(version))
+    """Eight T4s offering two sizes each (on 1.37: 1 GiB and 2 GiB; before it, the first's 16
+    slots): several slices on every version (136 devices pass a 1.34 slice's 128), cheap to snapshot."""
+    spec = HostSpec(name="t4-8", node="sim-t4", gpus=[GpuGroup(board="T4", count=8)])
+    node = make_node(root, spec, version=version_tuple(version))
     node.layouts = [GpuLayout(all=True, mode="dra", passthrough=True, vgpus={"T4-1Q": 0, "T4-2Q": 0, "T4-1A": 0})]
     return node
 

@@ -42,8 +42,8 @@ def test_each_gpu_offers_the_whole_gpu_or_one_type(tmp_path):
 def test_a_gpu_holding_vgpus_keeps_their_type(tmp_path, srv, paths):
     from tests.support.dra import make_node
 
-    node = make_node(tmp_path, "default", version=(1, 35))
-    pool = node.build_pool()
+    node = make_node(tmp_path, "default", version=(1, 37))
+    pool = node.build_pool()  # every size's slots
     gpu = "0000:10:00.0"  # T4, mdev on the PF
     types = list(dict.fromkeys(d.type_id for d in pool.devices if d.gpu == gpu and d.kind == "vgpu"))
     assert len(types) > 1

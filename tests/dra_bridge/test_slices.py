@@ -20,7 +20,7 @@ from dra_bridge.pool.slices import (
     build_slices,
     slice_name,
 )
-from tests.dra_bridge.test_devices import a100, a16_board, inventory, l40s, make_gpu, t4
+from tests.dra_bridge.test_devices import a100, a16_board, inventory, l40s, make_gpu, t4, vtype
 
 VERSIONS = [(1, 34), (1, 35), (1, 36), (1, 37)]
 DRIVER = DEFAULT_DRIVER
@@ -141,16 +141,17 @@ def test_combined_layout_respects_summed_counters():
 def test_sixteen_gpus_at_scale():
     inv = sixteen_l40s()
     expected = {
-        # <1.37: one size (1 GiB: 1B, 1Q, 1A = 96 vGPUs) + passthrough = 97 devices per GPU
-        (1, 34): 16,  # a GPU per combined slice (2 x 97 > 128)
-        (1, 35): 2 + 16 * 2,  # 16 sets in 2 counter slices; 97 devices -> 2 slices of <= 64
-        (1, 36): 2 + 16 * 2,
-        # 1.37: every size: 72 B + 108 Q + 108 A + passthrough = 289 devices -> 5 slices per GPU
-        (1, 37): 2 + 16 * 5,
+        # <1.37: one size (1 GiB: 32 slots the 1B, 1Q and 1A share) + passthrough = 33 devices per GPU
+        (1, 34): 6,  # three GPUs per combined slice (4 x 33 > 128)
+        (1, 35): 2 + 16,  # 16 sets in 2 counter slices; 33 devices -> one slice per GPU
+        (1, 36): 2 + 16,
+        # 1.37: every size's slots: 32 + 24 + 16 + 12 + 8 + 6 + 4 + 3 + 2 + 1 + passthrough = 109
+        # devices -> 2 slices of <= 64 per GPU
+        (1, 37): 2 + 16 * 2,
     }
     for v, n in expected.items():
         pool = build_pool(inv, PoolPolicy.default(), DRIVER, server_version=v)
-        per_gpu = 289 if v >= (1, 37) else 97
+        per_gpu = 109 if v >= (1, 37) else 33
         assert len(pool.devices) == 16 * per_gpu
         plan = plan_slices(pool, driver=DRIVER, node_name=NODE, pool_name=NODE, generation=7, server_version=v)
         assert plan.dropped == [] and plan.warnings == []
@@ -161,24 +162,28 @@ def test_sixteen_gpus_at_scale():
 
 
 def test_134_overflow_drops_lowest_priority_types(caplog):
-    gpu = l40s(a_series=True)
+    # no real board's slots pass a 1.34 slice (an L40S: 109 devices): a made-up board whose types of
+    # one size differ in their limits (so they do not share slots) does: 1 + 64 + 48 + 40 = 153 > 128
+    types = [vtype("nvidia-950", "NVIDIA X-1Q", 64, fb=1024), vtype("nvidia-951", "NVIDIA X-1B", 48, fb=1024),
+             vtype("nvidia-952", "NVIDIA X-2Q", 40, fb=2048)]
+    gpu = make_gpu(0, "0000:ca:00.0", "0x0001", "X", "mdev", types)
     pool = build_pool(inventory(gpu), PoolPolicy(others=GpuPolicy(mixed_size=True)), server_version=(1, 34))
-    assert len(pool.devices) == 289
+    assert len(pool.devices) == 153
     with caplog.at_level(logging.WARNING, logger="dra_bridge.pool.slices"):
         plan = plan_slices(pool, driver=DRIVER, node_name=NODE, pool_name=NODE, generation=1, server_version=(1, 34))
         build_slices(pool, driver=DRIVER, node_name=NODE, pool_name=NODE, generation=1, server_version=(1, 34))
     assert len(plan.slices) == 1
     kept = [d["name"] for d in plan.slices[0]["spec"]["devices"]]
     assert kept[0] == "gpu-0-passthrough" and len(kept) <= 128
-    # whole types only: a type is published with all its instances or not at all
+    # whole slot groups only: a group is published with all its slots or not at all
     by_type: dict[str, int] = {}
     for d in pool.devices:
         if d.name in kept and d.type_id:
             by_type[d.type_id] = by_type.get(d.type_id, 0) + 1
     maxes = {t.id: t.max_instances for t in gpu.types}
     assert all(n == maxes[t] for t, n in by_type.items())
-    # types were kept in the pool's (priority) order, skipping those that did not fit
-    assert "1145" in by_type and "1146" in by_type  # 1B (32) and 2B (24) come first
+    # kept in the pool's (priority) order, skipping those that did not fit
+    assert "nvidia-950" in by_type and "nvidia-951" in by_type and "nvidia-952" not in by_type
     assert plan.dropped and set(plan.dropped) | set(kept) == {d.name for d in pool.devices}
     assert any("GPU 0000:ca:00.0" in w and "1.34" in w for w in plan.warnings)
     assert any("not published" in r.getMessage() for r in caplog.records)
@@ -211,7 +216,7 @@ def test_groups_only_on_137():
 
 def test_wire_form_of_a_device():
     pool = build_pool(inventory(l40s()), PoolPolicy.default(), server_version=(1, 37))
-    d = device_to_dict(pool.device("gpu-0-vgpu-l40s-1q-0"), compatibility_groups=True)
+    d = device_to_dict(pool.device("gpu-0-vgpu-1gb-0"), compatibility_groups=True)
     assert d["capacity"] == {"memory": {"value": "1Gi"}}
     assert d["consumesCounters"] == [
         {
@@ -221,7 +226,7 @@ def test_wire_form_of_a_device():
         }
     ]
     assert d["attributes"]["type"] == {"string": "vgpu"}
-    assert "compatibilityGroups" not in device_to_dict(pool.device("gpu-0-vgpu-l40s-1q-0"))["consumesCounters"][0]
+    assert "compatibilityGroups" not in device_to_dict(pool.device("gpu-0-vgpu-1gb-0"))["consumesCounters"][0]
     s = slices_for(pool, (1, 37))
     sets = s[0]["spec"]["sharedCounters"]
     assert sets == [{"name": "gpu-0-counter-set", "counters": {"memory": {"value": "48Gi"}, "vgpus": {"value": "32"}}}]

@@ -117,7 +117,7 @@ def test_a_lower_case_type_renders_as_the_catalog_spells_it(simdir, capsys):
     assert code == 0, err
     (tmpl,) = yaml.safe_load_all(out)
     assert tmpl["metadata"]["name"] == "vgpu-a100-4c"
-    assert '.profile == "A100-4C"' in out  # the selector matches the published attribute
+    assert '.vgpuTypes.contains(" A100-4C ")' in out and 'vgpuType: A100-4C' in out  # selector and config
 
 
 @pytest.mark.parametrize("argv, key, close", [
@@ -149,12 +149,19 @@ def test_types_are_checked_against_the_node_with_simulate_or_an_inventory(simdir
     code, out, err = run(capsys, "render", "claim-template", "--inventory", str(inv), "--set", "profile=A16-2Q")
     assert code == 2 and "is not a vGPU type of the given nodes" in err
     code, out, err = run(capsys, "render", "claim-template", "--inventory", str(inv), "--set", "profile=a100-4c")
-    assert code == 0 and '"A100-4C"' in out, err
+    assert code == 0 and '" A100-4C "' in out, err
 
 
-def test_a_mig_backed_type_is_refused(simdir, capsys):
-    code, _, err = run(capsys, "render", "vm", "--set", "name=v", "--set", "mode=dra", "--set", "gpus.A100-1-5C=1")
-    assert code == 2 and "MIG-backed" in err and err.count("\n") == 1
+def test_a_mig_backed_type_renders_and_is_refused_where_no_gpu_has_mig(simdir, capsys, tmp_path):
+    code, out, err = run(capsys, "render", "vm", "--set", "name=v", "--set", "mode=dra", "--set", "gpus.A100-1-5C=1")
+    assert code == 0 and '.vgpuTypes.contains(" A100-1-5C ")' in out and "vgpuType: A100-1-5C" in out, err
+    doc = inventory_dict()
+    for g in doc["gpus"]:
+        g["mig"] = None  # NVML reports no MIG for any GPU of this node
+    inv = tmp_path / "node.json"
+    inv.write_text(json.dumps(doc))
+    code, _, err = run(capsys, "render", "claim-template", "--inventory", str(inv), "--set", "profile=A100-1-5C")
+    assert code == 2 and "MIG-backed" in err and "no GPU" in err and err.count("\n") == 1
 
 
 # --------------------------------------------------------------------------- displays and ramfb

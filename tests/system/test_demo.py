@@ -39,19 +39,21 @@ def test_demo_runs_the_whole_system(report):
     assert report.ok, report.problems
     assert report.node == "sim-node-1" and report.kubernetes == "v1.35.0"
     phases = {w["name"]: w["phase"] for w in report.workloads}
-    assert phases == {"vm-t4-a": "Running", "pod-t4": "Running", "vm-a100": "Running", "vm-passthrough": "Running",
-                      "vfio-pod": "Running", "vm-t4-c": "Pending"}
+    assert phases == {"vm-t4-a": "Running", "pod-t4": "Running", "vm-a100": "Running", "pod-a100": "Running",
+                      "vm-passthrough": "Running", "vfio-pod": "Running", "vm-t4-c": "Pending"}
     # the node manager applied the layout: VFs on the SR-IOV boards
     vfs = {g["model"]: g["vfs"] for g in report.layout["gpus"]}
     assert vfs["GA100 [A100 PCIe 40GB]"] == 16 and vfs["AD102GL [L40S]"] == 32
     # the bridge published one counter set per GPU (1.35: counters in slices of their own)
-    assert report.slices["counter_sets"] == 4 and report.slices["devices"] == 16
+    # devices on 1.35 (one size per time-sliced GPU): 2 x (T4 8 GB slots 2 + whole GPU), the A100's
+    # 3g.20gb and 1g.5gb placements (2 + 7) and the whole GPU, the L40S 12 GB slots (4) and the whole GPU
+    assert report.slices["counter_sets"] == 4 and report.slices["devices"] == 2 * 3 + 10 + 5
     assert report.slices["plugin_socket"].endswith("/plugins/vgpu.kubevirt.io/dra.sock")
 
 
 def test_demo_workloads_are_real_claims_prepared_by_the_plugin(report):
     devices = [d for w in report.workloads for d in w["devices"]]
-    assert len(devices) == 5
+    assert len(devices) == 6
     # every claim was made from a template by the claim controller's naming rule
     for w in report.workloads:
         for claim in w["claims"]:
@@ -65,7 +67,7 @@ def test_demo_workloads_are_real_claims_prepared_by_the_plugin(report):
     assert pt["kind"] == "passthrough" and pt["host_id"] == "0000:13:00.0"
     # isolated: every device in its own IOMMU group, a vfio device node per group
     groups = [d["iommu_group"] for d in devices]
-    assert None not in groups and len(set(groups)) == 5
+    assert None not in groups and len(set(groups)) == 6
     for d in devices:
         paths = [n["path"] for n in d["device_nodes"]]
         assert paths == ["/dev/vfio/vfio", f"/dev/vfio/{d['iommu_group']}"]
@@ -87,9 +89,21 @@ def test_demo_a_vm_and_a_pod_share_one_gpus_counters(report):
     assert [n["path"] for n in dp["device_nodes"]][-1] == f"/dev/vfio/{dp['iommu_group']}"
     g0 = next(g for g in report.gpus if g.index == 0)
     assert [(h.owner, h.workload) for h in g0.holders] == [("VM", "vm-t4-a"), ("pod", "pod-t4")]
-    assert report.shared == [{"gpu": 0, "address": "0000:10:00.0", "counter_set": dv["counter_set"],
-                              "vms": ["vm-t4-a"], "pods": ["pod-t4"], "memory_used": 16 * GiB,
-                              "memory_total": 16 * GiB}]
+    assert report.shared[0] == {"gpu": 0, "address": "0000:10:00.0", "counter_set": dv["counter_set"],
+                                "vms": ["vm-t4-a"], "pods": ["pod-t4"], "memory_used": 16 * GiB,
+                                "memory_total": 16 * GiB}
+
+
+def test_demo_mig_backed_vgpus_of_a_vm_and_a_pod_share_the_a100s_counters(report):
+    """MIG-backed vGPUs at two GPU-instance placements of one A100, a VM's and a pod's, on the GPU's
+    one counter set in NVIDIA's vocabulary; what is left is what still has a free placement."""
+    vm, pod = by_name(report, "vm-a100"), by_name(report, "pod-a100")
+    (dv,), (dp,) = vm["devices"], pod["devices"]
+    assert dv["device"].startswith("gpu-2-mig-3g20gb-9-") and dp["device"].startswith("gpu-2-mig-1g5gb-19-")
+    assert dv["counter_set"] == dp["counter_set"] == "gpu-2-counter-set"
+    assert report.shared[1]["vms"] == ["vm-a100"] and report.shared[1]["pods"] == ["pod-a100"]
+    g2 = next(g for g in report.gpus if g.index == 2)
+    assert (g2.slices_used, g2.slices_total) == (5, 8)  # 4 slices of the 3g.20gb, 1 of the 1g.5gb
 
 
 def test_demo_accounts_per_gpu(report):
@@ -98,10 +112,12 @@ def test_demo_accounts_per_gpu(report):
     assert gpus[0].memory_used == gpus[0].memory_total == 16 * GiB and gpus[0].vgpus_used == 2
     assert [(h.workload, h.kind) for h in gpus[1].holders] == [("vm-passthrough", "passthrough")]
     assert gpus[1].memory_used == 16 * GiB  # the whole GPU consumes the whole counter set
-    assert gpus[2].memory_used == 10 * GiB and gpus[3].memory_used == 12 * GiB
+    assert gpus[2].memory_used == (19968 + 4864) * 2**20 and gpus[3].memory_used == 12 * GiB
     left = {i: {x["profile"]: x["fits"] for x in g.left} for i, g in gpus.items()}
-    assert left == {0: {"T4-8Q": 0, "whole GPU": 0}, 1: {"T4-8Q": 0, "whole GPU": 0},
-                    2: {"A100-10C": 3, "whole GPU": 0}, 3: {"L40S-12Q": 3, "whole GPU": 0}}
+    assert left[0] == {"T4-8Q": 0, "whole GPU": 0} and left[1] == {"T4-8Q": 0, "whole GPU": 0}
+    # the 3g.20gb at 0 and the 1g.5gb at 4 leave two 1g.5gb placements (5, 6) and no 3g.20gb
+    assert left[2] == {"A100-1-5C": 2, "A100-3-20C": 0, "whole GPU": 0}
+    assert left[3]["L40S-12Q"] == 3 and left[3]["whole GPU"] == 0
     assert gpus[2].framework == "mdev-sriov" and gpus[3].framework == "vendor-vfio" and gpus[1].framework == "mdev"
 
 
@@ -118,14 +134,14 @@ def test_demo_explains_the_refusal(report):
 
 def test_demo_tears_everything_down(report):
     t = report.teardown
-    assert t["vgpus_removed"] == 4 and t["gpus_returned"] == ["0000:13:00.0"]
+    assert t["vgpus_removed"] == 5 and t["gpus_returned"] == ["0000:13:00.0"]
     assert (t["claims_left"], t["prepared_left"], t["cdi_files_left"], t["vgpus_left"], t["still_on_vfio"]) == \
            (0, 0, 0, [], [])
 
 
 def test_demo_text(report):
     out = demo_cli.text(report)
-    for needle in ("[1] node manager", "[2] DRA bridge", "vm-t4-a", "[4] per physical GPU", "left: 3 x A100-10C",
+    for needle in ("[1] node manager", "[2] DRA bridge", "vm-t4-a", "[4] per physical GPU", "left: 2 x A100-1-5C",
                    "VM  vm-t4-a", "pod pod-t4", "VM vm-t4-a and pod pod-t4 draw on the same 16 GiB",
                    "[5] refused", "VM vm-t4-c asked for a T4-8Q vGPU and stays Pending", "host clean", "done in"):
         assert needle in out, needle
@@ -135,7 +151,7 @@ def test_demo_svg_is_well_formed(report):
     root = ET.fromstring(demo_cli.svg(report))
     assert root.tag == SVG + "svg"
     segments = [r for r in root.iter(SVG + "rect") if r.find(SVG + "title") is not None]
-    assert len(segments) == 5  # one per device held
+    assert len(segments) == 6  # one per device held
     titles = " ".join(r.find(SVG + "title").text for r in segments)
     assert "vm-passthrough" in titles and "vfio-pod" in titles
     texts = " ".join("".join(t.itertext()) for t in root.iter(SVG + "text"))
@@ -154,13 +170,14 @@ def test_demo_svg_has_a_legend_and_tells_vms_from_pods(report):
     # VMs solid in blues, pods in oranges with the hatch pattern over them, each labelled with its kind
     segments = {r.find(SVG + "title").text.split(" · ")[0]: r for r in root.iter(SVG + "rect")
                 if r.find(SVG + "title") is not None}
-    assert set(segments) == {"VM vm-t4-a", "pod pod-t4", "VM vm-a100", "VM vm-passthrough", "pod vfio-pod"}
+    assert set(segments) == {"VM vm-t4-a", "pod pod-t4", "VM vm-a100", "pod pod-a100", "VM vm-passthrough",
+                             "pod vfio-pod"}
     for who, r in segments.items():
         owner = who.split()[0]
         assert r.get("class") == f"holder {owner.lower()}"
         assert r.get("fill") in (demo_cli.VM_COLORS if owner == "VM" else demo_cli.POD_COLORS)
     hatched = [r for r in root.iter(SVG + "rect") if r.get("fill") == "url(#pod-hatch)"]
-    assert len(hatched) == 1 + 2  # the legend's swatch and the two pods
+    assert len(hatched) == 1 + 3  # the legend's swatch and the three pods
     assert root.find(f"{SVG}defs/{SVG}pattern[@id='pod-hatch']") is not None
     texts = ["".join(t.itertext()) for t in root.iter(SVG + "text")]
     assert "VM vm-t4-a" in texts and "pod pod-t4" in texts  # labels on the shared T4's segments
@@ -173,7 +190,7 @@ def test_demo_svg_has_a_legend_and_tells_vms_from_pods(report):
 
 def test_demo_json_is_complete(report):
     d = json.loads(demo_cli.to_json(report))
-    assert d["ok"] is True and len(d["workloads"]) == 6 and len(d["gpus"]) == 4 and d["refused"]
+    assert d["ok"] is True and len(d["workloads"]) == 7 and len(d["gpus"]) == 4 and d["refused"]
     assert "text" not in d["layout"]
 
 
@@ -181,7 +198,7 @@ def test_cli_demo(tmp_path, capsys):
     svg = tmp_path / "gpus.svg"
     assert main(["demo", "--json", "--svg", str(svg)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["ok"] and [w["phase"] for w in out["workloads"]].count("Running") == 5
+    assert out["ok"] and [w["phase"] for w in out["workloads"]].count("Running") == 6
     ET.parse(svg)
 
 
@@ -214,6 +231,7 @@ def test_selectors_evaluate_the_template_expressions():
                                            profile_expression)
 
     d = device({"type": {"string": "vgpu"}, "profile": {"string": "T4-8Q"}, "gpuIndex": {"int": 0},
+                "vgpuTypes": {"string": " T4-8Q T4-8C T4-8A "},
                 "productName": {"string": "TU104GL [Tesla T4]"},
                 "resource.kubernetes.io/pciBusID": {"string": "0000:10:00.0"}}, {"memory": "8Gi"})
     s = default_selectors()

@@ -254,14 +254,14 @@ def test_bad_claim_over_the_socket_is_an_error_not_a_crash(srv, node, base):
     kl = base / "kl"
     with running(make_daemon(node, srv, base)):
         _, reg = register(kl)
-        bad = add_claim(srv, "elsewhere", [("vgpu", "gpu-0-vgpu-t4-1q-0")], node="sim-node-2")
+        bad = add_claim(srv, "elsewhere", [("vgpu", "gpu-0-vgpu-1gb-0")], node="sim-node-2")
         missing = ("default", "00000000-0000-4000-8000-000000000002", "missing")
         with reg.client("v1") as client:
             out = client.prepare([(bad.namespace, bad.uid, bad.name), missing])
             assert out[bad.uid]["error"] and out[bad.uid]["devices"] == []
             assert out[missing[1]]["error"]
             # still serving
-            good = add_claim(srv, "good", [("vgpu", "gpu-0-vgpu-t4-1q-0")], node=node.node)
+            good = add_claim(srv, "good", [("vgpu", "gpu-0-vgpu-1gb-0")], node=node.node)
             assert client.prepare([(good.namespace, good.uid, good.name)])[good.uid]["error"] == ""
 
 
@@ -281,7 +281,7 @@ def test_crash_left_vgpu_is_removed_when_the_daemon_starts(srv, node, base):
     d = make_daemon(node, srv, base)
     pool = node.build_pool()
     claims = DictClaims()
-    ref = claims.add(claim_object("vm", [("vgpu", "gpu-0-vgpu-t4-1q-0")], node=node.node),
+    ref = claims.add(claim_object("vm", [("vgpu", "gpu-0-vgpu-1gb-0")], node=node.node),
                      uid="00000000-0000-4000-8000-0000000000c1")
     with pytest.raises(Crash):
         make_driver(node, d.paths, claims, pool, io=CrashAfterCreate(node.host)).prepare([ref])

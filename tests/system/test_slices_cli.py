@@ -115,7 +115,7 @@ def test_layout_file_gives_the_pool_policy(simdir, capsys, tmp_path):
     code, doc, _ = slices(capsys, "-o", "json", "-f", str(layout))
     assert code == 0
     devices = [d for i in doc["items"] for d in i["spec"].get("devices", [])]
-    assert devices and all(d["name"].startswith("gpu-0-vgpu-t4-2q-") for d in devices)
+    assert devices and all(d["name"].startswith("gpu-0-vgpu-2gb-") for d in devices)  # the 2 GB slots
     assert {d["attributes"]["profile"]["string"] for d in devices} == {"T4-2Q"}
     code, doc, _ = slices(capsys, "-o", "json", "-f", str(layout), "--layout", "none")
     assert code == 0 and doc == {"apiVersion": "v1", "kind": "List", "items": []}
