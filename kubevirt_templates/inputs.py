@@ -101,7 +101,11 @@ class DraNames(_Input):
 
 
 class DeviceClassesInput(DraNames):
-    """The two DeviceClasses of the driver."""
+    """The two DeviceClasses of the driver, and one per vGPU type listed in ``profiles``
+    (``vgpu-t4-2q``): its slots, and the opaque VgpuConfig that makes a slot that type, so a
+    claim that names the class needs no selector and no config of its own."""
+
+    profiles: list[Profile] = Field([], description="vGPU types to give a DeviceClass each (short names, e.g. T4-2Q)")
 
 
 class ClaimTemplateInput(DraNames):

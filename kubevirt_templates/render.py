@@ -107,9 +107,14 @@ def product_expression(driver: str, product: str) -> str:
 
 def render_deviceclasses(v: DeviceClassesInput) -> list[dict[str, Any]]:
     classes = [
-        {"name": v.vgpu_class, "selectors": [class_expression(v.driver, "vgpu")]},
-        {"name": v.passthrough_class, "selectors": [class_expression(v.driver, "passthrough")]},
+        {"name": v.vgpu_class, "selectors": [class_expression(v.driver, "vgpu")], "config": []},
+        {"name": v.passthrough_class, "selectors": [class_expression(v.driver, "passthrough")], "config": []},
     ]
+    for p in dict.fromkeys(v.profiles):
+        config = vgpu_config(v.driver, [], p)
+        classes.append({"name": fit_dns_label("vgpu-", p, ""),
+                        "selectors": [class_expression(v.driver, "vgpu"), profile_expression(v.driver, p)],
+                        "config": [{"opaque": config["opaque"]}]})
     return _render("deviceclasses.yaml.j2", classes=classes)
 
 

@@ -452,8 +452,13 @@ class Allocator:
                         res["consumedCapacity"] = {k: format_quantity(v) for k, v in (ch.consumed or {}).items()}
                     results.append(res)
                 devices: dict = {"results": results}
-                config = [{"source": "FromClaim", **c} for c in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []]
-                if config:  # as kube-scheduler does: the claim's config travels with its allocation
+                # as kube-scheduler does: each chosen request's class config, then the claim's own
+                config = [{"source": "FromClass", "requests": [req.name], **c}
+                          for req in {ch.request.name: ch.request for ch in chosen}.values()
+                          for c in ((self.classes.get(req.device_class) or {}).get("spec") or {}).get("config") or []]
+                config += [{"source": "FromClaim", **c}
+                           for c in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []]
+                if config:
                     devices["config"] = config
                 allocations.append({"devices": devices,
                                     "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [

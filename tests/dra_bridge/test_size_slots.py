@@ -78,3 +78,34 @@ def test_prepare_makes_the_type_the_claim_asks_for(tmp_path, paths):
     err = drv.prepare([wrong])[wrong.uid].error
     assert "vgpuType 'L40S-4Q' is not offered by device" in err
     assert len(discover(node.env, node.io).gpu(L40S).vgpus) == 2  # nothing made for it
+
+
+def test_a_per_type_device_class_carries_the_type_from_scheduler_to_prepare(tmp_path, paths):
+    """`vgpuctl render deviceclasses --set profiles=[L40S-2B]`: a claim naming the class, with no
+    selector or config of its own, gets a 2 GB slot (the allocator copies the class config into the
+    allocation, as kube-scheduler does), and prepare makes an L40S-2B on it."""
+    from dra_bridge.pool.slices import build_slices
+    from dra_bridge.scheduling.allocator import Allocator
+    from dra_bridge.scheduling.selectors import default_selectors
+    from kubevirt_templates.render import render
+
+    node = make_node(tmp_path, "default", version=(1, 37))
+    pool = node.build_pool()
+    slices = build_slices(pool, driver=DRIVER, node_name=node.node, pool_name=node.node, generation=1,
+                          server_version=(1, 37))
+    classes = render("deviceclasses", {"profiles": ["L40S-2B"]})
+    assert [c["metadata"]["name"] for c in classes][-1] == "vgpu-l40s-2b"
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "vm", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu-l40s-2b"}}]}}}
+    _, (alloc,) = Allocator(slices, classes, default_selectors()).allocate([claim])
+    (result,) = alloc["devices"]["results"]
+    assert "L40S-2B" in pool.device(result["device"]).type_choices
+    assert alloc["devices"]["config"] == [{"source": "FromClass", "requests": ["gpu"], "opaque": {
+        "driver": DRIVER, "parameters": {"apiVersion": "vgpu.kubevirt.io/v1alpha1", "kind": "VgpuConfig",
+                                         "vgpuType": "L40S-2B"}}}]
+    claims = DictClaims()
+    ref = claims.add({**claim, "status": {"allocation": alloc}}, str(uuid.uuid4()))
+    assert make_driver(node, paths, claims, pool).prepare([ref])[ref.uid].error is None
+    (v,) = discover(node.env, node.io).gpu(L40S).vgpus
+    assert v.type_name.endswith("L40S-2B")

@@ -186,3 +186,25 @@ def test_kubeconfig_detects_what_the_server_keeps(simdir, capsys, tmp_path, vers
     assert bool(list(walk(doc, "sharedCounters"))) == counters
     assert bool(list(walk(doc, "compatibilityGroups"))) == groups
     accepted(doc["items"], version, ",".join(f"{k}={str(v).lower()}" for k, v in gates.items()))
+
+
+def test_a_mig_node_publishes_memory_slice_counters_consumed_by_its_placements(simdir, capsys):
+    """#13's done-when, through the CLI: a layout puts the A100s and the H100 of the mig-node in MIG
+    mode (vgpuctl apply), and `vgpuctl slices` shows their counter sets in NVIDIA's vocabulary, each
+    placement device consuming its memory slices."""
+    layout = Path(__file__).resolve().parents[2] / "examples" / "mig-layout.yaml"
+    assert main(["--simulate", "mig-node", "apply", "-f", str(layout), "--config-name", "dra"]) == 0
+    capsys.readouterr()
+    assert main(["--simulate", "mig-node", "slices", "-o", "json", "-f", str(layout), "--layout", "dra",
+                 "--server-version", "1.36"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sets = {c["name"]: c["counters"] for i in doc["items"] for c in i["spec"].get("sharedCounters", [])}
+    assert {f"memory-slice-{k}" for k in range(8)} <= set(sets["gpu-2-counter-set"])  # the H100
+    assert sets["gpu-2-counter-set"]["multiprocessors"] == {"value": "132"}
+    devices = {d["name"]: d for i in doc["items"] for d in i["spec"].get("devices", [])}
+    dev = devices["gpu-2-mig-4g40gb-5-0"]
+    (used,) = dev["consumesCounters"]
+    assert used["counterSet"] == "gpu-2-counter-set"
+    assert {k for k in used["counters"] if k.startswith("memory-slice-")} == {f"memory-slice-{k}" for k in range(4)}
+    assert dev["attributes"]["profile"] == {"string": "4g.40gb"}
+    assert len([n for n in devices if n.startswith("gpu-2-mig-")]) == 25  # NVIDIA's placements of an H100
