@@ -61,6 +61,7 @@ class SimNvml:
         return gpu
 
     def _read(self, bus_id: str) -> dict:
+        self._gpu(bus_id)  # a GPU's board never changes: one without MIG answers without the lock
         with self.host._locked():
             return self._gpu(bus_id)
 
