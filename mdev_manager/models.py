@@ -97,6 +97,7 @@ class MigState(_Model):
     memory_slices: int = Field(description="memory slices of the GPU (8 on A100 and H100)")
     profiles: list[GpuInstanceProfile] = []
     instances: list[GpuInstance] = []
+    uuid: str | None = Field(None, description="the GPU's NVML UUID (GPU-...), where NVML answers")
 
     def profile(self, ref: int | str) -> GpuInstanceProfile | None:
         return next((p for p in self.profiles if p.id == ref or p.name == ref), None)

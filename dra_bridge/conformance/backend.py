@@ -47,7 +47,8 @@ class Run:
     reason: str | None = None  # the scheduler's (or kubelet's) words when not Running
     bound_node: str | None = None
     claims: list[str] = field(default_factory=list)
-    devices: list[dict] = field(default_factory=list)  # {claim, device, pool, driver, gpu, kind, profile, counter_set}
+    devices: list[dict] = field(default_factory=list)  # {claim, device, pool, driver, gpu, kind, profile, counter_set,
+    #                                                    mig_backed, memory_slices}
     health: healthcheck.HealthResult | None = None
     restarts: int = 0
 
@@ -235,7 +236,10 @@ class KubeBackend:
                 out.append({"claim": cname, "request": res.get("request"), "driver": res["driver"], "pool": res["pool"],
                             "device": res["device"], "gpu": dev_gpu(dev), "kind": dev_attr(dev, "type", res["driver"]),
                             "profile": dev_attr(dev, "profile", res["driver"]), "node": dev.get("_node"),
-                            "counter_set": (dev.get("consumesCounters") or [{}])[0].get("counterSet")})
+                            "counter_set": (dev.get("consumesCounters") or [{}])[0].get("counterSet"),
+                            "mig_backed": dev_attr(dev, "migBacked", res["driver"]) is True,
+                            "memory_slices": sorted(k for c in dev.get("consumesCounters") or []
+                                                    for k in c.get("counters") or {} if k.startswith("memory-slice-"))})
         return out
 
     def wait(self, r: Run, *, expect: str = "Running") -> Run:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from dra_bridge.conformance.backend import KubeBackend, Run, random_suffix
 from dra_bridge.conformance.report import TITLES, CheckFailed, CheckResult, ConformanceReport
+from dra_bridge.scheduling.objects import dev_attr, dev_gpu
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,8 @@ class Conformance:
                 problems.append(f"IOMMU groups not distinct: vGPU workload {sorted(gv)}, whole-GPU workload {sorted(gp)}")
             notes.append(f"isolated: vGPU {sorted(dv)} in IOMMU group {sorted(gv)}, whole GPU {sorted(dp)} in "
                          f"IOMMU group {sorted(gp)}")
+        # side by side: a vGPU of the other kind (MIG-backed beside time-sliced) on its GPU's counter set
+        side = self._mig_beside(res, v, problems, notes)
         # released the same way: when the vGPU workload ends, the whole GPU it blocked is allocated
         self.b.stop(v)
         wait_a = self.b.wait(wait_a)
@@ -301,7 +304,7 @@ class Conformance:
         sets = {d["counter_set"] for r in (v, wait_a) for d in r.devices}
         if len(sets) != 1:
             problems.append(f"the vGPU and the whole GPU {t.gpu} consume different counter sets: {sorted(sets)}")
-        for r in [x for x in (p, wait_a) if x is not None]:
+        for r in [x for x in (p, wait_a, side) if x is not None]:
             self.b.stop(r)
         if problems:
             raise CheckFailed("; ".join(problems))
@@ -309,6 +312,69 @@ class Conformance:
                 f", allocated from the same pool and counter set {sets.pop()} of GPU {t.gpu} (a vGPU blocks the "
                 "whole GPU, the whole GPU blocks its vGPUs, and releasing one lets the other run), prepared by the "
                 "same plugin; " + "; ".join(notes))
+
+    def _mig_beside(self, res: CheckResult, v: Run, problems: list[str], notes: list[str]) -> Run | None:
+        """While ``v`` runs, a vGPU of the other kind on another GPU of the node: MIG-backed (a
+        GPU-instance placement, consuming ``memory-slice-*`` counters) beside time-sliced, or the
+        reverse. Both run at once, each counted on its own GPU's one counter set, and that GPU's
+        whole-GPU device waits. A node without both kinds gets a note, not a failure."""
+        t = self.target
+        d = self.b.driver
+        v_mig = any(x["mig_backed"] for x in v.devices)
+        other: dict[str, list[dict]] = {}
+        for dev in self.b.slice_devices().values():
+            if dev.get("_node") != t.node or dev_attr(dev, "type", d) != "vgpu" or dev_gpu(dev) == t.gpu:
+                continue
+            if (dev_attr(dev, "migBacked", d) is True) != v_mig:
+                other.setdefault(dev_gpu(dev), []).append(dev)
+        want = "time-sliced" if v_mig else "MIG-backed"
+        if not other:
+            notes.append(f"no GPU in {'time-sliced' if v_mig else 'MIG'} mode on node {t.node}: "
+                         f"{want} vGPUs beside {'MIG-backed' if v_mig else 'time-sliced'} ones not exercised")
+            return None
+        gpu = min(other, key=lambda g: (dev_attr(other[g][0], "gpuIndex", d) is None, dev_attr(other[g][0], "gpuIndex", d) or 0, g))
+        index = dev_attr(other[gpu][0], "gpuIndex", d)
+        sels = [self._gpu_sel(index, gpu, "vgpu"),
+                f"{'!' if v_mig else ''}(has(device.attributes[{_cel(d)}].migBacked) && "
+                f"device.attributes[{_cel(d)}].migBacked)"]
+        if not v_mig:  # the smallest GPU-instance profile: a placement, not the whole GPU's memory
+            small = min(other[gpu], key=lambda x: (dev_attr(x, "placementSize", d) or 0, x["name"]))
+            sels.append(f"device.attributes[{_cel(d)}].profile == {_cel(dev_attr(small, 'profile', d))}")
+        m = self.b.start(f"{'ts' if v_mig else 'mig'}-vgpu-{random_suffix()}",
+                         self.b.template(f"{'ts' if v_mig else 'mig'}-vgpu-{random_suffix()}", self.b.vgpu_class, sels),
+                         t.node)
+        res.evidence.append(m.line())
+        if m.phase != "Running":
+            problems.append(f"a {want} vGPU of GPU {gpu} did not run beside {v.name}: {m.phase} ({m.reason})")
+            return m
+        self.ran.append(m)
+        problems.extend(self._same_gpu(m, gpu))
+        self.b.refresh(v)
+        if v.phase != "Running":
+            problems.append(f"{v.name} stopped while the {want} vGPU started: {v.phase}")
+        mig_run = v if v_mig else m
+        dm = [x for x in mig_run.devices if x["mig_backed"]]
+        if not dm or not all(x["memory_slices"] for x in dm):
+            problems.append(f"{mig_run.name}: the MIG-backed device consumes no memory-slice counter: {dm}")
+        sets = {x["counter_set"] for x in m.devices} | {x["counter_set"] for x in v.devices}
+        if len(sets) != 2 or None in sets:
+            problems.append(f"the two vGPUs on two GPUs should consume two counter sets, one each: {sorted(map(str, sets))}")
+        tmpl = self.b.template(f"whole-gpu-m-{random_suffix()}", self.b.passthrough_class,
+                               [self._gpu_sel(index, gpu, "passthrough")])
+        wait_m = self.b.start(f"whole-m-{random_suffix()}", tmpl, t.node, expect="Pending")
+        res.evidence.append(wait_m.line())
+        if wait_m.phase == "Running" or wait_m.bound_node:
+            problems.append(f"the whole GPU {gpu} was allocated while its {want} vGPU runs ({wait_m.line()})")
+        self.b.stop(wait_m)
+        gv, gm = self._groups(v), self._groups(m)
+        if not gv or not gm or gv & gm:
+            problems.append(f"IOMMU groups not distinct: {v.name} {sorted(gv)}, {m.name} {sorted(gm)}")
+        ms = ", ".join(f"{x['device']} ({', '.join(x['memory_slices'])})" for x in dm)
+        notes.append(f"side by side: {'MIG-backed' if v_mig else 'time-sliced'} {[x['device'] for x in v.devices]} "
+                     f"on {t.gpu} and {want} {[x['device'] for x in m.devices]} on {gpu}, each on its GPU's one "
+                     f"counter set ({', '.join(sorted(map(str, sets)))}); the MIG-backed placement {ms} holds its memory slices "
+                     f"and the whole GPU {gpu} waits while it runs")
+        return m
 
     # ------------------------------------------------------------ check 5
     def check5(self, res: CheckResult) -> str:

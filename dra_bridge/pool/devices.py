@@ -30,6 +30,7 @@ from dra_bridge.api.names import (
 from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.pool.mig import add_mig_gpu
 from dra_bridge.pool.model import (  # noqa: F401  re-exported: the pool's data is read from here
+    nvidia_architecture,
     ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, MAX_ATTRS_AND_CAPACITY, AttrKey, AttrValue, Consumption, CounterSet, GpuPolicy,
     Pool, PoolDevice, PoolPolicy, _hex_id, _is_nvidia, attr_bool, attr_int, attr_string, attr_version, format_kib,
     format_mib, gpu_framebuffer_mib, gpu_vgpu_limit, type_framebuffer_mib, type_max_instances)
@@ -312,6 +313,8 @@ def _common_attributes(gpu: Gpu, pcie_root: str | None) -> dict[str, AttrValue]:
         "deviceId": attr_string(_hex_id(gpu.device_id)),
         "gpuIndex": attr_int(gpu.index),
     }
+    if arch := nvidia_architecture(gpu.vendor_id, gpu.model):
+        attrs["architecture"] = attr_string(arch)
     if gpu.numa_node is not None and gpu.numa_node >= 0:
         attrs["numaNode"] = attr_int(gpu.numa_node)
     if pcie_root:

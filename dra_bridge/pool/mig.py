@@ -104,7 +104,8 @@ def add_mig_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, common: dict[str, AttrValu
             name=passthrough_device_name(gpu.index), kind="passthrough", gpu=gpu.address,
             attributes={"type": attr_string("passthrough"), "profile": attr_string(gpu.model),
                         "framework": attr_string("vfio-pci"), "migEnabled": attr_bool(True), **common,
-                        ATTR_PCI_BUS_ID: attr_string(gpu.address)},
+                        ATTR_PCI_BUS_ID: attr_string(gpu.address),
+                        **({"uuid": attr_string(mig.uuid)} if mig.uuid else {})},
             capacity={"memory": format_mib(full.memory_mib)},
             consumes=[Consumption(counter_set=cs, counters={k: str(v) for k, v in counters.items()})]))
     for pid, t in sorted(offered.items(), key=lambda kv: (-mig.profile(kv[0]).slices, kv[0])):
@@ -121,6 +122,8 @@ def add_mig_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, common: dict[str, AttrValu
             **common,
             "parentPciBusID": attr_string(gpu.address),
         }
+        if mig.uuid:
+            attrs["parentUUID"] = attr_string(mig.uuid)
         if (series := type_series(t.name)) is not None:
             attrs["series"] = attr_string(series)
         cap = {"memory": format_mib(prof.memory_mib),

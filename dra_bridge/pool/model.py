@@ -25,6 +25,24 @@ AttrKey = Literal["string", "int", "bool", "version"]
 AttrValue = dict[AttrKey, str | int | bool]
 
 
+#: NVIDIA's chip-name prefixes (the first word of the PCI database's product name, ``GA100``)
+#: and the architecture NVML reports for them, spelled as NVIDIA's DRA driver publishes its
+#: ``architecture`` attribute (NVIDIA/go-nvlib ``pkg/nvlib/device``: ``GetArchitectureAsString``).
+NVIDIA_ARCHITECTURES = {"GK": "Kepler", "GM": "Maxwell", "GP": "Pascal", "GV": "Volta", "TU": "Turing",
+                        "GA": "Ampere", "AD": "Ada Lovelace", "GH": "Hopper", "GB": "Blackwell"}
+
+
+def nvidia_architecture(vendor_id: str | None, product_name: str | None) -> str | None:
+    """The architecture of an NVIDIA GPU from its chip name (``GH100 [H100 PCIe]`` -> Hopper);
+    None when the name does not start with a known chip (a card without a pci.ids entry)."""
+    if (vendor_id or "").lower() not in ("0x10de", "10de") or not product_name:
+        return None
+    chip = product_name.split()[0]
+    if len(chip) < 4 or not chip[2:5].rstrip("GLM").isdigit():
+        return None
+    return NVIDIA_ARCHITECTURES.get(chip[:2])
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

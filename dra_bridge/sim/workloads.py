@@ -37,9 +37,10 @@ layouts:
       mode: dra
       vgpus: {L40S-12Q: 4}
       passthrough: true
-  all:                         # every GPU, every profile (servers >= 1.37 publish them all)
-    - all: true
+  all:                         # every GPU, every profile (servers >= 1.37 publish them all);
+    - all: true                #   GPUs with MIG in MIG mode: MIG-backed vGPUs beside time-sliced ones
       mode: dra
+      migMode: true
       passthrough: true
 """
 

@@ -54,6 +54,7 @@ class NvmlTransport(Protocol):
     def gpu_instances(self, bus_id: str) -> list[tuple[int, int, int, int]]: ...
     def create_gpu_instance(self, bus_id: str, profile_id: int, start: int, size: int) -> int: ...
     def destroy_gpu_instance(self, bus_id: str, gi_id: int) -> None: ...
+    def uuid(self, bus_id: str) -> str: ...
 
 
 class Mig:
@@ -77,8 +78,12 @@ class Mig:
             raise
         instances = [{"id": gid, "profile_id": pid, "placement": {"start": start, "size": size}}
                      for gid, pid, start, size in sorted(raw)]
+        try:
+            uuid = self.t.uuid(bus_id)
+        except NvmlError:
+            uuid = None  # published "where known" only
         return {"enabled": bool(current), "pending": bool(pending), "memory_slices": slices, "profiles": profiles,
-                "instances": instances}
+                "instances": instances, "uuid": uuid}
 
     def set_mode(self, bus_id: str, enabled: bool) -> None:
         self.t.set_mig_mode(bus_id, 1 if enabled else 0)
@@ -98,7 +103,7 @@ class NoNvml:
         raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND)
 
     mig_mode = set_mig_mode = gpu_instance_profiles = memory_slices = gpu_instances = _none
-    create_gpu_instance = destroy_gpu_instance = _none
+    create_gpu_instance = destroy_gpu_instance = uuid = _none
 
 
 class PynvmlTransport:
@@ -206,6 +211,11 @@ class PynvmlTransport:
         placement.start, placement.size = start, size
         gi = self._call(lib.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile_id, lib.byref(placement))
         return int(self._call(lib.nvmlGpuInstanceGetInfo, gi).id)
+
+    def uuid(self, bus_id: str) -> str:
+        lib, h = self._handle(bus_id)
+        u = self._call(lib.nvmlDeviceGetUUID, h)
+        return u.decode() if isinstance(u, bytes) else str(u)
 
     def destroy_gpu_instance(self, bus_id: str, gi_id: int) -> None:
         lib, h = self._handle(bus_id)

@@ -18,6 +18,8 @@ exists (:meth:`free_instances`, read by the kernel model's refresh).
 
 from __future__ import annotations
 
+import uuid
+
 from mdev_manager.catalog_mig import MEMORY_SLICES, has_mig, mig_profiles
 from mdev_manager.host.nvml import (NVML_ERROR_IN_USE, NVML_ERROR_INSUFFICIENT_RESOURCES, NVML_ERROR_INVALID_ARGUMENT,
                                     NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NvmlError)
@@ -91,6 +93,11 @@ class SimNvml:
 
     def gpu_instance_profiles(self, bus_id: str) -> list[dict]:
         return [p.model_dump() for p in mig_profiles(self._read(bus_id)["board"])]
+
+    def uuid(self, bus_id: str) -> str:
+        """``GPU-`` and a UUID, as ``nvidia-smi -L`` prints it; stable per host and address."""
+        gpu = self._read(bus_id)
+        return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"vgpuctl-sim:{getattr(self.host, 'root', '')}:{gpu['pf']}"))
 
     def memory_slices(self, bus_id: str) -> int:
         return MEMORY_SLICES[self._read(bus_id)["board"]]

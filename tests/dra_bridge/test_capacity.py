@@ -140,9 +140,14 @@ def test_simulated_cluster_with_the_demo_workloads():
     r = simulated_capacity("1.35")
     assert fits(r, 0) == {"T4-8Q": 0, "whole GPU": 0}
     assert fits(r, 1) == {"T4-8Q": 0, "whole GPU": 0}
-    assert fits(r, 2) == {"A100-10C": 3, "whole GPU": 0}
+    # the A100 in MIG mode holds a 3g.20gb at slices 0-3 (the VM) and a 1g.5gb at slice 4 (the pod):
+    # two more 1g.5gb fit (slices 5 and 6; slice 7 is no 1g placement), no 3g.20gb (its other
+    # placement, 4-7, is broken by the pod's)
+    assert fits(r, 2) == {"A100-1-5C": 2, "A100-3-20C": 0, "whole GPU": 0}
     assert fits(r, 3) == {"L40S-12Q": 3, "whole GPU": 0}
-    assert r.gpu(None, 0).used["memory"] == "16Gi" and r.gpu(None, 2).used["memory"] == "10Gi"
+    assert r.gpu(None, 0).used["memory"] == "16Gi"
+    used = r.gpu(None, 2).used
+    assert [used[f"memory-slice-{k}"] for k in range(8)] == ["1"] * 5 + ["0"] * 3 and used["multiprocessors"] == "56"
     assert "with the demo's workloads running" in r.notes[0]
 
 
@@ -155,7 +160,10 @@ def test_simulated_1_37_publishes_every_profile_and_honours_equal_size():
     g0, g1 = fits(r, 0), fits(r, 1)
     assert g0["T4-8Q"] == 1 and g0["T4-8A"] == 1 and g0["T4-4Q"] == 0 and g0["T4-1Q"] == 0 and g0["whole GPU"] == 0
     assert g1["T4-1Q"] == 16 and g1["T4-16Q"] == 1 and g1["whole GPU"] == 1
-    assert fits(r, 3)["L40S-1Q"] == 32 and fits(r, 2)["A100-4C"] == 10
+    assert fits(r, 3)["L40S-1Q"] == 32
+    # the A100 in MIG mode: NVIDIA's instance counts of each GPU-instance profile
+    assert fits(r, 2) == {"A100-1-5C": 7, "A100-1-5CME": 1, "A100-2-10C": 3, "A100-3-20C": 2, "A100-4-20C": 1,
+                          "A100-7-40C": 1, "whole GPU": 1}
 
 
 def test_cli_capacity_against_an_api_server(tmp_path, capsys):
@@ -166,5 +174,5 @@ def test_cli_capacity_against_an_api_server(tmp_path, capsys):
         assert main(["capacity", "--kubeconfig", str(kubeconfig), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     a100 = next(g for g in out["gpus"] if g["index"] == 2)
-    assert {p["profile"]: p["fits"] for p in a100["profiles"]} == {"A100-10C": 3, "whole GPU": 0}
-    assert a100["holders"][0]["profile"] == "A100-10C"
+    assert {p["profile"]: p["fits"] for p in a100["profiles"]} == {"A100-1-5C": 3, "A100-3-20C": 1, "whole GPU": 0}
+    assert a100["holders"][0]["profile"] == "3g.20gb"  # a MIG placement's profile, as NVIDIA names it

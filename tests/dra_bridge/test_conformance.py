@@ -49,6 +49,9 @@ def test_all_checks_pass_on_the_simulated_cluster(passing):
     assert "stays Pending: 0/1 nodes are available" in d3 and "framebuffer" in d3 and "kept their devices" in d3
     d4 = detail(passing, 4)
     assert "counter set gpu-0-counter-set" in d4 and "IOMMU group" in d4 and "releasing one lets the other run" in d4
+    # MIG-backed beside time-sliced: the A100 (0000:16:00.0, MIG mode) runs a GPU-instance placement
+    assert "side by side: time-sliced" in d4 and "MIG-backed ['gpu-2-mig-1g5gb-19-0'] on 0000:16:00.0" in d4
+    assert "(memory-slice-0) holds its memory slices and the whole GPU 0000:16:00.0 waits" in d4
     assert "0 Fail" in detail(passing, 5)
 
 
@@ -164,6 +167,21 @@ def test_check_4_fails_when_the_whole_gpu_is_not_accounted_with_its_vgpus():
     st = statuses(rep)
     assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
     assert "not accounted against the same counters" in detail(rep, 4)
+
+
+def test_check_4_fails_when_mig_placements_do_not_consume_their_memory_slices():
+    def strip(slices):
+        for s in slices:
+            for d in s["spec"].get("devices") or []:
+                if "migBacked" in d["attributes"]:
+                    for c in d.get("consumesCounters") or []:
+                        c["counters"] = {k: v for k, v in c["counters"].items() if not k.startswith("memory-slice-")}
+        return slices
+
+    rep = run_conformance_simulated(prepare=lambda c: republish(c, strip))
+    st = statuses(rep)
+    assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
+    assert "the MIG-backed device consumes no memory-slice counter" in detail(rep, 4)
 
 
 def test_check_5_fails_when_a_workload_health_check_fails(monkeypatch):

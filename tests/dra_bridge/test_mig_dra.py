@@ -241,3 +241,20 @@ def test_capacity_is_placement_aware(node):
     assert fits("gpu-1-mig-1g5gb-19-0") == (1, 6)
     assert fits("gpu-1-mig-1g5gb-19-0", "gpu-1-mig-1g5gb-19-5") == (0, 5)
     assert fits("gpu-1-passthrough") == (0, 0)
+
+
+def test_attributes_as_nvidia_names_them(node):
+    """``architecture`` on every GPU's devices (from the chip name, as NVML spells it), the GPU's
+    NVML UUID as ``uuid`` on the whole GPU and ``parentUUID`` on its MIG placements."""
+    pool = pool_of(node)
+    arch = {d.gpu: d.attributes["architecture"]["string"] for d in pool.devices}
+    assert arch == {A100_MDEV: "Ampere", A100_VFIO: "Ampere", H100: "Hopper", L40S: "Ada Lovelace"}
+    uuids = {}
+    for gi, addr in enumerate((A100_MDEV, A100_VFIO, H100)):
+        whole = pool.device(f"gpu-{gi}-passthrough").attributes["uuid"]["string"]
+        assert whole.startswith("GPU-") and uuid.UUID(whole[4:])
+        parents = {d.attributes["parentUUID"]["string"] for d in pool.devices if d.gpu == addr and d.placement}
+        assert parents == {whole}
+        uuids[addr] = whole
+    assert len(set(uuids.values())) == 3  # one per GPU
+    assert not any("parentUUID" in d.attributes or "uuid" in d.attributes for d in pool.devices if d.gpu == L40S)
