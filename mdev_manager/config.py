@@ -135,9 +135,11 @@ class GpuLayout(BaseModel):
     mode: Mode = "vgpu"
     vgpus: dict[str, StrictInt] = {}  # strict: YAML's `yes` is not a count
     passthrough: bool = Field(False, description="dra mode: also offer the whole GPU for passthrough")
-    mig_mode: bool | None = Field(None, alias="migMode", description=(
+    mig_mode: bool | Literal["auto"] | None = Field(None, alias="migMode", description=(
         "dra mode: put the GPU in MIG mode (true: the DRA bridge offers MIG-backed vGPUs at their placements) "
-        "or out of it (false: time-sliced vGPUs); switched only while the GPU holds nothing. Unset: as it is. "
+        "or out of it (false: time-sliced vGPUs); switched only while the GPU holds nothing. auto: the DRA "
+        "bridge offers both, kept apart by compatibility groups where the API server keeps them (else the "
+        "current mode only), and the first claim prepared on the empty GPU sets its mode. Unset: as it is. "
         "vgpu mode needs no flag: MIG-backed types in vgpus put the GPU in MIG mode"))
     device_filter: list[str] = Field([], alias="deviceFilter", description=(
         "only GPUs with one of these device ids (vgpu-device-manager's device-filter: 0xDDDDVVVV[:0xSSSSWWWW])"))

@@ -148,9 +148,9 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
             continue
         if t.mig_backed and entry.mode == "dra" and not entry.mig_mode:
             problems.append(f"{field}: {t.name} is MIG-backed; a dra GPU offers MIG-backed types in MIG mode "
-                            "only: add migMode: true to this entry")
+                            "only: add migMode: true (or auto) to this entry")
             continue
-        if not t.mig_backed and entry.mode == "dra" and entry.mig_mode:
+        if not t.mig_backed and entry.mode == "dra" and entry.mig_mode is True:
             problems.append(f"{field}: {t.name} is time-sliced; a GPU in MIG mode (migMode: true) offers "
                             "MIG-backed types only")
             continue
@@ -234,7 +234,7 @@ def make_plan(
             if _prepare_for_vgpu(plan, gpu, usage):
                 continue
             if entry.mode == "dra":  # the DRA bridge creates vGPUs per claim
-                if entry.mig_mode is not None and gpu.mig is not None and gpu.mig.enabled != entry.mig_mode:
+                if isinstance(entry.mig_mode, bool) and gpu.mig is not None and gpu.mig.enabled != entry.mig_mode:
                     switch_mig_mode(plan, gpu, usage, definitions, vendor_records or {}, entry.mig_mode)
                     continue
                 _plan_dra(plan, gpu, usage, definitions, vendor_records or {})

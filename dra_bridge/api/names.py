@@ -89,7 +89,8 @@ def profile_of(type_name: str) -> str:
 
 
 def type_is_mig_backed(t: VgpuType) -> bool:
-    """MIG-backed types need MIG (not supported yet): never published, never rendered."""
+    """A MIG-backed type takes a GPU instance whole: published only as a MIG placement (never as a
+    time-sliced slot), by the driver's word or NVIDIA's name grammar (``A100-3-20C``)."""
     return t.mig_backed or is_mig_backed(t.name)
 
 

@@ -41,11 +41,12 @@ from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
 from dra_bridge.kubeletplugin.effects import (PrepareError, bind_passthrough, create_instance, create_vgpu,
                                               passthrough_moves, plan_mig_vgpu, plan_vgpu, read_one_gpu,
-                                              release_passthrough, remove_vgpu, device_present)
+                                              release_passthrough, remove_vgpu, device_present, switch_mig_mode)
 from dra_bridge.kubeletplugin.overlap import overlap
 from dra_bridge.kubeletplugin.paths import (PluginPaths, UnsafeName, check_label, check_name, check_namespace,
                                             check_request, check_uid)
 from dra_bridge.pool.devices import Pool
+from dra_bridge.pool.dualmode import offers_both_modes
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +265,17 @@ class Driver:
                                                 only_types={type_id} if dev.kind == "vgpu" else None)
             if gpu is None:
                 raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
+            want_mig = dev.placement is not None
+            if dev.kind == "vgpu" and gpu.mig is not None and gpu.mig.enabled != want_mig and \
+                    offers_both_modes(pool, dev.gpu):  # migMode: auto: this claim's mode is the GPU's now
+                try:
+                    switch_mig_mode(self.ex, gpu, want_mig)
+                except PrepareError as exc:
+                    raise PrepareError(f"{where}: {exc}") from None
+                gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types={type_id})
+                gpus.pop(dev.gpu, None)
+                for k in [k for k in gpus if isinstance(k, tuple) and k[0] == dev.gpu]:
+                    gpus.pop(k)
             gpus[key] = gpu
             rec = PreparedDeviceRecord(request=r["request"], pool=r["pool"], device=dev.name, kind=dev.kind,
                                        gpu=dev.gpu, type_id=type_id)

@@ -8,6 +8,7 @@ touch the kernel the same way.
 from __future__ import annotations
 
 import errno
+import logging
 import uuid as uuidlib
 
 from mdev_manager.discovery import read_function, read_gpu
@@ -20,6 +21,8 @@ from mdev_manager.models import Gpu, MigPlacement
 from mdev_manager.plan import native_driver
 
 from dra_bridge.kubeletplugin.checkpoint import PreparedDeviceRecord
+
+log = logging.getLogger(__name__)
 
 
 class PrepareError(Exception):
@@ -54,6 +57,26 @@ def choose_parent(gpu: Gpu, type_id: str, taken: set[str], first: str | None = N
     held = sorted({v.type_name for v in gpu.vgpus})
     why = f"it holds {', '.join(held)}" if held else "it has no free instance"
     raise PrepareError(f"GPU {gpu.address} cannot create {offered.name} now: {why}")
+
+
+def switch_mig_mode(ex: Executor, gpu: Gpu, enable: bool) -> None:
+    """A dual-mode GPU (``migMode: auto``) into the mode of the claim being prepared: the
+    scheduler's compatibility groups allocated it only because no claim of the other mode holds
+    the GPU, so it is empty; NVML refuses the switch otherwise (in use), and so do we, first."""
+    assert gpu.mig is not None
+    held = [v.id for v in gpu.vgpus] + [f"GPU instance {g.id}" for g in gpu.mig.instances]
+    if held:
+        raise PrepareError(f"GPU {gpu.address} must leave {'time-sliced' if enable else 'MIG'} mode for this claim "
+                           f"but holds {', '.join(held[:4])}")
+    mig = Mig(ex.io.nvml())
+    try:
+        mig.set_mode(gpu.address, enable)
+        state = mig.state(gpu.address) or {}
+    except NvmlError as exc:
+        raise PrepareError(f"GPU {gpu.address}: MIG mode not switched {'on' if enable else 'off'}: {exc}") from None
+    if bool(state.get("enabled")) != enable:  # a board that needs a GPU reset first (pending != current)
+        raise PrepareError(f"GPU {gpu.address}: MIG mode {'on' if enable else 'off'} is pending a GPU reset")
+    log.info("GPU %s: MIG mode %s for a claim of that mode", gpu.address, "on" if enable else "off")
 
 
 def create_instance(ex: Executor, rec: PreparedDeviceRecord) -> None:

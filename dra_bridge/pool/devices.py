@@ -28,6 +28,7 @@ from dra_bridge.api.names import (
     vgpu_device_name,
 )
 from dra_bridge.api.quantity import parse_quantity
+from dra_bridge.pool.dualmode import in_mig_mode, merge_modes, mig_policy, time_sliced_policy
 from dra_bridge.pool.mig import add_mig_gpu
 from dra_bridge.pool.model import (  # noqa: F401  re-exported: the pool's data is read from here
     nvidia_architecture,
@@ -92,7 +93,8 @@ def _select_types(gpu: Gpu, pol: GpuPolicy, warnings: list[str]) -> list[VgpuTyp
         if t is None:
             warnings.append(f"GPU {gpu.address}: type {ref!r} is not offered by this GPU; skipped")
         elif type_is_mig_backed(t):
-            warnings.append(f"GPU {gpu.address}: {t.short_name} is MIG-backed (needs MIG, not supported yet); skipped")
+            warnings.append(f"GPU {gpu.address}: {t.short_name} is MIG-backed: offered while the GPU is in MIG mode "
+                            "(migMode: true or auto in the layout); skipped")
         elif t not in out:
             out.append(t)
     return out
@@ -134,9 +136,19 @@ def _equal_size_choice(
 
 
 def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None) -> None:
+    if pol.mig_auto and groups_supported and gpu.mig is not None and gpu.mig.profiles:
+        sliced, mig = Pool(), Pool()  # both modes, merged onto one counter set (dualmode.py)
+        _add_time_sliced(sliced, gpu, time_sliced_policy(gpu, pol), True, pcie_root)
+        add_mig_gpu(mig, in_mig_mode(gpu), mig_policy(gpu, pol), _common_attributes(gpu, pcie_root))
+        merge_modes(pool, gpu, sliced, mig)
+        return
     if gpu.mig is not None and gpu.mig.enabled:
         add_mig_gpu(pool, gpu, pol, _common_attributes(gpu, pcie_root))
         return
+    _add_time_sliced(pool, gpu, pol, groups_supported, pcie_root)
+
+
+def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None) -> None:
     warnings = pool.warnings
     total_fb = gpu_framebuffer_mib(gpu)
     equal_size = _is_nvidia(gpu) and not pol.mixed_size

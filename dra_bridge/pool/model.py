@@ -61,8 +61,7 @@ class GpuPolicy(_Model):
     vgpu_types: list[str] | None = Field(
         None,
         description="types to offer, by id, full name or short name (in priority order); "
-        "None = every time-sliced type the GPU offers (MIG-backed types are never offered: "
-        "they need MIG, not supported yet); [] = no vGPUs",
+        "None = every type of the GPU's mode (time-sliced, or MIG-backed in MIG mode); [] = no vGPUs",
     )
     equal_size_fb_mib: int | None = Field(
         None,
@@ -74,6 +73,12 @@ class GpuPolicy(_Model):
         False,
         description="the GPU runs in mixed-size mode: vGPUs of different framebuffer sizes may "
         "share it (no equal-size restriction, no compatibility groups)",
+    )
+    mig_auto: bool = Field(
+        False,
+        description="a MIG-capable GPU offers its MIG-backed and its time-sliced vGPUs at once, "
+        "kept apart by compatibility groups (servers that keep them; else its current mode only); "
+        "the first claim prepared on the empty GPU sets its MIG mode",
     )
 
 

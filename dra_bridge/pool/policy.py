@@ -3,7 +3,8 @@
 GPUs in mode ``dra`` are offered: their ``vgpus`` keys (if any) are the types offered,
 and the first type's framebuffer is the equal-size choice on servers older than 1.37;
 ``passthrough: true`` also offers the whole GPU; ``mixedSize: true`` offers every size
-without compatibility groups. With no layout every GPU is offered.
+without compatibility groups; ``migMode: auto`` offers MIG-backed and time-sliced vGPUs of a
+MIG-capable GPU side by side (:mod:`.dualmode`). With no layout every GPU is offered.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ def policy_from_layout(inv: Inventory, layouts: list[GpuLayout] | None) -> PoolP
             continue
         gpu = inv.gpu(addr)
         types = [t for t in (resolve_type(offered_types(gpu), ref) for ref in entry.vgpus) if t]
+        sliced = [t for t in types if not t.mig_backed]
         gpus[addr] = GpuPolicy(passthrough=entry.passthrough,
                                vgpu_types=[t.id for t in types] or None,
-                               equal_size_fb_mib=types[0].framebuffer_mib if types else None,
-                               mixed_size=size_mode(gpu, entry))
+                               equal_size_fb_mib=sliced[0].framebuffer_mib if sliced else None,
+                               mixed_size=size_mode(gpu, entry),
+                               mig_auto=entry.mig_mode == "auto")
     return PoolPolicy(gpus=gpus)
