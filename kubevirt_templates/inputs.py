@@ -106,6 +106,24 @@ class DeviceClassesInput(DraNames):
     claim that names the class needs no selector and no config of its own."""
 
     profiles: list[Profile] = Field([], description="vGPU types to give a DeviceClass each (short names, e.g. T4-2Q)")
+    products: list[Product] = Field([], description="GPU products to give a whole-GPU DeviceClass each (pci.ids "
+                                    "names, e.g. 'TU104GL [Tesla T4]')")
+    extended_resources: bool = Field(False, description=(
+        "map each per-type and per-product class to the classic resource name (KEP-5004 extendedResourceName, "
+        "Kubernetes 1.36+: nvidia.com/GRID_T4-2Q, nvidia.com/TU104GL_TESLA_T4) and the whole-GPU class to "
+        "vfio_resource; VMs with gpus[].deviceName and pods asking for those resources are then served by DRA, "
+        "on the same counters"))
+    resource_domain: ResourceDomain = Field(RESOURCE_DOMAIN, description="the classic resources' prefix")
+    vfio_resource: str = Field("vfio-device", description="extended_resources: the name (under resource_domain) "
+                               "of any whole GPU")
+
+    @model_validator(mode="after")
+    def _classic_names(self) -> "DeviceClassesInput":
+        if self.extended_resources:
+            for p in self.profiles:
+                classic_type_name(p, "profiles")
+            check_resource_name(f"{self.resource_domain}/{self.vfio_resource}")
+        return self
 
 
 class ClaimTemplateInput(DraNames):

@@ -105,16 +105,36 @@ def product_expression(driver: str, product: str) -> str:
 # --------------------------------------------------------------------------- DeviceClasses
 
 
+def _config(driver: str, *, vgpu_type: str | None = None, resource: str | None = None) -> list[dict[str, Any]]:
+    """A class's opaque VgpuConfig: the type a slot becomes, the classic resource its devices stand
+    for (prepare sets virt-launcher's variable for it); none when there is nothing to say."""
+    params = {k: v for k, v in (("vgpuType", vgpu_type), ("resourceName", resource)) if v}
+    if not params:
+        return []
+    return [{"opaque": {"driver": driver, "parameters": {
+        "apiVersion": "vgpu.kubevirt.io/v1alpha1", "kind": "VgpuConfig", **params}}}]
+
+
 def render_deviceclasses(v: DeviceClassesInput) -> list[dict[str, Any]]:
+    """The driver's classes; with ``extended_resources``, each mapped to its classic resource name
+    (KEP-5004) so device-plugin-era VMs and pods are allocated from the same counters."""
+    ext = v.extended_resources
+    vfio = f"{v.resource_domain}/{v.vfio_resource}" if ext else None
     classes = [
-        {"name": v.vgpu_class, "selectors": [class_expression(v.driver, "vgpu")], "config": []},
-        {"name": v.passthrough_class, "selectors": [class_expression(v.driver, "passthrough")], "config": []},
+        {"name": v.vgpu_class, "selectors": [class_expression(v.driver, "vgpu")], "config": [], "extended": None},
+        {"name": v.passthrough_class, "selectors": [class_expression(v.driver, "passthrough")],
+         "config": _config(v.driver, resource=vfio), "extended": vfio},
     ]
     for p in dict.fromkeys(v.profiles):
-        config = vgpu_config(v.driver, [], p)
+        res = resource_name_for_type(classic_type_name(p, "profiles"), v.resource_domain) if ext else None
         classes.append({"name": fit_dns_label("vgpu-", p, ""),
                         "selectors": [class_expression(v.driver, "vgpu"), profile_expression(v.driver, p)],
-                        "config": [{"opaque": config["opaque"]}]})
+                        "config": _config(v.driver, vgpu_type=p, resource=res), "extended": res})
+    for product in dict.fromkeys(v.products):
+        res = resource_name_for_pci(product, v.resource_domain) if ext else None
+        classes.append({"name": fit_dns_label("gpu-passthrough-", product, ""),
+                        "selectors": [class_expression(v.driver, "passthrough"), product_expression(v.driver, product)],
+                        "config": _config(v.driver, resource=res), "extended": res})
     return _render("deviceclasses.yaml.j2", classes=classes)
 
 

@@ -44,13 +44,16 @@ def vfio_nodes(env: HostEnv, iommu_group: int | None, vfio_dev: str | None = Non
     return [{"path": p, "hostPath": str(h), "type": "c", "permissions": "rwm"} for p, h in nodes]
 
 
-def claim_spec(driver: str, claim_uid: str, devices: dict[str, list[dict]]) -> dict:
-    return {
-        "cdiVersion": CDI_VERSION,
-        "kind": claim_kind(driver),
-        "devices": [{"name": device_name(claim_uid, d), "containerEdits": {"deviceNodes": nodes}}
-                    for d, nodes in sorted(devices.items())],
-    }
+def claim_spec(driver: str, claim_uid: str, devices: dict[str, list[dict]],
+               env: dict[str, list[str]] | None = None) -> dict:
+    """``env``: device -> ``NAME=value`` entries its containers get (KubeVirt's resource variables)."""
+    out = []
+    for d, nodes in sorted(devices.items()):
+        edits: dict = {"deviceNodes": nodes}
+        if env and env.get(d):
+            edits["env"] = list(env[d])
+        out.append({"name": device_name(claim_uid, d), "containerEdits": edits})
+    return {"cdiVersion": CDI_VERSION, "kind": claim_kind(driver), "devices": out}
 
 
 def spec_path(cdi_root: Path, driver: str, claim_uid: str) -> Path:

@@ -39,6 +39,7 @@ from dra_bridge.kubeletplugin.checkpoint import (Checkpoint, CheckpointCorrupt, 
                                                  PreparedDeviceRecord)
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
+from dra_bridge.kubeletplugin.resourceenv import resource_env
 from dra_bridge.kubeletplugin.effects import (PrepareError, bind_passthrough, create_instance, create_vgpu,
                                               passthrough_moves, plan_mig_vgpu, plan_vgpu, read_one_gpu,
                                               release_passthrough, remove_vgpu, device_present, switch_mig_mode)
@@ -333,7 +334,8 @@ class Driver:
             by_request.setdefault(d.request, []).append(
                 {"driver": self.paths.driver, "pool": d.pool, "name": d.device, "attributes": attrs})
         spec_file = cdi.spec_path(self.paths.cdi_root, self.paths.driver, rec.uid)
-        cdi.write_spec(self.io, spec_file, cdi.claim_spec(self.paths.driver, rec.uid, cdi_devices))
+        cdi.write_spec(self.io, spec_file, cdi.claim_spec(self.paths.driver, rec.uid, cdi_devices,
+                                                          resource_env(rec, claim, self.paths.driver)))
         rec.cdi_files.append(str(spec_file))
         for request, devices in by_request.items():
             host = metadata.host_file(self.paths.metadata_dir, rec.namespace, rec.name, request)

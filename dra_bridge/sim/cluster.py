@@ -37,8 +37,8 @@ from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.selectors import default_selectors
 from dra_bridge.scheduling.objects import devices_by_key
 from dra_bridge.sim.kubelet import KubeletClient, prepare_errors, workload_devices
-from dra_bridge.sim.workloads import (DEMO_LAYOUT, Workload, claim_from_template, launcher_pod, pod_event,
-                                      unschedulable_status)
+from dra_bridge.sim.workloads import (DEMO_LAYOUT, Workload, claim_from_template, extended_resource_claim,
+                                      launcher_pod, pod_event, unschedulable_status)
 
 
 def _resource_types():
@@ -57,7 +57,8 @@ class SimCluster:
 
     def __init__(self, *, preset: str = "default", layout: str = DEMO_LAYOUT, layout_name: str = "demo",
                  version: str = "1.35", namespace: str = "default", driver: str = DEFAULT_DRIVER,
-                 selectors=None, validate: bool = True, base: Path | None = None, health: bool = True):
+                 selectors=None, validate: bool = True, base: Path | None = None, health: bool = True,
+                 device_classes: dict | None = None, feature_gates: dict[str, bool] | None = None):
         self.preset = preset
         self.layout_text = layout
         self.layout_name = layout_name
@@ -67,6 +68,8 @@ class SimCluster:
         self.selectors = selectors or default_selectors()
         self.validate = validate
         self.health = health
+        self.device_classes = dict(device_classes or {})  # render deviceclasses values beyond the driver
+        self.feature_gates = feature_gates  # None: every gate of the version on; {}: the version's defaults
         self._base_arg = base
         self.base: Path | None = None
         self.srv = None
@@ -90,7 +93,7 @@ class SimCluster:
         self.node, self.host, self.env, self.io = sim.node, sim.host, sim.env, sim.io
         layout_file = self.base / "layout.yaml"
         layout_file.write_text(self.layout_text)
-        self.srv = LocalApiServer(version=self.version, validate=self.validate,
+        self.srv = LocalApiServer(version=self.version, validate=self.validate, feature_gates=self.feature_gates,
                                   extra_resources=_resource_types()).start()
         self.api = self.srv.api_client()
         self.resource = WorkloadApi(self.api).resource  # the typed resource.k8s.io/v1 client
@@ -108,7 +111,8 @@ class SimCluster:
         self.daemon.start()  # reconcile the layout, publish the slices, serve the kubelet
         self.timings["node agent"] = time.perf_counter() - t0 - self.timings["api"]
         self.kubelet = KubeletClient(self.base / "kl", self.driver).register()
-        for obj in render("deviceclasses", {"driver": self.driver} if self.driver != DEFAULT_DRIVER else {}):
+        values = {**({"driver": self.driver} if self.driver != DEFAULT_DRIVER else {}), **self.device_classes}
+        for obj in render("deviceclasses", values):
             self.resource.create_device_class(obj)
         return self
 
@@ -234,9 +238,15 @@ class SimCluster:
                 made = sanitize(self.api, self.resource.read_namespaced_resource_claim(pc["resourceClaimName"], ns))
             w.claims.append((made["metadata"]["name"], made["metadata"]["uid"]))
             statuses.append({"name": pc["name"], "resourceClaimName": made["metadata"]["name"]})
-        if statuses:
-            self.rest("PATCH", self.pod_path(w.namespace, w.pod, "status"),
-                      {"status": {"resourceClaimStatuses": statuses}}, patch=True)
+        status: dict = {"resourceClaimStatuses": statuses} if statuses else {}
+        special = extended_resource_claim(w, pod, self.classes())
+        if special is not None:  # the scheduler's claim for the pod's classic resources (KEP-5004)
+            claim, ext = special
+            made = sanitize(self.api, self.resource.create_namespaced_resource_claim(ns, claim))
+            w.claims.append((made["metadata"]["name"], made["metadata"]["uid"]))
+            status["extendedResourceClaimStatus"] = {"resourceClaimName": made["metadata"]["name"], **ext}
+        if status:
+            self.rest("PATCH", self.pod_path(w.namespace, w.pod, "status"), {"status": status}, patch=True)
         self.workloads.append(w)
         return w
 
@@ -250,13 +260,16 @@ class SimCluster:
         claims = self.claim_objects(w)
         alloc = self.allocator()
         try:
+            if w.unmet:  # no node advertises them and no DeviceClass maps them (NodeResourcesFit)
+                raise Unsatisfiable(", ".join(f"Insufficient {r}" for r in w.unmet))
             chosen, allocations = alloc.allocate(claims, node=node)
         except Unsatisfiable as exc:
             n = len(alloc.nodes) if node is None else 1
             if w.phase == "Pending" and w.reason == str(exc):
                 return False  # reported already
             w.phase, w.reason = "Pending", str(exc)
-            msg = f"0/{n} nodes are available: {n} cannot allocate all claims. {exc}"
+            msg = (f"0/{n} nodes are available: {n} {exc}." if w.unmet else
+                   f"0/{n} nodes are available: {n} cannot allocate all claims. {exc}")
             self.rest("PATCH", self.pod_path(w.namespace, w.pod, "status"), unschedulable_status(msg), patch=True)
             self.rest("POST", f"/api/v1/namespaces/{w.namespace}/events",
                       pod_event(w, "FailedScheduling", msg, {"component": "default-scheduler"}))

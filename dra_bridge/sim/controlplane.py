@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from dra_bridge.sim.workloads import Workload, pod_node
+from dra_bridge.sim.workloads import Workload, asks_extended_resources, pod_node
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class ControlPlane:
                 continue  # driven by SimCluster's own calls (the demo)
             w = self.by_uid.get(uid)
             if w is None:
-                if not p["spec"].get("resourceClaims"):
+                if not p["spec"].get("resourceClaims") and not asks_extended_resources(p):
                     if (p.get("status") or {}).get("phase") != "Running":
                         self.c.rest("PATCH", self.c.pod_path(p["metadata"]["namespace"], p["metadata"]["name"],
                                                              "status"), {"status": {"phase": "Running"}}, patch=True)

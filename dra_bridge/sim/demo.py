@@ -4,9 +4,10 @@ One simulated node from the catalog (two Tesla T4 with mdev, an A100 with mdev o
 mode, an L40S with NVIDIA vendor-specific VFIO), the node manager applying the demo layout, the DRA bridge
 publishing ResourceSlices to an in-process API server, and a set of workloads as real objects:
 VirtualMachines asking for vGPUs of two profiles through ResourceClaimTemplates, a VM with a whole
-GPU passed through, pods consuming vGPUs as vfio devices, and one workload too many. A VM and a pod
-share the first T4, and a VM and a pod share the A100 through MIG-backed vGPUs at two GPU-instance
-placements: each GPU's vGPUs draw on its one counter set, which is why the workload too
+GPU passed through, pods consuming vGPUs as vfio devices, a VM written for device plugins
+(``gpus[].deviceName``, served through a DeviceClass mapping its classic resource name), and one
+workload too many. A VM and a pod share the first T4, a VM and a pod share the A100 through
+MIG-backed vGPUs at two GPU-instance placements, and a DRA VM, the classic VM and a pod share the L40S: each GPU's vGPUs draw on its one counter set, which is why the workload too
 many (another T4 vGPU) is refused by the scheduler model, with its reason. Each workload's
 claims are made from its templates, allocated by the scheduler model, prepared by the kubelet
 plugin over its real sockets (the vGPUs appear on the simulated host, which is checked), and run
@@ -31,7 +32,7 @@ from dra_bridge.api.quantity import format_quantity
 class DemoWorkload:
     name: str
     what: str  # one line for people
-    kind: str  # vm | pod
+    kind: str  # vm | classic-vm | pod
     values: dict
     expect: str = "Running"  # Running | Pending
 
@@ -43,8 +44,20 @@ WORKLOADS: tuple[DemoWorkload, ...] = (
     DemoWorkload("pod-a100", "pod: A100-1-5C MIG-backed vGPU", "pod", {"profile": "A100-1-5C"}),  # same A100
     DemoWorkload("vm-passthrough", "VM: a whole T4", "vm", {"passthrough": "TU104GL [Tesla T4]"}),
     DemoWorkload("vfio-pod", "pod: L40S-12Q vGPU", "pod", {"profile": "L40S-12Q"}),
+    DemoWorkload("vm-l40s", "VM: L40S-12Q vGPU", "vm", {"gpus": {"L40S-12Q": 1}}),
+    # a VM written for device plugins (gpus[].deviceName), unchanged: its class maps the classic
+    # resource name (KEP-5004), so it draws on the same L40S counters as the DRA VM and the pod
+    DemoWorkload("vm-classic", "VM: L40S-12Q by deviceName (device-plugin era)", "classic-vm",
+                 {"gpus": {"L40S-12Q": 1}}),
     DemoWorkload("vm-t4-c", "VM: T4-8Q vGPU", "vm", {"gpus": {"T4-8Q": 1}}, expect="Pending"),
 )
+
+
+def demo_device_classes() -> dict:
+    """The ``render deviceclasses`` values of the demo's cluster: a class per classic VM's type,
+    mapped to its classic resource name."""
+    classic = sorted({p for w in WORKLOADS if w.kind == "classic-vm" for p in w.values["gpus"]})
+    return {"profiles": classic, "extended_resources": True}
 
 
 def render_workload(w: DemoWorkload) -> list[dict]:
@@ -52,6 +65,8 @@ def render_workload(w: DemoWorkload) -> list[dict]:
 
     if w.kind == "vm":
         return render("vm", {"name": w.name, "mode": "dra", **w.values})
+    if w.kind == "classic-vm":
+        return render("vm", {"name": w.name, "mode": "classic", **w.values})
     template = render("claim-template", {"profile": w.values["profile"]})
     name = template[0]["metadata"]["name"]
     return template + render("passthrough-pod", {"name": w.name, "claim_template": name})
@@ -70,6 +85,7 @@ class Holder:
     device: str
     host_id: str | None
     iommu_group: int | None
+    classic: bool = False  # asked by a classic resource name (deviceName); found through MDEV_/PCI_RESOURCE_<R>
 
 
 @dataclass
@@ -147,7 +163,8 @@ def _gpu_views(c: SimCluster, owners: dict[str, Workload], frameworks: dict[str,
                                        kind=dev.kind if dev else "?",
                                        profile=h["profile"], memory=int(dev.memory) if dev and dev.memory else None,
                                        device=h["device"], host_id=dev.host_id if dev else None,
-                                       iommu_group=dev.iommu_group if dev else None))
+                                       iommu_group=dev.iommu_group if dev else None,
+                                       classic=bool(dev and dev.env)))
         view.left = [{"profile": p.profile, "fits": p.fits, "of": p.published, "memory": p.memory}
                      for p in g.profiles]
         out.append(view)
@@ -166,6 +183,7 @@ def shared_gpus(gpus: list[GpuView]) -> list[dict]:
         pods = [h.workload for h in g.holders if h.owner == "pod"]
         if vms and pods:
             out.append({"gpu": g.index, "address": g.address, "counter_set": g.counter_set, "vms": vms,
+                        "classic_vms": [h.workload for h in g.holders if h.owner == "VM" and h.classic],
                         "pods": pods, "memory_used": g.memory_used, "memory_total": g.memory_total})
     return out
 
@@ -197,7 +215,7 @@ def run_demo(version: str = "1.35", *, selectors=None, progress=None) -> DemoRep
     """Run the demo end to end; ``progress(str)`` is called as steps complete."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
-    with SimCluster(version=version, selectors=selectors) as c:
+    with SimCluster(version=version, selectors=selectors, device_classes=demo_device_classes()) as c:
         inv = c.inventory()
         rep = DemoReport(node=c.node, preset=c.preset, kubernetes=c.srv.git_version,
                          cel=type(c.selectors).__name__)
@@ -230,6 +248,10 @@ def run_demo(version: str = "1.35", *, selectors=None, progress=None) -> DemoRep
         rep.shared = shared_gpus(rep.gpus)
         if not rep.shared:
             rep.problems.append("no GPU is shared by a VM and a pod")
+        classic_vms = {w.name for spec, w in launched if spec.kind == "classic-vm"}
+        if classic_vms and not any(set(g["classic_vms"]) & classic_vms and set(g["vms"]) - classic_vms
+                                   for g in rep.shared):
+            rep.problems.append("no GPU's counters are shared by a classic deviceName VM and a DRA VM")
         for spec, w in launched:
             d = w.to_dict()
             d["what"] = spec.what

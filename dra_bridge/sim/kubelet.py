@@ -139,10 +139,28 @@ def workload_devices(claims: list[tuple[str, str]], answers: dict[str, dict], pu
                                 profile=dev_attr(dev, "profile"), memory=dev_memory(dev), counter_set=cs,
                                 node=dev.get("_node"), iommu_group=groups[0] if groups else None,
                                 device_nodes=edits.device_nodes, cdi_ids=d["cdi_device_ids"])
+            wd.env = list(edits.env)
             for m in edits.mounts:
                 wd.host_id = wd.host_id or _metadata_id(Path(m["hostPath"]), d["device_name"])
             out.append(wd)
+    _classic_ids(out)
     return out
+
+
+def _classic_ids(devices: list[WorkloadDevice]) -> None:
+    """A classic VM's virt-launcher finds its devices in ``MDEV_PCI_RESOURCE_<R>`` / ``PCI_RESOURCE_<R>``
+    (comma-separated, one per device of that resource, in order), not in the metadata files."""
+    taken: dict[str, int] = {}
+    for wd in devices:
+        for entry in wd.env:
+            name, _, value = entry.partition("=")
+            if name.startswith(("MDEV_PCI_RESOURCE_", "PCI_RESOURCE_")):
+                ids = value.split(",")
+                k = taken.get(name, 0)
+                taken[name] = k + 1
+                if k < len(ids):
+                    wd.host_id = ids[k]
+                break
 
 
 __all__ = ["CdiEdits", "KubeletClient", "prepare_errors", "resolve_cdi", "workload_devices"]

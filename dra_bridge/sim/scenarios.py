@@ -14,9 +14,10 @@ from dra_bridge.scheduling.capacity import CapacityReport, compute
 def simulated_capacity(version: str = "1.35", layout: str | None = None, workloads: bool = True) -> CapacityReport:
     """Capacity of the simulated cluster of ``vgpuctl demo``, with its workloads running (or none)."""
     from dra_bridge.sim.cluster import SimCluster
-    from dra_bridge.sim.demo import WORKLOADS, render_workload
+    from dra_bridge.sim.demo import WORKLOADS, demo_device_classes, render_workload
 
-    with SimCluster(version=version, layout_name=layout or "demo", health=False) as c:
+    with SimCluster(version=version, layout_name=layout or "demo", health=False,
+                    device_classes=demo_device_classes()) as c:
         if workloads:
             for w in WORKLOADS:
                 c.launch(render_workload(w), name=w.name)

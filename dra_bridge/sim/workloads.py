@@ -71,10 +71,11 @@ class WorkloadDevice:
     iommu_group: int | None = None
     device_nodes: list[dict] = field(default_factory=list)
     cdi_ids: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)  # NAME=value from the CDI edits (virt-launcher's resource variables)
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("claim", "request", "pool", "device", "kind", "gpu", "profile",
-                                            "counter_set", "node", "host_id", "iommu_group", "cdi_ids")}
+                                            "counter_set", "node", "host_id", "iommu_group", "cdi_ids", "env")}
         d["memory"] = int(self.memory) if self.memory is not None else None
         d["device_nodes"] = [{"path": n.get("path"), "hostPath": n.get("hostPath")} for n in self.device_nodes]
         return d
@@ -94,6 +95,7 @@ class Workload:
     devices: list[WorkloadDevice] = field(default_factory=list)
     objects: list[dict] = field(default_factory=list)
     health: Any = None  # healthcheck.HealthResult once the workload ran the health check
+    unmet: list[str] = field(default_factory=list)  # extended resources no DeviceClass maps (no node has them)
 
     def claim_refs(self) -> list[tuple[str, str, str]]:
         """(namespace, uid, name) of each claim, as the kubelet names them to the plugin."""
@@ -131,9 +133,20 @@ def pod_node(pod: dict) -> str | None:
 
 
 def launcher_pod(vm: dict, stored_vm: dict, namespace: str) -> dict:
-    """The virt-launcher pod KubeVirt makes for a VirtualMachine: it holds the VM's claims."""
-    claims = vm["spec"]["template"]["spec"].get("resourceClaims") or []
+    """The virt-launcher pod KubeVirt makes for a VirtualMachine: it holds the VM's claims, and its
+    compute container asks for one of each classic ``deviceName`` its GPUs and host devices name
+    (as virt-controller's template service does)."""
+    spec = vm["spec"]["template"]["spec"]
+    claims = spec.get("resourceClaims") or []
     name = vm["metadata"]["name"]
+    devices = (spec.get("domain") or {}).get("devices") or {}
+    limits: dict[str, int] = {}
+    for d in (devices.get("gpus") or []) + (devices.get("hostDevices") or []):
+        if d.get("deviceName"):
+            limits[d["deviceName"]] = limits.get(d["deviceName"], 0) + 1
+    resources: dict[str, Any] = {"claims": [{"name": c["name"]} for c in claims]}
+    if limits:
+        resources["limits"] = {k: str(v) for k, v in limits.items()}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": f"virt-launcher-{name}-{rand_suffix()}", "namespace": namespace,
         "labels": {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": name},
@@ -141,7 +154,56 @@ def launcher_pod(vm: dict, stored_vm: dict, namespace: str) -> dict:
                              "name": stored_vm["metadata"]["name"], "uid": stored_vm["metadata"]["uid"]}]},
         "spec": {"resourceClaims": claims, "restartPolicy": "Never", "containers": [{
             "name": "compute", "image": LAUNCHER_IMAGE, "command": ["/usr/bin/virt-launcher-monitor"],
-            "resources": {"claims": [{"name": c["name"]} for c in claims]}}]}}
+            "resources": resources}]}}
+
+
+#: The annotation the scheduler puts on the claim it makes for a pod's extended resources (KEP-5004).
+EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+#: Every DeviceClass is also an extended resource of this domain (KEP-5004, implicit name).
+IMPLICIT_DOMAIN = "deviceclass.resource.kubernetes.io/"
+
+
+def asks_extended_resources(pod: dict) -> bool:
+    """Whether a container of ``pod`` asks for an extended resource (``domain/name``)."""
+    spec = pod.get("spec") or {}
+    return any("/" in k and not k.startswith("hugepages-")
+               for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+               for part in ("requests", "limits") for k in ((c.get("resources") or {}).get(part) or {}))
+
+
+def extended_resource_claim(w: Workload, pod: dict, classes: list[dict]) -> tuple[dict, dict] | None:
+    """The claim kube-scheduler makes for a pod's extended resources backed by DRA (KEP-5004):
+    one request ``container-<i>-request-<j>`` per (container, resource) that a DeviceClass maps
+    (``spec.extendedResourceName``, or the implicit ``deviceclass.resource.kubernetes.io/<class>``),
+    and the pod's ``status.extendedResourceClaimStatus``; None when the pod asks for none. (The
+    real scheduler makes it once the pod fits; the simulation makes it first, then allocates.)"""
+    by_name: dict[str, str] = {}
+    for c in sorted(classes, key=lambda c: c["metadata"]["name"]):
+        by_name.setdefault(IMPLICIT_DOMAIN + c["metadata"]["name"], c["metadata"]["name"])
+        ext = (c.get("spec") or {}).get("extendedResourceName")
+        if ext:
+            by_name[ext] = c["metadata"]["name"]
+    requests, mappings = [], []
+    spec = pod.get("spec") or {}
+    for i, ctr in enumerate((spec.get("initContainers") or []) + (spec.get("containers") or [])):
+        res = ctr.get("resources") or {}
+        wanted = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+        w.unmet += [k for k in wanted if "/" in k and k not in by_name and not k.startswith("hugepages-")
+                    and k not in w.unmet]
+        for j, (name, count) in enumerate((k, v) for k, v in wanted.items() if k in by_name):
+            req = f"container-{i}-request-{j}"
+            requests.append({"name": req, "exactly": {"deviceClassName": by_name[name], "allocationMode": "ExactCount",
+                                                      "count": int(count)}})
+            mappings.append({"containerName": ctr["name"], "resourceName": name, "requestName": req})
+    if not requests:
+        return None
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {
+        "name": f"{w.pod}-extended-resources-{rand_suffix()}", "namespace": w.namespace,
+        "annotations": {EXTENDED_RESOURCE_CLAIM: "true"},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": w.pod, "uid": w.pod_uid,
+                             "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"devices": {"requests": requests}}}
+    return claim, {"requestMappings": mappings}
 
 
 def claim_from_template(w: Workload, pod_claim: str, template: dict) -> dict:
@@ -170,5 +232,5 @@ def unschedulable_status(message: str) -> dict:
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}}
 
 
-__all__ = ["DEMO_LAYOUT", "LAUNCHER_IMAGE", "POD_CLAIM_NAME", "Workload", "WorkloadDevice", "claim_from_template",
+__all__ = ["DEMO_LAYOUT", "EXTENDED_RESOURCE_CLAIM", "asks_extended_resources", "extended_resource_claim", "LAUNCHER_IMAGE", "POD_CLAIM_NAME", "Workload", "WorkloadDevice", "claim_from_template",
            "launcher_pod", "pod_event", "pod_node", "rand_suffix", "unschedulable_status"]

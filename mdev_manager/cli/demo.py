@@ -94,6 +94,8 @@ def text(rep: DemoReport) -> str:
         for h in g.holders:
             who = f"{h.host_id} on vfio-pci" if h.kind == "passthrough" else (
                 f"VF {h.host_id}" if (h.host_id or "").count(":") == 2 else f"mdev {h.host_id}")
+            if h.classic:  # virt-launcher found it in MDEV_PCI_RESOURCE_<R> / PCI_RESOURCE_<R>, as from a device plugin
+                who += " (by deviceName, through its resource variable)"
             L.append(f"        {h.owner:<3} {h.workload:<{width}}  {h.profile:<10} {_human(h.memory):>7}  {who}")
         shared = next((x for x in rep.shared if x["gpu"] == g.index), None)
         if shared:

@@ -40,7 +40,8 @@ def test_demo_runs_the_whole_system(report):
     assert report.node == "sim-node-1" and report.kubernetes == "v1.35.0"
     phases = {w["name"]: w["phase"] for w in report.workloads}
     assert phases == {"vm-t4-a": "Running", "pod-t4": "Running", "vm-a100": "Running", "pod-a100": "Running",
-                      "vm-passthrough": "Running", "vfio-pod": "Running", "vm-t4-c": "Pending"}
+                      "vm-passthrough": "Running", "vfio-pod": "Running", "vm-l40s": "Running",
+                      "vm-classic": "Running", "vm-t4-c": "Pending"}
     # the node manager applied the layout: VFs on the SR-IOV boards
     vfs = {g["model"]: g["vfs"] for g in report.layout["gpus"]}
     assert vfs["GA100 [A100 PCIe 40GB]"] == 16 and vfs["AD102GL [L40S]"] == 32
@@ -53,8 +54,9 @@ def test_demo_runs_the_whole_system(report):
 
 def test_demo_workloads_are_real_claims_prepared_by_the_plugin(report):
     devices = [d for w in report.workloads for d in w["devices"]]
-    assert len(devices) == 6
-    # every claim was made from a template by the claim controller's naming rule
+    assert len(devices) == 8
+    # every claim was made from a template by the claim controller's naming rule (the classic VM's
+    # by the scheduler's, KEP-5004: <pod>-extended-resources-<random>)
     for w in report.workloads:
         for claim in w["claims"]:
             assert claim.startswith(w["pod"] + "-")
@@ -67,7 +69,7 @@ def test_demo_workloads_are_real_claims_prepared_by_the_plugin(report):
     assert pt["kind"] == "passthrough" and pt["host_id"] == "0000:13:00.0"
     # isolated: every device in its own IOMMU group, a vfio device node per group
     groups = [d["iommu_group"] for d in devices]
-    assert None not in groups and len(set(groups)) == 6
+    assert None not in groups and len(set(groups)) == 8
     for d in devices:
         paths = [n["path"] for n in d["device_nodes"]]
         assert paths == ["/dev/vfio/vfio", f"/dev/vfio/{d['iommu_group']}"]
@@ -90,7 +92,7 @@ def test_demo_a_vm_and_a_pod_share_one_gpus_counters(report):
     g0 = next(g for g in report.gpus if g.index == 0)
     assert [(h.owner, h.workload) for h in g0.holders] == [("VM", "vm-t4-a"), ("pod", "pod-t4")]
     assert report.shared[0] == {"gpu": 0, "address": "0000:10:00.0", "counter_set": dv["counter_set"],
-                                "vms": ["vm-t4-a"], "pods": ["pod-t4"], "memory_used": 16 * GiB,
+                                "vms": ["vm-t4-a"], "classic_vms": [], "pods": ["pod-t4"], "memory_used": 16 * GiB,
                                 "memory_total": 16 * GiB}
 
 
@@ -106,18 +108,32 @@ def test_demo_mig_backed_vgpus_of_a_vm_and_a_pod_share_the_a100s_counters(report
     assert (g2.slices_used, g2.slices_total) == (5, 8)  # 4 slices of the 3g.20gb, 1 of the 1g.5gb
 
 
+def test_demo_a_classic_device_name_vm_and_a_dra_vm_share_the_l40s_counters(report):
+    """An unchanged VM of the device-plugin era (gpus[].deviceName: nvidia.com/NVIDIA_L40S-12Q) runs
+    on the DRA accounting: the scheduler's claim for its classic resource, our device in the L40S's
+    counter set beside a DRA VM's and a pod's, found by virt-launcher in PCI_RESOURCE_<R>."""
+    classic, dra = by_name(report, "vm-classic"), by_name(report, "vm-l40s")
+    (dc,), (dd,) = classic["devices"], dra["devices"]
+    assert dc["counter_set"] == dd["counter_set"] == "gpu-3-counter-set" and dc["device"] != dd["device"]
+    assert dc["env"] == [f"PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-12Q={dc['host_id']}"] and dd["env"] == []
+    assert dc["host_id"].startswith("0000:19:00.")  # a VF of the L40S carrying the type
+    assert classic["claims"][0].startswith(classic["pod"] + "-extended-resources-")
+    g3 = next(g for g in report.shared if g["gpu"] == 3)
+    assert g3["classic_vms"] == ["vm-classic"] and set(g3["vms"]) == {"vm-l40s", "vm-classic"}
+
+
 def test_demo_accounts_per_gpu(report):
     gpus = {g.index: g for g in report.gpus}
     assert [h.workload for h in gpus[0].holders] == ["vm-t4-a", "pod-t4"]
     assert gpus[0].memory_used == gpus[0].memory_total == 16 * GiB and gpus[0].vgpus_used == 2
     assert [(h.workload, h.kind) for h in gpus[1].holders] == [("vm-passthrough", "passthrough")]
     assert gpus[1].memory_used == 16 * GiB  # the whole GPU consumes the whole counter set
-    assert gpus[2].memory_used == (19968 + 4864) * 2**20 and gpus[3].memory_used == 12 * GiB
+    assert gpus[2].memory_used == (19968 + 4864) * 2**20 and gpus[3].memory_used == 3 * 12 * GiB
     left = {i: {x["profile"]: x["fits"] for x in g.left} for i, g in gpus.items()}
     assert left[0] == {"T4-8Q": 0, "whole GPU": 0} and left[1] == {"T4-8Q": 0, "whole GPU": 0}
     # the 3g.20gb at 0 and the 1g.5gb at 4 leave two 1g.5gb placements (5, 6) and no 3g.20gb
     assert left[2] == {"A100-1-5C": 2, "A100-3-20C": 0, "whole GPU": 0}
-    assert left[3]["L40S-12Q"] == 3 and left[3]["whole GPU"] == 0
+    assert left[3]["L40S-12Q"] == 1 and left[3]["whole GPU"] == 0
     assert gpus[2].framework == "mdev-sriov" and gpus[3].framework == "vendor-vfio" and gpus[1].framework == "mdev"
 
 
@@ -134,7 +150,7 @@ def test_demo_explains_the_refusal(report):
 
 def test_demo_tears_everything_down(report):
     t = report.teardown
-    assert t["vgpus_removed"] == 5 and t["gpus_returned"] == ["0000:13:00.0"]
+    assert t["vgpus_removed"] == 7 and t["gpus_returned"] == ["0000:13:00.0"]
     assert (t["claims_left"], t["prepared_left"], t["cdi_files_left"], t["vgpus_left"], t["still_on_vfio"]) == \
            (0, 0, 0, [], [])
 
@@ -151,7 +167,7 @@ def test_demo_svg_is_well_formed(report):
     root = ET.fromstring(demo_cli.svg(report))
     assert root.tag == SVG + "svg"
     segments = [r for r in root.iter(SVG + "rect") if r.find(SVG + "title") is not None]
-    assert len(segments) == 6  # one per device held
+    assert len(segments) == 8  # one per device held
     titles = " ".join(r.find(SVG + "title").text for r in segments)
     assert "vm-passthrough" in titles and "vfio-pod" in titles
     texts = " ".join("".join(t.itertext()) for t in root.iter(SVG + "text"))
@@ -171,7 +187,7 @@ def test_demo_svg_has_a_legend_and_tells_vms_from_pods(report):
     segments = {r.find(SVG + "title").text.split(" · ")[0]: r for r in root.iter(SVG + "rect")
                 if r.find(SVG + "title") is not None}
     assert set(segments) == {"VM vm-t4-a", "pod pod-t4", "VM vm-a100", "pod pod-a100", "VM vm-passthrough",
-                             "pod vfio-pod"}
+                             "pod vfio-pod", "VM vm-l40s", "VM vm-classic"}
     for who, r in segments.items():
         owner = who.split()[0]
         assert r.get("class") == f"holder {owner.lower()}"
@@ -190,7 +206,7 @@ def test_demo_svg_has_a_legend_and_tells_vms_from_pods(report):
 
 def test_demo_json_is_complete(report):
     d = json.loads(demo_cli.to_json(report))
-    assert d["ok"] is True and len(d["workloads"]) == 7 and len(d["gpus"]) == 4 and d["refused"]
+    assert d["ok"] is True and len(d["workloads"]) == 9 and len(d["gpus"]) == 4 and d["refused"]
     assert "text" not in d["layout"]
 
 
@@ -198,7 +214,7 @@ def test_cli_demo(tmp_path, capsys):
     svg = tmp_path / "gpus.svg"
     assert main(["demo", "--json", "--svg", str(svg)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["ok"] and [w["phase"] for w in out["workloads"]].count("Running") == 6
+    assert out["ok"] and [w["phase"] for w in out["workloads"]].count("Running") == 8
     ET.parse(svg)
 
 
