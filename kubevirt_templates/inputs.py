@@ -138,9 +138,16 @@ class ClaimTemplateInput(DraNames):
     min_memory: Quantity | None = Field(None, description="select any vGPU with at least this framebuffer, e.g. 8Gi")
     first_available: list[str] | None = Field(None, description="select the first available of these vGPU types, "
                                               f"in order of preference (at most {MAX_FIRST_AVAILABLE})")
+    gpu_memory: StrictInt | None = Field(None, gt=0, description=(
+        "KAI Scheduler's gpu-memory: MiB of framebuffer; the smallest vGPU with at least that much, by "
+        "firstAvailable over the sizes in ascending order (the hypervisor enforces it, unlike a fraction of a "
+        "shared GPU)"))
+    gpu_fraction: float | None = Field(None, gt=0, le=1, description=(
+        "KAI Scheduler's gpu-fraction: this share of the framebuffer of a GPU of `product` (needs product), "
+        "then as gpu_memory"))
     passthrough: bool = Field(False, description="select a whole GPU (vfio-pci) instead of a vGPU")
-    product: Product | None = Field(None, description="passthrough only: the GPU's pci.ids name, e.g. "
-                                    "'TU104GL [Tesla T4]'; unset: any GPU")
+    product: Product | None = Field(None, description="passthrough, gpu_memory or gpu_fraction: the GPU's pci.ids "
+                                    "name, e.g. 'TU104GL [Tesla T4]'; unset: any GPU")
     request_name: DnsLabel | None = Field(None, description="the request's name (a VM's requestName); unset: vgpu, "
                                           "or gpu for passthrough")
 
@@ -158,15 +165,20 @@ class ClaimTemplateInput(DraNames):
 
     @model_validator(mode="after")
     def _one(self) -> "ClaimTemplateInput":
-        chosen = [k for k in ("profile", "min_memory", "first_available") if getattr(self, k) is not None]
+        chosen = [k for k in ("profile", "min_memory", "first_available", "gpu_memory", "gpu_fraction")
+                  if getattr(self, k) is not None]
         chosen += ["passthrough"] if self.passthrough else []
         if len(chosen) != 1:
             raise ValueError(
-                "choose exactly one of profile, min_memory, first_available or passthrough: true"
-                + (f" (got {', '.join(chosen)})" if chosen else "")
+                "choose exactly one of profile, min_memory, first_available, gpu_memory, gpu_fraction or "
+                "passthrough: true" + (f" (got {', '.join(chosen)})" if chosen else "")
             )
-        if self.product is not None and not self.passthrough:
-            raise ValueError("product: only a passthrough claim selects by product; use profile for vGPUs")
+        if self.product is not None and not (self.passthrough or chosen[0] in ("gpu_memory", "gpu_fraction")):
+            raise ValueError("product: only passthrough, gpu_memory and gpu_fraction claims select by product; "
+                             "use profile for vGPUs")
+        if self.gpu_fraction is not None and self.product is None:
+            raise ValueError("gpu_fraction: a fraction of which GPU? set product (e.g. 'AD102GL [L40S]'), "
+                             "or give gpu_memory in MiB")
         return self
 
 

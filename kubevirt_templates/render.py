@@ -8,6 +8,7 @@ input can change the structure of what is rendered.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -19,6 +20,7 @@ from dra_bridge.api.k8sname import fit_dns_label
 from dra_bridge.api.names import profile_of, resource_name_for_pci, resource_name_for_type, type_is_mig_backed
 
 from kubevirt_templates.inputs import (
+    MAX_FIRST_AVAILABLE,
     ClaimTemplateInput,
     DeviceClassesInput,
     KubeVirtCrInput,
@@ -27,6 +29,7 @@ from kubevirt_templates.inputs import (
     classic_type_name,
 )
 from kubevirt_templates.keys import explain
+from mdev_manager import catalog
 from kubevirt_templates.names import pci_vendor_selector
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -150,6 +153,10 @@ def claim_template_name(v: ClaimTemplateInput) -> str:
         return fit_dns_label("vgpu-", v.profile, "")
     if v.min_memory:
         return fit_dns_label("vgpu-min-", v.min_memory, "")
+    if v.gpu_memory:
+        return fit_dns_label("vgpu-memory-", f"{v.gpu_memory}mi", "")
+    if v.gpu_fraction:
+        return fit_dns_label("vgpu-fraction-", f"{round(v.gpu_fraction * 100)}pct-{v.product}", "")
     return fit_dns_label("vgpu-", "-or-".join(v.first_available or []), "")
 
 
@@ -174,6 +181,8 @@ def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
         t["config"] = [vgpu_config(v.driver, [t["request"]], v.profile)]
     elif v.min_memory:
         t["selectors"] = [min_memory_expression(v.driver, v.min_memory)]
+    elif v.gpu_memory or v.gpu_fraction:
+        t["alternatives"] = memory_alternatives(v)
     elif v.first_available:
         names = [fit_dns_label("", p, "") for p in v.first_available]
         if len(set(names)) != len(names):
@@ -184,6 +193,35 @@ def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
         ]
         t["config"] = [vgpu_config(v.driver, [f"{t['request']}/{n}"], p) for n, p in zip(names, v.first_available)]
     return t
+
+
+def _size_label(mib: int) -> str:
+    return f"{mib // 1024}gi" if mib % 1024 == 0 else f"{mib}mi"
+
+
+def memory_alternatives(v: ClaimTemplateInput) -> list[dict[str, Any]]:
+    """KAI Scheduler's ``gpu-memory`` / ``gpu-fraction`` as a DRA request: the first available of
+    the framebuffer sizes that hold it, smallest first (the catalog's sizes, of ``product`` if given),
+    each alternative any vGPU with at least the asked memory and at most that size. A MIG-backed
+    vGPU (a GPU instance's memory, e.g. 4864Mi for 1g.5gb) falls in the size its name gives."""
+    boards = [b for b in catalog.BOARDS.values() if v.product is None or b.product_name == v.product]
+    if not boards:
+        raise RenderError(f"product: {v.product!r} is not a GPU of vgpuctl's catalog; name one of "
+                          + ", ".join(sorted({b.product_name for b in catalog.BOARDS.values() if b.product_name})))
+    need = v.gpu_memory or max(1, math.ceil(v.gpu_fraction * max(b.framebuffer_mib for b in boards)))
+    sizes = sorted({t.fb_mib for b in boards for t in b.types if t.fb_mib and t.fb_mib >= need})
+    if not sizes:
+        raise RenderError(f"{'gpu_memory' if v.gpu_memory else 'gpu_fraction'}: no vGPU type has {need} MiB of "
+                          "framebuffer or more" + (f" on {v.product}" if v.product else ""))
+    d = cel_string(v.driver)
+    base = [f"has(device.capacity[{d}].memory)",
+            f"device.capacity[{d}].memory.compareTo(quantity({cel_string(f'{need}Mi')})) >= 0"]
+    if v.product:
+        base.append(product_expression(v.driver, v.product))
+    return [{"name": f"mem-{_size_label(mib)}", "device_class": v.vgpu_class,
+             "selectors": [" && ".join(base + [f"device.capacity[{d}].memory.compareTo("
+                                                f"quantity({cel_string(_size_label(mib).replace('gi', 'Gi').replace('mi', 'Mi'))})) <= 0"])]}
+            for mib in sizes[:MAX_FIRST_AVAILABLE]]
 
 
 def render_claim_template(v: ClaimTemplateInput) -> list[dict[str, Any]]:
