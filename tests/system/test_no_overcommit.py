@@ -1,0 +1,84 @@
+"""No over-commit on any server shape (#14): on 1.34-1.37 with default gates and with them flipped,
+the agent publishes what that server keeps, the scheduler model allocates from the slices as the
+server stored them, and every allocation it makes is then created by the kubelet plugin on the
+simulated host: random workloads (every published vGPU type, MIG placements, whole GPUs) are
+launched until nothing more fits, and none fails at prepare."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dra_bridge.scheduling.objects import dev_attr
+from dra_bridge.sim.cluster import SimCluster
+from kubevirt_templates.render import render
+
+SHAPES = [
+    ("1.34", {}),  # counters dropped: the safe shape
+    ("1.35", {}),
+    ("1.35", {"DRAPartitionableDevices": True}),  # counters kept, no groups: one size per GPU
+    ("1.36", {}),
+    ("1.36", {"DRAPartitionableDevices": False}),
+    ("1.37", {}),  # groups dropped (alpha): one size per GPU
+    ("1.37", {"DRADeviceCompatibilityGroups": True}),  # everything kept: every size, apart by groups
+]
+LAYOUT = """\
+version: vgpuctl/v1
+layouts:
+  mixed:
+    - all: true
+      mode: dra
+      passthrough: true
+      migMode: true
+"""
+
+
+def offered(c: SimCluster) -> list[tuple[str, str | None]]:
+    """(kind, vGPU type) of every published device, as workloads would ask for them."""
+    out = set()
+    for s in c.slices():
+        for d in s["spec"].get("devices") or []:
+            kind = dev_attr(d, "type", c.driver)
+            if kind == "passthrough":
+                out.add(("passthrough", dev_attr(d, "productName", c.driver)))
+            for t in (dev_attr(d, "vgpuTypes", c.driver) or "").split():
+                out.add(("vgpu", t))
+    return sorted(out, key=lambda x: (x[0], x[1] or ""))
+
+
+def workload(kind: str, what: str | None, i: int) -> list[dict]:
+    values = {"passthrough": True, "product": what} if kind == "passthrough" else {"profile": what}
+    values["name"] = f"t{i}"
+    template = render("claim-template", values)
+    return template + render("passthrough-pod", {"name": f"w{i}", "claim_template": f"t{i}"})
+
+
+@pytest.mark.parametrize("version,gates", SHAPES, ids=[f"{v}-{'-'.join(f'{k}={x}' for k, x in g.items()) or 'defaults'}"
+                                                       for v, g in SHAPES])
+def test_every_allocation_the_scheduler_makes_is_prepared(version, gates):
+    rng = random.Random(f"{version}{sorted(gates.items())}")
+    with SimCluster(version=version, feature_gates=gates, layout=LAYOUT, layout_name="mixed", preset="mig-node",
+                    health=False) as c:
+        choices = offered(c)
+        assert choices, "nothing published"
+        running, pending, failed = [], 0, []
+        for i in range(40):
+            kind, what = rng.choice(choices)
+            w = c.launch(workload(kind, what, i), name=f"w{i}")
+            if w.phase == "Running":
+                running.append(w)
+                assert c.host_problems(w) == []
+            elif w.phase == "Pending":
+                pending += 1
+                c.teardown(w)
+            else:
+                failed.append(f"{kind} {what}: {w.phase}: {w.reason}")
+        assert failed == []  # no allocation reached prepare that the node could not make
+        assert running and pending  # the GPUs filled up and the scheduler said no, rather than prepare
+        # what runs is exactly what the host holds
+        held = {d.host_id for w in running for d in w.devices if d.kind == "vgpu"}
+        assert held == {v.id for v in c.inventory().all_vgpus()}
+        for w in running:
+            c.teardown(w)
+        assert c.inventory().all_vgpus() == []
