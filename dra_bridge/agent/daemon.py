@@ -48,6 +48,7 @@ from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.kubelet.dra_grpc import KubeletPlugin
+from dra_bridge.agent.binder import SizeBinder
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.events import LayoutEvents, failed_steps_text
 from dra_bridge.agent.observe import Metrics, ProbeServer
@@ -78,6 +79,9 @@ class ServeConfig(BaseModel):
     full_resync_seconds: float | None = Field(None, description=(
         "a periodic resync skips discovery and publishing when nothing changed (host fingerprint, layout, "
         "claims, published slices); at least this often it does everything anyway (default 10 x resync_seconds)"))
+    bind_seconds: float = Field(1.0, gt=0, description=(
+        "how often to look for allocations waiting on the agent's binding conditions (servers without "
+        "compatibility groups that keep binding conditions: each vGPU size is confirmed per GPU)"))
     probe_seconds: float = Field(300.0, description=(
         "how often to check again which DRA fields the API server keeps (a dry-run ResourceSlice): servers upgrade"))
 
@@ -112,6 +116,8 @@ class Daemon:
         self._safe_warned: list[str] = []
         self._probed_at: float | None = None
         self._kept_annotated: str | None = None
+        self.binder = SizeBinder(cfg.driver, cfg.node_name)  # sizes confirmed through binding conditions
+        self._bind_lock = threading.Lock()
         self.gpu_ids = StableGpuIds(self.paths.data_dir / "gpu-ids.json", self.io)
         self.device_plugins = None
         self._dp_exclude: set[str] = set()
@@ -178,8 +184,11 @@ class Daemon:
                     {g.address for g in inv.gpus} if policy.others is not None else set())
                 self.device_plugins.refresh(inv)
             self._check_fields()
+            binding = self._binding_mode()
+            if binding:
+                policy = self.binder.policy(policy)
             pool = build_pool(self.gpu_ids.apply(inv), policy, self.cfg.driver,
-                              server_version=self._shape_version(),
+                              server_version=self._shape_version(), binding_conditions=binding,
                               pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
             if self.kept.counters is False:  # the server drops them: publish only what is safe without
                 pool = without_counters(pool, inv)
@@ -257,6 +266,33 @@ class Daemon:
         if version >= (1, 37) and self.kept.compatibility_groups is False:
             return (1, 36)
         return version
+
+    def _binding_mode(self) -> bool:
+        """The server keeps counters and binding conditions but no compatibility groups: every size
+        of an empty GPU is offered and :meth:`bind` confirms each allocation's size (agent/binder.py)."""
+        return self.kept.counters is not False and self.kept.binding_conditions is True and \
+            self._shape_version() < (1, 37)
+
+    def bind(self) -> int:
+        """Confirm or refuse the allocations waiting on our binding conditions; republish when a
+        GPU's size was settled or freed. Returns how many were decided."""
+        if not self._binding_mode():
+            return 0
+        with self._bind_lock:
+            verdicts, changed = self.binder.bind(self.driver.claims, self._pool, self.inventory)
+            for v in verdicts:
+                (log.info if v.ok else log.warning)("claim %s/%s device %s: %s", v.namespace, v.claim, v.device,
+                                                    v.message)
+            if changed:
+                self.resync()
+            return len(verdicts)
+
+    def _bind_loop(self) -> None:
+        while not self._stop.wait(self.cfg.bind_seconds):
+            try:
+                self.bind()
+            except Exception as exc:  # noqa: BLE001 - the scheduler waits; the next round tries again
+                log.warning("binding conditions: %s", exc)
 
     # ------------------------------------------------------------ layout selection by node label
     def _usage(self):
@@ -436,6 +472,8 @@ class Daemon:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
+        binder = threading.Thread(target=self._bind_loop, name="bind", daemon=True)
+        binder.start()
         while not self._stop.is_set():
             woken = self._wake.wait(self.cfg.resync_seconds)  # an event (udev, trigger): do it all
             self._wake.clear()

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RESULTS = ("Pass", "Fail", "Unknown")
+#: kubernetes-sigs/ai-conformance's probe markers, printed by the script before its verdict.
+MARKERS = ("ACCELERATOR_FOUND", "ACCELERATOR_MISSING")
 
 SCRIPT = r'''#!/bin/sh
 # vgpuctl accelerator health check (POSIX sh: runs in busybox, Debian, Fedora, UBI images).
@@ -44,6 +46,7 @@ SCRIPT = r'''#!/bin/sh
 # GPU is listed. Output, one line per finding, then the verdict:
 #
 #   CHECK <device> <Pass|Fail|Unknown> key=value ... -- <words>
+#   RESULT: <ACCELERATOR_FOUND|ACCELERATOR_MISSING>   (ai-conformance's marker: a vfio group or guest GPU seen)
 #   RESULT: <Pass|Fail|Unknown>
 #
 # Exit status 0 for Pass and Unknown, 1 for Fail.
@@ -53,6 +56,7 @@ VFIO=${VGPUCTL_HC_VFIO:-/dev/vfio}
 FAILS=0
 PASSES=0
 UNKNOWNS=0
+ACCEL=0
 
 say() { # device result fields... -- text
     echo "CHECK $*"
@@ -162,6 +166,7 @@ check_group_node() { # path
         say "$node" Fail "group=$name" -- "IOMMU group $name unknown to sysfs"
         return
     fi
+    ACCEL=1
     before=$((PASSES + FAILS + UNKNOWNS))
     for m in "$members"/*; do
         [ -e "$m" ] || continue
@@ -215,7 +220,9 @@ fi
 
 if [ $# -gt 0 ]; then
     for n in "$@"; do check_group_node "$n"; done
-elif ! check_guest_gpus; then
+elif check_guest_gpus; then
+    ACCEL=1
+else
     say "-" Fail "devices=0" -- "no accelerator device given or found"
 fi
 
@@ -225,6 +232,12 @@ else
     echo "INFO nvidia-smi absent"
 fi
 
+# the markers of kubernetes-sigs/ai-conformance's probe (test/ai_conformance_test.go), then the verdict
+if [ "$ACCEL" -eq 1 ]; then
+    echo "RESULT: ACCELERATOR_FOUND"
+else
+    echo "RESULT: ACCELERATOR_MISSING"
+fi
 if [ "$FAILS" -gt 0 ]; then
     echo "RESULT: Fail"
     exit 1
@@ -251,6 +264,7 @@ class HealthResult:
     findings: list[Finding] = field(default_factory=list)
     output: str = ""
     exit_code: int | None = None
+    accelerator: bool | None = None  # ai-conformance's ACCELERATOR_FOUND / _MISSING marker (None: not printed)
 
     @property
     def gpus(self) -> set[str]:
@@ -278,17 +292,22 @@ def parse(output: str, exit_code: int | None = None) -> HealthResult:
     """The script's output as findings; without a ``RESULT:`` line (the script did not finish) it is a Fail."""
     findings = []
     result = None
+    accelerator = None
     for line in output.splitlines():
         m = _CHECK.match(line.strip())
         if m:
             fields = dict(kv.split("=", 1) for kv in m.group(3).split() if "=" in kv)
             findings.append(Finding(m.group(1), m.group(2), fields, m.group(4) or ""))
         elif line.startswith("RESULT: "):
-            result = line.split(":", 1)[1].strip()
+            value = line.split(":", 1)[1].strip()
+            if value in MARKERS:
+                accelerator = value == MARKERS[0]
+            else:
+                result = value
     if result not in RESULTS:
         result = "Fail"
         findings.append(Finding("-", "Fail", {}, "the health check did not report a result"))
-    return HealthResult(result=result, findings=findings, output=output, exit_code=exit_code)
+    return HealthResult(result=result, findings=findings, output=output, exit_code=exit_code, accelerator=accelerator)
 
 
 def script_path(directory: str | Path) -> Path:

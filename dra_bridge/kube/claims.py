@@ -52,3 +52,26 @@ class ApiClaimSource:
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return out
+
+    def set_device_status(self, namespace: str, name: str, entries: list[dict]) -> None:
+        """Write our ``status.devices`` entries (matched by driver, pool and device; other entries,
+        other drivers' included, are kept) with the claim's resourceVersion: a claim changed since
+        it was read is read again and the write retried once."""
+        from kubernetes.client.exceptions import ApiException
+
+        keys = {(e["driver"], e["pool"], e["device"]) for e in entries}
+        for attempt in (1, 2):
+            claim = raw(self.api.read_namespaced_resource_claim, name, namespace)
+            status = claim.setdefault("status", {})
+            if not (status.get("allocation") or {}).get("devices"):
+                return  # deallocated meanwhile: nothing to say about it
+            kept = [e for e in status.get("devices") or []
+                    if (e.get("driver"), e.get("pool"), e.get("device")) not in keys]
+            status["devices"] = kept + entries
+            try:
+                self.api.replace_namespaced_resource_claim_status(name, namespace, claim,
+                                                                  _request_timeout=self.timeout)
+                return
+            except ApiException as exc:
+                if exc.status != 409 or attempt == 2:
+                    raise

@@ -17,8 +17,16 @@ from dra_bridge.kubeletplugin.checkpoint import ClaimRecord
 from dra_bridge.kubeletplugin.claimconfig import requested_resource
 
 
+#: kube-scheduler's mark on the claim it makes for a pod's extended resources (KEP-5004).
+EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+
+
 def resource_env(rec: ClaimRecord, claim: dict, driver: str) -> dict[str, list[str]]:
-    """device name -> ``NAME=value`` entries, for the devices whose config names a classic resource."""
+    """device name -> ``NAME=value`` entries, for the devices whose config names a classic resource,
+    in a claim the scheduler made for extended resources (a DRA-native claim of the same class
+    reads the KEP-5304 metadata instead, and gets no variable)."""
+    if EXTENDED_RESOURCE_CLAIM not in ((claim.get("metadata") or {}).get("annotations") or {}):
+        return {}
     by_var: dict[str, list[tuple[str, str]]] = {}  # variable -> (device, host id)
     for d in rec.devices:
         name = requested_resource(claim, d.request, driver)

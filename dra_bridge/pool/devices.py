@@ -51,12 +51,16 @@ def build_pool(
     *,
     server_version: tuple[int, int] | None = None,
     pcie_roots: dict[str, str] | None = None,
+    binding_conditions: bool = False,
 ) -> Pool:
     """The devices and counter sets to publish for ``inventory`` under ``policy``.
 
     ``server_version`` is the API server's (major, minor); None is treated as the oldest
     supported server (no compatibility groups), the safe choice. ``pcie_roots`` maps a GPU's
     PCI address to its PCIe root (``pci0000:40``) for the standard ``pcieRoot`` attribute.
+    ``binding_conditions``: the server keeps KEP-5007 binding conditions, so where it has no
+    compatibility groups an empty GPU still offers every size, each vGPU device bound only once
+    the agent confirmed its size (:mod:`dra_bridge.agent.binder`).
     """
     if not is_dns_subdomain(driver) or len(driver) > 63:
         raise ValueError(f"driver: {driver!r} is not a DNS subdomain of at most 63 characters")
@@ -76,7 +80,8 @@ def build_pool(
         pol = policy.for_gpu(gpu.address)
         if pol is None:
             continue
-        _add_gpu(pool, gpu, pol, groups_supported, roots.get(gpu.address.lower()))
+        _add_gpu(pool, gpu, pol, groups_supported, roots.get(gpu.address.lower()),
+                 binding=binding_conditions and not groups_supported, driver=driver)
 
     dup = {n for n, k in Counter(d.name for d in pool.devices).items() if k > 1}
     if dup:  # cannot happen with distinct GPU indices; a guard for future edits
@@ -135,7 +140,8 @@ def _equal_size_choice(
     return min(sizes) if sizes else None
 
 
-def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None) -> None:
+def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None, *,
+             binding: bool = False, driver: str = DEFAULT_DRIVER) -> None:
     if pol.mig_auto and groups_supported and gpu.mig is not None and gpu.mig.profiles:
         sliced, mig = Pool(), Pool()  # both modes, merged onto one counter set (dualmode.py)
         _add_time_sliced(sliced, gpu, time_sliced_policy(gpu, pol), True, pcie_root)
@@ -145,10 +151,11 @@ def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_
     if gpu.mig is not None and gpu.mig.enabled:
         add_mig_gpu(pool, gpu, pol, _common_attributes(gpu, pcie_root))
         return
-    _add_time_sliced(pool, gpu, pol, groups_supported, pcie_root)
+    _add_time_sliced(pool, gpu, pol, groups_supported, pcie_root, binding=binding, driver=driver)
 
 
-def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None) -> None:
+def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None, *,
+                     binding: bool = False, driver: str = DEFAULT_DRIVER) -> None:
     warnings = pool.warnings
     total_fb = gpu_framebuffer_mib(gpu)
     equal_size = _is_nvidia(gpu) and not pol.mixed_size
@@ -156,7 +163,10 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
     # --- which types, and how many of each
     offered: list[tuple[VgpuType, int, int | None]] = []  # (type, max instances, fb MiB)
     types = _select_types(gpu, pol, warnings)
-    if equal_size and not groups_supported and types:
+    # every size of an empty GPU, each vGPU bound only once the agent confirmed its size (KEP-5007)
+    bind_sizes = binding and equal_size and not gpu.vgpus and pol.equal_size_fb_mib is None and \
+        len({type_framebuffer_mib(t) for t in types}) > 1
+    if equal_size and not groups_supported and types and not bind_sizes:
         size = _equal_size_choice(gpu, pol, types, warnings)
         kept = [t for t in types if type_framebuffer_mib(t) == size]
         if size is not None and not kept:
@@ -239,7 +249,8 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
     for slot in slots:
         t, n, fb = slot[0]
         middle = slot_name(slot, slots)
-        groups = [compatibility_group(fb)] if equal_size and fb else []
+        # sizes kept apart by groups (1.37+), or by the agent's binding conditions (bind_sizes)
+        groups = [compatibility_group(fb)] if equal_size and fb and not bind_sizes else []
         attrs = {
             "type": attr_string("vgpu"),
             "profile": attr_string(t.short_name or short_type_name(t.name)),
@@ -259,6 +270,7 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
             compatibility_groups=groups,
         )
         choices = {x.short_name: x.id for x, _, _ in slot}
+        conditions = binding_conditions(driver) if bind_sizes else ([], [])
         for k in range(n):
             pool.devices.append(
                 PoolDevice(
@@ -270,8 +282,20 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
                     kind="vgpu",
                     type_id=t.id,
                     type_choices=dict(choices),
+                    binding_conditions=list(conditions[0]),
+                    binding_failure_conditions=list(conditions[1]),
                 )
             )
+
+
+def binding_conditions(driver: str) -> tuple[list[str], list[str]]:
+    """(bindingConditions, bindingFailureConditions) of a vGPU slot whose size the agent confirms."""
+    return [f"{driver}/{SIZE_ASSIGNED}"], [f"{driver}/{SIZE_CONFLICT}"]
+
+
+#: The condition types the agent sets on a slot's allocation (claim ``status.devices[].conditions``).
+SIZE_ASSIGNED = "SizeAssigned"
+SIZE_CONFLICT = "SizeConflict"
 
 
 #: Which type of a size a slot is by default (its ``profile``): NVIDIA's series, most asked for first.

@@ -142,6 +142,10 @@ class PoolDevice(_Model):
     gpu_instance_profile: int | None = Field(None, description="MIG-backed: the NVML profile id of its GPU instance")
     placement: MigPlacement | None = Field(None, description="MIG-backed: where its GPU instance is created")
     profile_instances: int | None = Field(None, description="MIG-backed: most instances of its profile per GPU")
+    binding_conditions: list[str] = Field(default_factory=list, description=(
+        "KEP-5007: conditions the agent sets True in the claim's status.devices before the scheduler binds"))
+    binding_failure_conditions: list[str] = Field(default_factory=list, description=(
+        "KEP-5007: a True one makes the scheduler drop the allocation and try again"))
 
 
 class Pool(_Model):

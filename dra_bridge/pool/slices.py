@@ -50,6 +50,9 @@ def device_to_dict(dev: PoolDevice, *, compatibility_groups: bool = False) -> di
     ``compatibility_groups`` publishes ``consumesCounters[].compatibilityGroups`` (1.37+ only).
     """
     out: dict[str, Any] = {"name": dev.name}
+    if dev.binding_conditions:
+        out["bindingConditions"] = list(dev.binding_conditions)
+        out["bindingFailureConditions"] = list(dev.binding_failure_conditions)
     if dev.attributes:
         out["attributes"] = {k: dict(v) for k, v in dev.attributes.items()}
     if dev.capacity:

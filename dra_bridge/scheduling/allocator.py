@@ -447,6 +447,9 @@ class Allocator:
                     self._take(ch.device, self.state, ch.consumed)
                     res = {"request": ch.request.name, "driver": ch.device.driver, "pool": ch.device.pool,
                            "device": ch.device.name}
+                    if ch.device.binding:  # as the allocator does with DRADeviceBindingConditions on
+                        res["bindingConditions"] = list(ch.device.binding[0])
+                        res["bindingFailureConditions"] = list(ch.device.binding[1])
                     if ch.device.multi:
                         res["shareID"] = str(uuidlib.uuid4())
                         res["consumedCapacity"] = {k: format_quantity(v) for k, v in (ch.consumed or {}).items()}

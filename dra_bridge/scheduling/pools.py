@@ -27,6 +27,8 @@ class Device:
     # ``consumes`` parsed once: ((state key (driver, pool, set), ((counter, amount), ..), groups,
     # the set's totals or None), ..); shared by the devices of a pool that consume alike
     cons: tuple = ()
+    # KEP-5007: (bindingConditions, bindingFailureConditions), copied into the allocation result
+    binding: tuple = ()
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -113,7 +115,9 @@ def read_pools(slices: Iterable[dict]) -> dict[tuple[str, str], Pool]:
                                                          for cs, amounts, groups in generic)
                 devices.append(Device(driver, name, d["name"], node, d.get("attributes") or _NONE,
                                       d.get("capacity") or _NONE, d.get("consumesCounters") or (),
-                                      bool(d.get("allowMultipleAllocations")), d.get("taints") or (), sig, cons))
+                                      bool(d.get("allowMultipleAllocations")), d.get("taints") or (), sig, cons,
+                                      (tuple(d["bindingConditions"]), tuple(d.get("bindingFailureConditions") or ()))
+                                      if d.get("bindingConditions") else ()))
         pools[(driver, name)] = Pool(driver, name, gen, len(newest) == expected, counters, devices)
     return pools
 

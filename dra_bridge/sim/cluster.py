@@ -76,6 +76,7 @@ class SimCluster:
         self.daemon = None
         self.kubelet: KubeletClient | None = None
         self.workloads: list[Workload] = []
+        self.prebind_failures = 0  # scheduling attempts failed by a binding failure condition (KEP-5007)
         self.timings: dict[str, float] = {}
 
     # ------------------------------------------------------------ lifecycle
@@ -274,16 +275,76 @@ class SimCluster:
             self.rest("POST", f"/api/v1/namespaces/{w.namespace}/events",
                       pod_event(w, "FailedScheduling", msg, {"component": "default-scheduler"}))
             return False
+        self._reserve(w, claims, allocations)
+        return self._bind(w, claims, allocations, chosen)
+
+    def schedule_together(self, ws: list[Workload]) -> list[bool]:
+        """Several pods allocated from one snapshot of the slices before any of them binds (two
+        scheduler instances, or one scheduler's binding cycles running behind its allocations): the
+        race in which a GPU's sizes could be mixed. Each then goes through PreBind in turn."""
+        alloc = self.allocator()
+        planned = []
+        for w in ws:
+            claims = self.claim_objects(w)
+            try:
+                chosen, allocations = alloc.allocate(claims)
+            except Unsatisfiable as exc:
+                w.phase, w.reason = "Pending", str(exc)
+                planned.append(None)
+                continue
+            self._reserve(w, claims, allocations)
+            planned.append((w, claims, allocations, chosen))
+        return [self._bind(*p) if p else False for p in planned]
+
+    def _reserve(self, w: Workload, claims: list[dict], allocations: list[dict]) -> None:
         for claim, allocation in zip(claims, allocations):
             self.resource.patch_namespaced_resource_claim_status(
                 claim["metadata"]["name"], w.namespace,
                 {"status": {"allocation": allocation,
                             "reservedFor": [{"resource": "pods", "name": w.pod, "uid": w.pod_uid}]}})
+
+    def _bind(self, w: Workload, claims: list[dict], allocations: list[dict], chosen: str) -> bool:
+        failed = self._pre_bind(w, claims, allocations)
+        if failed:
+            self.prebind_failures += 1
+            w.phase, w.reason = "Pending", failed
+            self.rest("POST", f"/api/v1/namespaces/{w.namespace}/events",
+                      pod_event(w, "FailedScheduling", failed, {"component": "default-scheduler"}))
+            return False
         self.rest("PATCH", self.pod_path(w.namespace, w.pod), {"spec": {"nodeName": chosen}}, patch=True)
         self.rest("PATCH", self.pod_path(w.namespace, w.pod, "status"), {"status": {"conditions": [
             {"type": "PodScheduled", "status": "True"}]}}, patch=True)
         w.node, w.reason = chosen, None
         return True
+
+    def _pre_bind(self, w: Workload, claims: list[dict], allocations: list[dict]) -> str | None:
+        """kube-scheduler's PreBind for devices with binding conditions (KEP-5007): wait until the
+        driver's ``status.devices`` conditions say so (here the agent is asked at once, as its watch
+        would react); a True failure condition fails the attempt and the allocation is dropped
+        (Unreserve, then PostFilter's deallocation), so the pod is tried again. The error, or None."""
+        waiting = [(c, r) for c, a in zip(claims, allocations) for r in a["devices"]["results"]
+                   if r.get("bindingConditions")]
+        if not waiting:
+            return None
+        self.daemon.bind()
+        for claim, r in waiting:
+            name = claim["metadata"]["name"]
+            stored = raw(self.resource.read_namespaced_resource_claim, name, w.namespace)
+            entry = next((e for e in (stored.get("status") or {}).get("devices") or []
+                          if (e["driver"], e["pool"], e["device"]) == (r["driver"], r["pool"], r["device"])), {})
+            state = {c["type"]: c for c in entry.get("conditions") or []}
+            bad = next((state[t] for t in r["bindingFailureConditions"] if state.get(t, {}).get("status") == "True"),
+                       None)
+            ok = all(state.get(t, {}).get("status") == "True" for t in r["bindingConditions"])
+            if bad is not None or not ok:
+                for c in claims:  # deallocate: the next attempt allocates afresh
+                    self.resource.patch_namespaced_resource_claim_status(
+                        c["metadata"]["name"], w.namespace,
+                        {"status": {"allocation": None, "reservedFor": None, "devices": None}})
+                if bad is not None:
+                    return f"claim {name} binding failed: reason={bad.get('reason')}, message={bad.get('message')!r}"
+                return "device binding timeout"
+        return None
 
     def run(self, w: Workload) -> bool:
         """The kubelet: prepare the pod's claims through the plugin's socket, resolve the CDI ids it

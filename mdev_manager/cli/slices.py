@@ -111,7 +111,10 @@ def node_slices(env, io, node: str, *, driver: str, kubelet_root: Path, version:
     policy = policy_from_layout(inv, layouts)
     ids = StableGpuIds(PluginPaths(driver=driver, kubelet_root=kubelet_root).data_dir / "gpu-ids.json", _ReadOnly(io))
     build_for = builder_version(version, gates)
-    pool = build_pool(ids.apply(inv), policy, driver, server_version=build_for,
+    # as the agent (Daemon._binding_mode): counters and binding conditions kept, no groups
+    binding = bool(gates.get("DRAPartitionableDevices") and gates.get("DRADeviceBindingConditions")
+                   and gates.get("DRAResourceClaimDeviceStatus", True)) and build_for < (1, 37)
+    pool = build_pool(ids.apply(inv), policy, driver, server_version=build_for, binding_conditions=binding,
                       pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
     plan = plan_slices(pool, driver=driver, node_name=node, pool_name=node, generation=1, server_version=build_for)
     return plan.slices, [*pool.warnings, *plan.warnings]
@@ -128,7 +131,8 @@ def _detected(args) -> tuple[tuple[int, int], dict[str, bool]]:
     version = server_version(api)
     kept = probe_kept(api, version)
     print(f"detected: Kubernetes {version[0]}.{version[1]}; the API server keeps {kept.describe()}", file=sys.stderr)
-    overrides = {"DRAPartitionableDevices": kept.counters is not False}
+    overrides = {"DRAPartitionableDevices": kept.counters is not False,
+                 "DRADeviceBindingConditions": kept.binding_conditions is not False}
     if version >= (1, 37):
         overrides[GROUPS_GATE] = kept.compatibility_groups is not False
     known = featuregates.resolve(version, {})

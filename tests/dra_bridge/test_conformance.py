@@ -315,6 +315,9 @@ def test_healthcheck_passes_vfio_devices_and_names_their_gpu(tmp_path):
     by_group = {f.fields.get("group"): f for f in r.findings}
     assert by_group["3"].fields["vgpu_type"] == "1153" and by_group["4"].fields["type"] == "GRID_T4-8Q"
     assert "INFO nvidia-smi" in r.output
+    # ai-conformance's probe marker first, then the verdict (the last RESULT line)
+    results = [line for line in r.output.splitlines() if line.startswith("RESULT: ")]
+    assert results == ["RESULT: ACCELERATOR_FOUND", "RESULT: Pass"] and r.accelerator is True
 
 
 def test_healthcheck_fails_what_a_workload_cannot_use(tmp_path):
@@ -370,6 +373,7 @@ def test_healthcheck_without_any_device_fails(tmp_path):
                             "PATH": "/usr/bin:/bin"})
     r = healthcheck.parse(p.stdout, p.returncode)
     assert r.result == "Fail" and "no accelerator device given or found" in r.output
+    assert "RESULT: ACCELERATOR_MISSING" in r.output and r.accelerator is False
 
 
 def test_healthcheck_parse_without_result_is_a_failure():

@@ -113,7 +113,8 @@ def test_prepare_sets_the_variable_virt_launcher_reads(tmp_path, paths, kind, va
     resource = "nvidia.com/GRID_T4-2Q" if kind == "vgpu" else "nvidia.com/TU104GL_TESLA_T4"
     n = 2 if kind == "vgpu" else 1
     claims = DictClaims()
-    obj = claim_object("classic", [("container-0-request-0", d) for d in devs[:n]], node=node.node)
+    obj = claim_object("classic", [("container-0-request-0", d) for d in devs[:n]], node=node.node,
+                       annotations={EXTENDED_RESOURCE_CLAIM: "true"})
     obj["status"]["allocation"]["devices"]["config"] = [class_config(resource, "T4-2Q" if kind == "vgpu" else None)]
     ref = claims.add(obj, str(uuid.uuid4()))
     drv = make_driver(node, paths, claims, pool)
@@ -133,9 +134,11 @@ def test_prepare_sets_the_variable_virt_launcher_reads(tmp_path, paths, kind, va
 
     g = rediscover(node.env, node.io).gpu(gpu)
     assert set(listed) == ({v.id for v in g.vgpus} if kind == "vgpu" else {gpu})
-    # a claim without the config: no variable (DRA-native VMs read the KEP-5304 metadata)
+    # a DRA-native claim of the same class (its config too): no variable (it reads the KEP-5304 metadata)
     drv.unprepare([ref])
-    plain = claims.add(claim_object("dra", [("gpu", devs[0])], node=node.node), str(uuid.uuid4()))
+    native = claim_object("dra", [("gpu", devs[0])], node=node.node)
+    native["status"]["allocation"]["devices"]["config"] = obj["status"]["allocation"]["devices"]["config"]
+    plain = claims.add(native, str(uuid.uuid4()))
     out = drv.prepare([plain])[plain.uid]
     spec, cdev = cdi_device(paths.cdi_root, next(i for i in out.devices[0].cdi_device_ids if "/claim=" in i))
     assert "env" not in cdev["containerEdits"]
