@@ -161,15 +161,21 @@ class KubeBackend:
         self.api.create_claim_template(self.namespace, body)
         return name
 
-    def pod_body(self, name: str, template: str, node: str | None) -> dict:
+    def extended_resource_classes(self) -> list[dict]:
+        """DeviceClasses that map an extended resource name (KEP-5004 ``extendedResourceName``)."""
+        return [c for c in self.api.device_classes() if (c.get("spec") or {}).get("extendedResourceName")]
+
+    def pod_body(self, name: str, template: str | None, node: str | None, *, resource: str | None = None) -> dict:
+        """A workload pod: the claim from ``template``, or (``resource``) one of an extended resource
+        in its limits, as KAR-0004's pods ask (``nvidia.com/GRID_T4-1Q: 1``), with no claim of its own."""
         spec: dict[str, Any] = {
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}] if template else [],
             "volumes": [{"name": "healthcheck", "configMap": {"name": CONFIGMAP, "defaultMode": 0o555}}],
             "containers": [{
                 "name": "check", "image": self.image,
                 "command": ["sh", "-c", f"sh {SCRIPT_DIR}/healthcheck.sh; echo '{DONE}'; exec sleep 86400"],
-                "resources": {"claims": [{"name": "gpu"}]},
+                "resources": {"limits": {resource: "1"}} if resource else {"claims": [{"name": "gpu"}]},
                 "volumeMounts": [{"name": "healthcheck", "mountPath": SCRIPT_DIR, "readOnly": True}],
                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]}
         if node:
@@ -179,14 +185,15 @@ class KubeBackend:
                 "metadata": {"name": name, "namespace": self.namespace, "labels": dict(MANAGED)}, "spec": spec}
 
     # ------------------------------------------------------------ workloads
-    def create(self, name: str, template: str, node: str | None = None) -> Run:
-        self.api.create_pod(self.namespace, self.pod_body(name, template, node))
-        r = Run(name=name, template=template, node=node)
+    def create(self, name: str, template: str | None, node: str | None = None, *, resource: str | None = None) -> Run:
+        self.api.create_pod(self.namespace, self.pod_body(name, template, node, resource=resource))
+        r = Run(name=name, template=template or resource or "", node=node)
         self.runs.append(r)
         return r
 
-    def start(self, name: str, template: str, node: str | None = None, *, expect: str = "Running") -> Run:
-        return self.wait(self.create(name, template, node), expect=expect)
+    def start(self, name: str, template: str | None, node: str | None = None, *, expect: str = "Running",
+              resource: str | None = None) -> Run:
+        return self.wait(self.create(name, template, node, resource=resource), expect=expect)
 
     def _events(self, pod: str) -> list[Any]:
         try:
@@ -203,6 +210,9 @@ class KubeBackend:
         r.bound_node = (pod.get("spec") or {}).get("nodeName")
         r.claims = [s["resourceClaimName"] for s in status.get("resourceClaimStatuses") or []
                     if s.get("resourceClaimName")]
+        ext = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+        if ext:  # the claim the scheduler made for the pod's extended resources (KEP-5004)
+            r.claims.append(ext)
         r.restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
         phase = status.get("phase") or "Pending"
         if phase == "Running":

@@ -7,7 +7,9 @@
    with the scheduler's reason, and nothing already running is disturbed.
 4. Workloads requesting vGPUs and workloads requesting physical devices (a whole GPU through vfio)
    through the same DRA mechanism are allocated, isolated (distinct devices, distinct IOMMU groups)
-   and accounted (against the same per-GPU counters) with identical semantics.
+   and accounted (against the same per-GPU counters) with identical semantics; MIG-backed vGPUs
+   beside time-sliced ones where a GPU is in MIG mode; and, where a DeviceClass maps an extended
+   resource name, KAR-0004's pod asking for it by name (``nvidia.com/GRID_T4-1Q: 1``).
 5. Every workload runs the shipped accelerator health check (:mod:`dra_bridge.conformance.healthcheck`), which
    reports Pass, Fail, or Unknown for an accelerator it does not recognise (not a failure).
 
@@ -306,12 +308,45 @@ class Conformance:
             problems.append(f"the vGPU and the whole GPU {t.gpu} consume different counter sets: {sorted(sets)}")
         for r in [x for x in (p, wait_a, side) if x is not None]:
             self.b.stop(r)
+        self._by_extended_resource(res, problems, notes)
         if problems:
             raise CheckFailed("; ".join(problems))
         return ("both kinds are requested by ResourceClaimTemplates of driver " + self.b.driver +
                 f", allocated from the same pool and counter set {sets.pop()} of GPU {t.gpu} (a vGPU blocks the "
                 "whole GPU, the whole GPU blocks its vGPUs, and releasing one lets the other run), prepared by the "
                 "same plugin; " + "; ".join(notes))
+
+    def _by_extended_resource(self, res: CheckResult, problems: list[str], notes: list[str]) -> None:
+        """KAR-0004's request: a pod asking for an extended resource by name (``nvidia.com/GRID_T4-1Q: 1``,
+        no claim of its own) where a DeviceClass maps that name (KEP-5004): it runs on one of the
+        driver's devices, allocated through the scheduler's claim and counted on a GPU's counter set
+        like every other workload. A cluster without such a class gets a note, not a failure."""
+        t = self.target
+        d = _cel(self.b.driver)
+        mapped = sorted(self.b.extended_resource_classes(), key=lambda c: (
+            f"{d}].type == \"vgpu\"" not in str(c["spec"].get("selectors")), c["metadata"]["name"]))
+        if not mapped:
+            notes.append("no DeviceClass maps an extended resource name, so KAR-0004's request by resource name "
+                         "was not made (vgpuctl render deviceclasses --set extended_resources=true)")
+            return
+        cls = mapped[0]
+        name = cls["spec"]["extendedResourceName"]
+        r = self.b.start(f"by-name-{random_suffix()}", None, t.node, resource=name)
+        res.evidence.append(f"{name} (DeviceClass {cls['metadata']['name']}): " + r.line())
+        if r.phase != "Running":
+            problems.append(f"a pod asking for {name}: 1 did not run: {r.phase} ({r.reason})")
+            return
+        self.ran.append(r)
+        if not r.devices or any(x["driver"] != self.b.driver or x["counter_set"] is None for x in r.devices):
+            problems.append(f"{r.name}: the devices for {name} are not this driver's counted devices: {r.devices}")
+        seen = r.health.gpus if r.health else set()
+        if not seen or seen != {x["gpu"] for x in r.devices}:
+            problems.append(f"{r.name}: inside the workload the devices belong to {sorted(seen)}, the slices say "
+                            f"{sorted({x['gpu'] for x in r.devices})}")
+        notes.append(f"by resource name (KAR-0004): a pod asking for {name}: 1 got {[x['device'] for x in r.devices]} "
+                     f"through the scheduler's claim {r.claims[-1]}, on counter set "
+                     f"{', '.join(sorted({str(x['counter_set']) for x in r.devices}))}")
+        self.b.stop(r)
 
     def _mig_beside(self, res: CheckResult, v: Run, problems: list[str], notes: list[str]) -> Run | None:
         """While ``v`` runs, a vGPU of the other kind on another GPU of the node: MIG-backed (a

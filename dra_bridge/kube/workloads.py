@@ -29,6 +29,9 @@ class WorkloadApi:
     def device_class_exists(self, name: str) -> bool:
         return missing_ok(self.resource.read_device_class, name)
 
+    def device_classes(self) -> list[dict]:
+        return raw(self.resource.list_device_class)["items"]
+
     def slices(self) -> list[dict]:
         return raw(self.resource.list_resource_slice)["items"]
 

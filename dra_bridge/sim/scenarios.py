@@ -36,7 +36,8 @@ def run_conformance_simulated(*, version: str = "1.37", layout: str = "all", lay
     from dra_bridge.sim.controlplane import ControlPlane
     from dra_bridge.sim.workloads import DEMO_LAYOUT
 
-    with SimCluster(version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset) as c:
+    with SimCluster(version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset,
+                    device_classes={"profiles": ["T4-1Q"], "extended_resources": True}) as c:
         if prepare is not None:
             prepare(c)
 

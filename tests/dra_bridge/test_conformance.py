@@ -52,6 +52,9 @@ def test_all_checks_pass_on_the_simulated_cluster(passing):
     # MIG-backed beside time-sliced: the A100 (0000:16:00.0, MIG mode) runs a GPU-instance placement
     assert "side by side: time-sliced" in d4 and "MIG-backed ['gpu-2-mig-1g5gb-19-0'] on 0000:16:00.0" in d4
     assert "(memory-slice-0) holds its memory slices and the whole GPU 0000:16:00.0 waits" in d4
+    # KAR-0004: a pod asking for nvidia.com/GRID_T4-1Q: 1 (a DeviceClass maps the name), no claim of its own
+    assert "by resource name (KAR-0004): a pod asking for nvidia.com/GRID_T4-1Q: 1 got ['gpu-" in d4
+    assert "-extended-resources-" in d4
     assert "0 Fail" in detail(passing, 5)
 
 
