@@ -51,22 +51,42 @@ def _fields(f: ClusterFacts) -> list[Finding]:
                                "(alpha in 1.34-1.35; beta and on by default from 1.36)"))
     else:
         out.append(Finding(status="PASS", check="shared counters", detail="kept (one counter set per physical GPU)"))
+    by_binding = k.counters is not False and bool(k.binding_conditions)
     if f.version < (1, 37):
         out.append(Finding(status="PASS", check="compatibility groups",
-                           detail=f"not in Kubernetes {f.version[0]}.{f.version[1]}: one vGPU size per GPU is offered "
-                                  "at a time"))
+                           detail=f"not in Kubernetes {f.version[0]}.{f.version[1]}: " + (
+                               "sizes are kept apart by binding conditions instead" if by_binding else
+                               "one vGPU size per GPU is offered at a time")))
     elif k.compatibility_groups is False:
-        out.append(Finding(status="WARN", check="compatibility groups",
-                           detail="the server drops compatibilityGroups: only one vGPU size per GPU can be offered",
-                           fix="enable the DRADeviceCompatibilityGroups feature gate (alpha in 1.37) on "
-                               "kube-apiserver and kube-scheduler, and restart the agents"))
+        out.append(Finding(status="PASS" if by_binding else "WARN", check="compatibility groups",
+                           detail="the server drops compatibilityGroups: " + (
+                               "sizes are kept apart by binding conditions instead" if by_binding else
+                               "only one vGPU size per GPU can be offered"),
+                           fix=None if by_binding else
+                           "enable the DRADeviceCompatibilityGroups feature gate (alpha in 1.37) on "
+                           "kube-apiserver and kube-scheduler, and restart the agents"))
     else:
         out.append(Finding(status="PASS", check="compatibility groups", detail="kept: every vGPU size is offered"))
     out.append(Finding(status="PASS" if k.binding_conditions else "WARN", check="binding conditions",
                        detail="kept" if k.binding_conditions else "dropped (DRADeviceBindingConditions is off)",
                        fix=None if k.binding_conditions else
                        "enable DRADeviceBindingConditions (beta, on by default from 1.36)"))
+    out.append(Finding(status="PASS" if k.counters is not False else "WARN", check="published shape",
+                       detail=published_shape(f.version, k)))
     return out
+
+
+def published_shape(version: tuple[int, int], k) -> str:
+    """What the agents publish for a server keeping ``k`` (dra_bridge/schema.md), in words."""
+    if k.counters is False:
+        return ("safe shape: per GPU the whole GPU or one vGPU type's slots, never both (no counters to "
+                "account them together)")
+    if version >= (1, 37) and k.compatibility_groups is not False:
+        return "every vGPU size, one counter set per GPU, sizes apart by compatibility groups"
+    if k.binding_conditions:
+        return ("every vGPU size of an empty GPU, one counter set per GPU; the agent confirms each allocation's "
+                "size before the scheduler binds it (binding conditions)")
+    return "one vGPU size per GPU (the configured or present one), one counter set per GPU"
 
 
 def _kubevirt(f: ClusterFacts) -> list[Finding]:

@@ -24,22 +24,27 @@ def by_check(findings) -> dict[str, object]:
     return {f.check: f for f in findings}
 
 
-@pytest.mark.parametrize("version,gates,counters,groups", [
-    ("1.34", {}, "FAIL", "PASS"),   # DRAPartitionableDevices alpha: counters dropped
-    ("1.35", {}, "FAIL", "PASS"),
-    ("1.35", {"DRAPartitionableDevices": True}, "PASS", "PASS"),
-    ("1.36", {}, "PASS", "PASS"),   # beta, on by default
-    ("1.36", {"DRAPartitionableDevices": False}, "FAIL", "PASS"),
-    ("1.37", {}, "PASS", "WARN"),   # DRADeviceCompatibilityGroups alpha: groups dropped
-    ("1.37", {"DRADeviceCompatibilityGroups": True}, "PASS", "PASS"),
+@pytest.mark.parametrize("version,gates,counters,groups,shape", [
+    ("1.34", {}, "FAIL", "PASS", "safe shape"),   # DRAPartitionableDevices alpha: counters dropped
+    ("1.35", {}, "FAIL", "PASS", "safe shape"),
+    ("1.35", {"DRAPartitionableDevices": True}, "PASS", "PASS", "one vGPU size per GPU"),  # binding: alpha, off
+    ("1.35", {"DRAPartitionableDevices": True, "DRADeviceBindingConditions": True}, "PASS", "PASS",
+     "every vGPU size of an empty GPU"),
+    ("1.36", {}, "PASS", "PASS", "every vGPU size of an empty GPU"),   # beta, on by default
+    ("1.36", {"DRADeviceBindingConditions": False}, "PASS", "PASS", "one vGPU size per GPU"),
+    ("1.36", {"DRAPartitionableDevices": False}, "FAIL", "PASS", "safe shape"),
+    ("1.37", {}, "PASS", "PASS", "every vGPU size of an empty GPU"),  # groups dropped (alpha), binding kept
+    ("1.37", {"DRADeviceBindingConditions": False}, "PASS", "WARN", "one vGPU size per GPU"),
+    ("1.37", {"DRADeviceCompatibilityGroups": True}, "PASS", "PASS", "sizes apart by compatibility groups"),
 ])
-def test_fields_kept_are_found_by_effect(version, gates, counters, groups):
+def test_fields_kept_are_found_by_effect(version, gates, counters, groups, shape):
     with LocalApiServer(version=version, feature_gates=gates) as srv:
         facts = gather(srv.api_client(), DRIVER)
         found = by_check(diagnose(facts))
         assert facts.version == tuple(int(x) for x in version.split("."))
         assert found["shared counters"].status == counters
         assert found["compatibility groups"].status == groups
+        assert shape in found["published shape"].detail
         if counters == "FAIL":
             assert "DRAPartitionableDevices" in found["shared counters"].fix
         assert srv.writes == [], "the probe is a dry run"
