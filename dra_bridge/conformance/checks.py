@@ -309,12 +309,26 @@ class Conformance:
         for r in [x for x in (p, wait_a, side) if x is not None]:
             self.b.stop(r)
         self._by_extended_resource(res, problems, notes)
+        self._no_claim_no_accelerator(res, problems, notes)
         if problems:
             raise CheckFailed("; ".join(problems))
         return ("both kinds are requested by ResourceClaimTemplates of driver " + self.b.driver +
                 f", allocated from the same pool and counter set {sets.pop()} of GPU {t.gpu} (a vGPU blocks the "
                 "whole GPU, the whole GPU blocks its vGPUs, and releasing one lets the other run), prepared by the "
                 "same plugin; " + "; ".join(notes))
+
+    def _no_claim_no_accelerator(self, res: CheckResult, problems: list[str], notes: list[str]) -> None:
+        """KAR-0049's negative case, as kubernetes-sigs/ai-conformance runs it: a pod with no claim on
+        the same node sees no accelerator (its probe prints ``RESULT: ACCELERATOR_MISSING``)."""
+        r = self.b.start(f"no-claim-{random_suffix()}", None, self.target.node)
+        res.evidence.append(r.line())
+        if r.phase != "Running" or r.health is None:
+            problems.append(f"a pod without a claim did not run its probe: {r.phase} ({r.reason})")
+        elif r.health.accelerator is not False:
+            problems.append(f"{r.name}: a pod without a claim sees an accelerator (RESULT: ACCELERATOR_FOUND)")
+        else:
+            notes.append("a pod without a claim sees none (RESULT: ACCELERATOR_MISSING, KAR-0049)")
+        self.b.stop(r)
 
     def _by_extended_resource(self, res: CheckResult, problems: list[str], notes: list[str]) -> None:
         """KAR-0004's request: a pod asking for an extended resource by name (``nvidia.com/GRID_T4-1Q: 1``,
@@ -425,6 +439,8 @@ class Conformance:
             res.evidence.append(f"{r.name}: {r.health.summary()}")
             if r.health.result == "Fail":
                 problems.append(f"{r.name}: {r.health.summary()}")
+            if r.health.accelerator is False:  # ai-conformance's positive case: the claim's device is there
+                problems.append(f"{r.name}: has a claim but its probe printed RESULT: ACCELERATOR_MISSING")
         if problems:
             raise CheckFailed("; ".join(problems))
         return (f"{len(self.ran)} workloads ran the health check: {counts['Pass']} Pass, {counts['Unknown']} Unknown "

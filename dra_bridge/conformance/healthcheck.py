@@ -46,13 +46,15 @@ SCRIPT = r'''#!/bin/sh
 # GPU is listed. Output, one line per finding, then the verdict:
 #
 #   CHECK <device> <Pass|Fail|Unknown> key=value ... -- <words>
-#   RESULT: <ACCELERATOR_FOUND|ACCELERATOR_MISSING>   (ai-conformance's marker: a vfio group or guest GPU seen)
+#   RESULT: <ACCELERATOR_FOUND|ACCELERATOR_MISSING>   (ai-conformance's marker: a vfio group device
+#            node, or inside a VM a /dev/nvidiaN, the container can open)
 #   RESULT: <Pass|Fail|Unknown>
 #
 # Exit status 0 for Pass and Unknown, 1 for Fail.
 
 SYS=${VGPUCTL_HC_SYS:-/sys}
 VFIO=${VGPUCTL_HC_VFIO:-/dev/vfio}
+DEV=${VGPUCTL_HC_DEV:-/dev}
 FAILS=0
 PASSES=0
 UNKNOWNS=0
@@ -221,7 +223,9 @@ fi
 if [ $# -gt 0 ]; then
     for n in "$@"; do check_group_node "$n"; done
 elif check_guest_gpus; then
-    ACCEL=1
+    # a GPU the container can open (the guest driver's /dev/nvidiaN), not merely one sysfs lists:
+    # a container sees the host's PCI devices in /sys whether or not it was given any
+    for n in "$DEV"/nvidia[0-9]*; do [ -e "$n" ] && ACCEL=1; done
 else
     say "-" Fail "devices=0" -- "no accelerator device given or found"
 fi

@@ -371,6 +371,18 @@ class SimCluster:
         w.health = healthcheck.run(w.device_paths(), sys_root=self.env.sys_root)
         return w.health
 
+    def deviceless_output(self) -> str:
+        """What the health check prints in a container given no device: the host's sysfs, but no
+        vfio or GPU device node (KAR-0049's negative case)."""
+        if not self.health:
+            return ""
+        from dra_bridge.conformance import healthcheck
+
+        empty = self.base / "empty-dev"
+        empty.mkdir(exist_ok=True)
+        return healthcheck.run([], sys_root=self.env.sys_root,
+                               env={"VGPUCTL_HC_VFIO": str(empty), "VGPUCTL_HC_DEV": str(empty)}).output
+
     def launch(self, objects: list[dict], name: str | None = None, node: str | None = None) -> Workload:
         """submit + schedule + run."""
         w = self.submit(objects, name)

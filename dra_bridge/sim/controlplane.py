@@ -29,6 +29,7 @@ class Cluster(Protocol):
     def schedule(self, w: Workload, node: str | None = None) -> bool: ...
     def run(self, w: Workload) -> bool: ...
     def release(self, w: Workload) -> None: ...
+    def deviceless_output(self) -> str: ...
 
 
 class ControlPlane:
@@ -91,8 +92,10 @@ class ControlPlane:
             if w is None:
                 if not p["spec"].get("resourceClaims") and not asks_extended_resources(p):
                     if (p.get("status") or {}).get("phase") != "Running":
-                        self.c.rest("PATCH", self.c.pod_path(p["metadata"]["namespace"], p["metadata"]["name"],
-                                                             "status"), {"status": {"phase": "Running"}}, patch=True)
+                        ns, name = p["metadata"]["namespace"], p["metadata"]["name"]
+                        self.c.rest("PATCH", self.c.pod_path(ns, name, "status"), {"status": {"phase": "Running"}},
+                                    patch=True)
+                        self.c.srv.set_pod_log(ns, name, self.c.deviceless_output())
                     continue
                 w = self.by_uid[uid] = self.c.adopt(p)
             if w.phase == "Pending" and now - self._tried.get(uid, -1e9) >= self.retry:

@@ -55,6 +55,7 @@ def test_all_checks_pass_on_the_simulated_cluster(passing):
     # KAR-0004: a pod asking for nvidia.com/GRID_T4-1Q: 1 (a DeviceClass maps the name), no claim of its own
     assert "by resource name (KAR-0004): a pod asking for nvidia.com/GRID_T4-1Q: 1 got ['gpu-" in d4
     assert "-extended-resources-" in d4
+    assert "a pod without a claim sees none (RESULT: ACCELERATOR_MISSING, KAR-0049)" in d4
     assert "0 Fail" in detail(passing, 5)
 
 
@@ -349,8 +350,10 @@ def test_healthcheck_in_a_vm_guest_uses_nvidia_smi(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
+    dev = tmp_path / "guest-dev"
+    dev.mkdir()
     env = {"VGPUCTL_HC_SYS": str(tmp_path / "sys"), "VGPUCTL_HC_VFIO": str(tmp_path / "no-vfio"),
-           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+           "VGPUCTL_HC_DEV": str(dev), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
     def run():
         p = subprocess.run(["sh", "-c", healthcheck.SCRIPT, "healthcheck"], capture_output=True, text=True, env=env,
@@ -361,6 +364,10 @@ def test_healthcheck_in_a_vm_guest_uses_nvidia_smi(tmp_path):
     smi.chmod(0o755)
     r = run()
     assert r.result == "Pass" and r.findings[0].fields["nvidia_smi"] == "listed", r.output
+    # sysfs lists the GPU, but without a device node to open it is no accelerator of this container
+    assert r.accelerator is False
+    (dev / "nvidia0").touch()
+    assert run().accelerator is True
     smi.write_text("#!/bin/sh\necho 00000000:08:00.0\n")
     assert run().result == "Fail"
     smi.unlink()
