@@ -186,6 +186,14 @@ _add(BoardSpec(
     framebuffer_mib=49152, framework="vendor-vfio", sriov_total_vfs=32, made_up_ids=True,
     types=[*_series("L40", "NVIDIA", 9200, _ADA_48, "Q"), *_series("L40", "NVIDIA", 9220, _ADA_48[3:], "C")],
 ))
+# L20: types and counts from NVIDIA AI Enterprise 6's Ada tables (Table 40) and the gpu-operator's
+# vGPU config (L20-1Q..48Q, L20-4C..48C, as the L40's); device id 26ba (pci.ids, NVIDIA's
+# open-gpu-kernel-modules README). Its VF count is not published: 32 assumed, as the L40/L40S.
+_add(BoardSpec(
+    key="L20", product_name="AD102GL [L20]", vendor_id="0x10de", device_id="0x26ba", subsystem_device_id="0x1957",
+    framebuffer_mib=49152, framework="vendor-vfio", sriov_total_vfs=32, made_up_ids=True,
+    types=[*_series("L20", "NVIDIA", 9250, _ADA_48, "Q"), *_series("L20", "NVIDIA", 9270, _ADA_48[3:], "C")],
+))
 _add(BoardSpec(
     key="A10", product_name="GA102GL [A10]", vendor_id="0x10de", device_id="0x2236", subsystem_device_id="0x1482",
     framebuffer_mib=24576, framework="vendor-vfio", sriov_total_vfs=24, made_up_ids=True,

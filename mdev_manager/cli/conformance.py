@@ -22,6 +22,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--junit", default="vgpuctl-conformance.xml", metavar="FILE",
                    help="JUnit XML report (default %(default)s; '' for none)")
     c.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    c.add_argument("--json-events", metavar="FILE",
+                   help="also write the run as Go's test2json events (what `go test -json` prints, the JSON "
+                        "kubernetes-sigs/ai-conformance's harness produces), one check per subtest")
     c.add_argument("--profile", help="the vGPU profile to share (default: the GPU/profile needing the fewest workloads)")
     c.add_argument("--node", help="only GPUs of this node")
     c.add_argument("--max-workloads", type=int, default=8, help="at most this many workloads on one GPU (check 2; default %(default)s)")
@@ -56,6 +59,9 @@ def run(args) -> int:
     if args.junit:
         with open(args.junit, "w") as f:
             f.write(junit(rep))
+    if args.json_events:
+        with open(args.json_events, "w") as f:
+            f.write(test2json(rep))
     print(json.dumps(rep.to_dict(), indent=2) if args.json else table(rep))
     if args.junit and not args.json:
         print(f"JUnit XML: {args.junit}")
@@ -78,6 +84,41 @@ def table(rep: ConformanceReport) -> str:
     lines.append(f"{passed} of {len(rep.checks)} checks passed in {rep.seconds:.1f} s" +
                  ("" if rep.ok else "; NOT CONFORMANT"))
     return "\n".join(lines)
+
+
+PACKAGE = "vgpuctl/conformance"
+PARENT = "TestVgpuctlConformance"
+
+
+def test2json(rep: ConformanceReport, now: datetime | None = None) -> str:
+    """The run as Go's ``cmd/test2json`` events (one JSON object per line: Time, Action, Package,
+    Test, Elapsed, Output), one subtest per check, so tooling built for ``go test -json`` reads it."""
+    t = now or datetime.now(timezone.utc)
+    stamp = t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    events: list[dict] = [{"Time": stamp, "Action": "start", "Package": PACKAGE},
+                          {"Time": stamp, "Action": "run", "Package": PACKAGE, "Test": PARENT}]
+
+    def out(test: str, text: str) -> None:
+        events.append({"Time": stamp, "Action": "output", "Package": PACKAGE, "Test": test, "Output": text})
+
+    out(PARENT, f"=== RUN   {PARENT}\n")
+    verdict = {"passed": ("pass", "PASS"), "skipped": ("skip", "SKIP")}
+    for c in rep.checks:
+        name = f"{PARENT}/{c.number}_" + "".join(ch if ch.isalnum() else "_" for ch in c.title).strip("_")[:60]
+        events.append({"Time": stamp, "Action": "run", "Package": PACKAGE, "Test": name})
+        out(name, f"=== RUN   {name}\n")
+        for line in [c.detail, *c.evidence]:
+            if line:
+                out(name, f"    {line}\n")
+        action, word = verdict.get(c.status, ("fail", "FAIL"))
+        out(name, f"    --- {word}: {name} ({c.seconds:.2f}s)\n")
+        events.append({"Time": stamp, "Action": action, "Package": PACKAGE, "Test": name,
+                       "Elapsed": round(c.seconds, 2)})
+    action = "pass" if rep.ok else "fail"
+    out(PARENT, f"--- {action.upper()}: {PARENT} ({rep.seconds:.2f}s)\n")
+    events.append({"Time": stamp, "Action": action, "Package": PACKAGE, "Test": PARENT, "Elapsed": round(rep.seconds, 2)})
+    events.append({"Time": stamp, "Action": action, "Package": PACKAGE, "Elapsed": round(rep.seconds, 2)})
+    return "".join(json.dumps(e) + "\n" for e in events)
 
 
 def junit(rep: ConformanceReport) -> str:
