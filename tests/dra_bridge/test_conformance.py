@@ -389,3 +389,21 @@ def test_healthcheck_without_any_device_fails(tmp_path):
 def test_healthcheck_parse_without_result_is_a_failure():
     r = healthcheck.parse("CHECK /dev/vfio/1 Pass group=1 -- ok\n")
     assert r.result == "Fail" and r.findings[-1].text == "the health check did not report a result"
+
+
+def test_json_events_are_go_test2json():
+    """``--json-events``: Go's test2json stream (what ai-conformance's ``go test -json`` gives), one
+    subtest per check; a failed check fails the parent test and the package."""
+    import json as _json
+
+    rep = ConformanceReport("c", "ns", [CheckResult(1, "One GPU, several", "passed", "ok", ["evidence"], 1.25),
+                                        CheckResult(2, "Same GPU", "failed", "wrong GPU", [], 0.5),
+                                        CheckResult(3, "Blocked", "skipped", "needs 2", [], 0.0)], seconds=2.0)
+    events = [_json.loads(line) for line in conformance_cli.test2json(rep).splitlines()]
+    assert all(set(e) <= {"Time", "Action", "Package", "Test", "Elapsed", "Output"} for e in events)
+    verdicts = [(e["Action"], e.get("Test")) for e in events if e["Action"] in ("pass", "fail", "skip")]
+    assert verdicts == [("pass", "TestVgpuctlConformance/1_One_GPU__several"),
+                        ("fail", "TestVgpuctlConformance/2_Same_GPU"), ("skip", "TestVgpuctlConformance/3_Blocked"),
+                        ("fail", "TestVgpuctlConformance"), ("fail", None)]
+    out = "".join(e.get("Output", "") for e in events if e.get("Test") == "TestVgpuctlConformance/1_One_GPU__several")
+    assert "=== RUN" in out and "    evidence\n" in out and "--- PASS" in out
