@@ -150,12 +150,14 @@ class SizeBinder:
     def policy(self, policy: PoolPolicy) -> PoolPolicy:
         return with_assigned(policy, self.assigned)
 
-    def bind(self, claims, pool: Pool, inventory) -> tuple[list[Verdict], bool]:
+    def bind(self, claims, pool: Pool, inventory, allocated: list[dict] | None = None) -> tuple[list[Verdict], bool]:
         """One round: (verdicts written, whether a GPU's size changed, so the pool must be republished).
-        ``claims``: an :class:`~dra_bridge.kube.claims.ApiClaimSource`."""
+        ``claims``: an :class:`~dra_bridge.kube.claims.ApiClaimSource` (the writes, and the LIST when
+        ``allocated``, the claims a watch keeps, is not given)."""
         import datetime
 
-        allocated = claims.allocated(self.driver, self.pool_name)
+        if allocated is None:
+            allocated = claims.allocated(self.driver, self.pool_name)
         verdicts, assigned = decide(allocated, pool, host_sizes(inventory), driver=self.driver,
                                     pool_name=self.pool_name)
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

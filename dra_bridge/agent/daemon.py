@@ -42,6 +42,7 @@ from mdev_manager.restore import restore
 from mdev_manager.usage import collect_usage
 
 from dra_bridge.kube.claims import ApiClaimSource
+from dra_bridge.kube.claimwatch import ClaimCache
 from dra_bridge.kube.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
 from dra_bridge.kube.nodes import node_metadata, set_node_annotation, set_node_label
 from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
@@ -80,8 +81,8 @@ class ServeConfig(BaseModel):
         "a periodic resync skips discovery and publishing when nothing changed (host fingerprint, layout, "
         "claims, published slices); at least this often it does everything anyway (default 10 x resync_seconds)"))
     bind_seconds: float = Field(1.0, gt=0, description=(
-        "how often to look for allocations waiting on the agent's binding conditions (servers without "
-        "compatibility groups that keep binding conditions: each vGPU size is confirmed per GPU)"))
+        "how often to look again whether binding conditions are in use, and to retry after an error (in "
+        "use, a watch of the claims wakes the agent at each change)"))
     probe_seconds: float = Field(300.0, description=(
         "how often to check again which DRA fields the API server keeps (a dry-run ResourceSlice): servers upgrade"))
 
@@ -117,6 +118,7 @@ class Daemon:
         self._probed_at: float | None = None
         self._kept_annotated: str | None = None
         self.binder = SizeBinder(cfg.driver, cfg.node_name)  # sizes confirmed through binding conditions
+        self.claim_cache: ClaimCache | None = None  # the binding loop's watch of the claims
         self._bind_lock = threading.Lock()
         self.gpu_ids = StableGpuIds(self.paths.data_dir / "gpu-ids.json", self.io)
         self.device_plugins = None
@@ -273,13 +275,14 @@ class Daemon:
         return self.kept.counters is not False and self.kept.binding_conditions is True and \
             self._shape_version() < (1, 37)
 
-    def bind(self) -> int:
-        """Confirm or refuse the allocations waiting on our binding conditions; republish when a
-        GPU's size was settled or freed. Returns how many were decided."""
+    def bind(self, claims: list[dict] | None = None) -> int:
+        """Confirm or refuse the allocations waiting on our binding conditions (``claims``: as a
+        watch keeps them; None: LIST); republish when a GPU's size was settled or freed. Returns
+        how many were decided."""
         if not self._binding_mode():
             return 0
         with self._bind_lock:
-            verdicts, changed = self.binder.bind(self.driver.claims, self._pool, self.inventory)
+            verdicts, changed = self.binder.bind(self.driver.claims, self._pool, self.inventory, claims)
             for v in verdicts:
                 (log.info if v.ok else log.warning)("claim %s/%s device %s: %s", v.namespace, v.claim, v.device,
                                                     v.message)
@@ -288,11 +291,24 @@ class Daemon:
             return len(verdicts)
 
     def _bind_loop(self) -> None:
-        while not self._stop.wait(self.cfg.bind_seconds):
-            try:
-                self.bind()
-            except Exception as exc:  # noqa: BLE001 - the scheduler waits; the next round tries again
-                log.warning("binding conditions: %s", exc)
+        """In binding mode: one LIST, then a watch of the claims; each change (or a minute without
+        one) is a round of :meth:`bind`. Otherwise it only looks again every ``bind_seconds``."""
+        cache = self.claim_cache = ClaimCache(self.api_client)
+        try:
+            while not self._stop.is_set():
+                if not self._binding_mode():
+                    self._stop.wait(self.cfg.bind_seconds)
+                    continue
+                try:
+                    if not cache.synced:
+                        cache.list_and_watch()
+                    self.bind(cache.claims())
+                except Exception as exc:  # noqa: BLE001 - the scheduler waits; the next round tries again
+                    log.warning("binding conditions: %s", exc)
+                    self._stop.wait(self.cfg.bind_seconds)
+                cache.wait(60.0)
+        finally:
+            cache.stop()
 
     # ------------------------------------------------------------ layout selection by node label
     def _usage(self):

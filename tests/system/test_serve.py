@@ -500,3 +500,56 @@ def test_idle_periodic_resyncs_skip_discovery_and_the_api_until_something_change
                  "0b7c6a3e-1d2f-4e5a-9b8c-7d6e5f4a3b2c")
         wait_until(lambda: resyncs("ok") > ok, 10, "a full resync after the change")
         assert any(v.id == "0b7c6a3e-1d2f-4e5a-9b8c-7d6e5f4a3b2c" for v in r.daemon.inventory.all_vgpus())
+
+
+def test_the_running_agent_answers_binding_conditions_from_a_watch(base):
+    """1.36 defaults: the running agent (one LIST, then a watch of the claims) confirms the first
+    size allocated on an empty GPU and refuses a second size on it, within the scheduler's wait."""
+    from tests.support.dra import claim_object
+
+    node = make_node(base, "default", version=(1, 36))
+    with LocalApiServer(version="1.36", feature_gates={}) as srv:
+        client.CoreV1Api(srv.api_client()).create_node({"metadata": {"name": node.node}})
+        with running(make_daemon(node, srv, base, resync=3600)) as r:
+            devs = [d for s in pool_slices(srv, node=node.node) for d in s["spec"].get("devices") or []
+                    if d.get("bindingConditions") and d["attributes"]["gpuIndex"]["int"] == 0]
+            by_size = {}
+            for d in devs:
+                by_size.setdefault(d["capacity"]["memory"]["value"], d)
+            first, second = by_size["8Gi"], by_size["1Gi"]
+
+            def allocate(name, dev):
+                obj = claim_object(name, [("vgpu", dev["name"])], node=node.node)
+                res = obj["status"]["allocation"]["devices"]["results"][0]
+                res["bindingConditions"], res["bindingFailureConditions"] = (dev["bindingConditions"],
+                                                                            dev["bindingFailureConditions"])
+                srv.add(obj)
+
+            def conditions(name):
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    c = client.ResourceV1Api(srv.api_client()).read_namespaced_resource_claim(name, "default")
+                    for e in (c.status.devices or []):
+                        got = {x.type: x.status for x in e.conditions or []}
+                        if got:
+                            return got
+                    time.sleep(0.1)
+                raise AssertionError(f"no binding condition on {name}")
+
+            allocate("first", first)
+            assert conditions("first") == {"vgpu.kubevirt.io/SizeAssigned": "True",
+                                           "vgpu.kubevirt.io/SizeConflict": "False"}
+            allocate("second", second)
+            assert conditions("second") == {"vgpu.kubevirt.io/SizeAssigned": "False",
+                                            "vgpu.kubevirt.io/SizeConflict": "True"}
+            assert r.daemon.claim_cache.lists == 1  # the watch, not a LIST per round
+            # the GPU is republished with its size only
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                sizes = {d["capacity"]["memory"]["value"] for s in pool_slices(srv, node=node.node)
+                         for d in s["spec"].get("devices") or [] if d["attributes"]["gpuIndex"]["int"] == 0
+                         and d["attributes"]["type"]["string"] == "vgpu"}
+                if sizes == {"8Gi"}:
+                    break
+                time.sleep(0.1)
+            assert sizes == {"8Gi"}
