@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-ALL = ["discovery", "agent", "prepare", "size", "node", "dra", "allocator"]
+ALL = ["discovery", "agent", "prepare", "size", "race", "node", "dra", "allocator"]
 
 
 def parser() -> argparse.ArgumentParser:
