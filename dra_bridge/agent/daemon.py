@@ -80,6 +80,10 @@ class ServeConfig(BaseModel):
     full_resync_seconds: float | None = Field(None, description=(
         "a periodic resync skips discovery and publishing when nothing changed (host fingerprint, layout, "
         "claims, published slices); at least this often it does everything anyway (default 10 x resync_seconds)"))
+    sizes_by_first_allocation: bool = Field(False, description=(
+        "where the server keeps counters but neither compatibility groups nor binding conditions: offer every "
+        "size of an empty GPU and republish it with the size of its first allocation (an allocation of another "
+        "size in between fails at prepare); default: one size per GPU, which never does"))
     bind_seconds: float = Field(1.0, gt=0, description=(
         "how often to look again whether binding conditions are in use, and to retry after an error (in "
         "use, a watch of the claims wakes the agent at each change)"))
@@ -190,7 +194,8 @@ class Daemon:
             if binding:
                 policy = self.binder.policy(policy)
             pool = build_pool(self.gpu_ids.apply(inv), policy, self.cfg.driver,
-                              server_version=self._shape_version(), binding_conditions=binding,
+                              server_version=self._shape_version(), binding_conditions=binding == "conditions",
+                              first_allocation_sizes=binding == "first",
                               pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
             if self.kept.counters is False:  # the server drops them: publish only what is safe without
                 pool = without_counters(pool, inv)
@@ -269,11 +274,16 @@ class Daemon:
             return (1, 36)
         return version
 
-    def _binding_mode(self) -> bool:
-        """The server keeps counters and binding conditions but no compatibility groups: every size
-        of an empty GPU is offered and :meth:`bind` confirms each allocation's size (agent/binder.py)."""
-        return self.kept.counters is not False and self.kept.binding_conditions is True and \
-            self._shape_version() < (1, 37)
+    def _binding_mode(self) -> str | None:
+        """How the sizes of an empty GPU are kept apart where the server keeps counters but no
+        compatibility groups: ``conditions`` (it keeps binding conditions: :meth:`bind` confirms each
+        allocation's size, agent/binder.py), ``first`` (opt-in, ``sizes_by_first_allocation``: every
+        size offered, the GPU republished with its first allocation's size), else None (one size)."""
+        if self.kept.counters is False or self._shape_version() >= (1, 37):
+            return None
+        if self.kept.binding_conditions is True:
+            return "conditions"
+        return "first" if self.cfg.sizes_by_first_allocation else None
 
     def bind(self, claims: list[dict] | None = None) -> int:
         """Confirm or refuse the allocations waiting on our binding conditions (``claims``: as a

@@ -161,6 +161,9 @@ class KubeBackend:
         self.api.create_claim_template(self.namespace, body)
         return name
 
+    def node_allocatable(self, node: str) -> dict[str, str]:
+        return self.api.node_allocatable(node)
+
     def extended_resource_classes(self) -> list[dict]:
         """DeviceClasses that map an extended resource name (KEP-5004 ``extendedResourceName``)."""
         return [c for c in self.api.device_classes() if (c.get("spec") or {}).get("extendedResourceName")]

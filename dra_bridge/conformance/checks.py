@@ -146,7 +146,21 @@ class Conformance:
         self.target = Target(node=g.node, gpu=g.gpu, index=g.index, product=g.product, counter_set=g.counter_set,
                              profile=p.profile, fits=fits, published=p.published)
         return (f"GPU {g.index} {g.gpu} ({g.product}) on node {g.node} publishes {p.published} {p.profile} devices "
-                f"consuming counter set {g.counter_set}; the scheduler model allocates {fits} of them at once")
+                f"consuming counter set {g.counter_set}; the scheduler model allocates {fits} of them at once; "
+                + self._allocatable(res, g.node))
+
+    def _allocatable(self, res: CheckResult, node: str | None) -> str:
+        """KAR-0003's first step: the node's Allocatable lists the statically configured shared GPUs
+        (the device-plugin path). With DRA they are the ResourceSlice devices above instead, and a
+        DeviceClass may map a resource name to them (KEP-5004) without it being in Allocatable."""
+        alloc = self.b.node_allocatable(node) if node else {}
+        ext = {k: v for k, v in alloc.items() if "/" in k and not k.startswith("hugepages-")}
+        res.evidence.append(f"node {node} allocatable: " + (", ".join(f"{k}: {v}" for k, v in sorted(ext.items()))
+                                                            or "no extended resources"))
+        if ext:
+            return (f"node {node}'s Allocatable lists {sum(int(v) for v in ext.values() if str(v).isdigit())} "
+                    f"statically configured logical GPUs ({', '.join(sorted(ext))})")
+        return f"node {node}'s Allocatable lists none: its logical GPUs are DRA devices (KAR-0003's Allocatable step)"
 
     # ------------------------------------------------------------ check 2
     @property

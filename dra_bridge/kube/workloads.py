@@ -29,6 +29,16 @@ class WorkloadApi:
     def device_class_exists(self, name: str) -> bool:
         return missing_ok(self.resource.read_device_class, name)
 
+    def node_allocatable(self, name: str) -> dict[str, str]:
+        """``status.allocatable`` of a node ({} if it is not there)."""
+        try:
+            node = raw(self.core.read_node, name)
+        except api_exception() as exc:
+            if exc.status != 404:
+                raise
+            return {}
+        return (node.get("status") or {}).get("allocatable") or {}
+
     def device_classes(self) -> list[dict]:
         return raw(self.resource.list_device_class)["items"]
 

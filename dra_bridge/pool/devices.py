@@ -52,6 +52,7 @@ def build_pool(
     server_version: tuple[int, int] | None = None,
     pcie_roots: dict[str, str] | None = None,
     binding_conditions: bool = False,
+    first_allocation_sizes: bool = False,
 ) -> Pool:
     """The devices and counter sets to publish for ``inventory`` under ``policy``.
 
@@ -60,7 +61,11 @@ def build_pool(
     PCI address to its PCIe root (``pci0000:40``) for the standard ``pcieRoot`` attribute.
     ``binding_conditions``: the server keeps KEP-5007 binding conditions, so where it has no
     compatibility groups an empty GPU still offers every size, each vGPU device bound only once
-    the agent confirmed its size (:mod:`dra_bridge.agent.binder`).
+    the agent confirmed its size (:mod:`dra_bridge.agent.binder`). ``first_allocation_sizes``
+    (opt-in, servers without groups or binding conditions): an empty GPU offers every size with no
+    conditions and the agent republishes it with the size of its first allocation as soon as it sees
+    it; allocations of another size made before that fail at prepare (``benchmarks/bench_race.py``
+    measures the window).
     """
     if not is_dns_subdomain(driver) or len(driver) > 63:
         raise ValueError(f"driver: {driver!r} is not a DNS subdomain of at most 63 characters")
@@ -81,7 +86,8 @@ def build_pool(
         if pol is None:
             continue
         _add_gpu(pool, gpu, pol, groups_supported, roots.get(gpu.address.lower()),
-                 binding=binding_conditions and not groups_supported, driver=driver)
+                 binding=binding_conditions and not groups_supported, driver=driver,
+                 unbound=first_allocation_sizes and not groups_supported and not binding_conditions)
 
     dup = {n for n, k in Counter(d.name for d in pool.devices).items() if k > 1}
     if dup:  # cannot happen with distinct GPU indices; a guard for future edits
@@ -141,7 +147,7 @@ def _equal_size_choice(
 
 
 def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None, *,
-             binding: bool = False, driver: str = DEFAULT_DRIVER) -> None:
+             binding: bool = False, driver: str = DEFAULT_DRIVER, unbound: bool = False) -> None:
     if pol.mig_auto and groups_supported and gpu.mig is not None and gpu.mig.profiles:
         sliced, mig = Pool(), Pool()  # both modes, merged onto one counter set (dualmode.py)
         _add_time_sliced(sliced, gpu, time_sliced_policy(gpu, pol), True, pcie_root)
@@ -151,11 +157,11 @@ def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_
     if gpu.mig is not None and gpu.mig.enabled:
         add_mig_gpu(pool, gpu, pol, _common_attributes(gpu, pcie_root))
         return
-    _add_time_sliced(pool, gpu, pol, groups_supported, pcie_root, binding=binding, driver=driver)
+    _add_time_sliced(pool, gpu, pol, groups_supported, pcie_root, binding=binding, driver=driver, unbound=unbound)
 
 
 def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None, *,
-                     binding: bool = False, driver: str = DEFAULT_DRIVER) -> None:
+                     binding: bool = False, driver: str = DEFAULT_DRIVER, unbound: bool = False) -> None:
     warnings = pool.warnings
     total_fb = gpu_framebuffer_mib(gpu)
     equal_size = _is_nvidia(gpu) and not pol.mixed_size
@@ -164,7 +170,7 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
     offered: list[tuple[VgpuType, int, int | None]] = []  # (type, max instances, fb MiB)
     types = _select_types(gpu, pol, warnings)
     # every size of an empty GPU, each vGPU bound only once the agent confirmed its size (KEP-5007)
-    bind_sizes = binding and equal_size and not gpu.vgpus and pol.equal_size_fb_mib is None and \
+    bind_sizes = (binding or unbound) and equal_size and not gpu.vgpus and pol.equal_size_fb_mib is None and \
         len({type_framebuffer_mib(t) for t in types}) > 1
     if equal_size and not groups_supported and types and not bind_sizes:
         size = _equal_size_choice(gpu, pol, types, warnings)
@@ -270,7 +276,7 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
             compatibility_groups=groups,
         )
         choices = {x.short_name: x.id for x, _, _ in slot}
-        conditions = binding_conditions(driver) if bind_sizes else ([], [])
+        conditions = binding_conditions(driver) if bind_sizes and binding else ([], [])
         for k in range(n):
             pool.devices.append(
                 PoolDevice(

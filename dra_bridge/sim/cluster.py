@@ -58,7 +58,8 @@ class SimCluster:
     def __init__(self, *, preset: str = "default", layout: str = DEMO_LAYOUT, layout_name: str = "demo",
                  version: str = "1.35", namespace: str = "default", driver: str = DEFAULT_DRIVER,
                  selectors=None, validate: bool = True, base: Path | None = None, health: bool = True,
-                 device_classes: dict | None = None, feature_gates: dict[str, bool] | None = None):
+                 device_classes: dict | None = None, feature_gates: dict[str, bool] | None = None,
+                 serve_options: dict | None = None):
         self.preset = preset
         self.layout_text = layout
         self.layout_name = layout_name
@@ -70,6 +71,7 @@ class SimCluster:
         self.health = health
         self.device_classes = dict(device_classes or {})  # render deviceclasses values beyond the driver
         self.feature_gates = feature_gates  # None: every gate of the version on; {}: the version's defaults
+        self.serve_options = dict(serve_options or {})  # more ServeConfig fields for the node agent
         self._base_arg = base
         self.base: Path | None = None
         self.srv = None
@@ -107,7 +109,8 @@ class SimCluster:
         minor = int(self.version.lstrip("v").split(".")[1])
         cfg = ServeConfig(node_name=self.node, driver=self.driver, layout_file=layout_file, layout=self.layout_name,
                           resync_seconds=3600, server_version=(1, minor), metrics_port=None,
-                          kubelet_root=self.base / "kl", cdi_root=self.base / "cdi", health_poll_seconds=60)
+                          kubelet_root=self.base / "kl", cdi_root=self.base / "cdi", health_poll_seconds=60,
+                          **self.serve_options)
         self.daemon = Daemon(cfg, self.env, self.io, self.api)
         self.daemon.start()  # reconcile the layout, publish the slices, serve the kubelet
         self.timings["node agent"] = time.perf_counter() - t0 - self.timings["api"]

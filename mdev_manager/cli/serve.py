@@ -32,6 +32,10 @@ def add_arguments(sv: argparse.ArgumentParser) -> None:
     sv.add_argument("--layout-label", help="node label whose value names the layout (e.g. vgpu.kubevirt.io/config)")
     sv.add_argument("--state-label",
                     help="node label reporting pending|success|failed (e.g. vgpu.kubevirt.io/config.state)")
+    sv.add_argument("--sizes-by-first-allocation", action="store_true",
+                    help="servers keeping counters but neither compatibility groups nor binding conditions: offer "
+                         "every vGPU size of an empty GPU and republish it with its first allocation's size (an "
+                         "allocation of another size in between fails at prepare; default: one size per GPU)")
 
 
 def run(args) -> int:
@@ -55,7 +59,8 @@ def run(args) -> int:
                       resync_seconds=args.resync, server_version=version, metrics_port=args.metrics_port,
                       kubelet_root=kubelet_root(args), cdi_root=Path(args.cdi_root),
                       device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
-                      layout_label=args.layout_label, state_label=args.state_label)
+                      layout_label=args.layout_label, state_label=args.state_label,
+                      sizes_by_first_allocation=args.sizes_by_first_allocation)
     daemon = Daemon(cfg, env, io, api).start()
     daemon.run()
     return 0

@@ -44,6 +44,7 @@ def test_all_checks_pass_on_the_simulated_cluster(passing):
     assert statuses(passing) == {n: "passed" for n in range(1, 6)}, passing.to_dict()
     assert passing.ok and passing.cleanup == []
     assert "publishes 2 T4-8" in detail(passing, 1) and "allocates 2 of them at once" in detail(passing, 1)
+    assert "Allocatable lists none: its logical GPUs are DRA devices (KAR-0003's Allocatable step)" in detail(passing, 1)
     assert "all on GPU 0000:10:00.0 (by the slices, inside the workloads, and on the host)" in detail(passing, 2)
     d3 = detail(passing, 3)
     assert "stays Pending: 0/1 nodes are available" in d3 and "framebuffer" in d3 and "kept their devices" in d3
@@ -186,6 +187,17 @@ def test_check_4_fails_when_mig_placements_do_not_consume_their_memory_slices():
     st = statuses(rep)
     assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
     assert "the MIG-backed device consumes no memory-slice counter" in detail(rep, 4)
+
+
+def test_check_1_reads_statically_configured_gpus_from_node_allocatable():
+    """KAR-0003's Allocatable step: a node whose device plugin advertises shared GPUs lists them."""
+    def advertise(c):
+        c.rest("PATCH", f"/api/v1/nodes/{c.node}/status",
+               {"status": {"allocatable": {"cpu": "8", "nvidia.com/GRID_T4-1Q": "16"}}}, patch=True)
+
+    rep = run_conformance_simulated(prepare=advertise)
+    assert statuses(rep)[1] == "passed", rep.to_dict()
+    assert "Allocatable lists 16 statically configured logical GPUs (nvidia.com/GRID_T4-1Q)" in detail(rep, 1)
 
 
 def test_check_5_fails_when_a_workload_health_check_fails(monkeypatch):

@@ -125,3 +125,36 @@ def test_racing_allocations_of_random_sizes_never_reach_prepare(cluster):
         c.daemon.bind()
     assert failed_at_prepare == []
     assert prepared > 0 and c.prebind_failures > 0  # the race happened, and was caught before prepare
+
+
+def test_sizes_by_first_allocation_without_binding_conditions_has_a_window():
+    """Opt-in (--sizes-by-first-allocation) where the server keeps neither groups nor binding
+    conditions: every size of an empty GPU, no conditions; the agent republishes the GPU with the
+    size of its first allocation once it sees it. Inside that window a second size is allocated and
+    fails at prepare (never created on the host); after it, the GPU offers its size only."""
+    with SimCluster(version="1.36", feature_gates={"DRADeviceBindingConditions": False}, layout=LAYOUT,
+                    layout_name="all", health=False, serve_options={"sizes_by_first_allocation": True}) as c:
+        sizes = gpu_sizes(c, 0)
+        assert len(sizes) == 5 and not any(sizes.values())  # every size, no binding conditions
+        a = c.submit(on_gpu("T4-8Q", 0, 1), name="a")
+        b = c.submit(on_gpu("T4-1Q", 0, 2), name="b")
+        assert c.schedule_together([a, b]) == [True, True]  # nothing stops the mix before prepare
+        assert c.run(a) and not c.run(b)  # the window: b reaches prepare and fails there
+        assert "cannot create" in b.reason
+        assert [v.type_name for v in c.inventory().gpu("0000:10:00.0").vgpus] == ["GRID T4-8Q"]
+        c.daemon.bind()  # the agent's watch sees the allocations
+        assert list(gpu_sizes(c, 0)) == ["8Gi"]
+        c.teardown(b)
+        c.teardown(a)
+        c.daemon.resync()
+        c.daemon.bind()
+        assert len(gpu_sizes(c, 0)) == 5  # empty again: every size
+
+
+def test_without_the_option_one_size_per_gpu_and_no_window():
+    with SimCluster(version="1.36", feature_gates={"DRADeviceBindingConditions": False}, layout=LAYOUT,
+                    layout_name="all", health=False) as c:
+        a = c.submit(on_gpu("T4-8Q", 0, 1), name="a")
+        b = c.submit(on_gpu("T4-1Q", 0, 2), name="b")
+        bound = c.schedule_together([a, b])
+        assert bound.count(True) <= 1 and all(c.run(w) for w, ok in zip((a, b), bound) if ok)
