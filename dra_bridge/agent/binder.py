@@ -171,4 +171,27 @@ class SizeBinder:
         return verdicts, changed
 
 
-__all__ = ["SizeBinder", "Verdict", "decide", "host_sizes", "status_entries", "with_assigned"]
+def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
+    """The agent's binding rounds: while ``active()``, one LIST, then each change of the watched
+    claims (``cache``: a :class:`~dra_bridge.kube.claimwatch.ClaimCache`), or a minute without one,
+    is a round of ``bind(claims)``; otherwise it looks again every ``retry_seconds``."""
+    import logging
+
+    try:
+        while not stop.is_set():
+            if not active():
+                stop.wait(retry_seconds)
+                continue
+            try:
+                if not cache.synced:
+                    cache.list_and_watch()
+                bind(cache.claims())
+            except Exception as exc:  # noqa: BLE001 - the scheduler waits; the next round tries again
+                logging.getLogger(__name__).warning("binding conditions: %s", exc)
+                stop.wait(retry_seconds)
+            cache.wait(60.0)
+    finally:
+        cache.stop()
+
+
+__all__ = ["SizeBinder", "bind_loop", "Verdict", "decide", "host_sizes", "status_entries", "with_assigned"]

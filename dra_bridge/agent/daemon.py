@@ -27,8 +27,6 @@ import threading
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
 from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
@@ -49,46 +47,18 @@ from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.kubelet.dra_grpc import KubeletPlugin
-from dra_bridge.agent.binder import SizeBinder
+from dra_bridge.agent.binder import SizeBinder, bind_loop
+from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.events import LayoutEvents, failed_steps_text
 from dra_bridge.agent.observe import Metrics, ProbeServer
-from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, DEFAULT_DRIVER
+from dra_bridge.api.names import ANNOTATION_CONFIG_REASON
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.pool.safe import without_counters
 from dra_bridge.kube.publisher import Publisher
 
 log = logging.getLogger(__name__)
-
-
-class ServeConfig(BaseModel):
-    node_name: str = Field(description="this node (NODE_NAME from the downward API)")
-    driver: str = DEFAULT_DRIVER
-    layout_file: Path | None = None
-    layout: str = "default"
-    resync_seconds: float = 30.0
-    server_version: tuple[int, int] | None = None
-    metrics_port: int | None = 8080
-    kubelet_root: Path = Path("/var/lib/kubelet")
-    cdi_root: Path = Path("/var/run/cdi")
-    health_poll_seconds: float = 5.0
-    device_plugin: bool = Field(False, description="also serve the classic device plugin for non-DRA GPUs")
-    resource_prefix: str = "nvidia.com/"
-    layout_label: str | None = Field(None, description="node label naming the layout to apply (else `layout`)")
-    state_label: str | None = Field(None, description="node label reporting pending | success | failed")
-    full_resync_seconds: float | None = Field(None, description=(
-        "a periodic resync skips discovery and publishing when nothing changed (host fingerprint, layout, "
-        "claims, published slices); at least this often it does everything anyway (default 10 x resync_seconds)"))
-    sizes_by_first_allocation: bool = Field(False, description=(
-        "where the server keeps counters but neither compatibility groups nor binding conditions: offer every "
-        "size of an empty GPU and republish it with the size of its first allocation (an allocation of another "
-        "size in between fails at prepare); default: one size per GPU, which never does"))
-    bind_seconds: float = Field(1.0, gt=0, description=(
-        "how often to look again whether binding conditions are in use, and to retry after an error (in "
-        "use, a watch of the claims wakes the agent at each change)"))
-    probe_seconds: float = Field(300.0, description=(
-        "how often to check again which DRA fields the API server keeps (a dry-run ResourceSlice): servers upgrade"))
 
 
 class Daemon:
@@ -301,24 +271,9 @@ class Daemon:
             return len(verdicts)
 
     def _bind_loop(self) -> None:
-        """In binding mode: one LIST, then a watch of the claims; each change (or a minute without
-        one) is a round of :meth:`bind`. Otherwise it only looks again every ``bind_seconds``."""
-        cache = self.claim_cache = ClaimCache(self.api_client)
-        try:
-            while not self._stop.is_set():
-                if not self._binding_mode():
-                    self._stop.wait(self.cfg.bind_seconds)
-                    continue
-                try:
-                    if not cache.synced:
-                        cache.list_and_watch()
-                    self.bind(cache.claims())
-                except Exception as exc:  # noqa: BLE001 - the scheduler waits; the next round tries again
-                    log.warning("binding conditions: %s", exc)
-                    self._stop.wait(self.cfg.bind_seconds)
-                cache.wait(60.0)
-        finally:
-            cache.stop()
+        self.claim_cache = ClaimCache(self.api_client)
+        bind_loop(self.claim_cache, active=lambda: bool(self._binding_mode()), bind=self.bind, stop=self._stop,
+                  retry_seconds=self.cfg.bind_seconds)
 
     # ------------------------------------------------------------ layout selection by node label
     def _usage(self):
