@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -17,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dra_bridge.api.k8sname import fit_dns_label
+from dra_bridge.api.quantity import format_quantity
 from dra_bridge.api.names import profile_of, resource_name_for_pci, resource_name_for_type, type_is_mig_backed
 
 from kubevirt_templates.inputs import (
@@ -89,10 +91,12 @@ def profile_expression(driver: str, profile: str) -> str:
     return f"device.attributes[{cel_string(driver)}].vgpuTypes.contains({cel_string(' ' + profile + ' ')})"
 
 
-def vgpu_config(driver: str, requests: list[str], profile: str) -> dict[str, Any]:
-    """The claim's opaque configuration choosing the type a slot becomes (dra_bridge/kubeletplugin/claimconfig.py)."""
+def vgpu_config(driver: str, requests: list[str], profile: str | None, *, resource: str | None = None) -> dict[str, Any]:
+    """An opaque VgpuConfig (dra_bridge/kubeletplugin/claimconfig.py): the type a slot becomes
+    and/or the classic resource its devices stand for (prepare sets virt-launcher's variable)."""
+    params = {k: v for k, v in (("vgpuType", profile), ("resourceName", resource)) if v}
     return {"requests": requests, "opaque": {"driver": driver, "parameters": {
-        "apiVersion": "vgpu.kubevirt.io/v1alpha1", "kind": "VgpuConfig", "vgpuType": profile}}}
+        "apiVersion": "vgpu.kubevirt.io/v1alpha1", "kind": "VgpuConfig", **params}}}
 
 
 def min_memory_expression(driver: str, quantity: str) -> str:
@@ -109,13 +113,10 @@ def product_expression(driver: str, product: str) -> str:
 
 
 def _config(driver: str, *, vgpu_type: str | None = None, resource: str | None = None) -> list[dict[str, Any]]:
-    """A class's opaque VgpuConfig: the type a slot becomes, the classic resource its devices stand
-    for (prepare sets virt-launcher's variable for it); none when there is nothing to say."""
-    params = {k: v for k, v in (("vgpuType", vgpu_type), ("resourceName", resource)) if v}
-    if not params:
+    """A class's config: its VgpuConfig, none when there is nothing to say."""
+    if not (vgpu_type or resource):
         return []
-    return [{"opaque": {"driver": driver, "parameters": {
-        "apiVersion": "vgpu.kubevirt.io/v1alpha1", "kind": "VgpuConfig", **params}}}]
+    return [{"opaque": vgpu_config(driver, [], vgpu_type, resource=resource)["opaque"]}]
 
 
 def render_deviceclasses(v: DeviceClassesInput) -> list[dict[str, Any]]:
@@ -195,10 +196,6 @@ def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
     return t
 
 
-def _size_label(mib: int) -> str:
-    return f"{mib // 1024}gi" if mib % 1024 == 0 else f"{mib}mi"
-
-
 def memory_alternatives(v: ClaimTemplateInput) -> list[dict[str, Any]]:
     """KAI Scheduler's ``gpu-memory`` / ``gpu-fraction`` as a DRA request: the first available of
     the framebuffer sizes that hold it, smallest first (the catalog's sizes, of ``product`` if given),
@@ -214,14 +211,14 @@ def memory_alternatives(v: ClaimTemplateInput) -> list[dict[str, Any]]:
         raise RenderError(f"{'gpu_memory' if v.gpu_memory else 'gpu_fraction'}: no vGPU type has {need} MiB of "
                           "framebuffer or more" + (f" on {v.product}" if v.product else ""))
     d = cel_string(v.driver)
-    base = [f"has(device.capacity[{d}].memory)",
-            f"device.capacity[{d}].memory.compareTo(quantity({cel_string(f'{need}Mi')})) >= 0"]
-    if v.product:
-        base.append(product_expression(v.driver, v.product))
-    return [{"name": f"mem-{_size_label(mib)}", "device_class": v.vgpu_class,
-             "selectors": [" && ".join(base + [f"device.capacity[{d}].memory.compareTo("
-                                                f"quantity({cel_string(_size_label(mib).replace('gi', 'Gi').replace('mi', 'Mi'))})) <= 0"])]}
-            for mib in sizes[:MAX_FIRST_AVAILABLE]]
+    base = [min_memory_expression(v.driver, f"{need}Mi")] + ([product_expression(v.driver, v.product)]
+                                                             if v.product else [])
+    out = []
+    for mib in sizes[:MAX_FIRST_AVAILABLE]:
+        size = format_quantity(Fraction(mib << 20))  # 6Gi, 1536Mi
+        out.append({"name": f"mem-{size.lower()}", "device_class": v.vgpu_class, "selectors": [" && ".join(
+            base + [f"device.capacity[{d}].memory.compareTo(quantity({cel_string(size)})) <= 0"])]})
+    return out
 
 
 def render_claim_template(v: ClaimTemplateInput) -> list[dict[str, Any]]:
