@@ -36,22 +36,14 @@ class ApiClaimSource:
         pkg/registry/resource/resourceclaim/strategy.go, ``toSelectableFields``), so one paged
         list it is; it runs only when the checkpoint cannot be trusted.
         """
-        out: list[dict] = []
-        token = None
-        while True:
-            kw = {"limit": LIST_PAGE, "_request_timeout": self.timeout}
-            if token:
-                kw["_continue"] = token
-            page = raw(self.api.list_resource_claim_for_all_namespaces, **kw)
-            for claim in page.get("items") or []:
-                alloc = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-                if any(r.get("driver") == driver and r.get("pool") == pool for r in alloc.get("results") or []):
-                    claim.setdefault("apiVersion", "resource.k8s.io/v1")
-                    claim.setdefault("kind", "ResourceClaim")
-                    out.append(claim)
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return out
+        out = []
+        for claim in list_all_claims(self.api, self.timeout)["items"]:
+            alloc = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+            if any(r.get("driver") == driver and r.get("pool") == pool for r in alloc.get("results") or []):
+                claim.setdefault("apiVersion", "resource.k8s.io/v1")
+                claim.setdefault("kind", "ResourceClaim")
+                out.append(claim)
+        return out
 
     def set_device_status(self, namespace: str, name: str, entries: list[dict]) -> None:
         """Write our ``status.devices`` entries (matched by driver, pool and device; other entries,
@@ -75,3 +67,21 @@ class ApiClaimSource:
             except ApiException as exc:
                 if exc.status != 409 or attempt == 2:
                     raise
+
+
+def list_all_claims(api, timeout: float) -> dict:
+    """Every ResourceClaim in any namespace, in pages of ``LIST_PAGE``, as one LIST answer
+    (``items`` and the list's ``metadata.resourceVersion``)."""
+    items: list[dict] = []
+    token, version = None, None
+    while True:
+        kw = {"limit": LIST_PAGE, "_request_timeout": timeout}
+        if token:
+            kw["_continue"] = token
+        page = raw(api.list_resource_claim_for_all_namespaces, **kw)
+        items += page.get("items") or []
+        meta = page.get("metadata") or {}
+        version = meta.get("resourceVersion") or version
+        token = meta.get("continue")
+        if not token:
+            return {"items": items, "metadata": {"resourceVersion": version}}

@@ -72,62 +72,67 @@ def _older(a: str | None, b: str | None) -> bool:
         return False
 
 
-class SliceMirror:
-    """This driver's slices on this node as the server holds them: name -> :class:`Known`.
+class WatchMirror:
+    """Objects as the server holds them, primed by one LIST and kept current by a watch.
 
     ``list_raw()`` returns the LIST answer as plain JSON; ``watch_raw(resource_version)`` yields
     raw watch events (``{"type", "object"}``) and may end (the server's timeout) or raise; an
     exception with ``status == 410`` means the version expired. Both are the kube layer's calls.
+    Subclasses say what an object is kept as (:meth:`_key`, :meth:`_entry`, :meth:`_entry_version`);
+    :attr:`changed` is set at every change the watch applies, and when the watch is lost.
     """
+
+    what = "object"  # for the log
 
     def __init__(self, list_raw: Callable[[], dict], watch_raw: Callable[[str | None], Any]):
         self._list_raw = list_raw
         self._watch_raw = watch_raw
         self._lock = threading.Lock()
-        self._known: dict[str, Known] = {}
+        self._known: dict[Any, Any] = {}
         self._synced = False
         self._version: str | None = None
         self._epoch = 0  # bumped by every LIST: a watch of an older epoch stops
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.changed = threading.Event()
         self.lists = 0  # LISTs made (for metrics and tests)
+
+    def _key(self, obj: dict) -> Any:
+        return (obj.get("metadata") or {}).get("name")
+
+    def _entry(self, obj: dict) -> Any:
+        return obj
+
+    def _entry_version(self, entry: Any) -> str | None:
+        return (entry.get("metadata") or {}).get("resourceVersion")
 
     @property
     def synced(self) -> bool:
         with self._lock:
             return self._synced
 
-    def snapshot(self) -> dict[str, Known]:
+    def snapshot(self) -> dict:
         with self._lock:
             return dict(self._known)
 
-    def list_and_watch(self) -> dict[str, Known]:
+    def list_and_watch(self) -> dict:
         """LIST (the first time, and whenever the watch was lost), then keep current by watching."""
         answer = self._list_raw()
         self.lists += 1
-        known = {o["metadata"]["name"]: Known.of(o) for o in answer.get("items") or []}
+        known = {self._key(o): self._entry(o) for o in answer.get("items") or []}
         with self._lock:
             self._known, self._synced = known, True
             self._version = (answer.get("metadata") or {}).get("resourceVersion")
             self._epoch += 1
             epoch = self._epoch
         if self._version is not None and not self._stop.is_set():
-            self._thread = threading.Thread(target=self._run, args=(epoch,), name="slice-watch", daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(epoch,), name=f"{self.what}-watch", daemon=True)
             self._thread.start()
         return dict(known)
 
-    def record(self, obj: dict) -> None:
-        """A slice we wrote, as the server answered it (the watch resumes from its own version, so
-        it still sees every other change made before this write)."""
-        self._apply("MODIFIED", obj, from_watch=False)
-
-    def forget(self, name: str) -> None:
-        """A slice we deleted."""
-        with self._lock:
-            self._known.pop(name, None)
-
     def stop(self) -> None:
         self._stop.set()
+        self.changed.set()
         with self._lock:
             self._synced = False
             self._epoch += 1
@@ -135,25 +140,29 @@ class SliceMirror:
     # ------------------------------------------------------------------ the watch
     def _apply(self, kind: str, obj: dict, *, from_watch: bool = True) -> None:
         meta = obj.get("metadata") or {}
-        name, version = meta.get("name"), meta.get("resourceVersion")
+        version = meta.get("resourceVersion")
         with self._lock:
             if from_watch and version is not None and not _older(version, self._version):
                 self._version = version
-            if kind == "BOOKMARK" or name is None:
+            if kind == "BOOKMARK" or meta.get("name") is None:
                 return
-            old = self._known.get(name)
-            if old is not None and _older(version, old.resource_version):
+            key = self._key(obj)
+            old = self._known.get(key)
+            if old is not None and _older(version, self._entry_version(old)):
                 return  # an event older than what a write of ours already told us
             if kind == "DELETED":
-                self._known.pop(name, None)
+                self._known.pop(key, None)
             else:
-                self._known[name] = Known.of(obj)
+                self._known[key] = self._entry(obj)
+        if from_watch:
+            self.changed.set()
 
     def _lost(self, epoch: int, why: str) -> None:
         with self._lock:
             if epoch == self._epoch:
                 self._synced = False
-        log.info("resourceslice watch lost (%s); the next resync lists again", why)
+        self.changed.set()
+        log.info("%s watch lost (%s); the next round lists again", self.what, why)
 
     def _run(self, epoch: int) -> None:
         while not self._stop.is_set():
@@ -171,8 +180,30 @@ class SliceMirror:
                         self._lost(epoch, f"server error {obj.get('code')}: {obj.get('message')}")
                         return
                     self._apply(kind, obj)
-            except Exception as exc:  # noqa: BLE001 - any failure: fall back to a LIST at the next resync
+            except Exception as exc:  # noqa: BLE001 - any failure: fall back to a LIST at the next round
                 self._lost(epoch, "expired (410 Gone)" if getattr(exc, "status", None) == 410 else repr(exc))
                 return
             if self._stop.wait(0):
                 return
+
+
+class SliceMirror(WatchMirror):
+    """This driver's slices on this node as the server holds them: name -> :class:`Known`."""
+
+    what = "resourceslice"
+
+    def _entry(self, obj: dict) -> Known:
+        return Known.of(obj)
+
+    def _entry_version(self, entry: Known) -> str | None:
+        return entry.resource_version
+
+    def record(self, obj: dict) -> None:
+        """A slice we wrote, as the server answered it (the watch resumes from its own version, so
+        it still sees every other change made before this write)."""
+        self._apply("MODIFIED", obj, from_watch=False)
+
+    def forget(self, name: str) -> None:
+        """A slice we deleted."""
+        with self._lock:
+            self._known.pop(name, None)
