@@ -68,11 +68,8 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
                 continue
             sized = _size_mib(pool, r.get("device", ""))
             state = _status(claim, driver, pool_name, r.get("device", ""))
-            if not r.get("bindingConditions"):
-                if sized and sized[1] is not None:  # bound without conditions: its size is the GPU's
-                    assigned.setdefault(sized[0], sized[1])
-                continue
-            if state.get(f"{driver}/{SIZE_ASSIGNED}") == "True":
+            # bound without conditions, or already confirmed: its size is the GPU's
+            if not r.get("bindingConditions") or state.get(f"{driver}/{SIZE_ASSIGNED}") == "True":
                 if sized and sized[1] is not None:
                     assigned.setdefault(sized[0], sized[1])
                 continue
@@ -123,8 +120,6 @@ def status_entries(verdicts: list[Verdict], *, driver: str, pool_name: str, now:
     return out
 
 
-
-
 def host_sizes(inventory) -> dict[str, set[int]]:
     """GPU -> framebuffer sizes (MiB) of the time-sliced vGPUs on it now."""
     out: dict[str, set[int]] = {}
@@ -144,8 +139,6 @@ class SizeBinder:
         self.driver = driver
         self.pool_name = pool_name
         self.assigned: dict[str, int] = {}
-        self.confirmed = 0
-        self.refused = 0
 
     def policy(self, policy: PoolPolicy) -> PoolPolicy:
         return with_assigned(policy, self.assigned)
@@ -164,8 +157,6 @@ class SizeBinder:
         for (ns, name), entries in status_entries(verdicts, driver=self.driver, pool_name=self.pool_name,
                                                   now=now).items():
             claims.set_device_status(ns, name, entries)
-        self.confirmed += sum(v.ok for v in verdicts)
-        self.refused += sum(not v.ok for v in verdicts)
         changed = assigned != self.assigned
         self.assigned = assigned
         return verdicts, changed

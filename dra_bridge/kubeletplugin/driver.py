@@ -274,9 +274,7 @@ class Driver:
                 except PrepareError as exc:
                     raise PrepareError(f"{where}: {exc}") from None
                 gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types={type_id})
-                gpus.pop(dev.gpu, None)
-                for k in [k for k in gpus if isinstance(k, tuple) and k[0] == dev.gpu]:
-                    gpus.pop(k)
+                gpus = {k: g for k, g in gpus.items() if g.address != dev.gpu}  # read before the switch
             gpus[key] = gpu
             rec = PreparedDeviceRecord(request=r["request"], pool=r["pool"], device=dev.name, kind=dev.kind,
                                        gpu=dev.gpu, type_id=type_id)

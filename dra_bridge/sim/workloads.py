@@ -163,11 +163,15 @@ EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 IMPLICIT_DOMAIN = "deviceclass.resource.kubernetes.io/"
 
 
+def _extended(resource: str) -> bool:
+    """An extended resource name (``domain/name``), not a native one."""
+    return "/" in resource and not resource.startswith("hugepages-")
+
+
 def asks_extended_resources(pod: dict) -> bool:
     """Whether a container of ``pod`` asks for an extended resource (``domain/name``)."""
     spec = pod.get("spec") or {}
-    return any("/" in k and not k.startswith("hugepages-")
-               for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+    return any(_extended(k) for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
                for part in ("requests", "limits") for k in ((c.get("resources") or {}).get(part) or {}))
 
 
@@ -188,8 +192,7 @@ def extended_resource_claim(w: Workload, pod: dict, classes: list[dict]) -> tupl
     for i, ctr in enumerate((spec.get("initContainers") or []) + (spec.get("containers") or [])):
         res = ctr.get("resources") or {}
         wanted = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-        w.unmet += [k for k in wanted if "/" in k and k not in by_name and not k.startswith("hugepages-")
-                    and k not in w.unmet]
+        w.unmet += [k for k in wanted if _extended(k) and k not in by_name and k not in w.unmet]
         for j, (name, count) in enumerate((k, v) for k, v in wanted.items() if k in by_name):
             req = f"container-{i}-request-{j}"
             requests.append({"name": req, "exactly": {"deviceClassName": by_name[name], "allocationMode": "ExactCount",
