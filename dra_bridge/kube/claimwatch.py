@@ -13,9 +13,8 @@ the filter to this node's pool is the caller's (:func:`dra_bridge.agent.binder.d
 
 from __future__ import annotations
 
-import json
-
 from dra_bridge.kube.claims import list_all_claims
+from dra_bridge.kube.objects import watch_events
 from dra_bridge.kube.slicemirror import WatchMirror
 
 WATCH_SECONDS = 300
@@ -48,15 +47,6 @@ class ClaimCache(WatchMirror):
 
     def _watch_claims(self, version: str | None):
         """Raw watch events of every claim from ``version`` (one request, until the server's timeout)."""
-        from kubernetes.watch.watch import iter_resp_lines
-
-        resp = self.api.list_resource_claim_for_all_namespaces(
+        yield from watch_events(self.api.list_resource_claim_for_all_namespaces(
             watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=WATCH_SECONDS,
-            _preload_content=False, _request_timeout=(self.timeout, WATCH_SECONDS + 30))
-        try:
-            for line in iter_resp_lines(resp):
-                if line:
-                    yield json.loads(line)
-        finally:
-            resp.close()
-            resp.release_conn()
+            _preload_content=False, _request_timeout=(self.timeout, WATCH_SECONDS + 30)))

@@ -18,3 +18,17 @@ def raw(call, *args, **kw) -> dict:
 def sanitize(api_client, obj) -> dict:
     """A typed client object as plain JSON."""
     return api_client.sanitize_for_serialization(obj)
+
+
+def watch_events(resp):
+    """The raw events (``{"type", "object"}``) of a watch response opened with
+    ``_preload_content=False``, until the server ends it; the connection is released after."""
+    from kubernetes.watch.watch import iter_resp_lines
+
+    try:
+        for line in iter_resp_lines(resp):
+            if line:
+                yield json.loads(line)
+    finally:
+        resp.close()
+        resp.release_conn()

@@ -28,7 +28,6 @@ when its watch was lost (410 Gone, a broken stream). ``watch=False`` LISTs at ev
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -38,7 +37,7 @@ from pydantic import BaseModel
 
 from dra_bridge.kube.errors import api_exception, missing_ok
 from dra_bridge.kube.kept import KeptFields, observe
-from dra_bridge.kube.objects import raw
+from dra_bridge.kube.objects import raw, watch_events
 from dra_bridge.kube.slicemirror import Known, SliceMirror, content_digest
 from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.slices import build_slices
@@ -184,18 +183,9 @@ class Publisher:
     def _watch_raw(self, version: str | None):
         """Raw watch events of this driver's slices on this node, from ``version`` (one request; it
         ends at the server's timeout). An ``ERROR`` event is yielded as is (the mirror handles it)."""
-        from kubernetes.watch.watch import iter_resp_lines
-
-        resp = self.api.list_resource_slice(
+        yield from watch_events(self.api.list_resource_slice(
             field_selector=self._selector, watch=True, resource_version=version, allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_SECONDS, _preload_content=False, _request_timeout=(self.timeout, WATCH_SECONDS + 30))
-        try:
-            for line in iter_resp_lines(resp):
-                if line:
-                    yield json.loads(line)
-        finally:
-            resp.close()
-            resp.release_conn()
+            timeout_seconds=WATCH_SECONDS, _preload_content=False, _request_timeout=(self.timeout, WATCH_SECONDS + 30)))
 
     def known(self, *, all_pools: bool = False) -> dict[str, Known]:
         """This driver's slices of this node as the server holds them: of our pool, or (``all_pools``)
