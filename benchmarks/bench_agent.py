@@ -98,7 +98,8 @@ def _ready(port: int) -> bool:
 def _prepare_through(kc: Path, kl: Path, node: str, count: int) -> int:
     """Register the running agent's plugin with a kubelet model and prepare ``count`` one-vGPU
     claims (one type per GPU, spread over the GPUs) through its socket; the claims prepared."""
-    from kubernetes import client, config as kconfig
+    from kubernetes import client
+    from kubernetes import config as kconfig
 
     from tests.support.dra import claim_object
 
@@ -136,7 +137,7 @@ def _serve_rss(preset: str, settle: float = 3.0, prepare: int = 0) -> tuple[floa
     with tempfile.TemporaryDirectory(prefix="vgrss", dir="/tmp") as d:
         kc = Path(d) / "kc"
         kl = Path(d) / "k"  # unix socket paths must stay short
-        cli = [sys.executable, "-m", "mdev_manager.cli.main"]
+        cli = [sys.executable, "-m", "vgpuctl.main"]
         api = subprocess.Popen([*cli, "sim", "apiserver", "--kubeconfig-out", str(kc), "--version", "1.36"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -174,7 +175,7 @@ def _node_of(preset: str) -> str:
 
 
 def _imports_rss() -> float:
-    code = ("import dra_bridge.agent.daemon, mdev_manager.cli.serve; "
+    code = ("import dra_bridge.agent.daemon, vgpuctl.commands.serve; "
             "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout) / 1024

@@ -19,15 +19,13 @@ import gc
 import resource
 import time
 
+from dra_bridge.pool.devices import PoolPolicy, build_pool
+from dra_bridge.pool.slices import build_slices
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+from dra_bridge.scheduling.selectors import CelSelectors
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.reconcile import reconcile
-
-from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
-
-from dra_bridge.scheduling.selectors import CelSelectors
-from dra_bridge.pool.devices import PoolPolicy, build_pool
-from dra_bridge.pool.slices import build_slices
 
 from .common import HEADER, percentile, row, sim_host
 

@@ -11,17 +11,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from dra_bridge.apiclient.publisher import Publisher
+from dra_bridge.kubeletplugin.driver import Driver
+from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.pool.devices import GpuPolicy, PoolPolicy, build_pool
+from dra_bridge.pool.slices import build_slices
+from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.io import RealIO
 from mdev_manager.reconcile import reconcile
-
-from dra_bridge.pool.devices import GpuPolicy, PoolPolicy, build_pool
-from dra_bridge.kubeletplugin.driver import Driver
-from dra_bridge.kubelet.types import ClaimRef
-from dra_bridge.kubeletplugin.paths import PluginPaths
-from dra_bridge.kube.publisher import Publisher
-from dra_bridge.pool.slices import build_slices
 
 from .common import HEADER, best_of, percentile, row, sim_host
 

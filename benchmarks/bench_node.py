@@ -22,9 +22,9 @@ from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import RealIO
 from mdev_manager.reconcile import reconcile
-from mdev_manager.sim.node import sim_node
-from mdev_manager.sim.hostspec import GpuGroup, HostSpec
 from mdev_manager.sim.fuse import mounted
+from mdev_manager.sim.hostspec import GpuGroup, HostSpec
+from mdev_manager.sim.node import sim_node
 
 from .common import HEADER, best_of, row
 

@@ -19,18 +19,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from dra_bridge.agent.binder import decide
+from dra_bridge.pool.devices import PoolPolicy, build_pool
+from dra_bridge.pool.slices import build_slices
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+from dra_bridge.scheduling.selectors import default_selectors
 from kubevirt_templates.render import render
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.hostspec import GpuGroup, HostSpec
 from mdev_manager.sim.node import sim_node
-
-from dra_bridge.agent.binder import decide
-from dra_bridge.pool.devices import PoolPolicy, build_pool
-from dra_bridge.pool.slices import build_slices
-from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
-from dra_bridge.scheduling.selectors import default_selectors
 
 from .common import HEADER, row
 

@@ -14,15 +14,14 @@ import json
 import tempfile
 from pathlib import Path
 
+from dra_bridge.pool.devices import PoolPolicy, build_pool
+from dra_bridge.pool.slices import build_slices
 from mdev_manager.catalog_mig import mig_profiles
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.hostspec import GpuGroup, HostSpec
 from mdev_manager.sim.node import sim_node
-
-from dra_bridge.pool.devices import PoolPolicy, build_pool
-from dra_bridge.pool.slices import build_slices
 
 from .common import HEADER, row
 

@@ -14,21 +14,23 @@ help), :mod:`~kubevirt_templates.profiles` checks the vGPU types values name aga
 :mod:`~kubevirt_templates.validate` checks KubeVirt objects against KubeVirt's schema and admission.
 """
 
-from kubevirt_templates.inputs import (
-    ClaimTemplateInput,
-    DeviceClassesInput,
-    KubeVirtCrInput,
-    PassthroughPodInput,
-    VmInput,
-)
 from dra_bridge.api.names import (
     DEFAULT_DRIVER as DRIVER,
+)
+from dra_bridge.api.names import (
     LABEL_CONFIG,
     LABEL_CONFIG_STATE,
     PASSTHROUGH_CLASS,
     VGPU_CLASS,
     resource_name_for_pci,
     resource_name_for_type,
+)
+from kubevirt_templates.inputs import (
+    ClaimTemplateInput,
+    DeviceClassesInput,
+    KubeVirtCrInput,
+    PassthroughPodInput,
+    VmInput,
 )
 from kubevirt_templates.render import KINDS, RenderError, parse_values, render, render_yaml
 

@@ -118,7 +118,7 @@ class DeviceClassesInput(DraNames):
                                "of any whole GPU")
 
     @model_validator(mode="after")
-    def _classic_names(self) -> "DeviceClassesInput":
+    def _classic_names(self) -> DeviceClassesInput:
         if self.extended_resources:
             for p in self.profiles:
                 classic_type_name(p, "profiles")
@@ -164,7 +164,7 @@ class ClaimTemplateInput(DraNames):
         return out
 
     @model_validator(mode="after")
-    def _one(self) -> "ClaimTemplateInput":
+    def _one(self) -> ClaimTemplateInput:
         chosen = [k for k in ("profile", "min_memory", "first_available", "gpu_memory", "gpu_fraction")
                   if getattr(self, k) is not None]
         chosen += ["passthrough"] if self.passthrough else []
@@ -243,7 +243,7 @@ class VmInput(DraNames):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "VmInput":
+    def _consistent(self) -> VmInput:
         if not self.gpus and not self.passthrough:
             raise ValueError("gpus or passthrough: the VM needs at least one vGPU or a passthrough GPU")
         if (self.display is not None or self.ramfb is not None) and not self.gpus:
@@ -320,7 +320,7 @@ class KubeVirtCrInput(_Input):
         return v
 
     @model_validator(mode="after")
-    def _some(self) -> "KubeVirtCrInput":
+    def _some(self) -> KubeVirtCrInput:
         if not self.classic and not self.dra:
             raise ValueError("classic or dra: enable at least one way for VMs to get GPUs")
         if self.classic and not self.inventories:

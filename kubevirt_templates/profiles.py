@@ -11,8 +11,9 @@ which types exist (:class:`KnownTypes`).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from dra_bridge.api.names import profile_of as short_type_name
 

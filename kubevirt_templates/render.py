@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import jinja2
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from dra_bridge.api.k8sname import fit_dns_label
-from dra_bridge.api.quantity import format_quantity
 from dra_bridge.api.names import profile_of, resource_name_for_pci, resource_name_for_type, type_is_mig_backed
-
+from dra_bridge.api.quantity import format_quantity
 from kubevirt_templates.inputs import (
     MAX_FIRST_AVAILABLE,
     ClaimTemplateInput,
@@ -31,8 +31,8 @@ from kubevirt_templates.inputs import (
     classic_type_name,
 )
 from kubevirt_templates.keys import explain
-from mdev_manager import catalog
 from kubevirt_templates.names import pci_vendor_selector
+from mdev_manager import catalog
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -190,9 +190,9 @@ def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
             raise RenderError(f"first_available: {v.first_available} give the same subrequest names {names}")
         t["alternatives"] = [
             {"name": n, "device_class": v.vgpu_class, "selectors": [profile_expression(v.driver, p)]}
-            for n, p in zip(names, v.first_available)
+            for n, p in zip(names, v.first_available, strict=False)
         ]
-        t["config"] = [vgpu_config(v.driver, [f"{t['request']}/{n}"], p) for n, p in zip(names, v.first_available)]
+        t["config"] = [vgpu_config(v.driver, [f"{t['request']}/{n}"], p) for n, p in zip(names, v.first_available, strict=False)]
     return t
 
 
@@ -305,7 +305,7 @@ def render_vm(v: VmInput) -> list[dict[str, Any]]:
                 claim = f"hostgpu{i + 1}"
                 claims.append({"name": claim, "template": ctx["name"]})
                 host_devices.append({"name": claim, "device_name": None, "claim": claim, "request": ctx["request"]})
-    for g, (display, ramfb) in zip(gpus, display_options(v.display, v.ramfb, len(gpus))):
+    for g, (display, ramfb) in zip(gpus, display_options(v.display, v.ramfb, len(gpus)), strict=False):
         g["display"], g["ramfb"] = display, ramfb
     vm = _render(
         "virtualmachine.yaml.j2",

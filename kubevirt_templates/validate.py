@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Union
 
 import jsonschema
 
@@ -264,23 +265,6 @@ def is_kubevirt(obj: Mapping[str, Any]) -> bool:
     return group == "kubevirt.io" or group.endswith(".kubevirt.io")
 
 
-def kubernetes_problems(obj: Mapping[str, Any], versions: tuple[str, ...] = ("1.34", "1.35", "1.36", "1.37")) -> list[str]:
-    """Problems with a Kubernetes object under the strict schemas of ``kubernetes-validate``
-    (a test dependency, imported here only when called)."""
-    import kubernetes_validate
-
-    problems = []
-    for version in versions:
-        try:
-            kubernetes_validate.validate(dict(obj), version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            where = ".".join(str(p) for p in exc.path) or "(root)"
-            problems.append(f"{obj.get('kind')} {where} (Kubernetes {version}): {exc.message}")
-        except kubernetes_validate.SchemaNotFoundError as exc:
-            problems.append(f"{obj.get('kind')} (Kubernetes {version}): {exc.message}")
-    return problems
-
-
 __all__ = [
     "ENV_SCHEMA",
     "admission_problems",
@@ -290,7 +274,6 @@ __all__ = [
     "definition_for",
     "definitions",
     "is_kubevirt",
-    "kubernetes_problems",
     "kubevirt_problems",
     "load_schema",
     "ramfb_displays",

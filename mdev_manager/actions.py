@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -164,9 +164,7 @@ class SavePassthrough(_Action):
 
 
 Action = Annotated[
-    Union[EnableVfs, DisableVfs, BindDriver, SaveDefinition, CreateMdev, RemoveMdev, RemoveDefinition,
-          SetVgpuType, SaveVendorRecord, SavePassthrough, SetMigMode, CreateGpuInstance, DestroyGpuInstance,
-          SaveMigRecord],
+    EnableVfs | DisableVfs | BindDriver | SaveDefinition | CreateMdev | RemoveMdev | RemoveDefinition | SetVgpuType | SaveVendorRecord | SavePassthrough | SetMigMode | CreateGpuInstance | DestroyGpuInstance | SaveMigRecord,
     Field(discriminator="kind"),
 ]
 

@@ -27,8 +27,16 @@ import re
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mdev_manager.names import NameError_, check_pci_address, check_type_id, safe_component
 from mdev_manager.yamlfile import YamlFileError, load_yaml
@@ -209,7 +217,7 @@ class GpuLayout(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _one_selector(self) -> "GpuLayout":
+    def _one_selector(self) -> GpuLayout:
         chosen = [k for k in ("index", "pci_address", "model") if getattr(self, k) is not None]
         chosen += ["all"] if self.all is True else []
         if len(chosen) != 1:

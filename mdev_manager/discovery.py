@@ -17,9 +17,18 @@ from mdev_manager import catalog
 from mdev_manager.host import pciids
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, override_value, read_attr
-from mdev_manager.models import (Gpu, Inventory, MdevParent, MigState, Vgpu, VgpuType, VirtualFunction, held_types,
-                                 occupancy)
 from mdev_manager.host.nvml import Mig
+from mdev_manager.models import (
+    Gpu,
+    Inventory,
+    MdevParent,
+    MigState,
+    Vgpu,
+    VgpuType,
+    VirtualFunction,
+    held_types,
+    occupancy,
+)
 from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, mig_profile_of, short_type_name
 
 log = logging.getLogger(__name__)

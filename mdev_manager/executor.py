@@ -14,17 +14,31 @@ from __future__ import annotations
 
 import errno as errno_mod
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from pydantic import BaseModel
 
 from mdev_manager import persist
-from mdev_manager.actions import (BindDriver, CreateGpuInstance, CreateMdev, DestroyGpuInstance, DisableVfs, EnableVfs,
-                                  Plan, RemoveDefinition, RemoveMdev, SaveDefinition, SaveMigRecord, SavePassthrough,
-                                  SaveVendorRecord, SetMigMode, SetVgpuType)
-from mdev_manager.host.nvml import Mig, NvmlError
+from mdev_manager.actions import (
+    BindDriver,
+    CreateGpuInstance,
+    CreateMdev,
+    DestroyGpuInstance,
+    DisableVfs,
+    EnableVfs,
+    Plan,
+    RemoveDefinition,
+    RemoveMdev,
+    SaveDefinition,
+    SaveMigRecord,
+    SavePassthrough,
+    SaveVendorRecord,
+    SetMigMode,
+    SetVgpuType,
+)
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name, override_value, read_attr
+from mdev_manager.host.nvml import Mig, NvmlError
 from mdev_manager.models import MdevDefinition
 from mdev_manager.names import check_pci_address, check_type_id, check_uuid
 

@@ -19,11 +19,22 @@ MIG-backed vGPUs never share a GPU. The rules kept here, as in :mod:`.plan`:
 from __future__ import annotations
 
 import uuid as uuidlib
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
-from mdev_manager.actions import (CreateGpuInstance, CreateMdev, DestroyGpuInstance, Plan, RemoveDefinition,
-                                  RemoveMdev, SaveDefinition, SaveMigRecord, SaveVendorRecord, SetMigMode, SetVgpuType,
-                                  Skip)
+from mdev_manager.actions import (
+    CreateGpuInstance,
+    CreateMdev,
+    DestroyGpuInstance,
+    Plan,
+    RemoveDefinition,
+    RemoveMdev,
+    SaveDefinition,
+    SaveMigRecord,
+    SaveVendorRecord,
+    SetMigMode,
+    SetVgpuType,
+    Skip,
+)
 from mdev_manager.models import Gpu, GpuInstanceProfile, MdevDefinition, MigPlacement, MigState, Usage, VgpuType
 from mdev_manager.names import mig_profile_of
 from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
@@ -172,7 +183,7 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
                 f"{len(fresh)} GPU instance(s) ({', '.join(p.name for _, p in fresh)}) not created: no placement "
                 "left beside the GPU instances kept (in use or wanted); they are created once those are released")))
         else:
-            for (_, prof), pl in zip(fresh, spots):
+            for (_, prof), pl in zip(fresh, spots, strict=False):
                 plan.actions.append(CreateGpuInstance(gpu=gpu.address, profile_id=prof.id, profile=prof.name,
                                                       start=pl.start, size=pl.size))
             structural = True

@@ -288,7 +288,7 @@ class Usage(BaseModel):
         refs = self.pci.get(address, [])
         return self._group_users(iommu_group) + self._cdev_users(address) + [f"{r} references it" for r in refs]
 
-    def merged(self, other: "Usage | None") -> "Usage":
+    def merged(self, other: Usage | None) -> Usage:
         """Union of two views (duplicates dropped, order kept)."""
         if other is None:
             return self.model_copy(deep=True)

@@ -15,14 +15,26 @@ mode, crash recovery) is tested on plain data. The rules:
 from __future__ import annotations
 
 import uuid as uuidlib
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from mdev_manager import catalog
-from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, Plan, RemoveDefinition, RemoveMdev,
-                      SaveDefinition, SavePassthrough, SaveVendorRecord, SetVgpuType, Skip)
+from mdev_manager.actions import (
+    BindDriver,
+    CreateMdev,
+    DisableVfs,
+    EnableVfs,
+    Plan,
+    RemoveDefinition,
+    RemoveMdev,
+    SaveDefinition,
+    SavePassthrough,
+    SaveVendorRecord,
+    SetVgpuType,
+    Skip,
+)
 from mdev_manager.config import ConfigError, GpuLayout, did_you_mean, layout_error
-from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
 from mdev_manager.migplan import check_mig_layout, forget_layout_instances, plan_mig, switch_mig_mode
+from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
 from mdev_manager.names import mig_profile_of
 from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
 

@@ -16,13 +16,13 @@ from pydantic import BaseModel, Field
 
 from mdev_manager import persist
 from mdev_manager.actions import Plan
+from mdev_manager.blocked import blocked_by_use
 from mdev_manager.config import GpuLayout
 from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor, Report
+from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.models import Blocked, Inventory, Usage
-from mdev_manager.blocked import blocked_by_use
 from mdev_manager.plan import make_plan
 from mdev_manager.usage import collect_usage
 

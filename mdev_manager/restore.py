@@ -21,8 +21,8 @@ from __future__ import annotations
 from mdev_manager import persist
 from mdev_manager.actions import BindDriver, CreateGpuInstance, CreateMdev, EnableVfs, Plan, SetMigMode, SetVgpuType
 from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
 from mdev_manager.executor import Executor, Report
+from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage
 from mdev_manager.usage import collect_usage

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import xml.etree.ElementTree as ET
-from typing import Iterable
+from collections.abc import Iterable
 
 from pydantic import BaseModel
 

@@ -109,7 +109,7 @@ def test_no_import_cycle_between_modules():
 
 def _loaded_after(argv: list[str], tmp_path: Path) -> set[str]:
     code = ("import json, sys\n"
-            "from mdev_manager.cli.main import main\n"
+            "from vgpuctl.main import main\n"
             f"rc = main({argv!r})\n"
             "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
     env = dict(os.environ, VGPUCTL_SIM_DIR=str(tmp_path / "sim"), PYTHONPATH=str(REPO))

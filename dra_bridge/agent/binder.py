@@ -145,7 +145,7 @@ class SizeBinder:
 
     def bind(self, claims, pool: Pool, inventory, allocated: list[dict] | None = None) -> tuple[list[Verdict], bool]:
         """One round: (verdicts written, whether a GPU's size changed, so the pool must be republished).
-        ``claims``: an :class:`~dra_bridge.kube.claims.ApiClaimSource` (the writes, and the LIST when
+        ``claims``: an :class:`~dra_bridge.apiclient.claims.ApiClaimSource` (the writes, and the LIST when
         ``allocated``, the claims a watch keeps, is not given)."""
         import datetime
 
@@ -153,7 +153,7 @@ class SizeBinder:
             allocated = claims.allocated(self.driver, self.pool_name)
         verdicts, assigned = decide(allocated, pool, host_sizes(inventory), driver=self.driver,
                                     pool_name=self.pool_name)
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for (ns, name), entries in status_entries(verdicts, driver=self.driver, pool_name=self.pool_name,
                                                   now=now).items():
             claims.set_device_status(ns, name, entries)
@@ -164,7 +164,7 @@ class SizeBinder:
 
 def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
     """The agent's binding rounds: while ``active()``, one LIST, then each change of the watched
-    claims (``cache``: a :class:`~dra_bridge.kube.claimwatch.ClaimCache`), or a minute without one,
+    claims (``cache``: a :class:`~dra_bridge.apiclient.claimwatch.ClaimCache`), or a minute without one,
     is a round of ``bind(claims)``; otherwise it looks again every ``retry_seconds``."""
     import logging
 

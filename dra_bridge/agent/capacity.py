@@ -15,10 +15,9 @@ Passthrough and unmanaged GPUs hold no vGPU profile and get no series. The sched
 
 from __future__ import annotations
 
+from dra_bridge.pool.devices import Pool
 from mdev_manager.models import Inventory, Usage
 from mdev_manager.plan import vgpu_users
-
-from dra_bridge.pool.devices import Pool
 
 
 def free_vgpus(inv: Inventory, pool: Pool, vgpu_mode: set[str], usage: Usage) -> dict[tuple[str, str], int]:

@@ -27,6 +27,24 @@ import threading
 import time
 from pathlib import Path
 
+from dra_bridge.agent.binder import SizeBinder, bind_loop
+from dra_bridge.agent.capacity import free_vgpus
+from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
+from dra_bridge.agent.events import LayoutEvents, failed_steps_text
+from dra_bridge.agent.observe import Metrics, ProbeServer
+from dra_bridge.api.names import ANNOTATION_CONFIG_REASON
+from dra_bridge.apiclient.claims import ApiClaimSource
+from dra_bridge.apiclient.claimwatch import ClaimCache
+from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
+from dra_bridge.apiclient.nodes import node_metadata, set_node_annotation, set_node_label
+from dra_bridge.apiclient.publisher import Publisher
+from dra_bridge.kubeletplugin.driver import Driver
+from dra_bridge.kubeletplugin.gpuids import StableGpuIds
+from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
+from dra_bridge.pool.policy import policy_from_layout
+from dra_bridge.pool.safe import without_counters
+from dra_bridge.rpc.dra_grpc import KubeletPlugin
 from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
@@ -38,25 +56,6 @@ from mdev_manager.plan import select_gpus
 from mdev_manager.reconcile import Outcome, reconcile
 from mdev_manager.restore import restore
 from mdev_manager.usage import collect_usage
-
-from dra_bridge.kube.claims import ApiClaimSource
-from dra_bridge.kube.claimwatch import ClaimCache
-from dra_bridge.kube.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
-from dra_bridge.kube.nodes import node_metadata, set_node_annotation, set_node_label
-from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
-from dra_bridge.kubeletplugin.driver import Driver
-from dra_bridge.kubeletplugin.gpuids import StableGpuIds
-from dra_bridge.kubelet.dra_grpc import KubeletPlugin
-from dra_bridge.agent.binder import SizeBinder, bind_loop
-from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
-from dra_bridge.agent.capacity import free_vgpus
-from dra_bridge.agent.events import LayoutEvents, failed_steps_text
-from dra_bridge.agent.observe import Metrics, ProbeServer
-from dra_bridge.api.names import ANNOTATION_CONFIG_REASON
-from dra_bridge.kubeletplugin.paths import PluginPaths
-from dra_bridge.pool.policy import policy_from_layout
-from dra_bridge.pool.safe import without_counters
-from dra_bridge.kube.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +371,7 @@ class Daemon:
                 self._annotations[ANNOTATION_CONFIG_REASON] = reason
 
     # ------------------------------------------------------------ lifecycle
-    def start(self) -> "Daemon":
+    def start(self) -> Daemon:
         with self.node_lock.hold():  # after a reboot: saved vGPUs first, then the layout
             restored = restore(self.env, self.io, self.driver.usage())
         if any(r.changed for r in restored):
@@ -423,7 +422,7 @@ class Daemon:
                 self._claims_changed += 1
                 out = inner(claims)
             per = (time.perf_counter() - t0) / max(1, len(claims))
-            for uid, res in out.items():
+            for _uid, res in out.items():
                 self.metrics.prepare_seconds.observe(per)
                 if res.error:
                     self.metrics.prepare_errors.inc()

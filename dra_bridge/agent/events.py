@@ -18,9 +18,8 @@ import logging
 import re
 from dataclasses import dataclass
 
+from dra_bridge.apiclient.events import record_node_event
 from mdev_manager.executor import StepResult
-
-from dra_bridge.kube.events import record_node_event
 
 log = logging.getLogger(__name__)
 

@@ -112,7 +112,7 @@ class ProbeServer:
     def port(self) -> int:
         return self.httpd.server_address[1]
 
-    def start(self) -> "ProbeServer":
+    def start(self) -> ProbeServer:
         self.thread.start()
         return self
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from dra_bridge.api.k8sname import fit_dns_label, is_dns_subdomain
 from mdev_manager.models import VgpuType
 from mdev_manager.names import is_mig_backed, short_type_name
-
-from dra_bridge.api.k8sname import fit_dns_label, is_dns_subdomain
 
 # --------------------------------------------------------------------------- DRA driver
 

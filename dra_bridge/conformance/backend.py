@@ -4,7 +4,7 @@ In a namespace of its own it creates a ConfigMap with the health check, Resource
 pods, waits with timeouts, reads pod status, claims, slices and logs, and deletes all of it at the
 end. Against a real cluster (``--kubeconfig``) that is all; the simulated cluster also passes a
 ``host_problems`` callback that compares what a workload got with the simulated host itself.
-The API calls themselves are :class:`dra_bridge.kube.workloads.WorkloadApi`'s.
+The API calls themselves are :class:`dra_bridge.apiclient.workloads.WorkloadApi`'s.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from __future__ import annotations
 import random
 import string
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from dra_bridge.api.names import DEFAULT_DRIVER, PASSTHROUGH_CLASS, VGPU_CLASS
+from dra_bridge.apiclient.errors import api_exception
+from dra_bridge.apiclient.workloads import WorkloadApi
 from dra_bridge.conformance import healthcheck
 from dra_bridge.conformance.report import CheckFailed
-from dra_bridge.kube.errors import api_exception
-from dra_bridge.kube.workloads import WorkloadApi
 from dra_bridge.scheduling import capacity
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu, devices_by_key
 

@@ -15,5 +15,5 @@ VMs keep working when vgpuctl takes over:
 Modules: :mod:`.resources` (inventory -> resources, pure), :mod:`.backend` (one resource's
 live health, ``Allocate`` and preferred allocation), :mod:`.manager` (one gRPC server per
 resource, kept registered). The names are in :mod:`dra_bridge.api.names`, the host watch in
-:mod:`mdev_manager.host.watch`, the gRPC server in :mod:`dra_bridge.kubelet.deviceplugin_grpc`.
+:mod:`mdev_manager.host.watch`, the gRPC server in :mod:`dra_bridge.rpc.deviceplugin_grpc`.
 """

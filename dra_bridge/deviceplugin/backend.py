@@ -1,5 +1,5 @@
 """One classic resource as the kubelet sees it: :class:`VgpuResource`, the
-:class:`~dra_bridge.kubelet.types.DevicePluginBackend` the gRPC server calls.
+:class:`~dra_bridge.rpc.types.DevicePluginBackend` the gRPC server calls.
 
 Health is read live from the host (a vGPU or a vfio group can vanish between inventories);
 ``Allocate`` answers what virt-launcher reads (``MDEV_PCI_RESOURCE_<R>`` /
@@ -13,13 +13,12 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from dra_bridge.api.names import ResourceKind, resource_env_var
+from dra_bridge.deviceplugin.resources import DeviceInfo
+from dra_bridge.rpc.types import ContainerAllocation, DeviceSpec, DpDevice
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name, read_attr
 from mdev_manager.host.watch import HostWatcher
-
-from dra_bridge.api.names import ResourceKind, resource_env_var
-from dra_bridge.deviceplugin.resources import DeviceInfo
-from dra_bridge.kubelet.types import ContainerAllocation, DeviceSpec, DpDevice
 
 DEVICE_PERMISSIONS = "rw"
 
@@ -75,7 +74,7 @@ def preferred_devices(
 
 
 class VgpuResource:
-    """The :class:`~dra_bridge.kubelet.types.DevicePluginBackend` of one resource.
+    """The :class:`~dra_bridge.rpc.types.DevicePluginBackend` of one resource.
 
     Devices come from the inventory (:meth:`set_devices`); health is read live from the
     host on every :meth:`devices` call, so it follows the host between inventories.

@@ -1,5 +1,5 @@
 """The classic device plugin's lifecycle: :class:`DevicePluginManager` serves one
-:class:`~dra_bridge.kubelet.deviceplugin_grpc.DevicePluginServer` per resource of the node's
+:class:`~dra_bridge.rpc.deviceplugin_grpc.DevicePluginServer` per resource of the node's
 inventory, starts and stops them as resources come and go on :meth:`DevicePluginManager.refresh`,
 and keeps them registered across kubelet restarts.
 
@@ -17,23 +17,21 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
-from mdev_manager.host.io import HostIO, RealIO
-from mdev_manager.host.watch import HostWatcher
-from mdev_manager.models import Inventory
-from mdev_manager.models import Usage
-
 from dra_bridge.api.names import DEFAULT_RESOURCE_PREFIX, ResourceKind, normalize_prefix
 from dra_bridge.deviceplugin.backend import VgpuResource
 from dra_bridge.deviceplugin.resources import compute_resources
-from dra_bridge.kubelet.deviceplugin_grpc import (
+from dra_bridge.rpc.deviceplugin_grpc import (
     DEFAULT_DEVICE_PLUGIN_DIR,
     DEFAULT_SOCKET_PREFIX,
     DevicePluginServer,
     KubeletWatcher,
 )
-from dra_bridge.kubelet.podresources import DEFAULT_POD_RESOURCES_SOCKET, allocated_devices
+from dra_bridge.rpc.podresources import DEFAULT_POD_RESOURCES_SOCKET, allocated_devices
+from mdev_manager.discovery import discover
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO, RealIO
+from mdev_manager.host.watch import HostWatcher
+from mdev_manager.models import Inventory, Usage
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from mdev_manager.models import Inventory
-
 from dra_bridge.api.names import (
     DEFAULT_RESOURCE_PREFIX,
     ResourceKind,
@@ -22,6 +20,7 @@ from dra_bridge.api.names import (
     passthrough_name,
     vgpu_type_name,
 )
+from mdev_manager.models import Inventory
 
 DeviceKind = Literal["mdev", "pci", "vendor-vfio"]
 

@@ -1,4 +1,4 @@
-"""The doctor's checks: facts read from a cluster (:mod:`dra_bridge.kube.clusterfacts`) in, one
+"""The doctor's checks: facts read from a cluster (:mod:`dra_bridge.apiclient.clusterfacts`) in, one
 finding per line out, each PASS / WARN / FAIL with the fix. Pure: the tests feed facts directly.
 
 FAIL means the accounting is not safe or the driver cannot work (the scheduler could hand out one
@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG_STATE, PASSTHROUGH_CLASS, VGPU_CLASS
-from dra_bridge.kube.clusterfacts import ClusterFacts
+from dra_bridge.apiclient.clusterfacts import ClusterFacts
 
 Status = Literal["PASS", "WARN", "FAIL"]
 #: KubeVirt's feature gates for devices through DRA (kubevirt.md: alpha v1.6-v1.8, beta v1.9).

@@ -10,10 +10,9 @@ import json
 import re
 from pathlib import Path
 
+from dra_bridge.kubeletplugin.paths import check_uid, contained
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
-
-from dra_bridge.kubeletplugin.paths import check_uid, contained
 
 CDI_VERSION = "0.5.0"
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")

@@ -26,15 +26,15 @@ import json
 import logging
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ValidationError, field_validator, model_validator
 
+from dra_bridge.kubeletplugin.paths import check_label, check_name, check_namespace, check_request, check_uid
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.models import Usage
-
-from dra_bridge.kubeletplugin.paths import check_label, check_name, check_namespace, check_request, check_uid
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class Checkpoint(BaseModel):
     claims: dict[str, ClaimRecord] = {}
 
     @model_validator(mode="after")
-    def _keys_are_uids(self) -> "Checkpoint":
+    def _keys_are_uids(self) -> Checkpoint:
         for key, rec in self.claims.items():
             if key != rec.uid:
                 raise ValueError(f"claim key {key!r} differs from its record's uid {rec.uid!r}")

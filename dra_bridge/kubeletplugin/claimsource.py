@@ -1,7 +1,7 @@
 """Where the driver reads a claim's allocation: the kubelet sends only a claim's identity.
 
 A Protocol so the driver does not care whether claims come from the API server
-(:class:`dra_bridge.kube.claims.ApiClaimSource`) or, in tests, from plain dicts. Listing the
+(:class:`dra_bridge.apiclient.claims.ApiClaimSource`) or, in tests, from plain dicts. Listing the
 claims allocated on this node is optional (:class:`ListsAllocated`): only a rebuild of an
 untrusted checkpoint asks for it, and a source without it leaves that rebuild to the node's files.
 """

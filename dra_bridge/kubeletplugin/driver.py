@@ -23,31 +23,53 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from dra_bridge.kubeletplugin import cdi, metadata, recovery
+from dra_bridge.kubeletplugin.checkpoint import (
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointStore,
+    ClaimRecord,
+    PreparedDeviceRecord,
+)
+from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
+from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
+from dra_bridge.kubeletplugin.effects import (
+    PrepareError,
+    bind_passthrough,
+    create_instance,
+    create_vgpu,
+    device_present,
+    passthrough_moves,
+    plan_mig_vgpu,
+    plan_vgpu,
+    read_one_gpu,
+    release_passthrough,
+    remove_vgpu,
+    switch_mig_mode,
+)
+from dra_bridge.kubeletplugin.overlap import overlap
+from dra_bridge.kubeletplugin.paths import (
+    PluginPaths,
+    UnsafeName,
+    check_label,
+    check_name,
+    check_namespace,
+    check_request,
+    check_uid,
+)
+from dra_bridge.kubeletplugin.resourceenv import resource_env
+from dra_bridge.pool.devices import Pool
+from dra_bridge.pool.dualmode import offers_both_modes
+from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from mdev_manager import persist
-from mdev_manager.executor import Executor
 from mdev_manager.discovery import read_function
+from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, read_attr
 from mdev_manager.models import Usage
-
-from dra_bridge.kubelet.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
-from dra_bridge.kubeletplugin import cdi, metadata, recovery
-from dra_bridge.kubeletplugin.checkpoint import (Checkpoint, CheckpointCorrupt, CheckpointStore, ClaimRecord,
-                                                 PreparedDeviceRecord)
-from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
-from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
-from dra_bridge.kubeletplugin.resourceenv import resource_env
-from dra_bridge.kubeletplugin.effects import (PrepareError, bind_passthrough, create_instance, create_vgpu,
-                                              passthrough_moves, plan_mig_vgpu, plan_vgpu, read_one_gpu,
-                                              release_passthrough, remove_vgpu, device_present, switch_mig_mode)
-from dra_bridge.kubeletplugin.overlap import overlap
-from dra_bridge.kubeletplugin.paths import (PluginPaths, UnsafeName, check_label, check_name, check_namespace,
-                                            check_request, check_uid)
-from dra_bridge.pool.devices import Pool
-from dra_bridge.pool.dualmode import offers_both_modes
 
 log = logging.getLogger(__name__)
 

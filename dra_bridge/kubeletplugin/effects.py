@@ -11,16 +11,15 @@ import errno
 import logging
 import uuid as uuidlib
 
-from mdev_manager.discovery import read_function, read_gpu
-from mdev_manager.host.env import HostEnv
+from dra_bridge.kubeletplugin.checkpoint import PreparedDeviceRecord
 from mdev_manager.actions import DisableVfs, EnableVfs
+from mdev_manager.discovery import read_function, read_gpu
 from mdev_manager.executor import Executor
+from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name
 from mdev_manager.host.nvml import NVML_ERROR_NOT_FOUND, Mig, NvmlError
 from mdev_manager.models import Gpu, MigPlacement
 from mdev_manager.plan import native_driver
-
-from dra_bridge.kubeletplugin.checkpoint import PreparedDeviceRecord
 
 log = logging.getLogger(__name__)
 

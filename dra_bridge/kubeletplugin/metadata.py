@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mdev_manager.host.io import HostIO
-
 from dra_bridge.kubeletplugin.paths import check_label, check_name, check_namespace, check_request, check_uid, contained
+from mdev_manager.host.io import HostIO
 
 API_VERSION = "metadata.resource.k8s.io/v1alpha1"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"

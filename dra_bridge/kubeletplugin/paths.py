@@ -93,6 +93,6 @@ class PluginPaths:
                    for root in (self.cdi_root, self.metadata_dir))
 
     @classmethod
-    def under(cls, root: Path, driver: str = DEFAULT_DRIVER) -> "PluginPaths":
+    def under(cls, root: Path, driver: str = DEFAULT_DRIVER) -> PluginPaths:
         root = Path(root)
         return cls(driver=driver, kubelet_root=root / "var/lib/kubelet", cdi_root=root / "var/run/cdi")

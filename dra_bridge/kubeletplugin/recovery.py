@@ -38,22 +38,27 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_bridge.api.k8sname import dns_safe
+from dra_bridge.kubeletplugin import cdi, metadata
+from dra_bridge.kubeletplugin.checkpoint import ClaimRecord, PreparedDeviceRecord
+from dra_bridge.kubeletplugin.claimsource import allocated_claims, allocation_results
+from dra_bridge.kubeletplugin.gpuids import StableGpuIds
+from dra_bridge.kubeletplugin.paths import (
+    PluginPaths,
+    UnsafeName,
+    check_label,
+    check_name,
+    check_namespace,
+    check_request,
+    check_uid,
+)
+from dra_bridge.pool.devices import Pool
 from mdev_manager import persist
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.models import Inventory
 from mdev_manager.names import short_type_name
-
-from dra_bridge.api.k8sname import dns_safe
-
-from dra_bridge.kubeletplugin import cdi, metadata
-from dra_bridge.kubeletplugin.checkpoint import ClaimRecord, PreparedDeviceRecord
-from dra_bridge.kubeletplugin.claimsource import allocated_claims, allocation_results
-from dra_bridge.kubeletplugin.gpuids import StableGpuIds
-from dra_bridge.kubeletplugin.paths import (PluginPaths, UnsafeName, check_label, check_name, check_namespace,
-                                            check_request, check_uid)
-from dra_bridge.pool.devices import Pool
 
 PCI_ATTR = "resource.kubernetes.io/pciBusID"
 _DEVICE_NAME = re.compile(r"^gpu-(\d+)-(passthrough|vgpu-.+|mig-.+)$")  # dra_bridge.api.names: the GPU's stable number

@@ -16,7 +16,6 @@ from dra_bridge.api.names import resource_env_var
 from dra_bridge.kubeletplugin.checkpoint import ClaimRecord
 from dra_bridge.kubeletplugin.claimconfig import requested_resource
 
-
 #: kube-scheduler's mark on the claim it makes for a pod's extended resources (KEP-5004).
 EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 

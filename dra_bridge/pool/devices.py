@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from fractions import Fraction
-from typing import Any, Iterable
-
-from mdev_manager.models import Gpu, Inventory, VgpuType
-from mdev_manager.names import short_type_name, type_series
+from typing import Any
 
 from dra_bridge.api.k8sname import dns_safe, is_dns_subdomain
 from dra_bridge.api.names import (
@@ -31,10 +29,33 @@ from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.pool.dualmode import in_mig_mode, merge_modes, mig_policy, time_sliced_policy
 from dra_bridge.pool.mig import add_mig_gpu
 from dra_bridge.pool.model import (  # noqa: F401  re-exported: the pool's data is read from here
+    ATTR_PCI_BUS_ID,
+    ATTR_PCIE_ROOT,
+    MAX_ATTRS_AND_CAPACITY,
+    AttrKey,
+    AttrValue,
+    Consumption,
+    CounterSet,
+    GpuPolicy,
+    Pool,
+    PoolDevice,
+    PoolPolicy,
+    _hex_id,
+    _is_nvidia,
+    attr_bool,
+    attr_int,
+    attr_string,
+    attr_version,
+    format_kib,
+    format_mib,
+    gpu_framebuffer_mib,
+    gpu_vgpu_limit,
     nvidia_architecture,
-    ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, MAX_ATTRS_AND_CAPACITY, AttrKey, AttrValue, Consumption, CounterSet, GpuPolicy,
-    Pool, PoolDevice, PoolPolicy, _hex_id, _is_nvidia, attr_bool, attr_int, attr_string, attr_version, format_kib,
-    format_mib, gpu_framebuffer_mib, gpu_vgpu_limit, type_framebuffer_mib, type_max_instances)
+    type_framebuffer_mib,
+    type_max_instances,
+)
+from mdev_manager.models import Gpu, Inventory, VgpuType
+from mdev_manager.names import short_type_name, type_series
 
 #: Kubernetes version from which ``consumesCounters[].compatibilityGroups`` exists.
 COMPATIBILITY_GROUPS_SINCE = (1, 37)

@@ -17,10 +17,9 @@ Where groups are not kept, :mod:`.devices` publishes the GPU's current mode only
 
 from __future__ import annotations
 
-from mdev_manager.models import Gpu
-
 from dra_bridge.api.names import type_is_mig_backed
 from dra_bridge.pool.model import Consumption, CounterSet, GpuPolicy, Pool, attr_bool
+from mdev_manager.models import Gpu
 
 #: The compatibility group of every MIG placement of a dual-mode GPU.
 MIG_GROUP = "mig"

@@ -17,12 +17,22 @@ The vGPU a placement's claim gets is the MIG-backed type of that profile (``A100
 
 from __future__ import annotations
 
+from dra_bridge.api.names import counter_set_name, mig_device_name, passthrough_device_name, type_is_mig_backed
+from dra_bridge.pool.model import (
+    ATTR_PCI_BUS_ID,
+    AttrValue,
+    Consumption,
+    CounterSet,
+    GpuPolicy,
+    Pool,
+    PoolDevice,
+    attr_bool,
+    attr_int,
+    attr_string,
+    format_mib,
+)
 from mdev_manager.models import Gpu, GpuInstanceProfile, MigState, VgpuType
 from mdev_manager.names import mig_profile_of, type_series
-
-from dra_bridge.api.names import counter_set_name, mig_device_name, passthrough_device_name, type_is_mig_backed
-from dra_bridge.pool.model import (ATTR_PCI_BUS_ID, AttrValue, Consumption, CounterSet, GpuPolicy, Pool, PoolDevice,
-                                   attr_bool, attr_int, attr_string, format_mib)
 
 #: NVIDIA's counter names for a profile's engines (camelToDNSName of NVML's field names), and the
 #: capacity names of a MIG device (camelCase), each with the profile field it counts.

@@ -8,11 +8,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mdev_manager.models import Gpu, MigPlacement, VgpuType
-from mdev_manager.names import check_pci_address, framebuffer_mib_from_name
-
 from dra_bridge.api.k8sname import truncate_utf8
 from dra_bridge.api.names import type_is_mig_backed
+from mdev_manager.models import Gpu, MigPlacement, VgpuType
+from mdev_manager.names import check_pci_address, framebuffer_mib_from_name
 
 ATTR_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 ATTR_PCIE_ROOT = "resource.kubernetes.io/pcieRoot"

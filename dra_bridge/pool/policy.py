@@ -9,11 +9,10 @@ MIG-capable GPU side by side (:mod:`.dualmode`). With no layout every GPU is off
 
 from __future__ import annotations
 
+from dra_bridge.pool.devices import GpuPolicy, PoolPolicy
 from mdev_manager.config import GpuLayout
 from mdev_manager.models import Inventory
 from mdev_manager.plan import offered_types, resolve_type, select_gpus, size_mode
-
-from dra_bridge.pool.devices import GpuPolicy, PoolPolicy
 
 
 def policy_from_layout(inv: Inventory, layouts: list[GpuLayout] | None) -> PoolPolicy:

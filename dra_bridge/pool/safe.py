@@ -15,9 +15,8 @@ would drop them anyway). Pure: the agent applies it when it has found the counte
 
 from __future__ import annotations
 
-from mdev_manager.models import Inventory
-
 from dra_bridge.pool.devices import Pool
+from mdev_manager.models import Inventory
 
 
 def without_counters(pool: Pool, inventory: Inventory) -> Pool:

@@ -4,9 +4,10 @@ check of built slices, kept apart from building them. Pure functions, no I/O."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Iterable
+from typing import Any
 
 from dra_bridge.api.k8sname import MAX_STRING_ATTR, is_dns_label, is_dns_subdomain
 from dra_bridge.api.quantity import parse_quantity

@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from dra_bridge.api.k8sname import dns_safe, is_dns_subdomain, short_hash
 from dra_bridge.api.names import LABEL_DRIVER, LABEL_MANAGED_BY, LABEL_NODE, LABEL_POOL, LABEL_ROLE, MANAGED_BY
 from dra_bridge.api.quantity import parse_quantity
-from dra_bridge.pool.slicecheck import Limits, checked_version, check_pool_slices, limits_for
 from dra_bridge.pool.devices import (
     CounterSet,
     Pool,
     PoolDevice,
 )
+from dra_bridge.pool.slicecheck import Limits, check_pool_slices, checked_version, limits_for
 
 log = logging.getLogger(__name__)
 

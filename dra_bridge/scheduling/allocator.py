@@ -293,7 +293,7 @@ class Allocator:
                 return
             del st.shared[d.key]
         st.taken.discard(d.key)
-        for k, amounts, groups, _ in d.cons:
+        for k, amounts, _groups, _ in d.cons:
             used = st.used[k]
             for cname, v in amounts:
                 used[cname] -= v
@@ -441,7 +441,7 @@ class Allocator:
                     self._cursor[shape] = pos + 1
                 continue
             allocations = []
-            for claim, chosen in zip(claims, got):
+            for claim, chosen in zip(claims, got, strict=False):
                 results = []
                 for ch in chosen:
                     self._take(ch.device, self.state, ch.consumed)

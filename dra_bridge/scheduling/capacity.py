@@ -12,17 +12,18 @@ other sizes do not appear at all), devices already taken, and incomplete pools (
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.quantity import format_quantity, parse_quantity
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+from dra_bridge.scheduling.objects import dev_attr
 from dra_bridge.scheduling.pools import read_pools
 from dra_bridge.scheduling.selectors import default_selectors
-from dra_bridge.scheduling.objects import dev_attr
 from mdev_manager.yamlfile import load_yaml
 
 CAPACITY_CLASS = "vgpuctl-capacity-probe"

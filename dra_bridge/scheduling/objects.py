@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.api.quantity import parse_quantity
 
 
 def dev_attr(dev: dict, name: str, driver: str = DEFAULT_DRIVER):

@@ -4,10 +4,10 @@ complete generation only), and the allocation state they are drawn from. Pure, n
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Iterable
 
 from dra_bridge.api.quantity import parse_quantity
 
@@ -132,7 +132,7 @@ class State:
         self.groups: dict[tuple, list[list[str]]] = {}  # (driver, pool, set) -> group lists in use
         self.shared: dict[tuple, dict[str, Fraction]] = {}  # device key -> capacity -> consumed
 
-    def copy(self) -> "State":
+    def copy(self) -> State:
         c = State()
         c.taken = set(self.taken)
         c.used = {k: dict(v) for k, v in self.used.items()}

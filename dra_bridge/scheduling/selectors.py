@@ -9,7 +9,7 @@ if TYPE_CHECKING:
 
 
 class Selectors(Protocol):
-    def matches(self, expression: str, device: "Device") -> bool: ...
+    def matches(self, expression: str, device: Device) -> bool: ...
 
 
 

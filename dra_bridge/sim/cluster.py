@@ -26,19 +26,25 @@ import tempfile
 import time
 from pathlib import Path
 
+from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.apiclient.errors import api_exception, missing_ok
+from dra_bridge.apiclient.objects import raw, sanitize
+from dra_bridge.apiclient.workloads import WorkloadApi
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+from dra_bridge.scheduling.objects import devices_by_key
+from dra_bridge.scheduling.selectors import default_selectors
+from dra_bridge.sim.kubelet import KubeletClient, prepare_errors, workload_devices
+from dra_bridge.sim.workloads import (
+    DEMO_LAYOUT,
+    Workload,
+    claim_from_template,
+    extended_resource_claim,
+    launcher_pod,
+    pod_event,
+    unschedulable_status,
+)
 from mdev_manager.discovery import discover
 from mdev_manager.models import Inventory
-
-from dra_bridge.api.names import DEFAULT_DRIVER
-from dra_bridge.kube.errors import api_exception, missing_ok
-from dra_bridge.kube.objects import raw, sanitize
-from dra_bridge.kube.workloads import WorkloadApi
-from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
-from dra_bridge.scheduling.selectors import default_selectors
-from dra_bridge.scheduling.objects import devices_by_key
-from dra_bridge.sim.kubelet import KubeletClient, prepare_errors, workload_devices
-from dra_bridge.sim.workloads import (DEMO_LAYOUT, Workload, claim_from_template, extended_resource_claim,
-                                      launcher_pod, pod_event, unschedulable_status)
 
 
 def _resource_types():
@@ -82,12 +88,11 @@ class SimCluster:
         self.timings: dict[str, float] = {}
 
     # ------------------------------------------------------------ lifecycle
-    def start(self) -> "SimCluster":
+    def start(self) -> SimCluster:
+        from dra_bridge.agent.daemon import Daemon, ServeConfig
+        from dra_bridge.sim.apiserver import LocalApiServer
         from kubevirt_templates.render import render
         from mdev_manager.sim.node import sim_node
-
-        from dra_bridge.sim.apiserver import LocalApiServer
-        from dra_bridge.agent.daemon import Daemon, ServeConfig
 
         t0 = time.perf_counter()
         # a short path: unix socket addresses must stay under 108 bytes
@@ -136,7 +141,7 @@ class SimCluster:
             shutil.rmtree(self.base, ignore_errors=True)
             self.base = None
 
-    def __enter__(self) -> "SimCluster":
+    def __enter__(self) -> SimCluster:
         try:
             return self.start()
         except BaseException:
@@ -300,7 +305,7 @@ class SimCluster:
         return [self._bind(*p) if p else False for p in planned]
 
     def _reserve(self, w: Workload, claims: list[dict], allocations: list[dict]) -> None:
-        for claim, allocation in zip(claims, allocations):
+        for claim, allocation in zip(claims, allocations, strict=False):
             self.resource.patch_namespaced_resource_claim_status(
                 claim["metadata"]["name"], w.namespace,
                 {"status": {"allocation": allocation,
@@ -325,7 +330,7 @@ class SimCluster:
         driver's ``status.devices`` conditions say so (here the agent is asked at once, as its watch
         would react); a True failure condition fails the attempt and the allocation is dropped
         (Unreserve, then PostFilter's deallocation), so the pod is tried again. The error, or None."""
-        waiting = [(c, r) for c, a in zip(claims, allocations) for r in a["devices"]["results"]
+        waiting = [(c, r) for c, a in zip(claims, allocations, strict=False) for r in a["devices"]["results"]
                    if r.get("bindingConditions")]
         if not waiting:
             return None

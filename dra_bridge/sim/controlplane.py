@@ -50,7 +50,7 @@ class ControlPlane:
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         self._thread = threading.Thread(target=self._loop, name="sim-control-plane", daemon=True)
         self._thread.start()
         return self
@@ -60,7 +60,7 @@ class ControlPlane:
         if self._thread:
             self._thread.join(WAIT)
 
-    def __enter__(self) -> "ControlPlane":
+    def __enter__(self) -> ControlPlane:
         return self.start()
 
     def __exit__(self, *exc) -> None:

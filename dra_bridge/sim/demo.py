@@ -22,10 +22,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 
+from dra_bridge.api.quantity import format_quantity
 from dra_bridge.scheduling import capacity
 from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.workloads import DEMO_LAYOUT, Workload
-from dra_bridge.api.quantity import format_quantity
 
 
 @dataclass(frozen=True)

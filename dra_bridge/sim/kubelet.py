@@ -1,7 +1,7 @@
 """The kubelet and the container runtime of the simulated cluster.
 
 The kubelet finds the DRA plugin through its registration socket and calls it over gRPC with
-the one kubelet client (:mod:`dra_bridge.kubelet.dra_client`, our generated stubs); the
+the one kubelet client (:mod:`dra_bridge.rpc.dra_client`, our generated stubs); the
 runtime resolves the CDI ids the plugin answered into device nodes and mounts; the workload
 reads its device's identity from the KEP-5304 metadata file mounted into it. What the
 workload got is put together by :func:`workload_devices`, a pure function of those answers.
@@ -10,9 +10,10 @@ workload got is put together by :func:`workload_devices`, a pure function of tho
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu, dev_memory
@@ -38,8 +39,8 @@ class KubeletClient:
             return f"unsupported plugin {info.type}/{info.name}"
         return None
 
-    def register(self) -> "KubeletClient":
-        from dra_bridge.kubelet.dra_client import DraClient, register_plugin  # grpc: only once a cluster runs
+    def register(self) -> KubeletClient:
+        from dra_bridge.rpc.dra_client import DraClient, register_plugin  # grpc: only once a cluster runs
 
         info, refused = register_plugin(self.registration_socket, self._refuse, timeout=self.timeout)
         if refused is not None:

@@ -3,7 +3,8 @@ checks. Scaffolding (``vgpuctl capacity`` / ``conformance`` without ``--kubeconf
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dra_bridge.conformance.backend import KubeBackend
 from dra_bridge.conformance.checks import run_conformance

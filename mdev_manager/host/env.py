@@ -93,11 +93,11 @@ class HostEnv:
         """The functions a layout bound to vfio-pci (a reboot forgets them; restore rebinds them)."""
         return self.state_root / "passthrough.json"
 
-    def with_(self, **changes) -> "HostEnv":
+    def with_(self, **changes) -> HostEnv:
         return replace(self, **changes)
 
     @classmethod
-    def under(cls, root: Path, *, libvirt_uri: str | None = None, proc_root: Path | None = None) -> "HostEnv":
+    def under(cls, root: Path, *, libvirt_uri: str | None = None, proc_root: Path | None = None) -> HostEnv:
         """An environment whose host paths all live below ``root`` (simulated hosts, tests).
 
         ``proc_root`` too (``<root>/proc``: the simulated host's processes); pass

@@ -42,18 +42,18 @@ class HostIO(Protocol):
     def stat(self, path: Path) -> os.stat_result: ...
     def makedirs(self, path: Path) -> None: ...
     def rmdir(self, path: Path) -> None: ...
-    def nvml(self) -> "NvmlTransport": ...
+    def nvml(self) -> NvmlTransport: ...
 
 
 class RealIO:
     """Plain file I/O. A sysfs attribute write is one ``write(2)``, as the kernel wants."""
 
-    def __init__(self, nvml: "NvmlTransport | None" = None) -> None:
+    def __init__(self, nvml: NvmlTransport | None = None) -> None:
         self._local = threading.local()
         self._nvml = nvml  # None: NVIDIA's library through nvidia-ml-py, on first use
 
     def read(self, path: Path) -> str:
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
 
     def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]:
@@ -214,7 +214,7 @@ class RealIO:
         """Remove an empty directory (OSError when it is not empty or absent)."""
         os.rmdir(path)
 
-    def nvml(self) -> "NvmlTransport":
+    def nvml(self) -> NvmlTransport:
         """NVIDIA's management library (MIG), through nvidia-ml-py; loaded on first call."""
         from mdev_manager.host.nvml import PynvmlTransport
 

@@ -25,9 +25,9 @@ import errno
 import fcntl
 import os
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from mdev_manager.host.env import HostEnv
 

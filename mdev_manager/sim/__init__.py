@@ -5,7 +5,7 @@ simulated tree and a ``SimIO`` transport (in-process) or a FUSE mount (real file
 """
 
 from mdev_manager.sim.hostspec import HostSpec, load_host, preset_names
-from mdev_manager.sim.kernel import SimHost
 from mdev_manager.sim.io import SimIO
+from mdev_manager.sim.kernel import SimHost
 
 __all__ = ["HostSpec", "SimHost", "SimIO", "load_host", "preset_names"]

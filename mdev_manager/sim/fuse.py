@@ -32,10 +32,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import errno
 import fcntl
 import itertools
+import json
 import logging
 import os
 import shutil

@@ -79,7 +79,7 @@ class SimHost(SysfsTree):
             if self._busy(fn["group"], self._fdir(vf)) or any(self._vgpu_busy(p, v)
                                                               for p, v, _ in self._existing(gpu) if p == vf):
                 raise err(errno.EBUSY, f"VF {vf} is in use")
-        for i, vf in enumerate(vfs):
+        for _i, vf in enumerate(vfs):
             if self._driver(vf):
                 self._unbind(vf)
             fdir = self._fdir(vf)

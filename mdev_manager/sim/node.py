@@ -35,7 +35,7 @@ class SimNode:
         """The node name the simulated host stands for."""
         return self.spec.node
 
-    def with_env(self, **changes) -> "SimNode":
+    def with_env(self, **changes) -> SimNode:
         """The same host (and transport) seen through another environment, e.g. a libvirt URI."""
         return SimNode(self.root, self.host, HostEnv.under(self.root, **changes), self.io)
 

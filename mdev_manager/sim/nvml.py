@@ -21,8 +21,14 @@ from __future__ import annotations
 import uuid
 
 from mdev_manager.catalog_mig import MEMORY_SLICES, has_mig, mig_profiles
-from mdev_manager.host.nvml import (NVML_ERROR_IN_USE, NVML_ERROR_INSUFFICIENT_RESOURCES, NVML_ERROR_INVALID_ARGUMENT,
-                                    NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NvmlError)
+from mdev_manager.host.nvml import (
+    NVML_ERROR_IN_USE,
+    NVML_ERROR_INSUFFICIENT_RESOURCES,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NvmlError,
+)
 from mdev_manager.models import GpuInstanceProfile
 
 ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")

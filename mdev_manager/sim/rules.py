@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 from fractions import Fraction
-from functools import lru_cache
+from functools import cache
 
 from mdev_manager import catalog
 from mdev_manager.catalog import TypeSpec
@@ -37,7 +37,7 @@ def kstrtoul(raw: str) -> int:
         raise err(errno.EINVAL, f"{raw!r} is not a number") from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def type_index(board_key: str) -> dict[str, TypeSpec]:
     """A board's types by mdev type id and by vendor-VFIO number (the catalog never changes)."""
     board = catalog.board(board_key)
@@ -48,12 +48,12 @@ def type_index(board_key: str) -> dict[str, TypeSpec]:
     return index
 
 
-@lru_cache(maxsize=None)
+@cache
 def framebuffer(board_key: str, type_id: str) -> int | None:
     return type_index(board_key)[type_id].fb_mib
 
 
-@lru_cache(maxsize=None)
+@cache
 def type_facts(board_key: str) -> tuple[tuple[str, str, TypeSpec, int | None], ...]:
     """(mdev type id, number, spec, framebuffer MiB) of each of a board's types, in catalog order."""
     board = catalog.board(board_key)

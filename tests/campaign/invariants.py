@@ -28,7 +28,6 @@ from mdev_manager.config import load_config
 from mdev_manager.discovery import discover
 from mdev_manager.models import Inventory
 from mdev_manager.reconcile import reconcile
-
 from tests.campaign.steps import Checks
 from tests.campaign.world import World
 

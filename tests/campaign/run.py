@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from mdev_manager import catalog
 from mdev_manager.discovery import discover
 from mdev_manager.sim.node import sim_node
-
 from tests.campaign import invariants
 from tests.campaign.steps import EditLayout, steps
 from tests.campaign.world import World

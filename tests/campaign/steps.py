@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from dra_bridge.kubelet.types import ClaimRef
+from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.host.io import link_name
 from mdev_manager.sim.kernel import SimHost
-
 from tests.campaign.faults import KERNEL_ERRNOS
 from tests.campaign.world import World
 
@@ -265,11 +264,10 @@ class KillApply:
     after: int
 
     def run(self, world: World) -> Checks:
+        from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
         from mdev_manager.config import load_config
         from mdev_manager.host.lock import NodeLock
         from mdev_manager.reconcile import reconcile
-
-        from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
         from tests.campaign.faults import FaultIO, Killed
 
         fio = FaultIO(SimHost(world.node.root))

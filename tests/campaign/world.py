@@ -3,7 +3,7 @@
 Everything is the real code: the agent is :class:`dra_bridge.agent.daemon.Daemon` started as
 ``vgpuctl serve`` starts it (restore, undo half-prepared claims, resync, kubelet sockets);
 claims are ``resource.k8s.io/v1`` objects in :class:`LocalApiServer`; a hand-run apply is
-``vgpuctl apply`` itself (:func:`mdev_manager.cli.main.main`). Only the transport is the
+``vgpuctl apply`` itself (:func:`vgpuctl.main.main`). Only the transport is the
 campaign's (:class:`.faults.FaultIO`), so a kill or a kernel error can land at any write.
 
 The kubelet model is as small as the facts it needs: which claims it believes prepared (it
@@ -26,15 +26,14 @@ import yaml
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.api.names import DEFAULT_DRIVER, LABEL_CONFIG, LABEL_CONFIG_STATE
-from dra_bridge.kubelet.types import ClaimRef
 from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.rpc.types import ClaimRef
 from dra_bridge.sim.apiserver import LocalApiServer
-from mdev_manager.cli.main import main as vgpuctl
 from mdev_manager.host.env import HostEnv
 from mdev_manager.sim import HostSpec
 from mdev_manager.sim.node import SimNode, sim_node
-
 from tests.campaign.faults import FaultIO, Killed
+from vgpuctl.main import main as vgpuctl
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ class World:
 
     # ------------------------------------------------------------------ set-up
     @classmethod
-    def create(cls, base: Path, template: Path, layouts: dict[str, list[dict]]) -> "World":
+    def create(cls, base: Path, template: Path, layouts: dict[str, list[dict]]) -> World:
         root = base / "host"
         shutil.copytree(template, root, symlinks=True)
         node = sim_node(root, None)
@@ -149,11 +148,11 @@ class World:
         name = f"claim-{self.serial}"
         requests = [f"gpu{i}" for i in range(len(devices))]
         if first_available:
-            results = [(f"{r}/pick", d) for r, d in zip(requests, devices)]
+            results = [(f"{r}/pick", d) for r, d in zip(requests, devices, strict=False)]
             spec_requests = [{"name": r, "firstAvailable": [{"name": "pick", "deviceClassName": "vgpu.kubevirt.io"}]}
                              for r in requests]
         else:
-            results = list(zip(requests, devices))
+            results = list(zip(requests, devices, strict=False))
             spec_requests = [{"name": r, "exactly": {"deviceClassName": "vgpu.kubevirt.io"}} for r in requests]
         obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                "metadata": {"name": name, "namespace": NAMESPACE},

@@ -6,7 +6,6 @@ import pytest
 
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.sim.apiserver import LocalApiServer
-
 from tests.support.dra import make_node
 
 

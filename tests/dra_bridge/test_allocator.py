@@ -19,14 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
-
-from dra_bridge.scheduling.pools import read_pools
-
-from dra_bridge.scheduling.selectors import CelSelectors
-from dra_bridge.pool.devices import PoolPolicy, build_pool
 from dra_bridge.api.quantity import parse_quantity
+from dra_bridge.pool.devices import PoolPolicy, build_pool
 from dra_bridge.pool.slices import build_slices
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+from dra_bridge.scheduling.pools import read_pools
+from dra_bridge.scheduling.selectors import CelSelectors
 from mdev_manager.catalog import known_type
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover

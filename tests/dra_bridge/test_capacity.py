@@ -11,7 +11,7 @@ from dra_bridge.scheduling.selectors import CelSelectors
 from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.demo import WORKLOADS, render_workload
 from dra_bridge.sim.scenarios import simulated_capacity
-from mdev_manager.cli.main import main
+from vgpuctl.main import main
 
 DRV = "vgpu.kubevirt.io"
 

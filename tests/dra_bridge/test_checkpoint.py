@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge.kubelet.types import ClaimRef
 from dra_bridge.kubeletplugin import checkpoint as ckpt
 from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.reconcile import reconcile
 from tests.support.dra import (
     DRA_LAYOUT,
-    boot_id_file,
     DRIVER,
     DictClaims,
+    boot_id_file,
     cdi_device,
     claim_object,
     devices_of,

@@ -21,8 +21,18 @@ import pytest
 from dra_bridge.kubeletplugin import cdi, metadata, recovery
 from dra_bridge.pool.devices import Pool
 from dra_bridge.sim.apiserver import LocalApiServer
-from tests.dra_bridge.test_checkpoint import (A100, L40S, LOGGER, PT, T4, check_resolves, host_state, norm,
-                                              plugin_warnings, prepared)
+from tests.dra_bridge.test_checkpoint import (
+    A100,
+    L40S,
+    LOGGER,
+    PT,
+    T4,
+    check_resolves,
+    host_state,
+    norm,
+    plugin_warnings,
+    prepared,
+)
 from tests.support.dra import DRIVER, add_claim, devices_of, make_driver, read_metadata_stream
 
 

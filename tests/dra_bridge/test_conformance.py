@@ -20,8 +20,8 @@ from dra_bridge.kubeletplugin import cdi
 from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.controlplane import ControlPlane
 from dra_bridge.sim.scenarios import run_conformance_simulated
-from mdev_manager.cli import conformance as conformance_cli
-from mdev_manager.cli.main import main
+from vgpuctl.commands import conformance as conformance_cli
+from vgpuctl.main import main
 
 
 def statuses(rep: ConformanceReport) -> dict[int, str]:

@@ -30,10 +30,10 @@ from dra_bridge.api.names import (
 from dra_bridge.deviceplugin.backend import VgpuResource, preferred_devices
 from dra_bridge.deviceplugin.manager import DevicePluginManager
 from dra_bridge.deviceplugin.resources import DeviceInfo, compute_resources
-from dra_bridge.kubelet.deviceplugin_grpc import socket_name_for
-from dra_bridge.kubelet.podresources import allocated_devices
-from dra_bridge.kubelet.proto import vgpuctl_podresources_v1_pb2 as pr_pb2
-from dra_bridge.kubelet.proto import vgpuctl_podresources_v1_pb2_grpc as pr_grpc
+from dra_bridge.rpc.deviceplugin_grpc import socket_name_for
+from dra_bridge.rpc.podresources import allocated_devices
+from dra_bridge.rpc.proto import vgpuctl_podresources_v1_pb2 as pr_pb2
+from dra_bridge.rpc.proto import vgpuctl_podresources_v1_pb2_grpc as pr_grpc
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv

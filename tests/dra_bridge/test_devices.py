@@ -190,7 +190,7 @@ def feasible_by_board(pool: Pool, gpu: Gpu, *, equal_size: bool) -> set[tuple[in
             out.add(tuple(counts))
             return
         for c in range(len(names[tids[i]]) + 1):
-            trial = dict(zip(tids, counts + [c]))
+            trial = dict(zip(tids, counts + [c], strict=False))
             if c and not board_allows(gpu, trial, equal_size=equal_size):
                 break
             dfs(i + 1, counts + [c])

@@ -17,9 +17,9 @@ import pytest
 
 from dra_bridge.kubeletplugin import metadata
 from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
-from dra_bridge.kubelet.dra_grpc import parent_request_names
-from dra_bridge.kubelet.types import ClaimRef
 from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.rpc.dra_grpc import parent_request_names
+from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.executor import Executor
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimIO
@@ -323,7 +323,7 @@ def test_checkpoint_written_last_before_answering(srv, node, paths):
     drv = make_driver(node, paths, srv.api_client(), pool, io=io)
     prepare_ok(drv, ref)
     kinds = []
-    for op, p in io.log:
+    for _op, p in io.log:
         if p == str(paths.checkpoint):
             kinds.append("checkpoint")
         elif p.endswith("/create"):

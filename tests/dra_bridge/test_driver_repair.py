@@ -22,7 +22,6 @@ import pytest
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
-
 from tests.support.dra import add_claim, devices_of, make_driver, make_node
 
 T4 = "0000:10:00.0"

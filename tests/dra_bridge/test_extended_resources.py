@@ -16,8 +16,16 @@ from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.demo import WORKLOADS, render_workload
 from dra_bridge.sim.workloads import EXTENDED_RESOURCE_CLAIM
 from kubevirt_templates.render import RenderError, render
-from tests.support.dra import (DictClaims, cdi_device, cdi_problems, claim_object, devices_of, make_driver, make_node,
-                               schema_validate)
+from tests.support.dra import (
+    DictClaims,
+    cdi_device,
+    cdi_problems,
+    claim_object,
+    devices_of,
+    make_driver,
+    make_node,
+    schema_validate,
+)
 
 DRIVER = "vgpu.kubevirt.io"
 CDI_SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "reference" / "upstream" / "cdi-schema"

@@ -1,4 +1,4 @@
-"""Transport tests of dra_bridge.kubelet.deviceplugin_grpc against a fake kubelet over real sockets.
+"""Transport tests of dra_bridge.rpc.deviceplugin_grpc against a fake kubelet over real sockets.
 
 The backend is a toy: what is tested is the gRPC layer (sockets, registration,
 ListAndWatch updates, Allocate mapping, re-registration after a kubelet restart).
@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_bridge.kubelet.deviceplugin_grpc import DevicePluginServer, KubeletWatcher, socket_name_for
-from dra_bridge.kubelet.types import ContainerAllocation, DeviceSpec, DpDevice, MountSpec
+from dra_bridge.rpc.deviceplugin_grpc import DevicePluginServer, KubeletWatcher, socket_name_for
+from dra_bridge.rpc.types import ContainerAllocation, DeviceSpec, DpDevice, MountSpec
 from tests.support.kubelet.fake_kubelet import DevicePluginClient, FakeKubelet, short_root
 
 RESOURCE = "nvidia.com/GRID_T4-1Q"

@@ -1,4 +1,4 @@
-"""Transport tests of dra_bridge.kubelet.dra_grpc against a fake kubelet over real sockets.
+"""Transport tests of dra_bridge.rpc.dra_grpc against a fake kubelet over real sockets.
 
 The driver here is a toy: what is tested is the gRPC layer (sockets, registration,
 both API versions, error mapping, health streams, sub-request names), not the driver logic.
@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_bridge.kubelet import dra_client
-from dra_bridge.kubelet.dra_grpc import KubeletPlugin
-from dra_bridge.kubelet.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
+from dra_bridge.rpc import dra_client
+from dra_bridge.rpc.dra_grpc import KubeletPlugin
+from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from tests.support.kubelet import protos
 from tests.support.kubelet.fake_kubelet import DraClient, FakeKubelet, short_root
 
@@ -178,7 +178,7 @@ def test_registration_lists_no_health_service_without_health(root: Path, kubelet
 def test_registration_rejected_is_recorded_and_logged(
     plugin: KubeletPlugin, kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="dra_bridge.kubelet.dra_grpc")
+    caplog.set_level(logging.ERROR, logger="dra_bridge.rpc.dra_grpc")
     kubelet.register_dra_plugin(plugin.registration_socket, accept=False, error="version not supported")
     assert not plugin.wait_registered(5)
     status = plugin.registration_status

@@ -115,7 +115,7 @@ def test_counters_accept_exactly_the_sets_nvml_creates(node, gpu_index, board):
     seen = {()}
     while frontier:
         current = frontier.pop()
-        for k, d in enumerate(mig_devices):
+        for k, _d in enumerate(mig_devices):
             if current and k <= current[-1]:
                 continue
             grown = current + (k,)

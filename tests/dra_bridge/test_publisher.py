@@ -1,8 +1,6 @@
-"""dra_bridge.kube.publisher against a local API server: layout per version, fewest writes, retries."""
+"""dra_bridge.apiclient.publisher against a local API server: layout per version, fewest writes, retries."""
 
 from __future__ import annotations
-
-from mdev_manager.sim.hostspec import GpuGroup, HostSpec
 
 import copy
 
@@ -10,12 +8,13 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
-from dra_bridge.pool.devices import Pool
-from dra_bridge.kube.publisher import Publisher, server_version
 from dra_bridge.api.names import LABEL_ROLE
+from dra_bridge.apiclient.publisher import Publisher, server_version
+from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.slices import build_slices
-from mdev_manager.config import GpuLayout
 from dra_bridge.sim.apiserver import LocalApiServer
+from mdev_manager.config import GpuLayout
+from mdev_manager.sim.hostspec import GpuGroup, HostSpec
 from tests.support.dra import (
     DRIVER,
     VERSIONS,
@@ -146,7 +145,7 @@ def test_publish_layout_and_schema_per_version(nodes, version):
         if version == "1.34":
             # combined: each device shares its slice with every counter set it consumes
             assert any(s["spec"].get("devices") and s["spec"].get("sharedCounters") for s in slices)
-            for s, own in zip(slices, sets_by_slice):
+            for s, own in zip(slices, sets_by_slice, strict=False):
                 for d in s["spec"].get("devices") or []:
                     assert {c["counterSet"] for c in d.get("consumesCounters") or []} <= own
         else:
@@ -312,7 +311,7 @@ def test_stale_slices_deleted_other_nodes_and_drivers_untouched(nodes):
         other_node = srv.add(foreign_slice("other-node-slice", node="sim-node-2", driver=DRIVER))
         other_driver = srv.add(foreign_slice("other-driver-slice", node=node.node, driver=OTHER_DRIVER))
         stale = srv.add(foreign_slice("leftover-of-ours", node=node.node, driver=DRIVER, generation=7))
-        old_pool = srv.add(foreign_slice("ours-old-pool-name", node=node.node, driver=DRIVER, pool="old-pool"))
+        srv.add(foreign_slice("ours-old-pool-name", node=node.node, driver=DRIVER, pool="old-pool"))
         res = publisher(srv, node).sync(pool)
         names = {s["metadata"]["name"] for s in srv.objects("resourceslices")}
         assert "leftover-of-ours" not in names

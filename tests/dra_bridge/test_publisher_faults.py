@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from dra_bridge.kube.publisher import RETRY_AFTER_CAP, ApiTimeout, Publisher, retry_delay
+from dra_bridge.apiclient.publisher import RETRY_AFTER_CAP, ApiTimeout, Publisher, retry_delay
 from dra_bridge.sim.apiserver import LocalApiServer
 from tests.support.dra import DRIVER, assert_consistent_pool, make_node, pool_slices, published_devices, version_tuple
 

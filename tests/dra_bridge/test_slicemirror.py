@@ -8,8 +8,8 @@ import time
 import pytest
 from kubernetes import client
 
-from dra_bridge.kube.publisher import Publisher
-from dra_bridge.kube.slicemirror import SliceMirror, content_digest
+from dra_bridge.apiclient.publisher import Publisher
+from dra_bridge.apiclient.slicemirror import SliceMirror, content_digest
 from dra_bridge.sim.apiserver import LocalApiServer
 from tests.support.dra import DRIVER, make_node, pool_slices
 

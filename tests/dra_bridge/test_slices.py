@@ -13,14 +13,14 @@ from dra_bridge.api.names import DEFAULT_DRIVER, LABEL_DRIVER, LABEL_NODE
 from dra_bridge.pool.devices import GpuPolicy, Pool, PoolPolicy, build_pool
 from dra_bridge.pool.slicecheck import check_pool_slices, check_slice
 from dra_bridge.pool.slices import (
+    build_slices,
     device_to_dict,
     label_value,
     limits_for,
     plan_slices,
-    build_slices,
     slice_name,
 )
-from tests.dra_bridge.test_devices import a100, a16_board, inventory, l40s, make_gpu, t4, vtype
+from tests.dra_bridge.test_devices import a16_board, a100, inventory, l40s, make_gpu, t4, vtype
 
 VERSIONS = [(1, 34), (1, 35), (1, 36), (1, 37)]
 DRIVER = DEFAULT_DRIVER

@@ -17,9 +17,8 @@ from kubevirt_templates.keys import keys_help, set_keys
 from kubevirt_templates.profiles import KnownTypes, check_types
 from kubevirt_templates.render import KINDS, display_options
 from kubevirt_templates.validate import ENV_SCHEMA, admission_problems, kubevirt_problems, ramfb_displays
-from mdev_manager.cli.main import main
-
 from tests.kubevirt_templates.test_templates import inventory_dict, kubevirt_schema
+from vgpuctl.main import main
 
 PYDANTIC_WORDS = ("Input should be", "Extra inputs are not permitted", "errors.pydantic.dev", "Value error")
 

@@ -15,6 +15,7 @@ import yaml
 
 from dra_bridge.api.names import resource_env_var, resource_name_for_pci, resource_name_for_type
 from dra_bridge.api.quantity import parse_quantity
+from dra_bridge.scheduling import cel as kcel
 from kubevirt_templates import (
     ClaimTemplateInput,
     KubeVirtCrInput,
@@ -23,22 +24,18 @@ from kubevirt_templates import (
     render,
     render_yaml,
 )
-from dra_bridge.scheduling import cel as kcel
-from mdev_manager.cli.render import load_values, parse_set
 from kubevirt_templates.names import pci_vendor_selector
 from kubevirt_templates.validate import (
     ENV_SCHEMA,
-    admission_problems,
     KubeVirtSchema,
     KubeVirtSchemaError,
     KubeVirtSchemaMissing,
+    admission_problems,
     is_kubevirt,
-    kubernetes_problems,
     kubevirt_problems,
     load_schema,
     validate_kubevirt,
 )
-
 from tests.support.cel import (
     DRIVER,
     catalog_inventory,
@@ -49,6 +46,8 @@ from tests.support.cel import (
     foreign_slice,
     selected_names,
 )
+from tests.support.k8sschema import kubernetes_problems
+from vgpuctl.commands.render import load_values, parse_set
 
 K8S_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 GiB = Fraction(2**30)
@@ -650,7 +649,7 @@ def test_other_driver_names_work(classes):
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    from mdev_manager.cli.main import _command_of, _fix_simulate, build_parser
+    from vgpuctl.main import _command_of, _fix_simulate, build_parser
 
     argv = _fix_simulate(argv)
     args = build_parser(_command_of(argv)).parse_args(argv)
@@ -771,7 +770,7 @@ class OpenApiStub:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "OpenApiStub":
+    def __enter__(self) -> OpenApiStub:
         self.thread.start()
         return self
 
@@ -791,7 +790,7 @@ class OpenApiStub:
 
 def test_cli_validates_against_the_clusters_schema(kubevirt_v3, tmp_path, monkeypatch, capsys):
     """--kubeconfig: the schema is the one the cluster serves for kubevirt.io/v1 (OpenAPI v3)."""
-    from dra_bridge.kube.openapi import KUBEVIRT_V1
+    from dra_bridge.apiclient.openapi import KUBEVIRT_V1
 
     monkeypatch.delenv(ENV_SCHEMA, raising=False)
     with OpenApiStub({KUBEVIRT_V1: kubevirt_v3}) as api:

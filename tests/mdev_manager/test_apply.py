@@ -26,9 +26,16 @@ from mdev_manager.reconcile import reconcile
 from mdev_manager.restore import restore
 from mdev_manager.sim import HostSpec, SimIO
 from mdev_manager.sim.hostspec import GpuGroup
-
-from tests.support.simnodes import (EXAMPLE_LAYOUT, Sim, build_sim, copy_sim, file_tree, layout, libvirt_node_xml,
-                                    needs_libvirt)
+from tests.support.simnodes import (
+    EXAMPLE_LAYOUT,
+    Sim,
+    build_sim,
+    copy_sim,
+    file_tree,
+    layout,
+    libvirt_node_xml,
+    needs_libvirt,
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -389,7 +396,7 @@ def test_devices_held_through_their_vfio_cdev_survive_a_layout_that_drops_them(m
     assert out.ok  # skipping is not failing
     skipped = {s.device: s.reason for r in out.rounds for s in r.plan.skipped}
     assert set(skipped) == {t4_victim.id, l40s_victim.id}
-    for reason, cdev in zip((skipped[t4_victim.id], skipped[l40s_victim.id]), cdevs):
+    for reason, cdev in zip((skipped[t4_victim.id], skipped[l40s_victim.id]), cdevs, strict=False):
         assert f"pid {h.pid} " in reason and "in use" in reason and str(cdev) in reason
     after = sim.discover()
     assert [v.id for v in after.gpu(t4.address).vgpus] == [t4_victim.id]

@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from mdev_manager.config import ConfigError, ConfigFileError, did_you_mean, layout_error, load_config, parse_config
-
 from tests.support.simnodes import EXAMPLE_LAYOUT
 
 V = "vgpuctl/v1"
@@ -39,7 +38,7 @@ def test_example_layout_parses():
     default = load_config(EXAMPLE_LAYOUT)
     doc = yaml.safe_load(EXAMPLE_LAYOUT.read_text())
     assert len(default) == len(doc["layouts"]["default"])
-    for entry, raw in zip(default, doc["layouts"]["default"]):
+    for entry, raw in zip(default, doc["layouts"]["default"], strict=False):
         assert entry.mode == raw["mode"]
         assert entry.vgpus == raw.get("vgpus", {})
         assert entry.index == raw.get("index")

@@ -25,7 +25,6 @@ import pytest
 
 from mdev_manager.config import parse_config
 from mdev_manager.reconcile import reconcile
-
 from tests.support.simnodes import REPO, build_sim, open_sim
 
 CHILD = r'''

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mdev_manager.cli.main import main
+from vgpuctl.main import main
 
 GOLDEN = Path(__file__).parent / "golden" / "error_style"
 UPDATE = os.environ.get("VGPUCTL_UPDATE_GOLDEN") == "1"

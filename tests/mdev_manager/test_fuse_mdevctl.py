@@ -38,7 +38,6 @@ from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import RealIO
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimHost, SimIO, load_host
-
 from tests.support.mdevctl_ns import mdevctl_json, missing_facilities, run_mdevctl
 
 WATCHDOG = 120.0

@@ -14,14 +14,19 @@ import pytest
 from mdev_manager import persist
 from mdev_manager.catalog_mig import mig_profiles
 from mdev_manager.config import ConfigError, parse_config
-from mdev_manager.host.nvml import (NVML_ERROR_IN_USE, NVML_ERROR_INSUFFICIENT_RESOURCES, NVML_ERROR_INVALID_ARGUMENT,
-                                    NVML_ERROR_NOT_SUPPORTED, Mig, NvmlError)
+from mdev_manager.host.nvml import (
+    NVML_ERROR_IN_USE,
+    NVML_ERROR_INSUFFICIENT_RESOURCES,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_SUPPORTED,
+    Mig,
+    NvmlError,
+)
 from mdev_manager.migplan import place
 from mdev_manager.models import MigState
 from mdev_manager.plan import make_plan
 from mdev_manager.reconcile import reconcile
 from mdev_manager.restore import restore
-
 from tests.support.simnodes import layout
 
 A100_MDEV, A100_VFIO, H100, L40S = "0000:10:00.0", "0000:13:00.0", "0000:16:00.0", "0000:19:00.0"
@@ -153,7 +158,7 @@ def test_placements_found_are_created_by_nvml(make_sim):
     m.set_mode(addr, True)
     state = sim.discover().gpus[0].mig
     want = [state.profile(n) for n in ("1g.10gb", "4g.40gb", "1g.20gb")]
-    for prof, pl in zip(want, place(state, [], want)):
+    for prof, pl in zip(want, place(state, [], want), strict=False):
         m.create(addr, prof.id, pl.start, pl.size)  # raises if NVML disagrees
     assert len(m.state(addr)["instances"]) == 3
 
@@ -270,7 +275,7 @@ def test_handing_a_mig_gpu_to_dra_frees_its_placements_and_its_record(mig):
 
 
 def test_the_discover_command_shows_mig_mode_and_gpu_instances(mig):
-    from mdev_manager.cli.output import inventory_table
+    from vgpuctl.output.text import inventory_table
 
     reconcile(mig.env, mig.io, MIXED)
     text = inventory_table(mig.discover())

@@ -19,7 +19,6 @@ from mdev_manager.models import Vgpu, VgpuType
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import HostSpec
 from mdev_manager.sim.hostspec import GpuGroup
-
 from tests.support.simnodes import layout
 
 MIXED = {"T4-1Q": 4, "T4-4Q": 2}  # 1 GiB and 4 GiB: 4/16 + 2/4 of the GPU

@@ -10,14 +10,22 @@ import uuid as uuidlib
 import pytest
 
 from mdev_manager import catalog
-from mdev_manager.actions import (BindDriver, CreateMdev, DisableVfs, EnableVfs, RemoveDefinition, RemoveMdev,
-                                  SaveDefinition, SaveVendorRecord, SetVgpuType)
+from mdev_manager.actions import (
+    BindDriver,
+    CreateMdev,
+    DisableVfs,
+    EnableVfs,
+    RemoveDefinition,
+    RemoveMdev,
+    SaveDefinition,
+    SaveVendorRecord,
+    SetVgpuType,
+)
+from mdev_manager.blocked import blocked_by_use
 from mdev_manager.config import ConfigError
 from mdev_manager.executor import Executor
 from mdev_manager.models import Holder, MdevDefinition, Usage
-from mdev_manager.blocked import blocked_by_use
 from mdev_manager.plan import make_plan
-
 from tests.support.simnodes import layout
 
 

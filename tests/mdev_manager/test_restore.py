@@ -19,7 +19,6 @@ from mdev_manager.reconcile import reconcile
 from mdev_manager.restore import plan_restore, restore
 from mdev_manager.sim import HostSpec, SimIO
 from mdev_manager.sim.hostspec import GpuGroup
-
 from tests.support.simnodes import EXAMPLE_LAYOUT, Sim, layout
 
 PASSED = "0000:13:00.0"  # the second T4, passthrough in examples/layout.yaml

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from mdev_manager import catalog
+from mdev_manager.config import GpuLayout
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import RealIO
 from mdev_manager.models import CdevHolder, Holder, Usage
+from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import HostSpec
 from mdev_manager.sim.hostspec import GpuGroup
-from mdev_manager.config import GpuLayout
-from mdev_manager.reconcile import reconcile
 from mdev_manager.usage import collect_usage, libvirt_devices, parse_domain_devices, scan_vfio_holders
 
 MDEV = "5f3a7f62-1b2c-4d5e-8f90-0a1b2c3d4e5f"

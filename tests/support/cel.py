@@ -9,15 +9,15 @@ an L40S with vendor-specific VFIO) with every GPU handed to DRA, published the w
 from __future__ import annotations
 
 import tempfile
-from functools import lru_cache
+from collections.abc import Iterable, Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
 from dra_bridge.pool.slices import build_slices
-from dra_bridge.scheduling.cel import request_alternatives, select, slice_devices
-from dra_bridge.scheduling.cel import claim_spec_of
+from dra_bridge.scheduling.cel import claim_spec_of, request_alternatives, select, slice_devices
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.models import Inventory
@@ -30,7 +30,7 @@ ALL_DRA = {"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode"
 _keep: list[tempfile.TemporaryDirectory] = []
 
 
-@lru_cache(maxsize=None)
+@cache
 def catalog_inventory(preset: str = "default") -> Inventory:
     """The simulated node after the agent prepared every GPU for DRA (VFs enabled)."""
     tmp = tempfile.TemporaryDirectory(prefix="vgpuctl-cel-")
@@ -41,12 +41,12 @@ def catalog_inventory(preset: str = "default") -> Inventory:
     return discover(sim.env, sim.io, node=sim.node)
 
 
-@lru_cache(maxsize=None)
+@cache
 def catalog_pool(preset: str = "default", server_version: tuple[int, int] = (1, 37)) -> Pool:
     return build_pool(catalog_inventory(preset), PoolPolicy.default(), DRIVER, server_version=server_version)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _slices(preset: str, server_version: tuple[int, int]) -> tuple:
     node = catalog_inventory(preset).node
     slices = build_slices(catalog_pool(preset, server_version), driver=DRIVER, node_name=node, pool_name=node,

@@ -14,19 +14,20 @@ import re
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from dra_bridge.kube.claims import ApiClaimSource
-from dra_bridge.kubeletplugin.claimsource import ClaimSource
-from dra_bridge.pool.devices import Pool, build_pool
-from dra_bridge.kubeletplugin.driver import Driver
-from dra_bridge.kubelet.types import ClaimRef
 from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.apiclient.claims import ApiClaimSource
+from dra_bridge.kubeletplugin.claimsource import ClaimSource
+from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.pool.devices import Pool, build_pool
 from dra_bridge.pool.policy import policy_from_layout
+from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.config import GpuLayout
 from mdev_manager.discovery import discover, read_function, read_gpu
 from mdev_manager.host.env import HostEnv

@@ -39,11 +39,11 @@ class Sim:
     def discover(self) -> Inventory:
         return discover(self.env, self.io, node="test-node")
 
-    def with_env(self, **changes) -> "Sim":
+    def with_env(self, **changes) -> Sim:
         """The same host seen through another environment (e.g. a libvirt URI)."""
         return Sim(self.root, self.host, HostEnv.under(self.root, **changes), self.io)
 
-    def with_real_proc(self) -> "Sim":
+    def with_real_proc(self) -> Sim:
         """The same host whose processes are the real /proc's (to see real child processes)."""
         return self.with_env(proc_root=Path("/proc"))
 

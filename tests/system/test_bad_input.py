@@ -1,7 +1,7 @@
 """Bad input ends in one line, exit 2, nothing written (issue #12, point 10).
 
 Every file the tools read goes through :mod:`mdev_manager.yamlfile`; every error ends at the
-CLI's edge (:func:`mdev_manager.cli.main.main`). The matrix runs in-process (an exception that
+CLI's edge (:func:`vgpuctl.main.main`). The matrix runs in-process (an exception that
 escaped ``main`` would fail the test); the cases that used to end in a traceback also run as a
 subprocess, whose stderr is what the admin sees.
 """
@@ -20,11 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mdev_manager.cli.main import SIGPIPE_EXIT, main
 from mdev_manager.config import ConfigError, load_config
 from mdev_manager.yamlfile import YamlFileError, load_yaml, parse_yaml
-
 from tests.support.simnodes import EXAMPLE_LAYOUT, file_tree
+from vgpuctl.main import SIGPIPE_EXIT, main
 
 LAYOUT = "version: vgpuctl/v1\nlayouts:\n  default:\n    - index: 0\n      mode: vgpu\n"
 
@@ -108,7 +107,7 @@ def cli(*argv: str, cwd: Path, env: dict[str, str] | None = None, timeout: float
     """``vgpuctl ARGV`` as the admin runs it: no kubeconfig around, HOME in ``cwd``."""
     full = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     full.update({"HOME": str(cwd), **(env or {})})
-    return subprocess.run([sys.executable, "-m", "mdev_manager.cli.main", *argv], cwd=cwd, env=full,
+    return subprocess.run([sys.executable, "-m", "vgpuctl.main", *argv], cwd=cwd, env=full,
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
@@ -136,7 +135,7 @@ def test_the_loader_keeps_what_yaml_means():
 @pytest.mark.parametrize("text, fragment", [
     ("a: &x [1, *x]\n", "a loop"),
     ("a: &a [1,2,3,4,5,6,7,8,9,0]\n" + "".join(
-        f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n" for p, n in zip("abcde", "bcdef")), "expands to more than"),
+        f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n" for p, n in zip("abcde", "bcdef", strict=False)), "expands to more than"),
     ("a: !!python/object:os.system x\n", "remove the tag"),
     ("a: 1\n---\nb: 2\n", "holds one document"),
     ('a: "x\x01"\n', "U+0001"),
@@ -284,7 +283,7 @@ def test_stdout_closed_early_ends_quietly(made_sim, tmp_path):
     r, w = os.pipe()
     os.close(r)  # the reader is gone before the first write
     try:
-        p = subprocess.run([sys.executable, "-m", "mdev_manager.cli.main", "--simulate", "discover", "--types"],
+        p = subprocess.run([sys.executable, "-m", "vgpuctl.main", "--simulate", "discover", "--types"],
                            stdout=w, stderr=subprocess.PIPE, text=True, env=env, timeout=60)
     finally:
         os.close(w)
@@ -351,7 +350,7 @@ class FailingIO:
 @pytest.mark.parametrize("err, fix", [(errno.ENOTCONN, "mount it again"), (errno.EIO, "dmesg")])
 @pytest.mark.parametrize("command", [["discover"], ["apply", "-f", str(EXAMPLE_LAYOUT)], ["restore"]])
 def test_a_host_whose_reads_fail(err, fix, command, sim, monkeypatch, capsys):
-    from mdev_manager.cli import node
+    from vgpuctl.commands import node
 
     monkeypatch.setattr(node, "open_host", lambda args: (sim.env, FailingIO(err)))
     code, out, err_text = run(capsys, *command)
@@ -413,7 +412,7 @@ def test_a_dead_fuse_mount_says_what_to_do(sim, tmp_path):
 
 
 def test_an_unexpected_error_is_one_line_and_debug_shows_it(simdir, monkeypatch, capsys):
-    from mdev_manager.cli import node
+    from vgpuctl.commands import node
 
     def boom(*_a, **_kw):
         raise RuntimeError("the host\nfell over")
@@ -428,7 +427,7 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_it(simdir, monkeypatch,
 
 
 def test_debug_is_a_global_option():
-    from mdev_manager.cli.main import _command_of
+    from vgpuctl.main import _command_of
 
     assert _command_of(["--debug", "--simulate", "default", "apply", "-f", "x"]) == "apply"
 

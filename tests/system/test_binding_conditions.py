@@ -114,7 +114,7 @@ def test_racing_allocations_of_random_sizes_never_reach_prepare(cluster):
             (t,) = render("claim-template", {"profile": rng.choice(sizes), "name": f"t{i}"})
             ws.append(c.submit([t] + render("passthrough-pod", {"name": f"w{i}", "claim_template": f"t{i}"}),
                                name=f"w{i}"))
-        for w, bound in zip(ws, c.schedule_together(ws)):
+        for w, bound in zip(ws, c.schedule_together(ws), strict=False):
             if bound:
                 if c.run(w):
                     prepared += 1
@@ -157,4 +157,4 @@ def test_without_the_option_one_size_per_gpu_and_no_window():
         a = c.submit(on_gpu("T4-8Q", 0, 1), name="a")
         b = c.submit(on_gpu("T4-1Q", 0, 2), name="b")
         bound = c.schedule_together([a, b])
-        assert bound.count(True) <= 1 and all(c.run(w) for w, ok in zip((a, b), bound) if ok)
+        assert bound.count(True) <= 1 and all(c.run(w) for w, ok in zip((a, b), bound, strict=False) if ok)

@@ -1,4 +1,4 @@
-"""``vgpuctl`` on simulated hosts, through ``mdev_manager.cli.main``."""
+"""``vgpuctl`` on simulated hosts, through ``vgpuctl.main``."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import pytest
 import yaml
 
 from mdev_manager import catalog, persist
-from mdev_manager.cli.main import main
 from mdev_manager.sim import load_host, preset_names
-
 from tests.support.simnodes import EXAMPLE_LAYOUT, file_tree, open_sim
+from vgpuctl.main import main
 
 
 @pytest.fixture
@@ -226,6 +225,6 @@ def test_unknown_preset_exits_2(simdir, capsys):
 ])
 def test_the_command_is_found_past_global_options(argv, command):
     """Only the named command's module is loaded, so it must be found wherever the options put it."""
-    from mdev_manager.cli.main import _command_of, _fix_simulate
+    from vgpuctl.main import _command_of, _fix_simulate
 
     assert _command_of(_fix_simulate(argv)) == command

@@ -18,8 +18,8 @@ from dra_bridge.scheduling.selectors import CelSelectors, default_selectors
 from dra_bridge.sim import demo
 from dra_bridge.sim.kubelet import resolve_cdi
 from dra_bridge.sim.workloads import pod_node
-from mdev_manager.cli import demo as demo_cli
-from mdev_manager.cli.main import main
+from vgpuctl.commands import demo as demo_cli
+from vgpuctl.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 GiB = 1024**3
@@ -243,8 +243,12 @@ def device(attrs: dict, capacity: dict | None = None, driver: str = "vgpu.kubevi
 
 
 def test_selectors_evaluate_the_template_expressions():
-    from kubevirt_templates.render import (class_expression, min_memory_expression, product_expression,
-                                           profile_expression)
+    from kubevirt_templates.render import (
+        class_expression,
+        min_memory_expression,
+        product_expression,
+        profile_expression,
+    )
 
     d = device({"type": {"string": "vgpu"}, "profile": {"string": "T4-8Q"}, "gpuIndex": {"int": 0},
                 "vgpuTypes": {"string": " T4-8Q T4-8C T4-8A "},
@@ -284,10 +288,10 @@ def test_selectors_select_exactly_the_devices_on_every_published_device(tmp_path
     """Every selector the templates and DeviceClasses write, on every device of a 1.37 pool with
     every profile: the CEL engine selects exactly the devices a plain reading of their
     attributes and capacity names."""
-    from dra_bridge.scheduling.pools import read_pools
     from dra_bridge.pool.devices import build_pool
     from dra_bridge.pool.policy import policy_from_layout
     from dra_bridge.pool.slices import build_slices
+    from dra_bridge.scheduling.pools import read_pools
     from kubevirt_templates.render import class_expression, min_memory_expression, profile_expression
     from mdev_manager.config import GpuLayout
     from mdev_manager.discovery import discover

@@ -9,23 +9,27 @@ import re
 import shlex
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
 
+from dra_bridge.api.names import (
+    ANNOTATION_CONFIG_REASON,
+    LABEL_CONFIG,
+    LABEL_CONFIG_STATE,
+    NVIDIA_LABEL_CONFIG,
+    NVIDIA_LABEL_CONFIG_STATE,
+)
+from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from kubevirt_templates import render
-from dra_bridge.kube.kept import ANNOTATION_DRA_FIELDS
-from dra_bridge.api.names import (ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE, NVIDIA_LABEL_CONFIG,
-                                   NVIDIA_LABEL_CONFIG_STATE)
-from kubevirt_templates.validate import kubernetes_problems
 from mdev_manager.config import parse_config
 from mdev_manager.plan import select_gpus
-
 from tests.support.cel import catalog_inventory
 from tests.support.imports import reachable, sources
+from tests.support.k8sschema import kubernetes_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -59,7 +63,7 @@ kubectl = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(kubectl is None, reason="kubectl (kustomize) not installed")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _build(overlay: str) -> tuple:
     out = subprocess.run([kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)],
                          capture_output=True, text=True, check=True)
@@ -126,7 +130,7 @@ def test_device_classes_are_the_rendered_ones():
 # What the agent (vgpuctl serve) runs under the DaemonSet's ServiceAccount: every module the
 # serve command can load. The demo, conformance and capacity commands run with the user's own
 # credentials, not the agent's.
-AGENT_MODULES = reachable("mdev_manager.cli.serve")
+AGENT_MODULES = reachable("vgpuctl.commands.serve")
 SCANNED = [path for name, path in sorted(sources().items()) if name in AGENT_MODULES]
 _IDENT = re.compile(r"\.([a-z][a-z0-9_]*)\b")
 _WATCH_STREAM = re.compile(r"\.stream\(\s*[\w.]+\.(list_[a-z0-9_]+)")
@@ -134,7 +138,7 @@ _WATCH_ARG = re.compile(r"\.(list_[a-z0-9_]+)\([^()]*\bwatch\s*=\s*True")
 _UNMAPPABLE = re.compile(r"\b(call_api|DynamicClient|CustomObjectsApi)\b")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _client_api_classes() -> tuple:
     import kubernetes.client as kc
 
@@ -359,7 +363,7 @@ def test_admission_policies_confine_the_agent_to_its_node():
 
 
 def _serve_parser() -> argparse.ArgumentParser:
-    from mdev_manager.cli.main import build_parser
+    from vgpuctl.main import build_parser
 
     return build_parser("serve")
 
@@ -384,7 +388,7 @@ def _args_for_parser(args: list[str], parser: argparse.ArgumentParser) -> list[s
 @needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_agent_args_parse_with_vgpuctl(overlay):
-    from mdev_manager.cli.main import _fix_simulate
+    from vgpuctl.main import _fix_simulate
 
     c = agent(build(overlay))
     assert c["command"] == ["vgpuctl"]

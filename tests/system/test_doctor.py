@@ -11,8 +11,8 @@ import pytest
 from kubernetes import client
 
 from dra_bridge.api.names import LABEL_CONFIG, LABEL_CONFIG_STATE, PASSTHROUGH_CLASS, VGPU_CLASS
+from dra_bridge.apiclient.clusterfacts import ClusterFacts, KubeVirtFacts, gather
 from dra_bridge.doctor.checks import diagnose, exit_code
-from dra_bridge.kube.clusterfacts import ClusterFacts, KubeVirtFacts, gather
 from dra_bridge.sim.apiserver import LocalApiServer
 from dra_bridge.sim.apiserver.resources import ResourceType
 
@@ -92,13 +92,13 @@ def test_a_bare_cluster_fails_on_classes_and_warns_on_the_rest():
 def test_the_command(tmp_path):
     with LocalApiServer(version="1.35", feature_gates={}) as srv:
         kc = srv.kubeconfig(tmp_path / "kc")
-        out = subprocess.run([sys.executable, "-m", "mdev_manager.cli.main", "doctor", "--kubeconfig", str(kc)],
+        out = subprocess.run([sys.executable, "-m", "vgpuctl.main", "doctor", "--kubeconfig", str(kc)],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 1, out.stderr
         lines = out.stdout.splitlines()
         assert any(line.startswith("FAIL") and "shared counters" in line for line in lines)
         assert any("fix: enable the DRAPartitionableDevices" in line for line in lines)
         assert lines[-1].endswith("failed") and out.stderr == ""
-        js = subprocess.run([sys.executable, "-m", "mdev_manager.cli.main", "doctor", "--kubeconfig", str(kc), "--json"],
+        js = subprocess.run([sys.executable, "-m", "vgpuctl.main", "doctor", "--kubeconfig", str(kc), "--json"],
                             capture_output=True, text=True, timeout=120)
         assert {f["check"]: f["status"] for f in json.loads(js.stdout)}["shared counters"] == "FAIL"

@@ -24,12 +24,11 @@ from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE
 from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.sim.apiserver import LocalApiServer
-from mdev_manager.cli.main import main
 from mdev_manager.host.lock import NodeLock
 from mdev_manager.sim.node import sim_node
-
 from tests.support.dra import DictClaims, add_claim, claim_object, devices_of, make_driver, make_node, set_boot_id
 from tests.support.kubelet.fake_kubelet import short_root
+from vgpuctl.main import main
 
 T4 = "0000:10:00.0"
 UID = "6f1c1c2e-0000-4000-8000-00000000c001"

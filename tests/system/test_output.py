@@ -22,16 +22,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mdev_manager.cli.main import main
-from mdev_manager.cli.output import TypeNames
-from mdev_manager.cli.summary import LISTED, summary
-from mdev_manager.cli.terminal import Terminal
 from mdev_manager.executor import Report, StepResult
 from mdev_manager.models import Blocked
 from mdev_manager.plan import make_plan
 from mdev_manager.reconcile import Round
-
 from tests.support.simnodes import EXAMPLE_LAYOUT, REPO, SimHolder, layout, open_sim
+from vgpuctl.main import main
+from vgpuctl.output.summary import LISTED, summary
+from vgpuctl.output.terminal import Terminal
+from vgpuctl.output.text import TypeNames
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("VGPUCTL_UPDATE_GOLDEN") == "1"
@@ -146,7 +145,7 @@ def test_apply_on_the_largest_preset_fits_one_screen(tmp_path):
     """512 vGPUs on 16 GPUs used to print 2,050 lines; the summary is one screen."""
     big = layout_file(tmp_path, {"all": True, "mode": "vgpu", "vgpus": {"L40S-1Q": 32}})
     env = {**os.environ, "VGPUCTL_SIM_DIR": str(tmp_path / "sims")}
-    p = subprocess.run([sys.executable, "-m", "mdev_manager.cli.main", "--simulate", "bench-large", "apply",
+    p = subprocess.run([sys.executable, "-m", "vgpuctl.main", "--simulate", "bench-large", "apply",
                         "-f", str(big)], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
@@ -195,7 +194,7 @@ def test_apply_in_a_terminal_shows_a_bar_and_colours(tmp_path):
     env = {**os.environ, "VGPUCTL_SIM_DIR": str(tmp_path / "sims"), "TERM": "xterm-256color", "COLUMNS": "160"}
     env.pop("NO_COLOR", None)
     leader, follower = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "mdev_manager.cli.main", "--simulate", "t4-node", "apply",
+    p = subprocess.Popen([sys.executable, "-m", "vgpuctl.main", "--simulate", "t4-node", "apply",
                           "-f", str(many)], stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
                          env=env)
     os.close(follower)

@@ -14,11 +14,10 @@ import pytest
 import yaml
 
 from dra_bridge.kubeletplugin.paths import PluginPaths
-from mdev_manager.cli import main as cli_main
-from mdev_manager.cli.main import COMMANDS, HelpFormatter, build_parser, main
-
 from tests.support.dra import DictClaims, claim_object, devices_of, make_driver, make_node
 from tests.support.simnodes import EXAMPLE_LAYOUT, REPO
+from vgpuctl import main as cli_main
+from vgpuctl.main import COMMANDS, HelpFormatter, build_parser, main
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

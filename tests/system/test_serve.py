@@ -20,9 +20,9 @@ from kubernetes import client
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.api.names import LABEL_ROLE
+from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
-from dra_bridge.sim.apiserver import LocalApiServer
 from tests.support.dra import (
     DRIVER,
     VERSIONS,
@@ -395,7 +395,7 @@ def test_vgpuctl_serve_subprocess(version):
         kl, cdi_root = d / "kl", d / "cdi"
         env = {**os.environ, "VGPUCTL_SIM_DIR": str(d / "sim"), "NODE_NAME": "sim-node-1"}
         env.pop("KUBERNETES_SERVICE_HOST", None)
-        cmd = [sys.executable, "-m", "mdev_manager.cli.main", "--simulate", "serve", "--kubeconfig", str(kc),
+        cmd = [sys.executable, "-m", "vgpuctl.main", "--simulate", "serve", "--kubeconfig", str(kc),
                "--kubelet-root", str(kl), "--cdi-root", str(cdi_root), "--metrics-port", "0", "--resync", "1"]
         log = open(d / "serve.log", "w+")
         proc = subprocess.Popen(cmd, env=env, cwd=str(Path(__file__).resolve().parents[2]),

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.config import ConfigError
 from mdev_manager.discovery import discover
 from mdev_manager.sim.node import sim_node
-from dra_bridge.sim.apiserver import LocalApiServer
 
 LAYOUTS = {"version": "vgpuctl/v1", "layouts": {
     "default": [{"all": True, "mode": "dra"}],

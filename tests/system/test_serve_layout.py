@@ -27,7 +27,6 @@ from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.config import ConfigError
 from mdev_manager.sim import SimIO
 from mdev_manager.sim.node import sim_node
-
 from tests.support.dra import set_boot_id
 from tests.support.kubelet.fake_kubelet import short_root
 

@@ -18,7 +18,7 @@ import yaml
 
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
-COMMAND = [sys.executable, "-m", "mdev_manager.cli.main", "sim", "apiserver"]
+COMMAND = [sys.executable, "-m", "vgpuctl.main", "sim", "apiserver"]
 
 
 def start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path, str]:

@@ -1,4 +1,4 @@
-"""``vgpuctl slices`` on simulated nodes, through ``mdev_manager.cli.main``."""
+"""``vgpuctl slices`` on simulated nodes, through ``vgpuctl.main``."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mdev_manager.cli.main import main
-from mdev_manager.sim import load_host
-
 from dra_bridge.sim.apiserver import LocalApiServer
 from dra_bridge.sim.apiserver.featuregates import parse_gates
-from tests.support.simnodes import open_sim
+from mdev_manager.sim import load_host
 from tests.support.kubelet.fake_kubelet import short_root
+from tests.support.simnodes import open_sim
+from vgpuctl.main import main
 
 NODE = load_host("default").node
 

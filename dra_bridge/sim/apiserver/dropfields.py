@@ -29,7 +29,8 @@ input may be ill-typed (validation runs after this, as upstream): every access t
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 Enabled = Callable[[str], bool]
 

@@ -15,8 +15,9 @@ is in :mod:`.dropfields`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from dra_bridge.sim.apiserver.dropfields import Dropped, drop_disabled_fields
 

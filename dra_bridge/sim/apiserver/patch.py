@@ -12,7 +12,8 @@ with strategy ``merge`` are merged by their key, e.g. ``status.reservedFor`` by
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dra_bridge.sim.apiserver.errors import ApiError, bad_request
 

@@ -12,8 +12,8 @@ escapes; only fields the resource supports are accepted.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from dra_bridge.sim.apiserver.errors import bad_request
 

@@ -29,13 +29,13 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
-from dra_bridge.sim.apiserver import discovery
+from dra_bridge.sim.apiserver import discovery, featuregates
 from dra_bridge.sim.apiserver import errors as E
-from dra_bridge.sim.apiserver import featuregates
 from dra_bridge.sim.apiserver.errors import ApiError
 from dra_bridge.sim.apiserver.handler import Handler, HTTPServer
 from dra_bridge.sim.apiserver.resources import DEFAULT_RESOURCES, ResourceType
@@ -200,7 +200,7 @@ class LocalApiServer:
         return self.store.max_history
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "LocalApiServer":
+    def start(self) -> LocalApiServer:
         if self._httpd is not None:
             return self
         self.store.stopping = False
@@ -239,7 +239,7 @@ class LocalApiServer:
         self._httpd = None
         self._thread = None
 
-    def __enter__(self) -> "LocalApiServer":
+    def __enter__(self) -> LocalApiServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -262,13 +262,13 @@ class LocalApiServer:
     # ------------------------------------------------------------------ clients
     def client_configuration(self):
         """A ``kubernetes.client.Configuration`` for this server (plain HTTP, no auth)."""
-        from dra_bridge.kube.client import plain_http_configuration
+        from dra_bridge.apiclient.client import plain_http_configuration
 
         return plain_http_configuration(self.url)
 
     def api_client(self):
         """A ``kubernetes.client.ApiClient`` for this server; closed by :meth:`stop`."""
-        from dra_bridge.kube.client import plain_http_client
+        from dra_bridge.apiclient.client import plain_http_client
 
         api = plain_http_client(self.url)
         self._clients.append(api)

@@ -16,9 +16,10 @@ import json
 import random
 import threading
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from dra_bridge.sim.apiserver import errors as E
 from dra_bridge.sim.apiserver.errors import ApiError, FieldError
@@ -41,7 +42,7 @@ class Event:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def meta(obj: dict) -> dict:

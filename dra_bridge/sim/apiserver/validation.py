@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable
+from collections.abc import Callable
 
 try:  # optional: `pip install kubernetes-validate` (the test extra) for schema validation
     import jsonschema
@@ -60,13 +60,13 @@ def _schema_dir(version: str, strict: bool) -> str:
     return f"v{resolved_schema_version(version)}-local" + ("-strict" if strict else "")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _definitions(schema_dir: str) -> dict:
     return kv_utils.schema_contents(f"kubernetes-json-schema/{schema_dir}/_definitions.json",
                                     schema_dir)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kind_schema(version: str, kind: str, api_version: str, strict: bool = True) -> dict | None:
     """The top-level schema of ``kind`` (``None`` if kubernetes-validate has none or is missing)."""
     if not HAVE_SCHEMAS:
@@ -81,7 +81,7 @@ def kind_schema(version: str, kind: str, api_version: str, strict: bool = True) 
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(version: str, kind: str, api_version: str, strict: bool):
     schema = kind_schema(version, kind, api_version, strict)
     if schema is None:
@@ -153,7 +153,7 @@ def metadata_errors(obj: dict, namespaced_name_is_label: bool = False) -> list[F
             errors.append(FieldError("metadata.name", f'Invalid value: "{name}": {LABEL_MSG}'))
     elif not dra_rules.is_dns_subdomain(name):
         errors.append(FieldError("metadata.name", f'Invalid value: "{name}": {SUBDOMAIN_MSG}'))
-    for key, value in (meta.get("labels") or {}).items():
+    for _key, value in (meta.get("labels") or {}).items():
         if value is not None and len(value) > 63:
             errors.append(FieldError("metadata.labels", f'Invalid value: "{value}": must be no more '
                                                           f"than 63 characters"))

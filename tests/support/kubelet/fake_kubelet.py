@@ -2,7 +2,7 @@
 
 Its messages are compiled at test time from the upstream kubelet protos (the test's own
 copies only when those are absent: :data:`tests.support.kubelet.protos.SOURCE` says which),
-never ``dra_bridge.kubelet.proto``: what both sides share is the wire format and the
+never ``dra_bridge.rpc.proto``: what both sides share is the wire format and the
 method paths, as with the real kubelet.
 
 - Device plugins: :meth:`FakeKubelet.start` serves ``v1beta1.Registration`` on
@@ -16,7 +16,7 @@ method paths, as with the real kubelet.
   ``<root>/plugins_registry``, calls ``GetInfo`` and ``NotifyRegistrationStatus`` and
   returns a :class:`DraClient` for the advertised endpoint (v1 or v1beta1), and which health
   API the kubelet would watch (:attr:`DraRegistration.health_version`). Both go
-  through the one kubelet DRA client, :mod:`dra_bridge.kubelet.dra_client` (also the
+  through the one kubelet DRA client, :mod:`dra_bridge.rpc.dra_client` (also the
   simulated cluster's), handed this side's messages instead of our generated stubs.
 
 Every call has a deadline and every wait a timeout, so no test can hang.
@@ -39,7 +39,7 @@ from typing import Any
 
 import grpc
 
-from dra_bridge.kubelet import dra_client
+from dra_bridge.rpc import dra_client
 from tests.support.kubelet import protos
 from tests.support.kubelet.protos import DEVICE_PLUGIN, Method
 
@@ -119,7 +119,7 @@ class StreamReader:
 
 
 class DraClient(dra_client.DraClient):
-    """The one kubelet DRA client (:class:`dra_bridge.kubelet.dra_client.DraClient`) speaking
+    """The one kubelet DRA client (:class:`dra_bridge.rpc.dra_client.DraClient`) speaking
     through the test side's protos; its health stream is read with a timeout."""
 
     def __init__(self, endpoint: Path | str, version: str = "v1", timeout: float = RPC_TIMEOUT) -> None:

@@ -9,7 +9,7 @@ Source, first found wins (:data:`SOURCE` says which, for skip reasons and report
 3. the test's own copies in ``tests/support/kubelet/proto/`` (written from the documented
    fields), only when neither is there.
 
-Built from upstream, the tests catch a mistake in our protos (``dra_bridge/kubelet/proto``)
+Built from upstream, the tests catch a mistake in our protos (``dra_bridge/rpc/proto``)
 or in what we answer that our own copies would repeat on both sides. The upstream files are
 never edited: those that import gogo's ``gogoproto/gogo.proto`` (older kubelet releases) get
 a stub declaring the gogo options they use, written into a temporary include directory.
@@ -21,7 +21,7 @@ are compiled with ``grpc_tools.protoc --descriptor_set_out`` on first use, the
 ``FileDescriptorSet`` goes into a *private* ``DescriptorPool``, and message classes are built
 from it with ``message_factory``. gRPC calls go through generic callables with explicit
 method paths, so both sides share only the wire format, as with a real kubelet. This module
-is what the tests hand :mod:`dra_bridge.kubelet.dra_client` as its ``protos``.
+is what the tests hand :mod:`dra_bridge.rpc.dra_client` as its ``protos``.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _gogo_options(table: str) -> dict[str, tuple[str, str, int]]:
     out: dict[str, tuple[str, str, int]] = {}
     for block in re.split(r"\n(?=\S)", table.strip()):
         target, kind, *pairs = block.split()
-        out.update({name: (target, kind, int(num)) for name, num in zip(pairs[::2], pairs[1::2])})
+        out.update({name: (target, kind, int(num)) for name, num in zip(pairs[::2], pairs[1::2], strict=False)})
     return out
 
 
@@ -120,8 +120,8 @@ def gogo_stub(used: set[str]) -> str:
 
 
 def _compile(root: Path) -> bytes:
-    from grpc_tools import protoc  # test dependency (grpcio-tools)
     import grpc_tools
+    from grpc_tools import protoc  # test dependency (grpcio-tools)
 
     if not root.is_dir():
         raise FileNotFoundError(f"kubelet protos: {root} is not a directory ({SOURCE})")

@@ -1,0 +1,87 @@
+"""Reading ResourceClaims from the API server (the kubelet sends only their identity).
+
+:class:`ApiClaimSource` fits the kubelet plugin's ``ClaimSource`` Protocol
+(:mod:`dra_bridge.kubeletplugin.claimsource`), structurally: kube sits below the plugin.
+"""
+
+from __future__ import annotations
+
+from dra_bridge.apiclient.objects import raw, sanitize
+
+LIST_PAGE = 500  # claims per list request: a big cluster's claims in bounded pieces
+LIST_TIMEOUT = 10.0  # seconds per request: a rebuild must not hang on a black-holed server
+
+
+class ApiClaimSource:
+    """ResourceClaims through the official client, as plain camelCase dicts."""
+
+    def __init__(self, api_client, *, timeout: float = LIST_TIMEOUT):
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.api = client.ResourceV1Api(api_client)
+        self.timeout = timeout
+
+    def get(self, namespace: str, name: str) -> dict:
+        return sanitize(self.api_client, self.api.read_namespaced_resource_claim(name, namespace))
+
+    def allocated(self, driver: str, pool: str) -> list[dict]:
+        """Every ResourceClaim, in any namespace, with a device allocated from ``driver``'s ``pool``
+        (``status.allocation.devices.results``); what the plugin rebuilds its checkpoint from when
+        the file cannot be trusted. Raises the client's errors: the caller decides what an
+        unreachable server means.
+
+        Filtered here: kube-apiserver offers no field selector on a claim's allocation (its
+        ResourceClaim fields are ``generic.ObjectMetaFieldsSet`` only: kubernetes/kubernetes,
+        pkg/registry/resource/resourceclaim/strategy.go, ``toSelectableFields``), so one paged
+        list it is; it runs only when the checkpoint cannot be trusted.
+        """
+        out = []
+        for claim in list_all_claims(self.api, self.timeout)["items"]:
+            alloc = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+            if any(r.get("driver") == driver and r.get("pool") == pool for r in alloc.get("results") or []):
+                claim.setdefault("apiVersion", "resource.k8s.io/v1")
+                claim.setdefault("kind", "ResourceClaim")
+                out.append(claim)
+        return out
+
+    def set_device_status(self, namespace: str, name: str, entries: list[dict]) -> None:
+        """Write our ``status.devices`` entries (matched by driver, pool and device; other entries,
+        other drivers' included, are kept) with the claim's resourceVersion: a claim changed since
+        it was read is read again and the write retried once."""
+        from kubernetes.client.exceptions import ApiException
+
+        keys = {(e["driver"], e["pool"], e["device"]) for e in entries}
+        for attempt in (1, 2):
+            claim = raw(self.api.read_namespaced_resource_claim, name, namespace)
+            status = claim.setdefault("status", {})
+            if not (status.get("allocation") or {}).get("devices"):
+                return  # deallocated meanwhile: nothing to say about it
+            kept = [e for e in status.get("devices") or []
+                    if (e.get("driver"), e.get("pool"), e.get("device")) not in keys]
+            status["devices"] = kept + entries
+            try:
+                self.api.replace_namespaced_resource_claim_status(name, namespace, claim,
+                                                                  _request_timeout=self.timeout)
+                return
+            except ApiException as exc:
+                if exc.status != 409 or attempt == 2:
+                    raise
+
+
+def list_all_claims(api, timeout: float) -> dict:
+    """Every ResourceClaim in any namespace, in pages of ``LIST_PAGE``, as one LIST answer
+    (``items`` and the list's ``metadata.resourceVersion``)."""
+    items: list[dict] = []
+    token, version = None, None
+    while True:
+        kw = {"limit": LIST_PAGE, "_request_timeout": timeout}
+        if token:
+            kw["_continue"] = token
+        page = raw(api.list_resource_claim_for_all_namespaces, **kw)
+        items += page.get("items") or []
+        meta = page.get("metadata") or {}
+        version = meta.get("resourceVersion") or version
+        token = meta.get("continue")
+        if not token:
+            return {"items": items, "metadata": {"resourceVersion": version}}

@@ -1,0 +1,156 @@
+"""API clients: the one place a ``kubernetes.client.ApiClient`` is made.
+
+The ``kubernetes`` package is imported lazily (it costs tens of MB and most commands never
+talk to a cluster). A kubeconfig that cannot be used, or a server that does not answer, is
+bad input, not a crash: :class:`KubeconfigError` and :class:`ApiUnreachable` say in one line
+which file or server and what to check.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+from mdev_manager.yamlfile import YamlFileError, load_yaml
+
+PROBE_TIMEOUT = 5.0  # seconds per attempt; the client retries a refused connection 3 times
+
+
+class KubeconfigError(ValueError):
+    """The kubeconfig (or the in-cluster config) cannot be used; the message says which and why."""
+
+
+class ApiUnreachable(ValueError):
+    """The API server named by the kubeconfig did not answer, or refused the credentials."""
+
+
+def _kubeconfig_paths(kubeconfig: str | None) -> list[str]:
+    """The files a kubeconfig is read from: the flag's, else $KUBECONFIG's list, else ~/.kube/config."""
+    if kubeconfig:
+        return [kubeconfig]
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return [p for p in env.split(os.pathsep) if p]
+    return [os.path.expanduser("~/.kube/config")]
+
+
+def _check_files(kubeconfig: str | None) -> list[str]:
+    """Each kubeconfig file that will be read, as YAML (bounded; duplicate keys refused)."""
+    paths = _kubeconfig_paths(kubeconfig)
+    present = paths if kubeconfig else [p for p in paths if os.path.exists(os.path.expanduser(p))]
+    if not present:
+        source = "$KUBECONFIG (" + os.environ["KUBECONFIG"] + ")" if os.environ.get("KUBECONFIG") else paths[0]
+        raise KubeconfigError(f"no kubeconfig: {source} does not exist; pass --kubeconfig FILE "
+                              "(or set $KUBECONFIG, or run in a pod)")
+    for path in present:
+        try:
+            doc = load_yaml(os.path.expanduser(path), what="kubeconfig")
+        except YamlFileError as exc:
+            raise KubeconfigError(f"kubeconfig {exc}") from None
+        if not isinstance(doc, dict):
+            raise KubeconfigError(f"kubeconfig {path}: not a kubeconfig (expected a mapping with clusters, users, "
+                                  "contexts); check the path")
+    return present
+
+
+def transport_retries():
+    """urllib3's retry policy for every client we build: only connection errors are retried there
+    (the request never reached the server). The kubernetes client's default ``Retry(3)`` would also
+    re-send a timed-out GET/PUT/DELETE up to three times and wait out any 429/503 ``Retry-After``
+    with no cap before the caller sees it; the callers that retry (the publisher) do that themselves,
+    bounded (urllib3 ``Retry``: ``read``, ``status``, ``respect_retry_after_header``)."""
+    from urllib3.util.retry import Retry
+
+    return Retry(total=3, connect=3, read=0, status=0, other=0, redirect=3,
+                 respect_retry_after_header=False, raise_on_status=False)
+
+
+def api_client_from(kubeconfig: str | None):
+    """In-cluster config when running in a pod, else the kubeconfig (flag, $KUBECONFIG, ~/.kube/config)."""
+    from kubernetes import client, config
+
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)
+        except Exception as exc:  # noqa: BLE001 - ConfigException, OSError, ...
+            raise KubeconfigError(f"in-cluster config: {exc}; run in a pod with a service account token, "
+                                  "or pass --kubeconfig FILE") from None
+        cfg.retries = transport_retries()
+        return client.ApiClient(cfg)
+    files = _check_files(kubeconfig)
+    cfg = client.Configuration()
+    try:
+        config.load_kube_config(config_file=os.pathsep.join(files), client_configuration=cfg)
+    except Exception as exc:  # noqa: BLE001 - ConfigException, and TypeError etc. on odd shapes
+        where = ", ".join(files)
+        raise KubeconfigError(f"kubeconfig {where}: {_first_line(exc)}; check it with "
+                              f"`kubectl config view --kubeconfig {files[0]}`") from None
+    cfg.retries = transport_retries()
+    return client.ApiClient(cfg)
+
+
+def check_reachable(api, timeout: float = PROBE_TIMEOUT) -> None:
+    """Ask the server its version; :class:`ApiUnreachable` when it does not answer or refuses the user."""
+    from kubernetes import client
+
+    from dra_bridge.apiclient.errors import api_exception
+
+    host = api.configuration.host
+    pool_log = logging.getLogger("urllib3.connectionpool")
+    level = pool_log.level
+    pool_log.setLevel(logging.ERROR)  # its warning per retry would bury the one line that says why
+    try:
+        client.VersionApi(api).get_code(_request_timeout=timeout)
+    except api_exception() as exc:
+        if exc.status == 401:
+            raise ApiUnreachable(f"API server {host} refused the credentials (401 Unauthorized); check the "
+                                 "user's token or certificate in the kubeconfig") from None
+        # any other answer: the server is there; the command's own calls say what they need
+    except Exception as exc:  # noqa: BLE001 - urllib3's connection, TLS and timeout errors
+        raise ApiUnreachable(f"API server {host} does not answer ({_reason(exc)}); check the server address "
+                             "in the kubeconfig and that the cluster is up") from None
+    finally:
+        pool_log.setLevel(level)
+
+
+def connect(kubeconfig: str | None, timeout: float = PROBE_TIMEOUT):
+    """:func:`api_client_from`, then :func:`check_reachable`: a command's client, known to answer."""
+    api = api_client_from(kubeconfig)
+    try:
+        check_reachable(api, timeout)
+    except ApiUnreachable:
+        api.close()
+        raise
+    return api
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _reason(exc: BaseException) -> str:
+    """The root of a urllib3 error, without its pool and host boilerplate: ``Connection refused``."""
+    reason = getattr(exc, "reason", None) or exc
+    text = _first_line(reason)
+    text = text.rsplit("Failed to establish a new connection: ", 1)[-1]
+    return re.sub(r"^\[Errno -?\d+\] ", "", text)
+
+
+def plain_http_configuration(url: str):
+    """A ``kubernetes.client.Configuration`` for a local server on plain HTTP with no auth."""
+    from kubernetes import client
+
+    cfg = client.Configuration(host=url, no_proxy="127.0.0.1,localhost")
+    cfg.verify_ssl = False
+    cfg.retries = transport_retries()
+    return cfg
+
+
+def plain_http_client(url: str):
+    """An ``ApiClient`` for :func:`plain_http_configuration`; the caller closes it."""
+    from kubernetes import client
+
+    return client.ApiClient(plain_http_configuration(url))

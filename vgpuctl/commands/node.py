@@ -1,0 +1,275 @@
+"""``vgpuctl discover | plan | apply | restore``: the node manager's commands.
+
+Two things make a hand-run ``apply`` or ``restore`` as safe as the agent's own reconcile:
+
+* the devices prepared DRA claims hold count as in use: they are read from the kubelet
+  plugin's checkpoint (``<kubelet-root>/plugins/<driver>/checkpoint.json``, where ``serve``
+  keeps it), read-only. No checkpoint: no claims. One that cannot be trusted: which devices
+  claims hold cannot be told, so every existing vGPU (and every GPU on vfio-pci) counts as in
+  use, and the layout can only add;
+* writers take the node lock (:mod:`mdev_manager.host.lock`), so the agent's reconcile, its
+  kubelet plugin and a second ``apply`` never write at the same time; the checkpoint is read
+  under it.
+
+``apply`` exits 0 when the node matches the layout, 1 when steps failed, 3 when devices in use
+keep it from the layout (converging: it names them, their holders and what they block),
+75 (EX_TEMPFAIL) when ``--no-wait`` finds the node lock held.
+
+``plan`` and ``apply`` print one row per GPU (what is created, removed, kept, blocked; type names,
+ids with ``--show-ids``), what is blocked and why, and the verdict as the last line; every step
+only with ``-v``; ``-o json|yaml`` the whole outcome for machines (:mod:`vgpuctl.output.summary`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+from rich.text import Text
+
+from dra_bridge.api.names import DEFAULT_DRIVER
+from mdev_manager.config import ConfigError, GpuLayout, load_config
+from mdev_manager.discovery import discover
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO
+from mdev_manager.host.lock import NodeLock, NodeLockBusy
+from mdev_manager.models import Inventory, Usage
+from mdev_manager.plan import NVIDIA
+from mdev_manager.reconcile import Outcome, plan_once, reconcile
+from mdev_manager.restore import restore
+from vgpuctl.cli.common import KUBELET_ROOT_HELP, check_sys_root, dump, kubelet_root, node_name, open_host
+from vgpuctl.output.summary import summary
+from vgpuctl.output.terminal import Terminal
+from vgpuctl.output.text import TypeNames, inventory_table, report_text, results_text, steps_text
+
+OUTPUTS = ["table", "json", "yaml"]
+EXIT_FAILED, EXIT_CONVERGING, EXIT_LOCK_BUSY = 1, 3, 75
+
+
+def add_discover(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="output format (default %(default)s)")
+    p.add_argument("--types", action="store_true", help="list every vGPU type of every GPU, with its id")
+    p.set_defaults(func=run_discover)
+
+
+def _add_claims_arguments(p: argparse.ArgumentParser, *, writes: bool = True) -> None:
+    p.add_argument("--kubelet-root", default=None, help=KUBELET_ROOT_HELP)
+    p.add_argument("--driver", default=DEFAULT_DRIVER,
+                   help="DRA driver name whose prepared claims count as in use (default %(default)s)")
+    if writes:
+        p.add_argument("--no-wait", action="store_true",
+                       help=f"fail at once (exit {EXIT_LOCK_BUSY}) when another writer holds the node lock, "
+                            "instead of waiting for it")
+
+
+def _add_layout_arguments(p: argparse.ArgumentParser, *, writes: bool = True) -> None:
+    p.add_argument("-f", "--file", required=True, help="layout file (vgpuctl/v1 or vgpu-device-manager v1)")
+    p.add_argument("--layout", "--config-name", default="default",
+                   help="named layout / vgpu-config to apply (default %(default)s)")
+    p.add_argument("-o", "--output", choices=OUTPUTS, default="table",
+                   help="output format (default %(default)s); json and yaml hold every step and result")
+    p.add_argument("-v", "--verbose", dest="steps", action="store_true",
+                   help="list every step" + (" with its result" if writes else "") + " before the per-GPU summary")
+    p.add_argument("--show-ids", action="store_true",
+                   help="show the kernel's type ids (nvidia-231, 1152) beside the type names (T4-2Q)")
+    _add_claims_arguments(p, writes=writes)
+
+
+class _NotForPlan(argparse.Action):
+    """``plan --dry-run``: plan never writes, so the flag can only be a mistake; say which command has it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is apply's option: plan never changes the node "
+                     "(vgpuctl apply --dry-run prints the same plan)")
+
+
+def add_apply(p: argparse.ArgumentParser) -> None:
+    _add_layout_arguments(p)
+    p.add_argument("--dry-run", action="store_true", help="print the plan without touching anything (as plan)")
+    p.epilog = ("exit status: 0 the node matches the layout; 1 steps failed; 2 bad input; 3 converging "
+                f"(devices in use keep the node from the layout); {EXIT_LOCK_BUSY} the node lock is held "
+                "(--no-wait)")
+    p.set_defaults(func=run_apply)
+
+
+def add_plan(p: argparse.ArgumentParser) -> None:
+    _add_layout_arguments(p, writes=False)
+    p.add_argument("--dry-run", nargs=0, action=_NotForPlan, help=argparse.SUPPRESS)
+    p.set_defaults(func=run_apply, dry_run=True, no_wait=False)
+
+
+def add_restore(p: argparse.ArgumentParser) -> None:
+    _add_claims_arguments(p)
+    p.set_defaults(func=run_restore)
+
+
+# ------------------------------------------------------------------ prepared claims, the lock
+
+def _claims_usage(args, env: HostEnv, io: HostIO) -> Usage:
+    """Devices the kubelet plugin's prepared claims hold (its checkpoint, read-only)."""
+    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+    from dra_bridge.kubeletplugin.paths import PluginPaths
+
+    path = PluginPaths(driver=args.driver, kubelet_root=kubelet_root(args)).checkpoint
+    try:
+        cp = CheckpointStore(path, io).load()
+    except CheckpointCorrupt as exc:
+        return _cannot_tell(env, io, f"the prepared-claims checkpoint {path} cannot be read ({exc}): which devices "
+                                     "DRA claims hold cannot be told, so no existing vGPU or passed-through GPU is "
+                                     "removed or changed; the agent (vgpuctl serve) rebuilds it at its next start")
+    return cp.usage()
+
+
+def _cannot_tell(env: HostEnv, io: HostIO, warning: str) -> Usage:
+    """Every device a plan could remove or change counts as in use."""
+    inv = discover(env, io)
+    who = ["an unreadable prepared-claims checkpoint (may be a DRA claim)"]
+    mdevs = {v.id: who for v in inv.all_vgpus() if v.framework == "mdev"}
+    pci = {v.id: who for v in inv.all_vgpus() if v.framework != "mdev"}
+    pci |= {g.address: who for g in inv.gpus if g.driver == "vfio-pci"}
+    return Usage(mdevs=mdevs, pci=pci, warnings=[warning])
+
+
+def _command(args) -> str:
+    return f"vgpuctl {args.cmd}" + (f" -f {args.file}" if getattr(args, "file", None) else "")
+
+
+@contextmanager
+def _writer(args, env: HostEnv) -> Iterator[None]:
+    """Hold the node lock; waiting, say so on stderr once."""
+    lock = NodeLock(env, _command(args))
+    with lock.hold(wait=not args.no_wait, on_wait=lambda msg: print(msg, file=sys.stderr, flush=True)):
+        yield
+
+
+# ------------------------------------------------------------------ commands
+
+def no_gpu_message(inv: Inventory, env: HostEnv) -> str | None:
+    """On a host with nothing to manage (a laptop, a CI runner), say so and how to try vgpuctl anyway."""
+    if any(g.vendor_id == NVIDIA or g.types for g in inv.gpus):
+        return None
+    return f"no NVIDIA GPU found under {env.pci_devices}; to try vgpuctl without one, add --simulate"
+
+
+def run_discover(args) -> int:
+    env, io = open_host(args)
+    check_sys_root(args, env, io)
+    inv = discover(env, io, node=node_name(args, env))
+    hint = None if args.simulate else no_gpu_message(inv, env)
+    if args.output != "table":
+        print(dump(inv, args.output))
+        if hint:
+            print(f"note: {hint}", file=sys.stderr)
+    elif hint and not inv.gpus:
+        print(hint)
+    else:
+        print(inventory_table(inv, types=args.types) + (f"\nnote: {hint}" if hint else ""))
+    return 0
+
+
+def _no_gpu_guard(args, env: HostEnv, io: HostIO, plan):
+    """Run ``plan()``; on a host without a GPU to manage, end with the plain reason instead of
+    a layout's complaints about indices (or an empty plan)."""
+    try:
+        result = plan()
+    except ConfigError:
+        hint = None if args.simulate else no_gpu_message(discover(env, io), env)
+        if hint:
+            raise ValueError(hint) from None
+        raise
+    inv = result.inventory if isinstance(result, Outcome) else result[0]
+    hint = None if args.simulate or inv is None else no_gpu_message(inv, env)
+    if hint:
+        raise ValueError(hint)
+    return result
+
+
+def run_apply(args) -> int:
+    layouts = load_config(args.file, args.layout)  # bad input touches nothing, not even a simulated host
+    env, io = open_host(args)
+    check_sys_root(args, env, io)
+    dry_run, table = args.dry_run, args.output == "table"
+    term = Terminal()
+    node = node_name(args, env)
+    if dry_run:
+        with term.status("reading the node and planning") if table else nullcontext():
+            out = _no_gpu_guard(args, env, io, lambda: reconcile(
+                env, io, layouts, dry_run=True, node=node, usage_extra=_claims_usage(args, env, io)))
+        before = out.inventory
+    else:
+        # a layout the node rejects is bad input: rejected before the lock file is made (nothing written)
+        with term.status("reading the node and planning") if table else nullcontext():
+            before, first, _ = _no_gpu_guard(args, env, io, lambda: plan_once(
+                env, io, layouts, _claims_usage(args, env, io), node))
+        try:
+            with _writer(args, env), term.progress("applying", len(first.actions)) as on_step:
+                out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, env, io),
+                                on_step=on_step, final_inventory=not table)
+        except NodeLockBusy as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_LOCK_BUSY
+    code = 0 if dry_run and out.ok else (EXIT_FAILED if not out.ok else EXIT_CONVERGING if out.blocked else 0)
+    if not table:
+        print(dump(out, args.output))
+        return code
+    for w in out.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    _print_outcome(args, term, layouts, before, out, node)
+    return code
+
+
+def _print_outcome(args, term: Terminal, layouts: list[GpuLayout], before: Inventory, out: Outcome,
+                   node: str) -> None:
+    """Every step with ``-v``; then one row per GPU, what is blocked and why; the verdict last."""
+    names = TypeNames([before, out.inventory], show_ids=args.show_ids)
+    verbose = args.steps or args.verbose
+    if verbose:
+        for i, r in enumerate(out.rounds):
+            text = (f"Steps:\n{steps_text(r.plan, names)}" if r.report is None
+                    else f"Round {i + 1}:\n{results_text(r.plan, r.report, names)}")
+            term.print(Text(text))
+    where = f"layout {args.layout} of {args.file}" + (f" on node {node}" if node else "")
+    term.print(Text(f"{'Plan' if args.dry_run else 'Applied'}: {where}", style="bold"),
+               *summary(before, layouts, out.rounds, out.blocked, names, after=out.inventory, verbose=verbose))
+    term.print(_verdict(args.dry_run, out, verbose))
+
+
+def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
+    """The last line, which scripts and the tests read: what was done, whether the node matches."""
+    converging = (f"converging: {len(out.blocked)} device(s) in use keep the node from the layout; "
+                  "apply again once they are released")
+    if dry_run:
+        steps = sum(len(r.plan.actions) for r in out.rounds)
+        if steps:
+            return Text(f"{steps} steps to take; nothing was changed (apply takes them"
+                        + ("" if verbose else "; -v lists them") + ")")
+        return Text("nothing to change; " + (converging if out.blocked else "node matches the layout"),
+                    style="yellow" if out.blocked else "green")
+    if not out.ok:
+        return Text(f"{out.changed} changes; some steps failed", style="bold red")
+    if out.blocked:
+        return Text(f"{out.changed} changes; {converging}", style="bold yellow")
+    return Text(f"{out.changed} changes; node matches the layout", style="bold green")
+
+
+def run_restore(args) -> int:
+    env, io = open_host(args)
+    check_sys_root(args, env, io)
+    try:
+        with _writer(args, env):
+            usage = _claims_usage(args, env, io)
+            for w in usage.warnings:
+                print(f"warning: {w}", file=sys.stderr)
+            before = len(discover(env, io).all_vgpus())
+            reports = restore(env, io, usage)
+            after = len(discover(env, io).all_vgpus())
+    except NodeLockBusy as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_LOCK_BUSY
+    for r in reports:
+        print(report_text(r))
+    # count vGPUs, not steps: enabling a GPU's VFs is a step but no device
+    print(f"{after - before} devices restored")
+    return 0 if all(not r.failed for r in reports) else 1

@@ -1,0 +1,61 @@
+"""``vgpuctl sim presets | mount | reset | reboot | apiserver``: simulated hosts and the local API server."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from vgpuctl.cli.common import sim_dir_for
+
+
+def add_arguments(s: argparse.ArgumentParser) -> None:
+    ssub = s.add_subparsers(dest="sim_cmd", required=True, metavar="{presets,mount,reset,reboot,apiserver}")
+    ssub.add_parser("presets", help="list the shipped host presets")
+    m = ssub.add_parser("mount", help="mount a simulated host's sysfs with FUSE")
+    m.add_argument("host", help="preset name or host YAML")
+    m.add_argument("dir", help="mount point")
+    ssub.add_parser("reset", help="rebuild the simulated host (with --simulate; default preset: default)")
+    ssub.add_parser("reboot", help="simulate a reboot: VFs and vGPUs vanish, definitions stay")
+    a = ssub.add_parser("apiserver", help="run a local Kubernetes API server in the foreground until SIGTERM",
+                        description="A local Kubernetes API server (the DRA resources and the objects vgpuctl uses) "
+                                    "that keeps and drops fields as kube-apiserver does for its version and "
+                                    "feature gates. Writes a kubeconfig for it once it answers.")
+    from vgpuctl.commands import apiserver
+
+    apiserver.add_arguments(a)
+
+
+def run(args) -> int:
+    if args.sim_cmd == "apiserver":
+        from vgpuctl.commands import apiserver
+
+        return apiserver.run(args)
+
+    from mdev_manager.sim import load_host, preset_names
+    from mdev_manager.sim.node import sim_node
+
+    if args.sim_cmd == "presets":
+        for name in preset_names():
+            spec = load_host(name)
+            print(f"{name:14} " + ", ".join(f"{g.count} x {g.board}" for g in spec.gpus))
+        return 0
+    if args.sim_cmd == "mount":
+        from mdev_manager.sim.fuse import mount
+
+        root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.host)
+        sim = sim_node(root, args.host, reuse=True)
+        print(f"mounting {root}/sys on {args.dir} (Ctrl-C to unmount)", file=sys.stderr)
+        mount(sim.host, Path(args.dir), foreground=True)
+        return 0
+    ref = args.simulate or "default"
+    root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(ref)
+    if args.sim_cmd == "reset":
+        shutil.rmtree(root, ignore_errors=True)
+        sim_node(root, ref)
+        print(f"simulated host {ref} reset at {root}")
+    elif args.sim_cmd == "reboot":
+        sim_node(root, ref, reuse=True).host.reboot()
+        print(f"simulated host {ref} rebooted: VFs and vGPUs are gone, definitions stay")
+    return 0

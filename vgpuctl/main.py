@@ -1,0 +1,262 @@
+"""``vgpuctl``: the composition root. Nothing imports this package; it imports what a command needs.
+
+Command modules are imported by name only for the command being run, so ``vgpuctl discover`` or
+``vgpuctl plan`` load neither ``grpc`` nor ``kubernetes``. A module serves a command either with
+``add_<command>(parser)`` (which sets ``func``) or with ``add_arguments(parser)`` and ``run(args)``.
+
+Errors end here, in :func:`main`: bad input (a ``ValueError``: ConfigError, RenderError,
+YamlFileError, a kubeconfig that cannot be used, ...) and a failing host read print one line
+(a layout's problems one per line) and exit 2; anything unexpected prints one line naming the
+exception and exits 2 too; ``--debug`` lets it raise with its traceback instead. A reader that
+closed stdout early (``vgpuctl discover | head -1``) ends the command quietly with 141, what a
+shell reports for a tool killed by SIGPIPE (128 + 13).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import select
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    module: str
+    help: str
+    description: str | None = None
+
+
+COMMANDS: dict[str, Command] = {
+    "discover": Command("vgpuctl.commands.node", "show GPUs, vGPU types and vGPUs"),
+    "plan": Command("vgpuctl.commands.node", "print what apply would change, per GPU (-v: every step)"),
+    "apply": Command("vgpuctl.commands.node", "make the node match a layout"),
+    "restore": Command("vgpuctl.commands.node", "re-create saved vGPUs that are missing (after a reboot)"),
+    "serve": Command("vgpuctl.commands.serve",
+                     "run the node agent: reconcile, publish ResourceSlices, serve the kubelet"),
+    "slices": Command("vgpuctl.commands.slices", "print the ResourceSlices this node would publish (writes nothing)"),
+    "render": Command("vgpuctl.commands.render", "print KubeVirt and DRA objects (VMs, claims, DeviceClasses, ...)"),
+    "demo": Command("vgpuctl.commands.demo", "run the whole system on a simulated cluster (no cluster, no GPU, seconds)",
+                    "A simulated GPU node, the node manager, the DRA bridge publishing to an in-process API, VMs and "
+                    "a pod claiming vGPUs and whole GPUs, torn down again."),
+    "capacity": Command("vgpuctl.commands.capacity",
+                        "how many more vGPUs of each profile (or whole GPUs) fit, per node and GPU",
+                        "Reads ResourceSlices and ResourceClaims from a cluster (--kubeconfig) or a file of "
+                        "objects (--from); with --simulate, the simulated node's slices and prepared claims; "
+                        "without any, the demo's simulated example cluster with its made-up workloads (said "
+                        "in the first line)."),
+    "conformance": Command("vgpuctl.commands.conformance",
+                           "run the KAR-0003/KAR-0004 conformance checks (simulated cluster by default)",
+                           "Five checks of GPU sharing through DRA; against the simulated cluster unless "
+                           "--kubeconfig is given. Prints a table and writes JUnit XML."),
+    "doctor": Command("vgpuctl.commands.doctor", "check a cluster for the DRA bridge: PASS / WARN / FAIL with fixes",
+                      "Reads the API server (its version, and which DRA fields it keeps, found by a dry-run "
+                      "ResourceSlice), KubeVirt's CR, the DeviceClasses and each GPU node's agent state. Exit 0 "
+                      "when nothing failed, 1 when a check failed."),
+    "sim": Command("vgpuctl.commands.sim", "simulated hosts and the local Kubernetes API server"),
+}
+
+# global options that take a value: skipped when looking for the command name (``--simulate``
+# takes the next word once :func:`_fix_simulate` has given a bare one its default)
+_VALUED = {"--simulate", "--sim-dir", "--sys-root", "--dev-root", "--mdevctl-root", "--state-root", "--libvirt-uri"}
+
+
+def version() -> str:
+    """The installed distribution's version; from a source checkout, pyproject.toml's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("vgpuctl")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        try:
+            with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+                return str(tomllib.load(f)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's default in its help, unless the text already says it or there is none to say
+    (None, a flag's False, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default in (None, False, "", [], argparse.SUPPRESS)
+                or not (action.option_strings or action.nargs in ("?", "*"))):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """vgpuctl's parser: its subcommands' parsers (made with this class) show defaults too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _global_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=f"vgpuctl {version()}",
+                   help="print vgpuctl's version and exit")
+    p.add_argument("--simulate", nargs="?", const="default", metavar="PRESET|HOST.yaml",
+                   help="run against a simulated host (state kept between commands; preset default: default)")
+    p.add_argument("--sim-dir", help="where the simulated host lives (default ~/.local/state/vgpuctl/sim/<name>, "
+                                     "or $VGPUCTL_SIM_DIR/<name>)")
+    p.add_argument("--sys-root", help="sysfs root (default /sys)")
+    p.add_argument("--dev-root", help="/dev root (default /dev)")
+    p.add_argument("--mdevctl-root", help="mdevctl definitions (default /etc/mdevctl.d)")
+    p.add_argument("--state-root", help="vgpuctl state (default /var/lib/vgpuctl)")
+    p.add_argument("--libvirt-uri", default=None, help="libvirt URI to check for devices in use (e.g. qemu:///system)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="more detail: debug logs, and every step of plan and apply")
+    p.add_argument("--debug", action="store_true", help="on an error, show the Python traceback")
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The first argument naming a command, skipping global options and their values."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _VALUED:
+            skip = True
+        elif a in COMMANDS:
+            return a
+        elif not a.startswith("-"):
+            return None  # a value where a command belongs: argparse says what is wrong
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of ``command`` only (every command is listed in ``-h``)."""
+    p = Parser(prog="vgpuctl", description="vGPU and GPU passthrough manager for KubeVirt nodes")
+    _global_options(p)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for name, c in COMMANDS.items():
+        module = importlib.import_module(c.module) if name == command else None
+        sp = sub.add_parser(name, help=c.help, description=c.description or c.help[:1].upper() + c.help[1:])
+        if module is not None:
+            adder = getattr(module, f"add_{name}", None)
+            if adder is not None:
+                adder(sp)
+            else:
+                module.add_arguments(sp)
+                sp.set_defaults(func=module.run)
+    return p
+
+
+def _fix_simulate(argv: list[str]) -> list[str]:
+    """``--simulate discover`` means the default preset, not a preset named discover."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a == "--simulate" and (i + 1 == len(out) or out[i + 1] in COMMANDS or out[i + 1].startswith("-")):
+            out[i] = "--simulate=default"
+    return out
+
+
+# 128 + SIGPIPE: what a shell reports for a tool the signal ended (bash(1), EXIT STATUS), so
+# `set -o pipefail` scripts see vgpuctl as they see `yes | head -1`
+SIGPIPE_EXIT = 141
+
+
+def error_lines(exc: BaseException) -> list[str]:
+    """What the user is told about ``exc``: one line (a rejected layout: one per problem)."""
+    from mdev_manager.config import ConfigError, ConfigFileError
+
+    if isinstance(exc, ConfigFileError):
+        return [f"error: {_one_line(str(exc))}"]
+    if isinstance(exc, ConfigError):
+        where = f"{exc.source}: " if exc.source else ""
+        return [f"error: {where}the layout was rejected; nothing was changed:"] + [f"  - {p}" for p in exc.problems]
+    if isinstance(exc, OSError):
+        if type(exc).__str__ is not OSError.__str__ or isinstance(exc, FileExistsError):
+            return [f"error: {_one_line(str(exc))}"]  # it words itself (a failing host read)
+        if exc.strerror and exc.filename:
+            return [f"error: {exc.filename}: {exc.strerror}"]
+    if _is_validation_error(exc):
+        problems = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return [f"error: {exc.title}: " + "; ".join(problems)]
+    if isinstance(exc, (ValueError, KeyError)):
+        return [f"error: {_one_line(str(exc))}"]
+    text = _one_line(str(exc))
+    return [f"error: {type(exc).__name__}{': ' + text if text else ''} (an unexpected error; "
+            "run with --debug for the traceback)"]
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(exc, pydantic.ValidationError)
+
+
+def _stdout_closed() -> bool:
+    """Whether nothing reads stdout any more (a pipe whose reader exited reports POLLERR)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no fd (captured), or closed
+        return False
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit does not fail again (Python's signal docs,
+    "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = _fix_simulate(sys.argv[1:] if argv is None else argv)  # before _command_of reads it
+    debug = "--debug" in argv  # known before parsing, which may fail too
+    try:
+        args = build_parser(_command_of(argv)).parse_args(argv)
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except SystemExit:  # argparse: after -h, or a usage error
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _drop_stdout()
+            return SIGPIPE_EXIT
+        raise
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # a socket, not our reader
+            if debug:
+                raise
+            print(error_lines(exc)[0], file=sys.stderr)
+            return 2
+        _drop_stdout()
+        return SIGPIPE_EXIT
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        return 130  # 128 + SIGINT
+    except Exception as exc:  # noqa: BLE001 - the CLI's edge: everything ends as one line
+        if debug:
+            raise
+        for line in error_lines(exc):
+            print(line, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Human-readable text for the CLI (JSON and YAML come straight from the models).
+
+Admins think in type names (``T4-2Q``), the kernel in ids (``nvidia-231``, vendor-VFIO ``1152``):
+steps are worded with :class:`TypeNames`, which shows the id beside the name only when asked
+(``--show-ids``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mdev_manager.actions import CreateMdev, Plan, SaveDefinition, SaveVendorRecord, SetVgpuType
+from mdev_manager.executor import Report, StepResult
+from mdev_manager.models import Inventory
+from mdev_manager.plan import offered_types
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    cols = [header, *rows]
+    widths = [max(len(str(r[i])) for r in cols) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cols)
+
+
+def inventory_table(inv: Inventory, types: bool = False) -> str:
+    rows = []
+    for g in inv.gpus:
+        vfs = f"{g.sriov_num_vfs}/{g.sriov_total_vfs}" if g.sriov_total_vfs else "-"
+        rows.append([str(g.index), g.address, g.model, g.driver or "-", g.framework, vfs,
+                     "-" if g.numa_node is None else str(g.numa_node),
+                     "-" if g.iommu_group is None else str(g.iommu_group), str(len(g.vgpus))])
+    out = [f"Node {inv.node}: {len(inv.gpus)} GPUs" + (" (iommufd)" if inv.iommufd else ""),
+           table(rows, ["GPU", "ADDRESS", "MODEL", "DRIVER", "FRAMEWORK", "VFS", "NUMA", "IOMMU", "VGPUS"])]
+    vgpus = [[str(next(g.index for g in inv.gpus if g.address == v.gpu)), v.id, v.type_name, v.framework, v.parent,
+              "-" if v.iommu_group is None else str(v.iommu_group)] for v in inv.all_vgpus()]
+    if vgpus:
+        out += ["", table(vgpus, ["GPU", "VGPU", "TYPE", "FRAMEWORK", "PARENT", "IOMMU"])]
+    mig = [[str(g.index), str(i.id), p.name if (p := g.mig.profile(i.profile_id)) else str(i.profile_id),
+            f"{i.placement.start}:{i.placement.size}", i.vgpu or "-"]
+           for g in inv.gpus if g.mig and g.mig.enabled for i in g.mig.instances]
+    modes = [f"GPU {g.index}: MIG mode {'on' if g.mig.enabled else 'off'}"
+             + (f" (pending {'on' if g.mig.pending else 'off'})" if g.mig.pending != g.mig.enabled else "")
+             for g in inv.gpus if g.mig]
+    if modes:
+        out += ["", "; ".join(modes)]
+    if mig:
+        out += [table(mig, ["GPU", "GPU INSTANCE", "PROFILE", "PLACEMENT", "VGPU"])]
+    for g in inv.gpus:
+        offered = [t for t in g.types if not t.mig_backed or (g.mig and g.mig.enabled)]
+        if not offered:
+            continue
+        if types:
+            rows = [[t.id, t.name, f"{t.framebuffer_mib} MiB" if t.framebuffer_mib else "-",
+                     f"{t.available_instances}/{t.max_instances or '?'}", t.framework] for t in g.types]
+            out += ["", f"Types on GPU {g.index} ({g.address}):",
+                    table(rows, ["ID", "NAME", "FRAMEBUFFER", "AVAILABLE", "FRAMEWORK"])]
+        else:
+            free = ", ".join(f"{t.short_name} {t.available_instances}" for t in offered if t.available_instances)
+            out.append(f"GPU {g.index} can still create: {free or 'nothing'}")
+    return "\n".join(out)
+
+
+def report_text(report: Report) -> str:
+    return "\n".join(result_line(r.step, r) for r in report.results)
+
+
+# ------------------------------------------------------------------ type names
+
+def short_type(type_name: str) -> str:
+    """``GRID T4-2Q`` -> ``T4-2Q``: the name a layout uses."""
+    return type_name.split()[-1] if type_name.strip() else type_name
+
+
+class TypeNames:
+    """Type id -> short name, per GPU (ids are the driver's, names what the admin wrote)."""
+
+    def __init__(self, inventories: Iterable[Inventory | None], show_ids: bool = False):
+        self.show_ids = show_ids
+        self._by_gpu: dict[tuple[str, str], str] = {}
+        self._any: dict[str, str] = {}
+        for inv in inventories:
+            for g in inv.gpus if inv else []:
+                # before its VFs are enabled a GPU offers nothing yet: the catalog names its types
+                for t in [*g.types, *(t for p in g.parents for t in p.types), *offered_types(g)]:
+                    self._by_gpu.setdefault((g.address, t.id), t.short_name)
+                    self._any.setdefault(t.id, t.short_name)
+                for v in g.vgpus:
+                    self._by_gpu.setdefault((g.address, v.type_id), short_type(v.type_name))
+
+    def __call__(self, gpu: str, type_id: str) -> str:
+        name = self._by_gpu.get((gpu, type_id)) or self._any.get(type_id)
+        if name is None:
+            return type_id
+        return f"{name} ({type_id})" if self.show_ids else name
+
+
+def step_text(a, names: TypeNames) -> str:
+    """One step as the admin reads it: type names instead of the kernel's ids."""
+    if isinstance(a, CreateMdev):
+        return f"create mdev {a.uuid} of type {names(a.gpu, a.type_id)} on {a.parent}"
+    if isinstance(a, SaveDefinition):
+        return f"persist mdev {a.uuid} of type {names(a.gpu, a.type_id)} on {a.parent}"
+    if isinstance(a, SetVgpuType) and a.type_id != "0":
+        return f"set VF {a.vf} to vGPU type {names(a.gpu, a.type_id)}"
+    if isinstance(a, SaveVendorRecord) and a.type_id:
+        return f"persist VF {a.vf} as type {names(a.gpu, a.type_id)}"
+    return a.describe()
+
+
+def steps_text(plan: Plan, names: TypeNames) -> str:
+    """The numbered steps of a plan (``plan -v``)."""
+    return "\n".join(f"{i + 1:3}. {step_text(a, names)}" for i, a in enumerate(plan.actions)) or "  nothing to change"
+
+
+def result_line(text: str, r: StepResult) -> str:
+    mark = "ok" if r.ok else ("skipped" if r.skipped else f"FAILED {r.error}")
+    return f"  [{mark}] {text}" + (f": {r.message}" if r.message and not r.ok else "")
+
+
+def results_text(plan: Plan, report: Report, names: TypeNames) -> str:
+    """Each step with its result (``apply -v``); the steps are the plan's, one result each."""
+    lines = [result_line(step_text(a, names), r) for a, r in zip(plan.actions, report.results, strict=False)]
+    return "\n".join(lines) or "  nothing to change"
