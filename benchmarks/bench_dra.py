@@ -11,9 +11,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.publisher import Publisher
 from dra_bridge.kubeletplugin.driver import Driver
-from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.pool.devices import GpuPolicy, PoolPolicy, build_pool
 from dra_bridge.pool.slices import build_slices
 from dra_bridge.rpc.types import ClaimRef
@@ -72,7 +72,7 @@ def _prepare(lines: list[str], n: int = 1000) -> None:
 
         def run(paths_io) -> list[float]:
             with tempfile.TemporaryDirectory(dir="/tmp") as d:
-                drv = Driver(env=env, paths=PluginPaths.under(Path(d)), pool_name="sim-node-1", claims=Claims(),
+                drv = Driver(env=env, paths=NodePaths.under(Path(d)), pool_name="sim-node-1", claims=Claims(),
                              pool=lambda: pool, io=io)
                 drv.store.io = paths_io
                 lat = []

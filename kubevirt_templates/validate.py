@@ -28,7 +28,7 @@ import os
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import jsonschema
 
@@ -186,7 +186,7 @@ class KubeVirtSchema:
 
 
 #: A schema, or where to read one (None: ``$VGPUCTL_KUBEVIRT_OPENAPI``).
-SchemaSource = Union[KubeVirtSchema, str, os.PathLike, None]
+SchemaSource = KubeVirtSchema | str | os.PathLike | None
 
 
 @lru_cache(maxsize=4)

@@ -114,7 +114,8 @@ class CreateGpuInstance(_Action):
     size: int
 
     def describe(self) -> str:
-        return f"create GPU instance {self.profile} (profile {self.profile_id}) at slices {self.start}-{self.start + self.size - 1} on {self.gpu}"
+        return (f"create GPU instance {self.profile} (profile {self.profile_id}) at slices "
+                f"{self.start}-{self.start + self.size - 1} on {self.gpu}")
 
 
 class DestroyGpuInstance(_Action):
@@ -164,7 +165,8 @@ class SavePassthrough(_Action):
 
 
 Action = Annotated[
-    EnableVfs | DisableVfs | BindDriver | SaveDefinition | CreateMdev | RemoveMdev | RemoveDefinition | SetVgpuType | SaveVendorRecord | SavePassthrough | SetMigMode | CreateGpuInstance | DestroyGpuInstance | SaveMigRecord,
+    EnableVfs | DisableVfs | BindDriver | SaveDefinition | CreateMdev | RemoveMdev | RemoveDefinition | SetVgpuType
+    | SaveVendorRecord | SavePassthrough | SetMigMode | CreateGpuInstance | DestroyGpuInstance | SaveMigRecord,
     Field(discriminator="kind"),
 ]
 

@@ -44,23 +44,25 @@ def test_import_contracts_are_kept():
     assert "0 broken" in p.stdout
 
 
-def test_every_node_manager_module_is_bound_by_the_leaf_and_scaffolding_rules():
-    """A new top-level module of mdev_manager must be named in both contracts, or the CLI and the
-    simulators could be imported from it unnoticed."""
+def test_every_library_module_is_bound_by_the_scaffolding_rules():
+    """A new top-level module of a library must be named in the contracts that keep the simulators
+    and their dependencies out of it, or they could be imported from it unnoticed."""
+    contracts = _contracts()
+    scaffolding = set(contracts["sim-is-scaffolding"]["source_modules"])
+    sim_deps = set(contracts["sim-deps-in-sim"]["source_modules"])
     top = {p.stem if p.suffix == ".py" else p.name for p in (REPO / "mdev_manager").iterdir()
            if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
-    contracts = _contracts()
-    leaf = set(contracts["cli-is-a-leaf"]["source_modules"])
-    scaffolding = set(contracts["sim-is-scaffolding"]["source_modules"])
-    for name in sorted(top - {"cli"}):
-        assert f"mdev_manager.{name}" in leaf, f"mdev_manager.{name} missing from cli-is-a-leaf"
-    for name in sorted(top - {"cli", "sim"}):
+    for name in sorted(top - {"sim"}):
         assert f"mdev_manager.{name}" in scaffolding, f"mdev_manager.{name} missing from sim-is-scaffolding"
+        assert f"mdev_manager.{name}" in sim_deps, f"mdev_manager.{name} missing from sim-deps-in-sim"
     dra = {p.name for p in (REPO / "dra_bridge").iterdir() if (p / "__init__.py").exists()}
     assert not [p.name for p in (REPO / "dra_bridge").glob("*.py") if p.stem != "__init__"], \
         "dra_bridge holds subpackages only: put a module in the package of its responsibility"
     for name in sorted(dra - {"sim"}):
         assert f"dra_bridge.{name}" in scaffolding, f"dra_bridge.{name} missing from sim-is-scaffolding"
+        assert f"dra_bridge.{name}" in sim_deps, f"dra_bridge.{name} missing from sim-deps-in-sim"
+    libraries = set(contracts["composition-root"]["source_modules"])
+    assert libraries == {"mdev_manager", "dra_bridge", "kubevirt_templates"}
 
 
 def test_installed_code_never_imports_the_tests():

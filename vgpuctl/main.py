@@ -22,6 +22,9 @@ import select
 import sys
 from dataclasses import dataclass
 
+from vgpuctl.cli.extras import require_sim
+from vgpuctl.cli.options import HOST_VALUED, add_host_options
+
 
 @dataclass(frozen=True)
 class Command:
@@ -59,9 +62,8 @@ COMMANDS: dict[str, Command] = {
     "sim": Command("vgpuctl.commands.sim", "simulated hosts and the local Kubernetes API server"),
 }
 
-# global options that take a value: skipped when looking for the command name (``--simulate``
-# takes the next word once :func:`_fix_simulate` has given a bare one its default)
-_VALUED = {"--simulate", "--sim-dir", "--sys-root", "--dev-root", "--mdevctl-root", "--state-root", "--libvirt-uri"}
+#: commands that run only on the simulators (the [sim] extra)
+SIM_COMMANDS = ("demo", "sim")
 
 
 def version() -> str:
@@ -106,18 +108,9 @@ class Parser(argparse.ArgumentParser):
 def _global_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", action="version", version=f"vgpuctl {version()}",
                    help="print vgpuctl's version and exit")
-    p.add_argument("--simulate", nargs="?", const="default", metavar="PRESET|HOST.yaml",
-                   help="run against a simulated host (state kept between commands; preset default: default)")
-    p.add_argument("--sim-dir", help="where the simulated host lives (default ~/.local/state/vgpuctl/sim/<name>, "
-                                     "or $VGPUCTL_SIM_DIR/<name>)")
-    p.add_argument("--sys-root", help="sysfs root (default /sys)")
-    p.add_argument("--dev-root", help="/dev root (default /dev)")
-    p.add_argument("--mdevctl-root", help="mdevctl definitions (default /etc/mdevctl.d)")
-    p.add_argument("--state-root", help="vgpuctl state (default /var/lib/vgpuctl)")
-    p.add_argument("--libvirt-uri", default=None, help="libvirt URI to check for devices in use (e.g. qemu:///system)")
+    add_host_options(p)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="more detail: debug logs, and every step of plan and apply")
-    p.add_argument("--debug", action="store_true", help="on an error, show the Python traceback")
 
 
 def _command_of(argv: list[str]) -> str | None:
@@ -126,7 +119,7 @@ def _command_of(argv: list[str]) -> str | None:
     for a in argv:
         if skip:
             skip = False
-        elif a in _VALUED:
+        elif a in HOST_VALUED:
             skip = True
         elif a in COMMANDS:
             return a
@@ -144,6 +137,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(c.module) if name == command else None
         sp = sub.add_parser(name, help=c.help, description=c.description or c.help[:1].upper() + c.help[1:])
         if module is not None:
+            add_host_options(sp, suppress=True)
             adder = getattr(module, f"add_{name}", None)
             if adder is not None:
                 adder(sp)
@@ -221,11 +215,22 @@ def _drop_stdout() -> None:
         pass
 
 
+def _needs_sim(command: str | None, argv: list[str]) -> bool:
+    return command in SIM_COMMANDS or any(a == "--simulate" or a.startswith("--simulate=") for a in argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _fix_simulate(sys.argv[1:] if argv is None else argv)  # before _command_of reads it
     debug = "--debug" in argv  # known before parsing, which may fail too
     try:
-        args = build_parser(_command_of(argv)).parse_args(argv)
+        command = _command_of(argv)
+        if _needs_sim(command, argv) and not ({"-h", "--help", "--version"} & set(argv)):
+            require_sim(f"vgpuctl {command}" if command in SIM_COMMANDS else "--simulate")
+        args = build_parser(command).parse_args(argv)
+        if getattr(args, "simulate", None):
+            from vgpuctl.cli.simhost import open_simulated  # the simulators, only when asked for
+
+            args.simulated = open_simulated
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
         code = args.func(args)

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.api.nodepaths import DEFAULT_CDI_ROOT, DEFAULT_KUBELET_ROOT
 
 
 class ServeConfig(BaseModel):
@@ -17,8 +18,8 @@ class ServeConfig(BaseModel):
     resync_seconds: float = 30.0
     server_version: tuple[int, int] | None = None
     metrics_port: int | None = 8080
-    kubelet_root: Path = Path("/var/lib/kubelet")
-    cdi_root: Path = Path("/var/run/cdi")
+    kubelet_root: Path = DEFAULT_KUBELET_ROOT
+    cdi_root: Path = DEFAULT_CDI_ROOT
     health_poll_seconds: float = 5.0
     device_plugin: bool = Field(False, description="also serve the classic device plugin for non-DRA GPUs")
     resource_prefix: str = "nvidia.com/"

@@ -33,6 +33,7 @@ from dra_bridge.agent.config import ServeConfig  # also imported from here by vg
 from dra_bridge.agent.events import LayoutEvents, failed_steps_text
 from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.claims import ApiClaimSource
 from dra_bridge.apiclient.claimwatch import ClaimCache
 from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
@@ -40,10 +41,9 @@ from dra_bridge.apiclient.nodes import node_metadata, set_node_annotation, set_n
 from dra_bridge.apiclient.publisher import Publisher
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.kubeletplugin.gpuids import StableGpuIds
-from dra_bridge.kubeletplugin.paths import PluginPaths
-from dra_bridge.pool.devices import Pool, PoolPolicy, build_pool
+from dra_bridge.pool.devices import Pool, PoolPolicy
 from dra_bridge.pool.policy import policy_from_layout
-from dra_bridge.pool.safe import without_counters
+from dra_bridge.pool.shape import Shape, choose_shape, node_pool
 from dra_bridge.rpc.dra_grpc import KubeletPlugin
 from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
@@ -67,7 +67,7 @@ class Daemon:
         self.io = io or RealIO()
         self.api_client = api_client
         self.metrics = Metrics()
-        self.paths = PluginPaths(driver=cfg.driver, kubelet_root=cfg.kubelet_root, cdi_root=cfg.cdi_root)
+        self.paths = NodePaths(driver=cfg.driver, kubelet_root=cfg.kubelet_root, cdi_root=cfg.cdi_root)
         self.publisher = Publisher(api_client, driver=cfg.driver, node_name=cfg.node_name, version=cfg.server_version)
         self.layouts: list[GpuLayout] | None = None
         self._layout_name = cfg.layout
@@ -93,7 +93,7 @@ class Daemon:
         self.binder = SizeBinder(cfg.driver, cfg.node_name)  # sizes confirmed through binding conditions
         self.claim_cache: ClaimCache | None = None  # the binding loop's watch of the claims
         self._bind_lock = threading.Lock()
-        self.gpu_ids = StableGpuIds(self.paths.data_dir / "gpu-ids.json", self.io)
+        self.gpu_ids = StableGpuIds(self.paths.gpu_ids, self.io)
         self.device_plugins = None
         self._dp_exclude: set[str] = set()
         self._applied_layout: str | None = None
@@ -159,19 +159,13 @@ class Daemon:
                     {g.address for g in inv.gpus} if policy.others is not None else set())
                 self.device_plugins.refresh(inv)
             self._check_fields()
-            binding = self._binding_mode()
-            if binding:
-                policy = self.binder.policy(policy)
-            pool = build_pool(self.gpu_ids.apply(inv), policy, self.cfg.driver,
-                              server_version=self._shape_version(), binding_conditions=binding == "conditions",
-                              first_allocation_sizes=binding == "first",
-                              pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
-            if self.kept.counters is False:  # the server drops them: publish only what is safe without
-                pool = without_counters(pool, inv)
-                if pool.warnings != self._safe_warned:
-                    for warning in pool.warnings:
-                        log.warning("%s", warning)
-                    self._safe_warned = list(pool.warnings)
+            shape = self.shape()
+            pool = node_pool(inv, layouts, self.cfg.driver, shape, numbered=self.gpu_ids.apply(inv),
+                             narrow=self.binder.policy, policy=policy)
+            if not shape.counters and pool.warnings != self._safe_warned:  # said once per change
+                for warning in pool.warnings:
+                    log.warning("%s", warning)
+                self._safe_warned = list(pool.warnings)
             self._pool, self.inventory = pool, inv
             result = self.publisher.sync(pool)
             self._note_fields(self.kept.merged(self.publisher.kept))
@@ -235,30 +229,17 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - the annotation is a report; the publish goes on
                 log.info("could not annotate node %s with %s (%s)", self.cfg.node_name, ANNOTATION_DRA_FIELDS, exc)
 
-    def _shape_version(self) -> tuple[int, int]:
-        """The server version the pool is shaped for: a 1.37 server that drops compatibility groups
-        gets the pre-1.37 shape (one vGPU size per GPU), which never relies on them (schema.md)."""
-        version = self.publisher.version
-        if version >= (1, 37) and self.kept.compatibility_groups is False:
-            return (1, 36)
-        return version
-
-    def _binding_mode(self) -> str | None:
-        """How the sizes of an empty GPU are kept apart where the server keeps counters but no
-        compatibility groups: ``conditions`` (it keeps binding conditions: :meth:`bind` confirms each
-        allocation's size, agent/binder.py), ``first`` (opt-in, ``sizes_by_first_allocation``: every
-        size offered, the GPU republished with its first allocation's size), else None (one size)."""
-        if self.kept.counters is False or self._shape_version() >= (1, 37):
-            return None
-        if self.kept.binding_conditions is True:
-            return "conditions"
-        return "first" if self.cfg.sizes_by_first_allocation else None
+    def shape(self) -> Shape:
+        """The pool's shape for this server, from what it keeps (:func:`~dra_bridge.pool.shape.choose_shape`,
+        the same decision ``vgpuctl slices`` makes from a version's gates)."""
+        return choose_shape(self.publisher.version, self.kept,
+                            sizes_by_first_allocation=self.cfg.sizes_by_first_allocation)
 
     def bind(self, claims: list[dict] | None = None) -> int:
         """Confirm or refuse the allocations waiting on our binding conditions (``claims``: as a
         watch keeps them; None: LIST); republish when a GPU's size was settled or freed. Returns
         how many were decided."""
-        if not self._binding_mode():
+        if not self.shape().binding:
             return 0
         with self._bind_lock:
             verdicts, changed = self.binder.bind(self.driver.claims, self._pool, self.inventory, claims)
@@ -271,7 +252,7 @@ class Daemon:
 
     def _bind_loop(self) -> None:
         self.claim_cache = ClaimCache(self.api_client)
-        bind_loop(self.claim_cache, active=lambda: bool(self._binding_mode()), bind=self.bind, stop=self._stop,
+        bind_loop(self.claim_cache, active=lambda: bool(self.shape().binding), bind=self.bind, stop=self._stop,
                   retry_seconds=self.cfg.bind_seconds)
 
     # ------------------------------------------------------------ layout selection by node label
@@ -386,8 +367,8 @@ class Daemon:
 
             self.device_plugins = DevicePluginManager(
                 self.env, self.io, inventory=lambda: self.inventory, prefix=self.cfg.resource_prefix,
-                device_plugin_dir=self.cfg.kubelet_root / "device-plugins",
-                pod_resources_socket=self.cfg.kubelet_root / "pod-resources/kubelet.sock",
+                device_plugin_dir=self.paths.device_plugin_dir,
+                pod_resources_socket=self.paths.pod_resources_socket,
                 node=self.cfg.node_name, exclude=lambda _inv: self._dp_exclude)
         try:
             self.resync()

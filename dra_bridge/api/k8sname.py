@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import re
 
+from dra_bridge.api.compat import MAX_STRING_ATTRIBUTE_LENGTH
+
 MAX_DNS_LABEL = 63
 MAX_DNS_SUBDOMAIN = 253
 #: A ResourceSlice string attribute's limit, in UTF-8 bytes (the API server counts bytes).
-MAX_STRING_ATTR = 64
+MAX_STRING_ATTR = MAX_STRING_ATTRIBUTE_LENGTH
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

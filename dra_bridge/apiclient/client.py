@@ -66,11 +66,23 @@ def transport_retries():
                  respect_retry_after_header=False, raise_on_status=False)
 
 
-def api_client_from(kubeconfig: str | None):
-    """In-cluster config when running in a pod, else the kubeconfig (flag, $KUBECONFIG, ~/.kube/config)."""
+def _in_cluster(kubeconfig: str | None) -> bool:
+    """kubectl's order: the flag, ``$KUBECONFIG``, ``~/.kube/config``; the in-cluster service account
+    only when none of them names a file and the pod's environment is there."""
+    if kubeconfig or os.environ.get("KUBECONFIG") or os.path.exists(os.path.expanduser("~/.kube/config")):
+        return False
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def api_client_from(kubeconfig: str | None, context: str | None = None):
+    """The client for the kubeconfig found in kubectl's order (flag, $KUBECONFIG, ~/.kube/config,
+    in-cluster), at ``context`` (default: its current-context)."""
     from kubernetes import client, config
 
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if _in_cluster(kubeconfig):
+        if context:
+            raise KubeconfigError(f"--context {context}: no kubeconfig to take it from (running in-cluster); "
+                                  "pass --kubeconfig FILE")
         try:
             cfg = client.Configuration()
             config.load_incluster_config(client_configuration=cfg)
@@ -82,7 +94,8 @@ def api_client_from(kubeconfig: str | None):
     files = _check_files(kubeconfig)
     cfg = client.Configuration()
     try:
-        config.load_kube_config(config_file=os.pathsep.join(files), client_configuration=cfg)
+        config.load_kube_config(config_file=os.pathsep.join(files), context=context or None,
+                                client_configuration=cfg)
     except Exception as exc:  # noqa: BLE001 - ConfigException, and TypeError etc. on odd shapes
         where = ", ".join(files)
         raise KubeconfigError(f"kubeconfig {where}: {_first_line(exc)}; check it with "
@@ -115,9 +128,9 @@ def check_reachable(api, timeout: float = PROBE_TIMEOUT) -> None:
         pool_log.setLevel(level)
 
 
-def connect(kubeconfig: str | None, timeout: float = PROBE_TIMEOUT):
+def connect(kubeconfig: str | None, timeout: float = PROBE_TIMEOUT, *, context: str | None = None):
     """:func:`api_client_from`, then :func:`check_reachable`: a command's client, known to answer."""
-    api = api_client_from(kubeconfig)
+    api = api_client_from(kubeconfig, context)
     try:
         check_reachable(api, timeout)
     except ApiUnreachable:

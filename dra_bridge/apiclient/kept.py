@@ -13,40 +13,15 @@ from __future__ import annotations
 
 import uuid
 
-from pydantic import BaseModel
-
+from dra_bridge.api.compat import COMPATIBILITY_GROUPS_SINCE, SPLIT_LAYOUT_SINCE, KeptFields
 from dra_bridge.apiclient.objects import raw
+
+__all__ = ["ANNOTATION_DRA_FIELDS", "KeptFields", "observe", "probe_kept"]
 
 PROBE_DRIVER = "doctor.vgpuctl.kubevirt.io"  # the doctor's probes: never a driver that publishes
 
 #: Node annotation the agent sets: which DRA field families the API server keeps.
 ANNOTATION_DRA_FIELDS = "vgpu.kubevirt.io/dra-fields"
-
-
-class KeptFields(BaseModel):
-    """Per field family: True kept, False dropped, None never sent yet (unknown)."""
-
-    counters: bool | None = None  # sharedCounters / consumesCounters (DRAPartitionableDevices)
-    compatibility_groups: bool | None = None  # consumesCounters[].compatibilityGroups (1.37 alpha gate)
-    binding_conditions: bool | None = None  # devices[].bindingConditions (DRADeviceBindingConditions)
-
-    def describe(self) -> str:
-        def word(v: bool | None) -> str:
-            return "unknown" if v is None else "kept" if v else "DROPPED"
-        return (f"counters {word(self.counters)}, compatibility groups {word(self.compatibility_groups)}, "
-                f"binding conditions {word(self.binding_conditions)}")
-
-    def annotation(self) -> str:
-        """``counters=kept,compatibilityGroups=dropped,bindingConditions=unknown``: for the node annotation."""
-        def word(v: bool | None) -> str:
-            return "unknown" if v is None else "kept" if v else "dropped"
-        return (f"counters={word(self.counters)},compatibilityGroups={word(self.compatibility_groups)},"
-                f"bindingConditions={word(self.binding_conditions)}")
-
-    def merged(self, later: KeptFields) -> KeptFields:
-        """``later``'s knowledge where it has any, ours elsewhere."""
-        return KeptFields(**{f: v if (v := getattr(later, f)) is not None else getattr(self, f)
-                             for f in type(self).model_fields})
 
 
 def _devices(obj: dict) -> list[dict]:
@@ -79,10 +54,10 @@ def _probe_slices(version: tuple[int, int], node: str, driver: str = PROBE_DRIVE
     """Probe slices valid on ``version``: 1.34 puts counters and the devices consuming them in one
     slice; 1.35+ allows only one of the two per slice (dra.md, KEP-4815)."""
     name = f"vgpuctl-doctor-{uuid.uuid4().hex[:8]}"
-    pool = {"name": name, "generation": 1, "resourceSliceCount": 1 if version < (1, 35) else 2}
+    pool = {"name": name, "generation": 1, "resourceSliceCount": 1 if version < SPLIT_LAYOUT_SINCE else 2}
     counters = [{"name": "probe", "counters": {"memory": {"value": "1Gi"}}}]
     consume = {"counterSet": "probe", "counters": {"memory": {"value": "1Gi"}}}
-    if version >= (1, 37):
+    if version >= COMPATIBILITY_GROUPS_SINCE:
         consume["compatibilityGroups"] = ["probe"]
     device = {"name": "probe-0", "consumesCounters": [consume],
               "bindingConditions": ["vgpu.kubevirt.io/probe"], "bindingFailureConditions": ["vgpu.kubevirt.io/probe-failed"]}
@@ -91,7 +66,7 @@ def _probe_slices(version: tuple[int, int], node: str, driver: str = PROBE_DRIVE
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name + suffix},
                 "spec": {"driver": driver, "nodeName": node, "pool": pool, **spec}}
 
-    if version < (1, 35):
+    if version < SPLIT_LAYOUT_SINCE:
         return [body("", {"sharedCounters": counters, "devices": [device]})]
     return [body("-c", {"sharedCounters": counters}), body("-d", {"devices": [device]})]
 

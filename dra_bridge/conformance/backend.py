@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_bridge.api.attributes import ATTR_MIG_BACKED, ATTR_PROFILE, ATTR_TYPE
 from dra_bridge.api.names import DEFAULT_DRIVER, PASSTHROUGH_CLASS, VGPU_CLASS
 from dra_bridge.apiclient.errors import api_exception
 from dra_bridge.apiclient.workloads import WorkloadApi
@@ -248,10 +249,10 @@ class KubeBackend:
                     index = self.slice_devices()
                 dev = index.get((res["driver"], res["pool"], res["device"]), {})
                 out.append({"claim": cname, "request": res.get("request"), "driver": res["driver"], "pool": res["pool"],
-                            "device": res["device"], "gpu": dev_gpu(dev), "kind": dev_attr(dev, "type", res["driver"]),
-                            "profile": dev_attr(dev, "profile", res["driver"]), "node": dev.get("_node"),
+                            "device": res["device"], "gpu": dev_gpu(dev), "kind": dev_attr(dev, ATTR_TYPE, res["driver"]),
+                            "profile": dev_attr(dev, ATTR_PROFILE, res["driver"]), "node": dev.get("_node"),
                             "counter_set": (dev.get("consumesCounters") or [{}])[0].get("counterSet"),
-                            "mig_backed": dev_attr(dev, "migBacked", res["driver"]) is True,
+                            "mig_backed": dev_attr(dev, ATTR_MIG_BACKED, res["driver"]) is True,
                             "memory_slices": sorted(k for c in dev.get("consumesCounters") or []
                                                     for k in c.get("counters") or {} if k.startswith("memory-slice-"))})
         return out

@@ -30,6 +30,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from dra_bridge.api.attributes import ATTR_GPU_INDEX, ATTR_MIG_BACKED, ATTR_PLACEMENT_SIZE, ATTR_TYPE
 from dra_bridge.conformance.backend import KubeBackend, Run, random_suffix
 from dra_bridge.conformance.report import TITLES, CheckFailed, CheckResult, ConformanceReport
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu
@@ -386,22 +387,26 @@ class Conformance:
         v_mig = any(x["mig_backed"] for x in v.devices)
         other: dict[str, list[dict]] = {}
         for dev in self.b.slice_devices().values():
-            if dev.get("_node") != t.node or dev_attr(dev, "type", d) != "vgpu" or dev_gpu(dev) == t.gpu:
+            if dev.get("_node") != t.node or dev_attr(dev, ATTR_TYPE, d) != "vgpu" or dev_gpu(dev) == t.gpu:
                 continue
-            if (dev_attr(dev, "migBacked", d) is True) != v_mig:
+            if (dev_attr(dev, ATTR_MIG_BACKED, d) is True) != v_mig:
                 other.setdefault(dev_gpu(dev), []).append(dev)
         want = "time-sliced" if v_mig else "MIG-backed"
         if not other:
             notes.append(f"no GPU in {'time-sliced' if v_mig else 'MIG'} mode on node {t.node}: "
                          f"{want} vGPUs beside {'MIG-backed' if v_mig else 'time-sliced'} ones not exercised")
             return None
-        gpu = min(other, key=lambda g: (dev_attr(other[g][0], "gpuIndex", d) is None, dev_attr(other[g][0], "gpuIndex", d) or 0, g))
-        index = dev_attr(other[gpu][0], "gpuIndex", d)
+        def by_index(g: str) -> tuple:
+            index = dev_attr(other[g][0], ATTR_GPU_INDEX, d)
+            return (index is None, index or 0, g)
+
+        gpu = min(other, key=by_index)
+        index = dev_attr(other[gpu][0], ATTR_GPU_INDEX, d)
         sels = [self._gpu_sel(index, gpu, "vgpu"),
                 f"{'!' if v_mig else ''}(has(device.attributes[{_cel(d)}].migBacked) && "
                 f"device.attributes[{_cel(d)}].migBacked)"]
         if not v_mig:  # the smallest GPU-instance profile: a placement, not the whole GPU's memory
-            small = min(other[gpu], key=lambda x: (dev_attr(x, "placementSize", d) or 0, x["name"]))
+            small = min(other[gpu], key=lambda x: (dev_attr(x, ATTR_PLACEMENT_SIZE, d) or 0, x["name"]))
             sels.append(f"device.attributes[{_cel(d)}].profile == {_cel(dev_attr(small, 'profile', d))}")
         m = self.b.start(f"{'ts' if v_mig else 'mig'}-vgpu-{random_suffix()}",
                          self.b.template(f"{'ts' if v_mig else 'mig'}-vgpu-{random_suffix()}", self.b.vgpu_class, sels),

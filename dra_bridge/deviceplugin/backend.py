@@ -59,7 +59,7 @@ def preferred_devices(
         for g, ids in by_gpu.items():
             numa_free[numa_of[g]] = numa_free.get(numa_of[g], 0) + len(ids)
 
-        def key(g: str) -> tuple:
+        def key(g: str, need: int = need, numa_free: dict = numa_free) -> tuple:
             n = len(by_gpu[g])
             off_numa = numa_of[g] not in anchor_numas if anchor_numas else numa_free[numa_of[g]] < need
             return (g not in anchor_gpus, off_numa, n < need, n if n >= need else -n, g)

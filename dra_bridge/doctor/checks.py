@@ -31,7 +31,7 @@ def _server(f: ClusterFacts) -> list[Finding]:
         return [Finding(status="FAIL", check="API server", detail="no version answer")]
     ok = f.version >= (1, 34)
     return [Finding(status="PASS" if ok else "FAIL", check="API server",
-                    detail=f"Kubernetes {f.git_version or '%d.%d' % f.version}",
+                    detail=f"Kubernetes {f.git_version or '{}.{}'.format(*f.version)}",
                     fix=None if ok else "upgrade to Kubernetes 1.34 or later (resource.k8s.io/v1)")]
 
 

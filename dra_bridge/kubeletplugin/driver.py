@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import cdi, metadata, recovery
 from dra_bridge.kubeletplugin.checkpoint import (
     Checkpoint,
@@ -52,7 +53,6 @@ from dra_bridge.kubeletplugin.effects import (
 )
 from dra_bridge.kubeletplugin.overlap import overlap
 from dra_bridge.kubeletplugin.paths import (
-    PluginPaths,
     UnsafeName,
     check_label,
     check_name,
@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 
 class Driver:
-    def __init__(self, *, env: HostEnv, paths: PluginPaths, pool_name: str, claims: ClaimSource,
+    def __init__(self, *, env: HostEnv, paths: NodePaths, pool_name: str, claims: ClaimSource,
                  pool: Callable[[], Pool], io: HostIO | None = None):
         self.env = env
         self.io = io or RealIO()

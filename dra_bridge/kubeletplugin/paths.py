@@ -1,5 +1,5 @@
-"""Where the kubelet plugin keeps its files (one object, as HostEnv is for the host), and the
-checks that let a name from the API become part of one of those paths.
+"""The checks that let a name from the API become part of a path the kubelet plugin writes (the
+paths themselves are :class:`dra_bridge.api.nodepaths.NodePaths`'s).
 
 Claim namespaces, names, uids, request and device names come from API objects (or the
 kubelet): a ``../`` or an absolute path in any of them must never steer a write. Every such
@@ -11,11 +11,9 @@ result must still resolve below its root (:func:`contained`).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from dra_bridge.api.k8sname import is_dns_label, is_dns_subdomain
-from dra_bridge.api.names import DEFAULT_DRIVER
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -66,33 +64,3 @@ def contained(root: Path, path: Path) -> Path:
     if not Path(path).resolve().is_relative_to(Path(root).resolve()):
         raise UnsafeName(f"path {str(path)!r} leaves {str(root)!r}")
     return Path(path)
-
-
-@dataclass(frozen=True)
-class PluginPaths:
-    driver: str = DEFAULT_DRIVER
-    kubelet_root: Path = Path("/var/lib/kubelet")
-    cdi_root: Path = Path("/var/run/cdi")
-
-    @property
-    def data_dir(self) -> Path:
-        return self.kubelet_root / "plugins" / self.driver
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.data_dir / "checkpoint.json"
-
-    @property
-    def metadata_dir(self) -> Path:
-        return self.data_dir / "dra-device-metadata"
-
-    def owns(self, path: Path | str) -> bool:
-        """True for a file the plugin may remove: strictly below the CDI root or the metadata dir."""
-        resolved = Path(path).resolve()
-        return any(resolved != root.resolve() and resolved.is_relative_to(root.resolve())
-                   for root in (self.cdi_root, self.metadata_dir))
-
-    @classmethod
-    def under(cls, root: Path, driver: str = DEFAULT_DRIVER) -> PluginPaths:
-        root = Path(root)
-        return cls(driver=driver, kubelet_root=root / "var/lib/kubelet", cdi_root=root / "var/run/cdi")

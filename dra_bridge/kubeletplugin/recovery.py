@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_bridge.api.k8sname import dns_safe
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import cdi, metadata
 from dra_bridge.kubeletplugin.checkpoint import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.kubeletplugin.claimsource import allocated_claims, allocation_results
 from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.kubeletplugin.paths import (
-    PluginPaths,
     UnsafeName,
     check_label,
     check_name,
@@ -114,10 +114,10 @@ def _brief(exc: BaseException) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-def observe(paths: PluginPaths, env: HostEnv, io: HostIO, claims: object = None, pool: str = "") -> Observed:
+def observe(paths: NodePaths, env: HostEnv, io: HostIO, claims: object = None, pool: str = "") -> Observed:
     """The node's traces, and (when ``claims`` can list them) the API's claims allocated from ``pool``."""
     defs, _problems = persist.load_definitions(env, io)
-    obs = Observed(inventory=discover(env, io), gpu_ids=StableGpuIds(paths.data_dir / "gpu-ids.json", io).ids,
+    obs = Observed(inventory=discover(env, io), gpu_ids=StableGpuIds(paths.gpu_ids, io).ids,
                    layout_owned={d.uuid for d in defs} | set(persist.load_vendor_vfio(env, io))
                    | set(persist.load_passthrough(env, io)))
     try:

@@ -16,6 +16,23 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
+from dra_bridge.api.attributes import (
+    ATTR_ARCHITECTURE,
+    ATTR_DEVICE_ID,
+    ATTR_FRAMEWORK,
+    ATTR_GPU_INDEX,
+    ATTR_NUMA_NODE,
+    ATTR_PARENT_PCI_BUS_ID,
+    ATTR_PRODUCT_NAME,
+    ATTR_PROFILE,
+    ATTR_SERIES,
+    ATTR_TYPE,
+    ATTR_TYPE_ID,
+    ATTR_TYPE_NAME,
+    ATTR_VENDOR_ID,
+    ATTR_VGPU_TYPES,
+)
+from dra_bridge.api.compat import COMPATIBILITY_GROUPS_SINCE, OLDEST
 from dra_bridge.api.k8sname import dns_safe, is_dns_subdomain
 from dra_bridge.api.names import (
     DEFAULT_DRIVER,
@@ -31,7 +48,6 @@ from dra_bridge.pool.mig import add_mig_gpu
 from dra_bridge.pool.model import (  # noqa: F401  re-exported: the pool's data is read from here
     ATTR_PCI_BUS_ID,
     ATTR_PCIE_ROOT,
-    MAX_ATTRS_AND_CAPACITY,
     AttrKey,
     AttrValue,
     Consumption,
@@ -56,11 +72,6 @@ from dra_bridge.pool.model import (  # noqa: F401  re-exported: the pool's data 
 )
 from mdev_manager.models import Gpu, Inventory, VgpuType
 from mdev_manager.names import short_type_name, type_series
-
-#: Kubernetes version from which ``consumesCounters[].compatibilityGroups`` exists.
-COMPATIBILITY_GROUPS_SINCE = (1, 37)
-#: Oldest Kubernetes version with ``resource.k8s.io/v1``.
-OLDEST_SERVER = (1, 34)
 
 # --------------------------------------------------------------------------- build
 
@@ -90,7 +101,7 @@ def build_pool(
     """
     if not is_dns_subdomain(driver) or len(driver) > 63:
         raise ValueError(f"driver: {driver!r} is not a DNS subdomain of at most 63 characters")
-    version = tuple(server_version) if server_version else OLDEST_SERVER
+    version = tuple(server_version) if server_version else OLDEST
     groups_supported = version >= COMPATIBILITY_GROUPS_SINCE
     roots = {k.lower(): v for k, v in (pcie_roots or {}).items()}
 
@@ -246,9 +257,9 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
     # --- passthrough: consumes the whole set, so it never co-allocates with a vGPU of this GPU
     if pol.passthrough:
         attrs: dict[str, AttrValue] = {
-            "type": attr_string("passthrough"),
-            "profile": attr_string(gpu.model),
-            "framework": attr_string("vfio-pci"),
+            ATTR_TYPE: attr_string("passthrough"),
+            ATTR_PROFILE: attr_string(gpu.model),
+            ATTR_FRAMEWORK: attr_string("vfio-pci"),
             **common,
             ATTR_PCI_BUS_ID: attr_string(gpu.address),
         }
@@ -279,17 +290,17 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
         # sizes kept apart by groups (1.37+), or by the agent's binding conditions (bind_sizes)
         groups = [compatibility_group(fb)] if equal_size and fb and not bind_sizes else []
         attrs = {
-            "type": attr_string("vgpu"),
-            "profile": attr_string(t.short_name or short_type_name(t.name)),
-            "typeName": attr_string(t.name),
-            "typeId": attr_string(t.id),
-            "framework": attr_string(t.framework),
-            "vgpuTypes": attr_string(vgpu_types_attr(x for x, _, _ in slot)),
+            ATTR_TYPE: attr_string("vgpu"),
+            ATTR_PROFILE: attr_string(t.short_name or short_type_name(t.name)),
+            ATTR_TYPE_NAME: attr_string(t.name),
+            ATTR_TYPE_ID: attr_string(t.id),
+            ATTR_FRAMEWORK: attr_string(t.framework),
+            ATTR_VGPU_TYPES: attr_string(vgpu_types_attr(x for x, _, _ in slot)),
             **common,
-            "parentPciBusID": attr_string(gpu.address),
+            ATTR_PARENT_PCI_BUS_ID: attr_string(gpu.address),
         }
         if (series := type_series(t.name)) is not None:
-            attrs["series"] = attr_string(series)
+            attrs[ATTR_SERIES] = attr_string(series)
         cap = {"memory": format_mib(fb)} if fb else {}
         consumption = Consumption(
             counter_set=cs,
@@ -371,15 +382,15 @@ def slot_name(slot: list, slots: list[list]) -> str:
 
 def _common_attributes(gpu: Gpu, pcie_root: str | None) -> dict[str, AttrValue]:
     attrs: dict[str, AttrValue] = {
-        "productName": attr_string(gpu.model),
-        "vendorId": attr_string(_hex_id(gpu.vendor_id)),
-        "deviceId": attr_string(_hex_id(gpu.device_id)),
-        "gpuIndex": attr_int(gpu.index),
+        ATTR_PRODUCT_NAME: attr_string(gpu.model),
+        ATTR_VENDOR_ID: attr_string(_hex_id(gpu.vendor_id)),
+        ATTR_DEVICE_ID: attr_string(_hex_id(gpu.device_id)),
+        ATTR_GPU_INDEX: attr_int(gpu.index),
     }
     if arch := nvidia_architecture(gpu.vendor_id, gpu.model):
-        attrs["architecture"] = attr_string(arch)
+        attrs[ATTR_ARCHITECTURE] = attr_string(arch)
     if gpu.numa_node is not None and gpu.numa_node >= 0:
-        attrs["numaNode"] = attr_int(gpu.numa_node)
+        attrs[ATTR_NUMA_NODE] = attr_int(gpu.numa_node)
     if pcie_root:
         attrs[ATTR_PCIE_ROOT] = attr_string(pcie_root)
     return attrs

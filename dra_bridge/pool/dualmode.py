@@ -17,6 +17,7 @@ Where groups are not kept, :mod:`.devices` publishes the GPU's current mode only
 
 from __future__ import annotations
 
+from dra_bridge.api.attributes import ATTR_MIG_ENABLED
 from dra_bridge.api.names import type_is_mig_backed
 from dra_bridge.pool.model import Consumption, CounterSet, GpuPolicy, Pool, attr_bool
 from mdev_manager.models import Gpu
@@ -65,7 +66,7 @@ def merge_modes(pool: Pool, gpu: Gpu, sliced: Pool, mig: Pool) -> None:
         next((d for d in sliced.devices if d.kind == "passthrough"), None)
     if whole is not None:
         whole = whole.model_copy(deep=True)
-        whole.attributes["migEnabled"] = attr_bool(bool(gpu.mig and gpu.mig.enabled))
+        whole.attributes[ATTR_MIG_ENABLED] = attr_bool(bool(gpu.mig and gpu.mig.enabled))
         whole.consumes = [Consumption(counter_set=base.name, counters={k: str(v) for k, v in counters.items()})]
         pool.devices.append(whole)
     for d in sliced.devices:

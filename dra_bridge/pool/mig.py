@@ -17,6 +17,23 @@ The vGPU a placement's claim gets is the MIG-backed type of that profile (``A100
 
 from __future__ import annotations
 
+from dra_bridge.api.attributes import (
+    ATTR_FRAMEWORK,
+    ATTR_MIG_BACKED,
+    ATTR_MIG_ENABLED,
+    ATTR_PARENT_PCI_BUS_ID,
+    ATTR_PARENT_UUID,
+    ATTR_PLACEMENT_SIZE,
+    ATTR_PLACEMENT_START,
+    ATTR_PROFILE,
+    ATTR_SERIES,
+    ATTR_TYPE,
+    ATTR_TYPE_ID,
+    ATTR_TYPE_NAME,
+    ATTR_UUID,
+    ATTR_VGPU_TYPE,
+    ATTR_VGPU_TYPES,
+)
 from dra_bridge.api.names import counter_set_name, mig_device_name, passthrough_device_name, type_is_mig_backed
 from dra_bridge.pool.model import (
     ATTR_PCI_BUS_ID,
@@ -112,36 +129,36 @@ def add_mig_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, common: dict[str, AttrValu
     if pol.passthrough:
         pool.devices.append(PoolDevice(
             name=passthrough_device_name(gpu.index), kind="passthrough", gpu=gpu.address,
-            attributes={"type": attr_string("passthrough"), "profile": attr_string(gpu.model),
-                        "framework": attr_string("vfio-pci"), "migEnabled": attr_bool(True), **common,
+            attributes={ATTR_TYPE: attr_string("passthrough"), ATTR_PROFILE: attr_string(gpu.model),
+                        ATTR_FRAMEWORK: attr_string("vfio-pci"), ATTR_MIG_ENABLED: attr_bool(True), **common,
                         ATTR_PCI_BUS_ID: attr_string(gpu.address),
-                        **({"uuid": attr_string(mig.uuid)} if mig.uuid else {})},
+                        **({ATTR_UUID: attr_string(mig.uuid)} if mig.uuid else {})},
             capacity={"memory": format_mib(full.memory_mib)},
             consumes=[Consumption(counter_set=cs, counters={k: str(v) for k, v in counters.items()})]))
     for pid, t in sorted(offered.items(), key=lambda kv: (-mig.profile(kv[0]).slices, kv[0])):
         prof = mig.profile(pid)
         attrs: dict[str, AttrValue] = {
-            "type": attr_string("vgpu"),
-            "profile": attr_string(prof.name),
-            "vgpuType": attr_string(t.short_name),
-            "vgpuTypes": attr_string(f" {t.short_name} "),
-            "typeName": attr_string(t.name),
-            "typeId": attr_string(t.id),
-            "framework": attr_string(t.framework),
-            "migBacked": attr_bool(True),
+            ATTR_TYPE: attr_string("vgpu"),
+            ATTR_PROFILE: attr_string(prof.name),
+            ATTR_VGPU_TYPE: attr_string(t.short_name),
+            ATTR_VGPU_TYPES: attr_string(f" {t.short_name} "),
+            ATTR_TYPE_NAME: attr_string(t.name),
+            ATTR_TYPE_ID: attr_string(t.id),
+            ATTR_FRAMEWORK: attr_string(t.framework),
+            ATTR_MIG_BACKED: attr_bool(True),
             **common,
-            "parentPciBusID": attr_string(gpu.address),
+            ATTR_PARENT_PCI_BUS_ID: attr_string(gpu.address),
         }
         if mig.uuid:
-            attrs["parentUUID"] = attr_string(mig.uuid)
+            attrs[ATTR_PARENT_UUID] = attr_string(mig.uuid)
         if (series := type_series(t.name)) is not None:
-            attrs["series"] = attr_string(series)
+            attrs[ATTR_SERIES] = attr_string(series)
         cap = {"memory": format_mib(prof.memory_mib),
                **{cap_name: str(getattr(prof, field)) for _, cap_name, field in ENGINE_COUNTERS}}
         for pl in prof.placements:
             pool.devices.append(PoolDevice(
                 name=mig_device_name(gpu.index, prof.name, prof.id, pl.start), kind="vgpu", gpu=gpu.address,
                 type_id=t.id, gpu_instance_profile=prof.id, placement=pl, profile_instances=prof.instances,
-                attributes={**attrs, "placementStart": attr_int(pl.start), "placementSize": attr_int(pl.size)},
+                attributes={**attrs, ATTR_PLACEMENT_START: attr_int(pl.start), ATTR_PLACEMENT_SIZE: attr_int(pl.size)},
                 capacity=dict(cap),
                 consumes=[Consumption(counter_set=cs, counters=profile_consumption(prof, pl.start, pl.size))]))

@@ -8,15 +8,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from dra_bridge.api.attributes import ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT  # noqa: F401  (re-exported)
 from dra_bridge.api.k8sname import truncate_utf8
 from dra_bridge.api.names import type_is_mig_backed
 from mdev_manager.models import Gpu, MigPlacement, VgpuType
 from mdev_manager.names import check_pci_address, framebuffer_mib_from_name
-
-ATTR_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
-ATTR_PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
-
-MAX_ATTRS_AND_CAPACITY = 32
 
 AttrKey = Literal["string", "int", "bool", "version"]
 #: A device attribute value: exactly one of ``{"string": s}``, ``{"int": i}``, ``{"bool": b}``,

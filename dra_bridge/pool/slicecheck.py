@@ -4,68 +4,12 @@ check of built slices, kept apart from building them. Pure functions, no I/O."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from dra_bridge.api.compat import checked_version, limits_for
 from dra_bridge.api.k8sname import MAX_STRING_ATTR, is_dns_label, is_dns_subdomain
 from dra_bridge.api.quantity import parse_quantity
-from dra_bridge.pool.devices import COMPATIBILITY_GROUPS_SINCE, MAX_ATTRS_AND_CAPACITY, OLDEST_SERVER
-
-SPLIT_LAYOUT_SINCE = (1, 35)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What validation of ``resource.k8s.io/v1`` ResourceSlices rejects beyond, per version."""
-
-    devices_per_slice: int = 128
-    devices_per_slice_with_counters: int = 128  # when any device consumes counters or has taints
-    counters_summed_per_slice: int | None = 32  # 1.34: counters summed over all sets of a slice
-    counter_sets_per_slice: int | None = None  # 1.35+: 8
-    counters_per_set: int = 32
-    consumptions_per_slice: int | None = 1024  # 1.34: counters consumed, summed over devices
-    counters_per_device: int | None = 32  # 1.34: summed over the device's consumptions
-    counter_sets_per_device: int | None = None  # 1.35+: 2
-    counters_per_consumption: int = 32
-    taints_per_device: int = 4
-    attributes_and_capacity: int = MAX_ATTRS_AND_CAPACITY
-    compatibility_groups: int = 0  # per consumption; 1.37+: 2
-    split: bool = False  # 1.35+: a slice holds devices or sharedCounters, never both
-
-
-def limits_for(server_version: tuple[int, int]) -> Limits:
-    v = checked_version(server_version)
-    if v < SPLIT_LAYOUT_SINCE:
-        return Limits()
-    return Limits(
-        devices_per_slice=128,
-        devices_per_slice_with_counters=64,
-        counters_summed_per_slice=None,
-        counter_sets_per_slice=8,
-        counters_per_set=32,
-        consumptions_per_slice=None,
-        counters_per_device=None,
-        counter_sets_per_device=2,
-        counters_per_consumption=32,
-        taints_per_device=16,
-        compatibility_groups=2 if v >= COMPATIBILITY_GROUPS_SINCE else 0,
-        split=True,
-    )
-
-
-def checked_version(server_version: Iterable[int]) -> tuple[int, int]:
-    v = tuple(int(x) for x in server_version)[:2]
-    if len(v) != 2:
-        raise ValueError(f"server_version: {server_version!r} is not (major, minor)")
-    if v < OLDEST_SERVER:
-        raise ValueError(
-            f"server_version {v[0]}.{v[1]}: resource.k8s.io/v1 ResourceSlices need Kubernetes "
-            f"{OLDEST_SERVER[0]}.{OLDEST_SERVER[1]} or newer"
-        )
-    return v  # type: ignore[return-value]
-
 
 _C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -142,6 +86,10 @@ def check_slice(obj: dict[str, Any], server_version: tuple[int, int]) -> list[st
             if not _qualified_name_ok(k):
                 errs.append(f"{where}: device {dn} capacity name {k!r} invalid")
         cons = d.get("consumesCounters") or []
+        for field, most in (("bindingConditions", lim.binding_conditions),
+                            ("bindingFailureConditions", lim.binding_failure_conditions)):
+            if len(d.get(field) or []) > most:
+                errs.append(f"{where}: device {dn} has more than {most} {field}")
         if lim.counter_sets_per_device is not None and len(cons) > lim.counter_sets_per_device:
             errs.append(f"{where}: device {dn} consumes {len(cons)} counter sets")
         n_dev = 0

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_bridge.api.compat import Limits, checked_version, limits_for
 from dra_bridge.api.k8sname import dns_safe, is_dns_subdomain, short_hash
 from dra_bridge.api.names import LABEL_DRIVER, LABEL_MANAGED_BY, LABEL_NODE, LABEL_POOL, LABEL_ROLE, MANAGED_BY
 from dra_bridge.api.quantity import parse_quantity
@@ -31,7 +32,7 @@ from dra_bridge.pool.devices import (
     Pool,
     PoolDevice,
 )
-from dra_bridge.pool.slicecheck import Limits, check_pool_slices, checked_version, limits_for
+from dra_bridge.pool.slicecheck import check_pool_slices
 
 log = logging.getLogger(__name__)
 

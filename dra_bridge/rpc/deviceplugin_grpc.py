@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.rpc.proto import vgpuctl_deviceplugin_v1beta1_pb2 as dp_pb2
 from dra_bridge.rpc.proto import vgpuctl_deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from dra_bridge.rpc.sockets import check_socket_path, prepare_socket, remove_socket
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 DEVICE_PLUGIN_VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-DEFAULT_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_DEVICE_PLUGIN_DIR = NodePaths().device_plugin_dir
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_SOCKET_PREFIX = "vgpuctl-"
 

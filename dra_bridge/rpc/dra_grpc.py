@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 from pydantic import ValidationError
 
+from dra_bridge.api.nodepaths import DEFAULT_KUBELET_ROOT, NodePaths
 from dra_bridge.rpc.proto import vgpuctl_dra_health_v1_pb2 as health_v1_pb2
 from dra_bridge.rpc.proto import vgpuctl_dra_health_v1_pb2_grpc as health_v1_grpc
 from dra_bridge.rpc.proto import vgpuctl_dra_health_v1alpha1_pb2 as health_v1alpha1_pb2
@@ -54,7 +55,6 @@ SUPPORTED_VERSIONS: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 HEALTH_SERVICES: tuple[str, ...] = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 # DeviceHealth.message: the kubelet keeps 1024 characters (longer: 1021 and "...").
 MAX_HEALTH_MESSAGE = 1024
-DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 
 _DRIVER_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
@@ -238,9 +238,10 @@ class KubeletPlugin:
         self.health_check_timeout_seconds = health_check_timeout_seconds
         self.supported_versions = tuple(supported_versions)
         self.max_workers = max_workers
-        self.registration_socket = self.kubelet_root / "plugins_registry" / f"{driver_name}-reg.sock"
-        self.plugin_dir = self.kubelet_root / "plugins" / driver_name
-        self.dra_socket = self.plugin_dir / "dra.sock"
+        paths = NodePaths(driver=driver_name, kubelet_root=self.kubelet_root)
+        self.registration_socket = paths.registration_socket
+        self.plugin_dir = paths.data_dir
+        self.dra_socket = paths.dra_socket
         check_socket_path(self.registration_socket)
         check_socket_path(self.dra_socket)
 

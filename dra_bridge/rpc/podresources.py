@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 
+from dra_bridge.api.nodepaths import NodePaths
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.models import Usage
@@ -30,7 +31,7 @@ from mdev_manager.names import NameError_, check_pci_address
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_POD_RESOURCES_SOCKET = NodePaths().pod_resources_socket
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
 

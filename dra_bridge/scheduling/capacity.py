@@ -18,6 +18,15 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from dra_bridge.api.attributes import (
+    ATTR_GPU_INDEX,
+    ATTR_PARENT_PCI_BUS_ID,
+    ATTR_PCI_BUS_ID,
+    ATTR_PRODUCT_NAME,
+    ATTR_PROFILE,
+    ATTR_TYPE,
+    ATTR_VGPU_TYPES,
+)
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.quantity import format_quantity, parse_quantity
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
@@ -155,9 +164,9 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
         for cs, devs in sorted(groups.items(), key=lambda kv: (kv[1][0].node or "", _gpu_index(kv[1], driver), kv[0])):
             first = raw.get(devs[0].key, {})
             gpu = _gpu_address(first, driver)
-            index = dev_attr(first, "gpuIndex", driver)
+            index = dev_attr(first, ATTR_GPU_INDEX, driver)
             g = GpuCapacity(node=devs[0].node, pool=pool_name, driver=drv, gpu=gpu, index=index,
-                            product=dev_attr(first, "productName", driver),
+                            product=dev_attr(first, ATTR_PRODUCT_NAME, driver),
                             counter_set=None if cs.startswith("gpu:") else cs)
             totals = pool.counters.get(cs, {})
             used: dict[str, Fraction] = {}
@@ -177,10 +186,10 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
             by_profile: dict[tuple, list] = {}
             for d in devs:
                 rd = raw.get(d.key, {})
-                kind = dev_attr(rd, "type", driver) or "?"
+                kind = dev_attr(rd, ATTR_TYPE, driver) or "?"
                 # a size slot (or MIG placement) counts for every type it can become (vgpuTypes)
-                names = (dev_attr(rd, "vgpuTypes", driver) or "").split() if kind == "vgpu" else []
-                for prof in names or [dev_attr(rd, "profile", driver) if kind == "vgpu" else None]:
+                names = (dev_attr(rd, ATTR_VGPU_TYPES, driver) or "").split() if kind == "vgpu" else []
+                for prof in names or [dev_attr(rd, ATTR_PROFILE, driver) if kind == "vgpu" else None]:
                     by_profile.setdefault((kind, prof), []).append(d)
             for (kind, prof), pdevs in sorted(by_profile.items(), key=lambda kv: _profile_order(kv[0], kv[1], raw)):
                 rd = raw.get(pdevs[0].key, {})
@@ -198,17 +207,17 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
 
 def _gpu_address(dev: dict, driver: str) -> str | None:
     """The physical GPU a published device belongs to: a vGPU's parent, else the device itself."""
-    return dev_attr(dev, "parentPciBusID", driver) or dev_attr(dev, "resource.kubernetes.io/pciBusID", driver)
+    return dev_attr(dev, ATTR_PARENT_PCI_BUS_ID, driver) or dev_attr(dev, ATTR_PCI_BUS_ID, driver)
 
 
 def _gpu_index(devs: list, driver: str) -> int:
-    v = devs[0].attribute("gpuIndex")
+    v = devs[0].attribute(ATTR_GPU_INDEX)
     return v if isinstance(v, int) else 1 << 30
 
 
 def _profile_name(rd: dict, driver: str) -> str:
-    kind = dev_attr(rd, "type", driver)
-    return (dev_attr(rd, "profile", driver) or rd.get("name", "?")) if kind == "vgpu" else WHOLE_GPU
+    kind = dev_attr(rd, ATTR_TYPE, driver)
+    return (dev_attr(rd, ATTR_PROFILE, driver) or rd.get("name", "?")) if kind == "vgpu" else WHOLE_GPU
 
 
 def _profile_order(key: tuple, devs: list, raw: dict):

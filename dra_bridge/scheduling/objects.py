@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from dra_bridge.api.attributes import ATTR_PARENT_PCI_BUS_ID, ATTR_PCI_BUS_ID
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.quantity import parse_quantity
 
@@ -18,7 +19,7 @@ def dev_attr(dev: dict, name: str, driver: str = DEFAULT_DRIVER):
 
 def dev_gpu(dev: dict) -> str | None:
     """The physical GPU (PCI address) a published device belongs to."""
-    return dev_attr(dev, "parentPciBusID") or dev_attr(dev, "resource.kubernetes.io/pciBusID")
+    return dev_attr(dev, ATTR_PARENT_PCI_BUS_ID) or dev_attr(dev, ATTR_PCI_BUS_ID)
 
 
 def dev_memory(dev: dict) -> Fraction | None:

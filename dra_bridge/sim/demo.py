@@ -111,6 +111,7 @@ class DemoReport:
     preset: str
     kubernetes: str
     cel: str
+    feature_gates: dict[str, bool] = field(default_factory=dict)  # the server's, every gate of its version
     layout: dict = field(default_factory=dict)
     slices: dict = field(default_factory=dict)
     workloads: list[dict] = field(default_factory=list)
@@ -211,14 +212,17 @@ def _refusal_detail(w: Workload, gpus: list[GpuView], profile: str) -> list[str]
     return lines
 
 
-def run_demo(version: str = "1.35", *, selectors=None, progress=None) -> DemoReport:
-    """Run the demo end to end; ``progress(str)`` is called as steps complete."""
+def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = None, selectors=None,
+             progress=None) -> DemoReport:
+    """Run the demo end to end on a server of ``version`` with ``feature_gates`` over that version's
+    defaults (as a real kube-apiserver of it runs); ``progress(str)`` is called as steps complete."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
-    with SimCluster(version=version, selectors=selectors, device_classes=demo_device_classes()) as c:
+    with SimCluster(version=version, selectors=selectors, device_classes=demo_device_classes(),
+                    feature_gates=dict(feature_gates or {})) as c:
         inv = c.inventory()
         rep = DemoReport(node=c.node, preset=c.preset, kubernetes=c.srv.git_version,
-                         cel=type(c.selectors).__name__)
+                         cel=type(c.selectors).__name__, feature_gates=dict(c.srv.feature_gates))
         rep.layout = {"name": c.layout_name, "gpus": [
             {"index": g.index, "address": g.address, "model": g.model, "framework": g.framework,
              "vfs": g.sriov_num_vfs} for g in inv.gpus], "text": DEMO_LAYOUT}
@@ -241,7 +245,7 @@ def run_demo(version: str = "1.35", *, selectors=None, progress=None) -> DemoRep
             if w.health is not None and w.health.result == "Fail":
                 rep.problems.append(f"{spec.name}: health check failed: {w.health.summary()}")
             say(f"{spec.name}: {w.phase}")
-        for spec, w in launched:
+        for _spec, w in launched:
             rep.host_problems += c.host_problems(w)
         rep.problems += rep.host_problems
         rep.gpus = _gpu_views(c, owners, {g.address: g.framework for g in inv.gpus})

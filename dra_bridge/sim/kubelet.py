@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu, dev_memory
 from dra_bridge.sim.workloads import WorkloadDevice
 
@@ -28,7 +29,7 @@ class KubeletClient:
     ``NodePrepareResources`` / ``NodeUnprepareResources`` (v1) on the endpoint it named."""
 
     def __init__(self, kubelet_root: Path, driver: str = DEFAULT_DRIVER, timeout: float = 30.0):
-        self.registration_socket = Path(kubelet_root) / "plugins_registry" / f"{driver}-reg.sock"
+        self.registration_socket = NodePaths(driver=driver, kubelet_root=Path(kubelet_root)).registration_socket
         self.driver = driver
         self.timeout = timeout
         self.endpoint: str | None = None

@@ -12,13 +12,15 @@ from dra_bridge.conformance.report import ConformanceReport
 from dra_bridge.scheduling.capacity import CapacityReport, compute
 
 
-def simulated_capacity(version: str = "1.35", layout: str | None = None, workloads: bool = True) -> CapacityReport:
-    """Capacity of the simulated cluster of ``vgpuctl demo``, with its workloads running (or none)."""
+def simulated_capacity(version: str = "1.35", layout: str | None = None, workloads: bool = True,
+                       feature_gates: dict[str, bool] | None = None) -> CapacityReport:
+    """Capacity of the simulated cluster of ``vgpuctl demo``, with its workloads running (or none), on a
+    server of ``version`` with ``feature_gates`` over its defaults (None: every gate on)."""
     from dra_bridge.sim.cluster import SimCluster
     from dra_bridge.sim.demo import WORKLOADS, demo_device_classes, render_workload
 
     with SimCluster(version=version, layout_name=layout or "demo", health=False,
-                    device_classes=demo_device_classes()) as c:
+                    device_classes=demo_device_classes(), feature_gates=feature_gates) as c:
         if workloads:
             for w in WORKLOADS:
                 c.launch(render_workload(w), name=w.name)
@@ -28,17 +30,19 @@ def simulated_capacity(version: str = "1.35", layout: str | None = None, workloa
         return report
 
 
-def run_conformance_simulated(*, version: str = "1.37", layout: str = "all", layout_text: str | None = None,
-                  preset: str = "default", prepare: Callable[[Any], None] | None = None, **kw) -> ConformanceReport:
-    """The checks against the simulated cluster (every GPU offering every profile, server 1.37 with
-    compatibility groups, by default). ``prepare(cluster)`` may change the cluster before the checks
-    (the tests break each property this way)."""
+def run_conformance_simulated(*, version: str = "1.37", feature_gates: dict[str, bool] | None = None,
+                              layout: str = "all", layout_text: str | None = None, preset: str = "default",
+                              prepare: Callable[[Any], None] | None = None, **kw) -> ConformanceReport:
+    """The checks against the simulated cluster (every GPU offering every profile; a server of
+    ``version`` with ``feature_gates`` over its defaults, None: every gate on). ``prepare(cluster)``
+    may change the cluster before the checks (the tests break each property this way)."""
     from dra_bridge.sim.cluster import SimCluster
     from dra_bridge.sim.controlplane import ControlPlane
     from dra_bridge.sim.workloads import DEMO_LAYOUT
 
     with SimCluster(version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset,
-                    device_classes={"profiles": ["T4-1Q"], "extended_resources": True}) as c:
+                    device_classes={"profiles": ["T4-1Q"], "extended_resources": True},
+                    feature_gates=feature_gates) as c:
         if prepare is not None:
             prepare(c)
 

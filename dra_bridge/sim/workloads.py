@@ -235,5 +235,5 @@ def unschedulable_status(message: str) -> dict:
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}}
 
 
-__all__ = ["DEMO_LAYOUT", "EXTENDED_RESOURCE_CLAIM", "asks_extended_resources", "extended_resource_claim", "LAUNCHER_IMAGE", "POD_CLAIM_NAME", "Workload", "WorkloadDevice", "claim_from_template",
-           "launcher_pod", "pod_event", "pod_node", "rand_suffix", "unschedulable_status"]
+__all__ = ["DEMO_LAYOUT", "EXTENDED_RESOURCE_CLAIM", "asks_extended_resources", "extended_resource_claim",
+           "LAUNCHER_IMAGE", "POD_CLAIM_NAME", "Workload", "WorkloadDevice", "claim_from_template", "launcher_pod", "pod_event", "pod_node", "rand_suffix", "unschedulable_status"]

@@ -26,7 +26,7 @@ import yaml
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.api.names import DEFAULT_DRIVER, LABEL_CONFIG, LABEL_CONFIG_STATE
-from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.rpc.types import ClaimRef
 from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.host.env import HostEnv
@@ -58,7 +58,7 @@ class World:
     node: SimNode
     srv: LocalApiServer
     layouts: dict[str, list[dict]]
-    paths: PluginPaths
+    paths: NodePaths
     daemon: Daemon | None = None
     fio: FaultIO | None = None
     prepared: dict[str, Claim] = field(default_factory=dict)  # the kubelet believes these prepared
@@ -78,7 +78,7 @@ class World:
         srv = LocalApiServer(version="1.36").start()
         srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {LABEL_CONFIG: "dra"}}})
         srv.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        paths = PluginPaths(driver=DEFAULT_DRIVER, kubelet_root=root / "kubelet", cdi_root=base / "cdi")
+        paths = NodePaths(driver=DEFAULT_DRIVER, kubelet_root=root / "kubelet", cdi_root=base / "cdi")
         world = cls(base=base, node=node, srv=srv, layouts=dict(layouts), paths=paths)
         world.write_layouts()
         world.start_daemon()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.sim.apiserver import LocalApiServer
 from tests.support.dra import make_node
 
@@ -18,7 +18,7 @@ def node(tmp_path):
 @pytest.fixture
 def paths(tmp_path):
     """The kubelet plugin's directories (kubelet root, CDI root) under the test's tmp dir."""
-    return PluginPaths.under(tmp_path / "plugin")
+    return NodePaths.under(tmp_path / "plugin")
 
 
 @pytest.fixture

@@ -98,12 +98,12 @@ def test_truncate_utf8_counts_bytes():
 
 def test_one_driver_name():
     import kubevirt_templates
-    from dra_bridge.kubeletplugin import paths
+    from dra_bridge.api import nodepaths
     from dra_bridge.pool import devices
 
     assert names.DEFAULT_DRIVER == "vgpu.kubevirt.io"
-    assert paths.DEFAULT_DRIVER is devices.DEFAULT_DRIVER is kubevirt_templates.DRIVER is names.DEFAULT_DRIVER
-    assert paths.PluginPaths().driver == names.DEFAULT_DRIVER
+    assert nodepaths.DEFAULT_DRIVER is devices.DEFAULT_DRIVER is kubevirt_templates.DRIVER is names.DEFAULT_DRIVER
+    assert nodepaths.NodePaths().driver == names.DEFAULT_DRIVER
 
 
 def test_device_and_counter_names():

@@ -8,15 +8,9 @@ import urllib.request
 
 import pytest
 
+from dra_bridge.api.compat import FeatureGateError, defaults, known, parse_gates, resolve
 from dra_bridge.sim.apiserver import LocalApiServer
-from dra_bridge.sim.apiserver.featuregates import (
-    FeatureGateError,
-    defaults,
-    drop_disabled,
-    known,
-    parse_gates,
-    resolve,
-)
+from dra_bridge.sim.apiserver.featuregates import drop_disabled
 
 DRIVER = "gpu.example.com"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import metadata
 from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
-from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.rpc.dra_grpc import parent_request_names
 from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.executor import Executor
@@ -49,7 +49,7 @@ def prepare_ok(drv, ref: ClaimRef):
     return res.devices
 
 
-def checkpoint_claims(paths: PluginPaths) -> dict:
+def checkpoint_claims(paths: NodePaths) -> dict:
     return CheckpointStore(paths.checkpoint).load().claims
 
 
@@ -57,16 +57,16 @@ def files_under(*roots: Path) -> set[str]:
     return {str(p) for r in roots if r.exists() for p in r.rglob("*") if p.is_file()}
 
 
-def plugin_files(paths: PluginPaths) -> set[str]:
+def plugin_files(paths: NodePaths) -> set[str]:
     """CDI specs and metadata files (the checkpoint itself excluded)."""
     return files_under(paths.cdi_root, paths.metadata_dir)
 
 
-def metadata_file(paths: PluginPaths, ref: ClaimRef, request: str) -> Path:
+def metadata_file(paths: NodePaths, ref: ClaimRef, request: str) -> Path:
     return paths.metadata_dir / f"{ref.namespace}_{ref.name}" / request / "metadata.json"
 
 
-def check_cdi_answer(paths: PluginPaths, ref: ClaimRef, dev, *, group: int, iommufd_vfio: str | None = None):
+def check_cdi_answer(paths: NodePaths, ref: ClaimRef, dev, *, group: int, iommufd_vfio: str | None = None):
     """The claim's CDI device: vfio nodes for ``group`` (and iommufd), specs that a strict parser accepts."""
     claim_ids = [i for i in dev.cdi_device_ids if i.startswith(f"{DRIVER}/claim=")]
     meta_ids = [i for i in dev.cdi_device_ids if i.startswith(f"{DRIVER}/metadata=")]
@@ -86,7 +86,7 @@ def check_cdi_answer(paths: PluginPaths, ref: ClaimRef, dev, *, group: int, iomm
     return spec, cdev, meta_ids[0]
 
 
-def check_metadata(paths: PluginPaths, ref: ClaimRef, meta_id: str, request: str, *, device: str,
+def check_metadata(paths: NodePaths, ref: ClaimRef, meta_id: str, request: str, *, device: str,
                    attrs: dict, pod_claim: str | None = None):
     mspec, mdev = cdi_device(paths.cdi_root, meta_id)
     assert cdi_problems(mspec) == []
@@ -640,7 +640,7 @@ def test_passthrough_is_refused_while_a_vf_holds_a_vgpu(srv, tmp_path, paths):
 T4 = "0000:10:00.0"
 
 
-def snapshot(node, paths: PluginPaths, gpu: str = T4):
+def snapshot(node, paths: NodePaths, gpu: str = T4):
     """What a refused prepare must leave as it was: the kernel's devices, the GPU's driver, every plugin file."""
     return (node.mdevs(), [(v.id, v.parent, v.type_id) for v in node.gpu(gpu).vgpus], node.driver_of(gpu),
             {f: Path(f).read_bytes() for f in plugin_files(paths)})

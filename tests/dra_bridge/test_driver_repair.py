@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.api.nodepaths import NodePaths
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
 from tests.support.dra import add_claim, devices_of, make_driver, make_node
@@ -30,7 +30,7 @@ T4 = "0000:10:00.0"
 @pytest.fixture
 def setup(tmp_path, srv):
     node = make_node(tmp_path, "default")
-    paths = PluginPaths.under(tmp_path / "plugin")
+    paths = NodePaths.under(tmp_path / "plugin")
     pool = node.build_pool()
     ref = add_claim(srv, "vm1", [("gpu", devices_of(pool, T4, "vgpu")[0])], node=node.node, namespace="default")
     drv = make_driver(node, paths, srv.api_client(), pool)
@@ -38,7 +38,7 @@ def setup(tmp_path, srv):
     return node, paths, pool, ref, drv
 
 
-def resolves(paths: PluginPaths, answer) -> None:
+def resolves(paths: NodePaths, answer) -> None:
     """Every CDI id the kubelet was given names a device in a spec on disk."""
     known = set()
     for f in paths.cdi_root.iterdir():

@@ -649,11 +649,9 @@ def test_other_driver_names_work(classes):
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    from vgpuctl.main import _command_of, _fix_simulate, build_parser
+    from vgpuctl.main import main
 
-    argv = _fix_simulate(argv)
-    args = build_parser(_command_of(argv)).parse_args(argv)
-    rc = args.func(args)
+    rc = main(argv)
     out, err = capsys.readouterr()
     return rc, out, err
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.claims import ApiClaimSource
 from dra_bridge.kubeletplugin.claimsource import ClaimSource
 from dra_bridge.kubeletplugin.driver import Driver
-from dra_bridge.kubeletplugin.paths import PluginPaths
 from dra_bridge.pool.devices import Pool, build_pool
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.rpc.types import ClaimRef
@@ -190,7 +190,7 @@ class DictClaims:
             raise LookupError(f"resourceclaims {namespace}/{name} not found") from None
 
 
-def make_driver(node: SimNode, paths: PluginPaths, claims: ClaimSource | Any, pool: Pool | Callable[[], Pool],
+def make_driver(node: SimNode, paths: NodePaths, claims: ClaimSource | Any, pool: Pool | Callable[[], Pool],
                 io: SimIO | None = None) -> Driver:
     """A Driver for ``node``; ``claims`` is a ClaimSource or a kubernetes ApiClient."""
     source = ApiClaimSource(claims) if hasattr(claims, "call_api") else claims

@@ -350,9 +350,10 @@ class FailingIO:
 @pytest.mark.parametrize("err, fix", [(errno.ENOTCONN, "mount it again"), (errno.EIO, "dmesg")])
 @pytest.mark.parametrize("command", [["discover"], ["apply", "-f", str(EXAMPLE_LAYOUT)], ["restore"]])
 def test_a_host_whose_reads_fail(err, fix, command, sim, monkeypatch, capsys):
+    from vgpuctl.cli.host import Host
     from vgpuctl.commands import node
 
-    monkeypatch.setattr(node, "open_host", lambda args: (sim.env, FailingIO(err)))
+    monkeypatch.setattr(node, "open_host", lambda args: Host(env=sim.env, io=FailingIO(err), node=""))
     code, out, err_text = run(capsys, *command)
     assert code == 2 and out == ""
     line = one_line(err_text)

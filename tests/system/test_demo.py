@@ -37,7 +37,10 @@ def by_name(rep, name):
 
 def test_demo_runs_the_whole_system(report):
     assert report.ok, report.problems
-    assert report.node == "sim-node-1" and report.kubernetes == "v1.35.0"
+    # a real version's defaults: 1.36 keeps counters and binding conditions, not compatibility groups
+    assert report.node == "sim-node-1" and report.kubernetes == "v1.36.0"
+    assert report.feature_gates["DRAPartitionableDevices"] and report.feature_gates["DRADeviceBindingConditions"]
+    assert "DRADeviceCompatibilityGroups" not in report.feature_gates
     phases = {w["name"]: w["phase"] for w in report.workloads}
     assert phases == {"vm-t4-a": "Running", "pod-t4": "Running", "vm-a100": "Running", "pod-a100": "Running",
                       "vm-passthrough": "Running", "vfio-pod": "Running", "vm-l40s": "Running",
@@ -45,8 +48,8 @@ def test_demo_runs_the_whole_system(report):
     # the node manager applied the layout: VFs on the SR-IOV boards
     vfs = {g["model"]: g["vfs"] for g in report.layout["gpus"]}
     assert vfs["GA100 [A100 PCIe 40GB]"] == 16 and vfs["AD102GL [L40S]"] == 32
-    # the bridge published one counter set per GPU (1.35: counters in slices of their own)
-    # devices on 1.35 (one size per time-sliced GPU): 2 x (T4 8 GB slots 2 + whole GPU), the A100's
+    # the bridge published one counter set per GPU (1.35+: counters in slices of their own)
+    # devices on 1.36 (a time-sliced GPU holding vGPUs offers their size): 2 x (T4 8 GB slots 2 + whole GPU), the A100's
     # 3g.20gb and 1g.5gb placements (2 + 7) and the whole GPU, the L40S 12 GB slots (4) and the whole GPU
     assert report.slices["counter_sets"] == 4 and report.slices["devices"] == 2 * 3 + 10 + 5
     assert report.slices["plugin_socket"].endswith("/plugins/vgpu.kubevirt.io/dra.sock")

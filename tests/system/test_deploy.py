@@ -22,8 +22,8 @@ from dra_bridge.api.names import (
     NVIDIA_LABEL_CONFIG,
     NVIDIA_LABEL_CONFIG_STATE,
 )
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS
-from dra_bridge.kubeletplugin.paths import PluginPaths
 from kubevirt_templates import render
 from mdev_manager.config import parse_config
 from mdev_manager.plan import select_gpus
@@ -427,7 +427,7 @@ def test_agent_pod_has_node_name_mounts_and_privileges(overlay):
     for m in mounts.values():
         assert m["name"] in vols
     host = {path: vols[m["name"]].get("hostPath", {}).get("path") for path, m in mounts.items()}
-    paths = PluginPaths(driver=DRIVER)
+    paths = NodePaths(driver=DRIVER)
     kubelet = {str(paths.data_dir), "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/device-plugins",
                str(paths.cdi_root)}
     for path in kubelet:  # the kubelet and container runtime see the same files

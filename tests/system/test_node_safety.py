@@ -22,7 +22,7 @@ import yaml
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE
-from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.host.lock import NodeLock
 from mdev_manager.sim.node import sim_node
@@ -60,7 +60,7 @@ def prepared(tmp_path):
     """A simulated node in dra mode whose kubelet plugin (kubelet root where ``serve --simulate``
     keeps it) prepared one T4 vGPU for claim vms/vm1-gpu."""
     node = make_node(tmp_path)
-    paths = PluginPaths(kubelet_root=node.root / "kubelet", cdi_root=tmp_path / "cdi")
+    paths = NodePaths(kubelet_root=node.root / "kubelet", cdi_root=tmp_path / "cdi")
     pool = node.build_pool()
     device = devices_of(pool, T4, "vgpu")[0]
     claims = DictClaims()

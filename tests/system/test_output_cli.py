@@ -13,10 +13,11 @@ import tomllib
 import pytest
 import yaml
 
-from dra_bridge.kubeletplugin.paths import PluginPaths
+from dra_bridge.api.nodepaths import NodePaths
 from tests.support.dra import DictClaims, claim_object, devices_of, make_driver, make_node
 from tests.support.simnodes import EXAMPLE_LAYOUT, REPO
 from vgpuctl import main as cli_main
+from vgpuctl.cli.options import HOST_VALUED
 from vgpuctl.main import COMMANDS, HelpFormatter, build_parser, main
 
 
@@ -59,6 +60,8 @@ def _parsers(p: argparse.ArgumentParser, path: tuple[str, ...]):
 
 
 HIDDEN = {("plan", "--dry-run")}  # accepted only to say it is apply's option
+#: the host options after a command (vgpuctl -h lists them) and --json, the old spelling of -o json
+HIDDEN_EVERYWHERE = {*HOST_VALUED, "--debug", "--json"}
 
 
 def _all_parsers():
@@ -77,7 +80,8 @@ def test_every_option_of_every_command_has_help_and_shows_its_default():
                 continue
             name = a.option_strings[-1] if a.option_strings else a.dest
             if a.help == argparse.SUPPRESS:
-                assert (path[-1] if path else "", name) in HIDDEN, f"{' '.join(path)} {name} is hidden"
+                assert (path[-1] if path else "", name) in HIDDEN or name in HIDDEN_EVERYWHERE, \
+                    f"{' '.join(path)} {name} is hidden"
                 continue
             if not (a.help or "").strip():
                 missing.append(f"vgpuctl {' '.join(path)} {name}")
@@ -178,7 +182,7 @@ def test_capacity_honours_simulate(tmp_path, capsys):
     assert {g["node"] for g in free["gpus"]} == {node.node} and all(not g["holders"] for g in free["gpus"])
     assert f"simulated node {node.node} (default, in {node.root})" in err and "0 prepared claim(s)" in err
 
-    paths = PluginPaths(kubelet_root=node.root / "kubelet", cdi_root=tmp_path / "cdi")
+    paths = NodePaths(kubelet_root=node.root / "kubelet", cdi_root=tmp_path / "cdi")
     pool = node.build_pool()
     device = devices_of(pool, t4, "vgpu")[0]
     claims = DictClaims()
@@ -188,7 +192,7 @@ def test_capacity_honours_simulate(tmp_path, capsys):
 
     code, out, err = run(capsys, *sim, "capacity")
     assert code == 0, err
-    assert out.splitlines()[0].startswith(f"simulated node {node.node} (default, in {node.root}), Kubernetes 1.35")
+    assert out.splitlines()[0].startswith(f"simulated node {node.node} (default, in {node.root}), Kubernetes 1.36")
     assert "1 prepared claim(s)" in out.splitlines()[0]
     code, out, _ = run(capsys, *sim, "capacity", "--json")
     held = json.loads(out)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dra_bridge.api.compat import parse_gates
 from dra_bridge.sim.apiserver import LocalApiServer
-from dra_bridge.sim.apiserver.featuregates import parse_gates
 from mdev_manager.sim import load_host
 from tests.support.kubelet.fake_kubelet import short_root
 from tests.support.simnodes import open_sim
@@ -86,11 +86,12 @@ def test_each_server_version_validates(simdir, capsys, version):
 
 
 def test_compatibility_groups_when_the_gate_is_on(simdir, capsys):
-    code, doc, _ = slices(capsys, "-o", "json", "--feature-gates", "DRADeviceCompatibilityGroups=true")
+    code, doc, _ = slices(capsys, "-o", "json", "--server-version", "1.37",
+                          "--feature-gates", "DRADeviceCompatibilityGroups=true")
     assert code == 0 and list(walk(doc["items"], "compatibilityGroups"))
     accepted(doc["items"], "1.37", "DRADeviceCompatibilityGroups=true")
     # the same node for a server with the gate off: what that server would store, nothing dropped
-    _, off, err = slices(capsys, "-o", "json")
+    _, off, err = slices(capsys, "-o", "json", "--server-version", "1.37")
     assert err == "" and list(walk(off["items"], "compatibilityGroups")) == []
 
 

@@ -18,19 +18,18 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-VERSIONS = ("1.34", "1.35", "1.36", "1.37")
+from dra_bridge.api.compat import DEFAULT_VERSION, VERSION_CHOICES, format_version
+from vgpuctl.cli import options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig-out", required=True, metavar="FILE",
                    help="where to write a kubeconfig for the server (written atomically once it answers; "
                         "required)")
-    p.add_argument("--version", dest="server_version", choices=VERSIONS, default=VERSIONS[-1],
+    p.add_argument("--version", dest="server_version", choices=VERSION_CHOICES, default=format_version(DEFAULT_VERSION),
                    help="Kubernetes version to serve: /version, OpenAPI schemas, validation, feature gates "
                         "(default %(default)s)")
-    p.add_argument("--feature-gates", default="", metavar="NAME=true|false,...",
-                   help="kube-apiserver feature gates over the version's defaults, e.g. "
-                        "DRAPartitionableDevices=false (default: none, the version's defaults)")
+    options.add_feature_gates(p)
     p.add_argument("--port", type=int, default=0,
                    help="port on 127.0.0.1 to listen on (default %(default)s: any free port)")
 
@@ -50,8 +49,8 @@ def _wait_until_answering(url: str, timeout: float = 10.0) -> None:
 
 
 def run(args) -> int:
+    from dra_bridge.api.compat import describe, parse_gates
     from dra_bridge.sim.apiserver import LocalApiServer
-    from dra_bridge.sim.apiserver.featuregates import describe, parse_gates
 
     srv = LocalApiServer(version=args.server_version, feature_gates=parse_gates(args.feature_gates),
                          port=args.port)

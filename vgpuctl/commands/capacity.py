@@ -11,33 +11,33 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from dra_bridge.api.names import DEFAULT_DRIVER
+import yaml
+
+from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.api.quantity import format_quantity, parse_quantity
+from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from dra_bridge.scheduling.capacity import CapacityReport, GpuCapacity, compute, from_file
-from dra_bridge.sim.scenarios import simulated_capacity
+from vgpuctl.cli import options
+from vgpuctl.cli.extras import require_sim
+from vgpuctl.cli.host import open_host
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
     src = c.add_mutually_exclusive_group()
-    src.add_argument("--kubeconfig", nargs="?", const="", metavar="FILE",
-                     help="read the cluster (FILE, or $KUBECONFIG / ~/.kube/config / in-cluster when omitted)")
+    options.add_kubeconfig(c, "read the cluster", group=src)
     src.add_argument("--from", dest="from_file", metavar="FILE",
                      help="objects in YAML/JSON, e.g. kubectl get resourceslices,resourceclaims -A -o yaml")
     c.add_argument("--empty", action="store_true", help="example cluster: without the demo workloads")
-    c.add_argument("--server-version", default="1.35", choices=["1.34", "1.35", "1.36", "1.37"],
-                   help="example cluster or --simulate node: Kubernetes version the slices are for (default "
-                        "%(default)s; 1.37 publishes every profile, with compatibility groups)")
+    options.add_server_version(c, "the example cluster or the --simulate node's API server")
+    options.add_feature_gates(c)
     c.add_argument("--layout", default=None, choices=["demo", "all"],
                    help="example cluster: layout (default demo; all = every GPU offers every profile)")
-    c.add_argument("--kubelet-root", default=None,
-                   help="--simulate node: kubelet directory whose DRA plugin checkpoint holds the prepared claims "
-                        "(default: <simulated host dir>/kubelet, where vgpuctl --simulate serve keeps them)")
-    c.add_argument("--driver", default=DEFAULT_DRIVER, help="DRA driver name (default %(default)s)")
+    options.add_kubelet_root(c, "--simulate node: where its prepared claims are read")
+    options.add_driver(c)
     c.add_argument("--node", action="append", help="only this node (repeatable)")
     c.add_argument("--fitting", action="store_true", help="list only profiles of which at least one more fits")
-    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    options.add_output(c)
 
 
 EXAMPLE = ("simulated example cluster (the demo's node and made-up workloads), not yours: --kubeconfig reads "
@@ -46,61 +46,60 @@ EXAMPLE = ("simulated example cluster (the demo's node and made-up workloads), n
 
 def run(args) -> int:
     source = None  # said first when the answer is not about the admin's own cluster
-    if (args.from_file or args.kubeconfig is not None) and args.simulate:
+    cluster = options.reads_cluster(args)
+    if (args.from_file or cluster) and args.simulate:
         raise ValueError("capacity: --simulate reads a simulated node, --kubeconfig and --from a cluster; give one")
     if args.from_file:
         slices, claims = from_file(args.from_file)
         report = compute(slices, claims, driver=args.driver, nodes=args.node)
-    elif args.kubeconfig is not None:
-        from dra_bridge.apiclient.client import connect
+    elif cluster:
         from dra_bridge.apiclient.workloads import slices_and_claims
 
-        slices, claims = slices_and_claims(connect(args.kubeconfig or None))
+        slices, claims = slices_and_claims(options.connect(args))
         report = compute(slices, claims, driver=args.driver, nodes=args.node)
     elif args.simulate:
         report, source = simulated_node(args)
     else:
+        require_sim("vgpuctl capacity's example cluster (give --kubeconfig or --from FILE for a real one)")
+        from dra_bridge.sim.scenarios import simulated_capacity  # the [sim] extra
+
         report = simulated_capacity(args.server_version, args.layout, workloads=not args.empty)
         if args.node:
             report.gpus = [g for g in report.gpus if g.node in args.node]
         source = EXAMPLE
-    if args.json:
+    if args.output in ("json", "yaml"):
         if source:
             print(f"note: {source}", file=sys.stderr)
-        print(json.dumps(report.to_dict(), indent=2))
+        data = report.to_dict()
+        print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
     else:
         print((f"{source}\n" if source else "") + table(report, only_fitting=args.fitting))
     return 0
 
 
 def simulated_node(args) -> tuple[CapacityReport, str]:
-    """The simulated node's own answer: the slices its agent would publish (every GPU offered, as
-    ``vgpuctl slices``) with the claims its kubelet plugin has prepared counted as allocated."""
-    from dra_bridge.sim.apiserver import featuregates
-    from vgpuctl.cli.common import kubelet_root, node_name, open_host, sim_root
-    from vgpuctl.commands.slices import node_slices
+    """The simulated node's own answer: the slices its agent publishes (every GPU offered, in the
+    shape its server's gates give, as ``vgpuctl slices``) with the claims its kubelet plugin has
+    prepared counted as allocated."""
+    from vgpuctl.commands.slices import node_slices, shape_for
 
-    env, io = open_host(args)
-    node = node_name(args, env)
-    root = kubelet_root(args)
-    version = featuregates.version_tuple(args.server_version)
-    slices, warnings = node_slices(env, io, node, driver=args.driver, kubelet_root=root, version=version,
-                                   gates=featuregates.resolve(version, {}))
+    args.sizes_by_first_allocation = False
+    shape = shape_for(args)
+    host = open_host(args)
+    paths = host.paths(args.driver)
+    slices, warnings = node_slices(host.env, host.io, host.node, paths=paths, shape=shape)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    claims = prepared_claims(io, root, args.driver)
+    claims = prepared_claims(host.io, paths)
     report = compute(slices, claims, driver=args.driver, nodes=args.node)
-    source = (f"simulated node {node} ({args.simulate}, in {sim_root(args)}), Kubernetes {args.server_version}: "
-              f"the slices it would publish, {len(claims)} prepared claim(s)")
+    source = (f"simulated node {host.node} ({args.simulate}, in {host.sim_root}), Kubernetes "
+              f"{args.server_version}: the slices it would publish, {len(claims)} prepared claim(s)")
     return report, source
 
 
-def prepared_claims(io, root: Path, driver: str) -> list[dict]:
+def prepared_claims(io, paths: NodePaths) -> list[dict]:
     """The kubelet plugin's prepared claims (its checkpoint, read-only) as allocated ResourceClaims."""
-    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
-    from dra_bridge.kubeletplugin.paths import PluginPaths
-
-    path = PluginPaths(driver=driver, kubelet_root=root).checkpoint
+    path, driver = paths.checkpoint, paths.driver
     try:
         cp = CheckpointStore(path, io).load()
     except CheckpointCorrupt as exc:

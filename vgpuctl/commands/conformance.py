@@ -8,35 +8,38 @@ import socket
 from datetime import UTC, datetime
 from xml.sax.saxutils import escape, quoteattr
 
-from dra_bridge.api.names import DEFAULT_DRIVER, PASSTHROUGH_CLASS, VGPU_CLASS
+import yaml
+
+from dra_bridge.api.compat import parse_gates
+from dra_bridge.api.names import PASSTHROUGH_CLASS, VGPU_CLASS
 from dra_bridge.conformance import healthcheck
 from dra_bridge.conformance.backend import DEFAULT_IMAGE, KubeBackend
 from dra_bridge.conformance.checks import run_conformance
 from dra_bridge.conformance.report import ConformanceReport
-from dra_bridge.sim.scenarios import run_conformance_simulated as run_simulated
+from vgpuctl.cli import options
+from vgpuctl.cli.extras import require_sim
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--kubeconfig", nargs="?", const="", metavar="FILE",
-                   help="run against a real cluster (FILE, or $KUBECONFIG / ~/.kube/config / in-cluster when omitted)")
+    options.add_kubeconfig(c, "run against a real cluster")
     c.add_argument("--junit", default="vgpuctl-conformance.xml", metavar="FILE",
                    help="JUnit XML report (default %(default)s; '' for none)")
-    c.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    options.add_output(c)
     c.add_argument("--json-events", metavar="FILE",
                    help="also write the run as Go's test2json events (what `go test -json` prints, the JSON "
                         "kubernetes-sigs/ai-conformance's harness produces), one check per subtest")
     c.add_argument("--profile", help="the vGPU profile to share (default: the GPU/profile needing the fewest workloads)")
     c.add_argument("--node", help="only GPUs of this node")
-    c.add_argument("--max-workloads", type=int, default=8, help="at most this many workloads on one GPU (check 2; default %(default)s)")
+    c.add_argument("--max-workloads", type=int, default=8, help="at most this many workloads on one GPU (check 2)")
     c.add_argument("--namespace", help="namespace to create (default vgpuctl-conformance-<random>)")
     c.add_argument("--image", default=DEFAULT_IMAGE, help="workload image, needs sh (default %(default)s)")
-    c.add_argument("--driver", default=DEFAULT_DRIVER, help="DRA driver name (default %(default)s)")
+    options.add_driver(c)
     c.add_argument("--vgpu-class", help=f"DeviceClass of vGPUs (default {VGPU_CLASS})")
     c.add_argument("--passthrough-class", help=f"DeviceClass of whole GPUs (default {PASSTHROUGH_CLASS})")
-    c.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each workload (default %(default)s)")
-    c.add_argument("--settle", type=float, default=15.0, help="seconds a blocked workload must stay Pending (default %(default)s)")
-    c.add_argument("--server-version", default="1.37", choices=["1.34", "1.35", "1.36", "1.37"],
-                   help="simulated cluster: Kubernetes version (default %(default)s)")
+    c.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each workload")
+    c.add_argument("--settle", type=float, default=15.0, help="seconds a blocked workload must stay Pending")
+    options.add_server_version(c, "the simulated cluster's API server")
+    options.add_feature_gates(c)
     c.add_argument("--print-healthcheck", action="store_true", help="print the health-check script and exit")
 
 
@@ -45,25 +48,32 @@ def run(args) -> int:
         print(healthcheck.SCRIPT, end="")
         return 0
     kw = dict(profile=args.profile, node=args.node, max_workloads=args.max_workloads)
-    if args.kubeconfig is not None:
-        from dra_bridge.apiclient.client import connect
+    if options.reads_cluster(args):
         from dra_bridge.scheduling.selectors import default_selectors
 
-        backend = KubeBackend(connect(args.kubeconfig or None), namespace=args.namespace, image=args.image,
+        backend = KubeBackend(options.connect(args), namespace=args.namespace, image=args.image,
                               driver=args.driver, vgpu_class=args.vgpu_class, passthrough_class=args.passthrough_class,
                               timeout=args.timeout, settle=args.settle, selectors=default_selectors(),
                               label=f"cluster ({args.kubeconfig or 'default kubeconfig'})")
         rep = run_conformance(backend, **kw)
     else:
-        rep = run_simulated(version=args.server_version, **kw)
+        require_sim("vgpuctl conformance on the simulated cluster (give --kubeconfig for a real one)")
+        from dra_bridge.sim.scenarios import run_conformance_simulated  # the [sim] extra
+
+        rep = run_conformance_simulated(version=args.server_version, feature_gates=parse_gates(args.feature_gates),
+                                        **kw)
     if args.junit:
         with open(args.junit, "w") as f:
             f.write(junit(rep))
     if args.json_events:
         with open(args.json_events, "w") as f:
             f.write(test2json(rep))
-    print(json.dumps(rep.to_dict(), indent=2) if args.json else table(rep))
-    if args.junit and not args.json:
+    machine = args.output in ("json", "yaml")
+    if args.output == "yaml":
+        print(yaml.safe_dump(rep.to_dict(), sort_keys=False).rstrip())
+    else:
+        print(json.dumps(rep.to_dict(), indent=2) if machine else table(rep))
+    if args.junit and not machine:
         print(f"JUnit XML: {args.junit}")
     return 0 if rep.ok else 1
 

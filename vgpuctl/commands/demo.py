@@ -10,30 +10,53 @@ from fractions import Fraction
 from typing import Any
 from xml.sax.saxutils import escape
 
+import yaml
+
+from dra_bridge.api.compat import describe, parse_gates, version_tuple
 from dra_bridge.sim.demo import DemoReport, GpuView, _human, run_demo
+from vgpuctl.cli import options
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
-    d.add_argument("--json", action="store_true", help="print the report as JSON")
+    options.add_output(d)
     d.add_argument("--svg", metavar="FILE", help="also write a picture of each GPU's occupancy")
-    d.add_argument("--server-version", default="1.35", choices=["1.34", "1.35", "1.36", "1.37"],
-                   help="Kubernetes version the in-process API serves (slice layout, compatibility groups; "
-                        "default %(default)s)")
+    options.add_server_version(d, "the in-process API server (its DRA features and slice layout)")
+    options.add_feature_gates(d)
 
 
 def run(args) -> int:
-    rep = run_demo(args.server_version,
+    version_tuple(args.server_version)
+    rep = run_demo(args.server_version, feature_gates=parse_gates(args.feature_gates),
                    progress=(lambda m: print(f"  ... {m}", file=sys.stderr, flush=True)) if args.verbose else None)
     if args.svg:
         with open(args.svg, "w") as f:
             f.write(svg(rep))
-    print(to_json(rep) if args.json else text(rep))
-    if args.svg and not args.json:
+    machine = args.output in ("json", "yaml")
+    if args.output == "yaml":
+        print(yaml.safe_dump(json.loads(to_json(rep)), sort_keys=False).rstrip())
+    else:
+        print(to_json(rep) if machine else text(rep))
+    if args.svg and not machine:
         print(f"picture: {args.svg}")
     return 0 if rep.ok else 1
 
 
 # --------------------------------------------------------------------------- text
+
+
+def gates_line(rep: DemoReport) -> str:
+    """The server's feature gates as the demo ran them: the version's defaults, and what differs."""
+    version = version_tuple(rep.kubernetes)
+    changed = describe(rep.feature_gates, version)
+    on = sorted(g for g in SHOWN_GATES if rep.feature_gates.get(g))
+    off = sorted(g for g in SHOWN_GATES if g in rep.feature_gates and not rep.feature_gates[g])
+    return (f"feature gates: {version[0]}.{version[1]}'s defaults" + (f" with {changed}" if changed else "")
+            + f"; on: {', '.join(on) or 'none'}" + (f"; off: {', '.join(off)}" if off else ""))
+
+
+#: The gates that decide what the node agent publishes (schema.md, "shapes").
+SHOWN_GATES = ("DRAPartitionableDevices", "DRADeviceBindingConditions", "DRADeviceCompatibilityGroups",
+               "DRAExtendedResource", "DRAPrioritizedList")
 
 
 def _bar(used: int, total: int | None, width: int = 20) -> str:
@@ -57,6 +80,7 @@ def text(rep: DemoReport) -> str:
         models[g["model"]] = models.get(g["model"], 0) + 1
     hw = ", ".join(f"{n} x {m}" if n > 1 else m for m, n in models.items())
     L.append(f"vgpuctl demo: simulated node {rep.node} ({hw}); in-process Kubernetes {rep.kubernetes} API")
+    L.append("  " + gates_line(rep))
     L.append("")
     vfs = [f"{g['vfs']} VFs on {g['address']}" for g in rep.layout["gpus"] if g["vfs"]]
     L.append(f"[1] node manager  applied layout {rep.layout['name']!r}: {len(rep.layout['gpus'])} GPUs handed to the "

@@ -5,27 +5,30 @@ from __future__ import annotations
 import argparse
 import json
 
+import yaml
 from rich.text import Text
 
+from vgpuctl.cli import options
 from vgpuctl.output.terminal import Terminal
 
 STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
-    p.add_argument("--driver", default="vgpu.kubevirt.io", help="DRA driver name (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    options.add_kubeconfig(p, "the cluster to check")
+    options.add_driver(p)
+    options.add_output(p)
 
 
 def run(args) -> int:
-    from dra_bridge.apiclient.client import connect
+    # the kubernetes client is loaded here, not at the top: `vgpuctl doctor -h` stays fast
     from dra_bridge.apiclient.clusterfacts import gather
     from dra_bridge.doctor.checks import diagnose, exit_code
 
-    findings = diagnose(gather(connect(args.kubeconfig), args.driver))
-    if args.json:
-        print(json.dumps([f.model_dump() for f in findings], indent=2))
+    findings = diagnose(gather(options.connect(args), args.driver))
+    if args.output in ("json", "yaml"):
+        data = [f.model_dump() for f in findings]
+        print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
         return exit_code(findings)
     term = Terminal()
     width = max(len(f.check) for f in findings)

@@ -29,7 +29,7 @@ from contextlib import contextmanager, nullcontext
 
 from rich.text import Text
 
-from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
@@ -39,25 +39,24 @@ from mdev_manager.models import Inventory, Usage
 from mdev_manager.plan import NVIDIA
 from mdev_manager.reconcile import Outcome, plan_once, reconcile
 from mdev_manager.restore import restore
-from vgpuctl.cli.common import KUBELET_ROOT_HELP, check_sys_root, dump, kubelet_root, node_name, open_host
+from vgpuctl.cli import options
+from vgpuctl.cli.host import Host, dump, open_host
 from vgpuctl.output.summary import summary
 from vgpuctl.output.terminal import Terminal
 from vgpuctl.output.text import TypeNames, inventory_table, report_text, results_text, steps_text
 
-OUTPUTS = ["table", "json", "yaml"]
 EXIT_FAILED, EXIT_CONVERGING, EXIT_LOCK_BUSY = 1, 3, 75
 
 
 def add_discover(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="output format (default %(default)s)")
+    options.add_output(p)
     p.add_argument("--types", action="store_true", help="list every vGPU type of every GPU, with its id")
     p.set_defaults(func=run_discover)
 
 
 def _add_claims_arguments(p: argparse.ArgumentParser, *, writes: bool = True) -> None:
-    p.add_argument("--kubelet-root", default=None, help=KUBELET_ROOT_HELP)
-    p.add_argument("--driver", default=DEFAULT_DRIVER,
-                   help="DRA driver name whose prepared claims count as in use (default %(default)s)")
+    options.add_kubelet_root(p, "the prepared DRA claims it holds count as in use")
+    options.add_driver(p, "DRA driver name whose prepared claims count as in use")
     if writes:
         p.add_argument("--no-wait", action="store_true",
                        help=f"fail at once (exit {EXIT_LOCK_BUSY}) when another writer holds the node lock, "
@@ -68,8 +67,7 @@ def _add_layout_arguments(p: argparse.ArgumentParser, *, writes: bool = True) ->
     p.add_argument("-f", "--file", required=True, help="layout file (vgpuctl/v1 or vgpu-device-manager v1)")
     p.add_argument("--layout", "--config-name", default="default",
                    help="named layout / vgpu-config to apply (default %(default)s)")
-    p.add_argument("-o", "--output", choices=OUTPUTS, default="table",
-                   help="output format (default %(default)s); json and yaml hold every step and result")
+    options.add_output(p, what="; json and yaml hold every step and result")
     p.add_argument("-v", "--verbose", dest="steps", action="store_true",
                    help="list every step" + (" with its result" if writes else "") + " before the per-GPU summary")
     p.add_argument("--show-ids", action="store_true",
@@ -107,16 +105,13 @@ def add_restore(p: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------ prepared claims, the lock
 
-def _claims_usage(args, env: HostEnv, io: HostIO) -> Usage:
+def _claims_usage(args, host: Host) -> Usage:
     """Devices the kubelet plugin's prepared claims hold (its checkpoint, read-only)."""
-    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
-    from dra_bridge.kubeletplugin.paths import PluginPaths
-
-    path = PluginPaths(driver=args.driver, kubelet_root=kubelet_root(args)).checkpoint
+    path = host.paths(args.driver).checkpoint
     try:
-        cp = CheckpointStore(path, io).load()
+        cp = CheckpointStore(path, host.io).load()
     except CheckpointCorrupt as exc:
-        return _cannot_tell(env, io, f"the prepared-claims checkpoint {path} cannot be read ({exc}): which devices "
+        return _cannot_tell(host.env, host.io, f"the prepared-claims checkpoint {path} cannot be read ({exc}): which devices "
                                      "DRA claims hold cannot be told, so no existing vGPU or passed-through GPU is "
                                      "removed or changed; the agent (vgpuctl serve) rebuilds it at its next start")
     return cp.usage()
@@ -154,11 +149,10 @@ def no_gpu_message(inv: Inventory, env: HostEnv) -> str | None:
 
 
 def run_discover(args) -> int:
-    env, io = open_host(args)
-    check_sys_root(args, env, io)
-    inv = discover(env, io, node=node_name(args, env))
-    hint = None if args.simulate else no_gpu_message(inv, env)
-    if args.output != "table":
+    host = open_host(args)
+    inv = discover(host.env, host.io, node=host.node)
+    hint = None if host.simulated else no_gpu_message(inv, host.env)
+    if args.output in ("json", "yaml"):
         print(dump(inv, args.output))
         if hint:
             print(f"note: {hint}", file=sys.stderr)
@@ -169,18 +163,18 @@ def run_discover(args) -> int:
     return 0
 
 
-def _no_gpu_guard(args, env: HostEnv, io: HostIO, plan):
+def _no_gpu_guard(host: Host, plan):
     """Run ``plan()``; on a host without a GPU to manage, end with the plain reason instead of
     a layout's complaints about indices (or an empty plan)."""
     try:
         result = plan()
     except ConfigError:
-        hint = None if args.simulate else no_gpu_message(discover(env, io), env)
+        hint = None if host.simulated else no_gpu_message(discover(host.env, host.io), host.env)
         if hint:
             raise ValueError(hint) from None
         raise
     inv = result.inventory if isinstance(result, Outcome) else result[0]
-    hint = None if args.simulate or inv is None else no_gpu_message(inv, env)
+    hint = None if host.simulated or inv is None else no_gpu_message(inv, host.env)
     if hint:
         raise ValueError(hint)
     return result
@@ -188,24 +182,22 @@ def _no_gpu_guard(args, env: HostEnv, io: HostIO, plan):
 
 def run_apply(args) -> int:
     layouts = load_config(args.file, args.layout)  # bad input touches nothing, not even a simulated host
-    env, io = open_host(args)
-    check_sys_root(args, env, io)
-    dry_run, table = args.dry_run, args.output == "table"
+    host = open_host(args)
+    env, io, node = host.env, host.io, host.node
+    dry_run, table = args.dry_run, args.output not in ("json", "yaml")
     term = Terminal()
-    node = node_name(args, env)
     if dry_run:
         with term.status("reading the node and planning") if table else nullcontext():
-            out = _no_gpu_guard(args, env, io, lambda: reconcile(
-                env, io, layouts, dry_run=True, node=node, usage_extra=_claims_usage(args, env, io)))
+            out = _no_gpu_guard(host, lambda: reconcile(
+                env, io, layouts, dry_run=True, node=node, usage_extra=_claims_usage(args, host)))
         before = out.inventory
     else:
         # a layout the node rejects is bad input: rejected before the lock file is made (nothing written)
         with term.status("reading the node and planning") if table else nullcontext():
-            before, first, _ = _no_gpu_guard(args, env, io, lambda: plan_once(
-                env, io, layouts, _claims_usage(args, env, io), node))
+            before, first, _ = _no_gpu_guard(host, lambda: plan_once(env, io, layouts, _claims_usage(args, host), node))
         try:
             with _writer(args, env), term.progress("applying", len(first.actions)) as on_step:
-                out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, env, io),
+                out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, host),
                                 on_step=on_step, final_inventory=not table)
         except NodeLockBusy as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -255,11 +247,11 @@ def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
 
 
 def run_restore(args) -> int:
-    env, io = open_host(args)
-    check_sys_root(args, env, io)
+    host = open_host(args)
+    env, io = host.env, host.io
     try:
         with _writer(args, env):
-            usage = _claims_usage(args, env, io)
+            usage = _claims_usage(args, host)
             for w in usage.warnings:
                 print(f"warning: {w}", file=sys.stderr)
             before = len(discover(env, io).all_vgpus())

@@ -84,16 +84,12 @@ def _inventory_from_file(path: str) -> dict[str, Any]:
 
 
 def _simulated_inventory(args: argparse.Namespace) -> dict[str, Any]:
+    """The simulated host's inventory (``main`` opened it for ``--simulate``, before or after the kind)."""
     from mdev_manager.discovery import discover
-    from mdev_manager.sim import load_host
-    from vgpuctl.cli.common import open_host
+    from vgpuctl.cli.host import open_host
 
-    defaults = {"sim_dir": None, "libvirt_uri": None, "sys_root": None, "dev_root": None,
-                "mdevctl_root": None, "state_root": None}
-    ns = argparse.Namespace(**{**defaults, **vars(args)})
-    env, io = open_host(ns)
-    inv = discover(env, io, node=load_host(ns.simulate).node)
-    return inv.model_dump(mode="json")
+    host = open_host(args)
+    return discover(host.env, host.io, node=host.node).model_dump(mode="json")
 
 
 def catalog_types() -> KnownTypes:
@@ -144,12 +140,13 @@ class SchemaUnavailable(Exception):
 def kubevirt_schema(args: argparse.Namespace) -> KubeVirtSchema | None:
     """The schema to validate against: the cluster's, a file's, or None (not asked for)."""
     kubeconfig = getattr(args, "kubeconfig", None)
-    if kubeconfig:
+    context = getattr(args, "context", None)
+    if kubeconfig is not None or context is not None:
         from dra_bridge.apiclient.client import KubeconfigError, api_client_from
         from dra_bridge.apiclient.openapi import KUBEVIRT_V1, OpenApiUnavailable, fetch_kubevirt_openapi
 
         try:
-            api = api_client_from(kubeconfig)
+            api = api_client_from(kubeconfig or None, context)
         except KubeconfigError as exc:
             raise SchemaUnavailable(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - kubernetes.config raises several types
@@ -281,11 +278,15 @@ def _options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument("--inventory", action="append", metavar="FILE", dest=prefix + "inventory", **quiet,
                    help="a node inventory (`vgpuctl discover -o yaml`; repeatable): kubevirt-cr is made from "
                    "them; vm and claim-template check their vGPU types against them")
-    p.add_argument("--simulate", nargs="?", const="default", default=argparse.SUPPRESS, metavar="PRESET",
-                   help="use the simulated host's inventory, as --inventory does")
+    if not prefix:  # before the kind, main's host options take it
+        p.add_argument("--simulate", nargs="?", const="default", default=argparse.SUPPRESS, metavar="PRESET",
+                       help="use the simulated host's inventory, as --inventory does")
     schema = p.add_mutually_exclusive_group()
-    schema.add_argument("--kubeconfig", metavar="FILE", dest=prefix + "kubeconfig", **quiet,
-                        help="validate KubeVirt objects against this cluster's schema (/openapi/v3/apis/kubevirt.io/v1)")
+    schema.add_argument("--kubeconfig", nargs="?", const="", metavar="FILE", dest=prefix + "kubeconfig", **quiet,
+                        help="validate KubeVirt objects against this cluster's schema (/openapi/v3/apis/kubevirt.io/v1); "
+                             "FILE, or $KUBECONFIG, ~/.kube/config, in-cluster as kubectl looks")
+    p.add_argument("--context", metavar="NAME", dest=prefix + "context", **quiet,
+                   help="kubeconfig context to use (default: its current-context)")
     schema.add_argument("--schema", metavar="FILE", dest=prefix + "schema", **quiet,
                         help=f"validate KubeVirt objects against this OpenAPI file (default ${ENV_SCHEMA}); "
                         "KubeVirt's api/openapi-spec/swagger.json or an OpenAPI v3 document")
@@ -296,8 +297,9 @@ def _gather(args: argparse.Namespace) -> None:
     the name winning."""
     for name in ("values", "set", "inventory"):
         setattr(args, name, (getattr(args, "pre_" + name, None) or []) + (getattr(args, name, None) or []))
-    for name in ("kubeconfig", "schema"):
-        setattr(args, name, getattr(args, name, None) or getattr(args, "pre_" + name, None))
+    for name in ("kubeconfig", "schema", "context"):
+        after = getattr(args, name, None)
+        setattr(args, name, after if after is not None else getattr(args, "pre_" + name, None))
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
@@ -320,20 +322,3 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
                              epilog=f"keys (--set KEY=VALUE, or KEY: VALUE in a -f file):\n{keys_help(model)}\n\n"
                                     f"example:\n  {_EXAMPLES[kind]}")
         _options(k)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m vgpuctl.commands.render``)."""
-    p = argparse.ArgumentParser(prog="vgpuctl")
-    p.add_argument("--simulate", nargs="?", const="default")
-    p.add_argument("--sim-dir")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("render")
-    add_arguments(r)
-    r.set_defaults(func=run)
-    args = p.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,23 +7,23 @@ import logging
 import os
 from pathlib import Path
 
-from vgpuctl.cli.common import kubelet_root, node_name, open_host
+from dra_bridge.api.nodepaths import DEFAULT_CDI_ROOT
+from vgpuctl.cli import options
+from vgpuctl.cli.host import open_host
 
 
 def add_arguments(sv: argparse.ArgumentParser) -> None:
-    sv.add_argument("--node-name", help="node name (default $NODE_NAME)")
-    sv.add_argument("--driver", default="vgpu.kubevirt.io", help="DRA driver name (default %(default)s)")
+    options.add_node_name(sv)
+    options.add_driver(sv)
     sv.add_argument("-f", "--file", help="layout file to reconcile on every resync")
     sv.add_argument("--layout", default="default", help="named layout in the file (default %(default)s)")
-    sv.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
-    sv.add_argument("--server-version", help="override the API server version, e.g. 1.35 (default: ask the server)")
+    options.add_kubeconfig(sv, "the cluster to publish to")
+    options.add_server_version(sv, "the API server (an override)", from_cluster=True)
     sv.add_argument("--resync", type=float, default=30.0, help="seconds between resyncs (default %(default)s)")
     sv.add_argument("--metrics-port", type=int, default=8080,
                     help="port of /metrics, /healthz, /readyz (default %(default)s)")
-    sv.add_argument("--kubelet-root", default=None,
-                    help="kubelet directory (default /var/lib/kubelet; with --simulate, <simulated host dir>/kubelet, "
-                         "where apply, plan and restore --simulate read the prepared claims)")
-    sv.add_argument("--cdi-root", default="/var/run/cdi", help="where CDI specs are written (default %(default)s)")
+    options.add_kubelet_root(sv)
+    sv.add_argument("--cdi-root", default=str(DEFAULT_CDI_ROOT), help="where CDI specs are written (default %(default)s)")
     sv.add_argument("--plain-logs", action="store_true", help="human-readable logs instead of JSON")
     sv.add_argument("--device-plugin", action="store_true",
                     help="also serve the classic device plugin (resources nvidia.com/<TYPE_NAME>) for non-DRA GPUs")
@@ -39,9 +39,9 @@ def add_arguments(sv: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    # the agent's modules are imported here, not at the top: `vgpuctl serve -h` stays fast
     from dra_bridge.agent.daemon import Daemon, ServeConfig
     from dra_bridge.agent.observe import setup_logging
-    from dra_bridge.apiclient.client import connect
     from mdev_manager.config import load_document
 
     if args.file:
@@ -49,19 +49,19 @@ def run(args) -> int:
         # every resync (the state label reads failed) while the agent keeps serving
         load_document(args.file)
     version = _server_version(args.server_version)
-    node = args.node_name or os.environ.get("NODE_NAME") or node_name(args)
+    api = options.connect(args)  # bad input stops the start before the host is opened
+    host = open_host(args)
+    node = args.node_name or os.environ.get("NODE_NAME") or host.node
     if not node:
         raise ValueError("node name: set NODE_NAME (the DaemonSet sets it from spec.nodeName) or pass --node-name")
-    api = connect(args.kubeconfig)  # bad input stops the start before the host is touched
     setup_logging(logging.DEBUG if args.verbose else logging.INFO, json_logs=not args.plain_logs)
-    env, io = open_host(args)
     cfg = ServeConfig(node_name=node, driver=args.driver, layout_file=args.file, layout=args.layout,
                       resync_seconds=args.resync, server_version=version, metrics_port=args.metrics_port,
-                      kubelet_root=kubelet_root(args), cdi_root=Path(args.cdi_root),
+                      kubelet_root=host.kubelet_root, cdi_root=Path(args.cdi_root),
                       device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
                       layout_label=args.layout_label, state_label=args.state_label,
                       sizes_by_first_allocation=args.sizes_by_first_allocation)
-    daemon = Daemon(cfg, env, io, api).start()
+    daemon = Daemon(cfg, host.env, host.io, api).start()
     daemon.run()
     return 0
 

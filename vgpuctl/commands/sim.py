@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
-from vgpuctl.cli.common import sim_dir_for
+import yaml
+
+from vgpuctl.cli import options
+from vgpuctl.cli.host import sim_dir_for
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
     ssub = s.add_subparsers(dest="sim_cmd", required=True, metavar="{presets,mount,reset,reboot,apiserver}")
-    ssub.add_parser("presets", help="list the shipped host presets")
+    pr = ssub.add_parser("presets", help="list the shipped host presets")
+    options.add_output(pr)
     m = ssub.add_parser("mount", help="mount a simulated host's sysfs with FUSE")
     m.add_argument("host", help="preset name or host YAML")
     m.add_argument("dir", help="mount point")
-    ssub.add_parser("reset", help="rebuild the simulated host (with --simulate; default preset: default)")
-    ssub.add_parser("reboot", help="simulate a reboot: VFs and vGPUs vanish, definitions stay")
+    reset = ssub.add_parser("reset", help="rebuild the simulated host (with --simulate; default preset: default)")
+    reboot = ssub.add_parser("reboot", help="simulate a reboot: VFs and vGPUs vanish, definitions stay")
+    for sp in (pr, m, reset, reboot):
+        options.add_host_options(sp, suppress=True)
     a = ssub.add_parser("apiserver", help="run a local Kubernetes API server in the foreground until SIGTERM",
                         description="A local Kubernetes API server (the DRA resources and the objects vgpuctl uses) "
                                     "that keeps and drops fields as kube-apiserver does for its version and "
@@ -37,8 +44,13 @@ def run(args) -> int:
     from mdev_manager.sim.node import sim_node
 
     if args.sim_cmd == "presets":
-        for name in preset_names():
-            spec = load_host(name)
+        presets = {name: load_host(name) for name in preset_names()}
+        if args.output in ("json", "yaml"):
+            data = [{"name": name, "node": spec.node, "gpus": [{"board": g.board, "count": g.count} for g in spec.gpus]}
+                    for name, spec in presets.items()]
+            print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
+            return 0
+        for name, spec in presets.items():
             print(f"{name:14} " + ", ".join(f"{g.count} x {g.board}" for g in spec.gpus))
         return 0
     if args.sim_cmd == "mount":

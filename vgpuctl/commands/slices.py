@@ -1,72 +1,49 @@
-"""``vgpuctl slices``: the ResourceSlices this node would publish, as a ``v1`` List. Writes nothing.
+"""``vgpuctl slices``: the ResourceSlices this node's agent publishes, as a ``v1`` List. Writes nothing.
 
-The slices come from the node agent's own code (discover -> pool policy -> ``build_pool`` ->
-``plan_slices``), for an API server of ``--server-version`` with ``--feature-gates`` (over that
-version's defaults, as kube-apiserver has them). What the builder can express it is asked for
-(no compatibility groups when ``DRADeviceCompatibilityGroups`` is off: the equal-size choice of
-servers without them); what it cannot (no counters when ``DRAPartitionableDevices`` is off) is
-removed afterwards with the API server's own drop rules, and said so on stderr. With
-``--kubeconfig`` the version and what the server keeps are not given but found, by effect: a
-dry-run probe slice (nothing stored) shows which DRA fields that server drops.
+The slices come from the node agent's own code: the shape it chooses for the server
+(:func:`~dra_bridge.pool.shape.choose_shape`, from what the server keeps) and the pool it builds
+(:func:`~dra_bridge.pool.shape.node_pool`). What the server keeps is read off ``--server-version``
+and ``--feature-gates`` (that version's defaults, as kube-apiserver has them), or, with
+``--kubeconfig``, found by effect: a dry-run probe slice (nothing stored) shows which DRA fields
+that server drops. A server that drops the counters gets the agent's safe shape, said on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import os
 import sys
-from collections import Counter
-from pathlib import Path
 
 import yaml
 
-from vgpuctl.cli.common import node_name, open_host
-
-VERSIONS = ("1.34", "1.35", "1.36", "1.37")
-GROUPS_GATE = "DRADeviceCompatibilityGroups"
+from dra_bridge.api import compat
+from dra_bridge.api.nodepaths import NodePaths
+from dra_bridge.kubeletplugin.gpuids import StableGpuIds
+from dra_bridge.pool.shape import Shape, choose_shape, node_pool
+from dra_bridge.pool.slices import plan_slices
+from mdev_manager.config import load_config
+from mdev_manager.discovery import discover
+from vgpuctl.cli import options
+from vgpuctl.cli.host import open_host
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from dra_bridge.api.names import DEFAULT_DRIVER
-
-    p.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml",
-                   help="output format (default %(default)s)")
-    p.add_argument("--server-version", choices=VERSIONS, default=VERSIONS[-1],
-                   help="Kubernetes version of the API server the slices are for (default %(default)s)")
-    p.add_argument("--feature-gates", default="", metavar="NAME=true|false,...",
-                   help="the API server's feature gates over that version's defaults, e.g. "
-                        "DRADeviceCompatibilityGroups=true (default: none, the version's defaults)")
-    p.add_argument("--kubeconfig", nargs="?", const="", metavar="FILE",
-                   help="detect the server's version and the DRA fields it keeps from a cluster (a dry-run probe, "
-                        "nothing stored) instead of --server-version / --feature-gates")
+    options.add_output(p, table=False, default=options.YAML)
+    options.add_server_version(p, "the API server the slices are for")
+    options.add_feature_gates(p)
+    options.add_kubeconfig(p, "detect the server's version and the DRA fields it keeps from a cluster (a "
+                              "dry-run probe, nothing stored) instead of --server-version / --feature-gates")
     p.add_argument("-f", "--file", metavar="LAYOUT",
                    help="layout file: the pool policy comes from its DRA entries, as the node agent's "
                         "(default: none, every GPU offered)")
     p.add_argument("--layout", default="default", help="named layout in the file (default %(default)s)")
-    p.add_argument("--node-name", default=None,
-                   help="node name (default: $NODE_NAME, or the simulated host's node)")
-    p.add_argument("--driver", default=DEFAULT_DRIVER, help="DRA driver name (default %(default)s)")
-    p.add_argument("--kubelet-root", default="/var/lib/kubelet",
-                   help="kubelet directory, where the node agent keeps its GPU numbering (read only; "
-                        "default %(default)s)")
-
-
-def builder_version(version: tuple[int, int], gates: dict[str, bool]) -> tuple[int, int]:
-    """The server version to build for: with compatibility groups off, the newest one without them.
-
-    Used only when that older version's limits are the same but for the groups, so the slices
-    are what ``version`` accepts; otherwise the groups are left to the drop rules.
-    """
-    from dra_bridge.pool.devices import COMPATIBILITY_GROUPS_SINCE
-    from dra_bridge.pool.slicecheck import limits_for
-
-    if version < COMPATIBILITY_GROUPS_SINCE or gates.get(GROUPS_GATE, True):
-        return version
-    older = (COMPATIBILITY_GROUPS_SINCE[0], COMPATIBILITY_GROUPS_SINCE[1] - 1)
-    if dataclasses.replace(limits_for(version), compatibility_groups=0) == limits_for(older):
-        return older
-    return version
+    options.add_node_name(p)
+    options.add_driver(p)
+    options.add_kubelet_root(p, "read only: where the node agent keeps its GPU numbering")
+    p.add_argument("--sizes-by-first-allocation", action="store_true",
+                   help="as serve's option of that name: the shape it publishes where the server keeps counters "
+                        "but neither compatibility groups nor binding conditions")
 
 
 class _ReadOnly:
@@ -75,93 +52,68 @@ class _ReadOnly:
     def __init__(self, io):
         self._io = io
 
-    def read(self, path: Path) -> str:
+    def read(self, path):
         return self._io.read(path)
 
-    def write_atomic(self, path: Path, data: str, durable: bool = True) -> None:
+    def write_atomic(self, path, data: str, durable: bool = True) -> None:
         pass
 
 
-def _report_dropped(dropped, version: str, gates: dict[str, bool]) -> None:
-    by_field = Counter(d.path.rsplit(".", 1)[-1] for d in dropped)
-    off = sorted({d.gate for d in dropped})
-    fields = ", ".join(f"{name} ({n})" for name, n in sorted(by_field.items()))
-    print(f"note: Kubernetes {version} with {', '.join(f'{g}=false' for g in off)} drops these fields on "
-          f"write; the slice builder cannot leave them out, so they are removed here as kube-apiserver "
-          f"would: {fields}", file=sys.stderr)
-    if by_field.keys() & {"sharedCounters", "consumesCounters"}:
-        print("warning: without counters the scheduler can allocate a GPU's vGPUs and the whole GPU "
-              "together; enable DRAPartitionableDevices on the API server and the scheduler",
-              file=sys.stderr)
-
-
-def node_slices(env, io, node: str, *, driver: str, kubelet_root: Path, version: tuple[int, int],
-                gates: dict[str, bool], layouts=None) -> tuple[list[dict], list[str]]:
-    """(slices, warnings): what this node's agent would publish for an API server of ``version`` with
-    ``gates`` (fields that server drops are left in; ``run`` removes them). Shared with ``capacity``."""
-    from dra_bridge.kubeletplugin.gpuids import StableGpuIds
-    from dra_bridge.kubeletplugin.paths import PluginPaths
-    from dra_bridge.pool.devices import build_pool
-    from dra_bridge.pool.policy import policy_from_layout
-    from dra_bridge.pool.slices import plan_slices
-    from mdev_manager.discovery import discover
-
+def node_slices(env, io, node: str, *, paths: NodePaths, shape: Shape, layouts=None) -> tuple[list[dict], list[str]]:
+    """(slices, warnings): what this node's agent publishes in ``shape`` (the agent's own
+    :func:`~dra_bridge.pool.shape.node_pool`). Shared with ``capacity``."""
     inv = discover(env, io, node=node)
-    policy = policy_from_layout(inv, layouts)
-    ids = StableGpuIds(PluginPaths(driver=driver, kubelet_root=kubelet_root).data_dir / "gpu-ids.json", _ReadOnly(io))
-    build_for = builder_version(version, gates)
-    # as the agent (Daemon._binding_mode): counters and binding conditions kept, no groups
-    binding = bool(gates.get("DRAPartitionableDevices") and gates.get("DRADeviceBindingConditions")
-                   and gates.get("DRAResourceClaimDeviceStatus", True)) and build_for < (1, 37)
-    pool = build_pool(ids.apply(inv), policy, driver, server_version=build_for, binding_conditions=binding,
-                      pcie_roots={g.address: g.pcie_root for g in inv.gpus if g.pcie_root})
-    plan = plan_slices(pool, driver=driver, node_name=node, pool_name=node, generation=1, server_version=build_for)
+    ids = StableGpuIds(paths.gpu_ids, _ReadOnly(io))
+    pool = node_pool(inv, layouts, paths.driver, shape, numbered=ids.apply(inv))
+    plan = plan_slices(pool, driver=paths.driver, node_name=node, pool_name=node, generation=1,
+                       server_version=shape.version)
     return plan.slices, [*pool.warnings, *plan.warnings]
 
 
-def _detected(args) -> tuple[tuple[int, int], dict[str, bool]]:
-    """The cluster's version, and gates as its effect shows them (only the DRA gates the slices use)."""
-    from dra_bridge.apiclient.client import connect
+def _detected(args) -> tuple[tuple[int, int], compat.KeptFields]:
+    """The cluster's version, and what it keeps, by effect (a dry-run probe slice, nothing stored)."""
     from dra_bridge.apiclient.kept import probe_kept
     from dra_bridge.apiclient.publisher import server_version
-    from dra_bridge.sim.apiserver import featuregates
 
-    api = connect(args.kubeconfig or None)
+    api = options.connect(args)
     version = server_version(api)
     kept = probe_kept(api, version)
-    print(f"detected: Kubernetes {version[0]}.{version[1]}; the API server keeps {kept.describe()}", file=sys.stderr)
-    overrides = {"DRAPartitionableDevices": kept.counters is not False,
-                 "DRADeviceBindingConditions": kept.binding_conditions is not False}
-    if version >= (1, 37):
-        overrides[GROUPS_GATE] = kept.compatibility_groups is not False
-    known = featuregates.resolve(version, {})
-    return version, featuregates.resolve(version, {k: v for k, v in overrides.items() if k in known})
+    print(f"detected: Kubernetes {compat.format_version(version)}; the API server keeps {kept.describe()}",
+          file=sys.stderr)
+    return version, kept
+
+
+def shape_for(args) -> Shape:
+    """The shape ``serve`` would publish in: from the cluster (``--kubeconfig``), else from
+    ``--server-version`` and ``--feature-gates`` (said on stderr when it is not every size at once)."""
+    if options.reads_cluster(args):
+        version, kept = _detected(args)
+        server = f"the API server (Kubernetes {compat.format_version(version)})"
+    else:
+        version = compat.version_tuple(args.server_version)
+        kept = compat.kept_by_gates(version, compat.resolve(version, compat.parse_gates(args.feature_gates)))
+        server = f"Kubernetes {compat.format_version(version)}"
+    shape = choose_shape(version, kept, sizes_by_first_allocation=args.sizes_by_first_allocation)
+    if not shape.counters:
+        print(f"warning: {server} with {compat.PARTITIONABLE}=false drops sharedCounters and consumesCounters, so "
+              "the node agent publishes without counters only what can never over-commit (per GPU the whole GPU or "
+              f"one vGPU type); enable {compat.PARTITIONABLE} on the API server and the scheduler to offer more",
+              file=sys.stderr)
+    return shape
 
 
 def run(args) -> int:
-    from dra_bridge.sim.apiserver import featuregates
-    from mdev_manager.config import load_config
-
-    if args.kubeconfig is not None:
-        version, gates = _detected(args)
-        args.server_version = f"{version[0]}.{version[1]}"
-    else:
-        version = featuregates.version_tuple(args.server_version)
-        gates = featuregates.resolve(version, featuregates.parse_gates(args.feature_gates))
-    env, io = open_host(args)
-    node = args.node_name or node_name(args, env)
-    if not node:
+    node = args.node_name or os.environ.get("NODE_NAME")
+    if not node and not args.simulate:
         raise ValueError("node name: set NODE_NAME or pass --node-name (or use --simulate)")
+    shape = shape_for(args)
+    host = open_host(args)
+    node = node or host.node
     layouts = load_config(args.file, args.layout) if args.file else None
-
-    slices, warnings = node_slices(env, io, node, driver=args.driver, kubelet_root=Path(args.kubelet_root),
-                                   version=version, gates=gates, layouts=layouts)
+    slices, warnings = node_slices(host.env, host.io, node, paths=host.paths(args.driver), shape=shape,
+                                   layouts=layouts)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    dropped = [d for s in slices for d in featuregates.drop_disabled(s, None, gates)]
-    if dropped:
-        _report_dropped(dropped, args.server_version, gates)
-
     doc = {"apiVersion": "v1", "kind": "List", "items": slices}
     print(json.dumps(doc, indent=2) if args.output == "json" else yaml.safe_dump(doc, sort_keys=False), end="")
     if args.output == "json":

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from dra_bridge.sim.apiserver import discovery, featuregates
+from dra_bridge.api import compat as featuregates
+from dra_bridge.sim.apiserver import discovery
 from dra_bridge.sim.apiserver import errors as E
 from dra_bridge.sim.apiserver.errors import ApiError
 from dra_bridge.sim.apiserver.handler import Handler, HTTPServer

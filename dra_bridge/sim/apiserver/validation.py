@@ -17,17 +17,17 @@ import functools
 import re
 from collections.abc import Callable
 
-try:  # optional: `pip install kubernetes-validate` (the test extra) for schema validation
+from dra_bridge.sim.apiserver import dra_rules
+from dra_bridge.sim.apiserver.errors import FieldError
+
+try:  # the [sim] extra's kubernetes-validate: the upstream schemas each object is checked against
     import jsonschema
     import referencing
     from kubernetes_validate import utils as kv_utils
-except ImportError:  # a plain `pip install vgpuctl`: DRA and metadata rules only
+except ImportError:  # without it: the DRA and metadata rules only
     jsonschema = referencing = kv_utils = None
 
 HAVE_SCHEMAS = kv_utils is not None
-
-from dra_bridge.sim.apiserver import dra_rules
-from dra_bridge.sim.apiserver.errors import FieldError
 
 SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
                  "characters, '-' or '.', and must start and end with an alphanumeric character")

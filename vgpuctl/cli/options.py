@@ -1,0 +1,111 @@
+"""One definition of each option that several commands share, with one meaning everywhere.
+
+* ``-o/--output``: ``table`` (the default, for people), ``wide`` where a table has more columns,
+  ``json`` and ``yaml`` for machines; ``--json`` stays as a hidden alias of ``-o json``.
+* ``--kubeconfig [FILE]`` and ``--context NAME``: the cluster, found in kubectl's order (the flag,
+  ``$KUBECONFIG``, ``~/.kube/config``, in-cluster); for a command that can also work without a
+  cluster, giving either flag is what makes it read one.
+* ``--server-version``: one rule for its default: with a cluster, the server's own version; without
+  one, :data:`dra_bridge.api.compat.DEFAULT_VERSION`.
+* ``--feature-gates``, ``--driver``, ``--kubelet-root``, ``--node-name``.
+* The host options (``--simulate``, ``--sys-root``, ...), accepted before or after the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dra_bridge.api.compat import DEFAULT_VERSION, VERSION_CHOICES, format_version
+from dra_bridge.api.names import DEFAULT_DRIVER
+
+TABLE, WIDE, JSON, YAML = "table", "wide", "json", "yaml"
+
+
+def add_output(p: argparse.ArgumentParser, *, wide: bool = False, table: bool = True,
+               default: str | None = None, what: str = "") -> None:
+    """``-o/--output`` (and the hidden ``--json``)."""
+    choices = ([TABLE] if table else []) + ([WIDE] if wide else []) + [JSON, YAML]
+    default = default or choices[0]
+    p.add_argument("-o", "--output", choices=choices, default=default, metavar="|".join(choices),
+                   help=f"output format{what} (default {default})")
+    p.add_argument("--json", dest="output", action="store_const", const=JSON, help=argparse.SUPPRESS)
+
+
+def add_kubeconfig(p: argparse.ArgumentParser, what: str = "read the cluster", *, group=None) -> None:
+    """``--kubeconfig [FILE]`` and ``--context``: which cluster, in kubectl's search order."""
+    target = group if group is not None else p
+    target.add_argument("--kubeconfig", nargs="?", const="", metavar="FILE",
+                        help=f"{what}: FILE, or (flag without a value) $KUBECONFIG, ~/.kube/config, then the "
+                             "in-cluster service account, as kubectl looks")
+    p.add_argument("--context", metavar="NAME", help="kubeconfig context to use (default: its current-context)")
+
+
+def reads_cluster(args) -> bool:
+    """Whether the command was asked to read a cluster (``--kubeconfig`` or ``--context`` given)."""
+    return getattr(args, "kubeconfig", None) is not None or getattr(args, "context", None) is not None
+
+
+def connect(args, timeout: float | None = None):
+    """The cluster's API client, known to answer (bad kubeconfig or no answer: one-line errors)."""
+    from dra_bridge.apiclient.client import PROBE_TIMEOUT
+    from dra_bridge.apiclient.client import connect as _connect
+
+    return _connect(args.kubeconfig or None, context=args.context, timeout=timeout or PROBE_TIMEOUT)
+
+
+def add_server_version(p: argparse.ArgumentParser, what: str = "the API server the output is for", *,
+                       from_cluster: bool = False) -> None:
+    """``--server-version``: with ``from_cluster`` (a command that always reads one) the default is
+    the server's own version, else :data:`DEFAULT_VERSION`."""
+    default = None if from_cluster else format_version(DEFAULT_VERSION)
+    p.add_argument("--server-version", choices=VERSION_CHOICES, default=default, metavar="|".join(VERSION_CHOICES),
+                   help=f"Kubernetes version of {what} (default: "
+                        + ("the server's own)" if from_cluster else f"{default}; with --kubeconfig the cluster's)"))
+
+
+def add_feature_gates(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--feature-gates", default="", metavar="NAME=true|false,...",
+                   help="the API server's feature gates over that version's defaults, e.g. "
+                        "DRADeviceCompatibilityGroups=true (default: none, the version's defaults)")
+
+
+def add_driver(p: argparse.ArgumentParser, what: str = "DRA driver name") -> None:
+    p.add_argument("--driver", default=DEFAULT_DRIVER, help=f"{what} (default %(default)s)")
+
+
+def add_kubelet_root(p: argparse.ArgumentParser, what: str = "") -> None:
+    p.add_argument("--kubelet-root", default=None, metavar="DIR",
+                   help="kubelet directory" + (f" ({what})" if what else "") + "; the DRA driver keeps its "
+                        "checkpoint and GPU numbering in <DIR>/plugins/<driver>/ (default /var/lib/kubelet; with "
+                        "--simulate, <simulated host dir>/kubelet, where vgpuctl --simulate serve keeps them)")
+
+
+def add_node_name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node-name", default=None, help="node name (default: $NODE_NAME, or the simulated host's node)")
+
+
+#: Host options: valued ones are skipped when looking for the command name in argv.
+HOST_VALUED = ("--simulate", "--sim-dir", "--sys-root", "--dev-root", "--mdevctl-root", "--state-root",
+               "--libvirt-uri")
+
+
+def add_host_options(p: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """Which host to work on. Given to the top parser and (``suppress``: no default, so a value
+    given before the command is kept; no help, ``vgpuctl -h`` lists them) to every command's parser,
+    so they go before or after the command."""
+    d = {"default": argparse.SUPPRESS} if suppress else {}
+
+    def add(*names: str, help: str, **kw) -> None:
+        p.add_argument(*names, **kw, **d, help=argparse.SUPPRESS if suppress else help)
+
+    add("--simulate", nargs="?", const="default", metavar="PRESET|HOST.yaml",
+        help="run against a simulated host (state kept between commands; preset default: default; "
+             "needs pip install 'vgpuctl[sim]')")
+    add("--sim-dir", help="where the simulated host lives (default ~/.local/state/vgpuctl/sim/<name>, "
+                          "or $VGPUCTL_SIM_DIR/<name>)")
+    add("--sys-root", help="sysfs root (default /sys)")
+    add("--dev-root", help="/dev root (default /dev)")
+    add("--mdevctl-root", help="mdevctl definitions (default /etc/mdevctl.d)")
+    add("--state-root", help="vgpuctl state (default /var/lib/vgpuctl)")
+    add("--libvirt-uri", help="libvirt URI to check for devices in use (e.g. qemu:///system)")
+    add("--debug", action="store_true", help="on an error, show the Python traceback")
