@@ -334,6 +334,9 @@ def test_edge_tables():
     assert check_counts(24, pub) == 9  # 2^3 subsets + the whole GPU alone
     with pytest.raises(pl.PlacementError, match="outside"):
         enc.consumes(0, 20, 8)
+    # [FD] lists no H100-80C; the full-size vGPU at 0 is consumed like the whole GPU: same counters
+    slots, table = BOARDS["H100-80GB"]
+    assert pl.encode(slots, {**table, 80: (0,)}).parts == pl.encode(slots, table).parts
 
 
 def test_random_tables():
