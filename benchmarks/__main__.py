@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-ALL = ["discovery", "agent", "prepare", "size", "race", "node", "dra", "allocator"]
+ALL = ["discovery", "agent", "prepare", "size", "race", "node", "dra", "allocator", "packing"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -15,7 +15,8 @@ def parser() -> argparse.ArgumentParser:
         description="Run vgpuctl's benchmarks, each beside a peer run side by side with the ratio.",
         epilog="node: discovery and apply against Debian's mdevctl on a FUSE-mounted simulated host (needs root "
                "for the mount namespace); dra: API writes per resync and prepare latency; allocator: 10,000 "
-               "claims on 1,000 nodes with and without the selector cache.")
+               "claims on 1,000 nodes with and without the selector cache; packing: one seeded stream of "
+               "mixed-size claims on L40S and H100 fleets, mixed-size placements vs equal-size mode.")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help=f"benchmarks to run, any of {', '.join(ALL)} (default: all)")
     return p

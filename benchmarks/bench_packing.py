@@ -1,0 +1,185 @@
+"""Packing mixed-size claims (issue #24, point 6): GPUs used and claims refused, mixed-size mode
+against today's equal-size mode, beside a perfect bin-packing bound.
+
+One seeded random stream of C-series claims per board (L40S, H100 80 GB; sizes drawn from
+:data:`MIX`) is fed, claim by claim, to:
+
+* **mixed** (vgpuctl column): the GPU runs in mixed-size mode; **first fit**, as the scheduler
+  walks the published devices in order and NVIDIA's driver creates a type at its lowest creatable
+  placement: the first GPU where the size has a placement ID whose slots are all free, at the
+  lowest such ID;
+* **equal** (peer column): equal-size mode, what vgpuctl publishes today: a GPU takes the size of
+  its first vGPU, then only that size, up to the equal-size maximum (``slots // size``: NVIDIA's
+  count for every C type drawn here), first fit over the GPUs; an emptied GPU takes any size again;
+* **bound**: perfect bin packing: ``ceil(GiB / slots)`` GPUs, a lower bound on GPUs used; for
+  refusals a fluid fleet (perfectly divisible memory) that refuses a claim, in arrival order, only
+  when the fleet's free GiB are fewer than its size. That is what capacity alone refuses, not a
+  lower bound on the count: a policy that refuses a large claim may then take several small ones
+  (equal-size mode does), so the GiB refused are printed too.
+
+Three runs per board: every claim placed on as many GPUs as needed (GPUs used); a fixed fleet
+offered 125% of its GiB (claims refused); a fixed fleet with departures (each claim leaves after
+a random lifetime, offered load 100%; claims refused).
+
+The placement tables are parameters (:func:`simulate`); :func:`placement_table` reads them from
+``mdev_manager.catalog_placements`` once that module exists, else from :data:`_FACTS_TABLES`, a
+private copy of the facts file's tables TO BE REPLACED by the catalog.
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .common import HEADER, row
+
+Table = Mapping[int, Sequence[int]]
+
+#: TO BE REPLACED by ``mdev_manager.catalog_placements`` (``slots(key)``, ``placements(key)``):
+#: shared/reference/heterogeneous-vgpu.md, [FD] C series, as (slots, {size: placement IDs}).
+_FACTS_TABLES: dict[str, tuple[int, dict[int, tuple[int, ...]]]] = {
+    "L40S": (48, {4: (0, 8, 12, 20, 24, 32, 36, 44), 6: tuple(range(0, 48, 6)), 8: (0, 16, 24, 40),
+                  12: (0, 12, 24, 36), 16: (0, 32), 24: (0, 24), 48: (0,)}),
+    "H100-80GB": (80, {4: (0, 6, 10, 16, 20, 26, 30, 36, 40, 46, 50, 56, 60, 66, 70, 76), 5: tuple(range(0, 80, 5)),
+                       8: (0, 12, 20, 32, 40, 52, 60, 72), 10: tuple(range(0, 80, 10)), 16: (0, 24, 40, 64),
+                       20: tuple(range(0, 80, 20)), 40: (0, 40)}),
+}
+#: Claim sizes (GiB) and their weights: small vGPUs most common, a few large ones.
+MIX = {"L40S": {4: 30, 6: 10, 8: 25, 12: 15, 16: 10, 24: 7, 48: 3},
+       "H100-80GB": {4: 20, 5: 10, 8: 25, 10: 15, 16: 12, 20: 10, 40: 8}}
+SEED = 24
+POLICIES = ("mixed", "equal", "bound")
+
+
+def placement_table(board: str) -> tuple[int, Table, str]:
+    """(slots, table, where from): the catalog's when it knows the board, else the private copy."""
+    try:
+        cat = importlib.import_module("mdev_manager.catalog_placements")
+        slots, table = cat.slots(board), cat.placements(board)
+        if slots and table:
+            return slots, table, "catalog"
+    except ImportError:
+        pass
+    slots, table = _FACTS_TABLES[board]
+    return slots, table, "facts file copy"
+
+
+@dataclass
+class Outcome:
+    gpus_used: int = 0
+    refused: int = 0
+    refused_gib: int = 0
+
+
+class _Mixed:
+    """GPUs in mixed-size mode: a bitmask of used slots each; first fit at the lowest free ID."""
+
+    def __init__(self, slots: int, table: Table):
+        self.table = {s: sorted(ids) for s, ids in table.items()}
+        self.used: list[int] = []
+
+    def place(self, size: int, fleet: int | None) -> tuple[int, int] | None:
+        for g in range(len(self.used) + (1 if fleet is None or len(self.used) < fleet else 0)):
+            if g == len(self.used):
+                self.used.append(0)
+            for p in self.table.get(size, ()):
+                mask = ((1 << size) - 1) << p
+                if not self.used[g] & mask:
+                    self.used[g] |= mask
+                    return g, mask
+        return None
+
+    def free(self, where: tuple[int, int]) -> None:
+        g, mask = where
+        self.used[g] &= ~mask
+
+
+class _Equal:
+    """GPUs in equal-size mode: (size, count) each; a size up to ``slots // size`` per GPU."""
+
+    def __init__(self, slots: int, table: Table):
+        self.slots = slots
+        self.gpus: list[list[int]] = []  # [size or 0, count]
+
+    def place(self, size: int, fleet: int | None) -> tuple[int, int] | None:
+        for g in range(len(self.gpus) + (1 if fleet is None or len(self.gpus) < fleet else 0)):
+            if g == len(self.gpus):
+                self.gpus.append([0, 0])
+            s, n = self.gpus[g]
+            if (s in (0, size)) and n < self.slots // size:
+                self.gpus[g] = [size, n + 1]
+                return g, size
+        return None
+
+    def free(self, where: tuple[int, int]) -> None:
+        g, _ = where
+        self.gpus[g][1] -= 1
+        if not self.gpus[g][1]:
+            self.gpus[g][0] = 0
+
+
+def simulate(policy: str, slots: int, table: Table, claims: Sequence[tuple[int, float, float]],
+             fleet: int | None) -> Outcome:
+    """Feed ``claims`` (size, arrival, departure) in arrival order to ``policy`` (``mixed``,
+    ``equal`` or ``bound``) on ``fleet`` GPUs (None: as many as needed)."""
+    state = _Mixed(slots, table) if policy == "mixed" else _Equal(slots, table) if policy == "equal" else None
+    out, leaving, in_use, touched = Outcome(), [], 0, set()
+    capacity = math.inf if fleet is None else fleet * slots
+    for k, (size, arrive, depart) in enumerate(claims):
+        while leaving and leaving[0][0] <= arrive:
+            _, _, size_gone, where = heapq.heappop(leaving)
+            in_use -= size_gone
+            if state is not None:
+                state.free(where)
+        if state is None:
+            where = (0, 0) if in_use + size <= capacity else None
+        else:
+            where = state.place(size, fleet)
+        if where is None:
+            out.refused += 1
+            out.refused_gib += size
+            continue
+        in_use += size
+        touched.add(where[0])
+        heapq.heappush(leaving, (depart, k, size, where))
+    out.gpus_used = math.ceil(sum(c[0] for c in claims) / slots) if state is None else len(touched)
+    return out
+
+
+def stream(board: str, n: int, *, lifetime: float | None = None, seed: int = SEED) -> list[tuple[int, float, float]]:
+    """``n`` claims (size, arrival, departure): one a time unit, staying ``lifetime`` on average
+    (exponential; None: for ever)."""
+    rnd = random.Random(f"{seed}-{board}-{n}-{lifetime}")
+    sizes, weights = zip(*MIX[board].items(), strict=True)
+    out = []
+    for t in range(n):
+        stay = math.inf if lifetime is None else rnd.expovariate(1 / lifetime)
+        out.append((rnd.choices(sizes, weights)[0], float(t), t + stay))
+    return out
+
+
+def run(boards: Sequence[str] = ("L40S", "H100-80GB"), fleet: int = 32) -> list[str]:
+    lines = ["Packing one seeded stream of C-series claims: mixed-size placements (vgpuctl column, first fit) "
+             "vs equal-size (peer column); bound: perfect bin packing", HEADER]
+    for board in boards:
+        slots, table, source = placement_table(board)
+        mean = sum(s * w for s, w in MIX[board].items()) / sum(MIX[board].values())
+        static = stream(board, 400)
+        over = stream(board, round(1.25 * fleet * slots / mean))
+        # departures: arrivals one a time unit, so a mean lifetime of fleet * slots / mean offers 100%
+        churn = stream(board, 4000, lifetime=fleet * slots / mean)
+        got = {p: simulate(p, slots, table, static, None) for p in POLICIES}
+        lines.append(row(f"{board}: GPUs used by {len(static)} claims", str(got["mixed"].gpus_used),
+                         str(got["equal"].gpus_used), got["mixed"].gpus_used / got["equal"].gpus_used,
+                         f"bound {got['bound'].gpus_used} (GiB / {slots}); tables: {source}"))
+        for what, claims in (("125%", over), ("churn 100%", churn)):
+            got = {p: simulate(p, slots, table, claims, fleet) for p in POLICIES}
+            m, e, b = got["mixed"], got["equal"], got["bound"]
+            lines.append(row(f"{board} x{fleet} {what}: refused of {len(claims)}", str(m.refused), str(e.refused),
+                             m.refused / e.refused if e.refused else None,
+                             f"fluid {b.refused}; GiB refused {m.refused_gib} / {e.refused_gib} / {b.refused_gib}"))
+    return lines
