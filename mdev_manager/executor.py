@@ -56,6 +56,8 @@ class StepResult(BaseModel):
 
 class Report(BaseModel):
     results: list[StepResult] = []
+    stopped: str | None = None  # why the run stopped between two steps (a signal), None if it ran through
+    left: int = 0  # steps not started because it stopped
 
     @property
     def failed(self) -> list[StepResult]:
@@ -96,10 +98,15 @@ def _needs(a) -> set[str]:
 
 
 class Executor:
-    def __init__(self, env: HostEnv, io: HostIO, on_step: Callable[[object], None] | None = None):
+    """Runs a plan's steps in order. ``stop()`` is asked between two steps: a step in flight is
+    always finished (every state between two steps is one the next apply completes, as after a crash)."""
+
+    def __init__(self, env: HostEnv, io: HostIO, on_step: Callable[[object], None] | None = None,
+                 stop: Callable[[], str | None] | None = None):
         self.env = env
         self.io = io
         self.on_step = on_step
+        self.stop = stop
         self._records: dict[str, str] | None = None
         self._unsynced = False
         self._dirs: dict[str, object] | None = None
@@ -124,7 +131,11 @@ class Executor:
     def _run(self, plan: Plan) -> Report:
         report = Report()
         broken: set[str] = set()
-        for a in plan.actions:
+        for i, a in enumerate(plan.actions):
+            why = self.stop() if self.stop else None
+            if why:
+                report.stopped, report.left = why, len(plan.actions) - i
+                break
             if _needs(a) & broken:
                 report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False, skipped=True,
                                                  message="skipped: an earlier step for this device failed"))

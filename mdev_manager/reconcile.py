@@ -39,6 +39,10 @@ class Outcome(BaseModel):
     inventory: Inventory | None = None
     warnings: list[str] = []
     blocked: list[Blocked] = []
+    # read back after the work: steps a fresh plan of the node still wants (an effect that is missing,
+    # or work left by a failure or a stop); empty when the node was read back matching the layout
+    unapplied: list[str] = []
+    stopped: str | None = None  # the signal that stopped the work between two steps
     # who used what when the last round planned: callers reuse it instead of scanning /proc again
     usage: Usage = Field(default_factory=Usage, exclude=True)
 
@@ -48,7 +52,12 @@ class Outcome(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return all(not r.report.failed for r in self.rounds if r.report)
+        """Every step succeeded, nothing stopped the work, and the node read back has every effect."""
+        return all(not r.report.failed for r in self.rounds if r.report) and not self.unapplied and not self.stopped
+
+    @property
+    def left(self) -> int:
+        return sum(r.report.left for r in self.rounds if r.report)
 
     @property
     def matches(self) -> bool:
@@ -75,8 +84,12 @@ def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: 
 
 def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bool = False,
               usage_extra: Usage | None = None, node: str = "", max_rounds: int = 4, on_step=None,
-              final_inventory: bool = True) -> Outcome:
-    """Run rounds until nothing structural is left; ``final_inventory`` discovers the result once more."""
+              final_inventory: bool = True, stop=None, read_back: bool = False) -> Outcome:
+    """Run rounds until nothing structural is left; ``final_inventory`` discovers the result once more.
+
+    ``read_back`` plans the node once more after the work: what that plan still wants to do is an
+    effect the node does not show (``unapplied``), so a write the kernel took without effect is a
+    failure, not a "matches". ``stop()`` (a pending signal) ends the work between two steps."""
     out = Outcome()
     for _ in range(max_rounds):
         inv, plan, warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node)
@@ -91,10 +104,18 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
             if not out.rounds or plan.skipped:
                 out.rounds.append(Round(plan=plan, report=Report()))
             break
-        report = Executor(env, io, on_step).run(plan)
+        report = Executor(env, io, on_step, stop).run(plan)
         out.rounds.append(Round(plan=plan, report=report))
+        if report.stopped:
+            out.stopped = report.stopped
+            break
         if not plan.structural() or report.failed:
             break
-    if final_inventory:
+    executed = any(r.report.results for r in out.rounds if r.report)
+    if read_back and not dry_run and executed:
+        inv, plan, _warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node)
+        out.inventory = inv
+        out.unapplied = [a.describe() for a in plan.actions]
+    elif final_inventory:
         out.inventory = discover(env, io, node=node)
     return out

@@ -4,10 +4,11 @@ Command modules are imported by name only for the command being run, so ``vgpuct
 ``vgpuctl plan`` load neither ``grpc`` nor ``kubernetes``. A module serves a command either with
 ``add_<command>(parser)`` (which sets ``func``) or with ``add_arguments(parser)`` and ``run(args)``.
 
-Errors end here, in :func:`main`: bad input (a ``ValueError``: ConfigError, RenderError,
-YamlFileError, a kubeconfig that cannot be used, ...) and a failing host read print one line
-(a layout's problems one per line) and exit 2; anything unexpected prints one line naming the
-exception and exits 2 too; ``--debug`` lets it raise with its traceback instead. A reader that
+Errors end here, in :func:`main`, as one line (a layout's problems one per line): bad input (a
+``ValueError``: ConfigError, RenderError, YamlFileError, a kubeconfig that cannot be used, ...)
+exits 2; an operational failure (an ``OSError``: a failing host read, a full or read-only disk,
+each naming its path) and anything unexpected exit 1; ``--debug`` lets it raise with its
+traceback instead. A reader that
 closed stdout early (``vgpuctl discover | head -1``) ends the command quietly with 141, what a
 shell reports for a tool killed by SIGPIPE (128 + 13).
 """
@@ -15,6 +16,7 @@ shell reports for a tool killed by SIGPIPE (128 + 13).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -174,7 +176,8 @@ def error_lines(exc: BaseException) -> list[str]:
         if type(exc).__str__ is not OSError.__str__ or isinstance(exc, FileExistsError):
             return [f"error: {_one_line(str(exc))}"]  # it words itself (a failing host read)
         if exc.strerror and exc.filename:
-            return [f"error: {exc.filename}: {exc.strerror}"]
+            hint = _OS_HINTS.get(exc.errno or 0)
+            return [f"error: {exc.filename}: {exc.strerror}" + (f" ({hint})" if hint else "")]
     if _is_validation_error(exc):
         problems = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
         return [f"error: {exc.title}: " + "; ".join(problems)]
@@ -183,6 +186,27 @@ def error_lines(exc: BaseException) -> list[str]:
     text = _one_line(str(exc))
     return [f"error: {type(exc).__name__}{': ' + text if text else ''} (an unexpected error; "
             "run with --debug for the traceback)"]
+
+
+#: what to do about an operational failure, by errno
+_OS_HINTS = {
+    errno.ENOSPC: "free space on that filesystem, then run the command again: what was written before stays",
+    errno.EDQUOT: "the disk quota is used up; free space, then run the command again",
+    errno.EROFS: "the filesystem is read-only: remount it read-write, then run the command again",
+    errno.EIO: "an I/O error: check the disk and the kernel log (dmesg)",
+    errno.EACCES: "permission denied: run as root, or with write access to that path",
+    errno.EPERM: "operation not permitted: run as root",
+}
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for bad input (a file, value or option to fix); 1 for a failure of the node or the system
+    (a full or read-only disk, an I/O error) and for anything unexpected."""
+    if isinstance(exc, OSError):
+        return 1
+    if isinstance(exc, (ValueError, KeyError)) or _is_validation_error(exc):
+        return 2
+    return 1
 
 
 def _one_line(text: str) -> str:
@@ -248,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             if debug:
                 raise
             print(error_lines(exc)[0], file=sys.stderr)
-            return 2
+            return 1
         _drop_stdout()
         return SIGPIPE_EXIT
     except KeyboardInterrupt:
@@ -260,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         for line in error_lines(exc):
             print(line, file=sys.stderr)
-        return 2
+        return exit_code(exc)
 
 
 if __name__ == "__main__":

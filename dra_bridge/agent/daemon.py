@@ -30,7 +30,7 @@ from pathlib import Path
 from dra_bridge.agent.binder import SizeBinder, bind_loop
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
-from dra_bridge.agent.events import LayoutEvents, failed_steps_text
+from dra_bridge.agent.events import LayoutEvents, failed_steps_text, unapplied_text
 from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON
 from dra_bridge.api.nodepaths import NodePaths
@@ -315,7 +315,7 @@ class Daemon:
             if any(r.plan.actions for r in out.rounds):
                 with self.node_lock.hold():
                     out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
-                                    final_inventory=False)
+                                    final_inventory=False, read_back=True)
         except ConfigError as exc:
             self._reject(self._layout_name, self._digest, exc)
             raise
@@ -330,6 +330,8 @@ class Daemon:
         failed = [f for r in out.rounds for f in (r.report.failed if r.report else [])]
         for f in failed:
             log.warning("layout step failed: %s: %s %s", f.step, f.error, f.message)
+        for step in out.unapplied:
+            log.warning("layout step without effect (the node read back after the apply still needs it): %s", step)
         reason = blocked_reason(self._layout_name, out.blocked) if out.ok and out.blocked else None
         if reason:
             log.warning("%s", reason)
@@ -337,7 +339,8 @@ class Daemon:
         if self.cfg.state_label:
             self._set_reason(reason)
         self.events.report(self._layout_name, changed=out.changed, blocked=reason,
-                           failed=failed_steps_text(self._layout_name, failed) if failed else None)
+                           failed=failed_steps_text(self._layout_name, failed) if failed else
+                           unapplied_text(self._layout_name, out.unapplied) if out.unapplied else None)
 
     def _set_reason(self, reason: str | None) -> None:
         """The annotation explaining ``pending``; removed once the node matches (one patch per change)."""

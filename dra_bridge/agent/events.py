@@ -53,6 +53,12 @@ def failed_steps_text(layout: str, failed: list[StepResult]) -> str:
             + " | ".join(parts))
 
 
+def unapplied_text(layout: str, steps: list[str]) -> str:
+    """Steps that reported success but whose effect the node, read back, does not show."""
+    return (f"layout {layout}: {len(steps)} step(s) without effect (the node read back after the apply still "
+            "needs them): " + " | ".join(steps[:5]) + (f" | and {len(steps) - 5} more" if len(steps) > 5 else ""))
+
+
 def layout_event(layout: str, *, changed: int, failed: str | None = None, blocked: str | None = None,
                  previous: LayoutEvent | None = None) -> LayoutEvent | None:
     """The Event one resync's outcome calls for, given the last one recorded (None: none needed).

@@ -45,6 +45,15 @@ class HostIO(Protocol):
     def nvml(self) -> NvmlTransport: ...
 
 
+def named(exc: OSError, path: Path | str) -> OSError:
+    """``exc`` with the path it concerns (``write(2)`` on an fd reports none), so the one line a
+    command prints names the file: ``/var/lib/vgpuctl/x: No space left on device``."""
+    if exc.filename is not None:
+        return exc
+    out = type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno or 0), str(path))
+    return out
+
+
 class RealIO:
     """Plain file I/O. A sysfs attribute write is one ``write(2)``, as the kernel wants."""
 
@@ -143,7 +152,9 @@ class RealIO:
             raw = data.encode()
             n = os.write(fd, raw)
             if n != len(raw):
-                raise OSError(errno.EIO, f"short write to {path}")
+                raise OSError(errno.EIO, "short write", str(path))
+        except OSError as exc:
+            raise named(exc, path) from None
         finally:
             os.close(fd)
 
@@ -156,12 +167,17 @@ class RealIO:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:  # a full or read-only disk: the old content stays, no temporary is left
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise named(exc, path) from None
         if not durable:
             return
         dfd = os.open(path.parent, os.O_RDONLY)

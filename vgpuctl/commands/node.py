@@ -41,6 +41,7 @@ from mdev_manager.reconcile import Outcome, plan_once, reconcile
 from mdev_manager.restore import restore
 from vgpuctl.cli import options
 from vgpuctl.cli.host import Host, dump, open_host
+from vgpuctl.cli.signals import StopSignals
 from vgpuctl.output.summary import summary
 from vgpuctl.output.terminal import Terminal
 from vgpuctl.output.text import TypeNames, inventory_table, report_text, results_text, steps_text
@@ -86,9 +87,10 @@ class _NotForPlan(argparse.Action):
 def add_apply(p: argparse.ArgumentParser) -> None:
     _add_layout_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan without touching anything (as plan)")
-    p.epilog = ("exit status: 0 the node matches the layout; 1 steps failed; 2 bad input; 3 converging "
-                f"(devices in use keep the node from the layout); {EXIT_LOCK_BUSY} the node lock is held "
-                "(--no-wait)")
+    p.epilog = ("exit status: 0 the node matches the layout; 1 steps failed, or the node read back lacks an "
+                "effect; 2 bad input; 3 converging (devices in use keep the node from the layout); "
+                f"{EXIT_LOCK_BUSY} the node lock is held (--no-wait); 130/143 stopped by SIGINT/SIGTERM between "
+                "two steps (run it again to converge)")
     p.set_defaults(func=run_apply)
 
 
@@ -194,14 +196,19 @@ def run_apply(args) -> int:
     else:
         # a layout the node rejects is bad input: rejected before the lock file is made (nothing written)
         with term.status("reading the node and planning") if table else nullcontext():
-            before, first, _ = _no_gpu_guard(host, lambda: plan_once(env, io, layouts, _claims_usage(args, host), node))
+            _, first, _ = _no_gpu_guard(host, lambda: plan_once(env, io, layouts, _claims_usage(args, host), node))
         try:
-            with _writer(args, env), term.progress("applying", len(first.actions)) as on_step:
-                out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, host),
-                                on_step=on_step, final_inventory=not table)
+            with _writer(args, env), StopSignals() as signals:
+                # under the lock: another writer may have changed the node while this one waited
+                before = discover(env, io, node=node)
+                with term.progress("applying", len(first.actions)) as on_step:
+                    out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, host),
+                                    on_step=on_step, stop=signals.pending, read_back=True)
         except NodeLockBusy as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_LOCK_BUSY
+        if out.stopped:
+            return _stopped(args, out, signals.signum)
     code = 0 if dry_run and out.ok else (EXIT_FAILED if not out.ok else EXIT_CONVERGING if out.blocked else 0)
     if not table:
         print(dump(out, args.output))
@@ -210,6 +217,15 @@ def run_apply(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     _print_outcome(args, term, layouts, before, out, node)
     return code
+
+
+def _stopped(args, out: Outcome, signum: int) -> int:
+    """A signal ended the apply between two steps: one line with what was done and what is left."""
+    if args.output in ("json", "yaml"):
+        print(dump(out, args.output))
+    print(f"{out.stopped}: stopped after {out.changed} change(s), {out.left} step(s) not started; every step "
+          f"either completed or was not started, so `{_command(args)}` again converges", file=sys.stderr)
+    return 128 + signum
 
 
 def _print_outcome(args, term: Terminal, layouts: list[GpuLayout], before: Inventory, out: Outcome,
@@ -239,6 +255,10 @@ def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
                         + ("" if verbose else "; -v lists them") + ")")
         return Text("nothing to change; " + (converging if out.blocked else "node matches the layout"),
                     style="yellow" if out.blocked else "green")
+    if out.unapplied:
+        return Text(f"{out.changed} changes; read back, the node still needs {len(out.unapplied)} step(s) the "
+                    f"apply reported done: {'; '.join(out.unapplied[:3])}" + (" ..." if len(out.unapplied) > 3 else ""),
+                    style="bold red")
     if not out.ok:
         return Text(f"{out.changed} changes; some steps failed", style="bold red")
     if out.blocked:
@@ -250,16 +270,20 @@ def run_restore(args) -> int:
     host = open_host(args)
     env, io = host.env, host.io
     try:
-        with _writer(args, env):
+        with _writer(args, env), StopSignals() as signals:
             usage = _claims_usage(args, host)
             for w in usage.warnings:
                 print(f"warning: {w}", file=sys.stderr)
             before = len(discover(env, io).all_vgpus())
-            reports = restore(env, io, usage)
+            reports = restore(env, io, usage, stop=signals.pending)
             after = len(discover(env, io).all_vgpus())
     except NodeLockBusy as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_LOCK_BUSY
+    if signals.signum:
+        print(f"{signals.pending()}: stopped after restoring {after - before} device(s); `vgpuctl restore` again "
+              "finishes it", file=sys.stderr)
+        return 128 + signals.signum
     for r in reports:
         print(report_text(r))
     # count vGPUs, not steps: enabling a GPU's VFs is a step but no device
