@@ -181,7 +181,7 @@ def error_lines(exc: BaseException) -> list[str]:
     if _is_validation_error(exc):
         problems = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
         return [f"error: {exc.title}: " + "; ".join(problems)]
-    if isinstance(exc, (ValueError, KeyError)):
+    if isinstance(exc, (ValueError, KeyError)) or isinstance(getattr(exc, "exit_code", None), int):
         return [f"error: {_one_line(str(exc))}"]
     text = _one_line(str(exc))
     return [f"error: {type(exc).__name__}{': ' + text if text else ''} (an unexpected error; "
@@ -201,7 +201,11 @@ _OS_HINTS = {
 
 def exit_code(exc: BaseException) -> int:
     """2 for bad input (a file, value or option to fix); 1 for a failure of the node or the system
-    (a full or read-only disk, an I/O error) and for anything unexpected."""
+    (a full or read-only disk, an I/O error) and for anything unexpected; an error that names its
+    own (``exit_code``: 3, a node not yet at its layout) keeps it."""
+    own = getattr(exc, "exit_code", None)
+    if isinstance(own, int):
+        return own
     if isinstance(exc, OSError):
         return 1
     if isinstance(exc, (ValueError, KeyError)) or _is_validation_error(exc):

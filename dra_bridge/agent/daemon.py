@@ -45,6 +45,7 @@ from dra_bridge.pool.devices import Pool, PoolPolicy
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.pool.shape import Shape, choose_shape, node_pool
 from dra_bridge.rpc.dra_grpc import KubeletPlugin
+from mdev_manager import applied
 from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
@@ -97,6 +98,7 @@ class Daemon:
         self.device_plugins = None
         self._dp_exclude: set[str] = set()
         self._applied_layout: str | None = None
+        self._recorded: tuple[str, str | None] | None = None  # (layout, file digest) last recorded (applied.py)
         self._failed: tuple[str, str | None] | None = None  # (layout, file digest) rejected: not retried
         self._last_good: list[GpuLayout] | None = None  # the last layout applied: published while a new one fails
         self._wake = threading.Event()
@@ -321,6 +323,13 @@ class Daemon:
             raise
         self._applied_layout = self._layout_name
         self._last_good = layouts
+        if self._recorded != (self._layout_name, self._digest):
+            try:  # what the node is for, for vgpuctl slices and capacity on the node (a report: never fatal)
+                applied.record(self.env, self.io, layouts, name=self._layout_name,
+                               source=str(self.cfg.layout_file) if self.cfg.layout_file else None, by="vgpuctl serve")
+                self._recorded = (self._layout_name, self._digest)
+            except OSError as exc:
+                log.warning("could not record the applied layout: %s", exc)
         self._failed = None
         self._report(out)
         return out.usage

@@ -34,6 +34,10 @@ PASSTHROUGH_CLASS = "passthrough.vgpu.kubevirt.io"
 # --------------------------------------------------------------------------- labels
 
 #: Node label naming the layout (a key of the layouts ConfigMap) the node agent applies.
+#: Where deploy/ installs the agent (the doctor's fixes name them; tests/system/test_deploy.py checks)
+DEPLOY_NAMESPACE = "vgpuctl-system"
+AGENT_SELECTOR = "app.kubernetes.io/name=vgpuctl-agent"
+
 LABEL_CONFIG = "vgpu.kubevirt.io/config"
 #: Node label the agent sets: ``pending``, ``success`` or ``failed``.
 LABEL_CONFIG_STATE = "vgpu.kubevirt.io/config.state"

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE
 from dra_bridge.apiclient.errors import api_exception
-from dra_bridge.apiclient.kept import KeptFields, probe_kept
+from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
 from dra_bridge.apiclient.objects import raw
 
 
@@ -36,6 +36,8 @@ class NodeFacts(BaseModel):
     reason: str | None = None
     slices: int = 0
     devices: int = 0
+    node_object: bool = True  # False: slices name a node the API server has no Node object for
+    fields: str | None = None  # the agent's own report of what the server keeps (its node annotation)
 
 
 class ClusterFacts(BaseModel):
@@ -111,14 +113,23 @@ def gather(api_client, driver: str) -> ClusterFacts:
     per_node: dict[str, list[dict]] = {}
     for s in slices:
         per_node.setdefault((s.get("spec") or {}).get("nodeName") or "", []).append(s)
+    def devices(mine: list[dict]) -> int:
+        return sum(len((s.get("spec") or {}).get("devices") or []) for s in mine)
+
+    seen = set()
     for n in nodes:
         meta = n.get("metadata") or {}
         name, labels = meta.get("name", ""), meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
         mine = per_node.get(name, [])
-        if not mine and LABEL_CONFIG_STATE not in labels and LABEL_CONFIG not in labels:
+        if not mine and LABEL_CONFIG_STATE not in labels and LABEL_CONFIG not in labels \
+                and ANNOTATION_DRA_FIELDS not in annotations:
             continue  # not a GPU node of this driver
+        seen.add(name)
         facts.nodes.append(NodeFacts(name=name, layout=labels.get(LABEL_CONFIG), state=labels.get(LABEL_CONFIG_STATE),
-                                     reason=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_REASON),
-                                     slices=len(mine),
-                                     devices=sum(len((s.get("spec") or {}).get("devices") or []) for s in mine)))
+                                     reason=annotations.get(ANNOTATION_CONFIG_REASON), slices=len(mine),
+                                     devices=devices(mine), fields=annotations.get(ANNOTATION_DRA_FIELDS)))
+    for name, mine in sorted(per_node.items()):  # slices of a node with no Node object (deleted, or renamed)
+        if name and name not in seen:
+            facts.nodes.append(NodeFacts(name=name, slices=len(mine), devices=devices(mine), node_object=False))
     return facts

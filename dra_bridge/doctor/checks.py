@@ -11,7 +11,14 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG_STATE, PASSTHROUGH_CLASS, VGPU_CLASS
+from dra_bridge.api.names import (
+    AGENT_SELECTOR,
+    ANNOTATION_CONFIG_REASON,
+    DEPLOY_NAMESPACE,
+    LABEL_CONFIG_STATE,
+    PASSTHROUGH_CLASS,
+    VGPU_CLASS,
+)
 from dra_bridge.apiclient.clusterfacts import ClusterFacts
 
 Status = Literal["PASS", "WARN", "FAIL"]
@@ -40,7 +47,8 @@ def _fields(f: ClusterFacts) -> list[Finding]:
         return []
     if f.probe_error:
         return [Finding(status="WARN", check="DRA fields kept", detail=f"could not probe: {f.probe_error}",
-                        fix="run the doctor with create permission on resourceslices (a dry run: nothing is stored)")]
+                        fix="run the doctor as a user who may create resourceslices (a dry run: nothing is stored); "
+                            "check with `kubectl auth can-i create resourceslices.resource.k8s.io`")]
     out = []
     k = f.kept
     if k.counters is False:
@@ -122,7 +130,8 @@ def _classes(f: ClusterFacts) -> list[Finding]:
     missing = [c for c in (VGPU_CLASS, PASSTHROUGH_CLASS) if c not in {x.name for x in f.classes}]
     if missing:
         return [Finding(status="FAIL", check="DeviceClasses", detail=f"missing {', '.join(missing)}",
-                        fix="kubectl apply -k deploy/base (or vgpuctl render deviceclasses | kubectl apply -f -)")]
+                        fix="`kubectl apply -k deploy/overlays/dra` (or `vgpuctl render deviceclasses | kubectl apply "
+                            "-f -`)")]
     return [Finding(status="PASS", check="DeviceClasses", detail=f"{len(names)} select driver {f.driver}")]
 
 
@@ -131,22 +140,49 @@ def _nodes(f: ClusterFacts) -> list[Finding]:
         return [Finding(status="WARN", check="GPU nodes", detail=f"could not list: {f.nodes_error}")]
     if not f.nodes:
         return [Finding(status="WARN", check="GPU nodes", detail=f"no node publishes devices of {f.driver}",
-                        fix="check that the vgpuctl DaemonSet runs on the GPU nodes (kubectl -n vgpuctl get pods)")]
+                        fix=f"check that the agent runs on the GPU nodes: `{agent_pods()}`")]
     out = []
     for n in f.nodes:
+        if not n.node_object:
+            out.append(Finding(status="WARN", check=f"node {n.name}",
+                               detail=f"{n.slices} slices, {n.devices} devices of {f.driver} name a node the API "
+                                      "server has no Node object for (deleted or renamed): the scheduler cannot use "
+                                      "them, and the agent that wrote them no longer runs there",
+                               fix=f"`kubectl delete resourceslices --field-selector spec.nodeName={n.name}` once no "
+                                   "agent runs there (the agent re-creates its slices if it does)"))
+            continue
         state = n.state or "unlabelled"
         status: Status = {"success": "PASS", "pending": "WARN", "failed": "FAIL"}.get(n.state or "", "WARN")
         if n.slices == 0:
             status = "FAIL" if status == "PASS" else status
         detail = f"layout {n.layout or '-'}, {LABEL_CONFIG_STATE}={state}, {n.slices} slices, {n.devices} devices"
+        if n.fields:
+            detail += f"; the agent found the server keeps {n.fields}"
         if n.reason:
             detail += f"; {n.reason}"
-        fix = {"pending": f"release the devices named in its {ANNOTATION_CONFIG_REASON} annotation",
-               "failed": "kubectl -n vgpuctl logs the agent on this node; fix the layout it names"}.get(n.state or "")
+        reason_path = f"{{.metadata.annotations.{_escaped(ANNOTATION_CONFIG_REASON)}}}"
+        fix = {"pending": f"release the devices its {ANNOTATION_CONFIG_REASON} annotation names: "
+                          f"`kubectl get node {n.name} -o jsonpath='{reason_path}'`",
+               "failed": f"read the agent's log and fix the layout it names: `{agent_logs(n.name)}`"}.get(n.state or "")
         if n.slices == 0 and fix is None:
-            fix = "the agent publishes nothing: check its logs"
+            fix = f"the agent publishes nothing: read its log: `{agent_logs(n.name)}`"
         out.append(Finding(status=status, check=f"node {n.name}", detail=detail, fix=fix))
     return out
+
+
+def agent_pods() -> str:
+    return f"kubectl -n {DEPLOY_NAMESPACE} get pods -l {AGENT_SELECTOR} -o wide"
+
+
+def agent_logs(node: str) -> str:
+    """The agent's log on ``node``, as deploy/ installs it (one pod of the DaemonSet per node)."""
+    return (f"kubectl -n {DEPLOY_NAMESPACE} logs --tail=100 $(kubectl -n {DEPLOY_NAMESPACE} get pods -l {AGENT_SELECTOR} "
+            f"--field-selector spec.nodeName={node} -o name)")
+
+
+def _escaped(key: str) -> str:
+    """A label or annotation key in a kubectl JSONPath (dots escaped)."""
+    return key.replace(".", "\\.")
 
 
 def diagnose(facts: ClusterFacts) -> list[Finding]:

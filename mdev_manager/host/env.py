@@ -89,6 +89,11 @@ class HostEnv:
         return self.state_root / "mig.json"
 
     @property
+    def applied_layout(self) -> Path:
+        """The layout the node was last made to match (mdev_manager.applied)."""
+        return self.state_root / "layout.json"
+
+    @property
     def passthrough_state(self) -> Path:
         """The functions a layout bound to vfio-pci (a reboot forgets them; restore rebinds them)."""
         return self.state_root / "passthrough.json"

@@ -84,7 +84,7 @@ def test_a_bare_cluster_fails_on_classes_and_warns_on_the_rest():
     facts.kept.counters = facts.kept.binding_conditions = True
     findings = diagnose(facts)
     found = by_check(findings)
-    assert found["DeviceClasses"].status == "FAIL" and "deploy/base" in found["DeviceClasses"].fix
+    assert found["DeviceClasses"].status == "FAIL" and "kubectl apply -k deploy/overlays/dra" in found["DeviceClasses"].fix
     assert found["KubeVirt"].status == "WARN" and found["GPU nodes"].status == "WARN"
     assert exit_code(findings) == 1
 

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from dra_bridge.api.nodepaths import DEFAULT_KUBELET_ROOT, NodePaths
-from mdev_manager.discovery import read_failed
+from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+from mdev_manager.discovery import discover, read_failed
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO
+from mdev_manager.models import Usage
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class Host:
     kubelet_root: Path = DEFAULT_KUBELET_ROOT
     preset: str | None = None
     sim_root: Path | None = None
+    #: simulated only: a throw-away copy of this host, where a command may show what a change would do
+    scratch: Callable[[], AbstractContextManager[Host]] | None = None
 
     @property
     def simulated(self) -> bool:
@@ -40,6 +46,13 @@ class Host:
     def paths(self, driver: str, cdi_root: Path | None = None) -> NodePaths:
         """The kubelet and DRA paths of this node for ``driver`` (``--kubelet-root`` applied)."""
         return NodePaths(driver=driver, kubelet_root=self.kubelet_root).with_(cdi_root=cdi_root)
+
+
+class NotSetUp(Exception):
+    """The node does not match the layout yet, so what a command would show is not what the agent
+    will do once it applied it (exit 3, as a converging apply)."""
+
+    exit_code = 3
 
 
 def open_host(args) -> Host:
@@ -69,6 +82,29 @@ def _check_sys_root(args, host: Host) -> None:
                          "tree (default /sys)") from None
     except OSError as exc:
         raise read_failed(exc, host.env) from None
+
+
+def prepared_usage(host: Host, driver: str) -> Usage:
+    """Devices the kubelet plugin's prepared claims hold (its checkpoint, read-only): what a hand-run
+    ``apply``, ``restore`` or ``slices`` must count as in use, as ``serve`` does."""
+    path = host.paths(driver).checkpoint
+    try:
+        cp = CheckpointStore(path, host.io).load()
+    except CheckpointCorrupt as exc:
+        return _cannot_tell(host.env, host.io, f"the prepared-claims checkpoint {path} cannot be read ({exc}): which devices "
+                                     "DRA claims hold cannot be told, so no existing vGPU or passed-through GPU is "
+                                     "removed or changed; the agent (vgpuctl serve) rebuilds it at its next start")
+    return cp.usage()
+
+
+def _cannot_tell(env: HostEnv, io: HostIO, warning: str) -> Usage:
+    """Every device a plan could remove or change counts as in use."""
+    inv = discover(env, io)
+    who = ["an unreadable prepared-claims checkpoint (may be a DRA claim)"]
+    mdevs = {v.id: who for v in inv.all_vgpus() if v.framework == "mdev"}
+    pci = {v.id: who for v in inv.all_vgpus() if v.framework != "mdev"}
+    pci |= {g.address: who for g in inv.gpus if g.driver == "vfio-pci"}
+    return Usage(mdevs=mdevs, pci=pci, warnings=[warning])
 
 
 def sim_dir_for(ref: str) -> Path:

@@ -6,6 +6,10 @@ after :func:`vgpuctl.cli.extras.require_sim` has checked the extra is installed.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from mdev_manager.sim import load_host
@@ -24,6 +28,22 @@ def open_simulated(args) -> Host:
     ``apply --simulate`` on one simulated node read the same prepared claims."""
     root = sim_root(args)
     sim = sim_node(root, args.simulate, reuse=True, libvirt_uri=args.libvirt_uri)
-    kubelet = getattr(args, "kubelet_root", None)
-    return Host(env=sim.env, io=sim.io, node=load_host(args.simulate).node,
-                kubelet_root=Path(kubelet) if kubelet else root / "kubelet", preset=args.simulate, sim_root=root)
+    kubelet = Path(args.kubelet_root) if getattr(args, "kubelet_root", None) else root / "kubelet"
+    node = load_host(args.simulate).node
+
+    @contextmanager
+    def scratch() -> Iterator[Host]:
+        """A copy of the simulated host (its kubelet directory too, for the prepared claims) in a
+        temporary directory, removed afterwards: changes there leave the host as it was."""
+        with tempfile.TemporaryDirectory(prefix="vgpuctl-scratch-") as tmp:
+            copy = Path(tmp) / "host"
+            shutil.copytree(root, copy, symlinks=True)
+            copied_kubelet = copy / "kubelet"
+            if not kubelet.is_relative_to(root) and kubelet.exists():
+                shutil.copytree(kubelet, copied_kubelet, symlinks=True, dirs_exist_ok=True)
+            s = sim_node(copy, None, libvirt_uri=args.libvirt_uri)
+            yield Host(env=s.env, io=s.io, node=node, kubelet_root=copied_kubelet, preset=args.simulate,
+                       sim_root=copy)
+
+    return Host(env=sim.env, io=sim.io, node=node, kubelet_root=kubelet, preset=args.simulate, sim_root=root,
+                scratch=scratch)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 
 import yaml
 
@@ -78,23 +79,46 @@ def run(args) -> int:
 
 
 def simulated_node(args) -> tuple[CapacityReport, str]:
-    """The simulated node's own answer: the slices its agent publishes (every GPU offered, in the
-    shape its server's gates give, as ``vgpuctl slices``) with the claims its kubelet plugin has
-    prepared counted as allocated."""
-    from vgpuctl.commands.slices import node_slices, shape_for
+    """The simulated node's own answer: the slices its agent publishes for the node's layout (the one it
+    was last made to match; none recorded: every GPU offered), in the shape its server's gates give, as
+    ``vgpuctl slices``, with the claims its kubelet plugin has prepared counted as allocated."""
+    from vgpuctl.commands.slices import node_layouts, node_slices, set_up, shape_for
 
-    args.sizes_by_first_allocation = False
+    args.sizes_by_first_allocation, args.file = False, None
     shape = shape_for(args)
     host = open_host(args)
-    paths = host.paths(args.driver)
-    slices, warnings = node_slices(host.env, host.io, host.node, paths=paths, shape=shape)
+    layouts, what = node_layouts(args, host)
+    with set_up(host, layouts, what, args.driver) as ready:
+        paths = ready.paths(args.driver)
+        slices, warnings = node_slices(ready.env, ready.io, ready.node, paths=paths, shape=shape, layouts=layouts)
+        claims = prepared_claims(ready.io, paths)
+        others = _not_through_dra(ready, layouts)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    claims = prepared_claims(host.io, paths)
     report = compute(slices, claims, driver=args.driver, nodes=args.node)
     source = (f"simulated node {host.node} ({args.simulate}, in {host.sim_root}), Kubernetes "
-              f"{args.server_version}: the slices it would publish, {len(claims)} prepared claim(s)")
+              f"{args.server_version}, {what}: the slices its agent publishes, {len(claims)} prepared claim(s)")
+    report.notes += others
     return report, source
+
+
+def _not_through_dra(host, layouts) -> list[str]:
+    """One note per GPU the layout keeps out of DRA (vgpu, passthrough, unmanaged), with what it holds."""
+    if layouts is None:
+        return []
+    from mdev_manager.discovery import discover
+    from mdev_manager.plan import select_gpus
+
+    inv = discover(host.env, host.io)
+    notes = []
+    for addr, entry in sorted(select_gpus(inv, layouts).items()):
+        if entry.mode == "dra":
+            continue
+        gpu = inv.gpu(addr)
+        held = ", ".join(f"{n} x {t}" for t, n in sorted(Counter(v.type_name for v in gpu.vgpus).items()))
+        notes.append(f"GPU {gpu.index} {addr} is in {entry.mode} mode, not offered through DRA"
+                     + (f" (it holds {held})" if held else ""))
+    return notes
 
 
 def prepared_claims(io, paths: NodePaths) -> list[dict]:

@@ -29,18 +29,17 @@ from contextlib import contextmanager, nullcontext
 
 from rich.text import Text
 
-from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+from mdev_manager import applied
 from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
-from mdev_manager.host.io import HostIO
 from mdev_manager.host.lock import NodeLock, NodeLockBusy
 from mdev_manager.models import Inventory, Usage
 from mdev_manager.plan import NVIDIA
 from mdev_manager.reconcile import Outcome, plan_once, reconcile
 from mdev_manager.restore import restore
 from vgpuctl.cli import options
-from vgpuctl.cli.host import Host, dump, open_host
+from vgpuctl.cli.host import Host, dump, open_host, prepared_usage
 from vgpuctl.cli.signals import StopSignals
 from vgpuctl.output.summary import summary
 from vgpuctl.output.terminal import Terminal
@@ -108,25 +107,7 @@ def add_restore(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ prepared claims, the lock
 
 def _claims_usage(args, host: Host) -> Usage:
-    """Devices the kubelet plugin's prepared claims hold (its checkpoint, read-only)."""
-    path = host.paths(args.driver).checkpoint
-    try:
-        cp = CheckpointStore(path, host.io).load()
-    except CheckpointCorrupt as exc:
-        return _cannot_tell(host.env, host.io, f"the prepared-claims checkpoint {path} cannot be read ({exc}): which devices "
-                                     "DRA claims hold cannot be told, so no existing vGPU or passed-through GPU is "
-                                     "removed or changed; the agent (vgpuctl serve) rebuilds it at its next start")
-    return cp.usage()
-
-
-def _cannot_tell(env: HostEnv, io: HostIO, warning: str) -> Usage:
-    """Every device a plan could remove or change counts as in use."""
-    inv = discover(env, io)
-    who = ["an unreadable prepared-claims checkpoint (may be a DRA claim)"]
-    mdevs = {v.id: who for v in inv.all_vgpus() if v.framework == "mdev"}
-    pci = {v.id: who for v in inv.all_vgpus() if v.framework != "mdev"}
-    pci |= {g.address: who for g in inv.gpus if g.driver == "vfio-pci"}
-    return Usage(mdevs=mdevs, pci=pci, warnings=[warning])
+    return prepared_usage(host, args.driver)
 
 
 def _command(args) -> str:
@@ -201,6 +182,7 @@ def run_apply(args) -> int:
             with _writer(args, env), StopSignals() as signals:
                 # under the lock: another writer may have changed the node while this one waited
                 before = discover(env, io, node=node)
+                applied.record(env, io, layouts, name=args.layout, source=str(args.file), by="vgpuctl apply")
                 with term.progress("applying", len(first.actions)) as on_step:
                     out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, host),
                                     on_step=on_step, stop=signals.pending, read_back=True)

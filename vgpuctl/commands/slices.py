@@ -14,6 +14,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import yaml
 
@@ -22,10 +24,12 @@ from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.pool.shape import Shape, choose_shape, node_pool
 from dra_bridge.pool.slices import plan_slices
-from mdev_manager.config import load_config
+from mdev_manager import applied
+from mdev_manager.config import GpuLayout, load_config
 from mdev_manager.discovery import discover
+from mdev_manager.reconcile import plan_once, reconcile
 from vgpuctl.cli import options
-from vgpuctl.cli.host import open_host
+from vgpuctl.cli.host import Host, NotSetUp, open_host, prepared_usage
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_kubeconfig(p, "detect the server's version and the DRA fields it keeps from a cluster (a "
                               "dry-run probe, nothing stored) instead of --server-version / --feature-gates")
     p.add_argument("-f", "--file", metavar="LAYOUT",
-                   help="layout file: the pool policy comes from its DRA entries, as the node agent's "
-                        "(default: none, every GPU offered)")
+                   help="layout file: the pool policy comes from its DRA entries, as the node agent's (default: "
+                        "the layout the node was last made to match, by apply or serve; none recorded: every GPU)")
     p.add_argument("--layout", default="default", help="named layout in the file (default %(default)s)")
     options.add_node_name(p)
     options.add_driver(p)
@@ -102,6 +106,46 @@ def shape_for(args) -> Shape:
     return shape
 
 
+def node_layouts(args, host: Host) -> tuple[list[GpuLayout] | None, str]:
+    """The layout the agent works to: ``-f``/``--layout``, else the node's record of the layout it was
+    last made to match, else None (every GPU offered); and how to name it."""
+    if args.file:
+        return load_config(args.file, args.layout), f"layout {args.layout} of {args.file}"
+    rec = applied.load(host.env, host.io)
+    if rec is None:
+        return None, "no layout (every GPU offered)"
+    return rec.layouts(), rec.describe()
+
+@contextmanager
+def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) -> Iterator[Host]:
+    """The node as the agent makes it before it publishes: ``host`` when it matches ``layouts``; else,
+    on a simulated host, a scratch copy with the layout applied as the agent applies it (nothing
+    changes on the host); on a real one :class:`NotSetUp` (a preview without changing it would be a
+    guess)."""
+    if layouts is None:
+        yield host
+        return
+    usage = prepared_usage(host, driver)
+    _, plan, _ = plan_once(host.env, host.io, layouts, usage, host.node)
+    if not plan.actions:
+        yield host
+        return
+    if host.scratch is None:
+        raise NotSetUp(f"the node does not match {what} yet ({len(plan.actions)} steps: {plan.actions[0].describe()}"
+                       f"{', ...' if len(plan.actions) > 1 else ''}); the node agent applies it before it publishes, "
+                       "so apply it first (vgpuctl apply -f FILE --layout NAME, or let vgpuctl serve run), then "
+                       "run slices again")
+    print(f"note: the simulated node does not match {what} yet: these are the slices the agent publishes once it "
+          f"has applied it ({len(plan.actions)} steps, taken on a scratch copy; the node is unchanged)", file=sys.stderr)
+    with host.scratch() as copy:
+        out = reconcile(copy.env, copy.io, layouts, usage_extra=prepared_usage(copy, driver), node=copy.node,
+                        final_inventory=False)
+        if not out.ok:
+            raise NotSetUp(f"applying {what} on a scratch copy of the simulated node failed; vgpuctl --simulate "
+                           "apply shows why")
+        yield copy
+
+
 def run(args) -> int:
     node = args.node_name or os.environ.get("NODE_NAME")
     if not node and not args.simulate:
@@ -109,9 +153,10 @@ def run(args) -> int:
     shape = shape_for(args)
     host = open_host(args)
     node = node or host.node
-    layouts = load_config(args.file, args.layout) if args.file else None
-    slices, warnings = node_slices(host.env, host.io, node, paths=host.paths(args.driver), shape=shape,
-                                   layouts=layouts)
+    layouts, what = node_layouts(args, host)
+    with set_up(host, layouts, what, args.driver) as ready:
+        slices, warnings = node_slices(ready.env, ready.io, node, paths=ready.paths(args.driver), shape=shape,
+                                       layouts=layouts)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     doc = {"apiVersion": "v1", "kind": "List", "items": slices}
