@@ -53,7 +53,6 @@ def _resource_types():
     return (
         ResourceType("kubevirt.io", "v1", "virtualmachines", "VirtualMachine", namespaced=True,
                      singular="virtualmachine", status_subresource=True, has_generation=True, short_names=("vm",)),
-        ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, singular="configmap", short_names=("cm",)),
     )
 
 

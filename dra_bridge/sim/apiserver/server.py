@@ -160,7 +160,8 @@ class LocalApiServer:
         self.feature_gates = (featuregates.all_enabled(self.version) if feature_gates is None
                               else featuregates.resolve(self.version, feature_gates))
         self.watch_timeout = watch_timeout
-        self.store = Store(self.version, tuple(DEFAULT_RESOURCES) + tuple(extra_resources),
+        by_key = {rt.key: rt for rt in (*DEFAULT_RESOURCES, *extra_resources)}  # an extra one replaces ours
+        self.store = Store(self.version, tuple(by_key.values()),
                            validate=validate, field_validation=field_validation,
                            strict_namespaces=strict_namespaces, max_history=max_history,
                            feature_gates=self.feature_gates)
@@ -180,7 +181,8 @@ class LocalApiServer:
         self.request_log: list[RequestRecord] = []
 
         for ns in ("default", "kube-system"):
-            self.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            self.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
+                      "status": {"phase": "Active"}})
 
     # settings read by tests and tools; the store owns them
     @property
