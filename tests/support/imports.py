@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("mdev_manager", "dra_bridge", "kubevirt_templates")
+PACKAGES = ("vgpuctl", "mdev_manager", "dra_bridge", "kubevirt_templates")
 
 
 def module_name(path: Path) -> str:
