@@ -326,7 +326,7 @@ def apply(f: Fields, live: dict | None, config: dict, manager: str, api_version:
         body = {k: v for k, v in body.items() if (k == "status") == (sub == "status") or k == "metadata"}
     merged = f.merge(live, body, f.schema)
     others_own = set().union(*(paths for _, paths in others)) if others else set()
-    for path in sorted(before - set(sent), key=len, reverse=True):
+    for path in sorted(before - set(sent), key=len):  # a list item before its fields (found by its keys)
         if not any(o[:len(path)] == path for o in others_own):
             f.remove(merged, path)
     changed = _changed(f.of(live, sub), f.of(merged, sub)) & set(sent)
