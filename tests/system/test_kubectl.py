@@ -125,6 +125,14 @@ def test_apply_k_of_every_overlay_passes_kubectls_default_validation(srv, k, ove
     assert k("diff", "-k", str(DEPLOY / "overlays" / other), ok=False).returncode == 0
 
 
+def test_the_monitoring_dashboard_applies_as_a_labelled_configmap(srv, k):
+    k("apply", "-k", str(DEPLOY / "monitoring"))
+    (cm,) = [c for c in srv.objects("configmaps", namespace="vgpuctl-system")
+             if c["metadata"]["name"] == "vgpuctl-grafana-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["grafana-dashboard.json"])["uid"] == "vgpuctl-agent"
+
+
 def test_a_bad_resource_claim_is_refused_in_upstreams_words(srv, k):
     p = k("create", "-f", "-", stdin=_claim("bad", {"deviceClassName": "", "allocationMode": "Bogus"}), ok=False)
     assert p.returncode == 1

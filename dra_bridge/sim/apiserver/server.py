@@ -1,12 +1,14 @@
-"""A local Kubernetes API server (tests, demo, conformance): real HTTP, Kubernetes REST semantics.
+"""A local Kubernetes API server (tests, demo, conformance, kubectl): real HTTP, Kubernetes REST semantics.
 
-Serves the resources of :mod:`.resources` (resource.k8s.io/v1 DRA kinds and the core
-kinds a DRA driver touches) with create / get / list / update / patch / delete /
-deletecollection / watch, the ``status`` subresource, label and field selectors,
+Serves the resources of :mod:`.resources` (resource.k8s.io/v1 DRA kinds, the core kinds a DRA
+driver touches and the kinds deploy/ installs) with create / get / list / update / patch /
+delete / deletecollection / watch, the ``status`` subresource, label and field selectors,
 optimistic concurrency through ``resourceVersion``, finalizers, the fields a disabled
 feature gate drops on write (:mod:`.featuregates`), and validation of every written object
 against the OpenAPI schema of the configured Kubernetes version (``kubernetes-validate``,
-when installed) plus the DRA rules of :mod:`.dra_rules`.
+when installed) plus the DRA rules of :mod:`.dra_rules` and :mod:`.dra_claims`. For kubectl:
+printer columns as ``meta.k8s.io`` Tables (:mod:`.tables`), managedFields and server-side apply
+(:mod:`.managedfields`), OpenAPI v2 and v3 (:mod:`.openapi`).
 
 It is a ``http.server.ThreadingHTTPServer`` on 127.0.0.1 with an ephemeral port (or the one
 given), running in a background thread; use it as a context manager::
