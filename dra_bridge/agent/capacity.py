@@ -15,6 +15,7 @@ Passthrough and unmanaged GPUs hold no vGPU profile and get no series. The sched
 
 from __future__ import annotations
 
+from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.pool.devices import Pool
 from mdev_manager.models import Inventory, Usage
 from mdev_manager.plan import vgpu_users
@@ -38,3 +39,17 @@ def free_vgpus(inv: Inventory, pool: Pool, vgpu_mode: set[str], usage: Usage) ->
             if (g.address, tid) in published:
                 out[(g.address, t.short_name)] = max(0, t.available_instances or 0)
     return out
+
+
+def counters_in_use(pool: Pool, prepared: set[str]) -> dict[tuple[str, str, str], tuple[int, int]]:
+    """``(gpu, counter set, counter) -> (capacity, used)`` of the published shared counters;
+    ``used`` sums what the devices of the prepared claims (``prepared``: device names) consume."""
+    gpu_of = {c.counter_set: d.gpu for d in pool.devices for c in d.consumes}
+    used: dict[tuple[str, str], int] = {}
+    for d in pool.devices:
+        if d.name in prepared:
+            for c in d.consumes:
+                for counter, value in c.counters.items():
+                    used[(c.counter_set, counter)] = used.get((c.counter_set, counter), 0) + int(parse_quantity(value))
+    return {(gpu_of[cs.name], cs.name, counter): (int(parse_quantity(cap)), used.get((cs.name, counter), 0))
+            for cs in pool.counter_sets if cs.name in gpu_of for counter, cap in cs.counters.items()}

@@ -36,6 +36,7 @@ from dra_bridge.api.names import ANNOTATION_CONFIG_REASON
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.claims import ApiClaimSource
 from dra_bridge.apiclient.claimwatch import ClaimCache
+from dra_bridge.apiclient.errors import brief
 from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
 from dra_bridge.apiclient.nodes import node_metadata, set_node_annotation, set_node_label
 from dra_bridge.apiclient.publisher import Publisher
@@ -69,7 +70,8 @@ class Daemon:
         self.api_client = api_client
         self.metrics = Metrics()
         self.paths = NodePaths(driver=cfg.driver, kubelet_root=cfg.kubelet_root, cdi_root=cfg.cdi_root)
-        self.publisher = Publisher(api_client, driver=cfg.driver, node_name=cfg.node_name, version=cfg.server_version)
+        self.publisher = Publisher(api_client, driver=cfg.driver, node_name=cfg.node_name, version=cfg.server_version,
+                                   on_error=lambda code: self.metrics.api_errors.labels(code).inc())
         self.layouts: list[GpuLayout] | None = None
         self._layout_name = cfg.layout
         self._labels: dict[str, str] = {}
@@ -133,7 +135,8 @@ class Daemon:
                 self.metrics.resyncs.labels("unchanged").inc()
                 return {"unchanged": True}
             claims = self._claims_changed  # a prepare during the resync makes the next one run
-            result = self._resync()
+            with self.metrics.resync_seconds.time():
+                result = self._resync()
             self._last_key, self._last_full = self._resync_key(claims), time.monotonic()
             return result
 
@@ -181,9 +184,7 @@ class Daemon:
                 self.metrics.api_writes.labels(verb).inc(n)
         for kind in ("vgpu", "passthrough"):
             self.metrics.devices.labels(kind).set(sum(1 for d in pool.devices if d.kind == kind))
-        self.metrics.gpus.set(len(inv.gpus))
-        self.metrics.vgpus.set(len(inv.all_vgpus()))
-        self.metrics.prepared_claims.set(len(self.driver.cp.claims))
+        self.metrics.set_node(inv, pool, self.driver.cp.claims)
         self.metrics.set_free_vgpus(self._free_vgpus(inv, pool, layouts, seen))
         if rejected is not None:
             raise rejected
@@ -210,7 +211,7 @@ class Daemon:
         try:
             self._note_fields(probe_kept(self.api_client, self.publisher.version, self.cfg.node_name, self.cfg.driver))
         except Exception as exc:  # noqa: BLE001 - no permission or no answer: the writes' answers still tell
-            log.info("could not probe which DRA fields the API server keeps (%s); judging by our writes", exc)
+            log.info("could not probe which DRA fields the API server keeps (%s); judging by our writes", brief(exc))
 
     def _note_fields(self, kept: KeptFields) -> None:
         """Log a change, set the metric and the node annotation (one patch per change)."""
@@ -229,7 +230,8 @@ class Daemon:
                 set_node_annotation(self.api_client, self.cfg.node_name, ANNOTATION_DRA_FIELDS, text)
                 self._kept_annotated = text
             except Exception as exc:  # noqa: BLE001 - the annotation is a report; the publish goes on
-                log.info("could not annotate node %s with %s (%s)", self.cfg.node_name, ANNOTATION_DRA_FIELDS, exc)
+                log.info("could not annotate node %s with %s (%s)", self.cfg.node_name, ANNOTATION_DRA_FIELDS,
+                         brief(exc))
 
     def shape(self) -> Shape:
         """The pool's shape for this server, from what it keeps (:func:`~dra_bridge.pool.shape.choose_shape`,

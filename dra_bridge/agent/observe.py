@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from dra_bridge.agent.capacity import counters_in_use
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -58,6 +60,18 @@ class Metrics:
                                  "0 when it drops it (found by effect; absent while unknown)", ["field"], registry=r)
         self.api_lists = Gauge("vgpuctl_api_slice_lists", "LISTs of this node's ResourceSlices since start "
                                "(1 unless the watch was lost)", registry=r)
+        self.api_errors = Counter("vgpuctl_api_errors_total", "API requests of the publisher that failed, by HTTP "
+                                  "status (timeout, unreachable: no answer); retried ones included", ["code"],
+                                  registry=r)
+        self.resync_seconds = Histogram("vgpuctl_resync_seconds", "Duration of the resyncs that ran (not skipped)",
+                                        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self.vgpus_by_type = Gauge("vgpuctl_vgpus_by_type", "vGPUs present on the node, per vGPU type", ["type"],
+                                   registry=r)
+        self.gpu_counter_capacity = Gauge("vgpuctl_gpu_counter_capacity", "Shared counters a GPU publishes "
+                                          "(DRA counter sets)", ["gpu", "counter_set", "counter"], registry=r)
+        self.gpu_counter_used = Gauge("vgpuctl_gpu_counter_used", "What the devices of claims prepared on this node "
+                                      "consume of a GPU's shared counters", ["gpu", "counter_set", "counter"],
+                                      registry=r)
 
     def set_fields_kept(self, kept) -> None:
         for field in ("counters", "compatibility_groups", "binding_conditions"):
@@ -73,6 +87,24 @@ class Metrics:
         self.gpu_free_vgpus.clear()
         for (gpu, profile), n in sorted(free.items()):
             self.gpu_free_vgpus.labels(gpu, profile).set(n)
+
+    def set_node(self, inv, pool, claims: dict) -> None:
+        """What a resync found: GPUs, vGPUs (per type), prepared claims, the shared counters they use.
+        Labelled series are replaced: a GPU, type or counter set that went away must not linger."""
+        vgpus = inv.all_vgpus()
+        self.gpus.set(len(inv.gpus))
+        self.vgpus.set(len(vgpus))
+        self.prepared_claims.set(len(claims))
+        names = [(v.type_name.split() or [v.type_id])[-1] for v in vgpus]
+        self.vgpus_by_type.clear()
+        for name in sorted(set(names)):
+            self.vgpus_by_type.labels(name).set(names.count(name))
+        self.gpu_counter_capacity.clear()
+        self.gpu_counter_used.clear()
+        prepared = {d.device for c in claims.values() for d in c.devices}
+        for key, (capacity, used) in sorted(counters_in_use(pool, prepared).items()):
+            self.gpu_counter_capacity.labels(*key).set(capacity)
+            self.gpu_counter_used.labels(*key).set(used)
 
     def set_layout_state(self, state: str) -> None:
         for s in LAYOUT_STATES:

@@ -29,3 +29,18 @@ def missing_ok(call, *args, **kw) -> bool:
             raise
         return False
     return True
+
+
+def brief(exc: BaseException) -> str:
+    """One line for a log: ``404 NotFound: nodes "x" not found`` for an API error (whose ``str`` dumps
+    the response headers and body), ``str(exc)`` for anything else."""
+    if not isinstance(exc, api_exception()):
+        return str(exc)
+    import json
+
+    try:
+        status = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        status = {}
+    message = status.get("message") if isinstance(status, dict) else None
+    return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")

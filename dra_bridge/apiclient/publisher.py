@@ -111,13 +111,14 @@ class Publisher:
 
     ``retries``: retries per request after the first attempt; ``backoff``: the first wait
     (doubling, ``max_backoff`` at most); ``timeout``: seconds per request; ``sleep`` and
-    ``rand`` (jitter in [0, 1)) are injectable for tests.
+    ``rand`` (jitter in [0, 1)) are injectable for tests; ``on_error`` hears of every failed request.
     """
 
     def __init__(self, api_client, *, driver: str, node_name: str, pool_name: str | None = None,
                  version: tuple[int, int] | None = None, retries: int = 5, backoff: float = 0.05,
                  max_backoff: float = 5.0, timeout: float = 20.0, watch: bool = True,
-                 sleep: Callable[[float], None] = time.sleep, rand: Callable[[], float] = random.random):
+                 sleep: Callable[[float], None] = time.sleep, rand: Callable[[], float] = random.random,
+                 on_error: Callable[[str], None] | None = None):
         from kubernetes import client
 
         self.api_client = api_client
@@ -132,6 +133,7 @@ class Publisher:
         self.timeout = timeout
         self.sleep = sleep
         self.rand = rand
+        self.on_error = on_error or (lambda code: None)  # each failed request: "409", "timeout", "unreachable"
         self.watch = watch
         self._selector = f"spec.nodeName={node_name},spec.driver={driver}"
         self.mirror = SliceMirror(self._list_raw, self._watch_raw)
@@ -159,11 +161,13 @@ class Publisher:
             try:
                 return fn()
             except api_exception() as exc:
+                self.on_error(str(exc.status))
                 if exc.status not in RETRYABLE or attempt == self.retries:
                     raise
                 asks = retry_after(exc)
                 log.info("%s: API answered %s, retrying", what, exc.status)
             except (ConnectionError, OSError, TransportError) as exc:
+                self.on_error("timeout" if _timed_out(exc) else "unreachable")
                 if _timed_out(exc):
                     if resent or attempt == self.retries:
                         raise ApiTimeout(f"{what}: the API server did not answer within {self.timeout:g} s "

@@ -33,7 +33,7 @@ from dra_bridge.apiclient.workloads import WorkloadApi
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.objects import devices_by_key
 from dra_bridge.scheduling.selectors import default_selectors
-from dra_bridge.sim.kubelet import KubeletClient, prepare_errors, workload_devices
+from dra_bridge.sim.kubelet import KubeletClient, node_object, prepare_errors, workload_devices
 from dra_bridge.sim.workloads import (
     DEMO_LAYOUT,
     Workload,
@@ -53,7 +53,6 @@ def _resource_types():
     return (
         ResourceType("kubevirt.io", "v1", "virtualmachines", "VirtualMachine", namespaced=True,
                      singular="virtualmachine", status_subresource=True, has_generation=True, short_names=("vm",)),
-        ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, singular="configmap", short_names=("cm",)),
     )
 
 
@@ -105,8 +104,7 @@ class SimCluster:
                                   extra_resources=_resource_types()).start()
         self.api = self.srv.api_client()
         self.resource = WorkloadApi(self.api).resource  # the typed resource.k8s.io/v1 client
-        self.rest("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": self.node, "labels": {"kubernetes.io/hostname": self.node}}})
+        self.rest("POST", "/api/v1/nodes", node_object(self.node, kubelet_version=self.srv.git_version))
         if self.namespace not in ("default", "kube-system"):
             self.rest("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                      "metadata": {"name": self.namespace}})

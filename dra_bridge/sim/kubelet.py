@@ -21,6 +21,27 @@ from dra_bridge.scheduling.objects import dev_attr, dev_gpu, dev_memory
 from dra_bridge.sim.workloads import WorkloadDevice
 
 DRA_VERSION = "v1.DRAPlugin"
+# the labels a GPU node carries where vgpuctl runs: NVIDIA's GPU feature discovery marks it, the
+# operator opts it in for the agent's DaemonSet (deploy/base/daemonset.yaml's nodeSelector)
+GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true", "vgpu.kubevirt.io/agent": "true"}
+
+
+def node_object(name: str, *, kubelet_version: str = "v1.35.0", labels: dict[str, str] | None = None) -> dict:
+    """The Node a kubelet registers for a simulated node: Ready, with its addresses and node info,
+    so the agent finds its own Node (labels, annotations) and ``kubectl get nodes`` lists it."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                                  "kubernetes.io/arch": "amd64", **GPU_NODE_LABELS,
+                                                  **(labels or {})}},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                       "message": "kubelet is posting ready status (simulated)"}],
+                       "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                     {"type": "Hostname", "address": name}],
+                       "nodeInfo": {"kubeletVersion": kubelet_version, "osImage": "vgpuctl simulated host",
+                                    "kernelVersion": "simulated", "containerRuntimeVersion": "simulated://1",
+                                    "operatingSystem": "linux", "architecture": "amd64", "machineID": "",
+                                    "systemUUID": "", "bootID": "", "kubeProxyVersion": ""}}}
 
 
 class KubeletClient:

@@ -1,16 +1,11 @@
-"""deploy/: every overlay renders with kustomize, validates against the Kubernetes schemas,
-grants exactly the API access the code uses, and fits the agent's command line and paths."""
+"""deploy/: every overlay renders with kustomize, validates against the Kubernetes schemas, and fits
+the agent's command line, paths, privileges and footprint (RBAC: test_rbac.py)."""
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import re
 import shlex
-import shutil
-import subprocess
-from functools import cache
-from pathlib import Path
 
 import pytest
 import yaml
@@ -28,14 +23,9 @@ from kubevirt_templates import render
 from mdev_manager.config import parse_config
 from mdev_manager.plan import select_gpus
 from tests.support.cel import catalog_inventory
-from tests.support.imports import reachable, sources
+from tests.support.deploy import DEPLOY, NAMESPACE, OVERLAYS, ROOT, SERVICE_ACCOUNT, agent, build, needs_kubectl, one
 from tests.support.k8sschema import kubernetes_problems
 
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
-OVERLAYS = ["dra", "device-plugin", "dev"]
-NAMESPACE = "vgpuctl-system"
-SERVICE_ACCOUNT = "vgpuctl"
 DRIVER = "vgpu.kubevirt.io"
 K8S_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
@@ -49,39 +39,6 @@ _WAS_PENDING_FLAGS = {
     "--layout-label": "read the layout name from this label of the agent's own Node",
     "--state-label": "report pending/success/failed in this label of the agent's own Node",
 }
-# RBAC the manifests grant for those pending features, before the code makes the calls.
-PENDING_GRANTS: dict = {}
-# Authorization-only grants: no client call maps to them; the API server checks them in addition
-# (writing status.devices, 1.36+: DRAResourceClaimGranularStatusAuthorization), named for our driver.
-AUTHORIZATION_ONLY = {("resource.k8s.io", "resourceclaims/driver", "associated-node:update"): "vgpu.kubevirt.io"}
-_WAS_PENDING_GRANTS = {
-    ("", "nodes", "get"): "--layout-label: read its own Node's labels",
-    ("", "nodes", "patch"): "--state-label: set the state label on its own Node",
-}
-
-kubectl = shutil.which("kubectl")
-needs_kubectl = pytest.mark.skipif(kubectl is None, reason="kubectl (kustomize) not installed")
-
-
-@cache
-def _build(overlay: str) -> tuple:
-    out = subprocess.run([kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)],
-                         capture_output=True, text=True, check=True)
-    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
-
-
-def build(overlay: str) -> list[dict]:
-    return [dict(d) for d in _build(overlay)]
-
-
-def one(objs: list[dict], kind: str, name: str | None = None) -> dict:
-    hits = [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
-    assert len(hits) == 1, f"{kind} {name}: {len(hits)} found"
-    return hits[0]
-
-
-def agent(objs: list[dict]) -> dict:
-    return one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
 
 
 # --------------------------------------------------------------------------- rendering and schema
@@ -121,128 +78,6 @@ def test_device_classes_are_the_rendered_ones():
     shipped = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "DeviceClass"}
     rendered = {o["metadata"]["name"]: o["spec"] for o in render("deviceclasses")}
     assert shipped == rendered
-
-
-# --------------------------------------------------------------------------- RBAC = what the code calls
-
-# The code is scanned for methods of the official client's API classes; each is mapped to its
-# HTTP method and path (read from the generated client), hence to (apiGroup, resource, verb).
-# What the agent (vgpuctl serve) runs under the DaemonSet's ServiceAccount: every module the
-# serve command can load. The demo, conformance and capacity commands run with the user's own
-# credentials, not the agent's.
-AGENT_MODULES = reachable("vgpuctl.commands.serve")
-SCANNED = [path for name, path in sorted(sources().items()) if name in AGENT_MODULES]
-_IDENT = re.compile(r"\.([a-z][a-z0-9_]*)\b")
-_WATCH_STREAM = re.compile(r"\.stream\(\s*[\w.]+\.(list_[a-z0-9_]+)")
-_WATCH_ARG = re.compile(r"\.(list_[a-z0-9_]+)\([^()]*\bwatch\s*=\s*True")
-_UNMAPPABLE = re.compile(r"\b(call_api|DynamicClient|CustomObjectsApi)\b")
-
-
-@cache
-def _client_api_classes() -> tuple:
-    import kubernetes.client as kc
-
-    return tuple(getattr(kc, n) for n in dir(kc) if n.endswith("Api") and inspect.isclass(getattr(kc, n)))
-
-
-def _request_of(method: str) -> set[tuple[str, str]]:
-    """(HTTP method, path) of a client method name, over every API class that has it."""
-    out = set()
-    for cls in _client_api_classes():
-        ser = getattr(cls, f"_{method}_serialize", None)
-        if ser is None:
-            continue
-        src = inspect.getsource(ser)
-        http = re.search(r"method='([A-Z]+)'", src)
-        path = re.search(r"resource_path='([^']+)'", src)
-        if http and path:
-            out.add((http.group(1), path.group(1)))
-    return out
-
-
-def _rbac_of(http: str, path: str) -> tuple[str, str, str] | None:
-    """``GET /apis/resource.k8s.io/v1/resourceslices/{name}`` -> (resource.k8s.io, resourceslices, get);
-    None for non-resource URLs (/version: readable by every authenticated user)."""
-    parts = [p for p in path.strip("/").split("/") if p]
-    if parts[:1] == ["api"]:
-        group, rest = "", parts[2:]
-    elif parts[:1] == ["apis"]:
-        group, rest = parts[1], parts[3:]
-    else:
-        return None
-    if rest[:1] == ["namespaces"] and len(rest) > 2:
-        rest = rest[2:]
-    resource, named = rest[0], len(rest) > 1 and rest[1].startswith("{")
-    if len(rest) > 2:
-        resource += "/" + rest[2]
-    verb = {"GET": "get" if named else "list", "POST": "create", "PUT": "update", "PATCH": "patch",
-            "DELETE": "delete" if named else "deletecollection"}[http]
-    return group, resource, verb
-
-
-def required_access() -> dict[tuple[str, str, str], list[str]]:
-    """(apiGroup, resource, verb) -> where the code needs it."""
-    need: dict[tuple[str, str, str], list[str]] = {}
-    for f in SCANNED:
-        text = f.read_text()
-        rel = f.relative_to(ROOT)
-        bad = _UNMAPPABLE.search(text)
-        assert bad is None, f"{rel}: {bad.group(1)} cannot be mapped to RBAC here; extend tests/test_deploy.py"
-        for name in sorted(set(_IDENT.findall(text))):
-            for http, path in _request_of(name):
-                rule = _rbac_of(http, path)
-                if rule and f"{rel}: {name}" not in need.get(rule, []):
-                    need.setdefault(rule, []).append(f"{rel}: {name}")
-        for name in set(_WATCH_STREAM.findall(text)) | set(_WATCH_ARG.findall(text)):
-            for http, path in _request_of(name):
-                rule = _rbac_of(http, path)
-                if rule and f"{rel}: {name} (watch)" not in need.get((rule[0], rule[1], "watch"), []):
-                    need.setdefault((rule[0], rule[1], "watch"), []).append(f"{rel}: {name} (watch)")
-    return need
-
-
-def granted(role: dict) -> set[tuple[str, str, str]]:
-    out = set()
-    for rule in role["rules"]:
-        assert not rule.get("nonResourceURLs")
-        if rule.get("resourceNames"):  # only the driver's own authorization-only subresource
-            keys = {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-            assert keys <= set(AUTHORIZATION_ONLY) and rule["resourceNames"] == [AUTHORIZATION_ONLY[min(keys)]], rule
-        for g in rule["apiGroups"]:
-            for r in rule["resources"]:
-                for v in rule["verbs"]:
-                    assert "*" not in (g, r, v), f"wildcard in {rule}"
-                    out.add((g, r, v))
-    return out
-
-
-def test_rbac_mapping_reads_the_client():
-    assert _rbac_of(*next(iter(_request_of("list_resource_slice")))) == ("resource.k8s.io", "resourceslices", "list")
-    assert _rbac_of(*next(iter(_request_of("read_namespaced_resource_claim")))) == ("resource.k8s.io", "resourceclaims", "get")
-    assert _rbac_of(*next(iter(_request_of("patch_node")))) == ("", "nodes", "patch")
-    assert _rbac_of(*next(iter(_request_of("replace_namespaced_resource_claim_status")))) == (
-        "resource.k8s.io", "resourceclaims/status", "update")
-    assert _rbac_of(*next(iter(_request_of("get_code")))) is None
-
-
-@needs_kubectl
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_rbac_grants_exactly_what_the_code_calls(overlay):
-    objs = build(overlay)
-    have = granted(one(objs, "ClusterRole"))
-    need = required_access()
-    assert ("resource.k8s.io", "resourceslices", "create") in need  # the scan finds the publisher
-    missing = set(need) - have
-    assert not missing, "the code calls APIs the ClusterRole does not grant: " + "; ".join(
-        f"{r}: {need[r]}" for r in sorted(missing))
-    extra = have - set(need) - set(PENDING_GRANTS) - set(AUTHORIZATION_ONLY)
-    assert not extra, f"the ClusterRole grants what no code calls: {sorted(extra)}"
-    assert set(PENDING_GRANTS) <= have
-    assert not [o for o in objs if o["kind"] in ("Role", "RoleBinding")]
-    binding = one(objs, "ClusterRoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": one(objs, "ClusterRole")["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
 
 
 # --------------------------------------------------------------------------- admission policies
@@ -434,18 +269,60 @@ def test_agent_pod_has_node_name_mounts_and_privileges(overlay):
         assert host.get(path) == path, path
     cm = one(objs, "ConfigMap")
     assert vols[mounts["/etc/vgpuctl"]["name"]]["configMap"]["name"] == cm["metadata"]["name"]
-    hardware = {"/sys", "/dev/vfio", "/etc/mdevctl.d", "/lib/modules"}
+    hardware = {"/sys", "/dev/vfio", "/etc/mdevctl.d"}
+    sc = c["securityContext"]
     if overlay == "dev":
         assert not hardware & set(mounts)
-        assert c["securityContext"]["privileged"] is False
         assert "emptyDir" in vols[mounts["/var/lib/vgpuctl"]["name"]]
+        assert not pod.get("hostPID") and not sc["capabilities"].get("add")
     else:
         for path in hardware | {"/var/lib/vgpuctl"}:
             assert host.get(path) == path, path
-        assert mounts["/lib/modules"].get("readOnly") is True
-        assert c["securityContext"]["privileged"] is True
-    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+            assert not mounts[path].get("readOnly"), f"{path}: the agent writes there"
+        # who holds a vGPU: the /proc/<pid>/fd scan of the host's processes
+        assert pod["hostPID"] is True
+        assert sorted(sc["capabilities"]["add"]) == ["DAC_READ_SEARCH", "SYS_PTRACE"]
+        assert sc["appArmorProfile"] == {"type": "Unconfined"}  # writes under /sys
+    # nothing else: no privileged mode, no escalation, no capability but those named
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert not {"hostNetwork", "hostIPC"} & set(pod)
+    assert sc["readOnlyRootFilesystem"] is True
     assert "/tmp" in mounts
+
+
+def test_each_grant_of_the_agent_is_explained_where_it_is_made():
+    """Every capability, host namespace, the sysfs profile and the rollout carry a comment saying why."""
+    text = (DEPLOY / "base" / "daemonset.yaml").read_text()
+    lines = text.splitlines()
+    for needle in ("- DAC_READ_SEARCH", "- SYS_PTRACE", "hostPID: true", "appArmorProfile:", "runAsUser: 0",
+                   "maxSurge: 0", "privileged: false"):
+        (n,) = [i for i, line in enumerate(lines) if line.strip() == needle]
+        assert any(line.strip().startswith("#") for line in lines[max(0, n - 5):n]), f"{needle}: no comment says why"
+    assert "16-GPU node" in text and "100 MB" in text  # the measured footprint behind the requests
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agent_image_placement_footprint_and_rollout(overlay):
+    objs = build(overlay)
+    ds = one(objs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    c = agent(objs)
+    image = c["image"]
+    if overlay == "dev":
+        assert image == "localhost/vgpuctl:dev"  # the overlay's kustomize `images:` override
+        assert "nvidia.com/gpu.present" not in pod["nodeSelector"]  # a simulated host runs anywhere
+    else:
+        assert re.fullmatch(r"quay\.io/vgpuctl/vgpuctl:v\d+\.\d+\.\d+", image), image
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "vgpu.kubevirt.io/agent": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    res = c["resources"]
+    assert res["requests"]["memory"] == "128Mi" and res["limits"]["memory"] == "384Mi"
+    assert "cpu" not in res.get("limits", {})
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                            "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
 @needs_kubectl

@@ -21,6 +21,7 @@ from kubernetes import client
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.api.names import LABEL_ROLE
 from dra_bridge.sim.apiserver import LocalApiServer
+from dra_bridge.sim.kubelet import node_object
 from mdev_manager.executor import Executor
 from mdev_manager.sim import SimIO
 from tests.support.dra import (
@@ -391,6 +392,7 @@ def test_daemon_publishes_valid_slices_per_version(node, base, version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_vgpuctl_serve_subprocess(version):
     with short_tmp("vc") as d, LocalApiServer(version=version) as srv:
+        srv.add(node_object("sim-node-1", kubelet_version=srv.git_version))  # what the kubelet registers
         kc = srv.kubeconfig(d / "kubeconfig")
         kl, cdi_root = d / "kl", d / "cdi"
         env = {**os.environ, "VGPUCTL_SIM_DIR": str(d / "sim"), "NODE_NAME": "sim-node-1"}
@@ -432,6 +434,8 @@ def test_vgpuctl_serve_subprocess(version):
             log.close()
         assert rc == 0, output[-3000:]
         assert sockets(kl) == [], "sockets left behind after SIGTERM"
+        assert "HTTP response headers" not in output, output[-3000:]  # API errors are logged in one line
+        assert srv.get_object("nodes", "sim-node-1")["metadata"]["annotations"].get("vgpu.kubevirt.io/dra-fields")
 
 
 @pytest.mark.parametrize("version,gates,counters,groups", [

@@ -1,4 +1,5 @@
-"""resource.k8s.io/v1 validation rules that the OpenAPI schemas cannot express.
+"""resource.k8s.io/v1 ResourceSlice validation rules that the OpenAPI schemas cannot express
+(claims, templates and classes: :mod:`.dra_claims`).
 
 One function per rule, named after it, in the order of /work/shared/reference/dra.md
 ("ResourceSlice", "Limits", "Partitionable devices"). Each takes the object's spec
@@ -10,7 +11,6 @@ rules may assume well-typed input but must tolerate ``None`` for optional fields
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -30,11 +30,8 @@ from dra_bridge.api.compat import (  # noqa: E402
     MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
     MAX_DOMAIN_LENGTH,
     MAX_DRIVER_NAME_LENGTH,
-    MAX_FIRST_AVAILABLE,
     MAX_ID_LENGTH,
-    MAX_OPAQUE_PARAMETERS_BYTES,
     MAX_POOL_NAME_LENGTH,
-    MAX_RESERVED_FOR,
     MAX_STRING_ATTRIBUTE_LENGTH,
     MAX_TAINTS_PER_DEVICE,
     MAX_TAINTS_PER_DEVICE_1_34,
@@ -427,91 +424,3 @@ def validate_resource_slice(obj: dict, old: dict | None, minor: int) -> list[Fie
     for rule in SLICE_RULES:
         errors += rule(spec, minor)
     return errors
-
-
-# ================================================================ claims, templates, classes
-def _requests(devices_spec: dict) -> list[dict]:
-    return devices_spec.get("requests") or []
-
-
-def request_names_valid_and_unique(devices: dict, path: str) -> list[FieldError]:
-    """Request (and sub-request) names are DNS labels, unique in the claim (request)."""
-    errors = []
-    seen: set[str] = set()
-    for i, req in enumerate(_requests(devices)):
-        name = req.get("name")
-        if not is_dns_label(name):
-            errors.append(FieldError(f"{path}.requests[{i}].name", f'Invalid value: "{name}": '
-                                                                   "must be a DNS label"))
-        elif name in seen:
-            errors.append(FieldError(f"{path}.requests[{i}].name", f'Duplicate value: "{name}"',
-                                     reason="FieldValueDuplicate"))
-        seen.add(name)
-        sub_seen: set[str] = set()
-        for j, sub in enumerate(req.get("firstAvailable") or []):
-            sname = sub.get("name")
-            spath = f"{path}.requests[{i}].firstAvailable[{j}].name"
-            if not is_dns_label(sname):
-                errors.append(FieldError(spath, f'Invalid value: "{sname}": must be a DNS label'))
-            elif sname in sub_seen:
-                errors.append(FieldError(spath, f'Duplicate value: "{sname}"',
-                                         reason="FieldValueDuplicate"))
-            sub_seen.add(sname)
-    return errors
-
-
-def request_exactly_or_first_available(devices: dict, path: str) -> list[FieldError]:
-    """Each request sets exactly one of `exactly` and `firstAvailable` (<= 8 sub-requests)."""
-    errors = []
-    for i, req in enumerate(_requests(devices)):
-        rpath = f"{path}.requests[{i}]"
-        has_exactly = req.get("exactly") is not None
-        first = req.get("firstAvailable") or []
-        if has_exactly == bool(first):
-            errors.append(FieldError(rpath, "Invalid value: exactly one of `exactly` or "
-                                            "`firstAvailable` is required"))
-        if len(first) > MAX_FIRST_AVAILABLE:
-            errors.append(_too_many(f"{rpath}.firstAvailable", len(first), MAX_FIRST_AVAILABLE))
-    return errors
-
-
-def opaque_parameters_size(config: list[dict] | None, path: str) -> list[FieldError]:
-    """`config[].opaque.parameters` are at most 10 KiB."""
-    errors = []
-    for i, cfg in enumerate(config or []):
-        params = ((cfg or {}).get("opaque") or {}).get("parameters")
-        if params is not None:
-            size = len(json.dumps(params, separators=(",", ":")).encode())
-            if size > MAX_OPAQUE_PARAMETERS_BYTES:
-                errors.append(FieldError(f"{path}[{i}].opaque.parameters",
-                                         f"Too long: may not be more than "
-                                         f"{MAX_OPAQUE_PARAMETERS_BYTES} bytes",
-                                         reason="FieldValueTooLong"))
-    return errors
-
-
-def reserved_for_limit(status: dict) -> list[FieldError]:
-    """`status.reservedFor` has at most 256 entries."""
-    n = len(status.get("reservedFor") or [])
-    if n > MAX_RESERVED_FOR:
-        return [_too_many("status.reservedFor", n, MAX_RESERVED_FOR)]
-    return []
-
-
-def _claim_spec_errors(claim_spec: dict, path: str) -> list[FieldError]:
-    devices = claim_spec.get("devices") or {}
-    return (request_names_valid_and_unique(devices, f"{path}.devices")
-            + request_exactly_or_first_available(devices, f"{path}.devices")
-            + opaque_parameters_size(devices.get("config"), f"{path}.devices.config"))
-
-
-def validate_resource_claim(obj: dict, old: dict | None, minor: int) -> list[FieldError]:
-    return _claim_spec_errors(obj.get("spec") or {}, "spec") + reserved_for_limit(obj.get("status") or {})
-
-
-def validate_resource_claim_template(obj: dict, old: dict | None, minor: int) -> list[FieldError]:
-    return _claim_spec_errors((obj.get("spec") or {}).get("spec") or {}, "spec.spec")
-
-
-def validate_device_class(obj: dict, old: dict | None, minor: int) -> list[FieldError]:
-    return opaque_parameters_size((obj.get("spec") or {}).get("config"), "spec.config")

@@ -43,7 +43,7 @@ class FieldError:
         return f"{self.field}: {self.message}" if self.field else self.message
 
     def cause(self) -> dict[str, str]:
-        return {"reason": self.reason, "message": str(self), "field": self.field}
+        return {"reason": self.reason, "message": self.message, "field": self.field}  # upstream's ErrorBody
 
 
 @dataclass

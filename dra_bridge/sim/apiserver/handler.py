@@ -18,9 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from dra_bridge.sim.apiserver import discovery
+from dra_bridge.sim.apiserver import discovery, openapi, openapi_pb, tables
 from dra_bridge.sim.apiserver import errors as E
-from dra_bridge.sim.apiserver.errors import ApiError
+from dra_bridge.sim.apiserver.errors import ApiError, FieldError
+from dra_bridge.sim.apiserver.patch import APPLY_PATCH
 from dra_bridge.sim.apiserver.resources import ResourceType
 from dra_bridge.sim.apiserver.store import Store
 
@@ -41,6 +42,8 @@ class App(Protocol):
     pod_logs: dict[tuple[str, str], str]
     watch_timeout: float
     host: str
+    version: str
+    git_version: str
     _lock: Any
     _conns: set[socket.socket]
 
@@ -62,8 +65,9 @@ class Route:
     namespace: str | None = None
     name: str | None = None
     sub: str | None = None
-    discovery: Any = None  # response body for non-resource GETs
+    discovery: Any = None  # response body for non-resource GETs (bytes: sent as they are)
     resource_label: str = ""
+    content_type: str = "application/json"
 
 
 class HTTPServer(ThreadingHTTPServer):
@@ -81,8 +85,8 @@ class HTTPServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-def discovery_route(app: App, parts: list[str]) -> Route | None:
-    """The answer to a GET of a non-resource path (``/version``, ``/apis``, ...), if it is one."""
+def discovery_route(app: App, parts: list[str], accept: str = "") -> Route | None:
+    """The answer to a GET of a non-resource path (``/version``, ``/apis``, ``/openapi/...``), if it is one."""
     joined = "/" + "/".join(parts)
     resources = app.resources
     if joined in ("/healthz", "/readyz", "/livez"):
@@ -95,14 +99,19 @@ def discovery_route(app: App, parts: list[str]) -> Route | None:
         return Route("discovery", discovery=discovery.api_group_list(resources))
     if len(parts) == 2 and parts[0] == "apis" and parts[1] in discovery.groups(resources):
         return Route("discovery", discovery=discovery.api_group(resources, parts[1]))
+    if joined == "/openapi/v2":
+        if openapi_pb.MEDIA_TYPE in accept or "protobuf" in accept.split(",")[0]:
+            return Route("discovery", discovery=openapi.v2_protobuf(app.version, app.git_version, resources),
+                         content_type=openapi_pb.CONTENT_TYPE)
+        return Route("discovery", discovery=openapi.v2(app.version, app.git_version, resources))
     if joined == "/openapi/v3":
-        return Route("discovery", discovery=discovery.openapi_v3_root(resources))
+        return Route("discovery", discovery=openapi.v3_root(app.version, resources))
     doc = None
     if parts[:2] == ["openapi", "v3"]:
         if len(parts) == 4 and parts[2] == "api":
-            doc = discovery.openapi_v3_group_version(resources, "", parts[3])
+            doc = openapi.v3_group_version(app.version, resources, "", parts[3])
         elif len(parts) == 5 and parts[2] == "apis":
-            doc = discovery.openapi_v3_group_version(resources, parts[3], parts[4])
+            doc = openapi.v3_group_version(app.version, resources, parts[3], parts[4])
         return Route("discovery", discovery=doc) if doc else None
     if len(parts) == 2 and parts[0] == "api":
         doc = discovery.resource_list(resources, "", parts[1])
@@ -149,6 +158,32 @@ def resource_route(app: App, method: str, parts: list[str], query: dict) -> Rout
         raise ApiError(404, _NOT_FOUND, reason="NotFound")
     label = rt.plural + (f"/{sub}" if sub else "")
     return Route(verb, rt, namespace, name, sub, resource_label=label)
+
+
+def parse_body(raw: bytes, content_type: str) -> Any:
+    """The request body: JSON, or YAML for a server-side apply (kubectl sends JSON there too)."""
+    if not raw:
+        return None
+    if content_type.split(";")[0].strip().lower() in (APPLY_PATCH, "application/yaml"):
+        import yaml
+
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise E.bad_request(f"error decoding YAML: {exc}") from None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise E.bad_request(f"the request body is not valid JSON: {exc}") from None
+
+
+def field_manager(query: dict, user_agent: str) -> str:
+    """Who a write is recorded for: ``?fieldManager=``, else the client's name from its User-Agent."""
+    manager = query.get("fieldManager") or user_agent.split("/", 1)[0][:128]
+    if len(manager) > 128:
+        raise E.invalid("UpdateOptions", "meta.k8s.io", "", [FieldError(
+            "fieldManager", 'Too long: may not be more than 128 bytes', reason="FieldValueTooLong")])
+    return manager
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -198,6 +233,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_bytes(self, code: int, data: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _send_text(self, code: int, text: str) -> None:
         data = text.encode()
         self.send_response(code)
@@ -240,26 +282,24 @@ class Handler(BaseHTTPRequestHandler):
 
         try:
             raw = self._read_body()
-            route = (discovery_route(app, parts) if method == "GET" else None) or \
+            route = (discovery_route(app, parts, self.headers.get("Accept", "")) if method == "GET" else None) or \
                 resource_route(app, method, parts, query)
             if route.verb == "discovery":
                 record(200)
                 if isinstance(route.discovery, str):
                     self._send_text(200, route.discovery)
+                elif isinstance(route.discovery, bytes):
+                    self._send_bytes(200, route.discovery, route.content_type)
                 else:
                     self._send_json(200, route.discovery)
                 return
             injected = app._injected(route.verb, route.rt, route.sub, route.namespace, route.name)
             if injected is not None:
                 raise injected
-            body = None
-            if raw:
-                try:
-                    body = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise E.bad_request(f"the request body is not valid JSON: {exc}") from None
+            body = parse_body(raw, self.headers.get("Content-Type", ""))
+            form = tables.negotiate(self.headers.get("Accept", ""))
             if route.verb == "watch":
-                self._watch(route, query, lambda: record(200))
+                self._watch(route, query, lambda: record(200), form)
                 return
             if route.verb == "log":  # a container's log: what set_pod_log stored (404 without the pod)
                 app.store.get_stored(route.rt, route.namespace, route.name)
@@ -267,6 +307,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._send_text(200, app.pod_logs.get((route.namespace, route.name), ""))
                 return
             code, result, warnings, names = self._dispatch(route, body, query)
+            if form and route.verb in ("get", "list"):
+                result = tables.convert(route.rt, result, form, query)
             if route.verb in MUTATING_VERBS and not query.get("dryRun"):
                 app._wrote(route.verb, route.resource_label, names)
             headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else {}
@@ -293,21 +335,22 @@ class Handler(BaseHTTPRequestHandler):
         rt, ns, name, sub = route.rt, route.namespace, route.name, route.sub
         assert rt is not None
         warnings: list[str] = []
+        manager = field_manager(query, self.headers.get("User-Agent", ""))
         if route.verb == "get":
             with store.lock:
                 return 200, copy.deepcopy(store.get_stored(rt, ns, name)), warnings, []
         if route.verb == "list":
             return 200, store.list(rt, ns, query), warnings, []
         if route.verb == "create":
-            obj = store.create(rt, ns, body, query, warnings)
+            obj = store.create(rt, ns, body, query, warnings, manager=manager)
             return 201, obj, warnings, [obj["metadata"]["name"]]
         if route.verb == "update":
-            obj = store.update(rt, ns, name, body, query, sub, warnings)
+            obj = store.update(rt, ns, name, body, query, sub, warnings, manager)
             return 200, obj, warnings, [name]
         if route.verb == "patch":
-            obj = store.patch(rt, ns, name, body, self.headers.get("Content-Type", ""), query, sub,
-                              warnings)
-            return 200, obj, warnings, [name]
+            obj, created = store.patch(rt, ns, name, body, self.headers.get("Content-Type", ""), query, sub,
+                                       warnings, manager)
+            return 201 if created else 200, obj, warnings, [name]
         if route.verb == "delete":
             return 200, store.delete(rt, ns, name, dict(body or {}), query), warnings, [name]
         if route.verb == "deletecollection":
@@ -329,7 +372,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
-    def _watch(self, route: Route, query: dict, started) -> None:
+    def _watch(self, route: Route, query: dict, started, form: tuple[str, str] | None = None) -> None:
         app = self.server.app
         store = app.store
         rt = route.rt
@@ -369,6 +412,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             while True:
                 for ev in pending:
+                    if form and ev["type"] not in ("ERROR", "BOOKMARK"):
+                        ev = {"type": ev["type"], "object": tables.convert(rt, ev["object"], form, query)}
                     self._write_chunk(json.dumps(ev).encode() + b"\n")
                 pending = []
                 if cursor < 0:

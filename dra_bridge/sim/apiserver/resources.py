@@ -69,6 +69,8 @@ class ResourceType:
 
 
 RESOURCE = "resource.k8s.io"
+RBAC = "rbac.authorization.k8s.io"
+ADMISSION = "admissionregistration.k8s.io"
 
 DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     # resource.k8s.io/v1 (DRA)
@@ -105,6 +107,25 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
                                   "involvedObject.fieldPath", "reason", "reportingComponent",
                                   "source", "type"),
                  short_names=("ev",)),
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True, singular="serviceaccount",
+                 short_names=("sa",)),
+    ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, singular="configmap",
+                 short_names=("cm",)),
+    # what deploy/ installs besides: RBAC, the agent's DaemonSet, its admission policies
+    ResourceType(RBAC, "v1", "clusterroles", "ClusterRole", namespaced=False, singular="clusterrole"),
+    ResourceType(RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False,
+                 singular="clusterrolebinding"),
+    ResourceType(RBAC, "v1", "roles", "Role", namespaced=True, singular="role"),
+    ResourceType(RBAC, "v1", "rolebindings", "RoleBinding", namespaced=True, singular="rolebinding"),
+    ResourceType("apps", "v1", "daemonsets", "DaemonSet", namespaced=True, singular="daemonset",
+                 status_subresource=True, has_generation=True, short_names=("ds",),
+                 initial_status={"currentNumberScheduled": 0, "desiredNumberScheduled": 0,
+                                 "numberMisscheduled": 0, "numberReady": 0}),
+    ResourceType(ADMISSION, "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
+                 namespaced=False, singular="validatingadmissionpolicy", status_subresource=True,
+                 has_generation=True, initial_status={}),
+    ResourceType(ADMISSION, "v1", "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
+                 namespaced=False, singular="validatingadmissionpolicybinding", has_generation=True),
     # events.k8s.io/v1 (what EventsV1Api / client-go's new recorder write)
     ResourceType("events.k8s.io", "v1", "events", "Event", namespaced=True, singular="event",
                  field_selectors=("reason", "regarding.kind", "regarding.namespace",

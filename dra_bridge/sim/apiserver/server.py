@@ -1,12 +1,14 @@
-"""A local Kubernetes API server (tests, demo, conformance): real HTTP, Kubernetes REST semantics.
+"""A local Kubernetes API server (tests, demo, conformance, kubectl): real HTTP, Kubernetes REST semantics.
 
-Serves the resources of :mod:`.resources` (resource.k8s.io/v1 DRA kinds and the core
-kinds a DRA driver touches) with create / get / list / update / patch / delete /
-deletecollection / watch, the ``status`` subresource, label and field selectors,
+Serves the resources of :mod:`.resources` (resource.k8s.io/v1 DRA kinds, the core kinds a DRA
+driver touches and the kinds deploy/ installs) with create / get / list / update / patch /
+delete / deletecollection / watch, the ``status`` subresource, label and field selectors,
 optimistic concurrency through ``resourceVersion``, finalizers, the fields a disabled
 feature gate drops on write (:mod:`.featuregates`), and validation of every written object
 against the OpenAPI schema of the configured Kubernetes version (``kubernetes-validate``,
-when installed) plus the DRA rules of :mod:`.dra_rules`.
+when installed) plus the DRA rules of :mod:`.dra_rules` and :mod:`.dra_claims`. For kubectl:
+printer columns as ``meta.k8s.io`` Tables (:mod:`.tables`), managedFields and server-side apply
+(:mod:`.managedfields`), OpenAPI v2 and v3 (:mod:`.openapi`).
 
 It is a ``http.server.ThreadingHTTPServer`` on 127.0.0.1 with an ephemeral port (or the one
 given), running in a background thread; use it as a context manager::
@@ -161,7 +163,8 @@ class LocalApiServer:
         self.feature_gates = (featuregates.all_enabled(self.version) if feature_gates is None
                               else featuregates.resolve(self.version, feature_gates))
         self.watch_timeout = watch_timeout
-        self.store = Store(self.version, tuple(DEFAULT_RESOURCES) + tuple(extra_resources),
+        by_key = {rt.key: rt for rt in (*DEFAULT_RESOURCES, *extra_resources)}  # an extra one replaces ours
+        self.store = Store(self.version, tuple(by_key.values()),
                            validate=validate, field_validation=field_validation,
                            strict_namespaces=strict_namespaces, max_history=max_history,
                            feature_gates=self.feature_gates)
@@ -181,7 +184,8 @@ class LocalApiServer:
         self.request_log: list[RequestRecord] = []
 
         for ns in ("default", "kube-system"):
-            self.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            self.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
+                      "status": {"phase": "Active"}})
 
     # settings read by tests and tools; the store owns them
     @property

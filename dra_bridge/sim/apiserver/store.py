@@ -22,9 +22,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dra_bridge.sim.apiserver import errors as E
+from dra_bridge.sim.apiserver import managedfields as mf
 from dra_bridge.sim.apiserver.errors import ApiError, FieldError
 from dra_bridge.sim.apiserver.featuregates import drop_disabled
-from dra_bridge.sim.apiserver.patch import apply_patch
+from dra_bridge.sim.apiserver.patch import APPLY_PATCH, apply_patch
 from dra_bridge.sim.apiserver.resources import ResourceType, field_value
 from dra_bridge.sim.apiserver.selectors import field_matcher, label_matcher
 from dra_bridge.sim.apiserver.validation import kind_schema, resolver, validate_object
@@ -50,6 +51,15 @@ def meta(obj: dict) -> dict:
     if not isinstance(m, dict):
         m = obj["metadata"] = {}
     return m
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Equal but for the times in managedFields (a write that changes nothing else is no write)."""
+    def untimed(o: dict) -> dict:
+        m = dict(o.get("metadata") or {})
+        m["managedFields"] = [{k: v for k, v in e.items() if k != "time"} for e in m.get("managedFields") or []]
+        return {**o, "metadata": m}
+    return a == b or untimed(a) == untimed(b)
 
 
 def sort_key(obj: dict) -> tuple[str, str]:
@@ -211,9 +221,16 @@ class Store:
         return obj
 
     # ------------------------------------------------------------------ verbs
+    def fields(self, rt: ResourceType) -> mf.Fields:
+        return mf.Fields(kind_schema(self.version, rt.kind, rt.api_version, True), resolver(self.version),
+                         rt.status_subresource)
+
     def create(self, rt: ResourceType, namespace: str | None, body: Any, query: dict,
                warnings: list[str] | None = None, keep_status: bool = False,
-               validate: bool = True) -> dict:
+               validate: bool = True, manager: str | None = None,
+               managed_fields: list[dict] | None = None) -> dict:
+        """``manager`` (the fieldManager) owns what it wrote (managedFields); None: not tracked,
+        as for objects from before server-side apply (what :meth:`LocalApiServer.add` makes)."""
         warnings = [] if warnings is None else warnings
         obj = self.check_body(rt, body, namespace)
         m = meta(obj)
@@ -248,6 +265,11 @@ class Store:
             if keep_status:
                 self._drop_disabled(obj, None, status=True)
             obj = self.check(rt, obj, None, query, warnings, validate)
+            if managed_fields is not None:
+                meta(obj)["managedFields"] = managed_fields
+            elif manager:
+                meta(obj)["managedFields"] = mf.after_create(self.fields(rt), obj, manager, rt.api_version, None,
+                                                             now())
             key = self.object_key(rt, meta(obj).get("namespace"), meta(obj)["name"])
             if key in self.objects[rt.key]:
                 raise E.already_exists(rt.plural, rt.group, key[1])
@@ -256,7 +278,8 @@ class Store:
             return self.commit(rt, key, obj, None, "ADDED")
 
     def update(self, rt: ResourceType, namespace: str | None, name: str, body: Any, query: dict,
-               sub: str | None, warnings: list[str]) -> dict:
+               sub: str | None, warnings: list[str], manager: str | None = None,
+               managed_fields: list[dict] | None = None) -> dict:
         obj = self.check_body(rt, body, namespace)
         m = meta(obj)
         if m.get("name") and m["name"] != name:
@@ -291,24 +314,41 @@ class Store:
                         m[kept] = old_meta[kept]
                     else:
                         m.pop(kept, None)
-                m.pop("managedFields", None)
                 m.pop("selfLink", None)
                 if rt.has_generation and new.get("spec") != old.get("spec"):
                     m["generation"] = int(old_meta.get("generation") or 0) + 1
             self._drop_disabled(new, old, status=sub == "status")
             meta(new)["resourceVersion"] = old_meta["resourceVersion"]
+            meta(new).pop("managedFields", None)
             new = self.check(rt, new, old, query, warnings)
+            if managed_fields is None and manager:
+                managed_fields = mf.after_update(self.fields(rt), old, new, manager, rt.api_version, sub, now())
+            if managed_fields is None:
+                managed_fields = old_meta.get("managedFields")
+            if managed_fields:
+                meta(new)["managedFields"] = managed_fields
+            if _same(new, old):  # no-op: no new resourceVersion, no watch event
+                return copy.deepcopy(old)
             if query.get("dryRun"):
                 return new
             key = self.object_key(rt, namespace, name)
-            if new == old:  # no-op: no new resourceVersion, no watch event
-                return copy.deepcopy(old)
             if old_meta.get("deletionTimestamp") and not meta(new).get("finalizers"):
                 return self.commit(rt, key, None, new, "DELETED")
             return self.commit(rt, key, new, old, "MODIFIED")
 
     def patch(self, rt: ResourceType, namespace: str | None, name: str, body: Any,
-              content_type: str, query: dict, sub: str | None, warnings: list[str]) -> dict:
+              content_type: str, query: dict, sub: str | None, warnings: list[str],
+              manager: str | None = None) -> tuple[dict, bool]:
+        """A patch, or a server-side apply (which creates a missing object); returns (object, created)."""
+        is_apply = (content_type or "").split(";")[0].strip().lower() == APPLY_PATCH
+        if is_apply and not query.get("fieldManager"):
+            raise E.invalid("PatchOptions", "meta.k8s.io", "", [FieldError(
+                "fieldManager", "Required value: is required for apply patch", reason="FieldValueRequired")])
+        if not is_apply and query.get("force"):
+            raise E.invalid("PatchOptions", "meta.k8s.io", "", [FieldError(
+                "force", "Forbidden: may not be specified for non-apply patch", reason="FieldValueForbidden")])
+        if is_apply:
+            return self.apply(rt, namespace, name, body, query, sub, warnings, manager or "")
         with self.lock:
             old = self.get_stored(rt, namespace, name)
             schema = kind_schema(self.version, rt.kind, rt.api_version, True)
@@ -321,7 +361,29 @@ class Store:
             if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
                 raise E.conflict(rt.plural, rt.group, name, E.STALE)
             meta(patched)["resourceVersion"] = old["metadata"]["resourceVersion"]
-            return self.update(rt, namespace, name, patched, query, sub, warnings)
+            return self.update(rt, namespace, name, patched, query, sub, warnings, manager), False
+
+    def apply(self, rt: ResourceType, namespace: str | None, name: str, body: Any, query: dict,
+              sub: str | None, warnings: list[str], manager: str) -> tuple[dict, bool]:
+        """Server-side apply (:mod:`.managedfields`): create the object, or merge ``body`` into it."""
+        config = self.check_body(rt, body, namespace)
+        for what in ("apiVersion", "kind"):
+            if not (body or {}).get(what):
+                raise E.bad_request(f"{what} must be set in an apply configuration")
+        if meta(config).get("name") not in (None, name):
+            raise E.bad_request(f"the name of the object ({meta(config)['name']}) does not match the name "
+                                f"on the URL ({name})")
+        meta(config)["name"] = name
+        force = (query.get("force") or "").lower() in ("true", "1")
+        with self.lock:
+            live = self.objects[rt.key].get(self.object_key(rt, namespace, name))
+            if live is None and sub:
+                raise E.not_found(rt.plural, rt.group, name)
+            merged, entries = mf.apply(self.fields(rt), copy.deepcopy(live) if live else None, config, manager,
+                                       rt.api_version, sub, force, now())
+            if live is None:
+                return self.create(rt, namespace, merged, query, warnings, managed_fields=entries), True
+            return self.update(rt, namespace, name, merged, query, sub, warnings, managed_fields=entries), False
 
     def delete(self, rt: ResourceType, namespace: str | None, name: str, options: Any,
                query: dict) -> dict:

@@ -17,7 +17,7 @@ import functools
 import re
 from collections.abc import Callable
 
-from dra_bridge.sim.apiserver import dra_rules
+from dra_bridge.sim.apiserver import dra_claims, dra_rules
 from dra_bridge.sim.apiserver.errors import FieldError
 
 try:  # the [sim] extra's kubernetes-validate: the upstream schemas each object is checked against
@@ -64,6 +64,11 @@ def _schema_dir(version: str, strict: bool) -> str:
 def _definitions(schema_dir: str) -> dict:
     return kv_utils.schema_contents(f"kubernetes-json-schema/{schema_dir}/_definitions.json",
                                     schema_dir)
+
+
+def definitions(version: str, strict: bool = True) -> dict:
+    """Every definition of Kubernetes ``version`` (``{"$defs": {name: schema}}``); what OpenAPI serves."""
+    return _definitions(_schema_dir(version, strict))
 
 
 @functools.cache
@@ -133,11 +138,27 @@ def schema_errors(obj: dict, version: str, strict: bool = True) -> list[FieldErr
                                          f"unknown field ({err.message})",
                                          reason="FieldValueNotFound"))
             continue
-        reason = "FieldValueRequired" if err.validator == "required" else "FieldValueInvalid"
-        errors.append(FieldError(path, err.message, reason=reason))
+        if err.validator == "required":  # as upstream words a missing field: <path>.<field>: Required value
+            missing = err.message.split("'")[1] if err.message.count("'") >= 2 else ""
+            errors.append(FieldError(f"{path}.{missing}" if path else missing, "Required value",
+                                     reason="FieldValueRequired"))
+        else:
+            errors.append(FieldError(path, err.message))
         if len(errors) >= 20:
             break
     return errors
+
+
+# names that are not DNS subdomains: namespaces are labels, RBAC objects path segments (``system:x``)
+NAME_RULES = {("v1", "Namespace"): "label",
+              **{("rbac.authorization.k8s.io/v1", k): "path-segment"
+                 for k in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")}}
+
+
+def _path_segment_errors(name: str) -> list[str]:
+    if name in (".", ".."):
+        return [f"may not be '{name}'"]
+    return [f"may not contain '{c}'" for c in ("/", "%") if c in name]
 
 
 def metadata_errors(obj: dict, namespaced_name_is_label: bool = False) -> list[FieldError]:
@@ -148,7 +169,10 @@ def metadata_errors(obj: dict, namespaced_name_is_label: bool = False) -> list[F
         errors.append(FieldError("metadata.name", "Required value: name or generateName is required",
                                  reason="FieldValueRequired"))
         return errors
-    if namespaced_name_is_label:
+    rule = NAME_RULES.get((obj.get("apiVersion", ""), obj.get("kind", "")))
+    if rule == "path-segment":
+        errors += [FieldError("metadata.name", f'Invalid value: "{name}": {m}') for m in _path_segment_errors(name)]
+    elif namespaced_name_is_label or rule == "label":
         if not dra_rules.is_dns_label(name):
             errors.append(FieldError("metadata.name", f'Invalid value: "{name}": {LABEL_MSG}'))
     elif not dra_rules.is_dns_subdomain(name):
@@ -163,9 +187,9 @@ def metadata_errors(obj: dict, namespaced_name_is_label: bool = False) -> list[F
 # kind -> rules(obj, old_obj_or_None, minor) -> [FieldError]
 KIND_RULES: dict[tuple[str, str], Callable[[dict, dict | None, int], list[FieldError]]] = {
     ("resource.k8s.io/v1", "ResourceSlice"): dra_rules.validate_resource_slice,
-    ("resource.k8s.io/v1", "ResourceClaim"): dra_rules.validate_resource_claim,
-    ("resource.k8s.io/v1", "ResourceClaimTemplate"): dra_rules.validate_resource_claim_template,
-    ("resource.k8s.io/v1", "DeviceClass"): dra_rules.validate_device_class,
+    ("resource.k8s.io/v1", "ResourceClaim"): dra_claims.validate_resource_claim,
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): dra_claims.validate_resource_claim_template,
+    ("resource.k8s.io/v1", "DeviceClass"): dra_claims.validate_device_class,
 }
 
 
