@@ -48,6 +48,14 @@ def select_gpus(inv: Inventory, layouts: list[GpuLayout]) -> dict[str, GpuLayout
     A device filter (vgpu-device-manager's) narrows a selection and is no error when it
     leaves nothing: one file serves a fleet of differently equipped nodes.
     """
+    chosen, problems = _select(inv, layouts)
+    if problems:
+        raise layout_error(problems, layouts)  # named as the file writes them
+    return chosen
+
+
+def _select(inv: Inventory, layouts: list[GpuLayout]) -> tuple[dict[str, GpuLayout], list[str]]:
+    """:func:`select_gpus` without raising: the GPUs selected, and every selection problem."""
     chosen: dict[str, GpuLayout] = {}
     where_chosen: dict[str, str] = {}
     problems = []
@@ -86,9 +94,7 @@ def select_gpus(inv: Inventory, layouts: list[GpuLayout]) -> dict[str, GpuLayout
             else:
                 chosen[g.address] = entry
                 where_chosen[g.address] = where
-    if problems:
-        raise layout_error(problems, layouts)  # named as the file writes them
-    return chosen
+    return chosen, problems
 
 
 # ---------------------------------------------------------------- types and capacity
@@ -215,8 +221,8 @@ def make_plan(
 ) -> Plan:
     """The ordered steps that take the node to ``layouts``. Raises ConfigError before any step on bad input."""
     usage = usage or Usage()
-    chosen = select_gpus(inv, layouts)
-    problems: list[str] = []
+    # every problem at once: the selectors', then those of each entry that did select its GPUs
+    chosen, problems = _select(inv, layouts)
     wanted: dict[str, dict[str, int]] = {}
     gpus: dict[str, Gpu] = {}
     for i, entry in enumerate(layouts):

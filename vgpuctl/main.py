@@ -167,6 +167,9 @@ def error_lines(exc: BaseException) -> list[str]:
     """What the user is told about ``exc``: one line (a rejected layout: one per problem)."""
     from mdev_manager.config import ConfigError, ConfigFileError
 
+    api = _api_error(exc)
+    if api is not None:
+        return [f"error: {api}"]
     if isinstance(exc, ConfigFileError):
         return [f"error: {_one_line(str(exc))}"]
     if isinstance(exc, ConfigError):
@@ -211,6 +214,25 @@ def exit_code(exc: BaseException) -> int:
     if isinstance(exc, (ValueError, KeyError)) or _is_validation_error(exc):
         return 2
     return 1
+
+
+def _api_error(exc: BaseException) -> str | None:
+    """An API server's answer or a dead connection to it, in one line (the client's own ``str`` dumps
+    headers and bodies): ``the API server answered 404 NotFound: configmaps "x" not found``."""
+    if "kubernetes" not in sys.modules and "urllib3" not in sys.modules:
+        return None  # neither loaded: no such error can have happened
+    from dra_bridge.apiclient.errors import api_exception, brief
+
+    if isinstance(exc, api_exception()):
+        return f"the API server answered {brief(exc)}"
+    urllib3 = sys.modules.get("urllib3.exceptions")
+    if urllib3 is not None and isinstance(exc, urllib3.HTTPError):
+        pool = getattr(exc, "pool", None)
+        where = f" at {pool.scheme}://{pool.host}:{pool.port}" if pool is not None else ""
+        reason = getattr(exc, "reason", None) or exc
+        text = _one_line(str(reason)).rsplit(": ", 1)[-1]
+        return f"the API server{where} did not answer ({text}); check that it is up and reachable"
+    return None
 
 
 def _one_line(text: str) -> str:
@@ -261,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             args.simulated = open_simulated
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
+        if not args.verbose:  # its "Retrying (...)" line per attempt: the error that follows says it once
+            logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code

@@ -33,6 +33,8 @@ def setup_logging(level: int = logging.INFO, json_logs: bool = True) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # urllib3 logs a "Retrying (...)" warning per attempt; the publisher's own retry says it once, in one line
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.ERROR)
 
 
 LAYOUT_STATES = ("success", "pending", "failed")
