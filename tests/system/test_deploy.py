@@ -362,3 +362,8 @@ def test_containerfile_installs_the_tools_and_copies_what_exists():
                 assert (ROOT / src).exists(), src
     assert 'ENTRYPOINT ["vgpuctl"]' in text
     assert re.search(r"^FROM .*AS build$", text, re.M) and text.count("FROM ") == 2
+    # every package of ours is copied, and the node image carries no simulator (#22: an extra)
+    copied = {shlex.split(line)[1] for line in text.splitlines() if line.startswith("COPY") and "--from" not in line}
+    assert {"vgpuctl", "mdev_manager", "dra_bridge", "kubevirt_templates"} <= copied
+    assert re.search(r"rm -rf mdev_manager/sim dra_bridge/sim", runs)
+    assert "[sim]" not in runs.split("rm -rf")[1] and "fuse3" not in runs
