@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from dra_bridge.api.compat import OLDEST
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE
 from dra_bridge.apiclient.errors import api_exception
 from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
@@ -91,7 +92,7 @@ def gather(api_client, driver: str) -> ClusterFacts:
     info = client.VersionApi(api_client).get_code()
     facts.git_version = info.git_version
     facts.version = server_version(api_client)
-    if facts.version >= (1, 34):
+    if facts.version >= OLDEST:
         try:
             facts.kept = probe_kept(api_client, facts.version)
         except api_exception() as exc:

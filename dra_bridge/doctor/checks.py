@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from dra_bridge.api.compat import COMPATIBILITY_GROUPS_SINCE, OLDEST, format_version
 from dra_bridge.api.names import (
     AGENT_SELECTOR,
     ANNOTATION_CONFIG_REASON,
@@ -36,14 +37,14 @@ class Finding(BaseModel):
 def _server(f: ClusterFacts) -> list[Finding]:
     if f.version is None:
         return [Finding(status="FAIL", check="API server", detail="no version answer")]
-    ok = f.version >= (1, 34)
+    ok = f.version >= OLDEST
     return [Finding(status="PASS" if ok else "FAIL", check="API server",
                     detail=f"Kubernetes {f.git_version or '{}.{}'.format(*f.version)}",
-                    fix=None if ok else "upgrade to Kubernetes 1.34 or later (resource.k8s.io/v1)")]
+                    fix=None if ok else f"upgrade to Kubernetes {format_version(OLDEST)} or later (resource.k8s.io/v1)")]
 
 
 def _fields(f: ClusterFacts) -> list[Finding]:
-    if f.version is None or f.version < (1, 34):
+    if f.version is None or f.version < OLDEST:
         return []
     if f.probe_error:
         return [Finding(status="WARN", check="DRA fields kept", detail=f"could not probe: {f.probe_error}",
@@ -60,7 +61,7 @@ def _fields(f: ClusterFacts) -> list[Finding]:
     else:
         out.append(Finding(status="PASS", check="shared counters", detail="kept (one counter set per physical GPU)"))
     by_binding = k.counters is not False and bool(k.binding_conditions)
-    if f.version < (1, 37):
+    if f.version < COMPATIBILITY_GROUPS_SINCE:
         out.append(Finding(status="PASS", check="compatibility groups",
                            detail=f"not in Kubernetes {f.version[0]}.{f.version[1]}: " + (
                                "sizes are kept apart by binding conditions instead" if by_binding else
@@ -89,7 +90,7 @@ def published_shape(version: tuple[int, int], k) -> str:
     if k.counters is False:
         return ("safe shape: per GPU the whole GPU or one vGPU type's slots, never both (no counters to "
                 "account them together)")
-    if version >= (1, 37) and k.compatibility_groups is not False:
+    if version >= COMPATIBILITY_GROUPS_SINCE and k.compatibility_groups is not False:
         return "every vGPU size, one counter set per GPU, sizes apart by compatibility groups"
     if k.binding_conditions:
         return ("every vGPU size of an empty GPU, one counter set per GPU; the agent confirms each allocation's "

@@ -71,17 +71,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dra_bridge.api.compat import (
+    MAX_COUNTER_CONSUMPTIONS_PER_DEVICE,
+    MAX_COUNTERS_PER_COUNTER_SET,
+    MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS,
+    SPLIT_LAYOUT_SINCE,
+)
 from dra_bridge.pool.model import Consumption, CounterSet
 
-#: ``ResourceSliceMaxCountersPerCounterSet`` (1.35+); on 1.34 ``ResourceSliceMaxSharedCounters``,
-#: the same 32 summed over a slice's sets.
-MAX_COUNTERS_PER_SET = 32
-#: ``ResourceSliceMaxDeviceCounterConsumptionsPerDevice`` (1.35+): counter sets one device consumes.
-MAX_SETS_PER_DEVICE = 2
-#: Devices per slice when any consumes counters: 64 from 1.35 (128 on 1.34, ``ResourceSliceMaxDevices``).
-MAX_DEVICES_WITH_COUNTERS = 64
-#: From 1.35 a device may consume sets published in another slice, so two sets need not share one.
-SPLIT_SINCE = (1, 35)
+#: The limits, from :mod:`dra_bridge.api.compat` (the one place they are defined): counters per set
+#: (on 1.34 the same 32 summed over a slice's sets), counter sets one device consumes (1.35+), devices
+#: per slice when any consumes counters (64 from 1.35), and the version from which a device may
+#: consume sets published in another slice (so two sets need not share one).
+MAX_COUNTERS_PER_SET = MAX_COUNTERS_PER_COUNTER_SET
+MAX_SETS_PER_DEVICE = MAX_COUNTER_CONSUMPTIONS_PER_DEVICE
+MAX_DEVICES_WITH_COUNTERS = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+SPLIT_SINCE = SPLIT_LAYOUT_SINCE
 
 #: Placement size (slots) -> placement IDs, as NVML lists a type's supported placements.
 Table = Mapping[int, Sequence[int]]
