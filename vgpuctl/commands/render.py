@@ -20,6 +20,7 @@ of ``vgpuctl discover -o yaml`` on each node), or the simulated host with ``--si
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -247,7 +248,12 @@ def run(args: argparse.Namespace) -> int:
     status = _check_kubevirt(args, objects)
     if status:
         return status
-    sys.stdout.write(render_yaml(objects))
+    output = getattr(args, "output", None) or getattr(args, "pre_output", None) or "yaml"
+    if output == "json":  # several objects, as kubectl prints them: a v1 List
+        doc = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_yaml(objects))
     return 0
 
 
@@ -287,6 +293,8 @@ def _options(p: argparse.ArgumentParser, prefix: str = "") -> None:
                              "FILE, or $KUBECONFIG, ~/.kube/config, in-cluster as kubectl looks")
     p.add_argument("--context", metavar="NAME", dest=prefix + "context", **quiet,
                    help="kubeconfig context to use (default: its current-context)")
+    p.add_argument("-o", "--output", choices=("yaml", "json"), dest=prefix + "output", **quiet,
+                   help="output format: yaml (documents; the default) or json (one object, or a v1 List)")
     schema.add_argument("--schema", metavar="FILE", dest=prefix + "schema", **quiet,
                         help=f"validate KubeVirt objects against this OpenAPI file (default ${ENV_SCHEMA}); "
                         "KubeVirt's api/openapi-spec/swagger.json or an OpenAPI v3 document")
