@@ -119,9 +119,9 @@ class VgpuModes:
     def __init__(self, transport: NvmlTransport):
         self.t = transport
 
-    def state(self, bus_id: str, type_ids: list[str]) -> dict | None:
+    def state(self, bus_id: str, type_ids: dict[str, int]) -> dict | None:
         """The fields of :class:`mdev_manager.models.VgpuPlacements` for the GPU's time-sliced types
-        (``type_ids``, NVML numbers as text); None when NVML reports no mixed-size mode for it."""
+        (``type_ids``: our id -> NVML's type id); None when NVML reports no mixed-size mode for it."""
         try:
             enabled = self.t.vgpu_heterogeneous_mode(bus_id) == NVML_FEATURE_ENABLED
         except NvmlError as e:
@@ -129,14 +129,15 @@ class VgpuModes:
                 return None
             raise
         types: dict[str, dict] = {}
-        for tid in type_ids:
+        for tid, number in type_ids.items():
             try:
-                size, ids = self.t.vgpu_type_supported_placements(bus_id, int(tid))
+                size, ids = self.t.vgpu_type_supported_placements(bus_id, number)
             except NvmlError as e:
                 if e.code in _SILENT:
                     continue
                 raise
-            types[tid] = {"size": size, "ids": sorted(ids)}
+            if ids:  # a type NVML places nowhere is never creatable in mixed-size mode
+                types[tid] = {"size": size, "ids": sorted(ids)}
         slots = max((p + t["size"] for t in types.values() for p in t["ids"]), default=0)
         return {"enabled": enabled, "slots": slots, "types": types}
 

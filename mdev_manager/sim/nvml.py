@@ -169,14 +169,14 @@ class SimNvml:
             self.host._save()
 
     # ------------------------------------------------------------------ mixed-size mode, placements
-    def _vgpu_gpu(self, bus_id: str) -> dict:
+    def _vgpu_gpu(self, bus_id: str, mig_check: bool = True) -> dict:
         addr = bus_id.lower()
         gpu = next((g for g in self.host.state["gpus"] if g["pf"] == addr), None)
         if gpu is None:
             raise NvmlError(NVML_ERROR_NOT_FOUND, f"no GPU at {bus_id}")
         if not slots.supports(gpu["board"]):
             raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{bus_id} ({gpu['board']}): no known mixed-size placements")
-        if mig_enabled(gpu):
+        if mig_check and mig_enabled(gpu):
             raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{bus_id} is in MIG mode")
         return gpu
 
@@ -187,6 +187,7 @@ class SimNvml:
         return size
 
     def vgpu_heterogeneous_mode(self, bus_id: str) -> int:
+        self._vgpu_gpu(bus_id, mig_check=False)  # a board without a table answers without the lock
         with self.host._locked():
             return int(slots.mixed(self._vgpu_gpu(bus_id)))
 
@@ -208,7 +209,7 @@ class SimNvml:
     def vgpu_type_supported_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]:
         """(placementSize, ids) of a type in mixed-size mode. The board's table never changes: only a
         MIG-capable GPU (whose MIG mode refuses the call) is read under the lock."""
-        gpu = self._vgpu_gpu(bus_id)
+        gpu = self._vgpu_gpu(bus_id, mig_check=False)
         if has_mig(gpu["board"]):
             with self.host._locked():
                 gpu = self._vgpu_gpu(bus_id)
