@@ -293,9 +293,10 @@ def _placements(io: HostIO, addr: str, fields: dict, types: list[VgpuType]) -> V
 
 
 def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -> bool | None:
-    """Whether an NVIDIA GPU runs in mixed-size mode, as far as sysfs shows it (None: cannot tell).
+    """Whether an NVIDIA GPU runs in mixed-size mode, as far as sysfs shows it (None: cannot tell);
+    used where NVML reports no mode for the GPU (no library, or a board NVML has no mode for).
 
-    No attribute says (nvidia-smi sets the mode), but in equal-size mode, once a vGPU
+    No attribute says (NVML sets the mode), but in equal-size mode, once a vGPU
     exists, every type of another framebuffer size reads 0 available (kernel.md). So a GPU
     holding vGPUs that still offers another size is in mixed-size mode; one that offers
     none of another size although there is room for it is in equal-size mode.

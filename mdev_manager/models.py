@@ -174,7 +174,8 @@ class Gpu(PciFunction):
     parents: list[MdevParent] = []
     types: list[VgpuType] = Field([], description="types offered by the GPU, instances summed over its parents")
     vgpus: list[Vgpu] = []
-    mixed_size: bool | None = Field(None, description="mixed-size mode as the available instances show it; None: cannot tell")
+    mixed_size: bool | None = Field(None, description=(
+        "mixed-size mode: NVML's where it answers, else as the available instances show it; None: cannot tell"))
     mig: MigState | None = Field(None, description="MIG mode, profiles and GPU instances (NVML); None: not MIG-capable")
     placements: VgpuPlacements | None = Field(None, description=(
         "mixed-size mode and the types' placements (NVML); None: NVML reports no mixed-size mode for the GPU"))

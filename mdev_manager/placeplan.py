@@ -281,6 +281,7 @@ def plan_placed(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, defi
         plan.skipped.append(Skip(device=gpu.address, reason=(
             f"{len(need)} vGPU(s) ({detail}) not created: no placement left beside the vGPUs kept (in use or "
             f"wanted) on its {smap.slots} slots; they are created once those are released")))
+        placed |= {vid: recorded[vid] for vid, _, new in devices if not new and vid in recorded}  # still restore's
         need, devices, spots = [], [], []
     for (tid, _), (vid, parent, new), p in zip(need, devices, spots, strict=True):
         size = smap.types[tid].size
