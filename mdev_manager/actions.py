@@ -41,10 +41,14 @@ class BindDriver(_Action):
 
 
 class SaveDefinition(_Action):
+    """``start: manual`` on a mixed-size GPU: mdevctl must not start it at boot before the mode is
+    set again and before the vGPUs that claim its slots; ``vgpuctl restore`` does, in order."""
+
     kind: Literal["save_definition"] = "save_definition"
     parent: str
     uuid: str
     type_id: str
+    start: Literal["auto", "manual"] = "auto"
 
     def describe(self) -> str:
         return f"persist mdev {self.uuid} ({self.type_id}) on {self.parent}"
@@ -141,6 +145,46 @@ class SaveMigRecord(_Action):
         return f"persist {len(self.instances)} GPU instance(s) of {self.gpu}"
 
 
+class SetMixedSize(_Action):
+    """NVML: switch the GPU's mixed-size (heterogeneous) vGPU mode (only while it holds no vGPU)."""
+
+    kind: Literal["set_mixed_size"] = "set_mixed_size"
+    enabled: bool
+
+    def describe(self) -> str:
+        return f"{'enable' if self.enabled else 'disable'} mixed-size vGPU mode on {self.gpu}"
+
+
+class SetPlacement(_Action):
+    """Move a new vGPU (created at the lowest creatable placement) to ``placement`` by writing its
+    ``nvidia/placement_id``; read back, a different value fails the step."""
+
+    kind: Literal["set_placement"] = "set_placement"
+    vgpu: str = Field(description="mdev UUID or VF address")
+    parent: str
+    type_id: str
+    placement: int
+    size: int
+
+    def describe(self) -> str:
+        return (f"place vGPU {self.vgpu} ({self.type_id}) at slot {self.placement} "
+                f"(slots {self.placement}-{self.placement + self.size - 1})")
+
+
+class SavePlacementRecord(_Action):
+    """Record that the GPU runs in mixed-size mode and where its layout's vGPUs sit (``mixed`` False
+    forgets it), so ``restore`` sets the mode again after a reboot and re-creates them there."""
+
+    kind: Literal["save_placement_record"] = "save_placement_record"
+    mixed: bool
+    vgpus: dict[str, int] = {}
+
+    def describe(self) -> str:
+        if not self.mixed:
+            return f"forget the mixed-size placements of {self.gpu}"
+        return f"persist mixed-size mode and {len(self.vgpus)} placement(s) of {self.gpu}"
+
+
 class SaveVendorRecord(_Action):
     """Record (or with ``type_id`` None forget) a vendor-VFIO vGPU so a reboot can re-create it."""
 
@@ -166,13 +210,14 @@ class SavePassthrough(_Action):
 
 Action = Annotated[
     EnableVfs | DisableVfs | BindDriver | SaveDefinition | CreateMdev | RemoveMdev | RemoveDefinition | SetVgpuType
-    | SaveVendorRecord | SavePassthrough | SetMigMode | CreateGpuInstance | DestroyGpuInstance | SaveMigRecord,
+    | SaveVendorRecord | SavePassthrough | SetMigMode | CreateGpuInstance | DestroyGpuInstance | SaveMigRecord
+    | SetMixedSize | SetPlacement | SavePlacementRecord,
     Field(discriminator="kind"),
 ]
 
 # Steps that change what the GPU offers: the reconciler runs them, discovers again and re-plans
 # (a new GPU instance's id, and the MIG-backed types it makes creatable, are known only then).
-STRUCTURAL = (EnableVfs, DisableVfs, BindDriver, SetMigMode, CreateGpuInstance, DestroyGpuInstance)
+STRUCTURAL = (EnableVfs, DisableVfs, BindDriver, SetMigMode, CreateGpuInstance, DestroyGpuInstance, SetMixedSize)
 
 
 class Skip(BaseModel):

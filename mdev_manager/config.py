@@ -10,8 +10,8 @@ Our format (``version: vgpuctl/v1``)::
           vgpus: {T4-2Q: 4, "GRID T4-1Q": 8}
         - pciAddress: "0000:16:00.0"
           mode: passthrough
-        - model: A16              # also: mixedSize: true (a GPU switched with nvidia-smi -shm 1),
-          vgpus: {A16-2Q: 8}      # deviceFilter: [0x25B610DE:0x14A910DE] (vgpu-device-manager ids)
+        - model: L40S             # also: mixedSize: true (several framebuffer sizes, placed exactly),
+          vgpus: {L40S-8Q: 4}     # deviceFilter: [0x25B610DE:0x14A910DE] (vgpu-device-manager ids)
 
 ``dra`` hands the GPU to the DRA bridge, which creates vGPUs per claim; the manager
 only prepares it (driver, VFs). vgpu-device-manager's ``version: v1`` files are read
@@ -152,8 +152,10 @@ class GpuLayout(BaseModel):
     device_filter: list[str] = Field([], alias="deviceFilter", description=(
         "only GPUs with one of these device ids (vgpu-device-manager's device-filter: 0xDDDDVVVV[:0xSSSSWWWW])"))
     mixed_size: bool = Field(False, alias="mixedSize", description=(
-        "the GPU runs in NVIDIA's mixed-size mode (nvidia-smi vgpu -i <gpu> -shm 1), so one layout may hold "
-        "several framebuffer sizes; vgpuctl does not switch the mode"))
+        "run the GPU in NVIDIA's mixed-size mode (as nvidia-smi vgpu -i <gpu> -shm 1), so one layout may hold "
+        "several framebuffer sizes: vgpuctl switches an empty GPU through NVML (again after a reboot, in restore) "
+        "and places each vGPU at an exact placement; only boards with a known placement table take it. "
+        "false leaves the mode as it is"))
 
     @field_validator("pci_address")
     @classmethod

@@ -17,19 +17,21 @@ from mdev_manager import catalog
 from mdev_manager.host import pciids
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, override_value, read_attr
-from mdev_manager.host.nvml import Mig
+from mdev_manager.host.nvml import Mig, VgpuModes
 from mdev_manager.models import (
     Gpu,
     Inventory,
     MdevParent,
     MigState,
     Vgpu,
+    VgpuPlacements,
     VgpuType,
     VirtualFunction,
     held_types,
     occupancy,
 )
 from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, mig_profile_of, short_type_name
+from mdev_manager.placeplan import creatable, held
 
 log = logging.getLogger(__name__)
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -222,6 +224,15 @@ def _vendor_type(tid: str, name: str, available: int) -> VgpuType:
                     gpu_instance_profile=mig_profile_of(name))
 
 
+def placement_value(text: str | None) -> int | None:
+    """``nvidia/placement_id``: a slot number in mixed-size mode; "Not Applicable" (or nothing) else."""
+    text = (text or "").strip()
+    return int(text) if text.isdigit() and int(text) != NVML_INVALID_PLACEMENT else None
+
+
+NVML_INVALID_PLACEMENT = 0xFFFF
+
+
 def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str, dirs: DeviceDirs | None = None) -> list[Vgpu]:
     out = []
     pdir = _dev_dir(env, io, parent, dirs)
@@ -232,7 +243,8 @@ def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str, dirs: DeviceDirs
         tname = read_attr(io, pdir / name / "mdev_type" / "name") or tid
         group = link_name(io, pdir / name / "iommu_group")
         out.append(Vgpu(id=name, framework="mdev", type_id=tid, type_name=tname, parent=parent, gpu=gpu,
-                        iommu_group=int(group) if group and group.isdigit() else None))
+                        iommu_group=int(group) if group and group.isdigit() else None,
+                        placement_id=placement_value(read_attr(io, pdir / name / "nvidia" / "placement_id"))))
     return out
 
 
@@ -262,10 +274,29 @@ def _cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> None:
             t.available_instances = min(t.available_instances, max(0, int((1 - used) * t.max_instances)))
 
 
-def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -> bool | None:
-    """Whether an NVIDIA GPU runs in mixed-size mode, as far as sysfs shows it (None: cannot tell).
+def _cap_by_placements(types: list[VgpuType], vgpus: list[Vgpu], smap: VgpuPlacements) -> None:
+    """In mixed-size mode only placements limit a type: at most one vGPU per creatable placement."""
+    taken = held(vgpus, smap)
+    for t in types:
+        if not t.mig_backed:
+            t.available_instances = min(t.available_instances, len(creatable(smap, taken, t.id)))
 
-    No attribute says (nvidia-smi sets the mode), but in equal-size mode, once a vGPU
+
+def _placements(io: HostIO, addr: str, fields: dict, types: list[VgpuType]) -> VgpuPlacements | None:
+    """NVML's mixed-size mode of an NVIDIA GPU on its driver and its time-sliced types' placements
+    (NVML names a type by the number in its id: ``nvidia-468`` and ``468`` are type 468)."""
+    if fields.get("vendor_id") != "0x10de" or fields.get("driver") != "nvidia":
+        return None
+    numbers = {t.id: int(n) for t in types if not t.mig_backed and (n := t.id.rsplit("-", 1)[-1]).isdigit()}
+    raw = VgpuModes(io.nvml()).state(addr, numbers)
+    return None if raw is None else VgpuPlacements.model_validate(raw)
+
+
+def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -> bool | None:
+    """Whether an NVIDIA GPU runs in mixed-size mode, as far as sysfs shows it (None: cannot tell);
+    used where NVML reports no mode for the GPU (no library, or a board NVML has no mode for).
+
+    No attribute says (NVML sets the mode), but in equal-size mode, once a vGPU
     exists, every type of another framebuffer size reads 0 available (kernel.md). So a GPU
     holding vGPUs that still offers another size is in mixed-size mode; one that offers
     none of another size although there is room for it is in equal-size mode.
@@ -328,10 +359,14 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
                 vgpus.append(Vgpu(id=vf.address, framework="vendor-vfio", type_id=current,
                                   type_name=known or current, parent=vf.address, gpu=addr,
                                   iommu_group=vf.iommu_group,
-                                  gpu_instance=gi if known and is_mig_backed(known) and gi != NO_GPU_INSTANCE else None))
+                                  gpu_instance=gi if known and is_mig_backed(known) and gi != NO_GPU_INSTANCE else None,
+                                  placement_id=placement_value(read_attr(io, vd / "nvidia" / "placement_id"))))
     board = catalog.match_board(fields["vendor_id"], fields["device_id"], fields.get("subsystem_device_id"))
     types = _merge_types(parents, board, framework == "vendor-vfio")
-    if framework in ("mdev-sriov", "vendor-vfio"):
+    placements = _placements(io, addr, fields, types)
+    if placements is not None and placements.enabled:
+        _cap_by_placements(types, vgpus, placements)
+    elif framework in ("mdev-sriov", "vendor-vfio"):
         _cap_by_occupancy(types, vgpus)
     mig = _mig_state(io, addr, fields, types, vgpus)
     group_members = []
@@ -342,9 +377,10 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
     return Gpu(index=index, framework=framework, iommu_group_members=group_members,
                iommu_group_drivers=group_drivers, sriov_total_vfs=total,
                iommu_group_overrides={m: o for m, o in overrides.items() if o},
-               mixed_size=infer_mixed_size(fields["vendor_id"], types, vgpus),
+               mixed_size=placements.enabled if placements is not None else infer_mixed_size(fields["vendor_id"], types,
+                                                                                             vgpus),
                sriov_num_vfs=_int(read_attr(io, d / "sriov_numvfs")) or 0, vfs=vfs, parents=parents,
-               types=types, vgpus=vgpus, mig=mig, **fields)
+               types=types, vgpus=vgpus, mig=mig, placements=placements, **fields)
 
 
 NO_GPU_INSTANCE = 4294967295  # a VF's nvidia/gpu_instance_id with no GPU instance chosen (0xFFFFFFFF)

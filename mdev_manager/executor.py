@@ -32,13 +32,16 @@ from mdev_manager.actions import (
     SaveDefinition,
     SaveMigRecord,
     SavePassthrough,
+    SavePlacementRecord,
     SaveVendorRecord,
     SetMigMode,
+    SetMixedSize,
+    SetPlacement,
     SetVgpuType,
 )
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name, override_value, read_attr
-from mdev_manager.host.nvml import Mig, NvmlError
+from mdev_manager.host.nvml import Mig, NvmlError, VgpuModes
 from mdev_manager.models import MdevDefinition
 from mdev_manager.names import check_pci_address, check_type_id, check_uuid
 
@@ -69,7 +72,7 @@ class Report(BaseModel):
 
 
 def _device(a) -> str:
-    for field in ("uuid", "vf", "address"):
+    for field in ("uuid", "vf", "address", "vgpu"):
         if hasattr(a, field):
             return getattr(a, field)
     return a.gpu
@@ -77,9 +80,10 @@ def _device(a) -> str:
 
 def _blocks(a) -> set[str]:
     """Keys that, when this step fails, make later steps meaningless."""
-    if isinstance(a, (EnableVfs, DisableVfs, BindDriver, SetMigMode, CreateGpuInstance, DestroyGpuInstance)):
-        return {f"gpu:{a.gpu}"}
-    if isinstance(a, SaveDefinition):
+    if isinstance(a, (EnableVfs, DisableVfs, BindDriver, SetMigMode, CreateGpuInstance, DestroyGpuInstance,
+                      SetMixedSize, SavePlacementRecord)):
+        return {f"gpu:{a.gpu}"}  # no placement record, no device it would place
+    if isinstance(a, (SaveDefinition, CreateMdev)):
         return {f"mdev:{a.uuid}"}
     if isinstance(a, RemoveMdev):
         return {f"mdev:{a.uuid}"}
@@ -94,6 +98,8 @@ def _needs(a) -> set[str]:
         keys.add(f"mdev:{a.uuid}")
     if isinstance(a, (SetVgpuType, SaveVendorRecord)):
         keys.add(f"vf:{a.vf}")
+    if isinstance(a, SetPlacement):
+        keys.add(f"vf:{a.vgpu}" if a.vgpu == a.parent else f"mdev:{a.vgpu}")
     return keys
 
 
@@ -181,8 +187,8 @@ class Executor:
         elif isinstance(a, SaveDefinition):
             # Ordering (definition before device) is what crash safety needs; durability against
             # power loss comes from one sync at the end of the run (a reboot loses the devices too).
-            persist.save_definition(env, io, MdevDefinition(uuid=a.uuid, parent=a.parent, mdev_type=a.type_id),
-                                    durable=False)
+            persist.save_definition(env, io, MdevDefinition(uuid=a.uuid, parent=a.parent, mdev_type=a.type_id,
+                                                            start=a.start), durable=False)
             self._unsynced = True
         elif isinstance(a, CreateMdev):
             self.create_mdev(a.parent, a.type_id, a.uuid)
@@ -198,6 +204,14 @@ class Executor:
             Mig(io.nvml()).create(check_pci_address(a.gpu), a.profile_id, a.start, a.size)
         elif isinstance(a, DestroyGpuInstance):
             Mig(io.nvml()).destroy(check_pci_address(a.gpu), a.gpu_instance)
+        elif isinstance(a, SetMixedSize):
+            VgpuModes(io.nvml()).set_mode(check_pci_address(a.gpu), a.enabled)
+        elif isinstance(a, SetPlacement):
+            self.set_placement(a.parent, a.vgpu, a.placement)
+        elif isinstance(a, SavePlacementRecord):
+            saved = persist.load_placements(env, io)
+            saved[check_pci_address(a.gpu)] = {"mixed": a.mixed, "vgpus": a.vgpus}
+            persist.save_placements(env, io, saved)
         elif isinstance(a, SaveMigRecord):
             saved = persist.load_mig(env, io)
             saved[check_pci_address(a.gpu)] = a.instances
@@ -259,6 +273,17 @@ class Executor:
         if gpu_instance is not None and type_id != "0":
             self.io.write(nv / "gpu_instance_id", f"{int(gpu_instance)}\n")
         self.io.write(nv / "current_vgpu_type", f"{type_id}\n")
+
+    def set_placement(self, parent: str, vgpu: str, placement: int) -> None:
+        """Move a vGPU (mixed-size mode) to ``placement`` through its ``nvidia/placement_id``, then read
+        it back: a value other than the one written fails the step (EIO), whatever the write said."""
+        base = self.env.pci(check_pci_address(parent))
+        path = (base if vgpu == parent else base / check_uuid(vgpu)) / "nvidia" / "placement_id"
+        if (read_attr(self.io, path) or "").strip() != str(int(placement)):
+            self.io.write(path, f"{int(placement)}\n")
+        got = (read_attr(self.io, path) or "").strip()
+        if got != str(int(placement)):
+            raise OSError(errno_mod.EIO, f"{path} reads {got or 'nothing'} after writing {placement}")
 
     def bind(self, address: str, driver: str | None) -> None:
         """driver_override, unbind, drivers_probe (kernel.md); ``None`` returns to the native driver."""

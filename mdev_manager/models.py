@@ -50,6 +50,8 @@ class Vgpu(_Model):
     gpu: str = Field(description="PCI address of the physical GPU")
     iommu_group: int | None = None
     gpu_instance: int | None = Field(None, description="MIG-backed: id of the GPU instance it lives on")
+    placement_id: int | None = Field(None, description=(
+        "mixed-size mode: the first 1 GiB slot it holds (nvidia/placement_id); None in equal-size mode"))
 
 
 # --- MIG (NVML's view: nvmlGpuInstanceProfileInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceInfo_t)
@@ -101,6 +103,23 @@ class MigState(_Model):
 
     def profile(self, ref: int | str) -> GpuInstanceProfile | None:
         return next((p for p in self.profiles if p.id == ref or p.name == ref), None)
+
+
+# --- mixed-size mode (NVML's nvmlVgpuPlacementList_t per type, nvmlDeviceGetVgpuHeterogeneousMode)
+
+class TypePlacements(_Model):
+    """Where a time-sliced type may sit in mixed-size mode."""
+
+    size: int = Field(ge=1, description="placementSize: the 1 GiB slots a vGPU of the type holds")
+    ids: list[int] = Field(description="placement ids: the first slot of each placement, ascending")
+
+
+class VgpuPlacements(_Model):
+    """A GPU's mixed-size mode and its types' placements (NVML); a vGPU holds [id, id + size)."""
+
+    enabled: bool = Field(description="the GPU runs in mixed-size mode (NVML heterogeneous mode)")
+    slots: int = Field(description="1 GiB slots of the GPU: the widest placement's end")
+    types: dict[str, TypePlacements] = Field({}, description="type id -> its placements (none: never placed)")
 
 
 def occupancy(counts: Iterable[tuple[VgpuType, int]]) -> Fraction:
@@ -155,8 +174,11 @@ class Gpu(PciFunction):
     parents: list[MdevParent] = []
     types: list[VgpuType] = Field([], description="types offered by the GPU, instances summed over its parents")
     vgpus: list[Vgpu] = []
-    mixed_size: bool | None = Field(None, description="mixed-size mode as the available instances show it; None: cannot tell")
+    mixed_size: bool | None = Field(None, description=(
+        "mixed-size mode: NVML's where it answers, else as the available instances show it; None: cannot tell"))
     mig: MigState | None = Field(None, description="MIG mode, profiles and GPU instances (NVML); None: not MIG-capable")
+    placements: VgpuPlacements | None = Field(None, description=(
+        "mixed-size mode and the types' placements (NVML); None: NVML reports no mixed-size mode for the GPU"))
 
     @property
     def model(self) -> str:

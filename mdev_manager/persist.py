@@ -259,3 +259,54 @@ def save_mig(env: HostEnv, io: HostIO, mapping: dict[str, list[dict]]) -> None:
                for g, entries in sorted(mapping.items()) if entries}
     io.makedirs(env.mig_state.parent)
     io.write_atomic(env.mig_state, json.dumps({"version": _MIG_VERSION, "gpus": checked}, indent=2, sort_keys=True) + "\n")
+
+
+# --- mixed-size mode and placements a layout keeps ----------------------------------------
+
+_PLACEMENT_VERSION = 1
+
+
+def _check_placement_entry(entry) -> dict:
+    """``{"mixed": true, "vgpus": {VF address or mdev UUID: placement id}}``."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("mixed"), bool):
+        raise ValueError(f"{entry!r}: mixed is true or false")
+    vgpus = entry.get("vgpus", {})
+    if not isinstance(vgpus, dict):
+        raise ValueError(f"{entry!r}: vgpus is an object")
+    out = {}
+    for vgpu, p in vgpus.items():
+        if not isinstance(vgpu, str) or not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            raise ValueError(f"{vgpu!r}: {p!r} is not a placement id")
+        out[check_uuid(vgpu) if "-" in vgpu else canonical_pci(vgpu, "vgpu")] = p
+    return {"mixed": entry["mixed"], "vgpus": dict(sorted(out.items()))}
+
+
+def load_placements(env: HostEnv, io: HostIO) -> dict[str, dict]:
+    """GPU address -> ``{"mixed": bool, "vgpus": {vGPU: placement id}}``. Missing file: empty; a corrupt
+    file or entry is skipped and logged (restore then leaves those GPUs to the next apply)."""
+    path = env.placement_state
+    try:
+        data = json.loads(io.read(path))
+        gpus = data["gpus"]
+        if not isinstance(gpus, dict):
+            raise ValueError("'gpus' is not an object")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("cannot use %s (%s); no saved mixed-size placements", path, e)
+        return {}
+    out: dict[str, dict] = {}
+    for gpu, entry in gpus.items():
+        try:
+            out[canonical_pci(gpu, "gpu")] = _check_placement_entry(entry)
+        except (NameError_, ValueError, AttributeError) as e:
+            log.warning("%s: skipping GPU %r: %s", path, gpu, e)
+    return out
+
+
+def save_placements(env: HostEnv, io: HostIO, mapping: dict[str, dict]) -> None:
+    """Replace the whole store atomically; GPUs not in mixed-size mode are dropped."""
+    checked = {canonical_pci(g, "gpu"): _check_placement_entry(e) for g, e in sorted(mapping.items())}
+    body = {"version": _PLACEMENT_VERSION, "gpus": {g: e for g, e in checked.items() if e["mixed"]}}
+    io.makedirs(env.placement_state.parent)
+    io.write_atomic(env.placement_state, json.dumps(body, indent=2, sort_keys=True) + "\n")

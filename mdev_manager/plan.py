@@ -28,6 +28,7 @@ from mdev_manager.actions import (
     RemoveMdev,
     SaveDefinition,
     SavePassthrough,
+    SavePlacementRecord,
     SaveVendorRecord,
     SetVgpuType,
     Skip,
@@ -36,6 +37,7 @@ from mdev_manager.config import ConfigError, GpuLayout, did_you_mean, layout_err
 from mdev_manager.migplan import check_mig_layout, forget_layout_instances, plan_mig, switch_mig_mode
 from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
 from mdev_manager.names import mig_profile_of
+from mdev_manager.placeplan import check_mixed_layout, plan_placed, preview, refused, slot_map, switch_mixed
 from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
 
 NVIDIA = "0x10de"
@@ -128,24 +130,9 @@ def size_mode(gpu: Gpu, entry: GpuLayout) -> bool:
     return gpu.mixed_size if gpu.mixed_size is not None else entry.mixed_size
 
 
-def _with_size_mode(gpu: Gpu, entry: GpuLayout, i: int, problems: list[str]) -> Gpu:
-    """The GPU as the layout may use it: in mixed-size mode when the entry says so.
-
-    sysfs has no attribute for the mode (nvidia-smi sets it), so the admin declares it;
-    discovery can only tell it from the vGPUs a GPU already holds (``Gpu.mixed_size``).
-    """
-    if entry.mixed_size and gpu.mixed_size is False:
-        problems.append(f"{entry.at(i, 'mixed_size')}: {_label(gpu)} runs in equal-size mode (with its vGPUs of "
-                        f"{', '.join(sorted({f'{t.framebuffer_mib} MiB' for t in held_types(gpu.types, gpu.vgpus)}))} every other "
-                        f"size reads 0 available); switch it with `nvidia-smi vgpu -i <gpu> -shm 1` or drop mixedSize")
-        return gpu
-    mixed = size_mode(gpu, entry)
-    return gpu if mixed == bool(gpu.mixed_size) else gpu.model_copy(update={"mixed_size": mixed})
-
-
 def _mixed_hint(entry: GpuLayout) -> str:
     if entry.field_name("mixed_size"):
-        return "for a GPU switched to mixed-size mode, add mixedSize: true"
+        return "add mixedSize: true: vgpuctl then switches the GPU to mixed-size mode and places each vGPU"
     return ("vgpu-device-manager's format cannot declare mixed-size mode; for a GPU switched to it, "
             "write this entry as a vgpuctl/v1 layout with mixedSize: true")
 
@@ -183,12 +170,25 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
     if any(t.mig_backed for t, _ in active):  # GPU instances, not shares: placements decide what fits
         if entry.mode == "vgpu":  # a dra entry's keys name what is offered; claims take the placements
             problems += check_mig_layout(gpu, active, entry.at(i, "vgpus"), _label(gpu))
+        if entry.mixed_size:
+            problems.append(f"{entry.at(i, 'mixed_size')}: mixed-size mode places time-sliced vGPUs; this entry "
+                            "holds MIG-backed ones (GPU instances are placed by MIG)")
         active = []
+    if entry.mixed_size and entry.mig_mode is True:
+        problems.append(f"{entry.at(i, 'mixed_size')}: a GPU in MIG mode (migMode: true) has no mixed-size mode")
     sizes = sorted({t.framebuffer_mib for t, _ in active if t.framebuffer_mib})
-    if len(sizes) > 1 and not gpu.mixed_size and gpu.vendor_id == NVIDIA:
+    placed = (entry.mixed_size or gpu.mixed_size is True) and gpu.vendor_id == NVIDIA
+    smap = slot_map(gpu, types) if placed else None
+    if entry.mixed_size and gpu.vendor_id == NVIDIA and smap is None:
+        problems.append(f"{entry.at(i, 'mixed_size')}: {refused(gpu, _label(gpu))}")
+    elif len(sizes) > 1 and not entry.mixed_size and gpu.vendor_id == NVIDIA:
         detail = ", ".join(f"{t.short_name} ({t.framebuffer_mib} MiB)" for t, _ in active)
-        problems.append(f"{entry.at(i, 'vgpus')}: {_label(gpu)} is in equal-size mode and holds one framebuffer size; "
-                        f"this layout mixes {detail} ({_mixed_hint(entry)})")
+        mode = ("runs in mixed-size mode, but a reboot clears that: a layout mixing sizes declares it" if gpu.mixed_size
+                else "is in equal-size mode and holds one framebuffer size")
+        problems.append(f"{entry.at(i, 'vgpus')}: {_label(gpu)} {mode}; this layout mixes {detail} ({_mixed_hint(entry)})")
+    elif smap is not None:
+        if entry.mode == "vgpu":
+            problems += check_mixed_layout(smap, active, entry.at(i, "vgpus"), _label(gpu))
     elif entry.mode == "vgpu" and occupancy(active) > 1:
         detail = " + ".join(f"{n} x {t.short_name} (max {t.max_instances})" for t, n in active)
         problems.append(f"{entry.at(i, 'vgpus')}: {detail} is more than {_label(gpu)} holds")
@@ -218,6 +218,7 @@ def make_plan(
     new_uuid: Callable[[], str] = lambda: str(uuidlib.uuid4()),
     passthrough: dict[str, str] | None = None,
     mig_records: dict[str, list[dict]] | None = None,
+    placement_records: dict[str, dict] | None = None,
 ) -> Plan:
     """The ordered steps that take the node to ``layouts``. Raises ConfigError before any step on bad input."""
     usage = usage or Usage()
@@ -229,7 +230,7 @@ def make_plan(
         for addr, e in chosen.items():
             if e is not entry:
                 continue
-            gpu = gpus[addr] = _with_size_mode(inv.gpu(addr), e, i, problems)
+            gpu = gpus[addr] = inv.gpu(addr)
             try:
                 if e.mig_mode is not None and e.mode != "dra":
                     problems.append(f"{e.at(i, 'mig_mode')}: only dra mode takes migMode; in vgpu mode the "
@@ -244,24 +245,40 @@ def make_plan(
     plan = Plan()
     for addr, entry in chosen.items():
         gpu = gpus[addr]
+        mixed_record = (placement_records or {}).get(addr)
         if passthrough is not None:
             _plan_passthrough_record(plan, gpu, entry.mode, passthrough)
+        if mixed_record and not (entry.mixed_size and entry.mode in ("vgpu", "dra")):
+            plan.actions.append(SavePlacementRecord(gpu=addr, mixed=False))  # restore no longer sets the mode
         if entry.mode == "passthrough":
             _plan_passthrough(plan, gpu, usage, definitions, vendor_records or {})
         elif entry.mode in ("vgpu", "dra"):
             if _prepare_for_vgpu(plan, gpu, usage):
+                plan.notes += preview(gpu, entry, offered_types(gpu), wanted.get(addr, {}))
                 continue
             if entry.mode == "dra":  # the DRA bridge creates vGPUs per claim
                 if isinstance(entry.mig_mode, bool) and gpu.mig is not None and gpu.mig.enabled != entry.mig_mode:
                     switch_mig_mode(plan, gpu, usage, definitions, vendor_records or {}, entry.mig_mode)
                     continue
+                if entry.mixed_size and not gpu.mixed_size:
+                    switch_mixed(plan, gpu, usage, definitions, vendor_records or {})
+                    continue
                 _plan_dra(plan, gpu, usage, definitions, vendor_records or {})
                 forget_layout_instances(plan, gpu, (mig_records or {}).get(addr))
+                if entry.mixed_size and (not mixed_record or not mixed_record.get("mixed") or mixed_record.get("vgpus")):
+                    plan.actions.append(SavePlacementRecord(gpu=addr, mixed=True))  # claims' vGPUs are the plugin's
                 continue
             if gpu.mig is not None and plan_mig(plan, gpu, wanted[addr], usage, definitions, vendor_records or {},
                                                 (mig_records or {}).get(addr), new_uuid):
                 continue
-            if gpu.framework in ("mdev", "mdev-sriov"):
+            if entry.mixed_size and not gpu.mixed_size:
+                switch_mixed(plan, gpu, usage, definitions, vendor_records or {})
+                plan.notes += preview(gpu, entry, offered_types(gpu), wanted[addr])
+                continue
+            if gpu.mixed_size and gpu.placements is not None and gpu.framework != "none":
+                plan_placed(plan, gpu, wanted[addr], usage, definitions, vendor_records or {}, mixed_record,
+                            record=entry.mixed_size, new_uuid=new_uuid)
+            elif gpu.framework in ("mdev", "mdev-sriov"):
                 _plan_mdev(plan, gpu, wanted[addr], usage, definitions, new_uuid)
             elif gpu.framework == "vendor-vfio":
                 _plan_vendor(plan, gpu, wanted[addr], usage, vendor_records or {})

@@ -78,7 +78,7 @@ def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: 
     defs, problems = persist.load_definitions(env, io)
     records = persist.load_vendor_vfio(env, io)
     plan = make_plan(inv, layouts, usage, defs, records, passthrough=persist.load_passthrough(env, io),
-                     mig_records=persist.load_mig(env, io))
+                     mig_records=persist.load_mig(env, io), placement_records=persist.load_placements(env, io))
     return inv, plan, usage.warnings + problems, blocked_by_use(inv, layouts, plan, usage), usage
 
 

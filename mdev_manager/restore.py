@@ -14,12 +14,28 @@ something uses, is never rebound; the next apply settles it.
 
 A device a prepared DRA claim holds (``usage``: the kubelet plugin's checkpoint) is the
 claim's: restore leaves its id and its VF to the kubelet plugin, which re-creates it.
+
+Mixed-size mode is lost at reboot: a GPU the placement record (``persist.load_placements``) says
+a layout ran in it is switched again once its VFs are enabled and before any vGPU, and its
+recorded vGPUs (mdev definitions there say ``start: manual``) are re-created first, each created
+and moved to its recorded placement before the next; a GPU that cannot be switched (it holds
+vGPUs already) gets none of them. vGPUs already present are never moved.
 """
 
 from __future__ import annotations
 
 from mdev_manager import persist
-from mdev_manager.actions import BindDriver, CreateGpuInstance, CreateMdev, EnableVfs, Plan, SetMigMode, SetVgpuType
+from mdev_manager.actions import (
+    BindDriver,
+    CreateGpuInstance,
+    CreateMdev,
+    EnableVfs,
+    Plan,
+    SetMigMode,
+    SetMixedSize,
+    SetPlacement,
+    SetVgpuType,
+)
 from mdev_manager.discovery import discover
 from mdev_manager.executor import Executor, Report
 from mdev_manager.host.env import HostEnv
@@ -34,7 +50,8 @@ def _bus(addr: str) -> str:
 
 def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, str],
                  usage: Usage | None = None, passthrough: dict[str, str] | None = None,
-                 holders: Usage | None = None, mig: dict[str, list[dict]] | None = None) -> Plan:
+                 holders: Usage | None = None, mig: dict[str, list[dict]] | None = None,
+                 placements: dict[str, dict] | None = None) -> Plan:
     """The steps that bring back saved state; structural steps alone when any are needed.
 
     ``passthrough`` maps a passed-through function to its GPU; ``holders`` (default ``usage``)
@@ -42,13 +59,15 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
     """
     plan = Plan()
     usage = usage or Usage()
-    saved = {d.parent for d in defs if d.start == "auto"} | set(records)
+    placements = placements or {}
+    recorded = {v for e in placements.values() for v in e.get("vgpus", {})}
+    saved = {d.parent for d in defs if d.start == "auto" or d.uuid in recorded} | set(records)
     defs, records = _not_claimed(plan, defs, records, usage)
     passed = _plan_bindings(plan, inv, passthrough or {}, saved, holders or usage)
     present = {p.address for g in inv.gpus for p in g.parents} | {vf.address for g in inv.gpus for vf in g.vfs}
     active = {v.id for v in inv.all_vgpus()}
     vendor_active = {v.id: v.type_id for v in inv.all_vgpus() if v.framework == "vendor-vfio"}
-    missing_parents = {d.parent for d in defs if d.start == "auto" and d.parent not in present}
+    missing_parents = {d.parent for d in defs if (d.start == "auto" or d.uuid in recorded) and d.parent not in present}
     missing_parents |= {vf for vf in records if vf not in present}
     for g in inv.gpus:
         if (g.sriov_total_vfs and not g.sriov_num_vfs and g.driver not in (None, "vfio-pci")  # not a passed-through GPU
@@ -60,17 +79,66 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
     instance_of = _plan_instances(plan, inv, mig or {})
     if plan.actions:
         return plan
+    ready = _plan_mixed_modes(plan, inv, placements)
+    if plan.actions:
+        return plan
     gpu_of = {p.address: g.address for g in inv.gpus for p in g.parents}
     gpu_of |= {vf.address: g.address for g in inv.gpus for vf in g.vfs}
+    first, then = [], []  # recorded placements first: a vGPU placed by first fit could take their slots
     for d in defs:
-        if d.start == "auto" and d.uuid not in active and d.parent in present:
-            plan.actions.append(CreateMdev(gpu=gpu_of[d.parent], parent=d.parent, uuid=d.uuid, type_id=d.mdev_type))
+        if d.uuid not in active and d.parent in present and (d.start == "auto" or d.uuid in recorded):
+            steps = _placed(inv.gpu(gpu_of[d.parent]), d.uuid, d.parent, d.mdev_type, placements, ready, plan)
+            if steps is not None:
+                create = CreateMdev(gpu=gpu_of[d.parent], parent=d.parent, uuid=d.uuid, type_id=d.mdev_type)
+                (first if steps else then).append([create, *steps])
         elif d.start == "auto" and d.parent not in present:
             plan.notes.append(f"definition {d.uuid}: parent {d.parent} is not on this node")
     for vf, tid in sorted(records.items()):
         if vf in present and vendor_active.get(vf) is None:
-            plan.actions.append(SetVgpuType(gpu=gpu_of[vf], vf=vf, type_id=tid, gpu_instance=instance_of.get(vf)))
+            steps = _placed(inv.gpu(gpu_of[vf]), vf, vf, tid, placements, ready, plan)
+            if steps is not None:
+                create = SetVgpuType(gpu=gpu_of[vf], vf=vf, type_id=tid, gpu_instance=instance_of.get(vf))
+                (first if steps else then).append([create, *steps])
+    plan.actions += [a for group in first + then for a in group]
     return plan
+
+
+def _plan_mixed_modes(plan: Plan, inv: Inventory, placements: dict[str, dict]) -> set[str]:
+    """Switch the recorded GPUs to mixed-size mode again (only an empty one switches); returns the
+    GPUs in the mode, where recorded vGPUs may be re-created."""
+    ready = set()
+    for addr, entry in sorted(placements.items()):
+        g = inv.gpu(addr)
+        if not entry.get("mixed"):
+            continue
+        if g is None or g.placements is None:
+            plan.notes.append(f"GPU {addr}: recorded in mixed-size mode, but "
+                              + ("it is not on this node" if g is None else "NVML reports no mixed-size mode for it"))
+        elif g.placements.enabled:
+            ready.add(addr)
+        elif g.vgpus:
+            plan.notes.append(f"GPU {addr}: not switched to mixed-size mode again, it holds {len(g.vgpus)} vGPU(s); "
+                              "its recorded vGPUs are not re-created")
+        else:
+            plan.actions.append(SetMixedSize(gpu=addr, enabled=True))
+    return ready
+
+
+def _placed(g: Gpu | None, vgpu: str, parent: str, type_id: str, placements: dict[str, dict], ready: set[str],
+            plan: Plan) -> list | None:
+    """The step that moves a re-created vGPU to its recorded placement ([] when none is recorded);
+    None when it must not be re-created now (its GPU is not back in mixed-size mode)."""
+    entry = placements.get(g.address) if g is not None else None
+    if entry is None or vgpu not in entry.get("vgpus", {}):
+        return []
+    if g.address not in ready:
+        return None
+    tp = g.placements.types.get(type_id) if g.placements else None
+    if tp is None:
+        plan.notes.append(f"vGPU {vgpu}: type {type_id} has no mixed-size placement on GPU {g.address}; not re-created")
+        return None
+    return [SetPlacement(gpu=g.address, vgpu=vgpu, parent=parent, type_id=type_id,
+                         placement=entry["vgpus"][vgpu], size=tp.size)]
 
 
 def _plan_instances(plan: Plan, inv: Inventory, saved: dict[str, list[dict]]) -> dict[str, int]:
@@ -193,7 +261,7 @@ def restore(env: HostEnv, io: HostIO, usage: Usage | None = None, stop=None) -> 
         passthrough = persist.load_passthrough(env, io)
         holders = collect_usage(env.with_(libvirt_uri=None), io, usage) if passthrough else usage
         plan = plan_restore(discover(env, io), defs, persist.load_vendor_vfio(env, io), usage,
-                            passthrough, holders, persist.load_mig(env, io))
+                            passthrough, holders, persist.load_mig(env, io), persist.load_placements(env, io))
         if not plan.actions:
             break
         reports.append(Executor(env, io, stop=stop).run(plan))

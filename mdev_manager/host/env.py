@@ -94,6 +94,11 @@ class HostEnv:
         return self.state_root / "layout.json"
 
     @property
+    def placement_state(self) -> Path:
+        """The GPUs a layout runs in mixed-size mode and where their vGPUs sit (a reboot loses both)."""
+        return self.state_root / "placements.json"
+
+    @property
     def passthrough_state(self) -> Path:
         """The functions a layout bound to vfio-pci (a reboot forgets them; restore rebinds them)."""
         return self.state_root / "passthrough.json"

@@ -1,4 +1,4 @@
-"""MIG through NVML: a small typed API over a swappable transport.
+"""MIG and vGPU mixed-size mode through NVML: a small typed API over a swappable transport.
 
 The transport speaks NVML's calls, keyed by the GPU's PCI address, in NVML's terms (profile
 ids as ``nvmlGpuInstanceProfileInfo_t.id``, placements as ``nvmlGpuInstancePlacement_t``) and
@@ -9,7 +9,12 @@ transport; nothing above this module knows which one it has.
 Calls used, as NVML documents them (https://docs.nvidia.com/deploy/nvml-api/group__nvmlMultiInstanceGPU.html):
 ``nvmlDeviceGetMigMode``, ``nvmlDeviceSetMigMode``, ``nvmlDeviceGetGpuInstanceProfileInfo``,
 ``nvmlDeviceGetGpuInstancePossiblePlacements_v2``, ``nvmlDeviceGetGpuInstances``,
-``nvmlGpuInstanceGetInfo``, ``nvmlDeviceCreateGpuInstanceWithPlacement``, ``nvmlGpuInstanceDestroy``.
+``nvmlGpuInstanceGetInfo``, ``nvmlDeviceCreateGpuInstanceWithPlacement``, ``nvmlGpuInstanceDestroy``;
+for mixed-size ("heterogeneous") vGPU mode (nvml.h; the same names in nvidia-ml-py):
+``nvmlDeviceGetVgpuHeterogeneousMode``, ``nvmlDeviceSetVgpuHeterogeneousMode``,
+``nvmlDeviceGetVgpuTypeSupportedPlacements``, ``nvmlDeviceGetVgpuTypeCreatablePlacements``,
+``nvmlVgpuInstanceGetPlacementId``. A vGPU type is named by its NVML type id, taken to be the
+number in its mdev type id (``nvidia-468``) and its vendor-VFIO id (``1145``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 
 NVML_GPU_INSTANCE_PROFILE_COUNT = 18  # NVML_GPU_INSTANCE_PROFILE_* constants 0..17 (nvml.h)
+NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED = 0, 1  # nvmlVgpuHeterogeneousMode_t.mode
+NVML_VGPU_PGPU_HETEROGENEOUS_MODE = 0  # nvmlVgpuPlacementList_v2_t.mode: the mixed-size placements
+NVML_INVALID_VGPU_PLACEMENT_ID = 0xFFFF
 
 _NAMES = {1: "uninitialized", 2: "invalid argument", 3: "not supported", 4: "insufficient permissions",
           6: "not found", 9: "driver not loaded", 12: "NVML library not found", 19: "in use",
@@ -45,7 +53,7 @@ class NvmlError(Exception):
 
 
 class NvmlTransport(Protocol):
-    """NVML's MIG calls for the GPU at a PCI address (``0000:41:00.0``)."""
+    """NVML's MIG and vGPU-placement calls for the GPU at a PCI address (``0000:41:00.0``)."""
 
     def mig_mode(self, bus_id: str) -> tuple[int, int]: ...
     def set_mig_mode(self, bus_id: str, mode: int) -> None: ...
@@ -55,6 +63,11 @@ class NvmlTransport(Protocol):
     def create_gpu_instance(self, bus_id: str, profile_id: int, start: int, size: int) -> int: ...
     def destroy_gpu_instance(self, bus_id: str, gi_id: int) -> None: ...
     def uuid(self, bus_id: str) -> str: ...
+    def vgpu_heterogeneous_mode(self, bus_id: str) -> int: ...
+    def set_vgpu_heterogeneous_mode(self, bus_id: str, mode: int) -> None: ...
+    def vgpu_type_supported_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]: ...
+    def vgpu_type_creatable_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]: ...
+    def vgpu_placement_id(self, bus_id: str, vgpu: str) -> int: ...
 
 
 class Mig:
@@ -96,14 +109,52 @@ class Mig:
         self.t.destroy_gpu_instance(bus_id, gi_id)
 
 
+_SILENT = (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_FOUND, NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_DRIVER_NOT_LOADED,
+           NVML_ERROR_UNINITIALIZED, NVML_ERROR_INVALID_ARGUMENT)
+
+
+class VgpuModes:
+    """The node's mixed-size control: read a GPU's mode and its types' placements, switch the mode."""
+
+    def __init__(self, transport: NvmlTransport):
+        self.t = transport
+
+    def state(self, bus_id: str, type_ids: dict[str, int]) -> dict | None:
+        """The fields of :class:`mdev_manager.models.VgpuPlacements` for the GPU's time-sliced types
+        (``type_ids``: our id -> NVML's type id); None when NVML reports no mixed-size mode for it."""
+        try:
+            enabled = self.t.vgpu_heterogeneous_mode(bus_id) == NVML_FEATURE_ENABLED
+        except NvmlError as e:
+            if e.code in _SILENT:
+                return None
+            raise
+        types: dict[str, dict] = {}
+        for tid, number in type_ids.items():
+            try:
+                size, ids = self.t.vgpu_type_supported_placements(bus_id, number)
+            except NvmlError as e:
+                if e.code in _SILENT:
+                    continue
+                raise
+            if ids:  # a type NVML places nowhere is never creatable in mixed-size mode
+                types[tid] = {"size": size, "ids": sorted(ids)}
+        slots = max((p + t["size"] for t in types.values() for p in t["ids"]), default=0)
+        return {"enabled": enabled, "slots": slots, "types": types}
+
+    def set_mode(self, bus_id: str, enabled: bool) -> None:
+        self.t.set_vgpu_heterogeneous_mode(bus_id, NVML_FEATURE_ENABLED if enabled else NVML_FEATURE_DISABLED)
+
+
 class NoNvml:
-    """A host without NVIDIA's library: no GPU has MIG."""
+    """A host without NVIDIA's library: no GPU has MIG or mixed-size mode."""
 
     def _none(self, *_a, **_k):
         raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND)
 
     mig_mode = set_mig_mode = gpu_instance_profiles = memory_slices = gpu_instances = _none
     create_gpu_instance = destroy_gpu_instance = uuid = _none
+    vgpu_heterogeneous_mode = set_vgpu_heterogeneous_mode = vgpu_type_supported_placements = _none
+    vgpu_type_creatable_placements = vgpu_placement_id = _none
 
 
 class PynvmlTransport:
@@ -221,3 +272,37 @@ class PynvmlTransport:
         lib, h = self._handle(bus_id)
         gi = self._call(lib.nvmlDeviceGetGpuInstanceById, h, gi_id)
         self._call(lib.nvmlGpuInstanceDestroy, gi)
+
+    # ------------------------------------------------------------------ mixed-size mode, placements
+    def vgpu_heterogeneous_mode(self, bus_id: str) -> int:
+        lib, h = self._handle(bus_id)
+        return int(self._call(lib.nvmlDeviceGetVgpuHeterogeneousMode, h))
+
+    def set_vgpu_heterogeneous_mode(self, bus_id: str, mode: int) -> None:
+        lib, h = self._handle(bus_id)
+        self._call(lib.nvmlDeviceSetVgpuHeterogeneousMode, h, mode)
+
+    @staticmethod
+    def _placement_list(plist) -> tuple[int, list[int]]:
+        return int(plist.placementSize), [int(plist.placementIds[i]) for i in range(plist.count)]
+
+    def vgpu_type_supported_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]:
+        """The mixed-size placements (``nvmlVgpuPlacementList_v2_t.mode`` heterogeneous) of a type."""
+        lib, h = self._handle(bus_id)
+        return self._placement_list(self._call(lib.nvmlDeviceGetVgpuTypeSupportedPlacements, h, type_id,
+                                               NVML_VGPU_PGPU_HETEROGENEOUS_MODE, 2))
+
+    def vgpu_type_creatable_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]:
+        lib, h = self._handle(bus_id)
+        return self._placement_list(self._call(lib.nvmlDeviceGetVgpuTypeCreatablePlacements, h, type_id, 2))
+
+    def vgpu_placement_id(self, bus_id: str, vgpu: str) -> int:
+        """The placement of the active vGPU instance whose mdev UUID is ``vgpu``. How NVML names the
+        vGPU of a vendor-VFIO VF is unconfirmed: a VF address is answered NOT_FOUND, not guessed."""
+        lib, h = self._handle(bus_id)
+        for inst in self._call(lib.nvmlDeviceGetActiveVgpus, h):
+            mdev = self._call(lib.nvmlVgpuInstanceGetMdevUUID, inst)
+            mdev = mdev.decode() if isinstance(mdev, bytes) else str(mdev)
+            if mdev.strip().lower() == vgpu.strip().lower():
+                return int(self._call(lib.nvmlVgpuInstanceGetPlacementId, inst))
+        raise NvmlError(NVML_ERROR_NOT_FOUND, f"no active vGPU instance {vgpu} on {bus_id}")

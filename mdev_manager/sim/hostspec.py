@@ -6,9 +6,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mdev_manager import catalog
+from mdev_manager import catalog, catalog_placements
 from mdev_manager.yamlfile import load_yaml
 
 
@@ -23,13 +23,23 @@ class GpuGroup(BaseModel):
     vfs_enabled: bool = Field(False, description="SR-IOV VFs already enabled at boot")
     audio_function: bool = Field(False, description="add an HDA audio function sharing the GPU's IOMMU group")
     numa_node: int | None = None
-    mixed_size: bool = Field(False, description="GPU in mixed-size mode (NVIDIA heterogeneous vGPU)")
+    mixed_size: bool = Field(False, description=(
+        "GPU switched to mixed-size mode by the admin after boot (NVIDIA heterogeneous vGPU); a reboot, a "
+        "driver reload or enabling VFs clears it. Only boards with a known placement table: "
+        + ", ".join(catalog_placements.KNOWN)))
 
     @field_validator("board")
     @classmethod
     def _known(cls, v: str) -> str:
         catalog.board(v)
         return v
+
+    @model_validator(mode="after")
+    def _mixed_needs_a_table(self) -> GpuGroup:
+        if self.mixed_size and catalog_placements.placements(self.board) is None:
+            raise ValueError(f"mixed_size: board {self.board} has no known mixed-size placement table, so it refuses "
+                             f"mixed-size mode; boards with one: {', '.join(catalog_placements.KNOWN)}")
+        return self
 
 
 class HostSpec(BaseModel):

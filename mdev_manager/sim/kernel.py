@@ -15,10 +15,16 @@ its device model) the way the kernel does and fails with the kernel's errno
   driver, EBUSY for a nonzero value while VFs exist.
 * ``driver_override``, ``drivers/<d>/unbind``, ``drivers/<d>/bind``, ``drivers_probe``.
 * ``nvidia/current_vgpu_type`` (vendor-specific VFIO): a listed id creates, ``0`` destroys.
+* ``nvidia/placement_id`` of an mdev, or of a VF holding a type (mixed-size mode, :mod:`.slots`):
+  creation took the lowest creatable placement; writing an id moves the vGPU there when that id
+  is creatable beside everything, its own old slots included (the driver reserves the new range,
+  then frees the old). Mixed-size mode itself is switched through the simulated NVML.
 
-Two points the reference marks unconfirmed are settings here: the errno for a type
-missing from ``creatable_vgpu_types`` (``UNLISTED_TYPE_ERRNO``) and writing a new type
-over a set one (EBUSY).
+Points the references mark unconfirmed are settings here: the errno for a type missing from
+``creatable_vgpu_types`` (``UNLISTED_TYPE_ERRNO``), writing a new type over a set one (EBUSY),
+and the errno of a refused placement write (``PLACEMENT_ERRNO``: in equal-size mode, or an id
+that is not creatable). A VF's ``placement_id`` is taken to be writable as an mdev's is, and a
+vGPU in use is not moved (EBUSY): the facts are silent on both.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ from pathlib import Path
 
 from mdev_manager.host.env import HostEnv
 from mdev_manager.names import mig_profile_of
+from mdev_manager.sim import slots
 from mdev_manager.sim.nvml import free_instances, mig_record
 from mdev_manager.sim.rules import err, kstrtoul
 from mdev_manager.sim.tree import ADDR, UUID, SysfsTree
 
 UNLISTED_TYPE_ERRNO = errno.EINVAL
+PLACEMENT_ERRNO = errno.EINVAL
 NO_INSTANCE = 4294967295  # a VF's nvidia/gpu_instance_id before a MIG-backed vGPU takes one
 
 
@@ -60,6 +68,10 @@ class SimHost(SysfsTree):
         for p, v, _ in mine:
             if p != v:
                 self._remove_mdev(p, v)
+            elif gpu:
+                slots.forget(gpu, v)
+        if gpu and addr == gpu["pf"] and driver == "nvidia":
+            slots.clear(gpu)  # the driver lets go of the GPU: its mixed-size mode is lost
         os.unlink(fdir / "driver")
         os.unlink(self.sys / "bus/pci/drivers" / driver / addr)
         shutil.rmtree(fdir / "mdev_supported_types", ignore_errors=True)
@@ -93,6 +105,7 @@ class SimHost(SysfsTree):
             if name.startswith("virtfn"):
                 os.unlink(self._fdir(gpu["pf"]) / name)
         self._write(self._fdir(gpu["pf"]) / "sriov_numvfs", "0\n")
+        slots.clear(gpu)  # sriov-manage -d resets the GPU's vGPU state, mixed-size mode included
 
     # ------------------------------------------------------------------ mdev create and remove
     def _create_mdev(self, parent: str, type_dir: Path, raw: str) -> None:
@@ -106,9 +119,13 @@ class SimHost(SysfsTree):
             raise err(errno.EUSERS, f"no instances of {type_dir.name} left on {parent}")
         gpu = self._gpu_of(parent)
         self._take_instance(gpu, type_dir.name, uid)
+        self._first_fit(gpu, type_dir.name, uid)
         mdir = self._fdir(parent) / uid
         mdir.mkdir()
         (mdir / "remove").write_text("")
+        if self._board(gpu).driver == "nvidia":
+            (mdir / "nvidia").mkdir()
+            (mdir / "nvidia/placement_id").write_text(slots.read_value(gpu, uid))
         (mdir / "uevent").write_text(f"MDEV_TYPE={type_dir.name}\n")
         self._link(mdir / "mdev_type", type_dir)
         grp = self._new_group()
@@ -149,6 +166,34 @@ class SimHost(SysfsTree):
             if gi.get("vgpu") == vgpu:
                 gi.pop("vgpu")
 
+    # ------------------------------------------------------------------ placements (mixed-size mode)
+    def _first_fit(self, gpu: dict, type_id: str, vgpu: str) -> None:
+        """A new time-sliced vGPU of a mixed-size GPU takes the type's lowest creatable placement."""
+        if not slots.mixed(gpu) or slots.size_of(gpu["board"], type_id) is None:
+            return
+        free = slots.creatable(gpu, self._existing(gpu), type_id)
+        if not free:  # available_instances / creatable_vgpu_types said so already
+            raise err(errno.EUSERS, f"no placement of type {type_id} left")
+        slots.place(gpu, vgpu, free[0])
+
+    def _move(self, owner: str, vgpu: str, path: Path, raw: str) -> None:
+        """``placement_id`` written: the vGPU moves to a creatable placement of its type."""
+        value = kstrtoul(raw)
+        gpu = self._gpu_of(owner)
+        existing = self._existing(gpu)
+        tid = next((t for _, v, t in existing if v == vgpu), None)
+        if tid is None:
+            raise err(errno.ENODEV, f"{vgpu} holds no vGPU")
+        if not slots.mixed(gpu) or vgpu not in gpu.get("placements", {}):
+            raise err(PLACEMENT_ERRNO, f"{vgpu}: the GPU is in equal-size mode; placements apply in mixed-size mode")
+        if self._vgpu_busy(owner, vgpu):
+            raise err(errno.EBUSY, f"vGPU {vgpu} is in use")
+        if value not in slots.creatable(gpu, existing, tid):
+            raise err(PLACEMENT_ERRNO, f"placement {value} of type {tid} is not creatable on the GPU")
+        slots.place(gpu, vgpu, value)
+        path.write_text(slots.read_value(gpu, vgpu))
+        self._refresh(gpu)
+
     # ------------------------------------------------------------------ vendor VFIO
     def _set_vgpu_type(self, vf: str, raw: str) -> None:
         try:
@@ -165,6 +210,8 @@ class SimHost(SysfsTree):
             (nv / "current_vgpu_type").write_text("0\n")
             (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
             self._drop_cdevs(self._fdir(vf))
+            (nv / "placement_id").unlink(missing_ok=True)
+            slots.forget(gpu, vf)
             if current:
                 self._release_instance(gpu, vf)
                 (nv / "gpu_instance_id").write_text(f"{NO_INSTANCE}\n")
@@ -178,7 +225,9 @@ class SimHost(SysfsTree):
             gi = self._take_instance(gpu, str(value), vf, None if chosen == NO_INSTANCE else chosen)
             if gi is not None:
                 (nv / "gpu_instance_id").write_text(f"{gi}\n")
+            self._first_fit(gpu, str(value), vf)
             (nv / "current_vgpu_type").write_text(f"{value}\n")
+            (nv / "placement_id").write_text(slots.read_value(gpu, vf))
             (self.dev / "vfio" / str(grp)).touch()
             self._add_cdev(self._fdir(vf))
         self._refresh(gpu)
@@ -236,7 +285,9 @@ class SimHost(SysfsTree):
             return
         if parts[-2:-1] == ("nvidia",) and name == "current_vgpu_type":
             return self._set_vgpu_type(owner, raw)
-        if parts[-2:-1] == ("nvidia",) and name in ("vgpu_params", "warm_update", "placement_id", "gpu_instance_id"):
+        if parts[-2:-1] == ("nvidia",) and name == "placement_id":
+            return self._move(owner, parts[-3] if UUID.match(parts[-3]) else owner, full, raw)
+        if parts[-2:-1] == ("nvidia",) and name in ("vgpu_params", "warm_update", "gpu_instance_id"):
             full.write_text(raw if raw.endswith("\n") else raw + "\n")
             return
         if full.is_dir():
@@ -295,12 +346,14 @@ class SimHost(SysfsTree):
                 for p, v, _ in self._existing(gpu):
                     if p == v:
                         (self._fdir(p) / "nvidia/current_vgpu_type").write_text("0\n")
+                        (self._fdir(p) / "nvidia/placement_id").unlink(missing_ok=True)
                         (self.dev / "vfio" / str(self._group(p))).unlink(missing_ok=True)
                         self._drop_cdevs(self._fdir(p))
                     else:
                         self._force_remove_mdev(p, v)
                 if self._vfs(gpu):
                     self._disable_vfs(gpu)
+                slots.clear(gpu)  # NVIDIA keeps no mixed-size mode across a boot
                 if "mig" in gpu:  # MIG mode is kept on the board; GPU instances are not
                     gpu["mig"]["gis"] = []
             for addr, fn in list(self.state["functions"].items()):

@@ -1,4 +1,4 @@
-"""NVML of a simulated host: MIG mode and GPU instances of its MIG-capable GPUs.
+"""NVML of a simulated host: MIG mode and GPU instances, vGPU mixed-size mode and placements.
 
 Implements :class:`mdev_manager.host.nvml.NvmlTransport` over the host's state, with NVML's
 rules and return codes (https://docs.nvidia.com/deploy/nvml-api/group__nvmlMultiInstanceGPU.html):
@@ -14,6 +14,19 @@ rules and return codes (https://docs.nvidia.com/deploy/nvml-api/group__nvmlMulti
 
 MIG-backed vGPU types become creatable on the VFs while a free GPU instance of their profile
 exists (:meth:`free_instances`, read by the kernel model's refresh).
+
+Mixed-size ("heterogeneous") mode (nvml.h, ``nvmlDeviceSetVgpuHeterogeneousMode`` and its
+neighbours; ../shared/reference/heterogeneous-vgpu.md):
+
+* a board without a known placement table answers ``NOT_SUPPORTED`` (nothing is guessed), and
+  so does every GPU while MIG is on; the mode is ``NVML_FEATURE_ENABLED`` / ``_DISABLED``;
+* the mode changes only while the GPU holds no vGPU (``IN_USE``), and only on a GPU the nvidia
+  driver holds (NVML sees no other: ``NOT_FOUND``); reboot, driver reload and enabling or disabling
+  VFs clear it (the kernel model); enabling MIG clears it too (assumed: the facts are silent);
+* supported placements are the board's table (:mod:`mdev_manager.catalog_placements`), with
+  ``placementSize`` the type's GiB; creatable ones are those whose slots are free, answered in
+  mixed-size mode only (equal-size placements are not modelled: ``NOT_SUPPORTED``);
+* a vGPU's placement id is ``NVML_INVALID_VGPU_PLACEMENT_ID`` in equal-size mode.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from mdev_manager.host.nvml import (
     NvmlError,
 )
 from mdev_manager.models import GpuInstanceProfile
+from mdev_manager.sim import slots
 
 ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")
 
@@ -94,6 +108,8 @@ class SimNvml:
             if mig["gis"] or self.host._existing(gpu):
                 raise NvmlError(NVML_ERROR_IN_USE, f"{bus_id} holds vGPUs or GPU instances")
             mig["current"] = mig["pending"] = int(bool(mode))
+            if mode:
+                slots.clear(gpu)
             self.host._refresh(gpu)
             self.host._save()
 
@@ -151,3 +167,69 @@ class SimNvml:
             mig["gis"].remove(gi)
             self.host._refresh(gpu)
             self.host._save()
+
+    # ------------------------------------------------------------------ mixed-size mode, placements
+    def _vgpu_gpu(self, bus_id: str, mig_check: bool = True) -> dict:
+        addr = bus_id.lower()
+        gpu = next((g for g in self.host.state["gpus"] if g["pf"] == addr), None)
+        if gpu is None:
+            raise NvmlError(NVML_ERROR_NOT_FOUND, f"no GPU at {bus_id}")
+        if not slots.supports(gpu["board"]):
+            raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{bus_id} ({gpu['board']}): no known mixed-size placements")
+        if mig_check and mig_enabled(gpu):
+            raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{bus_id} is in MIG mode")
+        return gpu
+
+    def _type_size(self, gpu: dict, type_id: int) -> int:
+        size = slots.size_of(gpu["board"], str(type_id))
+        if size is None:
+            raise NvmlError(NVML_ERROR_INVALID_ARGUMENT, f"no time-sliced vGPU type {type_id} on {gpu['board']}")
+        return size
+
+    def vgpu_heterogeneous_mode(self, bus_id: str) -> int:
+        self._vgpu_gpu(bus_id, mig_check=False)  # a board without a table answers without the lock
+        with self.host._locked():
+            return int(slots.mixed(self._vgpu_gpu(bus_id)))
+
+    def set_vgpu_heterogeneous_mode(self, bus_id: str, mode: int) -> None:
+        if mode not in (0, 1):
+            raise NvmlError(NVML_ERROR_INVALID_ARGUMENT, f"mode {mode} is neither enabled (1) nor disabled (0)")
+        with self.host._locked():
+            gpu = self._vgpu_gpu(bus_id)
+            if self.host._driver(gpu["pf"]) != "nvidia":
+                raise NvmlError(NVML_ERROR_NOT_FOUND, f"{bus_id} is not on the nvidia driver")
+            if slots.mixed(gpu) == bool(mode):
+                return
+            if self.host._existing(gpu):
+                raise NvmlError(NVML_ERROR_IN_USE, f"{bus_id} holds vGPUs")
+            gpu["mixed_size"], gpu["placements"] = bool(mode), {}
+            self.host._refresh(gpu)
+            self.host._save()
+
+    def vgpu_type_supported_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]:
+        """(placementSize, ids) of a type in mixed-size mode. The board's table never changes: only a
+        MIG-capable GPU (whose MIG mode refuses the call) is read under the lock."""
+        gpu = self._vgpu_gpu(bus_id, mig_check=False)
+        if has_mig(gpu["board"]):
+            with self.host._locked():
+                gpu = self._vgpu_gpu(bus_id)
+        size = self._type_size(gpu, type_id)
+        return size, list(slots.supported(gpu["board"], str(type_id)))
+
+    def vgpu_type_creatable_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]:
+        with self.host._locked():
+            gpu = self._vgpu_gpu(bus_id)
+            size = self._type_size(gpu, type_id)
+            if not slots.mixed(gpu):
+                raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{bus_id} is in equal-size mode")
+            return size, slots.creatable(gpu, self.host._existing(gpu), str(type_id))
+
+    def vgpu_placement_id(self, bus_id: str, vgpu: str) -> int:
+        """A vGPU's placement, by mdev UUID or VF address (NVML's vGPU instance, found by its device)."""
+        with self.host._locked():
+            gpu = self._vgpu_gpu(bus_id)
+            if vgpu.lower() not in {v for _, v, _ in self.host._existing(gpu)}:
+                raise NvmlError(NVML_ERROR_NOT_FOUND, f"no vGPU {vgpu} on {bus_id}")
+            if not slots.mixed(gpu):
+                return slots.INVALID_PLACEMENT_ID
+            return gpu.get("placements", {}).get(vgpu.lower(), slots.INVALID_PLACEMENT_ID)

@@ -15,6 +15,7 @@ from mdev_manager import catalog
 from mdev_manager.catalog import TypeSpec
 from mdev_manager.names import mig_profile_of
 from mdev_manager.sim.nvml import free_instances, mig_enabled
+from mdev_manager.sim.slots import mixed
 
 
 def err(code: int, what: str) -> OSError:
@@ -67,18 +68,22 @@ def vf_address(pf: str, n: int, offset: int = 4) -> str:
     return f"{dom}:{bus}:{devfn >> 3:02x}.{devfn & 7}"
 
 
-def remaining(gpu: dict, t: TypeSpec, used: Fraction, sizes: set, fb: int | None) -> int:
+def remaining(gpu: dict, t: TypeSpec, used: Fraction, sizes: set, fb: int | None, placements_left: int) -> int:
     """How many more of ``t`` (framebuffer ``fb``) fit beside vGPUs taking ``used``, of ``sizes``.
 
-    Each vGPU of type t takes 1/max(t) of the GPU; in equal-size mode (``mixed_size``
-    false) a second framebuffer size does not fit at all. In MIG mode only MIG-backed types
-    are creatable, one per free GPU instance of their profile; out of it, none of them
-    (NVIDIA vGPU user guide, "MIG-backed vGPUs": the GPU instance is created first).
+    In mixed-size mode only placements limit a type: ``placements_left``, its creatable placements
+    (:mod:`.slots`). In NVIDIA's equal-size mode (the default) each vGPU of type t takes
+    1/max(t) of the GPU and a second framebuffer size does not fit at all; Intel GVT-g has no
+    such mode (shares only). In MIG mode only MIG-backed types are creatable, one per free GPU
+    instance of their profile; out of it, none of them (NVIDIA vGPU user guide, "MIG-backed
+    vGPUs": the GPU instance is created first).
     """
     if mig_enabled(gpu) or t.mig_backed:
         if not (t.mig_backed and mig_enabled(gpu)):
             return 0
         return len(free_instances(gpu, mig_profile_of(t.name) or ""))
-    if not gpu["mixed_size"] and sizes - {fb}:
+    if mixed(gpu):
+        return placements_left
+    if catalog.board(gpu["board"]).vendor_id == "0x10de" and sizes - {fb}:
         return 0
     return max(0, int((1 - used) * t.max_instances))

@@ -7,10 +7,10 @@ keeps what the tree cannot say (board, framework, native driver of each function
 it as a device model does: binding a driver, adding VFs, making a function an mdev parent,
 removing an mdev. It never refuses; the kernel's checks and errnos are in :mod:`.kernel`.
 
-Capacity is modelled per physical GPU as occupancy: each vGPU of type t takes 1/max(t) of the
-GPU, so any mix fits iff the fractions sum to <= 1; equal-size mode (the default) then forbids
-a second framebuffer size (:func:`.rules.remaining`). Every change rewrites the GPU's
-``available_instances`` / ``creatable_vgpu_types`` (:meth:`SysfsTree._refresh`).
+Capacity in NVIDIA's equal-size mode (the default) is occupancy: each vGPU of type t takes
+1/max(t) of the GPU and a second framebuffer size does not fit (:func:`.rules.remaining`). In
+mixed-size mode it is exact: vGPUs hold slots at placements (:mod:`.slots`). Every change
+rewrites the GPU's ``available_instances`` / ``creatable_vgpu_types`` (:meth:`SysfsTree._refresh`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Self
 
 from mdev_manager import catalog
 from mdev_manager.catalog import BoardSpec, TypeSpec
+from mdev_manager.sim import slots
 from mdev_manager.sim.hostspec import HostSpec
 from mdev_manager.sim.procs import SimProcs, holding
 from mdev_manager.sim.rules import framebuffer, remaining, type_facts, type_index, vf_address
@@ -113,9 +114,8 @@ class SysfsTree:
                                        board.subsystem_vendor_id, board.subsystem_device_id,
                                        group.numa_node, grp, native)
                     self.state["functions"][pf]["initial"] = initial
-                    gpu = {"pf": pf, "board": board.key, "framework": framework,
-                           "mixed_size": group.mixed_size or board.vendor_id != "0x10de",
-                           "vf_total": board.sriov_total_vfs if framework != "mdev" else 0}
+                    gpu = {"pf": pf, "board": board.key, "framework": framework, "mixed_size": False,
+                           "placements": {}, "vf_total": board.sriov_total_vfs if framework != "mdev" else 0}
                     self.state["gpus"].append(gpu)
                     if gpu["vf_total"]:
                         self._write(self._fdir(pf) / "sriov_totalvfs", f"{gpu['vf_total']}\n")
@@ -130,6 +130,10 @@ class SysfsTree:
                         self._bind(pf, initial)
                     if group.vfs_enabled and gpu["vf_total"] and initial == "nvidia":
                         self._enable_vfs(gpu, gpu["vf_total"])
+                    # set by the admin after boot (nvidia-smi vgpu -shm 1), after the VFs; a reboot clears it
+                    gpu["mixed_size"] = group.mixed_size and initial == "nvidia"
+                    if gpu["mixed_size"]:
+                        self._refresh(gpu)
         self._save()
 
     def _add_function(self, addr, rel, vendor, device, cls_, svendor, sdevice, numa, grp, native, physfn=None):
@@ -252,10 +256,10 @@ class SysfsTree:
                 out.append((p, p, cur))
         return out
 
-    def _occupancy(self, gpu: dict) -> tuple[Fraction, set]:
+    def _occupancy(self, gpu: dict, existing: list[tuple[str, str, str]]) -> tuple[Fraction, set]:
         """Share of the GPU its vGPUs take, and their framebuffer sizes."""
         used, sizes = Fraction(0), set()
-        for _, _, tid in self._existing(gpu):
+        for _, _, tid in existing:
             et = self._type_by_id(gpu, tid)
             if et is not None and not et.mig_backed:
                 used += Fraction(1, et.max_instances)
@@ -266,8 +270,11 @@ class SysfsTree:
         """Rewrite ``available_instances`` / ``creatable_vgpu_types`` of every parent of the GPU."""
         facts = type_facts(gpu["board"])
         fw = gpu["framework"]
-        occupancy = self._occupancy(gpu)
-        rem = {num: remaining(gpu, t, *occupancy, fb) for _, num, t, fb in facts}
+        existing = self._existing(gpu)
+        occupancy = self._occupancy(gpu, existing)
+        mixed = slots.mixed(gpu)
+        rem = {num: remaining(gpu, t, *occupancy, fb, len(slots.creatable(gpu, existing, num)) if mixed else 0)
+               for _, num, t, fb in facts}
         if fw == "mdev":
             types_dir = os.path.join(self._fdir(gpu["pf"]), "mdev_supported_types")
             if os.path.isdir(types_dir):
@@ -306,8 +313,9 @@ class SysfsTree:
             if gpu["framework"] == "vendor-vfio" and not is_pf:
                 nv = fdir / "nvidia"
                 nv.mkdir(exist_ok=True)
+                # placement_id appears once a type is set (NVIDIA/vgpu-device-manager#195)
                 for name, val in (("current_vgpu_type", "0"), ("gpu_instance_id", "4294967295"),
-                                  ("placement_id", "65535"), ("vgpu_params", ""), ("warm_update", "0")):
+                                  ("vgpu_params", ""), ("warm_update", "0")):
                     (nv / name).write_text(val + "\n")
             if refresh:
                 self._refresh(gpu)
@@ -367,6 +375,7 @@ class SysfsTree:
         pf = gpu["pf"]
         rel = self.state["functions"][pf]["rel"].rsplit("/", 1)[0]
         board = self._board(gpu)
+        slots.clear(gpu)  # sriov-manage -e resets the GPU's vGPU state: mixed-size mode is set after it
         vf_groups = self.state.setdefault("vf_groups", {})
         for i in range(n):
             vf = vf_address(pf, i)
@@ -401,3 +410,6 @@ class SysfsTree:
         (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
         self._drop_cdevs(mdir)
         shutil.rmtree(mdir)
+        gpu = self._gpu_of(parent)
+        if gpu is not None:
+            slots.forget(gpu, uid)

@@ -23,8 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from mdev_manager import persist
 from mdev_manager.config import parse_config
 from mdev_manager.reconcile import reconcile
+from mdev_manager.sim import HostSpec
+from mdev_manager.sim.hostspec import GpuGroup
 from tests.support.simnodes import REPO, build_sim, open_sim
 
 CHILD = r'''
@@ -116,8 +119,10 @@ def node_state(root: Path) -> dict:
     }
 
 
-def crash_everywhere(tmp_path: Path, pristine: Path, layout_doc: dict, recover_doc: dict | None = None) -> int:
-    """Crash an apply of ``layout_doc`` at each write; re-apply ``recover_doc`` (default: the same)."""
+def crash_everywhere(tmp_path: Path, pristine: Path, layout_doc: dict, recover_doc: dict | None = None,
+                     check=None) -> int:
+    """Crash an apply of ``layout_doc`` at each write; re-apply ``recover_doc`` (default: the same);
+    ``check(root)`` adds what the recovered host must show besides :func:`node_state`."""
     layout_file = tmp_path / "layout.json"
     layout_file.write_text(json.dumps(layout_doc))
     layouts = parse_config(recover_doc or layout_doc)
@@ -145,6 +150,8 @@ def crash_everywhere(tmp_path: Path, pristine: Path, layout_doc: dict, recover_d
             out = reconcile(sim.env, sim.io, layouts)
             assert out.ok, f"re-apply after a crash at write {n} failed: {out.rounds[-1].report}"
             assert node_state(root) == want, f"state after a crash at write {n} differs"
+            if check is not None:
+                check(root)
             again = reconcile(sim.env, sim.io, layouts)
             assert again.changed == 0 and all(not r.plan.actions for r in again.rounds), \
                 f"second re-apply after a crash at write {n} still changes things"
@@ -200,3 +207,33 @@ def test_crash_while_passing_through_then_back_to_vgpus(scratch, pristine):
     assert reconcile(sim.env, sim.io, parse_config(t4_vgpus)).ok
     total = crash_everywhere(scratch, applied, t4_passthrough, recover_doc=t4_vgpus)
     assert total >= 2 * 2 + 3  # two removals and forgettings, then override, unbind, probe
+
+
+MIXED = {"version": "vgpuctl/v1", "layouts": {"default": [
+    {"index": 0, "mixedSize": True, "vgpus": {"L4-12C": 1, "L4-6C": 1}},  # vendor-specific VFIO
+    {"index": 1, "mixedSize": True, "vgpus": {"A100-20C": 1, "A100-10C": 1}},  # mdev on VFs
+]}}
+
+
+def placed_exactly(root: Path) -> None:
+    """Mixed-size mode on, every vGPU at a placement, none overlapping, the record saying where:
+    what restore needs after any crash."""
+    sim = open_sim(root)
+    saved = persist.load_placements(sim.env, sim.io)
+    for g in sim.discover().gpus:
+        assert g.mixed_size is True and saved[g.address]["mixed"]
+        taken: set[int] = set()
+        for v in g.vgpus:
+            r = set(range(v.placement_id, v.placement_id + g.placements.types[v.type_id].size))
+            assert v.placement_id in g.placements.types[v.type_id].ids and not taken & r, v
+            taken |= r
+        assert saved[g.address]["vgpus"] == {v.id: v.placement_id for v in g.vgpus}
+    assert all(d.start == "manual" for d in sim.definitions())
+
+
+def test_crash_at_every_write_of_a_mixed_size_apply(scratch):
+    pristine = scratch / "pristine-mixed"
+    build_sim(pristine, HostSpec(gpus=[GpuGroup(board="L4"), GpuGroup(board="A100-40GB")]))
+    total = crash_everywhere(scratch, pristine, MIXED, check=placed_exactly)
+    # two VF enables, two records of the mode, and per vGPU a definition or record, a create and a move
+    assert total >= 2 + 2 + 4 * 3, total

@@ -224,7 +224,7 @@ def test_only_display_controllers_are_gpus(make_sim):
     assert len(all_functions) == len(inv.gpus) + 1  # plus the audio function
 
 
-@pytest.mark.parametrize("preset", ["default", "t4-node", "a100-node", "l40s-node", "a16-node", "workstation"])
+@pytest.mark.parametrize("preset", ["default", "t4-node", "a100-node", "l40s-node", "a16-node", "workstation", "mixed-node"])
 def test_presets_discover(make_sim, preset):
     spec = load_host(preset)
     want: dict[str, int] = {}

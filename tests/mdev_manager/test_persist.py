@@ -259,3 +259,23 @@ def test_passthrough_round_trip_and_bad_content(env, io, caplog):
     for bad in ("{nope", "[]", json.dumps({"functions": []})):
         path.write_text(bad)
         assert load_passthrough(env, io) == {}
+
+
+def test_placements_round_trip_and_bad_content(env, io, caplog):
+    from mdev_manager.persist import load_placements, save_placements
+
+    assert load_placements(env, io) == {}
+    save_placements(env, io, {P1: {"mixed": True, "vgpus": {U1.upper(): 24, "0000:65:00.4": 0}},
+                              P2: {"mixed": False, "vgpus": {}}})
+    assert load_placements(env, io) == {P1: {"mixed": True, "vgpus": {"0000:65:00.4": 0, U1: 24}}}  # P2 dropped
+    with pytest.raises(ValueError):
+        save_placements(env, io, {P1: {"mixed": True, "vgpus": {U1: -1}}})
+    data = json.loads(env.placement_state.read_text())
+    data["gpus"]["0000:66:00.0"] = {"mixed": "yes"}
+    data["gpus"]["0000:67:00.0"] = {"mixed": True, "vgpus": {"../../etc": 3}}
+    env.placement_state.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING):
+        assert list(load_placements(env, io)) == [P1]  # bad GPUs skipped, logged
+    assert "0000:66:00.0" in caplog.text and "0000:67:00.0" in caplog.text
+    env.placement_state.write_text("{")
+    assert load_placements(env, io) == {}

@@ -461,16 +461,6 @@ def test_all_problems_reported_together(sim):
     assert len(e.value.problems) == 2
 
 
-def test_mixed_size_gpu_accepts_mixed_layouts(sim, t4):
-    inv = sim.discover()
-    inv.gpus[0].mixed_size = True  # the driver reports heterogeneous mode
-    plan = make_plan(inv, layout({"index": 0, "vgpus": {"T4-8Q": 1, "T4-4Q": 2}}), new_uuid=uuids())
-    assert sorted(c.type_id for c in of(plan, CreateMdev)) == sorted([tid("T4", "T4-8Q")] + [tid("T4", "T4-4Q")] * 2)
-    with pytest.raises(ConfigError) as e:  # still bounded by what the GPU holds
-        make_plan(inv, layout({"index": 0, "vgpus": {"T4-8Q": 2, "T4-4Q": 1}}))
-    assert "more than" in e.value.problems[0]
-
-
 def test_nvidia_only_indices_skip_other_vendors(make_sim):
     sim = make_sim("workstation")
     inv = sim.discover()

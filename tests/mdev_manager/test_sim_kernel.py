@@ -152,14 +152,7 @@ def test_equal_size_mode_zeroes_every_other_size(sim):
     assert write_err(sim, type_dir(sim, t4, "T4", "T4-1Q") / "create", str(uuidlib.uuid4())) == errno.EUSERS
 
 
-def test_mixed_size_mode_allows_two_sizes(make_sim):
-    sim = make_sim(HostSpec(gpus=[GpuGroup(board="T4", mixed_size=True)]))
-    t4 = gpu_of(sim, "T4")
-    sim.io.write(type_dir(sim, t4, "T4", "T4-8Q") / "create", U1 + "\n")  # half the GPU
-    assert avail(type_dir(sim, t4, "T4", "T4-4Q")) == 2  # the other half: 2 x 4Q
-    assert avail(type_dir(sim, t4, "T4", "T4-16Q")) == 0
-    sim.io.write(type_dir(sim, t4, "T4", "T4-4Q") / "create", U2 + "\n")
-    assert avail(type_dir(sim, t4, "T4", "T4-1Q")) == 4
+# mixed-size mode (placements) is pinned in test_sim_placements.py
 
 
 # --------------------------------------------------------------------------- mdev remove

@@ -228,3 +228,30 @@ def test_the_command_is_found_past_global_options(argv, command):
     from vgpuctl.main import _command_of, _fix_simulate
 
     assert _command_of(_fix_simulate(argv)) == command
+
+
+def test_mixed_size_plan_apply_discover(simdir, capsys):
+    layout_file = str(EXAMPLE_LAYOUT.parent / "mixed-size-layout.yaml")
+    code, out, _ = run(capsys, "--simulate", "mixed-node", "plan", "-f", layout_file)
+    assert code == 0
+    assert "note: GPU 0 (0000:10:00.0): once in mixed-size mode, places L40S-24Q at slot 0, L40S-8Q at slot 24" in out
+    code, out, _ = run(capsys, "--simulate", "mixed-node", "apply", "-f", layout_file)
+    assert code == 0 and "node matches the layout" in out.splitlines()[-1]
+    assert "mixed-size mode on" in out
+    code, out, _ = run(capsys, "--simulate", "mixed-node", "discover")
+    lines = out.splitlines()
+    assert "GPU 0: mixed-size mode; GPU 1: mixed-size mode; GPU 2: mixed-size mode; GPU 3: mixed-size mode" in lines
+    assert "  GPU 0 |[24Q" + "-" * 19 + "][8Q----][4Q][4Q][8Q----]|" in lines  # one mark per 1 GiB slot
+    assert "  GPU 1 |[12C-------][6C--][6C--]|" in lines
+    assert any(line.startswith("  GPU 2 |[40C") and line.endswith("(2 GiB per mark)") for line in lines)
+    assert all(len(line) <= 80 for line in lines if line.startswith("  GPU "))
+    l40s_rows = [line.split() for line in lines if line.startswith("0    0000:10:0") and "L40S-" in line]
+    assert sorted(r[-1] for r in l40s_rows) == ["0-23", "24-31", "32-35", "36-39", "40-47"]  # SLOTS column
+    code, out, _ = run(capsys, "--simulate", "mixed-node", "discover", "-o", "json")
+    gpus = json.loads(out)["gpus"]
+    assert [g["mixed_size"] for g in gpus] == [True, True, True, True, None]
+    assert gpus[0]["placements"]["slots"] == 48 and gpus[4]["placements"] is None
+    assert sorted(v["placement_id"] for v in gpus[0]["vgpus"]) == [0, 24, 32, 36, 40]
+    code, out, _ = run(capsys, "--simulate", "mixed-node", "sim", "reboot")
+    code, out, _ = run(capsys, "--simulate", "mixed-node", "restore")
+    assert code == 0 and out.strip().splitlines()[-1] == "23 devices restored"  # 5 + 3 + 5 + 4 placed, 6 A40-8Q

@@ -24,6 +24,7 @@ from mdev_manager.actions import (
     RemoveMdev,
     SaveDefinition,
     SaveVendorRecord,
+    SetMixedSize,
     SetVgpuType,
 )
 from mdev_manager.config import GpuLayout
@@ -65,6 +66,8 @@ def _setup(a, row_gpu, done: bool) -> str | None:
         return f"{a.count} VFs enabled" if done else f"enable {a.count} VFs"
     if isinstance(a, DisableVfs):
         return "VFs disabled" if done else "disable VFs"
+    if isinstance(a, SetMixedSize):
+        return "mixed-size mode on" if done else "switch to mixed-size mode"
     if isinstance(a, BindDriver):
         driver = a.driver or (native_driver(row_gpu) if row_gpu is not None else None) or "its native driver"
         return f"bound to {driver}" if done else f"bind to {driver}"

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mdev_manager.actions import CreateMdev, Plan, SaveDefinition, SaveVendorRecord, SetVgpuType
+from mdev_manager.actions import CreateMdev, Plan, SaveDefinition, SaveVendorRecord, SetPlacement, SetVgpuType
 from mdev_manager.executor import Report, StepResult
-from mdev_manager.models import Inventory
+from mdev_manager.models import Gpu, Inventory
 from mdev_manager.plan import offered_types
+
+SLOT_MAP_WIDTH = 64  # marks per GPU row: a 94 GiB GPU gets one mark per 2 GiB, and fits in 80 columns
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -30,10 +32,11 @@ def inventory_table(inv: Inventory, types: bool = False) -> str:
                      "-" if g.iommu_group is None else str(g.iommu_group), str(len(g.vgpus))])
     out = [f"Node {inv.node}: {len(inv.gpus)} GPUs" + (" (iommufd)" if inv.iommufd else ""),
            table(rows, ["GPU", "ADDRESS", "MODEL", "DRIVER", "FRAMEWORK", "VFS", "NUMA", "IOMMU", "VGPUS"])]
-    vgpus = [[str(next(g.index for g in inv.gpus if g.address == v.gpu)), v.id, v.type_name, v.framework, v.parent,
-              "-" if v.iommu_group is None else str(v.iommu_group)] for v in inv.all_vgpus()]
+    placed = any(v.placement_id is not None for v in inv.all_vgpus())
+    vgpus = [[str(g.index), v.id, v.type_name, v.framework, v.parent, "-" if v.iommu_group is None else str(v.iommu_group)]
+             + ([_slots_of(g, v.type_id, v.placement_id)] if placed else []) for g in inv.gpus for v in g.vgpus]
     if vgpus:
-        out += ["", table(vgpus, ["GPU", "VGPU", "TYPE", "FRAMEWORK", "PARENT", "IOMMU"])]
+        out += ["", table(vgpus, ["GPU", "VGPU", "TYPE", "FRAMEWORK", "PARENT", "IOMMU"] + (["SLOTS"] if placed else []))]
     mig = [[str(g.index), str(i.id), p.name if (p := g.mig.profile(i.profile_id)) else str(i.profile_id),
             f"{i.placement.start}:{i.placement.size}", i.vgpu or "-"]
            for g in inv.gpus if g.mig and g.mig.enabled for i in g.mig.instances]
@@ -44,6 +47,13 @@ def inventory_table(inv: Inventory, types: bool = False) -> str:
         out += ["", "; ".join(modes)]
     if mig:
         out += [table(mig, ["GPU", "GPU INSTANCE", "PROFILE", "PLACEMENT", "VGPU"])]
+    sizes = [f"GPU {g.index}: {'mixed' if g.placements.enabled else 'equal'}-size mode" for g in inv.gpus
+             if g.placements is not None]
+    if sizes:
+        out += ["", "; ".join(sizes)]
+    maps = [slot_map_line(g) for g in inv.gpus if g.placements is not None and g.placements.enabled]
+    if maps:
+        out += ["Mixed-size slots (1 GiB each unless noted; '.' free):", *maps]
     for g in inv.gpus:
         offered = [t for t in g.types if not t.mig_backed or (g.mig and g.mig.enabled)]
         if not offered:
@@ -57,6 +67,36 @@ def inventory_table(inv: Inventory, types: bool = False) -> str:
             free = ", ".join(f"{t.short_name} {t.available_instances}" for t in offered if t.available_instances)
             out.append(f"GPU {g.index} can still create: {free or 'nothing'}")
     return "\n".join(out)
+
+
+def _slots_of(g: Gpu, type_id: str, placement: int | None) -> str:
+    tp = g.placements.types.get(type_id) if g.placements else None
+    if placement is None:
+        return "-"
+    return f"{placement}-{placement + tp.size - 1}" if tp else str(placement)
+
+
+def slot_map_line(g: Gpu) -> str:
+    """One GPU's slots as a row of marks, each vGPU a bracket labelled with its size:
+    ``GPU 0 |[24Q---------------------][8Q----][4Q][4Q][8Q----]|``."""
+    smap = g.placements
+    n = smap.slots if smap else 0
+    k = max(1, -(-n // SLOT_MAP_WIDTH))
+    cells = ["."] * (-(-n // k))
+    end = 0
+    for v in sorted(g.vgpus, key=lambda v: v.placement_id if v.placement_id is not None else -1):
+        tp = smap.types.get(v.type_id) if smap else None
+        if v.placement_id is None or tp is None:
+            continue
+        a, b = max(end, v.placement_id // k), -(-(v.placement_id + tp.size) // k)
+        span, label = b - a, short_type(v.type_name).rsplit("-", 1)[-1]
+        if span <= 0:
+            continue
+        mark = "[" + label[:max(0, span - 2)].ljust(span - 2, "-") + "]" if span >= 2 else "|"
+        cells[a:b] = list(mark)
+        end = b
+    scale = f" ({k} GiB per mark)" if k > 1 else ""
+    return f"  GPU {g.index} |{''.join(cells)}|{scale}"
 
 
 def report_text(report: Report) -> str:
@@ -103,6 +143,9 @@ def step_text(a, names: TypeNames) -> str:
         return f"set VF {a.vf} to vGPU type {names(a.gpu, a.type_id)}"
     if isinstance(a, SaveVendorRecord) and a.type_id:
         return f"persist VF {a.vf} as type {names(a.gpu, a.type_id)}"
+    if isinstance(a, SetPlacement):
+        return (f"place {names(a.gpu, a.type_id)} {a.vgpu} at slot {a.placement} "
+                f"(slots {a.placement}-{a.placement + a.size - 1})")
     return a.describe()
 
 

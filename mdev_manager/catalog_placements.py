@@ -1,0 +1,124 @@
+"""Mixed-size ("heterogeneous") vGPU placements of the boards whose tables are known. Pure.
+
+In mixed-size mode a GPU is a row of 1 GiB slots (as many as its full-GPU profile has GiB); a
+vGPU of ``size`` GiB holds slots ``[id, id + size)`` at one of its type's placement ids, and the
+A, B, C and Q series of one size share those ids (../shared/reference/heterogeneous-vgpu.md).
+
+The tables are computed by the driver's rule before Blackwell (NVIDIA open-gpu-kernel-modules,
+``kernel_vgpu_mgr.c``): the slot row is halved into 1/2, 1/4, 1/8 and 1/16 partitions; a size
+whose equal-size maximum is ``2 * partitions`` gets one placement at the start and one at the end
+of each partition; a size whose maximum is not a power of two gets the largest power of two
+below it, one placement per partition, at the start of left halves and the end of right halves.
+So L40S-8C (maximum 6) sits at 0, 16, 24, 40 only, and at most 4 of it fit. tests check every
+entry NVIDIA publishes (vGPU 19 user guide, via frankdenneman's vgpu-catalog.json).
+
+Left out, on purpose (nothing is guessed):
+
+* boards whose published table was not found (A16, A40, A10, A30, L20, H200, H20, T4, ...): they
+  refuse mixed-size mode. The rule would give them a table, but the published tables are the only
+  proof that a board follows it;
+* 1 GiB types: the driver refuses some placements of some boards' 1 GiB profiles (it depends on the
+  framebuffer it reserves per board, which is not published), so they are never placed here;
+* Blackwell's rule (``floor(slots * j / max)``): no Blackwell board is in the catalog.
+
+The node manager and the simulated NVML use NVML's own lists at run time; this module is what
+the simulated host's driver knows and what the DRA side publishes before any vGPU exists.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from mdev_manager import catalog
+
+SLOT_MIB = 1024  # one slot is 1 GiB; a vGPU's placementSize is its framebuffer in GiB
+
+#: Boards whose placements NVIDIA publishes (and the rule reproduces): catalog keys.
+KNOWN = ("L40S", "L40", "L4", "H100-80GB", "H100-NVL", "A100-40GB", "A100D-80GB")
+
+_MAX_PARTITIONS = 16  # at most 32 vGPUs per GPU: two per 1/16 partition
+
+
+def _prev_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def halving(slots: int, maxima: dict[int, int]) -> dict[int, tuple[int, ...]]:
+    """Placement ids per size (GiB -> ids, ascending) on a ``slots`` GiB GPU before Blackwell.
+
+    ``maxima``: each size's equal-size maximum count. Partitions split at ``(lo + hi) // 2``, as the
+    driver does, so odd rows (the 94 GiB H100 NVL) get the driver's uneven halves.
+    """
+    out: dict[int, list[int]] = {size: [] for size in maxima}
+
+    def walk(lo: int, hi: int, parts: int, left: bool) -> None:
+        if parts > _MAX_PARTITIONS:
+            return
+        for size, most in maxima.items():
+            pairs = parts * 2 == most
+            single = (_prev_pow2(most) < most and _prev_pow2(most) == parts) or (parts == 1 and most == 1)
+            if pairs or (single and left):
+                out[size].append(lo)
+            if pairs or (single and not left):
+                out[size].append(hi - size)
+        mid = (lo + hi) // 2
+        walk(lo, mid, parts * 2, True)
+        walk(mid, hi, parts * 2, False)
+
+    walk(0, slots, 1, True)
+    return {size: tuple(sorted(ids)) for size, ids in out.items()}
+
+
+def _sizes(board_key: str) -> dict[int, int]:
+    """Each time-sliced framebuffer size (GiB) of a board and its equal-size maximum."""
+    maxima: dict[int, int] = {}
+    for t in catalog.board(board_key).types:
+        fb = t.fb_mib
+        if t.mig_backed or not fb or fb % SLOT_MIB:
+            continue
+        size = fb // SLOT_MIB
+        if maxima.setdefault(size, t.max_instances) != t.max_instances:
+            raise ValueError(f"{board_key}: {size} GiB types differ in their maximum count")
+    return maxima
+
+
+@cache
+def slots(board_key: str) -> int:
+    """Slots (GiB) of the board's GPU in mixed-size mode: its full-GPU profile's size; 0 when the
+    board has no known table."""
+    if board_key not in KNOWN:
+        return 0
+    return max(size for size, most in _sizes(board_key).items() if most == 1)
+
+
+@cache
+def placements(board_key: str) -> dict[int, tuple[int, ...]] | None:
+    """Size (GiB) -> placement ids (first slots, ascending) in mixed-size mode; None for a board
+    whose table is not known (it refuses mixed-size mode). 1 GiB sizes are left out."""
+    if board_key not in KNOWN:
+        return None
+    table = halving(slots(board_key), _sizes(board_key))
+    return {size: ids for size, ids in sorted(table.items()) if size > 1}
+
+
+def type_placements(board_key: str, framebuffer_mib: int | None) -> tuple[int, ...]:
+    """The placement ids of a type of ``framebuffer_mib``; () when it has none (unknown board or
+    size, 1 GiB, MIG-backed)."""
+    table = placements(board_key) or {}
+    if not framebuffer_mib or framebuffer_mib % SLOT_MIB:
+        return ()
+    return table.get(framebuffer_mib // SLOT_MIB, ())
+
+
+def max_in_mixed_mode(board_key: str, framebuffer_mib: int | None) -> int:
+    """How many vGPUs of a size fit at once in mixed-size mode: one per placement (placements
+    of one size never overlap), so the largest power of two not above the equal-size maximum."""
+    return len(type_placements(board_key, framebuffer_mib))
+
+
+def boards() -> tuple[str, ...]:
+    """The catalog boards with a known table."""
+    return KNOWN
+
+
+__all__ = ["KNOWN", "SLOT_MIB", "boards", "halving", "max_in_mixed_mode", "placements", "slots", "type_placements"]
