@@ -183,9 +183,9 @@ def run() -> list[str]:
             mnt, stats = Path(d) / f"mnt-{side}", Path(d) / f"stats-{side}.json"
             with mounted(root, mnt, stats=stats):
                 fenv = _env(mnt, root)
-                fn = {"ours": lambda: discover(fenv, RealIO()),
-                      "mdevctl": lambda: in_namespace(mnt, etc, "mdevctl", "types", "--dumpjson"),
-                      "bare": lambda: bare_walk(mnt)}[side]
+                fn = {"ours": lambda fenv=fenv: discover(fenv, RealIO()),
+                      "mdevctl": lambda mnt=mnt: in_namespace(mnt, etc, "mdevctl", "types", "--dumpjson"),
+                      "bare": lambda mnt=mnt: bare_walk(mnt)}[side]
                 walls[side] = _timed(fn)
             counts[side] = sum(json.loads(stats.read_text()).values())
         lines += [

@@ -202,7 +202,8 @@ check_guest_gpus() { # NVIDIA GPUs seen as PCI devices (inside a VM)
         nvidia_smi_lists "$addr"
         case $? in
             0) say "$addr" Pass "function=$addr $ids driver=nvidia nvidia_smi=listed" -- "nvidia-smi lists the GPU" ;;
-            2) say "$addr" Pass "function=$addr $ids driver=nvidia nvidia_smi=absent" -- "driver bound (nvidia-smi not installed)" ;;
+            2) say "$addr" Pass "function=$addr $ids driver=nvidia nvidia_smi=absent" -- \
+                   "driver bound (nvidia-smi not installed)" ;;
             *) say "$addr" Fail "function=$addr $ids driver=nvidia nvidia_smi=missing" -- "nvidia-smi does not list the GPU" ;;
         esac
     done
