@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+    # re-exported for annotations outside this package (only dra_bridge.apiclient imports kubernetes)
+    from kubernetes.client import ApiClient as ApiClient
     from urllib3 import BaseHTTPResponse
 
 

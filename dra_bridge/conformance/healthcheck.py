@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -326,8 +327,6 @@ def script_path(directory: str | Path) -> Path:
 def run(devices: list[str], *, sys_root: str | Path | None = None, timeout: float = 60.0,
         env: dict | None = None) -> HealthResult:
     """Run the script with ``sh`` on ``devices`` (device node paths); ``sys_root`` replaces /sys."""
-    import tempfile
-
     full_env = dict(os.environ, **(env or {}))
     if sys_root is not None:
         full_env["VGPUCTL_HC_SYS"] = str(sys_root)

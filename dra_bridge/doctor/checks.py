@@ -13,8 +13,11 @@ from pydantic import BaseModel
 
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG_STATE, PASSTHROUGH_CLASS, VGPU_CLASS
 from dra_bridge.apiclient.clusterfacts import ClusterFacts
+from dra_bridge.apiclient.kept import KeptFields
 
 Status = Literal["PASS", "WARN", "FAIL"]
+_STATE_STATUS: dict[str, Status] = {"success": "PASS", "pending": "WARN", "failed": "FAIL"}  # the agent's state label
+
 #: KubeVirt's feature gates for devices through DRA (kubevirt.md: alpha v1.6-v1.8, beta v1.9).
 KUBEVIRT_DRA_GATES = ("GPUsWithDRA", "HostDevicesWithDRA")
 
@@ -76,7 +79,7 @@ def _fields(f: ClusterFacts) -> list[Finding]:
     return out
 
 
-def published_shape(version: tuple[int, int], k) -> str:
+def published_shape(version: tuple[int, int], k: KeptFields) -> str:
     """What the agents publish for a server keeping ``k`` (dra_bridge/schema.md), in words."""
     if k.counters is False:
         return ("safe shape: per GPU the whole GPU or one vGPU type's slots, never both (no counters to "
@@ -135,7 +138,7 @@ def _nodes(f: ClusterFacts) -> list[Finding]:
     out = []
     for n in f.nodes:
         state = n.state or "unlabelled"
-        status: Status = {"success": "PASS", "pending": "WARN", "failed": "FAIL"}.get(n.state or "", "WARN")
+        status = _STATE_STATUS.get(n.state or "", "WARN")
         if n.slices == 0:
             status = "FAIL" if status == "PASS" else status
         detail = f"layout {n.layout or '-'}, {LABEL_CONFIG_STATE}={state}, {n.slices} slices, {n.devices} devices"
