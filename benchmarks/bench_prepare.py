@@ -19,8 +19,13 @@ import threading
 import time
 from pathlib import Path
 
+from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.config import parse_config
+from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.io import SimIO
+from mdev_manager.sim.node import sim_node
+from tests.support.dra import add_claim
 
 from .common import HEADER, percentile, register_plugin, row
 
@@ -59,12 +64,6 @@ def run() -> list[str]:
 
 
 def measure(resync_seconds: float, what: str) -> list[str]:
-    from dra_bridge.agent.daemon import Daemon, ServeConfig
-    from dra_bridge.sim.apiserver import LocalApiServer
-    from mdev_manager.reconcile import reconcile
-    from mdev_manager.sim.node import sim_node
-    from tests.support.dra import add_claim
-
     lines = [f"Prepare over gRPC (bench-large, {CLAIMS} one-vGPU claims, {what})", HEADER]
     base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
     with tempfile.TemporaryDirectory(dir=base, prefix="vgprep") as d, LocalApiServer(version="1.36") as srv:
