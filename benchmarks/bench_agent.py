@@ -16,13 +16,25 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
+from kubernetes import client
+from kubernetes import config as kconfig
+
+from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.apiclient.objects import body
+from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.config import parse_config
+from mdev_manager.reconcile import reconcile
+from mdev_manager.sim.hostspec import load_host
+from mdev_manager.sim.node import sim_node
+from tests.support.dra import claim_object
 
 from .common import HEADER, register_plugin, row
 
@@ -39,11 +51,6 @@ def _cpu(fn) -> float:
 
 
 def _idle_resync(lines: list[str]) -> None:
-    from dra_bridge.agent.daemon import Daemon, ServeConfig
-    from dra_bridge.sim.apiserver import LocalApiServer
-    from mdev_manager.reconcile import reconcile
-    from mdev_manager.sim.node import sim_node
-
     base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
     with tempfile.TemporaryDirectory(dir=base, prefix="vgagent") as d, LocalApiServer(version="1.36") as srv:
         sim = sim_node(Path(d) / "host", "bench-large")
@@ -78,16 +85,12 @@ def _rss_kb(pid: int) -> int:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def _ready(port: int) -> bool:
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
             return r.status == 200
@@ -98,16 +101,11 @@ def _ready(port: int) -> bool:
 def _prepare_through(kc: Path, kl: Path, node: str, count: int) -> int:
     """Register the running agent's plugin with a kubelet model and prepare ``count`` one-vGPU
     claims (one type per GPU, spread over the GPUs) through its socket; the claims prepared."""
-    from kubernetes import client
-    from kubernetes import config as kconfig
-
-    from tests.support.dra import claim_object
-
     api = kconfig.new_client_from_config(str(kc))
     res = client.ResourceV1Api(api)
     d = "vgpu.kubevirt.io"
-    by_gpu: dict[int, list[str]] = {}
-    first_type: dict[int, str] = {}
+    by_gpu: dict[str | int | None, list[str]] = {}
+    first_type: dict[str | int | None, str | int | None] = {}
     for s in res.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
         for dev in s.spec.devices or []:
             attrs = {k: (v.string if v.string is not None else v.int) for k, v in (dev.attributes or {}).items()}
@@ -121,11 +119,12 @@ def _prepare_through(kc: Path, kl: Path, node: str, count: int) -> int:
     done = 0
     with reg.client("v1") as plugin:
         for i, name in enumerate(names[:count]):
-            body = claim_object(f"c{i}", [("vgpu", name)], node=node, driver=d)
-            status = body.pop("status")
-            made = res.create_namespaced_resource_claim("default", body)
+            claim = claim_object(f"c{i}", [("vgpu", name)], node=node, driver=d)
+            status = claim.pop("status")
+            made = res.create_namespaced_resource_claim("default", body(claim))
             made.status = status
             res.replace_namespaced_resource_claim_status(f"c{i}", "default", api.sanitize_for_serialization(made))
+            assert made.metadata is not None  # the server's answer names the claim
             out = plugin.prepare([("default", made.metadata.uid, f"c{i}")])
             done += out[made.metadata.uid]["error"] == ""
     return done
@@ -169,8 +168,6 @@ def _serve_rss(preset: str, settle: float = 3.0, prepare: int = 0) -> tuple[floa
 
 
 def _node_of(preset: str) -> str:
-    from mdev_manager.sim.hostspec import load_host
-
     return load_host(preset).node
 
 

@@ -16,8 +16,10 @@ Peak memory: the process's maximum RSS (``getrusage``) and the RSS the allocator
 from __future__ import annotations
 
 import gc
+import json
 import resource
 import time
+from typing import Any
 
 from dra_bridge.pool.devices import PoolPolicy, build_pool
 from dra_bridge.pool.slices import build_slices
@@ -91,7 +93,7 @@ def claims(n: int = CLAIMS) -> list[dict]:
     out = []
     for i in range(n):
         _, cls, expr = wheel[(i * 7) % len(wheel)]
-        body = {"deviceClassName": cls}
+        body: dict[str, Any] = {"deviceClassName": cls}
         if expr:
             body["selectors"] = [{"cel": {"expression": expr}}]
         out.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -197,8 +199,6 @@ def _template(preset: str) -> list[dict]:
 
 def mixed_cluster() -> list[dict]:
     """1,000 nodes of three kinds, every slice (and device) its own object."""
-    import json
-
     out, i = [], 0
     for preset, count in SCHED_NODES:
         text = json.dumps(_template(preset))

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mdev_manager.discovery import discover
@@ -32,6 +33,7 @@ from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import RealIO
 from mdev_manager.sim.fuse import mounted
 from mdev_manager.sim.node import sim_node
+from tests.support.mdevctl_ns import missing_facilities
 
 from .common import HEADER, row
 
@@ -105,7 +107,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def interleaved(sides: dict[str, callable], runs: int = RUNS) -> dict[str, float]:
+def interleaved(sides: dict[str, Callable[[], object]], runs: int = RUNS) -> dict[str, float]:
     """Fastest of ``runs`` per side, the sides alternating (rotated each round)."""
     best = {k: float("inf") for k in sides}
     names = list(sides)
@@ -133,8 +135,6 @@ def _py(code: str) -> list[str]:
 
 
 def run() -> list[str]:
-    from tests.support.mdevctl_ns import missing_facilities
-
     why = missing_facilities()
     lines = [f"Discovery ({PRESET}: 16 GPUs x 32 VFs), fastest of {RUNS}, interleaved", HEADER]
     if why:
@@ -183,9 +183,9 @@ def run() -> list[str]:
             mnt, stats = Path(d) / f"mnt-{side}", Path(d) / f"stats-{side}.json"
             with mounted(root, mnt, stats=stats):
                 fenv = _env(mnt, root)
-                fn = {"ours": lambda: discover(fenv, RealIO()),
-                      "mdevctl": lambda: in_namespace(mnt, etc, "mdevctl", "types", "--dumpjson"),
-                      "bare": lambda: bare_walk(mnt)}[side]
+                fn = {"ours": lambda fenv=fenv: discover(fenv, RealIO()),
+                      "mdevctl": lambda mnt=mnt: in_namespace(mnt, etc, "mdevctl", "types", "--dumpjson"),
+                      "bare": lambda mnt=mnt: bare_walk(mnt)}[side]
                 walls[side] = _timed(fn)
             counts[side] = sum(json.loads(stats.read_text()).values())
         lines += [

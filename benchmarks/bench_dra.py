@@ -17,6 +17,7 @@ from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.pool.devices import GpuPolicy, PoolPolicy, build_pool
 from dra_bridge.pool.slices import build_slices
 from dra_bridge.rpc.types import ClaimRef
+from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.io import RealIO
@@ -28,8 +29,6 @@ DRA_ALL = parse_config({"version": "vgpuctl/v1", "layouts": {"default": [{"all":
 
 
 def _api_writes(lines: list[str]) -> None:
-    from dra_bridge.sim.apiserver import LocalApiServer
-
     with sim_host("default") as (host, env, io), LocalApiServer(version="1.36") as srv:
         reconcile(env, io, DRA_ALL)
         inv = discover(env, io)

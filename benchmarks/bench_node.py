@@ -25,6 +25,7 @@ from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.fuse import mounted
 from mdev_manager.sim.hostspec import GpuGroup, HostSpec
 from mdev_manager.sim.node import sim_node
+from tests.support.mdevctl_ns import missing_facilities, run_mdevctl
 
 from .common import HEADER, best_of, row
 
@@ -40,8 +41,6 @@ def _fuse_env(root: Path, mnt: Path) -> HostEnv:
 
 
 def run() -> list[str]:
-    from tests.support.mdevctl_ns import missing_facilities, run_mdevctl
-
     why = missing_facilities()
     if why:
         return ["Node manager", f"skipped: mdevctl cannot run here ({'; '.join(why)})"]
@@ -64,7 +63,7 @@ def run() -> list[str]:
     # apply: 16 Tesla T4 (mdev on the PF), 16 x T4-1Q each = 256 vGPUs, on a fresh host per run
     spec = HostSpec(name="bench-t4", node="bench-t4", gpus=[GpuGroup(board="T4", count=16)])
 
-    def ours(env: HostEnv, root: Path, mnt: Path) -> float:
+    def apply_ours(env: HostEnv, root: Path, mnt: Path) -> float:
         t0 = time.perf_counter()
         out = reconcile(env, RealIO(), T4_LAYOUT, final_inventory=False)  # as `vgpuctl apply` runs it
         took = time.perf_counter() - t0
@@ -73,7 +72,7 @@ def run() -> list[str]:
 
     harness: list[float] = []
 
-    def peer(env: HostEnv, root: Path, mnt: Path) -> float:
+    def apply_peer(env: HostEnv, root: Path, mnt: Path) -> float:
         parents = [g.address for g in discover(env, RealIO()).gpus]
         # the namespace harness alone (unshare, two bind mounts, exec of mdevctl --version)
         harness.append(best_of(lambda: run_mdevctl(mnt, root / "etc/mdevctl.d", "--version", check=True)))
@@ -94,7 +93,7 @@ def run() -> list[str]:
                 return took
 
     # interleaved, fastest of three each: the figures least disturbed by the rest of the machine
-    runs = [(fresh_run(ours), fresh_run(peer)) for _ in range(APPLY_RUNS)]
+    runs = [(fresh_run(apply_ours), fresh_run(apply_peer)) for _ in range(APPLY_RUNS)]
     ours_apply, peer_apply = min(r[0] for r in runs), min(r[1] for r in runs)
     lines.append(row("apply 256 vGPUs", f"{ours_apply:.2f} s", f"{peer_apply:.2f} s", peer_apply / ours_apply,
                      f"ratio = how many times faster (fastest of {APPLY_RUNS}); peer: 256 x mdevctl start; target >= 4x"))

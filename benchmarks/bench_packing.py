@@ -127,14 +127,15 @@ def simulate(policy: str, slots: int, table: Table, claims: Sequence[tuple[int, 
     """Feed ``claims`` (size, arrival, departure) in arrival order to ``policy`` (``mixed``,
     ``equal`` or ``bound``) on ``fleet`` GPUs (None: as many as needed)."""
     state = _Mixed(slots, table) if policy == "mixed" else _Equal(slots, table) if policy == "equal" else None
-    out, leaving, in_use, touched = Outcome(), [], 0, set()
+    out, in_use, touched = Outcome(), 0, set()
+    leaving: list[tuple[float, int, int, tuple[int, int]]] = []  # (departure, k, size, where): a heap
     capacity = math.inf if fleet is None else fleet * slots
     for k, (size, arrive, depart) in enumerate(claims):
         while leaving and leaving[0][0] <= arrive:
-            _, _, size_gone, where = heapq.heappop(leaving)
+            _, _, size_gone, freed = heapq.heappop(leaving)
             in_use -= size_gone
             if state is not None:
-                state.free(where)
+                state.free(freed)
         if state is None:
             where = (0, 0) if in_use + size <= capacity else None
         else:

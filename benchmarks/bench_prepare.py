@@ -19,8 +19,13 @@ import threading
 import time
 from pathlib import Path
 
+from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.config import parse_config
+from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.io import SimIO
+from mdev_manager.sim.node import sim_node
+from tests.support.dra import add_claim
 
 from .common import HEADER, percentile, register_plugin, row
 
@@ -59,12 +64,6 @@ def run() -> list[str]:
 
 
 def measure(resync_seconds: float, what: str) -> list[str]:
-    from dra_bridge.agent.daemon import Daemon, ServeConfig
-    from dra_bridge.sim.apiserver import LocalApiServer
-    from mdev_manager.reconcile import reconcile
-    from mdev_manager.sim.node import sim_node
-    from tests.support.dra import add_claim
-
     lines = [f"Prepare over gRPC (bench-large, {CLAIMS} one-vGPU claims, {what})", HEADER]
     base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
     with tempfile.TemporaryDirectory(dir=base, prefix="vgprep") as d, LocalApiServer(version="1.36") as srv:
@@ -111,12 +110,13 @@ def measure(resync_seconds: float, what: str) -> list[str]:
                 daemon._shutdown()
     p99 = percentile(prep, 99) * 1000
     k99 = percentile(kernel, 99) * 1000
+    bare99 = percentile([p - k for p, k in zip(prep, kernel, strict=False)], 99) * 1000
     lines += [
         row("prepare p50", f"{percentile(prep, 50) * 1000:.1f} ms", f"{BOUND_MS:.0f} ms", None, "peer: the bound (p99)"),
         row("prepare p99", f"{p99:.1f} ms", f"{BOUND_MS:.0f} ms", p99 / BOUND_MS,
             f"of which the simulated kernel p99 {k99:.1f} ms"),
-        row("prepare p99 without the simulated kernel", f"{percentile([p - k for p, k in zip(prep, kernel, strict=False)], 99) * 1000:.1f} ms",
-            f"{BOUND_MS:.0f} ms", None, "what a real sysfs write replaces"),
+        row("prepare p99 without the simulated kernel", f"{bare99:.1f} ms", f"{BOUND_MS:.0f} ms", None,
+            "what a real sysfs write replaces"),
         row("unprepare p50 / p99", f"{percentile(unprep, 50) * 1000:.1f} / {percentile(unprep, 99) * 1000:.1f} ms",
             "-", None, f"{resyncs:.0f} full resyncs ran meanwhile"),
     ]

@@ -15,15 +15,22 @@ decision over a round's claims (the scheduler polls the conditions every 5 s: th
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+from kubernetes import client
+
 from dra_bridge.agent.binder import decide
+from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.apiclient.objects import body
 from dra_bridge.pool.devices import PoolPolicy, build_pool
 from dra_bridge.pool.slices import build_slices
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.selectors import default_selectors
+from dra_bridge.sim.apiserver import LocalApiServer
 from kubevirt_templates.render import render
 from mdev_manager.config import parse_config
 from mdev_manager.discovery import discover
@@ -72,9 +79,10 @@ def run() -> list[str]:
             claims.append(claim)
         allocated += len(claims)
         # mixing: an allocation whose size differs from the first one made on its GPU
-        first: dict[str, int] = {}
+        first: dict[str, str] = {}
         for c in claims:
             dev = pool.device(c["status"]["allocation"]["devices"]["results"][0]["device"])
+            assert dev is not None  # the allocator allocated it from this pool
             size = dev.capacity["memory"]
             if first.setdefault(dev.gpu, size) != size:
                 mixing += 1
@@ -104,21 +112,13 @@ def window() -> list[str]:
     keeps offering every size after its first allocation is stored, with the running agent (a
     watch of the claims wakes it; it republishes the GPU). Allocations of another size in that
     window reach prepare and fail there."""
-    import shutil
-    import threading
-
-    from kubernetes import client
-
-    from dra_bridge.agent.daemon import Daemon, ServeConfig
-    from dra_bridge.sim.apiserver import LocalApiServer
-
     base = Path(tempfile.mkdtemp(prefix="vgw", dir="/tmp"))
     times: list[float] = []
     try:
         sim = sim_node(base / "h", HostSpec(name="T4", node="n-t4", gpus=[GpuGroup(board="T4", count=2)]))
         with LocalApiServer(version="1.36", feature_gates={"DRADeviceBindingConditions": False}) as srv:
             api = srv.api_client()
-            client.CoreV1Api(api).create_node({"metadata": {"name": sim.node}})
+            client.CoreV1Api(api).create_node(body({"metadata": {"name": sim.node}}))
             cfg = ServeConfig(node_name=sim.node, kubelet_root=base / "kl", cdi_root=base / "cdi", metrics_port=None,
                               server_version=(1, 36), resync_seconds=3600, sizes_by_first_allocation=True,
                               layout_file=None)

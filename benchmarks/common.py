@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mdev_manager.sim.node import sim_node
+from tests.support.kubelet.fake_kubelet import FakeKubelet
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -38,8 +39,6 @@ def sim_host(preset: str):
 
 def register_plugin(kubelet_root: Path, timeout: float = 20.0):
     """A kubelet model that found the agent's registration socket and registered its DRA plugin."""
-    from tests.support.kubelet.fake_kubelet import FakeKubelet
-
     kubelet = FakeKubelet(kubelet_root)
     deadline = time.monotonic() + timeout
     while not kubelet.discover_dra_plugins():

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import difflib
 import types
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 _LONG = 60  # a default longer than this is cut short
 _KEY_WIDTH = 26  # the key column; a longer key pushes its meaning along
@@ -105,7 +107,7 @@ def _kind(value: object) -> str:
             float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
 
 
-def explain(errors: list[dict], model: type[BaseModel], kind: str) -> list[str]:
+def explain(errors: Sequence[ErrorDetails], model: type[BaseModel], kind: str) -> list[str]:
     """pydantic's errors for ``kind``'s input as ``key: what is wrong; what is allowed``."""
     keys = list(model.model_fields)
     out = []

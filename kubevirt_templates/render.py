@@ -33,6 +33,7 @@ from kubevirt_templates.inputs import (
 from kubevirt_templates.keys import explain
 from kubevirt_templates.names import pci_vendor_selector
 from mdev_manager import catalog
+from mdev_manager.models import VgpuType
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -205,7 +206,12 @@ def memory_alternatives(v: ClaimTemplateInput) -> list[dict[str, Any]]:
     if not boards:
         raise RenderError(f"product: {v.product!r} is not a GPU of vgpuctl's catalog; name one of "
                           + ", ".join(sorted({b.product_name for b in catalog.BOARDS.values() if b.product_name})))
-    need = v.gpu_memory or max(1, math.ceil(v.gpu_fraction * max(b.framebuffer_mib for b in boards)))
+    if v.gpu_memory:
+        need = v.gpu_memory
+    elif v.gpu_fraction:
+        need = max(1, math.ceil(v.gpu_fraction * max(b.framebuffer_mib for b in boards)))
+    else:
+        raise RenderError("memory alternatives: give gpu_memory or gpu_fraction")
     sizes = sorted({t.fb_mib for b in boards for t in b.types if t.fb_mib and t.fb_mib >= need})
     if not sizes:
         raise RenderError(f"{'gpu_memory' if v.gpu_memory else 'gpu_fraction'}: no vGPU type has {need} MiB of "
@@ -321,7 +327,7 @@ def render_vm(v: VmInput) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- KubeVirt CR
 
 
-def _wanted(ref_list: list[str] | None, t) -> bool:
+def _wanted(ref_list: list[str] | None, t: VgpuType) -> bool:
     if ref_list is None:
         return True
     refs = {r.lower() for r in ref_list}

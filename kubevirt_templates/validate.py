@@ -144,7 +144,7 @@ class KubeVirtSchema:
         self._validators: dict[str, jsonschema.Draft4Validator] = {}
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> KubeVirtSchema:
+    def from_file(cls, path: str | Path) -> KubeVirtSchema:
         data = read_bytes(path, what="OpenAPI schema", max_bytes=SCHEMA_MAX_BYTES)
         try:
             return cls(json.loads(data), source=str(path))

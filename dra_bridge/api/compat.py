@@ -189,7 +189,7 @@ def checked_version(server_version: Iterable[int]) -> tuple[int, int]:
             f"server_version {v[0]}.{v[1]}: resource.k8s.io/v1 ResourceSlices need Kubernetes "
             f"{format_version(OLDEST)} or newer"
         )
-    return v  # type: ignore[return-value]
+    return v
 
 
 # ------------------------------------------------------------------ feature gates

@@ -20,7 +20,7 @@ import re
 from fractions import Fraction
 from functools import lru_cache
 
-_SUFFIX = {
+_SUFFIX: dict[str, int | Fraction] = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
     "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
@@ -55,7 +55,7 @@ def _parse(text: str) -> Fraction:
     return sign * mag
 
 
-def format_quantity(value: Fraction, human: bool = False) -> str:
+def format_quantity(value: Fraction | int, human: bool = False) -> str:
     """Canonical binary form where exact (``10Gi``), else a plain number; ``human`` adds spaces."""
     v = Fraction(value)
     for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):

@@ -6,7 +6,12 @@
 
 from __future__ import annotations
 
-from dra_bridge.apiclient.objects import raw, sanitize
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dra_bridge.apiclient.objects import body, raw, sanitize
 
 LIST_PAGE = 500  # claims per list request: a big cluster's claims in bounded pieces
 LIST_TIMEOUT = 10.0  # seconds per request: a rebuild must not hang on a black-holed server
@@ -15,9 +20,7 @@ LIST_TIMEOUT = 10.0  # seconds per request: a rebuild must not hang on a black-h
 class ApiClaimSource:
     """ResourceClaims through the official client, as plain camelCase dicts."""
 
-    def __init__(self, api_client, *, timeout: float = LIST_TIMEOUT):
-        from kubernetes import client
-
+    def __init__(self, api_client: client.ApiClient, *, timeout: float = LIST_TIMEOUT) -> None:
         self.api_client = api_client
         self.api = client.ResourceV1Api(api_client)
         self.timeout = timeout
@@ -49,8 +52,6 @@ class ApiClaimSource:
         """Write our ``status.devices`` entries (matched by driver, pool and device; other entries,
         other drivers' included, are kept) with the claim's resourceVersion: a claim changed since
         it was read is read again and the write retried once."""
-        from kubernetes.client.exceptions import ApiException
-
         keys = {(e["driver"], e["pool"], e["device"]) for e in entries}
         for attempt in (1, 2):
             claim = raw(self.api.read_namespaced_resource_claim, name, namespace)
@@ -61,7 +62,7 @@ class ApiClaimSource:
                     if (e.get("driver"), e.get("pool"), e.get("device")) not in keys]
             status["devices"] = kept + entries
             try:
-                self.api.replace_namespaced_resource_claim_status(name, namespace, claim,
+                self.api.replace_namespaced_resource_claim_status(name, namespace, body(claim),
                                                                   _request_timeout=self.timeout)
                 return
             except ApiException as exc:
@@ -69,13 +70,13 @@ class ApiClaimSource:
                     raise
 
 
-def list_all_claims(api, timeout: float) -> dict:
+def list_all_claims(api: client.ResourceV1Api, timeout: float) -> dict[str, Any]:
     """Every ResourceClaim in any namespace, in pages of ``LIST_PAGE``, as one LIST answer
     (``items`` and the list's ``metadata.resourceVersion``)."""
     items: list[dict] = []
     token, version = None, None
     while True:
-        kw = {"limit": LIST_PAGE, "_request_timeout": timeout}
+        kw: dict[str, Any] = {"limit": LIST_PAGE, "_request_timeout": timeout}
         if token:
             kw["_continue"] = token
         page = raw(api.list_resource_claim_for_all_namespaces, **kw)

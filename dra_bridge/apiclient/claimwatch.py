@@ -13,9 +13,17 @@ the filter to this node's pool is the caller's (:func:`dra_bridge.agent.binder.d
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
+
+from kubernetes import client
+
 from dra_bridge.apiclient.claims import list_all_claims
 from dra_bridge.apiclient.objects import watch_events
 from dra_bridge.apiclient.slicemirror import WatchMirror
+
+if TYPE_CHECKING:
+    from urllib3 import BaseHTTPResponse
 
 WATCH_SECONDS = 300
 
@@ -25,9 +33,7 @@ class ClaimCache(WatchMirror):
 
     what = "resourceclaim"
 
-    def __init__(self, api_client, *, timeout: float = 10.0):
-        from kubernetes import client
-
+    def __init__(self, api_client: client.ApiClient, *, timeout: float = 10.0) -> None:
         self.api = client.ResourceV1Api(api_client)
         self.timeout = timeout
         super().__init__(lambda: list_all_claims(self.api, self.timeout), self._watch_claims)
@@ -45,8 +51,9 @@ class ClaimCache(WatchMirror):
         self.changed.clear()
         return hit
 
-    def _watch_claims(self, version: str | None):
+    def _watch_claims(self, version: str | None) -> Iterator[dict[str, Any]]:
         """Raw watch events of every claim from ``version`` (one request, until the server's timeout)."""
-        yield from watch_events(self.api.list_resource_claim_for_all_namespaces(
+        resp = self.api.list_resource_claim_for_all_namespaces(
             watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=WATCH_SECONDS,
-            _preload_content=False, _request_timeout=(self.timeout, WATCH_SECONDS + 30)))
+            _preload_content=False, _request_timeout=(self.timeout, WATCH_SECONDS + 30))
+        yield from watch_events(cast("BaseHTTPResponse", resp))  # unparsed: the client's annotation names the model

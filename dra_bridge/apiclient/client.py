@@ -1,7 +1,7 @@
 """API clients: the one place a ``kubernetes.client.ApiClient`` is made.
 
-The ``kubernetes`` package is imported lazily (it costs tens of MB and most commands never
-talk to a cluster). A kubeconfig that cannot be used, or a server that does not answer, is
+Only a command that talks to a cluster loads this module (``kubernetes`` costs tens of MB and
+most commands never do). A kubeconfig that cannot be used, or a server that does not answer, is
 bad input, not a crash: :class:`KubeconfigError` and :class:`ApiUnreachable` say in one line
 which file or server and what to check.
 """
@@ -11,6 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from urllib3.util.retry import Retry
 
 from mdev_manager.yamlfile import YamlFileError, load_yaml
 
@@ -54,14 +58,12 @@ def _check_files(kubeconfig: str | None) -> list[str]:
     return present
 
 
-def transport_retries():
+def transport_retries() -> Retry:
     """urllib3's retry policy for every client we build: only connection errors are retried there
     (the request never reached the server). The kubernetes client's default ``Retry(3)`` would also
     re-send a timed-out GET/PUT/DELETE up to three times and wait out any 429/503 ``Retry-After``
     with no cap before the caller sees it; the callers that retry (the publisher) do that themselves,
     bounded (urllib3 ``Retry``: ``read``, ``status``, ``respect_retry_after_header``)."""
-    from urllib3.util.retry import Retry
-
     return Retry(total=3, connect=3, read=0, status=0, other=0, redirect=3,
                  respect_retry_after_header=False, raise_on_status=False)
 
@@ -74,11 +76,9 @@ def _in_cluster(kubeconfig: str | None) -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
-def api_client_from(kubeconfig: str | None, context: str | None = None):
+def api_client_from(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
     """The client for the kubeconfig found in kubectl's order (flag, $KUBECONFIG, ~/.kube/config,
     in-cluster), at ``context`` (default: its current-context)."""
-    from kubernetes import client, config
-
     if _in_cluster(kubeconfig):
         if context:
             raise KubeconfigError(f"--context {context}: no kubeconfig to take it from (running in-cluster); "
@@ -104,19 +104,15 @@ def api_client_from(kubeconfig: str | None, context: str | None = None):
     return client.ApiClient(cfg)
 
 
-def check_reachable(api, timeout: float = PROBE_TIMEOUT) -> None:
+def check_reachable(api: client.ApiClient, timeout: float = PROBE_TIMEOUT) -> None:
     """Ask the server its version; :class:`ApiUnreachable` when it does not answer or refuses the user."""
-    from kubernetes import client
-
-    from dra_bridge.apiclient.errors import api_exception
-
     host = api.configuration.host
     pool_log = logging.getLogger("urllib3.connectionpool")
     level = pool_log.level
     pool_log.setLevel(logging.ERROR)  # its warning per retry would bury the one line that says why
     try:
         client.VersionApi(api).get_code(_request_timeout=timeout)
-    except api_exception() as exc:
+    except ApiException as exc:
         if exc.status == 401:
             raise ApiUnreachable(f"API server {host} refused the credentials (401 Unauthorized); check the "
                                  "user's token or certificate in the kubeconfig") from None
@@ -128,7 +124,7 @@ def check_reachable(api, timeout: float = PROBE_TIMEOUT) -> None:
         pool_log.setLevel(level)
 
 
-def connect(kubeconfig: str | None, timeout: float = PROBE_TIMEOUT, *, context: str | None = None):
+def connect(kubeconfig: str | None, timeout: float = PROBE_TIMEOUT, *, context: str | None = None) -> client.ApiClient:
     """:func:`api_client_from`, then :func:`check_reachable`: a command's client, known to answer."""
     api = api_client_from(kubeconfig, context)
     try:
@@ -152,18 +148,14 @@ def _reason(exc: BaseException) -> str:
     return re.sub(r"^\[Errno -?\d+\] ", "", text)
 
 
-def plain_http_configuration(url: str):
+def plain_http_configuration(url: str) -> client.Configuration:
     """A ``kubernetes.client.Configuration`` for a local server on plain HTTP with no auth."""
-    from kubernetes import client
-
     cfg = client.Configuration(host=url, no_proxy="127.0.0.1,localhost")
     cfg.verify_ssl = False
     cfg.retries = transport_retries()
     return cfg
 
 
-def plain_http_client(url: str):
+def plain_http_client(url: str) -> client.ApiClient:
     """An ``ApiClient`` for :func:`plain_http_configuration`; the caller closes it."""
-    from kubernetes import client
-
     return client.ApiClient(plain_http_configuration(url))

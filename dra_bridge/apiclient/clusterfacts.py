@@ -7,13 +7,17 @@ the others. The agent does not load this module (its RBAC is what its own code c
 
 from __future__ import annotations
 
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, Field
 
 from dra_bridge.api.compat import OLDEST
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE
-from dra_bridge.apiclient.errors import api_exception
 from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
 from dra_bridge.apiclient.objects import raw
+from dra_bridge.apiclient.publisher import server_version
 
 
 class KubeVirtFacts(BaseModel):
@@ -60,12 +64,10 @@ def _why(exc: BaseException) -> str:
     return f"HTTP {status} {reason}" if status else str(exc) or reason
 
 
-def _kubevirt(api_client) -> KubeVirtFacts:
-    from kubernetes import client
-
+def _kubevirt(api_client: client.ApiClient) -> KubeVirtFacts:
     try:
-        items = client.CustomObjectsApi(api_client).list_cluster_custom_object("kubevirt.io", "v1", "kubevirts")["items"]
-    except api_exception() as exc:
+        items = raw(client.CustomObjectsApi(api_client).list_cluster_custom_object, "kubevirt.io", "v1", "kubevirts")["items"]
+    except ApiException as exc:
         return KubeVirtFacts(error=None if exc.status == 404 else _why(exc))
     if not items:
         return KubeVirtFacts()
@@ -77,17 +79,13 @@ def _kubevirt(api_client) -> KubeVirtFacts:
                          mdev_configuration=conf.get("mediatedDevicesConfiguration"))
 
 
-def _selects_driver(cls: dict, driver: str) -> bool:
+def _selects_driver(cls: dict[str, Any], driver: str) -> bool:
     exprs = [((s.get("cel") or {}).get("expression") or "") for s in (cls.get("spec") or {}).get("selectors") or []]
     return any(driver in e and "device.driver" in e for e in exprs)
 
 
-def gather(api_client, driver: str) -> ClusterFacts:
+def gather(api_client: client.ApiClient, driver: str) -> ClusterFacts:
     """Read everything the doctor judges; a read that fails leaves its reason in the facts."""
-    from kubernetes import client
-
-    from dra_bridge.apiclient.publisher import server_version
-
     facts = ClusterFacts(driver=driver)
     info = client.VersionApi(api_client).get_code()
     facts.git_version = info.git_version
@@ -95,7 +93,7 @@ def gather(api_client, driver: str) -> ClusterFacts:
     if facts.version >= OLDEST:
         try:
             facts.kept = probe_kept(api_client, facts.version)
-        except api_exception() as exc:
+        except ApiException as exc:
             facts.probe_error = _why(exc)
     facts.kubevirt = _kubevirt(api_client)
     try:
@@ -103,12 +101,12 @@ def gather(api_client, driver: str) -> ClusterFacts:
         facts.classes = [ClassFacts(name=c["metadata"]["name"], ours=_selects_driver(c, driver),
                                     extended_resource_name=(c.get("spec") or {}).get("extendedResourceName"))
                          for c in classes]
-    except api_exception() as exc:
+    except ApiException as exc:
         facts.classes_error = _why(exc)
     try:
         slices = raw(client.ResourceV1Api(api_client).list_resource_slice, field_selector=f"spec.driver={driver}")["items"]
         nodes = raw(client.CoreV1Api(api_client).list_node)["items"]
-    except api_exception() as exc:
+    except ApiException as exc:
         facts.nodes_error = _why(exc)
         return facts
     per_node: dict[str, list[dict]] = {}

@@ -6,9 +6,16 @@ when an exception reaches the handler; :func:`status_of` answers for any excepti
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-def api_exception() -> type[BaseException]:
+if TYPE_CHECKING:
+    from kubernetes.client.exceptions import ApiException
+
+
+def api_exception() -> type[ApiException]:
     """``kubernetes.client.exceptions.ApiException`` (the class every API error of the client is)."""
+    # kubernetes costs ~0.4 s: vgpuctl conformance and demo load this module for their parser (--help)
     from kubernetes.client.exceptions import ApiException
 
     return ApiException
@@ -19,7 +26,7 @@ def status_of(exc: BaseException) -> int | None:
     return exc.status if isinstance(exc, api_exception()) else None
 
 
-def missing_ok(call, *args, **kw) -> bool:
+def missing_ok(call: Callable[..., Any], *args: Any, **kw: Any) -> bool:
     """Make an API call; ``False`` when the server answers 404 Not Found (nothing there to read,
     replace or delete), ``True`` when it succeeded. Every other error raises."""
     try:

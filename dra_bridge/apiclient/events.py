@@ -9,8 +9,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import secrets
+from typing import Any
+
+from kubernetes import client
 
 from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.apiclient.objects import body
 
 COMPONENT = "vgpuctl"
 NAMESPACE = "default"
@@ -18,7 +22,7 @@ MAX_MESSAGE = 1024  # the API server truncates longer ones anyway
 
 
 def node_event(node: str, reason: str, message: str, *, warning: bool = False, now: dt.datetime | None = None,
-               node_uid: str | None = None) -> dict:
+               node_uid: str | None = None) -> dict[str, Any]:
     """A core/v1 Event about Node ``node`` (pure: the object only)."""
     ts = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     involved = {"apiVersion": "v1", "kind": "Node", "name": node}
@@ -35,8 +39,7 @@ def node_event(node: str, reason: str, message: str, *, warning: bool = False, n
     }
 
 
-def record_node_event(api_client, node: str, reason: str, message: str, *, warning: bool = False) -> None:
+def record_node_event(api_client: client.ApiClient, node: str, reason: str, message: str, *,
+                      warning: bool = False) -> None:
     """Create the event; callers treat a failure as a log line, never as a failed resync."""
-    from kubernetes import client
-
-    client.CoreV1Api(api_client).create_namespaced_event(NAMESPACE, node_event(node, reason, message, warning=warning))
+    client.CoreV1Api(api_client).create_namespaced_event(NAMESPACE, body(node_event(node, reason, message, warning=warning)))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import uuid
 
+from kubernetes import client
+
 from dra_bridge.api.compat import COMPATIBILITY_GROUPS_SINCE, SPLIT_LAYOUT_SINCE, KeptFields
 from dra_bridge.apiclient.objects import raw
 
@@ -71,12 +73,10 @@ def _probe_slices(version: tuple[int, int], node: str, driver: str = PROBE_DRIVE
     return [body("-c", {"sharedCounters": counters}), body("-d", {"devices": [device]})]
 
 
-def probe_kept(api_client, version: tuple[int, int], node: str = "vgpuctl-doctor-probe",
+def probe_kept(api_client: client.ApiClient, version: tuple[int, int], node: str = "vgpuctl-doctor-probe",
                driver: str = PROBE_DRIVER) -> KeptFields:
     """Which DRA field families the server keeps, by dry-run creates (nothing is stored). The agent
     probes as its own driver and node, the only slices its admission policy lets it write."""
-    from kubernetes import client
-
     api = client.ResourceV1Api(api_client)
     kept = KeptFields()
     for body in _probe_slices(version, node, driver):

@@ -4,29 +4,25 @@ DaemonSet's ``nodes: get, patch``."""
 
 from __future__ import annotations
 
+from kubernetes import client
 
-def node_labels(api_client, node: str) -> dict[str, str]:
+
+def node_labels(api_client: client.ApiClient, node: str) -> dict[str, str]:
     """The node's labels as they are now."""
     return node_metadata(api_client, node)[0]
 
 
-def node_metadata(api_client, node: str) -> tuple[dict[str, str], dict[str, str]]:
+def node_metadata(api_client: client.ApiClient, node: str) -> tuple[dict[str, str], dict[str, str]]:
     """The node's (labels, annotations) as they are now, in one read."""
-    from kubernetes import client
-
-    meta = client.CoreV1Api(api_client).read_node(node).metadata
+    meta = client.CoreV1Api(api_client).read_node(node).metadata or client.V1ObjectMeta()
     return dict(meta.labels or {}), dict(meta.annotations or {})
 
 
-def set_node_label(api_client, node: str, key: str, value: str) -> None:
+def set_node_label(api_client: client.ApiClient, node: str, key: str, value: str) -> None:
     """Set one label with a merge patch (the node's other labels are left alone)."""
-    from kubernetes import client
-
     client.CoreV1Api(api_client).patch_node(node, {"metadata": {"labels": {key: value}}})
 
 
-def set_node_annotation(api_client, node: str, key: str, value: str | None) -> None:
+def set_node_annotation(api_client: client.ApiClient, node: str, key: str, value: str | None) -> None:
     """Set one annotation (None removes it) with a merge patch; the others are left alone."""
-    from kubernetes import client
-
     client.CoreV1Api(api_client).patch_node(node, {"metadata": {"annotations": {key: value}}})

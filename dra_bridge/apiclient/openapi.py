@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import urllib3
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
 #: KubeVirt's core API group, as the API server publishes it (OpenAPI v3, one document per group-version).
 KUBEVIRT_V1 = "/openapi/v3/apis/kubevirt.io/v1"
 
@@ -23,16 +27,13 @@ class OpenApiUnavailable(LookupError):
         super().__init__(f"GET {path}: {status} {reason}{hint}")
 
 
-def fetch_openapi_v3(api_client, path: str = KUBEVIRT_V1, *, timeout: float = 30.0) -> dict[str, Any]:
+def fetch_openapi_v3(api_client: ApiClient, path: str = KUBEVIRT_V1, *, timeout: float = 30.0) -> dict[str, Any]:
     """The OpenAPI v3 document at ``path`` (``/openapi/v3/apis/<group>/<version>``), parsed."""
-    import urllib3
-    from kubernetes.client.exceptions import ApiException
-
     method, url, headers, body, _ = api_client.param_serialize(
         "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
     try:
         resp = api_client.call_api(method, url, headers, body, _request_timeout=timeout)
-        resp.read()
+        data = resp.read()
     except ApiException as exc:
         raise OpenApiUnavailable(path, exc.status or 0, str(exc.reason or "")) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -40,7 +41,7 @@ def fetch_openapi_v3(api_client, path: str = KUBEVIRT_V1, *, timeout: float = 30
     if not 200 <= resp.status < 300:
         raise OpenApiUnavailable(path, resp.status, resp.reason or "")
     try:
-        doc = json.loads(resp.data)
+        doc = json.loads(data)
     except ValueError as exc:
         raise OpenApiUnavailable(path, resp.status, f"not JSON ({exc})") from None
     if not isinstance(doc, dict):
@@ -48,7 +49,7 @@ def fetch_openapi_v3(api_client, path: str = KUBEVIRT_V1, *, timeout: float = 30
     return doc
 
 
-def fetch_kubevirt_openapi(api_client, *, timeout: float = 30.0) -> dict[str, Any]:
+def fetch_kubevirt_openapi(api_client: ApiClient, *, timeout: float = 30.0) -> dict[str, Any]:
     """KubeVirt's ``kubevirt.io/v1`` schema as this cluster serves it."""
     return fetch_openapi_v3(api_client, KUBEVIRT_V1, timeout=timeout)
 

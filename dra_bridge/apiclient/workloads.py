@@ -11,14 +11,20 @@ other API error (:func:`~dra_bridge.apiclient.errors.api_exception`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from dra_bridge.apiclient.errors import api_exception, missing_ok
-from dra_bridge.apiclient.objects import raw
+from dra_bridge.apiclient.objects import body, raw
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 
 class WorkloadApi:
     """The calls, through the official client; ``kubernetes`` is imported when one is made."""
 
-    def __init__(self, api_client):
+    def __init__(self, api_client: ApiClient) -> None:
+        # kubernetes costs ~0.4 s: vgpuctl conformance and demo load this module for their parser (--help)
         from kubernetes import client
 
         self.api_client = api_client
@@ -50,20 +56,20 @@ class WorkloadApi:
 
     # ------------------------------------------------------------ namespace and what is in it
     def create_namespace(self, name: str, labels: dict[str, str]) -> None:
-        self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                                    "metadata": {"name": name, "labels": dict(labels)}})
+        self.core.create_namespace(body({"apiVersion": "v1", "kind": "Namespace",
+                                         "metadata": {"name": name, "labels": dict(labels)}}))
 
     def delete_namespace(self, name: str) -> bool:
         return missing_ok(self.core.delete_namespace, name)
 
-    def create_config_map(self, namespace: str, body: dict) -> None:
-        self.core.create_namespaced_config_map(namespace, body)
+    def create_config_map(self, namespace: str, obj: dict[str, Any]) -> None:
+        self.core.create_namespaced_config_map(namespace, body(obj))
 
     def delete_config_map(self, name: str, namespace: str) -> bool:
         return missing_ok(self.core.delete_namespaced_config_map, name, namespace)
 
-    def create_claim_template(self, namespace: str, body: dict) -> None:
-        self.resource.create_namespaced_resource_claim_template(namespace, body)
+    def create_claim_template(self, namespace: str, obj: dict[str, Any]) -> None:
+        self.resource.create_namespaced_resource_claim_template(namespace, body(obj))
 
     def delete_claim_templates(self, namespace: str) -> bool:
         """Every ResourceClaimTemplate of the namespace."""
@@ -76,8 +82,8 @@ class WorkloadApi:
         return raw(self.resource.read_namespaced_resource_claim, name, namespace)
 
     # ------------------------------------------------------------ pods
-    def create_pod(self, namespace: str, body: dict) -> None:
-        self.core.create_namespaced_pod(namespace, body)
+    def create_pod(self, namespace: str, obj: dict[str, Any]) -> None:
+        self.core.create_namespaced_pod(namespace, body(obj))
 
     def read_pod(self, name: str, namespace: str) -> dict | None:
         try:
@@ -101,7 +107,7 @@ class WorkloadApi:
         return raw(self.core.list_namespaced_event, namespace, field_selector=f"involvedObject.name={name}")["items"]
 
 
-def slices_and_claims(api_client) -> tuple[list[dict], list[dict]]:
+def slices_and_claims(api_client: ApiClient) -> tuple[list[dict], list[dict]]:
     """Every ResourceSlice and ResourceClaim of the cluster (``vgpuctl capacity``; read-only)."""
     api = WorkloadApi(api_client)
     return api.slices(), api.all_claims()

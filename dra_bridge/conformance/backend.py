@@ -14,7 +14,7 @@ import string
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_bridge.api.attributes import ATTR_MIG_BACKED, ATTR_PROFILE, ATTR_TYPE
 from dra_bridge.api.names import DEFAULT_DRIVER, PASSTHROUGH_CLASS, VGPU_CLASS
@@ -24,6 +24,10 @@ from dra_bridge.conformance import healthcheck
 from dra_bridge.conformance.report import CheckFailed
 from dra_bridge.scheduling import capacity
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu, devices_by_key
+from dra_bridge.scheduling.selectors import Selectors
+
+if TYPE_CHECKING:
+    from dra_bridge.apiclient.objects import ApiClient
 
 DEFAULT_IMAGE = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1"
 MANAGED = {"app.kubernetes.io/managed-by": "vgpuctl-conformance"}
@@ -71,10 +75,10 @@ class KubeBackend:
     at (the simulated cluster); a real cluster is judged from the API and the workloads only.
     """
 
-    def __init__(self, api_client, *, namespace: str | None = None, image: str = DEFAULT_IMAGE,
+    def __init__(self, api_client: ApiClient, *, namespace: str | None = None, image: str = DEFAULT_IMAGE,
                  driver: str = DEFAULT_DRIVER, vgpu_class: str | None = None, passthrough_class: str | None = None,
-                 timeout: float = 300.0, settle: float = 10.0, poll: float = 0.5, selectors=None,
-                 host_problems: Callable[[str, str], list[str] | None] | None = None, label: str = "cluster"):
+                 timeout: float = 300.0, settle: float = 10.0, poll: float = 0.5, selectors: Selectors | None = None,
+                 host_problems: Callable[[str, str], list[str] | None] | None = None, label: str = "cluster") -> None:
         self.api_client = api_client
         self.api = WorkloadApi(api_client)
         self.namespace = namespace or f"vgpuctl-conformance-{random_suffix()}"

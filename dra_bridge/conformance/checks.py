@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dra_bridge.api.attributes import ATTR_GPU_INDEX, ATTR_MIG_BACKED, ATTR_PLACEMENT_SIZE, ATTR_TYPE
+from dra_bridge.apiclient.errors import api_exception, brief
 from dra_bridge.conformance.backend import KubeBackend, Run, random_suffix
 from dra_bridge.conformance.report import TITLES, CheckFailed, CheckResult, ConformanceReport
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu
@@ -45,7 +48,7 @@ def _cel(s: str) -> str:
 @dataclass
 class Target:
     node: str | None
-    gpu: str
+    gpu: str | None  # PCI address
     index: int | None
     product: str | None
     counter_set: str | None
@@ -68,10 +71,19 @@ class Conformance:
         self._tmpl_vgpu: str | None = None
 
     # ------------------------------------------------------------ helpers
-    def _gpu_sel(self, index: int | None, gpu: str, kind: str) -> str:
+    @property
+    def chosen(self) -> Target:
+        """The GPU check 1 chose (checks 2 to 4 run only once it did)."""
+        if self.target is None:
+            raise CheckFailed("check 1 chose no GPU")
+        return self.target
+
+    def _gpu_sel(self, index: int | None, gpu: str | None, kind: str) -> str:
         d = _cel(self.b.driver)
         if index is not None:
             return f"device.attributes[{d}].gpuIndex == {int(index)}"
+        if gpu is None:
+            raise CheckFailed("a GPU that publishes neither its index nor its PCI address cannot be selected")
         if kind == "vgpu":
             return f"device.attributes[{d}].parentPciBusID == {_cel(gpu)}"
         return f'device.attributes["resource.kubernetes.io"].pciBusID == {_cel(gpu)}'
@@ -88,7 +100,7 @@ class Conformance:
             raise CheckFailed(f"{what} {r.name} did not run: {r.phase}: {r.reason}")
         self.ran.append(r)
 
-    def _same_gpu(self, r: Run, gpu: str) -> list[str]:
+    def _same_gpu(self, r: Run, gpu: str | None) -> list[str]:
         """Where the workload's view (health check) or the host contradict the slice's GPU."""
         problems = []
         for d in r.devices:
@@ -108,7 +120,7 @@ class Conformance:
     def _groups(self, r: Run) -> set[int]:
         return r.health.groups if r.health else set()
 
-    def _run(self, n: int, fn) -> None:
+    def _run(self, n: int, fn: Callable[[CheckResult], str | None]) -> None:
         res = self.results[n]
         t0 = time.perf_counter()
         try:
@@ -168,7 +180,7 @@ class Conformance:
     def tmpl_vgpu(self) -> str:
         """The ResourceClaimTemplate for one logical GPU of the target profile on the target GPU."""
         if self._tmpl_vgpu is None:
-            t = self.target
+            t = self.chosen
             sels = [self._profile_sel(t.profile), self._gpu_sel(t.index, t.gpu, "vgpu")]
             self._tmpl_vgpu = self.b.template(f"logical-gpu-{random_suffix()}", self.b.vgpu_class, sels,
                                               vgpu_type=t.profile)
@@ -179,7 +191,7 @@ class Conformance:
             self.b.stop(r)
 
     def check2(self, res: CheckResult) -> str:
-        t = self.target
+        t = self.chosen
         runs = [self.b.create(f"logical-{i}-{random_suffix()}", self.tmpl_vgpu, t.node) for i in range(t.fits)]
         self.check2_runs = runs
         problems = []
@@ -201,7 +213,7 @@ class Conformance:
 
     # ------------------------------------------------------------ check 3
     def check3(self, res: CheckResult) -> str:
-        t = self.target
+        t = self.chosen
         before = {r.name: [d["device"] for d in r.devices] for r in self.check2_runs}
         extra = self.b.start(f"one-more-{random_suffix()}", self.tmpl_vgpu, t.node, expect="Pending")
         res.evidence.append(extra.line())
@@ -235,7 +247,7 @@ class Conformance:
 
     # ------------------------------------------------------------ check 4
     def check4(self, res: CheckResult) -> str:
-        t = self.target
+        t = self.chosen
         cap = self.b.capacity()
         whole = [(g, p) for g in cap.gpus for p in g.profiles
                  if p.kind == "passthrough" and p.fits >= 1 and g.node == t.node]
@@ -310,7 +322,7 @@ class Conformance:
                     problems.append(f"IOMMU groups not distinct: vGPU {sorted(gv)}, whole GPU {sorted(gp)}")
                 notes.append(f"isolated: vGPU in IOMMU group {sorted(gv)}, whole GPU in {sorted(gp)}")
         # identical semantics: same driver, same claim mechanism, same counter set per GPU
-        kinds = {}
+        kinds: dict[str, set[tuple[str, bool]]] = {}
         for r in [x for x in (v, p, wait_a) if x is not None and x.devices]:
             for d in r.devices:
                 kinds.setdefault(d["kind"], set()).add((d["driver"], d["counter_set"] is not None))
@@ -335,7 +347,7 @@ class Conformance:
     def _no_claim_no_accelerator(self, res: CheckResult, problems: list[str], notes: list[str]) -> None:
         """KAR-0049's negative case, as kubernetes-sigs/ai-conformance runs it: a pod with no claim on
         the same node sees no accelerator (its probe prints ``RESULT: ACCELERATOR_MISSING``)."""
-        r = self.b.start(f"no-claim-{random_suffix()}", None, self.target.node)
+        r = self.b.start(f"no-claim-{random_suffix()}", None, self.chosen.node)
         res.evidence.append(r.line())
         if r.phase != "Running" or r.health is None:
             problems.append(f"a pod without a claim did not run its probe: {r.phase} ({r.reason})")
@@ -350,7 +362,7 @@ class Conformance:
         no claim of its own) where a DeviceClass maps that name (KEP-5004): it runs on one of the
         driver's devices, allocated through the scheduler's claim and counted on a GPU's counter set
         like every other workload. A cluster without such a class gets a note, not a failure."""
-        t = self.target
+        t = self.chosen
         d = _cel(self.b.driver)
         mapped = sorted(self.b.extended_resource_classes(), key=lambda c: (
             f"{d}].type == \"vgpu\"" not in str(c["spec"].get("selectors")), c["metadata"]["name"]))
@@ -382,10 +394,10 @@ class Conformance:
         GPU-instance placement, consuming ``memory-slice-*`` counters) beside time-sliced, or the
         reverse. Both run at once, each counted on its own GPU's one counter set, and that GPU's
         whole-GPU device waits. A node without both kinds gets a note, not a failure."""
-        t = self.target
+        t = self.chosen
         d = self.b.driver
         v_mig = any(x["mig_backed"] for x in v.devices)
-        other: dict[str, list[dict]] = {}
+        other: dict[str | None, list[dict]] = {}
         for dev in self.b.slice_devices().values():
             if dev.get("_node") != t.node or dev_attr(dev, ATTR_TYPE, d) != "vgpu" or dev_gpu(dev) == t.gpu:
                 continue
@@ -396,9 +408,9 @@ class Conformance:
             notes.append(f"no GPU in {'time-sliced' if v_mig else 'MIG'} mode on node {t.node}: "
                          f"{want} vGPUs beside {'MIG-backed' if v_mig else 'time-sliced'} ones not exercised")
             return None
-        def by_index(g: str) -> tuple:
+        def by_index(g: str | None) -> tuple[bool, int, str]:
             index = dev_attr(other[g][0], ATTR_GPU_INDEX, d)
-            return (index is None, index or 0, g)
+            return (index is None, index or 0, g or "")
 
         gpu = min(other, key=by_index)
         index = dev_attr(other[gpu][0], ATTR_GPU_INDEX, d)
@@ -490,15 +502,13 @@ class Conformance:
 def one_line_error(exc: BaseException) -> str:
     """An error in one line: an API server's answer as status, reason and message (the client's own
     text dumps headers and body), anything else as its type and first line."""
-    from dra_bridge.apiclient.errors import api_exception, brief
-
     if isinstance(exc, api_exception()):
         return f"the API server answered {brief(exc)}"
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def run_conformance(backend: KubeBackend, **kw) -> ConformanceReport:
+def run_conformance(backend: KubeBackend, **kw: Any) -> ConformanceReport:
     t0 = time.perf_counter()
     checks: list[CheckResult] = []
     cleanup: list[str] = []

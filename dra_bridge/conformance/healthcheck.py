@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -202,7 +203,8 @@ check_guest_gpus() { # NVIDIA GPUs seen as PCI devices (inside a VM)
         nvidia_smi_lists "$addr"
         case $? in
             0) say "$addr" Pass "function=$addr $ids driver=nvidia nvidia_smi=listed" -- "nvidia-smi lists the GPU" ;;
-            2) say "$addr" Pass "function=$addr $ids driver=nvidia nvidia_smi=absent" -- "driver bound (nvidia-smi not installed)" ;;
+            2) say "$addr" Pass "function=$addr $ids driver=nvidia nvidia_smi=absent" -- \
+                   "driver bound (nvidia-smi not installed)" ;;
             *) say "$addr" Fail "function=$addr $ids driver=nvidia nvidia_smi=missing" -- "nvidia-smi does not list the GPU" ;;
         esac
     done
@@ -325,8 +327,6 @@ def script_path(directory: str | Path) -> Path:
 def run(devices: list[str], *, sys_root: str | Path | None = None, timeout: float = 60.0,
         env: dict | None = None) -> HealthResult:
     """Run the script with ``sh`` on ``devices`` (device node paths); ``sys_root`` replaces /sys."""
-    import tempfile
-
     full_env = dict(os.environ, **(env or {}))
     if sys_root is not None:
         full_env["VGPUCTL_HC_SYS"] = str(sys_root)

@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -44,7 +45,9 @@ class _ManagedServer(DevicePluginServer):
     """A server that refuses to start again once retired (the kubelet watcher may race
     us), and whose streams end at once on stop instead of after their next wait."""
 
-    def __init__(self, backend: VgpuResource, *a, **kw) -> None:
+    backend: VgpuResource
+
+    def __init__(self, backend: VgpuResource, *a: Any, **kw: Any) -> None:
         super().__init__(backend, *a, **kw)
         self._life = threading.RLock()
         self.retired = False

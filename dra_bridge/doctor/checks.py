@@ -21,8 +21,11 @@ from dra_bridge.api.names import (
     VGPU_CLASS,
 )
 from dra_bridge.apiclient.clusterfacts import ClusterFacts
+from dra_bridge.apiclient.kept import KeptFields
 
 Status = Literal["PASS", "WARN", "FAIL"]
+_STATE_STATUS: dict[str, Status] = {"success": "PASS", "pending": "WARN", "failed": "FAIL"}  # the agent's state label
+
 #: KubeVirt's feature gates for devices through DRA (kubevirt.md: alpha v1.6-v1.8, beta v1.9).
 KUBEVIRT_DRA_GATES = ("GPUsWithDRA", "HostDevicesWithDRA")
 
@@ -85,7 +88,7 @@ def _fields(f: ClusterFacts) -> list[Finding]:
     return out
 
 
-def published_shape(version: tuple[int, int], k) -> str:
+def published_shape(version: tuple[int, int], k: KeptFields) -> str:
     """What the agents publish for a server keeping ``k`` (dra_bridge/schema.md), in words."""
     if k.counters is False:
         return ("safe shape: per GPU the whole GPU or one vGPU type's slots, never both (no counters to "
@@ -153,7 +156,7 @@ def _nodes(f: ClusterFacts) -> list[Finding]:
                                    "agent runs there (the agent re-creates its slices if it does)"))
             continue
         state = n.state or "unlabelled"
-        status: Status = {"success": "PASS", "pending": "WARN", "failed": "FAIL"}.get(n.state or "", "WARN")
+        status = _STATE_STATUS.get(n.state or "", "WARN")
         if n.slices == 0:
             status = "FAIL" if status == "PASS" else status
         detail = f"layout {n.layout or '-'}, {LABEL_CONFIG_STATE}={state}, {n.slices} slices, {n.devices} devices"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 from typing import Any
 
@@ -153,10 +153,10 @@ def _equal_size_choice(
     instances. None means: publish no vGPU of this GPU.
     """
     by_id = {t.id: t for t in gpu.types}
-    existing = {type_framebuffer_mib(by_id[v.type_id]) if v.type_id in by_id else None for v in gpu.vgpus}
-    if None in existing and gpu.vgpus:
-        existing.discard(None)
+    held_sizes = {type_framebuffer_mib(by_id[v.type_id]) if v.type_id in by_id else None for v in gpu.vgpus}
+    if None in held_sizes:
         warnings.append(f"GPU {gpu.address}: a present vGPU has a type of unknown size")
+    existing = {s for s in held_sizes if s is not None}
     if len(existing) > 1:
         warnings.append(
             f"GPU {gpu.address}: present vGPUs have sizes {sorted(existing)} MiB although the GPU is "
@@ -231,6 +231,7 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
     lcm = math.lcm(*(n for _, n, _ in offered)) if offered else 1
     counters: dict[str, int | str] = {}
     share_counter: str
+    fmt: Callable[[int], str]
     if total_fb:
         share_counter = "memory"
         total_units = (total_fb * 1024) // lcm * lcm  # KiB
@@ -363,7 +364,7 @@ def size_slots(offered: list[tuple[VgpuType, int, int | None]]) -> list[list[tup
     return out
 
 
-def vgpu_types_attr(types) -> str:
+def vgpu_types_attr(types: Iterable[VgpuType]) -> str:
     """The ``vgpuTypes`` attribute: the short names, space-separated with a space at each end, so
     ``vgpuTypes.contains(" T4-2Q ")`` matches one whole name."""
     return " " + " ".join(t.short_name or short_type_name(t.name) for t in types) + " "

@@ -135,8 +135,12 @@ def add_mig_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, common: dict[str, AttrValu
                         **({ATTR_UUID: attr_string(mig.uuid)} if mig.uuid else {})},
             capacity={"memory": format_mib(full.memory_mib)},
             consumes=[Consumption(counter_set=cs, counters={k: str(v) for k, v in counters.items()})]))
-    for pid, t in sorted(offered.items(), key=lambda kv: (-mig.profile(kv[0]).slices, kv[0])):
+    by_profile: list[tuple[GpuInstanceProfile, VgpuType]] = []
+    for pid, t in offered.items():
         prof = mig.profile(pid)
+        assert prof is not None  # mig_types offers only the profiles NVML lists
+        by_profile.append((prof, t))
+    for prof, t in sorted(by_profile, key=lambda pt: (-pt[0].slices, pt[0].id)):
         attrs: dict[str, AttrValue] = {
             ATTR_TYPE: attr_string("vgpu"),
             ATTR_PROFILE: attr_string(prof.name),

@@ -23,6 +23,7 @@ def policy_from_layout(inv: Inventory, layouts: list[GpuLayout] | None) -> PoolP
         if entry.mode != "dra":
             continue
         gpu = inv.gpu(addr)
+        assert gpu is not None  # select_gpus picks from the inventory's GPUs
         types = [t for t in (resolve_type(offered_types(gpu), ref) for ref in entry.vgpus) if t]
         sliced = [t for t in types if not t.mig_backed]
         gpus[addr] = GpuPolicy(passthrough=entry.passthrough,

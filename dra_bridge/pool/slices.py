@@ -209,12 +209,12 @@ def _check_pool(pool: Pool, limits: Limits) -> None:
         raise ValueError("device names are not unique")
     for d in pool.devices:
         for c in d.consumes:
-            cs = by_name.get(c.counter_set)
-            if cs is None:
+            consumed = by_name.get(c.counter_set)
+            if consumed is None:
                 raise ValueError(f"device {d.name} consumes unknown counter set {c.counter_set}")
-            missing = set(c.counters) - set(cs.counters)
+            missing = set(c.counters) - set(consumed.counters)
             if missing:
-                raise ValueError(f"device {d.name} consumes {sorted(missing)} not in {cs.name}")
+                raise ValueError(f"device {d.name} consumes {sorted(missing)} not in {consumed.name}")
 
 
 def _exclusive(dev: PoolDevice, set_name: str, cs: CounterSet, siblings: list[PoolDevice]) -> bool:
@@ -284,9 +284,9 @@ def _combined_layout(pool: Pool, limits: Limits, plan: SlicePlan) -> list[tuple[
         return x
 
     for d in pool.devices:
-        sets = [c.counter_set for c in d.consumes]
-        for s in sets[1:]:
-            parent[find(s)] = find(sets[0])
+        linked = [c.counter_set for c in d.consumes]
+        for s in linked[1:]:
+            parent[find(s)] = find(linked[0])
     units: dict[str, tuple[list[CounterSet], list[PoolDevice]]] = {}
     order: list[str] = []
     for cs in pool.counter_sets:
@@ -365,8 +365,8 @@ def _split_layout(pool: Pool, limits: Limits, groups: bool) -> list[tuple[str, d
     bodies: list[tuple[str, dict[str, Any]]] = []
     per = limits.counter_sets_per_slice or len(pool.counter_sets) or 1
     for i in range(0, len(pool.counter_sets), per):
-        chunk = pool.counter_sets[i : i + per]
-        bodies.append(("counters", {"sharedCounters": [counter_set_to_dict(cs) for cs in chunk]}))
+        sets = pool.counter_sets[i : i + per]
+        bodies.append(("counters", {"sharedCounters": [counter_set_to_dict(cs) for cs in sets]}))
     by_gpu: dict[str, list[PoolDevice]] = {}
     for d in pool.devices:
         by_gpu.setdefault(d.gpu, []).append(d)

@@ -24,6 +24,8 @@ from pathlib import Path
 import grpc
 
 from dra_bridge.api.nodepaths import NodePaths
+from dra_bridge.rpc.proto import vgpuctl_podresources_v1_pb2 as pr_pb2
+from dra_bridge.rpc.proto import vgpuctl_podresources_v1_pb2_grpc as pr_grpc
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.models import Usage
@@ -53,9 +55,6 @@ class PodDevice:
 def list_pod_devices(socket_path: Path | str = DEFAULT_POD_RESOURCES_SOCKET, *, timeout: float = 5.0,
                      io: HostIO | None = None) -> list[PodDevice]:
     """Every device plugin device allocated to a container; raises grpc.RpcError / OSError."""
-    from dra_bridge.rpc.proto import vgpuctl_podresources_v1_pb2 as pr_pb2
-    from dra_bridge.rpc.proto import vgpuctl_podresources_v1_pb2_grpc as pr_grpc
-
     path = Path(socket_path)
     st = (io or RealIO()).stat(path)  # FileNotFoundError when the kubelet does not serve the API
     if not stat.S_ISSOCK(st.st_mode):

@@ -29,16 +29,16 @@ from __future__ import annotations
 import json
 import uuid as uuidlib
 from dataclasses import dataclass
-from fractions import Fraction
+from typing import Any
 
 from dra_bridge.api.quantity import format_quantity
-from dra_bridge.scheduling.pools import Device, State, groups_compatible, quantity_value, read_pools
+from dra_bridge.scheduling.pools import Amount, Device, State, groups_compatible, quantity_value, read_pools
 from dra_bridge.scheduling.selectors import Selectors
 
 SEARCH_BUDGET = 20000
 
 
-def _human(q) -> str:
+def _human(q: Amount) -> str:
     return "0 B" if q == 0 else format_quantity(q, human=True)
 
 
@@ -58,18 +58,18 @@ class Request:
     selectors: list[str]
     mode: str
     count: int
-    capacity: dict[str, Fraction]
-    tolerations: list
+    capacity: dict[str, Amount]
+    tolerations: list[dict[str, Any]]
 
 
 @dataclass
 class Choice:
     request: Request
     device: Device
-    consumed: dict[str, Fraction] | None = None
+    consumed: dict[str, Amount] | None = None
 
 
-def _policy_round(want, policy: dict):
+def _policy_round(want: Amount, policy: dict[str, Any]) -> Amount:
     """The scheduler's calculateConsumedCapacity for a requested amount: round up to the range's
     step or to the next valid value."""
     rng = policy.get("validRange")
@@ -88,7 +88,7 @@ def _policy_round(want, policy: dict):
     return want
 
 
-def _policy_violated(amount, policy: dict) -> bool:
+def _policy_violated(amount: Amount, policy: dict[str, Any]) -> bool:
     """The scheduler's violatesPolicy: the default is always fine; else within the range (max, step)
     or one of the valid values."""
     if not policy:
@@ -108,8 +108,8 @@ def _policy_violated(amount, policy: dict) -> bool:
 
 
 class Allocator:
-    def __init__(self, slices: list[dict], classes: list[dict], selectors: Selectors,
-                 nodes: list[str] | None = None):
+    def __init__(self, slices: list[dict[str, Any]], classes: list[dict[str, Any]], selectors: Selectors,
+                 nodes: list[str] | None = None) -> None:
         self.pools = read_pools(slices)
         self.classes = {c["metadata"]["name"]: c for c in classes}
         self.sel = selectors
@@ -190,7 +190,7 @@ class Allocator:
         return out
 
     # ------------------------------------------------------------ feasibility of one device
-    def _capacity_share(self, d: Device, req: Request, st: State | None = None) -> dict[str, Fraction] | None:
+    def _capacity_share(self, d: Device, req: Request, st: State | None = None) -> dict[str, Amount] | None:
         """Capacity the request consumes on ``d`` after the device's request policies (the scheduler's
         CmpRequestOverCapacity); None if it does not fit. Every capacity of the device is consumed:
         what is not requested takes the policy's default, else the whole capacity."""
@@ -199,7 +199,7 @@ class Allocator:
             if name not in d.capacity:
                 return None  # requests a capacity the device does not have
         used = st.shared.get(d.key, {}) if d.multi else {}
-        consumed = {}
+        consumed: dict[str, Amount] = {}
         for name, cap in d.capacity.items():
             total = quantity_value(cap)
             policy = cap.get("requestPolicy") or {}
@@ -215,7 +215,7 @@ class Allocator:
             consumed[name] = want
         return consumed
 
-    def _capacity_share_in(self, d: Device, req: Request, st: State):
+    def _capacity_share_in(self, d: Device, req: Request, st: State) -> dict[str, Amount] | None:
         return self._capacity_share(d, req, st)
 
     @staticmethod
@@ -236,7 +236,7 @@ class Allocator:
                 return False
         return True
 
-    def _fits(self, d: Device, req: Request, st: State) -> tuple[bool, dict | None]:
+    def _fits(self, d: Device, req: Request, st: State) -> tuple[bool, dict[str, Amount] | None]:
         if d.taints and not self._tolerated(d, req):
             return False, None
         share = None
@@ -264,7 +264,7 @@ class Allocator:
         return True, share
 
     @staticmethod
-    def _take(d: Device, st: State, share: dict | None) -> bool:
+    def _take(d: Device, st: State, share: dict[str, Amount] | None) -> bool:
         """Account ``d`` in ``st``; True when its counters were consumed (undo with _untake)."""
         if d.multi:
             bucket = st.shared.setdefault(d.key, {})
@@ -273,17 +273,17 @@ class Allocator:
             if share is not None and d.key in st.taken:
                 return False
         st.taken.add(d.key)
-        for k, amounts, groups, _ in d.cons:
-            used = st.used.get(k)
+        for key, amounts, groups, _ in d.cons:
+            used = st.used.get(key)
             if used is None:
-                used = st.used[k] = {}
+                used = st.used[key] = {}
             for cname, v in amounts:
                 used[cname] = used.get(cname, 0) + v
-            st.groups.setdefault(k, []).append(groups)
+            st.groups.setdefault(key, []).append(groups)
         return True
 
     @staticmethod
-    def _untake(d: Device, st: State, share: dict | None, counted: bool) -> None:
+    def _untake(d: Device, st: State, share: dict[str, Amount] | None, counted: bool) -> None:
         """Undo the last :meth:`_take` of ``d`` (the search takes and undoes in LIFO order)."""
         if d.multi:
             bucket = st.shared[d.key]
@@ -293,15 +293,15 @@ class Allocator:
                 return
             del st.shared[d.key]
         st.taken.discard(d.key)
-        for k, amounts, _groups, _ in d.cons:
-            used = st.used[k]
+        for key, amounts, _groups, _ in d.cons:
+            used = st.used[key]
             for cname, v in amounts:
                 used[cname] -= v
-            st.groups[k].pop()
+            st.groups[key].pop()
 
     # ------------------------------------------------------------ constraints
     @staticmethod
-    def _constraints_ok(constraints: list[dict], chosen: list[Choice]) -> bool:
+    def _constraints_ok(constraints: list[dict[str, Any]], chosen: list[Choice]) -> bool:
         for c in constraints:
             reqs = set(c.get("requests") or [])
             scope = [ch for ch in chosen if not reqs or ch.request.base in reqs or ch.request.name in reqs]
@@ -330,8 +330,8 @@ class Allocator:
             cands = [d for d in cands if self._capacity_share(d, req, self.state) is not None]
         return cands or None
 
-    def _solve(self, node: str, claims: list[dict], st: State,
-               plan: list[tuple[dict, list[list[Request]]]] | None = None) -> list[list[Choice]] | None:
+    def _solve(self, node: str, claims: list[dict[str, Any]], st: State,
+               plan: list[tuple[dict[str, Any], list[list[Request]]]] | None = None) -> list[list[Choice]] | None:
         """Depth-first search over the devices of ``node``; ``st`` is changed while searching and
         restored before returning (the chosen devices are not taken)."""
         if plan is None:
@@ -340,14 +340,15 @@ class Allocator:
         every = {id(alt): self._all_devices(node, alt)
                  for _, reqs in plan for alts in reqs for alt in alts if alt.mode == "All"}
 
-        def per_claim(i: int, acc: list[list[Choice]]):
+        def per_claim(i: int, acc: list[list[Choice]]) -> list[list[Choice]] | None:
             if i == len(plan):
                 return acc
             claim, reqs = plan[i]
             cons = claim["spec"].get("devices", {}).get("constraints") or []
             return per_request(i, 0, reqs, cons, [], acc)
 
-        def per_request(i, j, reqs, cons, chosen, acc):
+        def per_request(i: int, j: int, reqs: list[list[Request]], cons: list[dict[str, Any]], chosen: list[Choice],
+                        acc: list[list[Choice]]) -> list[list[Choice]] | None:
             if j == len(reqs):
                 return per_claim(i + 1, acc + [chosen])
             for alt in reqs[j]:
@@ -356,7 +357,8 @@ class Allocator:
                     return got
             return None
 
-        def pick(i, j, reqs, cons, req, chosen, acc):
+        def pick(i: int, j: int, reqs: list[list[Request]], cons: list[dict[str, Any]], req: Request,
+                 chosen: list[Choice], acc: list[list[Choice]]) -> list[list[Choice]] | None:
             if req.mode == "All":
                 devs = every[id(req)]
                 if not devs:
@@ -380,7 +382,7 @@ class Allocator:
             cands = self.candidates(node, req)
             check = bool(cons)
 
-            def choose(k, start, got):
+            def choose(k: int, start: int, got: list[Choice]) -> list[list[Choice]] | None:
                 if k == req.count:
                     if check and not self._constraints_ok(cons, chosen + got):
                         return None
@@ -445,8 +447,8 @@ class Allocator:
                 results = []
                 for ch in chosen:
                     self._take(ch.device, self.state, ch.consumed)
-                    res = {"request": ch.request.name, "driver": ch.device.driver, "pool": ch.device.pool,
-                           "device": ch.device.name}
+                    res: dict[str, Any] = {"request": ch.request.name, "driver": ch.device.driver,
+                                           "pool": ch.device.pool, "device": ch.device.name}
                     if ch.device.binding:  # as the allocator does with DRADeviceBindingConditions on
                         res["bindingConditions"] = list(ch.device.binding[0])
                         res["bindingFailureConditions"] = list(ch.device.binding[1])
@@ -470,8 +472,8 @@ class Allocator:
         raise Unsatisfiable(self.explain(claims, [node] if node else self.nodes))
 
     # ------------------------------------------------------------ reasons
-    def explain(self, claims: list[dict], nodes: list[str]) -> str:
-        reasons = []
+    def explain(self, claims: list[dict[str, Any]], nodes: list[str]) -> str:
+        reasons: list[str] = []
         for n in nodes[:3]:
             before = len(reasons)
             for claim in claims:

@@ -31,8 +31,8 @@ from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.quantity import format_quantity, parse_quantity
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.objects import dev_attr
-from dra_bridge.scheduling.pools import read_pools
-from dra_bridge.scheduling.selectors import default_selectors
+from dra_bridge.scheduling.pools import Amount, Device, State, read_pools
+from dra_bridge.scheduling.selectors import Selectors, default_selectors
 from mdev_manager.yamlfile import load_yaml
 
 CAPACITY_CLASS = "vgpuctl-capacity-probe"
@@ -77,11 +77,11 @@ class CapacityReport:
         return {"gpus": [g.to_dict() for g in self.gpus], "incomplete_pools": self.incomplete_pools,
                 "notes": self.notes}
 
-    def gpu(self, node: str | None, index_or_address) -> GpuCapacity | None:
+    def gpu(self, node: str | None, index_or_address: int | str | None) -> GpuCapacity | None:
         return next((g for g in self.gpus if (node is None or g.node == node)
                      and index_or_address in (g.index, g.gpu)), None)
 
-    def fits(self, node: str | None, gpu, profile: str) -> int | None:
+    def fits(self, node: str | None, gpu: int | str | None, profile: str) -> int | None:
         g = self.gpu(node, gpu)
         p = next((p for p in g.profiles if p.profile == profile), None) if g else None
         return p.fits if p else None
@@ -121,7 +121,7 @@ def _allocated(claims: Iterable[dict]) -> list[dict]:
     return [c for c in claims if ((c.get("status") or {}).get("allocation") or {}).get("devices")]
 
 
-def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRIVER, selectors=None,
+def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRIVER, selectors: Selectors | None = None,
             nodes: list[str] | None = None) -> CapacityReport:
     """Per node and GPU of ``driver``: counters used, who holds what, and how many more of each
     published profile the scheduler would allocate now."""
@@ -139,7 +139,7 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
             held.setdefault((r["driver"], r["pool"], r["device"]), []).append(
                 f"{c['metadata'].get('namespace', '')}/{c['metadata']['name']}")
     # the raw slice devices of the newest generation of each complete pool
-    raw: dict[tuple, dict] = {}
+    raw: dict[tuple[str, str, str], dict[str, Any]] = {}
     gens = {k: p.generation for k, p in pools.items()}
     for s in slices:
         spec = s["spec"]
@@ -156,7 +156,7 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
     for (drv, pool_name), pool in sorted(pools.items()):
         if drv != driver or not pool.complete:
             continue
-        groups: dict[str, list] = {}
+        groups: dict[str, list[Device]] = {}
         for d in pool.devices:  # one group per physical GPU: its counter set, else its PCI address
             rd = raw.get(d.key, {})
             cs = d.consumes[0]["counterSet"] if d.consumes else f"gpu:{_gpu_address(rd, driver) or d.name}"
@@ -183,7 +183,7 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
                 for who in held.get(d.key, []):
                     g.holders.append({"claim": who, "device": d.name,
                                       "profile": _profile_name(raw.get(d.key, {}), driver)})
-            by_profile: dict[tuple, list] = {}
+            by_profile: dict[tuple[str, str | None], list[Device]] = {}
             for d in devs:
                 rd = raw.get(d.key, {})
                 kind = dev_attr(rd, ATTR_TYPE, driver) or "?"
@@ -196,7 +196,8 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
                 mem = (rd.get("capacity") or {}).get("memory")
                 taken = sum(1 for d in pdevs if d.key in held)
                 fits = _fits(alloc, now, driver, kind, prof, index, gpu, pdevs[0].node, limit=len(pdevs))
-                g.profiles.append(ProfileFit(profile=prof if kind == "vgpu" else WHOLE_GPU, kind=kind,
+                # a vGPU device publishing neither vgpuTypes nor profile: "?", as in the holders
+                g.profiles.append(ProfileFit(profile=(prof or "?") if kind == "vgpu" else WHOLE_GPU, kind=kind,
                                              memory=int(parse_quantity(mem["value"])) if mem else None,
                                              published=len(pdevs), free_devices=len(pdevs) - taken, fits=fits))
             report.gpus.append(g)
@@ -210,7 +211,7 @@ def _gpu_address(dev: dict, driver: str) -> str | None:
     return dev_attr(dev, ATTR_PARENT_PCI_BUS_ID, driver) or dev_attr(dev, ATTR_PCI_BUS_ID, driver)
 
 
-def _gpu_index(devs: list, driver: str) -> int:
+def _gpu_index(devs: list[Device], driver: str) -> int:
     v = devs[0].attribute(ATTR_GPU_INDEX)
     return v if isinstance(v, int) else 1 << 30
 
@@ -220,14 +221,16 @@ def _profile_name(rd: dict, driver: str) -> str:
     return (dev_attr(rd, ATTR_PROFILE, driver) or rd.get("name", "?")) if kind == "vgpu" else WHOLE_GPU
 
 
-def _profile_order(key: tuple, devs: list, raw: dict):
+def _profile_order(key: tuple[str, str | None], devs: list[Device],
+                   raw: dict[tuple[str, str, str], dict[str, Any]]) -> tuple[bool, Amount, str]:
     kind, prof = key
     mem = (raw.get(devs[0].key, {}).get("capacity") or {}).get("memory")
     size = parse_quantity(mem["value"]) if mem else 0
     return (kind != "vgpu", size, prof or "")
 
 
-def _fits(alloc: Allocator, now, driver, kind, profile, index, gpu, node, *, limit: int) -> int:
+def _fits(alloc: Allocator, now: State, driver: str, kind: str, profile: str | None, index: int | None, gpu: str | None,
+          node: str | None, *, limit: int) -> int:
     """Allocate probes for one profile of one GPU until refused, then put the state back. (Each probe
     shape is tried in this one loop only, so the allocator's per-shape "known full" memo, which
     assumes the state only grows, stays true.)"""
@@ -250,9 +253,10 @@ def _fits(alloc: Allocator, now, driver, kind, profile, index, gpu, node, *, lim
 
 def from_objects(docs: Iterable[Any]) -> tuple[list[dict], list[dict]]:
     """(slices, claims) from API objects: single objects or ``List`` documents (``kubectl get -o yaml``)."""
-    slices, claims = [], []
+    slices: list[dict] = []
+    claims: list[dict] = []
 
-    def take(obj):
+    def take(obj: Any) -> None:
         if not isinstance(obj, dict):
             return
         if obj.get("kind", "").endswith("List") or ("items" in obj and "kind" not in obj):

@@ -131,10 +131,10 @@ def _semver_key(v: Any, what: str) -> tuple:
 
 def _cmp(a: Any, b: Any, what: str) -> int:
     if isinstance(a, Mapping) and _SV in a:
-        ka, kb = _semver_key(a, what), _semver_key(b, what)
-    else:
-        ka, kb = _as_fraction(a, what), _as_fraction(b, what)
-    return (ka > kb) - (ka < kb)
+        sa, sb = _semver_key(a, what), _semver_key(b, what)
+        return (sa > sb) - (sa < sb)
+    fa, fb = _as_fraction(a, what), _as_fraction(b, what)
+    return (fa > fb) - (fa < fb)
 
 
 def _compare_to(a: Any, b: Any) -> int:
@@ -369,7 +369,7 @@ def request_alternatives(
 
     def one(r: Mapping[str, Any], where: str) -> list[str]:
         cls_name = r.get("deviceClassName")
-        if cls_name not in device_classes:
+        if cls_name is None or cls_name not in device_classes:
             raise KeyError(f"{where}: DeviceClass {cls_name!r} is not known")
         return class_selectors(device_classes[cls_name]) + _selectors_of(r)
 

@@ -4,13 +4,14 @@ the capacity report, the conformance checks and the simulated cluster."""
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 from dra_bridge.api.attributes import ATTR_PARENT_PCI_BUS_ID, ATTR_PCI_BUS_ID
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.quantity import parse_quantity
 
 
-def dev_attr(dev: dict, name: str, driver: str = DEFAULT_DRIVER):
+def dev_attr(dev: dict, name: str, driver: str = DEFAULT_DRIVER) -> Any:
     """A ResourceSlice device's attribute value (plain or ``driver/``-qualified name)."""
     attrs = dev.get("attributes") or {}
     v = attrs.get(name) or attrs.get(f"{driver}/{name}")

@@ -4,12 +4,20 @@ complete generation only), and the allocation state they are drawn from. Pure, n
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
+from typing import Any, TypeAlias
 
 from dra_bridge.api.quantity import parse_quantity
+
+#: an exact amount: an int when whole (fast arithmetic), else a Fraction
+Amount: TypeAlias = Fraction | int
+#: one counter set a device consumes from: (state key (driver, pool, set), ((counter, amount), ..),
+#: compatibility groups, the set's totals or None when the pool does not publish it)
+Consumption: TypeAlias = tuple[tuple[str, str, str], tuple[tuple[str, Amount], ...], tuple[str, ...],
+                               dict[str, Amount] | None]
 
 
 @dataclass(eq=False, slots=True)
@@ -18,23 +26,23 @@ class Device:
     pool: str
     name: str
     node: str | None  # None: available to every node
-    attributes: dict  # name -> {"string": ..} as published
-    capacity: dict  # name -> {"value": .., "requestPolicy": ..}
-    consumes: list  # [{"counterSet", "counters": {name: {"value"}}, "compatibilityGroups"}]
+    attributes: Mapping[str, Any]  # name -> {"string": ..} as published
+    capacity: Mapping[str, Any]  # name -> {"value": .., "requestPolicy": ..}
+    consumes: Sequence[dict[str, Any]]  # [{"counterSet", "counters": {name: {"value"}}, "compatibilityGroups"}]
     multi: bool = False
-    taints: list = field(default_factory=list)
+    taints: Sequence[dict[str, Any]] = field(default_factory=list)
     signature: int = 0  # devices with equal driver/attributes/capacity share CEL results
     # ``consumes`` parsed once: ((state key (driver, pool, set), ((counter, amount), ..), groups,
     # the set's totals or None), ..); shared by the devices of a pool that consume alike
-    cons: tuple = ()
+    cons: tuple[Consumption, ...] = ()
     # KEP-5007: (bindingConditions, bindingFailureConditions), copied into the allocation result
-    binding: tuple = ()
+    binding: tuple[tuple[str, ...], ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.driver, self.pool, self.name)
 
-    def attribute(self, name: str):
+    def attribute(self, name: str) -> Any:
         q = name if "/" in name else f"{self.driver}/{name}"
         for k in (name, q, name.split("/", 1)[-1] if name.startswith(self.driver + "/") else None):
             if k is not None and k in self.attributes:
@@ -49,15 +57,15 @@ class Pool:
     name: str
     generation: int
     complete: bool
-    counters: dict[str, dict[str, Fraction]]  # counter set -> counter -> total
+    counters: dict[str, dict[str, Amount]]  # counter set -> counter -> total
     devices: list[Device]
 
 
-_QCACHE: dict[str, Fraction | int] = {}
-_NONE = MappingProxyType({})  # one shared, read-only empty map for devices without attributes/capacity
+_QCACHE: dict[str, Amount] = {}
+_NONE: Mapping[str, Any] = MappingProxyType({})  # one shared, read-only empty map for devices without attributes/capacity
 
 
-def quantity_value(v) -> Fraction | int:
+def quantity_value(v: str | int | Fraction | dict[str, Any]) -> Amount:
     """A quantity as an exact number: an int when whole (fast arithmetic), else a Fraction."""
     raw = v["value"] if isinstance(v, dict) else v
     if isinstance(raw, str):
@@ -72,7 +80,7 @@ def quantity_value(v) -> Fraction | int:
     return int(q) if q.denominator == 1 else q
 
 
-def read_pools(slices: Iterable[dict]) -> dict[tuple[str, str], Pool]:
+def read_pools(slices: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Pool]:
     slices = list(slices)  # kept alive while ids below are used as memo keys
     by_pool: dict[tuple[str, str], list[dict]] = {}
     for s in slices:
@@ -82,15 +90,15 @@ def read_pools(slices: Iterable[dict]) -> dict[tuple[str, str], Pool]:
     signatures: dict[str, int] = {}
     # Per published device entry (by identity: slices of many nodes often share them): its
     # CEL signature and its consumption in a pool-independent form.
-    per_entry: dict[tuple[str, int], tuple[int, tuple]] = {}
-    generics: dict[tuple, tuple] = {}
+    per_entry: dict[tuple[str, int], tuple[int, tuple[Any, ...]]] = {}
+    generics: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     for (driver, name), group in by_pool.items():
         gen = max(s["spec"]["pool"].get("generation", 0) for s in group)
         newest = [s for s in group if s["spec"]["pool"].get("generation", 0) == gen]
         expected = max(s["spec"]["pool"].get("resourceSliceCount", 1) for s in newest)
-        counters: dict[str, dict[str, Fraction]] = {}
+        counters: dict[str, dict[str, Amount]] = {}
         devices = []
-        interned: dict[int, tuple] = {}  # pool-independent consumption (by id) -> this pool's
+        interned: dict[int, tuple[Consumption, ...]] = {}  # pool-independent consumption (by id) -> this pool's
         for s in newest:
             for cs in s["spec"].get("sharedCounters") or []:
                 counters[cs["name"]] = {k: quantity_value(v) for k, v in cs.get("counters", {}).items()}
@@ -126,11 +134,11 @@ def read_pools(slices: Iterable[dict]) -> dict[tuple[str, str], Pool]:
 class State:
     """What is taken: exclusive devices, counter use, capacity shares, compatibility groups."""
 
-    def __init__(self):
-        self.taken: set[tuple] = set()
-        self.used: dict[tuple, dict[str, Fraction]] = {}  # (driver, pool, set) -> counter -> used
-        self.groups: dict[tuple, list[list[str]]] = {}  # (driver, pool, set) -> group lists in use
-        self.shared: dict[tuple, dict[str, Fraction]] = {}  # device key -> capacity -> consumed
+    def __init__(self) -> None:
+        self.taken: set[tuple[str, str, str]] = set()
+        self.used: dict[tuple[str, str, str], dict[str, Amount]] = {}  # (driver, pool, set) -> counter -> used
+        self.groups: dict[tuple[str, str, str], list[Sequence[str]]] = {}  # (driver, pool, set) -> group lists in use
+        self.shared: dict[tuple[str, str, str], dict[str, Amount]] = {}  # device key -> capacity -> consumed
 
     def copy(self) -> State:
         c = State()
@@ -141,7 +149,7 @@ class State:
         return c
 
 
-def groups_compatible(in_use: list, mine) -> bool:
+def groups_compatible(in_use: list[Sequence[str]], mine: Sequence[str]) -> bool:
     for other in in_use:
         if (not other) != (not mine):
             return False

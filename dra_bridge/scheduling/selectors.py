@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from dra_bridge.scheduling.cel import Selector
     from dra_bridge.scheduling.pools import Device
 
 
@@ -20,11 +21,13 @@ class CelSelectors:
     makes that device not match (the scheduler would fail the claim); the error is kept in
     ``errors``."""
 
-    def __init__(self):
+    def __init__(self) -> None:
+        # cel imports its own CLI (typer, prompt_toolkit, rich: ~0.2 s), and the allocator, hence the
+        # parsers of vgpuctl capacity, conformance and demo, load this module for the Selectors protocol
         from dra_bridge.scheduling.cel import CelError, compile_selector, device_variable
 
         self._compile, self._variable, self._error = compile_selector, device_variable, CelError
-        self._programs: dict[str, object] = {}
+        self._programs: dict[str, Selector] = {}
         self.errors: list[str] = []
 
     def matches(self, expression: str, device: Device) -> bool:

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.verbose else logging.CRITICAL, format="%(name)s: %(message)s")
     code = 0
     for s in args.seed or [0]:
-        def progress(done: int, total: int) -> None:
+        def progress(done: int, total: int, s: int = s) -> None:
             if sys.stderr.isatty() or done % 100 == 0 or done == total:
                 print(f"\rseed {s}: {done}/{total} steps", end="" if sys.stderr.isatty() else "\n",
                       file=sys.stderr, flush=True)

@@ -47,7 +47,8 @@ def vtype(type_id: str, name: str, max_instances: int | None, framework: str = "
     )
 
 
-def series(prefix: str, board: str, start: int, sizes: list[tuple[int, int]], letter: str, *, mdev: bool = True) -> list[VgpuType]:
+def series(prefix: str, board: str, start: int, sizes: list[tuple[int, int]], letter: str, *,
+           mdev: bool = True) -> list[VgpuType]:
     fw = "mdev" if mdev else "vendor-vfio"
     return [
         vtype(f"nvidia-{start + i}" if mdev else str(start + i), f"{prefix} {board}-{gb}{letter}", n, fw)

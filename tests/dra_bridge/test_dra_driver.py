@@ -443,7 +443,8 @@ def test_crash_after_files_before_final_checkpoint_cleans_files(node, paths):
     pool = node.build_pool()
     dev_name = devices_of(pool, "0000:10:00.0", "vgpu")[0]
     claims = DictClaims()
-    ref = claims.add(claim_object("vm-crash-late", [("vgpu", dev_name)], node=node.node), uid="6f1c1c2e-0000-4000-8000-000000000003")
+    ref = claims.add(claim_object("vm-crash-late", [("vgpu", dev_name)], node=node.node),
+                     uid="6f1c1c2e-0000-4000-8000-000000000003")
 
     class CrashOnFinalCheckpoint(SimIO):
         def write_atomic(self, path, data, **kw):

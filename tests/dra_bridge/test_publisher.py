@@ -152,7 +152,8 @@ def test_publish_layout_and_schema_per_version(nodes, version):
             # 1.35+: a counters-only slice, then devices-only slices
             for s in slices:
                 assert not (s["spec"].get("devices") and s["spec"].get("sharedCounters")), s["metadata"]["name"]
-            roles = [s["metadata"]["labels"][LABEL_ROLE] for s in sorted(slices, key=lambda s: int(s["metadata"]["name"].rsplit("-", 1)[1]))]
+            by_number = sorted(slices, key=lambda s: int(s["metadata"]["name"].rsplit("-", 1)[1]))
+            roles = [s["metadata"]["labels"][LABEL_ROLE] for s in by_number]
             assert roles[0] == "counters" and set(roles[1:]) == {"devices"}
             for d in (d for s in slices for d in s["spec"].get("devices") or []):
                 for c in d.get("consumesCounters") or []:

@@ -200,7 +200,8 @@ def test_the_cli_refuses_what_kubevirt_would_not_admit(simdir, monkeypatch, caps
     """A template bug that slipped through is caught before kubectl apply sees it."""
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("kubevirt_templates.render"), "display_options", lambda d, r, n: [(True, True)] * n)
+    monkeypatch.setattr(importlib.import_module("kubevirt_templates.render"), "display_options",
+                        lambda d, r, n: [(True, True)] * n)
     code, out, err = run(capsys, "render", "vm", "--set", "name=v", "--set", "gpus.T4-1Q=2")
     assert code == 1 and out == ""
     assert "configuring multiple displays with ramfb is not valid" in err

@@ -582,7 +582,7 @@ def test_profile_claim_selects_exactly_that_profile(classes, version):
         (tmpl,) = render("claim-template", {"profile": profile})
         got = claim_selection(tmpl, classes, slices)
         # the slots of the profile's size: they may become it (its VgpuConfig in the claim says so)
-        assert got == {"vgpu": _vgpus(pool, lambda d: profile in d.type_choices)}
+        assert got == {"vgpu": _vgpus(pool, lambda d, profile=profile: profile in d.type_choices)}
         assert len(got["vgpu"]) == n
         assert tmpl["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["vgpuType"] == profile
     if version >= (1, 37):  # older servers publish one framebuffer size per GPU
@@ -615,7 +615,7 @@ def test_first_available_claim_orders_profiles(classes):
     got = claim_selection(tmpl, classes, catalog_slices() + [foreign_slice()])
     assert list(got) == ["vgpu/a100-8c", "vgpu/l40s-8q", "vgpu/t4-8q"]
     for key, profile, n in [("vgpu/a100-8c", "A100-8C", 5), ("vgpu/l40s-8q", "L40S-8Q", 6), ("vgpu/t4-8q", "T4-8Q", 4)]:
-        assert got[key] == _vgpus(pool, lambda d: d.attributes["profile"]["string"] == profile)
+        assert got[key] == _vgpus(pool, lambda d, profile=profile: d.attributes["profile"]["string"] == profile)
         assert len(got[key]) == n
 
 

@@ -115,6 +115,8 @@ def _not_through_dra(host, layouts) -> list[str]:
         if entry.mode == "dra":
             continue
         gpu = inv.gpu(addr)
+        if gpu is None:
+            continue
         held = ", ".join(f"{n} x {t}" for t, n in sorted(Counter(v.type_name for v in gpu.vgpus).items()))
         notes.append(f"GPU {gpu.index} {addr} is in {entry.mode} mode, not offered through DRA"
                      + (f" (it holds {held})" if held else ""))
