@@ -61,6 +61,7 @@ COMMANDS: dict[str, Command] = {
                       "Reads the API server (its version, and which DRA fields it keeps, found by a dry-run "
                       "ResourceSlice), KubeVirt's CR, the DeviceClasses and each GPU node's agent state. Exit 0 "
                       "when nothing failed, 1 when a check failed."),
+    "nvml-probe": Command("vgpuctl.commands.nvmlprobe", "record what NVIDIA's driver reports for each GPU (read-only)"),
     "sim": Command("vgpuctl.commands.sim", "simulated hosts and the local Kubernetes API server"),
 }
 

@@ -68,6 +68,11 @@ class NvmlTransport(Protocol):
     def vgpu_type_supported_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]: ...
     def vgpu_type_creatable_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]: ...
     def vgpu_placement_id(self, bus_id: str, vgpu: str) -> int: ...
+    # read-only facts for the probe (vgpuctl nvml-probe): which GPUs NVML sees, what each is
+    def bus_ids(self) -> list[str]: ...
+    def driver_version(self) -> str: ...
+    def device_info(self, bus_id: str) -> dict: ...
+    def supported_vgpu_types(self, bus_id: str) -> list[dict]: ...
 
 
 class Mig:
@@ -155,6 +160,7 @@ class NoNvml:
     create_gpu_instance = destroy_gpu_instance = uuid = _none
     vgpu_heterogeneous_mode = set_vgpu_heterogeneous_mode = vgpu_type_supported_placements = _none
     vgpu_type_creatable_placements = vgpu_placement_id = _none
+    bus_ids = driver_version = device_info = supported_vgpu_types = _none
 
 
 class PynvmlTransport:
@@ -306,3 +312,39 @@ class PynvmlTransport:
             if mdev.strip().lower() == vgpu.strip().lower():
                 return int(self._call(lib.nvmlVgpuInstanceGetPlacementId, inst))
         raise NvmlError(NVML_ERROR_NOT_FOUND, f"no active vGPU instance {vgpu} on {bus_id}")
+
+    # ------------------------------------------------------------------ read-only facts (the probe)
+    def bus_ids(self) -> list[str]:
+        """Every GPU NVML sees, as PCI addresses (``0000:41:00.0``), in its own order."""
+        lib = self._nvml()
+        out = []
+        for i in range(int(self._call(lib.nvmlDeviceGetCount))):
+            pci = self._call(lib.nvmlDeviceGetPciInfo, self._call(lib.nvmlDeviceGetHandleByIndex, i))
+            bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+            out.append(bus.lower()[-12:])  # NVML pads the domain to 8 digits: 00000000:41:00.0
+        return out
+
+    def driver_version(self) -> str:
+        lib = self._nvml()
+        v = self._call(lib.nvmlSystemGetDriverVersion)
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    def device_info(self, bus_id: str) -> dict:
+        """``{"name", "memory_bytes"}`` (nvmlDeviceGetName, nvmlDeviceGetMemoryInfo)."""
+        lib, h = self._handle(bus_id)
+        name = self._call(lib.nvmlDeviceGetName, h)
+        mem = self._call(lib.nvmlDeviceGetMemoryInfo, h)
+        return {"name": name.decode() if isinstance(name, bytes) else str(name), "memory_bytes": int(mem.total)}
+
+    def supported_vgpu_types(self, bus_id: str) -> list[dict]:
+        """``[{"id", "name", "framebuffer_bytes", "max_instances"}]`` (nvmlDeviceGetSupportedVgpus and the
+        nvmlVgpuTypeGet* calls); NOT_SUPPORTED on a GPU without vGPU support."""
+        lib, h = self._handle(bus_id)
+        out = []
+        for tid in self._call(lib.nvmlDeviceGetSupportedVgpus, h):
+            name = self._call(lib.nvmlVgpuTypeGetName, tid)
+            out.append({"id": int(tid), "name": name.decode() if isinstance(name, bytes) else str(name),
+                        "framebuffer_bytes": int(self._call(lib.nvmlVgpuTypeGetFramebufferSize, tid)),
+                        "max_instances": int(self._call(lib.nvmlVgpuTypeGetMaxInstances, h, tid))})
+        return out
+

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import uuid
 
+from mdev_manager import catalog
 from mdev_manager.catalog_mig import MEMORY_SLICES, has_mig, mig_profiles
 from mdev_manager.host.nvml import (
     NVML_ERROR_IN_USE,
@@ -233,3 +234,26 @@ class SimNvml:
             if not slots.mixed(gpu):
                 return slots.INVALID_PLACEMENT_ID
             return gpu.get("placements", {}).get(vgpu.lower(), slots.INVALID_PLACEMENT_ID)
+
+    # ------------------------------------------------------------------ read-only facts (the probe)
+    def bus_ids(self) -> list[str]:
+        return sorted(g["pf"] for g in self.host.state["gpus"] if catalog.board(g["board"]).vendor_id == "0x10de")
+
+    def driver_version(self) -> str:
+        return "simulated"
+
+    def _any_gpu(self, bus_id: str) -> dict:
+        gpu = next((g for g in self.host.state["gpus"] if g["pf"] == bus_id.lower()), None)
+        if gpu is None or catalog.board(gpu["board"]).vendor_id != "0x10de":
+            raise NvmlError(NVML_ERROR_NOT_FOUND, f"no NVIDIA GPU at {bus_id}")
+        return gpu
+
+    def device_info(self, bus_id: str) -> dict:
+        board = catalog.board(self._any_gpu(bus_id)["board"])
+        return {"name": f"NVIDIA {board.key}", "memory_bytes": board.framebuffer_mib * 1024 * 1024}
+
+    def supported_vgpu_types(self, bus_id: str) -> list[dict]:
+        board = catalog.board(self._any_gpu(bus_id)["board"])
+        return [{"id": int(t.num), "name": t.name, "framebuffer_bytes": (t.fb_mib or 0) * 1024 * 1024,
+                 "max_instances": t.max_instances} for t in board.types if isinstance(t.num, int)]
+

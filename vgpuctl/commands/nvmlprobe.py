@@ -1,0 +1,44 @@
+"""``vgpuctl nvml-probe``: what NVIDIA's driver reports for each GPU, read-only (a recording to check
+the catalog against: tests/mdev_manager/test_nvml_probe.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import yaml
+
+from mdev_manager.nvmlprobe import ProbeRecord, probe
+from vgpuctl.cli import options
+from vgpuctl.cli.host import open_host
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    options.add_output(p)
+    p.epilog = ("read-only: NVML's name, memory, MIG mode and GPU-instance profiles with their placements, the "
+                "vGPU types with their mixed-size placements; it never sets MIG or mixed-size mode nor resets a GPU")
+
+
+def run(args: argparse.Namespace) -> int:
+    host = open_host(args)
+    rec = probe(host.io.nvml())
+    if args.output in ("json", "yaml"):
+        data = rec.model_dump(mode="json")
+        print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
+    else:
+        print(table(rec))
+    return 0 if rec.gpus or not rec.errors else 1
+
+
+def table(rec: ProbeRecord) -> str:
+    lines = [f"driver {rec.driver_version or '?'}: {len(rec.gpus)} GPU(s)"]
+    lines += [f"  {k}: {v}" for k, v in rec.errors.items()]
+    for g in rec.gpus:
+        mig = "no MIG" if g.mig is None else f"MIG {'on' if g.mig.current else 'off'} ({len(g.mig.profiles)} profiles)"
+        mixed = {None: "no mixed-size", 0: "mixed-size off", 1: "mixed-size on"}.get(g.heterogeneous_mode, "?")
+        lines.append(f"{g.bus_id}  {g.name or '?'}  {g.memory_mib or '?'} MiB  {mig}, {mixed}, "
+                     f"{len(g.vgpu_types)} vGPU types")
+        placed = [t for t in g.vgpu_types if t.placements]
+        for t in placed:
+            lines.append(f"    {t.name}: size {t.placement_size}, at {', '.join(map(str, t.placements or []))}")
+    return "\n".join(lines)
