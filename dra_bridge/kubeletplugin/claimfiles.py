@@ -9,9 +9,10 @@ and only the claim the API server holds under that name writes it (the driver ch
 before every write), so the uid in the file is the newest claim's: its owner.
 
 A claim removes a metadata file only while the file names the claim's uid (or names none and no
-other recorded claim has that name), and a prepared claim whose file now names another uid is not
-answered with it. Callers hold the driver's lock, under which every one of these files is written,
-so what is read here cannot change before the removal.
+other recorded claim has that name); a prepared claim whose file now names another uid is not
+answered with it, and loses its metadata CDI device when the newer claim takes the file over.
+Callers hold the driver's lock, under which every one of these files is written, so what is read
+here cannot change before the removal.
 """
 
 from __future__ import annotations
@@ -44,12 +45,19 @@ def owner(io: HostIO, path: Path | str) -> str | None:
     return uid if isinstance(uid, str) else None
 
 
-def write_metadata(io: HostIO, path: Path, doc: dict) -> None:
-    """Write a claim's metadata file; taking it over from an earlier claim of the same name is logged."""
+def write_metadata(io: HostIO, paths: NodePaths, path: Path, doc: dict, request: str) -> None:
+    """Write a claim's metadata file. Taking it over from an earlier claim of the same name also
+    removes that claim's CDI device for it: a container of the old claim started now would mount
+    this claim's file (its vGPU); it gets an unresolvable CDI id instead."""
     before, uid = owner(io, path), doc["metadata"]["uid"]
     if before is not None and before != uid:
-        log.info("claim %s/%s (uid %s) takes over %s from uid %s, an earlier claim of the same name",
-                 doc["metadata"]["namespace"], doc["metadata"]["name"], uid, path, before)
+        try:
+            io.remove(metadata.cdi_path(paths.cdi_root, paths.driver, before, request))
+        except UnsafeName:
+            pass  # not a uid: no spec of its name was ever written
+        log.info("claim %s/%s (uid %s) takes over %s from uid %s, an earlier claim of the same name (its "
+                 "metadata CDI device removed)", doc["metadata"]["namespace"], doc["metadata"]["name"], uid, path,
+                 before)
     metadata.write(io, path, doc)
 
 

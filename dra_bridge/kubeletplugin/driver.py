@@ -369,7 +369,7 @@ class Driver:
         rec.cdi_files.append(str(spec_file))
         for request, devices in by_request.items():
             host = metadata.host_file(self.paths.metadata_dir, rec.namespace, rec.name, request)
-            claimfiles.write_metadata(self.io, host, metadata.document(claim, request, devices))
+            claimfiles.write_metadata(self.io, self.paths, host, metadata.document(claim, request, devices), request)
             rec.metadata_files.append(str(host))
             spec, mid = metadata.cdi_spec(self.paths.driver, rec.uid, request, host,
                                           metadata.container_path(self.paths.driver, claim, request))

@@ -78,6 +78,10 @@ def specs_of(paths, uid: str) -> set[str]:
             if uid in (cdi.parse_spec_name(DRIVER, f.name), metadata.parse_cdi_name(DRIVER, f.name))}
 
 
+def claim_spec(uid: str) -> str:
+    return f"{DRIVER}-claim_{uid}.json"
+
+
 def vgpu_of(drv, uid: str) -> str:
     (d,) = drv.cp.claims[uid].devices
     return d.vgpu_id
@@ -91,7 +95,8 @@ def test_the_old_uids_unprepare_leaves_the_new_claims_files(node, paths, vm):
     new_vgpu = vgpu_of(drv, NEW)
     assert owner_and_vgpu(paths) == (NEW, new_vgpu)  # the new claim took the path over
     new_specs, text = specs_of(paths, NEW), meta_file(paths).read_text()
-    assert len(new_specs) == 2 and len(specs_of(paths, OLD)) == 2
+    # and the old claim's CDI device for that file is gone: it would mount the new claim's file
+    assert len(new_specs) == 2 and specs_of(paths, OLD) == {claim_spec(OLD)}
 
     assert drv.unprepare([old]) == {OLD: None}
     assert specs_of(paths, OLD) == set() and old_vgpu not in node.mdevs()
@@ -108,7 +113,7 @@ def test_the_new_uid_unprepared_first_then_the_old(node, paths, vm):
     assert drv.prepare([new])[NEW].error is None
     assert drv.unprepare([new]) == {NEW: None}
     assert not meta_file(paths).exists() and specs_of(paths, NEW) == set()
-    assert len(specs_of(paths, OLD)) == 2 and vgpu_of(drv, OLD) in node.mdevs()
+    assert specs_of(paths, OLD) == {claim_spec(OLD)} and vgpu_of(drv, OLD) in node.mdevs()
     assert drv.unprepare([old]) == {OLD: None}
     assert list(paths.cdi_root.iterdir()) == [] and not (paths.metadata_dir / "default_vm-gpu").exists()
     assert node.mdevs() == set()
@@ -160,7 +165,6 @@ def test_a_crash_in_the_new_claims_prepare_before_its_files_leaves_the_old_ones(
 
 def test_a_crash_in_the_new_claims_prepare_after_its_files_removes_only_its_own(node, paths, vm):
     drv, claims, pool, old, new = vm
-    old_specs = specs_of(paths, OLD)
 
     class CrashOnFinalCheckpoint(SimIO):
         def write_atomic(self, path, data, **kw):
@@ -175,7 +179,7 @@ def test_a_crash_in_the_new_claims_prepare_after_its_files_removes_only_its_own(
     restarted = make_driver(node, paths, claims, pool)
     assert restarted.recover() == [NEW]
     assert not meta_file(paths).exists() and specs_of(paths, NEW) == set()  # the new claim's, its own
-    assert specs_of(paths, OLD) == old_specs and node.mdevs() == {vgpu_of(restarted, OLD)}
+    assert specs_of(paths, OLD) == {claim_spec(OLD)} and node.mdevs() == {vgpu_of(restarted, OLD)}
 
 
 def test_a_crash_in_the_old_uids_unprepare_is_finished_without_the_new_claims_files(node, paths, vm):
@@ -204,7 +208,7 @@ def test_a_rebuilt_checkpoint_gives_the_shared_file_to_the_uid_it_names(node, pa
     rebuilt = make_driver(node, paths, claims, pool)
     recs = rebuilt.cp.claims
     assert recs[NEW].metadata_files == [str(meta_file(paths))] and recs[OLD].metadata_files == []
-    assert (recs[OLD].namespace, recs[OLD].name) == ("default", "vm-gpu")  # from its metadata CDI spec
+    assert recs[OLD].cdi_files == [str(paths.cdi_root / claim_spec(OLD))]
     assert (vgpu_of(rebuilt, OLD), vgpu_of(rebuilt, NEW)) == (old_vgpu, new_vgpu)
 
     assert rebuilt.unprepare([old]) == {OLD: None}
