@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
-from dra_bridge.kubeletplugin import cdi, metadata, recovery
+from dra_bridge.kubeletplugin import cdi, claimfiles, metadata, recovery
 from dra_bridge.kubeletplugin.checkpoint import (
     Checkpoint,
     CheckpointCorrupt,
@@ -177,6 +177,11 @@ class Driver:
         known = self.cp.claims.get(ref.uid)
         if known and known.state == "prepared":
             _fill_identity(known, ref)
+            taken = claimfiles.taken_over(self.io, self.paths, known)
+            if taken:  # a container started now would mount the newer claim's device metadata
+                raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}): its metadata file {taken[0][0]} "
+                                   f"now describes uid {taken[0][1]}, a claim of the same name made since; not "
+                                   "answering with another claim's device: unprepare this one (delete its pod)")
             if not self._of_this_boot(known, boot):
                 return self._recreate(ref, known, boot, f"in an earlier boot ({known.boot_id or 'boot not recorded'})")
             # the answer must name devices that exist: one removed behind the plugin's back (by
@@ -343,7 +348,12 @@ class Driver:
         return fn["iommu_group"], fn["vfio_dev"], {"resource.kubernetes.io/pciBusID": {"string": d.gpu}}
 
     def _write_files(self, rec: ClaimRecord, claim: dict) -> None:
-        """The claim's CDI spec, metadata files and their CDI specs, from its devices on the host."""
+        """The claim's CDI spec, metadata files and their CDI specs, from its devices on the host;
+        only for the claim the API server holds under that name now (the metadata path is shared
+        by name: the newest claim owns it, see :mod:`.claimfiles`)."""
+        if claim["metadata"].get("uid") != rec.uid:
+            raise PrepareError(f"claim {rec.namespace}/{rec.name} is now uid {claim['metadata'].get('uid')}, not "
+                               f"{rec.uid}: no files are written for the claim it replaced")
         cdi_devices: dict[str, list[dict]] = {}
         by_request: dict[str, list[dict]] = {}
         rec.cdi_files, rec.metadata_files = [], []
@@ -359,7 +369,7 @@ class Driver:
         rec.cdi_files.append(str(spec_file))
         for request, devices in by_request.items():
             host = metadata.host_file(self.paths.metadata_dir, rec.namespace, rec.name, request)
-            metadata.write(self.io, host, metadata.document(claim, request, devices))
+            claimfiles.write_metadata(self.io, self.paths, host, metadata.document(claim, request, devices), request)
             rec.metadata_files.append(str(host))
             spec, mid = metadata.cdi_spec(self.paths.driver, rec.uid, request, host,
                                           metadata.container_path(self.paths.driver, claim, request))
@@ -437,35 +447,8 @@ class Driver:
                     remove_vgpu(self.ex, self.env, self.io, d)
                 elif d.kind == "passthrough" and (d.rebound or d.vfs_disabled):
                     release_passthrough(self.ex, read_one_gpu(self.env, self.io, d.gpu), d)
-        cdi_files, metadata_files = self._files(rec)
-        for f in cdi_files + metadata_files:
-            self.io.remove(f)
-        for f in metadata_files:  # remove the per-claim directories the metadata lived in
-            for parent in (Path(f).parent, Path(f).parent.parent):
-                if not self.paths.owns(parent):
-                    continue
-                try:
-                    self.io.rmdir(parent)
-                except OSError:
-                    pass
-
-    def _files(self, rec: ClaimRecord) -> tuple[list[str], list[str]]:
-        """The claim's CDI and metadata files: recorded ones plus the deterministic paths prepare
-        writes (a crash after writing them but before the final checkpoint left them unrecorded).
-        Only files below the plugin's own directories, whatever the record says."""
-        cdi_files = list(rec.cdi_files)
-        metadata_files = list(rec.metadata_files)
-        try:
-            cdi_files.append(str(cdi.spec_path(self.paths.cdi_root, self.paths.driver, rec.uid)))
-            for request in sorted({d.request for d in rec.devices if d.request}):
-                cdi_files.append(str(metadata.cdi_path(self.paths.cdi_root, self.paths.driver, rec.uid, request)))
-                if rec.namespace and rec.name:
-                    metadata_files.append(
-                        str(metadata.host_file(self.paths.metadata_dir, rec.namespace, rec.name, request)))
-        except UnsafeName:
-            pass  # a record the checkpoint's validation let through cannot name a path; keep what is recorded
-        own = self.paths.owns
-        return ([f for f in dict.fromkeys(cdi_files) if own(f)], [f for f in dict.fromkeys(metadata_files) if own(f)])
+        # files by uid: a metadata file a re-created claim of the same name wrote stays (claimfiles)
+        claimfiles.remove(self.io, self.paths, rec, self.cp.claims.values())
 
     # ------------------------------------------------------------ for the node manager and health
     def usage(self) -> Usage:

@@ -3,7 +3,8 @@
 Host file ``<data dir>/dra-device-metadata/<ns>_<claim>/<request>/metadata.json``, bound
 read-only into the container by a CDI spec of kind ``<driver>/metadata`` (dra.md).
 KubeVirt 1.9 accepts only ``metadata.resource.k8s.io/v1alpha1`` and reads ``mdevUUID``
-first, then ``resource.kubernetes.io/pciBusID``.
+first, then ``resource.kubernetes.io/pciBusID``. The path is the claim's name, not its uid: the
+``metadata.uid`` inside says which claim owns the file (:mod:`.claimfiles`).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from dra_bridge.rpc.proto import vgpuctl_dra_v1beta1_pb2 as dra_v1beta1_pb2
 from dra_bridge.rpc.proto import vgpuctl_dra_v1beta1_pb2_grpc as dra_v1beta1_grpc
 from dra_bridge.rpc.proto import vgpuctl_pluginregistration_pb2 as reg_pb2
 from dra_bridge.rpc.proto import vgpuctl_pluginregistration_pb2_grpc as reg_grpc
-from dra_bridge.rpc.sockets import check_socket_path, prepare_socket, remove_socket
+from dra_bridge.rpc.sockets import SocketKeeper, check_socket_path, prepare_socket, remove_socket
 from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, DraDriver, PrepareResult, RegistrationState
 
 log = logging.getLogger(__name__)
@@ -213,6 +213,9 @@ class KubeletPlugin:
     changes (and, if ``health_resend_interval`` is set, at least that often).
     ``serialize``: call the driver for one request at a time. ``supported_versions``: the DRA
     services registration lists (the health services follow when the driver has ``health()``).
+    ``watch_sockets``: bind a socket again when it is removed behind the plugin's back (its
+    directory removed and re-created with the kubelet's state, or the file alone), noticed by
+    inotify or, at the latest, after ``socket_poll_interval`` seconds (:class:`SocketKeeper`).
     """
 
     def __init__(
@@ -227,6 +230,8 @@ class KubeletPlugin:
         supported_versions: Sequence[str] = SUPPORTED_VERSIONS,
         max_workers: int = 10,
         serialize: bool = True,
+        watch_sockets: bool = True,
+        socket_poll_interval: float = 1.0,
     ) -> None:
         if not _DRIVER_NAME_RE.match(driver_name) or len(driver_name) > 63:
             raise ValueError(f"invalid DRA driver name {driver_name!r}")
@@ -252,6 +257,10 @@ class KubeletPlugin:
         self._streams: set[threading.Event] = set()
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
+        self.watch_sockets = watch_sockets
+        self.socket_poll_interval = socket_poll_interval
+        self._serve_lock = threading.RLock()  # start, stop and the keeper's rebinds, one at a time
+        self._keeper: SocketKeeper | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -267,60 +276,112 @@ class KubeletPlugin:
         return self.supported_versions + health
 
     def start(self) -> None:
-        """Bind both sockets and start serving (service first, then registration)."""
-        if self.running:
-            raise RuntimeError(f"DRA plugin {self.driver_name} already started")
-        with self._state_lock:
-            self._registration = None
-            self._registered_event.clear()
-        dra_server = grpc.server(
-            ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=f"dra-{self.driver_name}")
-        )
-        dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, dra_v1_pb2), dra_server)
-        dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, dra_v1beta1_pb2), dra_server)
-        health_v1_grpc.add_DRAResourceHealthServicer_to_server(_HealthServicer(self, health_v1_pb2), dra_server)
-        health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
-            _HealthServicer(self, health_v1alpha1_pb2), dra_server
-        )
-        dra_server.add_insecure_port(prepare_socket(self.dra_socket))
-        dra_server.start()
-        self._dra_server = dra_server
-
-        try:
-            reg_server = grpc.server(
-                ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"dra-reg-{self.driver_name}")
-            )
-            reg_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), reg_server)
-            reg_server.add_insecure_port(prepare_socket(self.registration_socket))
-            reg_server.start()
-            self._reg_server = reg_server
-        except BaseException:
-            self.stop(grace=0)
-            raise
+        """Bind both sockets and start serving (service first, then registration); then keep them
+        bound (:meth:`_rebind`) unless ``watch_sockets`` is off."""
+        with self._serve_lock:
+            if self.running:
+                raise RuntimeError(f"DRA plugin {self.driver_name} already started")
+            self._forget_registration()
+            self._dra_server = self._serve_dra()
+            try:
+                self._reg_server = self._serve_registration()
+            except BaseException:
+                self.stop(grace=0)
+                raise
+            if self.watch_sockets:
+                self._keeper = SocketKeeper(
+                    # the registration socket waits for the kubelet's plugins_registry; the DRA socket's
+                    # directory is the plugin's own, made again below the kubelet's plugins directory
+                    {"registration": (self.registration_socket, self.registration_socket.parent),
+                     "dra": (self.dra_socket, self.plugin_dir.parent)},
+                    self._rebind, poll_interval=self.socket_poll_interval)
+                for name in ("registration", "dra"):
+                    self._keeper.mark(name)
+                self._keeper.start()
         log.info(
             "DRA plugin %s serving %s (registration %s)", self.driver_name, self.dra_socket, self.registration_socket
         )
 
-    def stop(self, grace: float | None = 1.0) -> None:
-        """Stop both servers, end open health streams, remove both socket files."""
-        reg_server, self._reg_server = self._reg_server, None
-        dra_server, self._dra_server = self._dra_server, None
+    def _serve_dra(self) -> grpc.Server:
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=f"dra-{self.driver_name}")
+        )
+        dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, dra_v1_pb2), server)
+        dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraServicer(self, dra_v1beta1_pb2), server)
+        health_v1_grpc.add_DRAResourceHealthServicer_to_server(_HealthServicer(self, health_v1_pb2), server)
+        health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(_HealthServicer(self, health_v1alpha1_pb2), server)
+        server.add_insecure_port(prepare_socket(self.dra_socket))
+        server.start()
+        return server
+
+    def _serve_registration(self) -> grpc.Server:
+        server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"dra-reg-{self.driver_name}"))
+        reg_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
+        server.add_insecure_port(prepare_socket(self.registration_socket))
+        server.start()
+        return server
+
+    def _rebind(self, names: list[str]) -> None:
+        """Serve again on sockets removed behind the plugin's back (the keeper's thread).
+
+        A server whose socket file is gone is stopped first: gRPC unlinks its socket path when it
+        stops, which would remove the new socket. A new DRA socket also gets a new registration:
+        the kubelet registers the plugin again and dials the new socket at once, not after its
+        reconnect backoff. Until the kubelet answers, :attr:`registered` is False (it deregistered
+        the plugin when the registration socket went).
+        """
+        with self._serve_lock:
+            keeper = self._keeper
+            if not self.running or keeper is None:  # stopped meanwhile
+                return
+            if "dra" in names:
+                log.warning("DRA socket %s is gone: serving it again", self.dra_socket)
+                self._end_streams()  # the kubelet opens its health stream again on the new socket
+                self._stop_server(self._dra_server, grace=1.0)
+                self._dra_server = self._serve_dra()  # raises: the old one stays recorded, the keeper retries
+                keeper.mark("dra")
+            if "registration" in names:
+                log.warning("registration socket %s is gone: serving it again for the kubelet to register the "
+                            "plugin anew", self.registration_socket)
+            self._stop_server(self._reg_server, grace=0)
+            self._forget_registration()
+            self._reg_server = self._serve_registration()
+            keeper.mark("registration")
+
+    @staticmethod
+    def _stop_server(server: grpc.Server | None, grace: float | None) -> None:
+        if server is not None:
+            server.stop(grace).wait(timeout=(grace or 0) + 5)
+
+    def _end_streams(self) -> None:
         with self._state_lock:
             streams = list(self._streams)
         for ev in streams:
             ev.set()
-        # Registration socket first: the kubelet then deregisters the plugin.
-        for server in (reg_server, dra_server):
-            if server is not None:
-                server.stop(grace).wait(timeout=(grace or 0) + 5)
-        for path in (self.registration_socket, self.dra_socket):
-            try:
-                remove_socket(path)
-            except OSError as exc:
-                log.warning("cannot remove %s: %s", path, exc)
+
+    def _forget_registration(self) -> None:
         with self._state_lock:
             self._registration = None
             self._registered_event.clear()
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop watching the sockets, stop both servers, end open health streams, remove both socket files."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()  # outside the lock: a rebind under way takes it
+        with self._serve_lock:
+            reg_server, self._reg_server = self._reg_server, None
+            dra_server, self._dra_server = self._dra_server, None
+            self._end_streams()
+            # Registration socket first: the kubelet then deregisters the plugin.
+            for server in (reg_server, dra_server):
+                self._stop_server(server, grace)
+            for path in (self.registration_socket, self.dra_socket):
+                try:
+                    remove_socket(path)
+                except OSError as exc:
+                    log.warning("cannot remove %s: %s", path, exc)
+            self._forget_registration()
 
     def __enter__(self) -> KubeletPlugin:
         self.start()
