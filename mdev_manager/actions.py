@@ -229,6 +229,7 @@ class Plan(BaseModel):
     actions: list[Action] = []
     skipped: list[Skip] = []
     notes: list[str] = []
+    waiting: list[Skip] = []  # entries naming a GPU that left the bus: applied once it is back
 
     def structural(self) -> bool:
         return any(isinstance(a, STRUCTURAL) for a in self.actions)

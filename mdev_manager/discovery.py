@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from mdev_manager import catalog
@@ -417,15 +418,19 @@ def is_gpu(fields: dict) -> bool:
     return fields["class_code"].lower().startswith("0x03")
 
 
-def discover(env: HostEnv | None = None, io: HostIO | None = None, node: str = "") -> Inventory:
+def discover(env: HostEnv | None = None, io: HostIO | None = None, node: str = "",
+             known: Iterable[str] = ()) -> Inventory:
     """The whole node inventory. GPUs are indexed in PCI address order; VFs belong to their PF.
+    ``known``: GPU addresses the node had before; those not found are the inventory's ``gone``.
 
     A read that fails (not one that finds nothing) raises :class:`HostReadError` naming the path.
     """
     env = env or HostEnv()
     io = io or RealIO()
     try:
-        return _discover(env, io, node)
+        inv = _discover(env, io, node)
+        inv.gone = sorted(set(known) - {g.address for g in inv.gpus})
+        return inv
     except HostReadError:
         raise
     except OSError as exc:

@@ -196,6 +196,9 @@ class Inventory(_Model):
     node: str = ""
     gpus: list[Gpu] = []
     iommufd: bool = False
+    gone: list[str] = Field([], description=(
+        "GPUs this node had (the agent's GPU numbering, the applied layout's record) that discovery does not "
+        "see: they left the bus (hot-unplug, fallen off it); a layout entry naming one waits for it"))
 
     def gpu(self, address: str) -> Gpu | None:
         return next((g for g in self.gpus if g.address == address), None)
@@ -337,3 +340,4 @@ class Blocked(BaseModel):
     gpu: str = Field(description="PCI address of the physical GPU")
     held_by: list[str] = Field(description="who holds it: processes, libvirt domains, ResourceClaims")
     blocks: str = Field(description="what the layout wants done that waits for its release")
+    gone: bool = Field(False, description="the GPU left the bus: the entry waits for it, not for a release")

@@ -50,17 +50,25 @@ def select_gpus(inv: Inventory, layouts: list[GpuLayout]) -> dict[str, GpuLayout
     A device filter (vgpu-device-manager's) narrows a selection and is no error when it
     leaves nothing: one file serves a fleet of differently equipped nodes.
     """
-    chosen, problems = _select(inv, layouts)
+    chosen, problems, _waiting = _select(inv, layouts)
     if problems:
         raise layout_error(problems, layouts)  # named as the file writes them
     return chosen
 
 
-def _select(inv: Inventory, layouts: list[GpuLayout]) -> tuple[dict[str, GpuLayout], list[str]]:
-    """:func:`select_gpus` without raising: the GPUs selected, and every selection problem."""
+def waiting_entries(inv: Inventory, layouts: list[GpuLayout]) -> list[Skip]:
+    """The entries that name a GPU which left the bus (``inv.gone``): each waits for its GPU."""
+    return _select(inv, layouts)[2]
+
+
+def _select(inv: Inventory, layouts: list[GpuLayout]) -> tuple[dict[str, GpuLayout], list[str], list[Skip]]:
+    """:func:`select_gpus` without raising: the GPUs selected, every selection problem, and the
+    entries waiting for a GPU that left the bus (by ``pciAddress``, or an ``index`` that pointed at
+    it); an ``index`` that a GPU leaving the bus would move onto another GPU is a problem."""
     chosen: dict[str, GpuLayout] = {}
     where_chosen: dict[str, str] = {}
     problems = []
+    waiting: list[Skip] = []
     nvidia = [g for g in inv.gpus if g.vendor_id == NVIDIA]
     for i, entry in enumerate(layouts):
         where = f"{entry.at(i)} ({entry.describe()})"
@@ -68,6 +76,18 @@ def _select(inv: Inventory, layouts: list[GpuLayout]) -> tuple[dict[str, GpuLayo
         if entry.all:
             hits = pool
         elif entry.index is not None:
+            if inv.gone:  # the numbers as they were with every GPU on the bus
+                full = sorted([g.address for g in pool] + inv.gone)
+                meant = full[entry.index] if entry.index < len(full) else None
+                if meant in inv.gone:
+                    waiting.append(Skip(device=meant, reason=_gone(where, meant)))
+                    continue
+                if meant is not None and (entry.index >= len(pool) or pool[entry.index].address != meant):
+                    now = pool[entry.index].address if entry.index < len(pool) else "no GPU"
+                    problems.append(f"{where}.{entry.field_name('index')}: GPU {entry.index} was {meant}, but "
+                                    f"{', '.join(inv.gone)} left the bus, so index {entry.index} now names {now}; "
+                                    "select GPUs by pciAddress, which a GPU leaving the bus does not move")
+                    continue
             hits = [pool[entry.index]] if entry.index < len(pool) else []
             if not hits:
                 problems.append(f"{where}.{entry.field_name('index')}: the node has {len(pool)} GPUs "
@@ -75,6 +95,9 @@ def _select(inv: Inventory, layouts: list[GpuLayout]) -> tuple[dict[str, GpuLayo
                 continue
         elif entry.pci_address:
             hits = [g for g in inv.gpus if g.address == entry.pci_address]
+            if not hits and entry.pci_address in inv.gone:
+                waiting.append(Skip(device=entry.pci_address, reason=_gone(where, entry.pci_address)))
+                continue
             if not hits:
                 problems.append(f"{where}.pciAddress: no GPU at {entry.pci_address}; GPUs are at "
                                 + ", ".join(g.address for g in inv.gpus))
@@ -96,7 +119,12 @@ def _select(inv: Inventory, layouts: list[GpuLayout]) -> tuple[dict[str, GpuLayo
             else:
                 chosen[g.address] = entry
                 where_chosen[g.address] = where
-    return chosen, problems
+    return chosen, problems, waiting
+
+
+def _gone(where: str, address: str) -> str:
+    return (f"{where}: GPU {address} left the bus (hot-unplug, or fallen off it); the entry waits for it and "
+            "applies once the GPU is back (a rescan or a reboot); every other GPU follows the layout")
 
 
 # ---------------------------------------------------------------- types and capacity
@@ -223,7 +251,7 @@ def make_plan(
     """The ordered steps that take the node to ``layouts``. Raises ConfigError before any step on bad input."""
     usage = usage or Usage()
     # every problem at once: the selectors', then those of each entry that did select its GPUs
-    chosen, problems = _select(inv, layouts)
+    chosen, problems, waiting = _select(inv, layouts)
     wanted: dict[str, dict[str, int]] = {}
     gpus: dict[str, Gpu] = {}
     for i, entry in enumerate(layouts):
@@ -242,7 +270,7 @@ def make_plan(
                 problems += exc.problems
     if problems:
         raise layout_error(problems, layouts)  # named as the file writes them
-    plan = Plan()
+    plan = Plan(waiting=waiting)
     for addr, entry in chosen.items():
         gpu = gpus[addr]
         mixed_record = (placement_records or {}).get(addr)

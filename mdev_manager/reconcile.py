@@ -11,6 +11,7 @@ layout only when every step succeeded and nothing is blocked (``matches``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
@@ -66,33 +67,39 @@ class Outcome(BaseModel):
 
 
 def plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None = None,
-              node: str = "") -> tuple[Inventory, Plan, list[str]]:
-    inv, plan, warnings, _blocked, _usage = _plan_once(env, io, layouts, usage_extra, node)
+              node: str = "", known: Iterable[str] = ()) -> tuple[Inventory, Plan, list[str]]:
+    inv, plan, warnings, _blocked, _usage = _plan_once(env, io, layouts, usage_extra, node, known)
     return inv, plan, warnings
 
 
+def gone_blocked(plan: Plan) -> list[Blocked]:
+    """An entry waiting for a GPU that left the bus keeps the node from its layout, as a device in use does."""
+    return [Blocked(device=s.device, gpu=s.device, held_by=[], blocks=s.reason, gone=True) for s in plan.waiting]
+
+
 def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None,
-               node: str) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
-    inv = discover(env, io, node=node)
+               node: str, known: Iterable[str] = ()) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
+    inv = discover(env, io, node=node, known=known)
     usage = collect_usage(env, io, usage_extra)
     defs, problems = persist.load_definitions(env, io)
     records = persist.load_vendor_vfio(env, io)
     plan = make_plan(inv, layouts, usage, defs, records, passthrough=persist.load_passthrough(env, io),
                      mig_records=persist.load_mig(env, io), placement_records=persist.load_placements(env, io))
-    return inv, plan, usage.warnings + problems, blocked_by_use(inv, layouts, plan, usage), usage
+    return inv, plan, usage.warnings + problems, blocked_by_use(inv, layouts, plan, usage) + gone_blocked(plan), usage
 
 
 def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bool = False,
               usage_extra: Usage | None = None, node: str = "", max_rounds: int = 4, on_step=None,
-              final_inventory: bool = True, stop=None, read_back: bool = False) -> Outcome:
+              final_inventory: bool = True, stop=None, read_back: bool = False, known: Iterable[str] = ()) -> Outcome:
     """Run rounds until nothing structural is left; ``final_inventory`` discovers the result once more.
 
     ``read_back`` plans the node once more after the work: what that plan still wants to do is an
     effect the node does not show (``unapplied``), so a write the kernel took without effect is a
-    failure, not a "matches". ``stop()`` (a pending signal) ends the work between two steps."""
+    failure, not a "matches". ``stop()`` (a pending signal) ends the work between two steps.
+    ``known``: the GPUs the node had; an entry naming one that left the bus waits (``blocked``)."""
     out = Outcome()
     for _ in range(max_rounds):
-        inv, plan, warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node)
+        inv, plan, warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, known)
         out.inventory = inv
         out.warnings = sorted(set(out.warnings + warnings))
         if dry_run:
@@ -113,9 +120,9 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
             break
     executed = any(r.report.results for r in out.rounds if r.report)
     if read_back and not dry_run and executed:
-        inv, plan, _warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node)
+        inv, plan, _warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, known)
         out.inventory = inv
         out.unapplied = [a.describe() for a in plan.actions]
     elif final_inventory:
-        out.inventory = discover(env, io, node=node)
+        out.inventory = discover(env, io, node=node, known=known)
     return out

@@ -30,7 +30,7 @@ from pathlib import Path
 from dra_bridge.agent.binder import SizeBinder, bind_loop
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
-from dra_bridge.agent.events import LayoutEvents, failed_steps_text, unapplied_text
+from dra_bridge.agent.events import LayoutEvents, blocked_reason, failed_steps_text, one_line, unapplied_text
 from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON
 from dra_bridge.api.nodepaths import NodePaths
@@ -154,7 +154,7 @@ class Daemon:
                 rejected, layouts = exc, self._last_good
                 if layouts is None:
                     raise
-            inv = discover(self.env, self.io, node=self.cfg.node_name)
+            inv = discover(self.env, self.io, node=self.cfg.node_name, known=self.gpu_ids.ids)
             policy = policy_from_layout(inv, layouts)
             if self.device_plugins is not None:
                 if layouts is None:
@@ -174,9 +174,10 @@ class Daemon:
             self._pool, self.inventory = pool, inv
             result = self.publisher.sync(pool)
             self._note_fields(self.kept.merged(self.publisher.kept))
-        except Exception:
+        except Exception as exc:  # one line in the log (the traceback at debug level)
             self.metrics.resyncs.labels("error").inc()
-            log.exception("resync failed")
+            log.error("resync failed: %s", one_line(exc))
+            log.debug("resync failed", exc_info=True)
             raise
         self.metrics.resyncs.labels("ok").inc()
         for verb, n in (("create", result.created), ("update", result.updated), ("delete", result.deleted)):
@@ -315,11 +316,11 @@ class Daemon:
             # is left alone without making a prepare wait for a whole discovery; when there is
             # something to do, the lock is taken and the node discovered and planned again under it
             out = reconcile(self.env, self.io, layouts, dry_run=True, usage_extra=self._usage(),
-                            node=self.cfg.node_name, final_inventory=False)
+                            node=self.cfg.node_name, final_inventory=False, known=self.gpu_ids.ids)
             if any(r.plan.actions for r in out.rounds):
                 with self.node_lock.hold():
                     out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
-                                    final_inventory=False, read_back=True)
+                                    final_inventory=False, read_back=True, known=self.gpu_ids.ids)
         except ConfigError as exc:
             self._reject(self._layout_name, self._digest, exc)
             raise
@@ -484,9 +485,3 @@ def content_digest(path: Path) -> str | None:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError:
         return None
-
-
-def blocked_reason(layout: str, blocked) -> str:
-    """One line for the annotation and the Event: which devices in use hold back which layout."""
-    parts = [f"{b.device} on GPU {b.gpu} held by {'; '.join(b.held_by)} blocks {b.blocks}" for b in blocked]
-    return f"layout {layout} not reached: {len(blocked)} device(s) in use: " + " | ".join(parts)

@@ -18,7 +18,9 @@ import logging
 import re
 from dataclasses import dataclass
 
+from dra_bridge.apiclient.errors import brief
 from dra_bridge.apiclient.events import record_node_event
+from mdev_manager.config import ConfigError
 from mdev_manager.executor import StepResult
 
 log = logging.getLogger(__name__)
@@ -100,3 +102,23 @@ class LayoutEvents:
         except Exception as exc:  # an event is a courtesy: the labels and metrics carry the state
             log.warning("cannot record an Event on node %s: %s", self.node, exc)
         return event
+
+
+def one_line(exc: BaseException) -> str:
+    """An error in one line: a rejected layout's problems joined, an API answer as status and message."""
+    if isinstance(exc, ConfigError):
+        return "; ".join(exc.problems) or str(exc)
+    text = brief(exc)
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def blocked_reason(layout: str, blocked) -> str:
+    """One line for the annotation and the Event: which devices in use, and which GPUs that left the
+    bus, hold back which layout."""
+    used = [b for b in blocked if not b.gone]
+    parts = [f"{b.device} on GPU {b.gpu} held by {'; '.join(b.held_by)} blocks {b.blocks}" for b in used]
+    parts += [b.blocks for b in blocked if b.gone]
+    what = ", ".join(x for x in (f"{len(used)} device(s) in use" if used else "",
+                                 f"{len(blocked) - len(used)} GPU(s) off the bus" if len(used) < len(blocked) else "")
+                     if x)
+    return f"layout {layout} not reached: {what}: " + " | ".join(parts)

@@ -376,23 +376,89 @@ class SimHost(SysfsTree):
         path.write_text(f"{uuidlib.uuid4()}\n")
 
     def remove_gpu(self, pf: str) -> None:
-        """Hot-unplug: the GPU leaves the bus (health tests)."""
+        """Hot-unplug for good: the GPU leaves the bus (health tests)."""
+        self.unplug(pf)
+        with self._locked():
+            self.state.get("unplugged", {}).pop(pf, None)
+            self._save()
+
+    def unplug(self, pf: str) -> None:
+        """The GPU leaves the bus (hot-unplug, or fallen off the bus: Xid 79): its functions, VFs,
+        vGPUs and IOMMU group vanish from sysfs, as the kernel's PCI removal does; processes holding
+        its group keep their now dead file descriptors. :meth:`replug` brings it back, cold."""
         with self._locked():
             gpu = self._gpu_of(pf)
-            if gpu and self._vfs(gpu):
-                self._disable_vfs(gpu)
-            for p, v, _ in (self._existing(gpu) if gpu else []):
+            if gpu is None or gpu["pf"] != pf:
+                raise err(errno.ENODEV, f"no GPU at {pf}")
+            for p, v, _ in self._existing(gpu):
                 if p != v:
                     self._force_remove_mdev(p, v)
-            if self._driver(pf):
-                drv = self._driver(pf)
-                os.unlink(self.sys / "bus/pci/drivers" / drv / pf)
-            if os.path.lexists(self.sys / "class/mdev_bus" / pf):
-                os.unlink(self.sys / "class/mdev_bus" / pf)
-            grp = self._group(pf)
-            os.unlink(self.sys / "bus/pci/devices" / pf)
-            os.unlink(self.sys / f"kernel/iommu_groups/{grp}/devices/{pf}")
-            shutil.rmtree(self._fdir(pf))
-            del self.state["functions"][pf]
+            for vf in self._vfs(gpu):
+                self._remove_function(vf)
+            group = self._group(pf)
+            mates = [a for a, fn in self.state["functions"].items() if fn["group"] == group and a != pf]
+            kept = {a: {**self.state["functions"][a], "spec": self._identity(a)} for a in [pf, *mates]}
+            for addr in [*mates, pf]:
+                self._remove_function(addr)
+            (self.dev / "vfio" / str(group)).unlink(missing_ok=True)
             self.state["gpus"] = [g for g in self.state["gpus"] if g["pf"] != pf]
+            gpu.pop("vfs", None)
+            slots.clear(gpu)
+            if "mig" in gpu:
+                gpu["mig"]["gis"] = []
+            self.state.setdefault("unplugged", {})[pf] = {"gpu": gpu, "functions": kept}
             self._save()
+
+    def replug(self, pf: str) -> None:
+        """A GPU that left the bus comes back (a rescan, ``echo 1 > /sys/bus/pci/rescan``): cold, as at
+        boot, on its initial driver, without VFs or vGPUs."""
+        with self._locked():
+            gone = self.state.get("unplugged", {}).pop(pf, None)
+            if gone is None:
+                raise err(errno.ENODEV, f"{pf} did not leave the bus")
+            gpu, functions = gone["gpu"], gone["functions"]
+            for addr, fn in functions.items():
+                rel = fn["rel"].rsplit("/", 1)[0]
+                spec = fn["spec"]
+                self._add_function(addr, rel, spec["vendor"], spec["device"], spec["class"], spec["svendor"],
+                                   spec["sdevice"], spec["numa"], fn["group"], fn["native"])
+                self.state["functions"][addr].update({k: v for k, v in fn.items() if k == "initial"})
+            self.state["gpus"].append(gpu)
+            self.state["gpus"].sort(key=lambda g: g["pf"])
+            if gpu.get("vf_total"):
+                self._write(self._fdir(pf) / "sriov_totalvfs", f"{gpu['vf_total']}\n")
+                self._write(self._fdir(pf) / "sriov_numvfs", "0\n")
+            for addr, fn in functions.items():
+                initial = fn.get("initial", fn["native"])
+                if initial != "none":
+                    self._bind(addr, initial, refresh=False)
+            self._refresh(gpu)
+            self._save()
+
+    def _identity(self, addr: str) -> dict:
+        """What a rescan finds again: the function's ids, class and NUMA node."""
+        fdir = self._fdir(addr)
+
+        def attr(name: str) -> str:
+            return (fdir / name).read_text().strip()
+
+        numa = int(attr("numa_node"))
+        return {"vendor": attr("vendor"), "device": attr("device"), "class": attr("class"),
+                "svendor": attr("subsystem_vendor"), "sdevice": attr("subsystem_device"),
+                "numa": None if numa < 0 else numa}
+
+    def _remove_function(self, addr: str) -> None:
+        """One function off the bus: its driver link, its sysfs directory, its IOMMU group entry."""
+        drv = self._driver(addr)
+        if drv:
+            os.unlink(self.sys / "bus/pci/drivers" / drv / addr)
+        if os.path.lexists(self.sys / "class/mdev_bus" / addr):
+            os.unlink(self.sys / "class/mdev_bus" / addr)
+        grp = self._group(addr)
+        fdir = self._fdir(addr)
+        os.unlink(self.sys / "bus/pci/devices" / addr)
+        if os.path.lexists(self.sys / f"kernel/iommu_groups/{grp}/devices/{addr}"):
+            os.unlink(self.sys / f"kernel/iommu_groups/{grp}/devices/{addr}")
+        self._drop_cdevs(fdir)
+        shutil.rmtree(fdir)
+        del self.state["functions"][addr]

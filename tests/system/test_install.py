@@ -10,6 +10,7 @@ without an index the test skips, saying so.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import venv
 from pathlib import Path
@@ -45,12 +46,21 @@ def _pip(py: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory) -> Path:
+def source(tmp_path_factory) -> Path:
+    """A copy of the checkout's sources: building a wheel writes build/ and *.egg-info beside them."""
+    dst = tmp_path_factory.mktemp("src") / "vgpuctl"
+    shutil.copytree(REPO, dst, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                                           ".pytest_cache", "tests"))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, source) -> Path:
     """An empty virtual environment (no system packages) with ``pip install <checkout>``."""
     root = tmp_path_factory.mktemp("venv")
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(root)
     py = root / "bin" / "python"
-    p = _pip(py, str(REPO))
+    p = _pip(py, str(source))
     if p.returncode != 0:
         if "No matching distribution" in p.stderr or "Could not find a version" in p.stderr or \
                 "NewConnectionError" in p.stderr or "Temporary failure in name resolution" in p.stderr:
@@ -95,8 +105,8 @@ def test_a_command_needing_the_simulators_says_how_to_get_them(plain, tmp_path, 
     assert line.startswith("error: ") and "pip install 'vgpuctl[sim]'" in line
 
 
-def test_the_sim_extra_adds_the_simulators(plain, tmp_path):
-    p = _pip(plain, f"{REPO}[sim]")
+def test_the_sim_extra_adds_the_simulators(plain, source, tmp_path):
+    p = _pip(plain, f"{source}[sim]")
     assert p.returncode == 0, p.stderr[-3000:]
     p = _run(plain, "-c", IMPORT_ALL, "", cwd=tmp_path)
     assert p.returncode == 0 and p.stdout.strip() == "", p.stdout + p.stderr[-3000:]

@@ -19,6 +19,7 @@ import yaml
 
 from dra_bridge.api.nodepaths import DEFAULT_KUBELET_ROOT, NodePaths
 from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from mdev_manager.discovery import discover, read_failed
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO
@@ -105,6 +106,12 @@ def _cannot_tell(env: HostEnv, io: HostIO, warning: str) -> Usage:
     pci = {v.id: who for v in inv.all_vgpus() if v.framework != "mdev"}
     pci |= {g.address: who for g in inv.gpus if g.driver == "vfio-pci"}
     return Usage(mdevs=mdevs, pci=pci, warnings=[warning])
+
+
+def known_gpus(host: Host, driver: str) -> list[str]:
+    """The GPUs the node agent has numbered (read-only): one of them that discovery does not find
+    left the bus, and a layout entry naming it waits for it instead of failing."""
+    return sorted(StableGpuIds(host.paths(driver).gpu_ids, host.io).ids)
 
 
 def sim_dir_for(ref: str) -> Path:

@@ -39,7 +39,7 @@ from mdev_manager.plan import NVIDIA
 from mdev_manager.reconcile import Outcome, plan_once, reconcile
 from mdev_manager.restore import restore
 from vgpuctl.cli import options
-from vgpuctl.cli.host import Host, dump, open_host, prepared_usage
+from vgpuctl.cli.host import Host, dump, known_gpus, open_host, prepared_usage
 from vgpuctl.cli.signals import StopSignals
 from vgpuctl.output.summary import summary
 from vgpuctl.output.terminal import Terminal
@@ -172,20 +172,23 @@ def run_apply(args) -> int:
     if dry_run:
         with term.status("reading the node and planning") if table else nullcontext():
             out = _no_gpu_guard(host, lambda: reconcile(
-                env, io, layouts, dry_run=True, node=node, usage_extra=_claims_usage(args, host)))
+                env, io, layouts, dry_run=True, node=node, usage_extra=_claims_usage(args, host),
+                known=known_gpus(host, args.driver)))
         before = out.inventory
     else:
         # a layout the node rejects is bad input: rejected before the lock file is made (nothing written)
         with term.status("reading the node and planning") if table else nullcontext():
-            _, first, _ = _no_gpu_guard(host, lambda: plan_once(env, io, layouts, _claims_usage(args, host), node))
+            known = known_gpus(host, args.driver)
+            _, first, _ = _no_gpu_guard(host, lambda: plan_once(env, io, layouts, _claims_usage(args, host), node,
+                                                               known))
         try:
             with _writer(args, env), StopSignals() as signals:
                 # under the lock: another writer may have changed the node while this one waited
-                before = discover(env, io, node=node)
+                before = discover(env, io, node=node, known=known)
                 applied.record(env, io, layouts, name=args.layout, source=str(args.file), by="vgpuctl apply")
                 with term.progress("applying", len(first.actions)) as on_step:
                     out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, host),
-                                    on_step=on_step, stop=signals.pending, read_back=True)
+                                    on_step=on_step, stop=signals.pending, read_back=True, known=known)
         except NodeLockBusy as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_LOCK_BUSY

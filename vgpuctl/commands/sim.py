@@ -15,7 +15,7 @@ from vgpuctl.cli.host import sim_dir_for
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
-    ssub = s.add_subparsers(dest="sim_cmd", required=True, metavar="{presets,mount,reset,reboot,apiserver}")
+    ssub = s.add_subparsers(dest="sim_cmd", required=True, metavar="{presets,mount,reset,reboot,unplug,replug,apiserver}")
     pr = ssub.add_parser("presets", help="list the shipped host presets")
     options.add_output(pr)
     m = ssub.add_parser("mount", help="mount a simulated host's sysfs with FUSE")
@@ -23,7 +23,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     m.add_argument("dir", help="mount point")
     reset = ssub.add_parser("reset", help="rebuild the simulated host (with --simulate; default preset: default)")
     reboot = ssub.add_parser("reboot", help="simulate a reboot: VFs and vGPUs vanish, definitions stay")
-    for sp in (pr, m, reset, reboot):
+    unplug = ssub.add_parser("unplug", help="a GPU leaves the bus (hot-unplug, fallen off the bus)")
+    unplug.add_argument("address", help="the GPU's PCI address, e.g. 0000:13:00.0")
+    replug = ssub.add_parser("replug", help="a GPU that left the bus comes back (a PCI rescan), cold")
+    replug.add_argument("address", help="the GPU's PCI address")
+    for sp in (pr, m, reset, reboot, unplug, replug):
         options.add_host_options(sp, suppress=True)
     a = ssub.add_parser("apiserver", help="run a local Kubernetes API server in the foreground until SIGTERM",
                         description="A local Kubernetes API server (the DRA resources and the objects vgpuctl uses) "
@@ -70,4 +74,14 @@ def run(args) -> int:
     elif args.sim_cmd == "reboot":
         sim_node(root, ref, reuse=True).host.reboot()
         print(f"simulated host {ref} rebooted: VFs and vGPUs are gone, definitions stay")
+    elif args.sim_cmd in ("unplug", "replug"):
+        host = sim_node(root, ref, reuse=True).host
+        try:
+            (host.unplug if args.sim_cmd == "unplug" else host.replug)(args.address)
+        except OSError as exc:  # no such GPU (or not unplugged): the address is bad input
+            raise ValueError(f"sim {args.sim_cmd} {args.address}: {exc.strerror}") from None
+    if args.sim_cmd == "unplug":
+        print(f"GPU {args.address} left the bus of simulated host {ref}: its functions, VFs and vGPUs are gone")
+    elif args.sim_cmd == "replug":
+        print(f"GPU {args.address} is back on the bus of simulated host {ref}, cold (no VFs, no vGPUs)")
     return 0

@@ -29,7 +29,7 @@ from mdev_manager.config import GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.reconcile import plan_once, reconcile
 from vgpuctl.cli import options
-from vgpuctl.cli.host import Host, NotSetUp, open_host, prepared_usage
+from vgpuctl.cli.host import Host, NotSetUp, known_gpus, open_host, prepared_usage
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,8 +66,8 @@ class _ReadOnly:
 def node_slices(env, io, node: str, *, paths: NodePaths, shape: Shape, layouts=None) -> tuple[list[dict], list[str]]:
     """(slices, warnings): what this node's agent publishes in ``shape`` (the agent's own
     :func:`~dra_bridge.pool.shape.node_pool`). Shared with ``capacity``."""
-    inv = discover(env, io, node=node)
     ids = StableGpuIds(paths.gpu_ids, _ReadOnly(io))
+    inv = discover(env, io, node=node, known=ids.ids)
     pool = node_pool(inv, layouts, paths.driver, shape, numbered=ids.apply(inv))
     plan = plan_slices(pool, driver=paths.driver, node_name=node, pool_name=node, generation=1,
                        server_version=shape.version)
@@ -126,7 +126,7 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
         yield host
         return
     usage = prepared_usage(host, driver)
-    _, plan, _ = plan_once(host.env, host.io, layouts, usage, host.node)
+    _, plan, _ = plan_once(host.env, host.io, layouts, usage, host.node, known_gpus(host, driver))
     if not plan.actions:
         yield host
         return
@@ -139,7 +139,7 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
           f"has applied it ({len(plan.actions)} steps, taken on a scratch copy; the node is unchanged)", file=sys.stderr)
     with host.scratch() as copy:
         out = reconcile(copy.env, copy.io, layouts, usage_extra=prepared_usage(copy, driver), node=copy.node,
-                        final_inventory=False)
+                        final_inventory=False, known=known_gpus(copy, driver))
         if not out.ok:
             raise NotSetUp(f"applying {what} on a scratch copy of the simulated node failed; vgpuctl --simulate "
                            "apply shows why")

@@ -178,10 +178,13 @@ def _capped(lines: list[str], verbose: bool, what: str) -> list[str]:
 
 def blocked_lines(blocked: list[Blocked], verbose: bool = False) -> list[str]:
     """Each device in use that keeps the node from the layout, its holders, what waits for it."""
-    items = [[f"  {b.device} on GPU {b.gpu}: held by {'; '.join(b.held_by)}", f"    blocks {b.blocks}"]
+    items = [[f"  GPU {b.gpu}: left the bus", f"    {b.blocks}"] if b.gone else
+             [f"  {b.device} on GPU {b.gpu}: held by {'; '.join(b.held_by)}", f"    blocks {b.blocks}"]
              for b in blocked]
     shown = items if verbose or len(items) <= LISTED else items[:LISTED]
-    lines = ["Blocked by devices in use:"] + [line for pair in shown for line in pair]
+    head = "Blocked by devices in use:" if not any(b.gone for b in blocked) else \
+        "Blocked by devices in use, or waiting for GPUs that left the bus:"
+    lines = [head] + [line for pair in shown for line in pair]
     if len(shown) < len(items):
         lines.append(f"  ... and {len(items) - len(shown)} more devices in use (-v lists them all)")
     return lines

@@ -1,0 +1,150 @@
+"""A GPU that leaves the bus (issue #23, point 8): hot-unplug, or fallen off it.
+
+Its devices are withdrawn at the next resync; the layout entries naming it are reported waiting
+(state label ``pending``, the reason annotation, an Event) while every other GPU keeps converging;
+no traceback; an ``index:`` selection that would shift onto another GPU is refused, naming
+``pciAddress``; prepared claims on the gone GPU unprepare cleanly; the GPU coming back (a rescan)
+takes its entry again. The simulated host does it with ``vgpuctl sim unplug|replug``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+import pytest
+import yaml
+
+from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG_STATE
+from dra_bridge.sim.apiserver import LocalApiServer
+from mdev_manager.config import ConfigError
+from mdev_manager.discovery import discover
+from mdev_manager.sim.node import sim_node
+from tests.support.dra import add_claim, pool_slices, published_devices, set_boot_id
+from tests.support.kubelet.fake_kubelet import short_root
+from vgpuctl.main import main
+
+T4A, T4B, A100, L40S = "0000:10:00.0", "0000:13:00.0", "0000:16:00.0", "0000:19:00.0"
+
+
+def _layout(*entries) -> dict:
+    return {"version": "vgpuctl/v1", "layouts": {"default": list(entries)}}
+
+
+@pytest.fixture
+def agent(tmp_path, request):
+    short, cleanup = short_root(tmp_path)
+    request.addfinalizer(cleanup)
+    srv = LocalApiServer(version="1.36", feature_gates={}).start()
+    request.addfinalizer(srv.stop)
+    node = sim_node(tmp_path / "host", "default")
+    set_boot_id(node, str(uuid.uuid4()))
+    srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {}}})
+    layout_file = tmp_path / "layouts.yaml"
+
+    def make(doc: dict) -> Daemon:
+        layout_file.write_text(yaml.safe_dump(doc))
+        cfg = ServeConfig(node_name=node.node, layout_file=layout_file, metrics_port=None, kubelet_root=short / "k",
+                          cdi_root=tmp_path / "cdi", state_label=LABEL_CONFIG_STATE)
+        d = Daemon(cfg, node.env, node.io, srv.api_client())
+        d._wrap_prepare()
+        return d
+
+    return srv, node, make, layout_file
+
+
+def _node_meta(srv, node) -> dict:
+    return srv.get_object("nodes", node.node)["metadata"]
+
+
+def _events(srv, node) -> list[str]:
+    return [e.get("message", "") for e in srv.objects("events") if e["involvedObject"]["name"] == node.node]
+
+
+def test_a_gpu_named_by_address_leaves_and_comes_back(agent, caplog):
+    srv, node, make, _ = agent
+    daemon = make(_layout({"pciAddress": T4A, "mode": "vgpu", "vgpus": {"T4-2Q": 4}},
+                          {"pciAddress": T4B, "mode": "dra"}, {"pciAddress": L40S, "mode": "dra"}))
+    daemon.resync()
+    assert _node_meta(srv, node)["labels"][LABEL_CONFIG_STATE] == "success"
+    before = published_devices(pool_slices(srv, node=node.node))
+    assert any(d.startswith("gpu-1-") for d in before)
+    # a claim prepared on the GPU that will leave
+    device = next(d.name for d in daemon._pool.devices if d.gpu == T4B and d.kind == "vgpu")
+    ref = add_claim(srv, "vm-gone", [("gpu", device)], node=node.node)
+    assert daemon.driver.prepare([ref])[ref.uid].error is None
+
+    node.host.unplug(T4B)
+    with caplog.at_level(logging.DEBUG, logger="dra_bridge"):
+        daemon.resync()  # no ConfigError: the other GPUs keep converging
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "Traceback" not in caplog.text.split("DEBUG")[0]
+    after = published_devices(pool_slices(srv, node=node.node))
+    assert not [d for d in after if d.startswith("gpu-1-")]  # withdrawn
+    assert after == {d for d in before if not d.startswith("gpu-1-")}  # nobody else renamed or lost
+    meta = _node_meta(srv, node)
+    assert meta["labels"][LABEL_CONFIG_STATE] == "pending"
+    assert T4B in meta["annotations"][ANNOTATION_CONFIG_REASON] and "left the bus" in meta["annotations"][
+        ANNOTATION_CONFIG_REASON]
+    assert any("left the bus" in m for m in _events(srv, node))
+    assert len(discover(node.env, node.io).gpu(T4A).vgpus) == 4  # the vgpu GPU still matches
+
+    # the kubelet unprepares the claim whose GPU is gone: clean, nothing left behind
+    assert daemon.driver.unprepare([ref])[ref.uid] is None
+    assert ref.uid not in daemon.driver.cp.claims
+
+    node.host.replug(T4B)  # a rescan: the GPU is back, cold
+    daemon.resync()
+    back = published_devices(pool_slices(srv, node=node.node))
+    assert {d for d in back if d.startswith("gpu-1-")}  # republished under its old number
+    assert _node_meta(srv, node)["labels"][LABEL_CONFIG_STATE] == "success"
+
+
+def test_an_index_that_would_move_to_another_gpu_is_refused(agent):
+    srv, node, make, layout_file = agent
+    daemon = make(_layout({"index": 0, "mode": "vgpu", "vgpus": {"T4-2Q": 2}}, {"index": 1, "mode": "dra"},
+                          {"index": 3, "mode": "dra"}))
+    daemon.resync()
+    node.host.unplug(T4B)  # GPU 1: index 3 would now name nothing, index 2 the L40S
+    with pytest.raises(ConfigError) as exc:
+        daemon.resync()
+    text = "; ".join(exc.value.problems)
+    assert "index 3" in text and "left the bus" in text and "pciAddress" in text
+    # an index that pointed at the gone GPU itself just waits
+    daemon = make(_layout({"index": 0, "mode": "vgpu", "vgpus": {"T4-2Q": 2}}, {"index": 1, "mode": "dra"}))
+    daemon.resync()
+    assert _node_meta(srv, node)["labels"][LABEL_CONFIG_STATE] == "pending"
+
+
+def test_the_cli_says_a_gpu_left_the_bus(agent, tmp_path, monkeypatch, capsys):
+    srv, node, make, layout_file = agent
+    daemon = make(_layout({"pciAddress": T4A, "mode": "vgpu", "vgpus": {"T4-2Q": 2}}, {"pciAddress": T4B, "mode": "dra"}))
+    daemon.resync()  # the agent numbers the node's GPUs: the CLI reads that numbering
+    monkeypatch.setenv("VGPUCTL_SIM_DIR", str(tmp_path / "sims"))
+    argv = ["--simulate", "default", "--sim-dir", str(node.root)]
+    apply = ["apply", "-f", str(layout_file), "--kubelet-root", str(daemon.cfg.kubelet_root)]
+    assert main([*argv, "sim", "unplug", T4B]) == 0
+    capsys.readouterr()
+    code = main([*argv, *apply, "-o", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 3  # converging: waiting for the GPU
+    assert [b["device"] for b in out["blocked"] if b["gone"]] == [T4B]
+    code = main([*argv, *apply])
+    text = capsys.readouterr().out
+    assert code == 3 and "left the bus" in text
+    assert main([*argv, "sim", "replug", T4B]) == 0
+    capsys.readouterr()
+    assert main([*argv, *apply]) == 0
+
+
+def test_sim_unplug_and_replug(tmp_path):
+    node = sim_node(tmp_path / "host", "default")
+    assert len(discover(node.env, node.io).gpus) == 4
+    node.host.unplug(A100)
+    inv = discover(node.env, node.io, known=[T4A, T4B, A100, L40S])
+    assert [g.address for g in inv.gpus] == [T4A, T4B, L40S] and inv.gone == [A100]
+    node.host.replug(A100)
+    gpu = discover(node.env, node.io).gpu(A100)
+    assert gpu is not None and gpu.driver == "nvidia" and not gpu.vgpus
