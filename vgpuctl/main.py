@@ -62,6 +62,15 @@ COMMANDS: dict[str, Command] = {
                       "ResourceSlice), KubeVirt's CR, the DeviceClasses and each GPU node's agent state. Exit 0 "
                       "when nothing failed, 1 when a check failed."),
     "sim": Command("vgpuctl.commands.sim", "simulated hosts and the local Kubernetes API server"),
+    "cordon": Command("vgpuctl.commands.cordon", "take a GPU (NODE/GPU) or a node's GPUs out of new allocations",
+                      "Through DRA device taints where the API server keeps them, else by withdrawing the GPU's "
+                      "free devices; what runs there keeps running. Exit 3 while the node agent has not "
+                      "republished the GPUs."),
+    "drain": Command("vgpuctl.commands.cordon", "cordon a GPU or node, then wait for its holders to go",
+                     "Lists the claims, pods and VMs holding the GPUs (with the VMs' live-migration state), "
+                     "evicts pods only with --evict, waits up to --timeout; never touches a device in use. "
+                     "Exit 0 drained, 3 holders remain."),
+    "uncordon": Command("vgpuctl.commands.cordon", "put a cordoned GPU or node back into service"),
 }
 
 #: commands that run only on the simulators (the [sim] extra)

@@ -130,12 +130,12 @@ TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 
 def taint_rule_api(version) -> str:
     """``resource.k8s.io/<v>`` serving DeviceTaintRule on ``version``."""
-    return TAINT_RULE_API[checked_version(version)][0]
+    return TAINT_RULE_API[version_tuple(version)][0]
 
 
 def taint_rules_served(version, gates: Mapping[str, bool]) -> bool:
     """Whether a server of ``version`` with ``gates`` (resolved) serves DeviceTaintRule."""
-    gate = TAINT_RULE_API[checked_version(version)][1]
+    gate = TAINT_RULE_API[version_tuple(version)][1]
     return bool(gates.get(gate)) and bool(gates.get(DEVICE_TAINTS))
 
 

@@ -1,0 +1,165 @@
+"""The cluster's GPUs for the maintenance commands (``cordon``, ``drain``, ``uncordon``) and the
+kubectl plugin: one connection, the views (:mod:`dra_bridge.scheduling.gpuview`), naming a GPU,
+the table that fits 80 columns.
+
+A GPU is named by its node and its index (the ``gpuIndex`` its devices publish) or PCI address:
+``NODE/0``, ``NODE/0000:3b:00.0`` (``3b:00.0`` is read as domain 0000), or the index or address
+alone with ``--node NODE``; ``--node NODE`` alone is every GPU of the node.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dra_bridge.pool.cordon import NODE, parse_cordon
+from dra_bridge.scheduling.gpuview import GpuView, build_views
+from vgpuctl.cli import options
+from vgpuctl.output.tables import fit, short_model
+
+_SHORT_PCI = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+@dataclass
+class Session:
+    """A connection to the cluster for one command."""
+
+    api: object
+    version: tuple[int, int]
+    m: object  # MaintenanceApi
+    driver: str
+    namespace: str | None = None
+
+    @classmethod
+    def open(cls, args) -> Session:
+        from dra_bridge.apiclient.maintenance import MaintenanceApi
+        from dra_bridge.apiclient.publisher import server_version
+
+        api = options.connect(args)
+        version = server_version(api)
+        return cls(api, version, MaintenanceApi(api, version), args.driver, getattr(args, "namespace", None))
+
+    def views(self, nodes: list[str] | None = None) -> list[GpuView]:
+        st = self.m.state(self.namespace)
+        return build_views(st.slices, st.claims, st.pods, st.vmis, st.rules, st.cordons, driver=self.driver,
+                           nodes=nodes)
+
+    def nodes(self) -> list[str]:
+        return self.m.state().nodes
+
+
+def pci(ref: str) -> str:
+    ref = ref.strip().lower()
+    return f"0000:{ref}" if _SHORT_PCI.match(ref) else ref
+
+
+def resolve(refs: list[str], node: str | None, views: list[GpuView], cordons: dict[str, str],
+            nodes: list[str]) -> dict[str, dict[str, int | None]]:
+    """node -> {PCI address (or ``*``): index} for the GPUs ``refs`` and ``--node`` name. Unknown
+    names are bad input, listing what the node has."""
+    if not refs:
+        if node is None:
+            raise ValueError("name a GPU (NODE/INDEX, NODE/PCI-ADDRESS) or a node (--node NODE)")
+        if node not in nodes and not any(v.node == node for v in views):
+            raise ValueError(f"node {node!r} not found")
+        return {node: {NODE: None}}
+    out: dict[str, dict[str, int | None]] = {}
+    for ref in refs:
+        where, sep, gpu = ref.partition("/")
+        if not sep:
+            where, gpu = node or "", ref
+        if not where:
+            raise ValueError(f"GPU {ref!r}: which node? write NODE/{ref} or add --node NODE")
+        mine = [v for v in views if v.node == where]
+        known = {pci(a): e.index for a, e in _entries(cordons.get(where)).items() if a != NODE}
+        known |= {v.address: v.index for v in mine if v.address}
+        addr = next((a for a, i in known.items() if gpu.isdigit() and i == int(gpu)), None) or \
+            (pci(gpu) if pci(gpu) in known else None)
+        if addr is None:
+            have = ", ".join(f"{i} ({a})" for a, i in sorted(known.items(), key=lambda kv: (kv[1] is None, kv[1] or 0)))
+            raise ValueError(f"GPU {ref!r}: node {where!r} publishes no such GPU" +
+                             (f"; its GPUs: {have}" if have else " (no GPU of this driver there)"))
+        out.setdefault(where, {})[addr] = known[addr]
+    return out
+
+
+def _entries(text: str | None):
+    try:
+        return parse_cordon(text)
+    except ValueError:
+        return {}
+
+
+def selected(views: list[GpuView], targets: dict[str, dict[str, int | None]]) -> list[GpuView]:
+    return [v for v in views if v.node in targets and (NODE in targets[v.node] or v.address in targets[v.node])]
+
+
+def wait_until(done: Callable[[], bool], seconds: float, on_wait: Callable[[], None] = lambda: None,
+               every: float = 0.5) -> bool:
+    """Call ``done`` until it is true or ``seconds`` passed; ``on_wait`` between tries (progress)."""
+    deadline = time.monotonic() + seconds
+    pause = threading.Event()
+    while True:
+        if done():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        on_wait()
+        pause.wait(min(every, max(0.0, deadline - time.monotonic())))
+
+
+def holders_text(v: GpuView) -> str:
+    vms = sum(1 for h in v.holders if h.vm)
+    pods = len({p for h in v.holders for p in h.pods if not h.vm})
+    parts = ([f"{vms} VM"] if vms else []) + ([f"{pods} pod"] if pods else [])
+    claims = len({h.claim for h in v.holders})
+    return ", ".join(parts) or (f"{claims} claim" if claims else "-")
+
+
+def cordon_text(v: GpuView) -> str:
+    return f"{v.cordon} ({v.cordon_how})" if v.cordon else "-"
+
+
+def free_text(v: GpuView, limit: int | None = 3) -> str:
+    """``T4-8Q 2, whole GPU 1``: the profiles that still fit, most useful first."""
+    fits = [f"{p.profile} {p.fits}" for p in sorted(v.profiles, key=lambda p: (-(p.memory or 0), p.profile))
+            if p.fits]
+    if limit is not None and len(fits) > limit:
+        fits = fits[:limit] + [f"+{len(fits) - limit}"]
+    return ", ".join(fits) or "-"
+
+
+_KIND = {"passthrough": "whole", "vgpu": "vgpu", "mig": "mig"}
+
+
+def gpu_table(views: list[GpuView], *, wide: bool = False) -> str:
+    """One row per GPU: fits 80 columns (NODE/GPU in one column, models shortened, lists folded);
+    ``wide``: node, PCI model name, what it publishes, how it is cordoned, every free profile."""
+    if wide:
+        header = ["NODE", "GPU", "ADDRESS", "MODEL", "PUBLISHES", "CORDON", "HOLDERS", "FREE"]
+        rows = [[v.node or "-", _index(v), v.address or "?", v.product or "?", ",".join(_KIND.get(k, k) for k in v.kinds)
+                 or "-", cordon_text(v), holders_text(v), free_text(v, None)] for v in views]
+        return fit(header, rows, wide=True)
+    header = ["GPU", "ADDRESS", "MODEL", "CORDON", "HOLDERS", "FREE"]
+    rows = [[v.name(), v.address or "?", short_model(v.product), v.cordon or "-", holders_text(v), free_text(v, 2)]
+            for v in views]
+    return fit(header, rows, fold=("GPU", "MODEL", "HOLDERS", "FREE"))
+
+
+def _index(v: GpuView) -> str:
+    return "-" if v.index is None else str(v.index)
+
+
+def holder_rows(views: list[GpuView], *, wide: bool = False) -> str:
+    """One row per holder (claim, its pod or VM, the VM's migration state)."""
+    header = ["GPU", "PROFILE", "CLAIM", "POD / VM", "STATE"]
+    rows = []
+    for v in views:
+        for h in v.holders:
+            who = f"VM {h.vm}" if h.vm else ", ".join(h.pods) or "(no pod)"
+            state = h.migration or h.phase or "-"
+            rows.append([v.name(), h.profile + (f" @{h.placement}" if h.placement else ""), h.claim, who, state])
+    return fit(header, rows, wide=wide, fold=("PROFILE", "CLAIM", "POD / VM", "STATE"))

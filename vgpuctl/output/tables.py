@@ -1,0 +1,88 @@
+"""Tables that fit an 80-column terminal, and in a pipe the same lines.
+
+A table's columns are either fixed (never cut: PCI addresses, numbers, states) or foldable (names,
+lists of profiles): when the natural width passes :data:`WIDTH`, the foldable ones share what the
+fixed ones leave and their cells wrap onto more lines (at spaces, commas and hyphens; a word
+longer than its column is broken). ``-o wide`` keeps every cell on one line. GPU models are
+shortened to what admins call them (``AD102GL [L40S]`` -> ``L40S``).
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Sequence
+
+WIDTH = 80
+GAP = 2
+_MIN_FOLD = 8
+_BRAND = re.compile(r"\b(Tesla|NVIDIA|PCIe|SXM\d?|NVL|HGX)\b\s*")
+
+
+def short_model(product: str | None) -> str:
+    """``AD102GL [L40S]`` -> ``L40S``, ``GA100 [A100 PCIe 40GB]`` -> ``A100 40GB``, ``TU104GL [Tesla T4]``
+    -> ``T4``: the marketing name in the PCI database's brackets, without brand and form factor."""
+    if not product:
+        return "?"
+    m = re.search(r"\[([^\]]+)\]", product)
+    name = _BRAND.sub("", m.group(1) if m else product).strip()
+    return " ".join(name.split()) or product
+
+
+def allot(header: Sequence[str], rows: Sequence[Sequence[str]], *, fold: Sequence[str] = (),
+          width: int = WIDTH) -> list[int]:
+    """Each column's width: natural if the table fits ``width``, else the foldable columns
+    (``fold``, by header) narrowed, in proportion to their natural width, to what is left."""
+    natural = [max([len(h), *(max((len(x) for x in str(r[i]).split("\n")), default=0) for r in rows)])
+               for i, h in enumerate(header)]
+    total = sum(natural) + GAP * (len(header) - 1)
+    flex = [i for i, h in enumerate(header) if h in fold]
+    if total <= width or not flex:
+        return natural
+    fixed = sum(w for i, w in enumerate(natural) if i not in flex) + GAP * (len(header) - 1)
+    room = max(width - fixed, _MIN_FOLD * len(flex))
+    want = sum(natural[i] for i in flex)
+    out = list(natural)
+    for i in flex:
+        out[i] = max(min(natural[i], len(header[i]), _MIN_FOLD), natural[i] * room // want)
+    spare = room - sum(out[i] for i in flex)
+    for i in sorted(flex, key=lambda i: natural[i] - out[i], reverse=True):  # hand out the rounding
+        if spare <= 0:
+            break
+        add = min(spare, natural[i] - out[i])
+        out[i] += add
+        spare -= add
+    return out
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``, broken after spaces, commas and hyphens."""
+    if len(text) <= width:
+        return [text]
+    out: list[str] = []
+    for part in text.split("\n"):
+        out += textwrap.wrap(part, width, break_long_words=True, break_on_hyphens=True) or [""]
+    return out
+
+
+def fit(header: Sequence[str], rows: Sequence[Sequence[str]], *, fold: Sequence[str] = (), wide: bool = False,
+        width: int = WIDTH) -> str:
+    """A plain-text table; unless ``wide``, no line longer than ``width`` when the fixed columns allow."""
+    rows = [[str(c) for c in r] for r in rows]
+    widths = allot(header, rows, fold=() if wide else fold, width=width)
+    lines = []
+    for r in [list(header), *rows]:
+        cells = [wrap(c, w) for c, w in zip(r, widths, strict=True)]
+        for k in range(max(len(c) for c in cells)):
+            parts = [(c[k] if k < len(c) else "").ljust(w) for c, w in zip(cells, widths, strict=True)]
+            lines.append((" " * GAP).join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def fit_lines(text: str, width: int = WIDTH, indent: str = "  ") -> str:
+    """Prose lines (notes, verdicts) wrapped at ``width``; continuation lines indented."""
+    out = []
+    for line in text.split("\n"):
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
+                             break_on_hyphens=False) or [""]
+    return "\n".join(out)
