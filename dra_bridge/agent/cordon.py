@@ -13,8 +13,9 @@ import logging
 from collections.abc import Callable, Iterable
 
 from dra_bridge.api.compat import KeptFields
-from dra_bridge.api.names import ANNOTATION_CORDON
+from dra_bridge.api.names import ANNOTATION_CORDON, ANNOTATION_CORDON_APPLIED
 from dra_bridge.apiclient.errors import brief
+from dra_bridge.apiclient.nodes import set_node_annotation
 from dra_bridge.pool.cordon import Cordon, cordoned_pool, parse_cordon
 from dra_bridge.pool.model import Pool
 
@@ -32,6 +33,7 @@ class NodeCordon:
         self._text: str | None = None
         self._cordon: Cordon = {}
         self._said: str | None = None
+        self._acked: str | None = None  # the cordon.applied annotation as it is on the node
 
     def _annotation(self) -> str | None:
         if self.api_client is None:
@@ -40,7 +42,9 @@ class NodeCordon:
             from dra_bridge.apiclient.nodewatch import NodeWatch
 
             self._watch = NodeWatch(self.api_client, self.node, on_change=self._changed)
-        return self._watch.annotations().get(ANNOTATION_CORDON)
+        annotations = self._watch.annotations()
+        self._acked = annotations.get(ANNOTATION_CORDON_APPLIED)
+        return annotations.get(ANNOTATION_CORDON)
 
     def _changed(self) -> None:
         """A node event: wake the agent only when the cordon itself changed (its own patches are events too)."""
@@ -79,6 +83,18 @@ class NodeCordon:
             log.info("cordon on node %s: %s", self.node, said)
             self._said = said
         return out
+
+    def publish(self, publisher, pool: Pool, kept: KeptFields, in_use: Iterable[str]):
+        """Publish ``pool`` as the cordon wants it, then say so on the node (``cordon.applied``: the
+        cordon text acted on), once per change, so ``vgpuctl cordon`` knows when it took effect."""
+        result = publisher.sync(self.published(pool, kept, in_use))
+        if self.api_client is not None and self._acked != self._text:
+            try:
+                set_node_annotation(self.api_client, self.node, ANNOTATION_CORDON_APPLIED, self._text)
+                self._acked = self._text
+            except Exception as exc:  # noqa: BLE001 - a report: the publish stands; cordon waits and says so
+                log.info("could not annotate node %s with %s (%s)", self.node, ANNOTATION_CORDON_APPLIED, brief(exc))
+        return result
 
     def stop(self) -> None:
         if self._watch is not None:

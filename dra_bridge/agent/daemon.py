@@ -176,7 +176,7 @@ class Daemon:
                 self._safe_warned = list(pool.warnings)
             self._pool, self.inventory = pool, inv
             held = {d.device for rec in self.driver.cp.claims.values() for d in rec.devices}  # stays published
-            result = self.publisher.sync(self.cordon.published(pool, self.kept, held))
+            result = self.cordon.publish(self.publisher, pool, self.kept, held)
             self._note_fields(self.kept.merged(self.publisher.kept))
         except Exception:
             self.metrics.resyncs.labels("error").inc()

@@ -50,6 +50,9 @@ ANNOTATION_CONFIG_REASON = "vgpu.kubevirt.io/config.reason"
 #: Node annotation ``vgpuctl cordon`` writes and the agent reads (a watch of its Node): which GPUs of
 #: the node (PCI address, or ``*`` for all) take no new allocation (``dra_bridge/pool/cordon.py``).
 ANNOTATION_CORDON = "vgpu.kubevirt.io/cordon"
+#: Node annotation the agent sets once its slices publish a cordon: the cordon annotation's value it
+#: acted on (absent: none), so ``vgpuctl cordon`` and ``uncordon`` know when the change took effect.
+ANNOTATION_CORDON_APPLIED = "vgpu.kubevirt.io/cordon.applied"
 #: The device taint key of a cordoned GPU's devices, and of the DeviceTaintRule of a cordoned node;
 #: a claim tolerating it may still use the GPU (a test workload after a driver upgrade).
 TAINT_KEY_CORDON = "vgpu.kubevirt.io/cordon"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dra_bridge.api.compat import taint_rule_api
-from dra_bridge.api.names import ANNOTATION_CORDON
+from dra_bridge.api.names import ANNOTATION_CORDON, ANNOTATION_CORDON_APPLIED
 from dra_bridge.apiclient.errors import api_exception
 from dra_bridge.apiclient.objects import raw
 
@@ -30,6 +30,7 @@ class ClusterState:
     vmis: list[dict] = field(default_factory=list)
     rules: list[dict] = field(default_factory=list)
     cordons: dict[str, str] = field(default_factory=dict)  # node -> its cordon annotation
+    applied: dict[str, str] = field(default_factory=dict)  # node -> the cordon its agent published
     nodes: list[str] = field(default_factory=list)
 
 
@@ -62,9 +63,10 @@ class MaintenanceApi:
         for n in raw(self.core.list_node)["items"]:
             meta = n.get("metadata") or {}
             st.nodes.append(meta.get("name", ""))
-            text = (meta.get("annotations") or {}).get(ANNOTATION_CORDON)
-            if text:
-                st.cordons[meta.get("name", "")] = text
+            notes = meta.get("annotations") or {}
+            for key, out in ((ANNOTATION_CORDON, st.cordons), (ANNOTATION_CORDON_APPLIED, st.applied)):
+                if notes.get(key):
+                    out[meta.get("name", "")] = notes[key]
         return st
 
     def vmis(self, namespace: str | None = None) -> list[dict]:

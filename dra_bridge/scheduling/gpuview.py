@@ -106,10 +106,13 @@ def _holders(claims: Iterable[dict], pods: Iterable[dict], vmis: Iterable[dict])
 
 
 def build_views(slices: list[dict], claims: list[dict], pods: list[dict] = (), vmis: list[dict] = (),
-                rules: list[dict] = (), cordons: Mapping[str, str] | None = None, *,
-                driver: str = DEFAULT_DRIVER, nodes: list[str] | None = None) -> list[GpuView]:
+                rules: list[dict] = (), cordons: Mapping[str, str] | None = None,
+                applied: Mapping[str, str] | None = None, *, driver: str = DEFAULT_DRIVER,
+                nodes: list[str] | None = None) -> list[GpuView]:
     """One :class:`GpuView` per physical GPU of ``driver`` (``nodes``: only theirs), in node and index
-    order; a cordoned GPU whose devices were all withdrawn is shown from its cordon entry."""
+    order; a cordoned GPU whose devices were all withdrawn is shown from its cordon entry. ``applied``
+    (node -> the cordon its agent says it published; None: not known) tells a cordon not yet
+    published (``pending``)."""
     seen = tainted_slices(slices, rules)
     report = compute(seen, claims, driver=driver, nodes=nodes)
     devs = devices_by_key(seen)
@@ -128,7 +131,8 @@ def build_views(slices: list[dict], claims: list[dict], pods: list[dict] = (), v
                 h.profile = next((x["profile"] for x in g.holders if x["device"] == k[2]), "")
                 h.placement = f"{start}+{size}" if start is not None and size is not None else None
                 v.holders.append(h)
-        _cordon_of(v, parsed.get(g.node or "", {}), mine, rules, driver, g.pool)
+        acted = applied is None or (applied.get(g.node or "") == (cordons or {}).get(g.node or ""))
+        _cordon_of(v, parsed.get(g.node or "", {}), mine, rules, driver, g.pool, acted)
         views.append(v)
     shown = {(v.node, v.address) for v in views}
     for node, cordon in sorted(parsed.items()):
@@ -153,7 +157,7 @@ def _gpu_of(dev: dict) -> str | None:
 
 
 def _cordon_of(v: GpuView, cordon: Mapping[str, CordonEntry], mine: list, rules: list[dict], driver: str,
-               pool: str) -> None:
+               pool: str, acted: bool = True) -> None:
     """How the GPU is kept from new allocations, if it is: a rule, its devices' taints, withdrawal."""
     entry = entry_for(cordon, v.address or "")
     ruled = [r for r in rules if ((r.get("spec") or {}).get("taint") or {}).get("key") == TAINT_KEY_CORDON
@@ -165,7 +169,7 @@ def _cordon_of(v: GpuView, cordon: Mapping[str, CordonEntry], mine: list, rules:
     elif entry is not None:
         held = {h.device for h in v.holders}
         v.cordon = entry.effect
-        v.cordon_how = "withdrawn" if all(k[2] in held for k, _ in mine) else "pending"
+        v.cordon_how = "withdrawn" if acted and all(k[2] in held for k, _ in mine) else "pending"
     if entry is not None:
         v.reason = entry.reason
 

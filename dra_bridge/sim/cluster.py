@@ -55,6 +55,9 @@ def _resource_types():
     return (
         ResourceType("kubevirt.io", "v1", "virtualmachines", "VirtualMachine", namespaced=True,
                      singular="virtualmachine", status_subresource=True, has_generation=True, short_names=("vm",)),
+        # their instances: where `vgpuctl drain` reads a VM's live-migration state
+        ResourceType("kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", namespaced=True,
+                     singular="virtualmachineinstance", status_subresource=True, short_names=("vmi",)),
     )
 
 

@@ -32,6 +32,7 @@ class Session:
     m: object  # MaintenanceApi
     driver: str
     namespace: str | None = None
+    last: object = None  # the ClusterState the last views came from
 
     @classmethod
     def open(cls, args) -> Session:
@@ -44,8 +45,9 @@ class Session:
 
     def views(self, nodes: list[str] | None = None) -> list[GpuView]:
         st = self.m.state(self.namespace)
-        return build_views(st.slices, st.claims, st.pods, st.vmis, st.rules, st.cordons, driver=self.driver,
-                           nodes=nodes)
+        self.last = st
+        return build_views(st.slices, st.claims, st.pods, st.vmis, st.rules, st.cordons, st.applied,
+                           driver=self.driver, nodes=nodes)
 
     def nodes(self) -> list[str]:
         return self.m.state().nodes
@@ -153,13 +155,27 @@ def _index(v: GpuView) -> str:
     return "-" if v.index is None else str(v.index)
 
 
-def holder_rows(views: list[GpuView], *, wide: bool = False) -> str:
-    """One row per holder (claim, its pod or VM, the VM's migration state)."""
-    header = ["GPU", "PROFILE", "CLAIM", "POD / VM", "STATE"]
+def holder_rows(first: list[GpuView], last: list[GpuView] | None = None, evicted: dict | None = None, *,
+                wide: bool = False) -> str:
+    """One row per holder of ``first`` (its claim, pod or VM, what became of it by ``last``: still
+    holding with its phase or the VM's migration state, evicted, or gone)."""
+    now = {(h.claim, h.device): h for v in (last if last is not None else first) for h in v.holders}
+    evicted = evicted or {}
     rows = []
-    for v in views:
+    for v in first:
         for h in v.holders:
-            who = f"VM {h.vm}" if h.vm else ", ".join(h.pods) or "(no pod)"
-            state = h.migration or h.phase or "-"
-            rows.append([v.name(), h.profile + (f" @{h.placement}" if h.placement else ""), h.claim, who, state])
-    return fit(header, rows, wide=wide, fold=("PROFILE", "CLAIM", "POD / VM", "STATE"))
+            ns = h.claim.split("/", 1)[0]
+            who = f"VM {h.vm}" if h.vm else ("pod " + ", ".join(h.pods) if h.pods else "(no pod)")
+            cur = now.get((h.claim, h.device))
+            out = [p for p in h.pods if p in evicted]
+            if cur is None:
+                state = "evicted, gone" if out and all(evicted[p] is None for p in out) else "gone"
+            else:
+                state = cur.migration or cur.phase or "allocated"
+                if any(evicted.get(p) for p in out):
+                    state += "; eviction refused"
+            claim = h.claim if wide else h.claim.removeprefix(f"{ns}/")
+            rows.append([v.name(), h.profile + (f" @{h.placement}" if h.placement else ""), claim, who, state] if wide
+                        else [v.name(), who, claim, state])
+    header = ["GPU", "PROFILE", "CLAIM", "HOLDER", "STATE"] if wide else ["GPU", "HOLDER", "CLAIM", "STATE"]
+    return fit(header, rows, wide=wide, fold=("GPU", "HOLDER", "CLAIM", "STATE"))

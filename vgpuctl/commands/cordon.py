@@ -136,11 +136,15 @@ def _targets(args, s: Session):
 
 
 def _effective(s: Session, targets: dict, *, cordoned: bool) -> tuple[bool, list]:
+    """Whether the change took effect: every target node's agent published the cordon as written
+    (``cordon.applied``), or, cordoning, a DeviceTaintRule covers the GPU already."""
     views = selected(s.views(list(targets)), targets)
+    st = s.last
+    acted = all(st.applied.get(n) == st.cordons.get(n) for n in targets)
     if cordoned:
-        ok = all(v.cordon_how in ("taint", "rule", "withdrawn") for v in views)
+        ok = all(v.cordon_how == "rule" or (acted and v.cordon_how in ("taint", "withdrawn")) for v in views)
     else:
-        ok = all(v.cordon is None for v in views)
+        ok = acted and all(v.cordon is None for v in views)
     return ok, views
 
 
@@ -199,9 +203,9 @@ def run_drain(args) -> int:
     targets = _targets(args, s)
     term = Terminal()
     notes = cordon(s, targets, args.effect, args.reason)
-    ok, _ = _await(s, targets, min(args.wait, args.timeout), term, cordoned=True)
+    ok, _ = _await(s, targets, args.wait, term, cordoned=True)
     if not ok:
-        notes.append(_verdict(False, True, min(args.wait, args.timeout)))
+        notes.append(_verdict(False, True, args.wait))
     first = selected(s.views(list(targets)), targets)
     evicted: dict[str, str | None] = {}
     state = {"views": first}
@@ -258,9 +262,10 @@ def _drain_report(args, first, last, evicted: dict, notes: list[str], done: bool
     wide = args.output == "wide"
     term.print(Text(gpu_table(last, wide=wide)))
     if any(v.holders for v in first):
-        term.print(Text("\nHeld when the drain began:\n" + holder_rows(first, wide=wide)))
+        term.print(Text("\nHolders:\n" + holder_rows(first, last, evicted, wide=wide)))
     for pod, refusal in evicted.items():
-        term.print(Text(fit_lines(f"evicted {pod}" if refusal is None else f"eviction of {pod} refused: {refusal}")))
+        if refusal is not None:
+            term.print(Text(fit_lines(f"eviction of {pod} refused: {refusal}")))
     for n in notes:
         term.print(Text(fit_lines(f"note: {n}")))
     left = sum(len(v.holders) for v in last)
@@ -270,6 +275,6 @@ def _drain_report(args, first, last, evicted: dict, notes: list[str], done: bool
         return 0
     if not args.evict and any(h.pods and not h.vm for v in last for h in v.holders):
         print("hint: --evict evicts the pods (policy/v1 Eviction)", file=sys.stderr)
-    term.print(Text(fit_lines(f"not drained: {left} holder(s) still hold these GPUs after {args.timeout:g}s:"),
-                    style="yellow"), Text(holder_rows(last, wide=wide)))
+    term.print(Text(fit_lines(f"not drained: {left} holder(s) still hold these GPUs after {args.timeout:g}s; "
+                              "drain again to wait more"), style="yellow"))
     return EXIT_PENDING

@@ -31,28 +31,34 @@ def short_model(product: str | None) -> str:
 
 def allot(header: Sequence[str], rows: Sequence[Sequence[str]], *, fold: Sequence[str] = (),
           width: int = WIDTH) -> list[int]:
-    """Each column's width: natural if the table fits ``width``, else the foldable columns
-    (``fold``, by header) narrowed, in proportion to their natural width, to what is left."""
-    natural = [max([len(h), *(max((len(x) for x in str(r[i]).split("\n")), default=0) for r in rows)])
-               for i, h in enumerate(header)]
+    """Each column's width: natural if the table fits ``width``, else the foldable columns (``fold``,
+    by header) narrowed to what the fixed ones leave: each first gets its longest word (where its
+    cells can wrap), then the spare room goes to the columns closest to their natural width, so
+    as few cells wrap as can."""
+    cells = [[str(r[i]) for r in rows] for i in range(len(header))]
+    natural = [max([len(h), *(len(x) for c in col for x in c.split("\n"))]) for h, col in zip(header, cells, strict=True)]
     total = sum(natural) + GAP * (len(header) - 1)
     flex = [i for i, h in enumerate(header) if h in fold]
     if total <= width or not flex:
         return natural
-    fixed = sum(w for i, w in enumerate(natural) if i not in flex) + GAP * (len(header) - 1)
-    room = max(width - fixed, _MIN_FOLD * len(flex))
-    want = sum(natural[i] for i in flex)
+    room = width - sum(w for i, w in enumerate(natural) if i not in flex) - GAP * (len(header) - 1)
     out = list(natural)
     for i in flex:
-        out[i] = max(min(natural[i], len(header[i]), _MIN_FOLD), natural[i] * room // want)
+        words = [len(w) for c in cells[i] for w in _BREAKS.split(c)] + [len(header[i])]
+        out[i] = min(natural[i], max(_MIN_FOLD, max(words)))
     spare = room - sum(out[i] for i in flex)
-    for i in sorted(flex, key=lambda i: natural[i] - out[i], reverse=True):  # hand out the rounding
-        if spare <= 0:
-            break
+    if spare < 0:  # even the longest words do not fit: share the room, breaking words
+        for i in flex:
+            out[i] = max(_MIN_FOLD, room * out[i] // max(1, sum(out[j] for j in flex)))
+        return out
+    for i in sorted(flex, key=lambda i: natural[i] - out[i]):  # fill the nearly-fitting first
         add = min(spare, natural[i] - out[i])
         out[i] += add
         spare -= add
     return out
+
+
+_BREAKS = re.compile(r"[\s,]+|(?<=-)")
 
 
 def wrap(text: str, width: int) -> list[str]:
