@@ -49,16 +49,13 @@ class MaintenanceApi:
         self.rules_api = getattr(client, _RULE_APIS[self.rule_api_version.split("/")[1]])(api_client)
 
     # ------------------------------------------------------------ reading
-    def state(self, namespace: str | None = None) -> ClusterState:
-        """Slices, claims, pods (of ``namespace``, else all), VMIs, taint rules, cordons of every node."""
+    def state(self) -> ClusterState:
+        """Slices, claims and pods of every namespace (capacity counts them all), VMIs, taint rules,
+        every node's cordon."""
         st = ClusterState(slices=raw(self.resource.list_resource_slice)["items"])
-        if namespace:
-            st.claims = raw(self.resource.list_namespaced_resource_claim, namespace)["items"]
-            st.pods = raw(self.core.list_namespaced_pod, namespace)["items"]
-        else:
-            st.claims = raw(self.resource.list_resource_claim_for_all_namespaces)["items"]
-            st.pods = raw(self.core.list_pod_for_all_namespaces)["items"]
-        st.vmis = self.vmis(namespace)
+        st.claims = raw(self.resource.list_resource_claim_for_all_namespaces)["items"]
+        st.pods = raw(self.core.list_pod_for_all_namespaces)["items"]
+        st.vmis = self.vmis()
         st.rules = self.taint_rules()
         for n in raw(self.core.list_node)["items"]:
             meta = n.get("metadata") or {}
@@ -69,12 +66,9 @@ class MaintenanceApi:
                     out[meta.get("name", "")] = notes[key]
         return st
 
-    def vmis(self, namespace: str | None = None) -> list[dict]:
-        """KubeVirt's VirtualMachineInstances ([] where KubeVirt is not installed)."""
+    def vmis(self) -> list[dict]:
+        """KubeVirt's VirtualMachineInstances ([] where KubeVirt is not installed, or not readable)."""
         try:
-            if namespace:
-                return self.custom.list_namespaced_custom_object("kubevirt.io", "v1", namespace,
-                                                                 "virtualmachineinstances")["items"]
             return self.custom.list_cluster_custom_object("kubevirt.io", "v1", "virtualmachineinstances")["items"]
         except api_exception() as exc:
             if exc.status in (403, 404):

@@ -44,13 +44,14 @@ class Session:
         return cls(api, version, MaintenanceApi(api, version), args.driver, getattr(args, "namespace", None))
 
     def views(self, nodes: list[str] | None = None) -> list[GpuView]:
-        st = self.m.state(self.namespace)
-        self.last = st
-        return build_views(st.slices, st.claims, st.pods, st.vmis, st.rules, st.cordons, st.applied,
-                           driver=self.driver, nodes=nodes)
-
-    def nodes(self) -> list[str]:
-        return self.m.state().nodes
+        """The GPUs (of ``nodes``); with a namespace, only its holders are listed (all count)."""
+        st = self.last = self.m.state()
+        views = build_views(st.slices, st.claims, st.pods, st.vmis, st.rules, st.cordons, st.applied,
+                            driver=self.driver, nodes=nodes)
+        if self.namespace:
+            for v in views:
+                v.holders = [h for h in v.holders if h.claim.startswith(f"{self.namespace}/")]
+        return views
 
 
 def pci(ref: str) -> str:
@@ -138,17 +139,33 @@ _KIND = {"passthrough": "whole", "vgpu": "vgpu", "mig": "mig"}
 
 
 def gpu_table(views: list[GpuView], *, wide: bool = False) -> str:
-    """One row per GPU: fits 80 columns (NODE/GPU in one column, models shortened, lists folded);
-    ``wide``: node, PCI model name, what it publishes, how it is cordoned, every free profile."""
+    """One row per GPU: fits 80 columns (NODE/GPU in one column, models shortened, lists folded, the
+    CORDON column only when a GPU is cordoned); ``wide``: node, PCI model name, how each cordon is
+    enforced, every free profile."""
+    mode = lambda v: "+".join(_KIND.get(k, k) for k in v.kinds) or "-"  # noqa: E731
     if wide:
-        header = ["NODE", "GPU", "ADDRESS", "MODEL", "PUBLISHES", "CORDON", "HOLDERS", "FREE"]
-        rows = [[v.node or "-", _index(v), v.address or "?", v.product or "?", ",".join(_KIND.get(k, k) for k in v.kinds)
-                 or "-", cordon_text(v), holders_text(v), free_text(v, None)] for v in views]
+        header = ["NODE", "GPU", "ADDRESS", "MODEL", "MODE", "CORDON", "HOLDERS", "FREE"]
+        rows = [[v.node or "-", _index(v), v.address or "?", v.product or "?", mode(v), cordon_text(v),
+                 holders_text(v), free_text(v, None)] for v in views]
         return fit(header, rows, wide=True)
-    header = ["GPU", "ADDRESS", "MODEL", "CORDON", "HOLDERS", "FREE"]
-    rows = [[v.name(), v.address or "?", short_model(v.product), v.cordon or "-", holders_text(v), free_text(v, 2)]
-            for v in views]
-    return fit(header, rows, fold=("GPU", "MODEL", "HOLDERS", "FREE"))
+    cordoned = any(v.cordon for v in views)
+    header = ["GPU", "ADDRESS", "MODEL", "MODE"] + (["CORDON"] if cordoned else []) + ["HOLDERS", "FREE"]
+    rows = [[v.name(), v.address or "?", short_model(v.product), mode(v)] + ([v.cordon or "-"] if cordoned else [])
+            + [holders_text(v), free_text(v, 2)] for v in views]
+    return fit(header, rows, fold=("GPU", "MODEL", "MODE", "HOLDERS", "FREE"))
+
+
+def vgpu_rows(views: list[GpuView], *, wide: bool = False) -> str:
+    """One row per vGPU or whole GPU a claim holds: its profile and placement, its claim, pod or VM."""
+    rows = []
+    for v in views:
+        for h in v.holders:
+            vgpu = h.profile + (f" @{h.placement}" if h.placement else "")
+            who = f"VM {h.vm}" if h.vm else ("pod " + ", ".join(h.pods) if h.pods else "(no pod)")
+            rows.append([v.name(), h.device, vgpu, h.claim, who, h.migration or h.phase or "allocated"] if wide
+                        else [v.name(), vgpu, who, h.claim])
+    header = (["GPU", "DEVICE", "VGPU", "CLAIM", "HOLDER", "STATE"] if wide else ["GPU", "VGPU", "HOLDER", "CLAIM"])
+    return fit(header, rows, wide=wide, fold=("GPU", "VGPU", "HOLDER", "CLAIM"))
 
 
 def _index(v: GpuView) -> str:

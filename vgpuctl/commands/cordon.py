@@ -90,7 +90,7 @@ def _rule(node: str, pool: str, driver: str, effect: str, since: str) -> dict:
 
 
 def _pools(s: Session, node: str) -> list[str]:
-    st = s.m.state()
+    st = s.last or s.m.state()
     return sorted({(x["spec"].get("pool") or {}).get("name") for x in st.slices
                    if x["spec"].get("nodeName") == node and x["spec"].get("driver") == s.driver}) or [node]
 
@@ -130,9 +130,8 @@ def uncordon(s: Session, targets: dict) -> None:
 
 
 def _targets(args, s: Session):
-    st = s.m.state()
     views = s.views()
-    return resolve(args.gpus, args.node, views, st.cordons, st.nodes)
+    return resolve(args.gpus, args.node, views, s.last.cordons, s.last.nodes)
 
 
 def _effective(s: Session, targets: dict, *, cordoned: bool) -> tuple[bool, list]:
