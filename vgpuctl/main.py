@@ -40,6 +40,9 @@ COMMANDS: dict[str, Command] = {
     "plan": Command("vgpuctl.commands.node", "print what apply would change, per GPU (-v: every step)"),
     "apply": Command("vgpuctl.commands.node", "make the node match a layout"),
     "restore": Command("vgpuctl.commands.node", "re-create saved vGPUs that are missing (after a reboot)"),
+    "list": Command("vgpuctl.commands.list", "list the node's vGPUs, active or defined, and who holds each",
+                    "As mdevctl list (active) and mdevctl list --defined (persisted), with their holders: processes "
+                    "holding their /dev/vfio group or cdev, libvirt domains, prepared DRA claims."),
     "serve": Command("vgpuctl.commands.serve",
                      "run the node agent: reconcile, publish ResourceSlices, serve the kubelet"),
     "slices": Command("vgpuctl.commands.slices", "print the ResourceSlices this node would publish (writes nothing)"),

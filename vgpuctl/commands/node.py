@@ -40,6 +40,7 @@ from mdev_manager.reconcile import Outcome, plan_once, reconcile
 from mdev_manager.restore import restore
 from vgpuctl.cli import options
 from vgpuctl.cli.host import Host, dump, open_host, prepared_usage
+from vgpuctl.cli.scope import scoped
 from vgpuctl.cli.signals import StopSignals
 from vgpuctl.output.summary import summary
 from vgpuctl.output.terminal import Terminal
@@ -72,6 +73,8 @@ def _add_layout_arguments(p: argparse.ArgumentParser, *, writes: bool = True) ->
                    help="list every step" + (" with its result" if writes else "") + " before the per-GPU summary")
     p.add_argument("--show-ids", action="store_true",
                    help="show the kernel's type ids (nvidia-231, 1152) beside the type names (T4-2Q)")
+    p.add_argument("--gpu", metavar="INDEX|ADDRESS",
+                   help="only this GPU's entry of the layout: every other GPU is left exactly as it is")
     _add_claims_arguments(p, writes=writes)
 
 
@@ -167,6 +170,8 @@ def run_apply(args) -> int:
     layouts = load_config(args.file, args.layout)  # bad input touches nothing, not even a simulated host
     host = open_host(args)
     env, io, node = host.env, host.io, host.node
+    if args.gpu is not None:  # one GPU's re-layout (vgpuctl drain first): the others are not planned at all
+        layouts = scoped(discover(env, io, node=node), layouts, args.gpu)
     dry_run, table = args.dry_run, args.output not in ("json", "yaml")
     term = Terminal()
     if dry_run:
@@ -182,7 +187,8 @@ def run_apply(args) -> int:
             with _writer(args, env), StopSignals() as signals:
                 # under the lock: another writer may have changed the node while this one waited
                 before = discover(env, io, node=node)
-                applied.record(env, io, layouts, name=args.layout, source=str(args.file), by="vgpuctl apply")
+                if args.gpu is None:  # one GPU's entry is not what the node is for
+                    applied.record(env, io, layouts, name=args.layout, source=str(args.file), by="vgpuctl apply")
                 with term.progress("applying", len(first.actions)) as on_step:
                     out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, host),
                                     on_step=on_step, stop=signals.pending, read_back=True)
