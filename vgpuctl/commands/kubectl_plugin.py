@@ -33,8 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_driver(p)
     options.add_output(p, wide=True)
     p.add_argument("-w", "--watch", action="store_true", help="print it again at every change (Ctrl-C ends)")
-    p.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
-    p.add_argument("--watch-count", type=int, default=None, help=argparse.SUPPRESS)  # tests: end after N prints
+    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="how often --watch reads the cluster")
+    p.add_argument("--watch-count", type=int, default=None, metavar="N",
+                   help="with --watch: end after printing N times (default: until Ctrl-C)")
 
 
 def _wanted(views: list[GpuView], targets: list[str]) -> list[GpuView]:

@@ -50,7 +50,7 @@ EXIT_FAILED, EXIT_CONVERGING, EXIT_LOCK_BUSY = 1, 3, 75
 
 
 def add_discover(p: argparse.ArgumentParser) -> None:
-    options.add_output(p)
+    options.add_output(p, wide=True)
     p.add_argument("--types", action="store_true", help="list every vGPU type of every GPU, with its id")
     p.set_defaults(func=run_discover)
 
@@ -68,7 +68,7 @@ def _add_layout_arguments(p: argparse.ArgumentParser, *, writes: bool = True) ->
     p.add_argument("-f", "--file", required=True, help="layout file (vgpuctl/v1 or vgpu-device-manager v1)")
     p.add_argument("--layout", "--config-name", default="default",
                    help="named layout / vgpu-config to apply (default %(default)s)")
-    options.add_output(p, what="; json and yaml hold every step and result")
+    options.add_output(p, wide=True, what="; json and yaml hold every step and result")
     p.add_argument("-v", "--verbose", dest="steps", action="store_true",
                    help="list every step" + (" with its result" if writes else "") + " before the per-GPU summary")
     p.add_argument("--show-ids", action="store_true",
@@ -145,7 +145,7 @@ def run_discover(args) -> int:
     elif hint and not inv.gpus:
         print(hint)
     else:
-        print(inventory_table(inv, types=args.types) + (f"\nnote: {hint}" if hint else ""))
+        print(inventory_table(inv, types=args.types, wide=args.output == "wide") + (f"\nnote: {hint}" if hint else ""))
     return 0
 
 
@@ -228,7 +228,8 @@ def _print_outcome(args, term: Terminal, layouts: list[GpuLayout], before: Inven
             term.print(Text(text))
     where = f"layout {args.layout} of {args.file}" + (f" on node {node}" if node else "")
     term.print(Text(f"{'Plan' if args.dry_run else 'Applied'}: {where}", style="bold"),
-               *summary(before, layouts, out.rounds, out.blocked, names, after=out.inventory, verbose=verbose))
+               *summary(before, layouts, out.rounds, out.blocked, names, after=out.inventory, verbose=verbose,
+                        wide=args.output == "wide"))
     term.print(_verdict(args.dry_run, out, verbose))
 
 

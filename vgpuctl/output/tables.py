@@ -89,6 +89,6 @@ def fit_lines(text: str, width: int = WIDTH, indent: str = "  ") -> str:
     """Prose lines (notes, verdicts) wrapped at ``width``; continuation lines indented."""
     out = []
     for line in text.split("\n"):
-        out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=True,
                              break_on_hyphens=False) or [""]
     return "\n".join(out)
