@@ -62,12 +62,23 @@ _BREAKS = re.compile(r"[\s,]+|(?<=-)")
 
 
 def wrap(text: str, width: int) -> list[str]:
-    """``text`` in lines of at most ``width``, broken after spaces, commas and hyphens."""
+    """``text`` in lines of at most ``width``: whole list items (``a, b``) where they fit, else
+    broken after spaces and hyphens."""
     if len(text) <= width:
         return [text]
     out: list[str] = []
     for part in text.split("\n"):
-        out += textwrap.wrap(part, width, break_long_words=True, break_on_hyphens=True) or [""]
+        line = ""
+        for item in re.split(r"(?<=,) ", part):
+            if line and len(line) + 1 + len(item) <= width:
+                line += " " + item
+                continue
+            if line:
+                out.append(line)
+            pieces = textwrap.wrap(item, width, break_long_words=True, break_on_hyphens=True) or [""]
+            out += pieces[:-1]
+            line = pieces[-1]
+        out.append(line)
     return out
 
 
@@ -91,4 +102,17 @@ def fit_lines(text: str, width: int = WIDTH, indent: str = "  ") -> str:
     for line in text.split("\n"):
         out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=True,
                              break_on_hyphens=False) or [""]
+    return "\n".join(out)
+
+
+def fit_text(text: str, width: int = WIDTH) -> str:
+    """A report's lines at ``width``: a longer line goes on below, indented past its own indentation."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line.strip(), width, initial_indent=lead, subsequent_indent=lead + "    ",
+                             break_long_words=True, break_on_hyphens=False)
     return "\n".join(out)
