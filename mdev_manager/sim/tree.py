@@ -52,8 +52,9 @@ class SysfsTree:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def create(cls, root: Path, spec: HostSpec) -> Self:
-        """Build a fresh tree for ``spec`` (a cold boot: no VFs unless asked, no vGPUs)."""
+    def create(cls, root: Path, spec: HostSpec, on_gpu=None) -> Self:
+        """Build a fresh tree for ``spec`` (a cold boot: no VFs unless asked, no vGPUs); ``on_gpu()``
+        after each GPU (a progress bar: a big host takes seconds)."""
         root = Path(root)
         if (root / ".sim").exists():
             raise FileExistsError(f"{root} already holds a simulated host")
@@ -69,7 +70,7 @@ class SysfsTree:
         state = {"spec": spec.model_dump(), "gpus": [], "functions": {}, "next_group": 1, "next_vfio": 0}
         (root / ".sim/state.json").write_text(json.dumps(state))
         host = cls(root)
-        host._populate(spec)
+        host._populate(spec, on_gpu or (lambda: None))
         return host
 
     @classmethod
@@ -87,7 +88,7 @@ class SysfsTree:
         (self.sys / f"kernel/iommu_groups/{g}/devices").mkdir(parents=True, exist_ok=True)
         return g
 
-    def _populate(self, spec: HostSpec) -> None:
+    def _populate(self, spec: HostSpec, on_gpu) -> None:
         drivers = {"nvidia", "vfio-pci", "i915", "snd_hda_intel"}
         for d in drivers:
             ddir = self.sys / "bus/pci/drivers" / d
@@ -130,6 +131,7 @@ class SysfsTree:
                         self._bind(pf, initial)
                     if group.vfs_enabled and gpu["vf_total"] and initial == "nvidia":
                         self._enable_vfs(gpu, gpu["vf_total"])
+                    on_gpu()
         self._save()
 
     def _add_function(self, addr, rel, vendor, device, cls_, svendor, sdevice, numa, grp, native, physfn=None):

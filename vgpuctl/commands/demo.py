@@ -112,7 +112,8 @@ def text(rep: DemoReport) -> str:
                  f"{len(running) - nv} whole GPU bound to vfio-pci")
     L.append("[4] per physical GPU (memory counter: used of total)")
     for g in rep.gpus:
-        L.append(f"    GPU {g.index}  {g.address}  {short_model(g.model)}  ({g.framework})  {_bar(g.memory_used, g.memory_total)} "
+        L.append(f"    GPU {g.index}  {g.address}  {short_model(g.model)}  ({g.framework})  "
+                 f"{_bar(g.memory_used, g.memory_total)} "
                  f"{_human(g.memory_used)} of {_human(g.memory_total)}, "
                  + (f"{g.slices_used} of {g.slices_total} memory slices (MIG)" if g.slices_total
                     else f"{g.vgpus_used} of {g.vgpus_total} vGPUs"))

@@ -264,7 +264,8 @@ def run_restore(args) -> int:
             for w in usage.warnings:
                 print(f"warning: {w}", file=sys.stderr)
             before = len(discover(env, io).all_vgpus())
-            reports = restore(env, io, usage, stop=signals.pending)
+            with Terminal().progress("restoring", 0) as on_step:  # a bar on a terminal once it takes a while
+                reports = restore(env, io, usage, stop=signals.pending, on_step=on_step)
             after = len(discover(env, io).all_vgpus())
     except NodeLockBusy as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -32,9 +32,9 @@ def short_model(product: str | None) -> str:
 def allot(header: Sequence[str], rows: Sequence[Sequence[str]], *, fold: Sequence[str] = (),
           width: int = WIDTH) -> list[int]:
     """Each column's width: natural if the table fits ``width``, else the foldable columns (``fold``,
-    by header) narrowed to what the fixed ones leave: each first gets its longest word (where its
-    cells can wrap), then the spare room goes to the columns closest to their natural width, so
-    as few cells wrap as can."""
+    by header) narrowed to what the fixed ones leave: each first gets its longest word, then (the
+    cheapest first) its longest list item, so ``T4-8Q 2`` stays on one line, then the spare room goes
+    to the columns closest to their natural width, so as few cells wrap as can."""
     cells = [[str(r[i]) for r in rows] for i in range(len(header))]
     natural = [max([len(h), *(len(x) for c in col for x in c.split("\n"))]) for h, col in zip(header, cells, strict=True)]
     total = sum(natural) + GAP * (len(header) - 1)
@@ -43,21 +43,28 @@ def allot(header: Sequence[str], rows: Sequence[Sequence[str]], *, fold: Sequenc
         return natural
     room = width - sum(w for i, w in enumerate(natural) if i not in flex) - GAP * (len(header) - 1)
     out = list(natural)
+    items = {}
     for i in flex:
         words = [len(w) for c in cells[i] for w in _BREAKS.split(c)] + [len(header[i])]
         out[i] = min(natural[i], max(_MIN_FOLD, max(words)))
+        items[i] = min(natural[i], max([out[i], *(len(x) for c in cells[i] for x in _ITEMS.split(c))]))
     spare = room - sum(out[i] for i in flex)
     if spare < 0:  # even the longest words do not fit: share the room, breaking words
         for i in flex:
             out[i] = max(_MIN_FOLD, room * out[i] // max(1, sum(out[j] for j in flex)))
         return out
-    for i in sorted(flex, key=lambda i: natural[i] - out[i]):  # fill the nearly-fitting first
+    for i in sorted(flex, key=lambda i: items[i] - out[i]):  # whole list items first, the cheapest first
+        if items[i] - out[i] <= spare:
+            spare -= items[i] - out[i]
+            out[i] = items[i]
+    for i in sorted(flex, key=lambda i: natural[i] - out[i]):  # then fill the nearly-fitting
         add = min(spare, natural[i] - out[i])
         out[i] += add
         spare -= add
     return out
 
 
+_ITEMS = re.compile(r"(?<=,) ")
 _BREAKS = re.compile(r"[\s,]+|(?<=-)")
 
 
