@@ -59,3 +59,37 @@ def device_taints(slices: Iterable[dict]) -> dict[tuple[str, str, str], list[dic
             if d.get("taints"):
                 out[(spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""), d.get("name", ""))] = d["taints"]
     return out
+
+
+def tolerates(tolerations: Iterable[dict], taint: dict) -> bool:
+    """Kubernetes' ToleratesTaint: effect (empty: any), key (empty with Exists: any), then Exists or
+    an equal value."""
+    for tol in tolerations:
+        if tol.get("effect") and tol["effect"] != taint.get("effect"):
+            continue
+        if tol.get("key") and tol["key"] != taint.get("key"):
+            continue
+        if not tol.get("key") and tol.get("operator", "Equal") != "Exists":
+            continue
+        if tol.get("operator", "Equal") == "Exists" or (tol.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def to_evict(claims: Iterable[dict], slices: Iterable[dict]) -> dict[tuple[str, str], str]:
+    """The device-taint eviction controller's decision (KEP-5055, kube-controller-manager): claim
+    (namespace, name) -> why its pods go, for each allocated claim with a device whose ``NoExecute``
+    taint its request does not tolerate."""
+    taints = device_taints(slices)
+    out = {}
+    for c in claims:
+        meta, spec = c.get("metadata") or {}, c.get("spec") or {}
+        requests = {r.get("name"): (r.get("exactly") or r) for r in (spec.get("devices") or {}).get("requests") or []}
+        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
+            tolerations = r.get("tolerations") or requests.get(r.get("request", "").split("/")[0], {}).get(
+                "tolerations") or []
+            for t in taints.get((r.get("driver"), r.get("pool"), r.get("device")), []):
+                if t.get("effect") == "NoExecute" and not tolerates(tolerations, t):
+                    out[(meta.get("namespace", ""), meta.get("name", ""))] = (
+                        f"device {r.get('device')} has taint {t.get('key')}:NoExecute, not tolerated")
+    return out

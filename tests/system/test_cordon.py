@@ -153,6 +153,27 @@ def test_without_device_taints_the_agent_withdraws_the_free_devices_and_keeps_th
         assert c.schedule(waiting) and c.run(waiting), waiting.reason
 
 
+def test_no_execute_lets_the_clusters_device_taint_controller_evict_and_a_toleration_stays(capsys):
+    with SimCluster(version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
+        (t, pod) = t4("T4-8Q", 1, gpu_index=0)
+        (t2, stays) = t4("T4-8Q", 2, gpu_index=0)
+        t2["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
+            {"key": TAINT_KEY_CORDON, "operator": "Exists", "effect": "NoExecute"}]  # the admin's test workload
+        for obj in (t, t2):
+            c.rest("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates", obj)
+        for obj in (pod, stays):
+            c.rest("POST", "/api/v1/namespaces/default/pods", obj)
+        pods = lambda: {p["metadata"]["name"]: (p.get("status") or {}).get("phase")  # noqa: E731
+                        for p in c.rest("GET", "/api/v1/namespaces/default/pods")["items"]}
+        wait_for("both pods running", lambda: pods() == {"w1": "Running", "w2": "Running"})
+        code, out = vg(capsys, c, "drain", f"{c.node}/0", "--effect", "NoExecute", "--timeout", "5")
+        assert code == 3 and "NoExecute" in out, out  # the tolerating pod stays, and is waited for
+        wait_for("the untolerating pod evicted", lambda: pods() == {"w2": "Running"})
+        c.rest("DELETE", "/api/v1/namespaces/default/pods/w2")
+        code, out = vg(capsys, c, "drain", f"{c.node}/0", "--effect", "NoExecute", "--timeout", "30")
+        assert code == 0, out
+
+
 @pytest.mark.parametrize("args, message", [
     (["cordon"], "name a GPU"), (["cordon", "sim-node-1/7"], "node 'sim-node-1' publishes no such GPU; its GPUs: 0"),
     (["cordon", "0"], "which node?"), (["uncordon", "--node", "nowhere"], "node 'nowhere' not found")])
