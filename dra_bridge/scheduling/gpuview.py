@@ -19,7 +19,7 @@ from dra_bridge.api.attributes import ATTR_MIG_BACKED, ATTR_PLACEMENT_SIZE, ATTR
 from dra_bridge.api.names import DEFAULT_DRIVER, LABEL_VM_NAME, TAINT_KEY_CORDON
 from dra_bridge.pool.cordon import NODE, CordonEntry, entry_for, parse_cordon
 from dra_bridge.scheduling.capacity import ProfileFit, compute
-from dra_bridge.scheduling.objects import dev_attr, devices_by_key
+from dra_bridge.scheduling.objects import dev_attr, dev_gpu, devices_by_key
 from dra_bridge.scheduling.taints import selects, tainted_slices
 
 
@@ -120,7 +120,7 @@ def build_views(slices: list[dict], claims: list[dict], pods: list[dict] = (), v
     parsed = {n: _parse(t) for n, t in (cordons or {}).items()}
     views = []
     for g in report.gpus:
-        mine = [(k, d) for k, d in devs.items() if k[0] == driver and k[1] == g.pool and _gpu_of(d) == g.gpu]
+        mine = [(k, d) for k, d in devs.items() if k[0] == driver and k[1] == g.pool and dev_gpu(d) == g.gpu]
         v = GpuView(node=g.node, index=g.index, address=g.gpu, product=g.product, devices=len(mine),
                     profiles=g.profiles)
         v.kinds = sorted({"mig" if dev_attr(d, ATTR_MIG_BACKED, driver) else dev_attr(d, ATTR_TYPE, driver) or "?"
@@ -148,12 +148,6 @@ def _parse(text: str) -> dict[str, CordonEntry]:
         return parse_cordon(text)
     except ValueError:
         return {}
-
-
-def _gpu_of(dev: dict) -> str | None:
-    from dra_bridge.scheduling.objects import dev_gpu
-
-    return dev_gpu(dev)
 
 
 def _cordon_of(v: GpuView, cordon: Mapping[str, CordonEntry], mine: list, rules: list[dict], driver: str,

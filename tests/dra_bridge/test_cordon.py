@@ -17,7 +17,7 @@ from dra_bridge.pool.slices import build_slices
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.gpuview import build_views, migration_state, plan_drain
 from dra_bridge.scheduling.selectors import default_selectors
-from dra_bridge.scheduling.taints import tainted_slices
+from dra_bridge.scheduling.taints import tainted_slices, to_evict, tolerates
 from dra_bridge.sim.apiserver import LocalApiServer
 from tests.support.dra import DRIVER, make_node
 
@@ -187,3 +187,23 @@ def test_the_view_finds_each_holder_and_drain_evicts_only_what_may_move(pool):
     assert plan_drain([gpu0], evict=False).evict == []
     plan = plan_drain([gpu0], evict=True)
     assert plan.evict == ["default/p0", "default/p2"] and len(plan.wait) == 3 and not plan.done
+
+
+def test_tolerations_and_the_eviction_controllers_choice():
+    taint = {"key": TAINT_KEY_CORDON, "effect": "NoExecute"}
+    assert tolerates([{"key": TAINT_KEY_CORDON, "operator": "Exists"}], taint)
+    assert tolerates([{"operator": "Exists"}], taint)  # no key, Exists: every taint
+    assert not tolerates([{"key": TAINT_KEY_CORDON, "operator": "Exists", "effect": "NoSchedule"}], taint)
+    assert not tolerates([{"key": TAINT_KEY_CORDON, "value": "x"}], taint) and not tolerates([], taint)
+    slices = [{"spec": {"driver": DRIVER, "pool": {"name": "n"}, "devices": [{"name": "d0", "taints": [taint]},
+                                                                              {"name": "d1"}]}}]
+
+    def allocated(name, device, tolerations=()):
+        return {"metadata": {"name": name, "namespace": "ns"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"tolerations": list(tolerations)}}]}},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "gpu", "driver": DRIVER, "pool": "n", "device": device}]}}}}
+
+    claims = [allocated("on-d0", "d0"), allocated("on-d1", "d1"),
+              allocated("tolerant", "d0", [{"key": TAINT_KEY_CORDON, "operator": "Exists"}])]
+    assert list(to_evict(claims, slices)) == [("ns", "on-d0")]

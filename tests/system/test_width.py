@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dra_bridge.sim.apiserver import LocalApiServer
+from tests.support.dra import short_tmp
 from vgpuctl.main import COMMANDS, build_parser
 from vgpuctl.output.tables import allot, fit, short_model, wrap
 
@@ -64,8 +65,16 @@ def _run(*argv: str, ok: tuple[int, ...] = (0, 3)) -> str:
     return p.stdout
 
 
+@pytest.fixture
+def short():
+    """A short directory: a path printed whole (never cut) must not be what overflows."""
+    with short_tmp("w") as d:
+        yield d
+
+
 @pytest.mark.parametrize("preset", list(RUNS))
-def test_tables_of_a_simulated_node_fit_80_columns_in_a_pipe(tmp_path, preset):
+def test_tables_of_a_simulated_node_fit_80_columns_in_a_pipe(short, preset):
+    tmp_path = short
     for args in RUNS[preset]:
         out = _run("--simulate", preset, "--sim-dir", str(tmp_path / preset), *args)
         long = [line for line in out.splitlines() if len(line) > 80]

@@ -104,11 +104,12 @@ def fit(header: Sequence[str], rows: Sequence[Sequence[str]], *, fold: Sequence[
 
 
 def fit_lines(text: str, width: int = WIDTH, indent: str = "  ") -> str:
-    """Prose lines (notes, verdicts) wrapped at ``width``; continuation lines indented."""
+    """Prose lines (notes, verdicts) wrapped at ``width``; continuation lines indented. A word is
+    never cut (a path, an address): one longer than the line stands alone."""
     out = []
     for line in text.split("\n"):
-        out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=True,
-                             break_on_hyphens=False) or [""]
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
+                             break_on_hyphens=False) or [""]  # a path longer than a line stays whole
     return "\n".join(out)
 
 
@@ -121,5 +122,5 @@ def fit_text(text: str, width: int = WIDTH) -> str:
             continue
         lead = line[:len(line) - len(line.lstrip())]
         out += textwrap.wrap(line.strip(), width, initial_indent=lead, subsequent_indent=lead + "    ",
-                             break_long_words=True, break_on_hyphens=False)
+                             break_long_words=False, break_on_hyphens=False)
     return "\n".join(out)
