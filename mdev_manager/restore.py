@@ -248,7 +248,7 @@ def _not_claimed(plan: Plan, defs: list[MdevDefinition], records: dict[str, str]
     return kept_defs, kept_records
 
 
-def restore(env: HostEnv, io: HostIO, usage: Usage | None = None, stop=None) -> list[Report]:
+def restore(env: HostEnv, io: HostIO, usage: Usage | None = None, stop=None, on_step=None) -> list[Report]:
     """Re-create what is saved and missing; ``usage`` (prepared DRA claims) names devices not to touch.
 
     Rebinding also checks the processes holding VFIO groups and cdevs, but not libvirt: a
@@ -264,7 +264,7 @@ def restore(env: HostEnv, io: HostIO, usage: Usage | None = None, stop=None) -> 
                             passthrough, holders, persist.load_mig(env, io), persist.load_placements(env, io))
         if not plan.actions:
             break
-        reports.append(Executor(env, io, stop=stop).run(plan))
+        reports.append(Executor(env, io, on_step, stop=stop).run(plan))  # on_step: a progress bar
         if reports[-1].stopped:
             break
         if not plan.structural():

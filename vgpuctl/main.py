@@ -40,6 +40,9 @@ COMMANDS: dict[str, Command] = {
     "plan": Command("vgpuctl.commands.node", "print what apply would change, per GPU (-v: every step)"),
     "apply": Command("vgpuctl.commands.node", "make the node match a layout"),
     "restore": Command("vgpuctl.commands.node", "re-create saved vGPUs that are missing (after a reboot)"),
+    "list": Command("vgpuctl.commands.list", "list the node's vGPUs, active or defined, and who holds each",
+                    "As mdevctl list (active) and mdevctl list --defined (persisted), with their holders: processes "
+                    "holding their /dev/vfio group or cdev, libvirt domains, prepared DRA claims."),
     "serve": Command("vgpuctl.commands.serve",
                      "run the node agent: reconcile, publish ResourceSlices, serve the kubelet"),
     "slices": Command("vgpuctl.commands.slices", "print the ResourceSlices this node would publish (writes nothing)"),
@@ -63,10 +66,33 @@ COMMANDS: dict[str, Command] = {
                       "when nothing failed, 1 when a check failed."),
     "nvml-probe": Command("vgpuctl.commands.nvmlprobe", "record what NVIDIA's driver reports for each GPU (read-only)"),
     "sim": Command("vgpuctl.commands.sim", "simulated hosts and the local Kubernetes API server"),
+    "cordon": Command("vgpuctl.commands.cordon", "take a GPU (NODE/GPU) or a node's GPUs out of new allocations",
+                      "Through DRA device taints where the API server keeps them, else by withdrawing the GPU's "
+                      "free devices; what runs there keeps running. Exit 3 while the node agent has not "
+                      "republished the GPUs."),
+    "drain": Command("vgpuctl.commands.cordon", "cordon a GPU or node, then wait for its holders to go",
+                     "Lists the claims, pods and VMs holding the GPUs (with the VMs' live-migration state), "
+                     "evicts pods only with --evict, waits up to --timeout; never touches a device in use. "
+                     "Exit 0 drained, 3 holders remain."),
+    "uncordon": Command("vgpuctl.commands.cordon", "put a cordoned GPU or node back into service"),
+    "gpus": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: mode, cordon, holders, free capacity",
+                    "Per node and GPU: what it publishes, whether it is cordoned, which claims, pods and VMs hold "
+                    "it (vGPU placements) and how many more of each profile fit. kubectl vgpu shows the same."),
+    "completion": Command("vgpuctl.commands.completion", "print a bash or zsh completion script",
+                          "Generated from the command-line parser: source <(vgpuctl completion bash)."),
 }
 
 #: commands that run only on the simulators (the [sim] extra)
 SIM_COMMANDS = ("demo", "sim")
+
+#: ``kubectl vgpu``'s commands: kubectl runs the ``kubectl-vgpu`` executable (:func:`kubectl_plugin`)
+#: with the arguments after ``vgpu``; without a command, ``get``.
+PLUGIN_COMMANDS: dict[str, Command] = {
+    "get": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: mode, cordon, holders, free capacity "
+                   "(the default)", COMMANDS["gpus"].description),
+    **{name: COMMANDS[name] for name in ("cordon", "drain", "uncordon", "completion")},
+}
+PLUGIN_DESCRIPTION = "GPUs shared by KubeVirt VMs and pods through DRA (vgpuctl), per node and GPU"
 
 
 def version() -> str:
@@ -108,15 +134,18 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _global_options(p: argparse.ArgumentParser) -> None:
+def _global_options(p: argparse.ArgumentParser, host: bool = True) -> None:
     p.add_argument("--version", action="version", version=f"vgpuctl {version()}",
                    help="print vgpuctl's version and exit")
-    add_host_options(p)
+    if host:
+        add_host_options(p)
+    else:  # kubectl vgpu: a cluster's view, no host to name
+        p.add_argument("--debug", action="store_true", help="on an error, show the Python traceback")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="more detail: debug logs, and every step of plan and apply")
 
 
-def _command_of(argv: list[str]) -> str | None:
+def _command_of(argv: list[str], commands: dict[str, Command] = COMMANDS) -> str | None:
     """The first argument naming a command, skipping global options and their values."""
     skip = False
     for a in argv:
@@ -124,20 +153,25 @@ def _command_of(argv: list[str]) -> str | None:
             skip = False
         elif a in HOST_VALUED:
             skip = True
-        elif a in COMMANDS:
+        elif a in commands:
             return a
         elif not a.startswith("-"):
             return None  # a value where a command belongs: argparse says what is wrong
     return None
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser, with the arguments of ``command`` only (every command is listed in ``-h``)."""
-    p = Parser(prog="vgpuctl", description="vGPU and GPU passthrough manager for KubeVirt nodes")
-    _global_options(p)
+DESCRIPTION = "vGPU and GPU passthrough manager for KubeVirt nodes"
+
+
+def build_parser(command: str | None = None, *, prog: str = "vgpuctl", commands: dict[str, Command] = COMMANDS,
+                 description: str = DESCRIPTION, every: bool = False) -> argparse.ArgumentParser:
+    """The parser, with the arguments of ``command`` only (every command is listed in ``-h``);
+    ``every``: with every command's arguments (shell completion reads them)."""
+    p = Parser(prog=prog, description=description)
+    _global_options(p, host=commands is COMMANDS)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    for name, c in COMMANDS.items():
-        module = importlib.import_module(c.module) if name == command else None
+    for name, c in commands.items():
+        module = importlib.import_module(c.module) if name == command or every else None
         sp = sub.add_parser(name, help=c.help, description=c.description or c.help[:1].upper() + c.help[1:])
         if module is not None:
             add_host_options(sp, suppress=True)
@@ -150,11 +184,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def _fix_simulate(argv: list[str]) -> list[str]:
+def _fix_simulate(argv: list[str], commands: dict[str, Command] = COMMANDS) -> list[str]:
     """``--simulate discover`` means the default preset, not a preset named discover."""
     out = list(argv)
     for i, a in enumerate(out):
-        if a == "--simulate" and (i + 1 == len(out) or out[i + 1] in COMMANDS or out[i + 1].startswith("-")):
+        if a == "--simulate" and (i + 1 == len(out) or out[i + 1] in commands or out[i + 1].startswith("-")):
             out[i] = "--simulate=default"
     return out
 
@@ -270,14 +304,18 @@ def _needs_sim(command: str | None, argv: list[str]) -> bool:
     return command in SIM_COMMANDS or any(a == "--simulate" or a.startswith("--simulate=") for a in argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = _fix_simulate(sys.argv[1:] if argv is None else argv)  # before _command_of reads it
+def main(argv: list[str] | None = None, *, prog: str = "vgpuctl", commands: dict[str, Command] = COMMANDS,
+         description: str = DESCRIPTION) -> int:
+    """The CLI (``prog`` and ``commands``: the kubectl plugin's own, :mod:`vgpuctl.commands.kubectl_plugin`)."""
+    argv = _fix_simulate(sys.argv[1:] if argv is None else argv, commands)  # before _command_of reads it
     debug = "--debug" in argv  # known before parsing, which may fail too
     try:
-        command = _command_of(argv)
+        command = _command_of(argv, commands)
         if _needs_sim(command, argv) and not ({"-h", "--help", "--version"} & set(argv)):
             require_sim(f"vgpuctl {command}" if command in SIM_COMMANDS else "--simulate")
-        args = build_parser(command).parse_args(argv)
+        args = build_parser(command, prog=prog, commands=commands, description=description).parse_args(argv)
+        # every command's arguments, for `completion` (a command module cannot import this one)
+        args.full_parser = lambda: build_parser(prog=prog, commands=commands, description=description, every=True)
         if getattr(args, "simulate", None):
             from vgpuctl.cli.simhost import open_simulated  # the simulators, only when asked for
 
@@ -314,6 +352,29 @@ def main(argv: list[str] | None = None) -> int:
         for line in error_lines(exc):
             print(line, file=sys.stderr)
         return exit_code(exc)
+
+
+def kubectl_plugin(argv: list[str] | None = None) -> int:
+    """``kubectl-vgpu``: ``kubectl vgpu [get] ...``, ``kubectl vgpu cordon ...`` (kubectl passes none of
+    its flags on: ``--kubeconfig``, ``--context`` and ``-n`` are the plugin's own, as kubectl's)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in PLUGIN_COMMANDS and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["get", *argv]
+    return main(argv, prog="kubectl vgpu", commands=PLUGIN_COMMANDS, description=PLUGIN_DESCRIPTION)
+
+
+def kubectl_plugin_complete(argv: list[str] | None = None) -> int:
+    """``kubectl_complete-vgpu``: kubectl (1.26+) runs it for ``kubectl vgpu <TAB>`` with the words typed
+    after ``vgpu``; it answers as cobra's ``__complete`` does: one candidate a line, then ``:<directive>``
+    (4: no file names, 0: the shell's default)."""
+    from vgpuctl.commands.completion import complete, tree
+
+    words = list(sys.argv[1:] if argv is None else argv) or [""]
+    root = tree(build_parser(prog="kubectl vgpu", commands=PLUGIN_COMMANDS, description=PLUGIN_DESCRIPTION,
+                             every=True))
+    candidates, files = complete(root, words)
+    print("\n".join([*candidates, f":{0 if files else 4}"]))
+    return 0
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 from dra_bridge.agent.binder import SizeBinder, bind_loop
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
+from dra_bridge.agent.cordon import NodeCordon
 from dra_bridge.agent.events import LayoutEvents, blocked_reason, failed_steps_text, one_line, unapplied_text
 from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON
@@ -94,6 +95,7 @@ class Daemon:
         self._probed_at: float | None = None
         self._kept_annotated: str | None = None
         self.binder = SizeBinder(cfg.driver, cfg.node_name)  # sizes confirmed through binding conditions
+        self.cordon = NodeCordon(api_client, cfg.node_name, wake=self.trigger)  # vgpuctl cordon, from a watch
         self.claim_cache: ClaimCache | None = None  # the binding loop's watch of the claims
         self._bind_lock = threading.Lock()
         self.gpu_ids = StableGpuIds(self.paths.gpu_ids, self.io)
@@ -111,13 +113,14 @@ class Daemon:
     # ------------------------------------------------------------ one resync
     def _resync_key(self, claims_changed: int | None = None) -> tuple:
         """What a resync's outcome depends on, cheaply: the host's fingerprint, the layout's name and
-        file content, the claims prepared (a count of prepares and unprepares), the fields the server keeps."""
+        file content, the claims prepared (a count of prepares and unprepares), the fields the server keeps,
+        the node's cordon (from a watch)."""
         name = self.cfg.layout
         if self.cfg.layout_label:
             name = node_metadata(self.api_client, self.cfg.node_name)[0].get(self.cfg.layout_label, name)
         digest = content_digest(self.cfg.layout_file) if self.cfg.layout_file else None
         claims = self._claims_changed if claims_changed is None else claims_changed
-        return (fingerprint(self.env, self.io), name, digest, claims, self.kept)
+        return (fingerprint(self.env, self.io), name, digest, claims, self.kept, self.cordon.key())
 
     def _unchanged(self) -> bool:
         """Nothing a resync depends on changed since the last complete one, which is recent enough."""
@@ -172,7 +175,8 @@ class Daemon:
                     log.warning("%s", warning)
                 self._safe_warned = list(pool.warnings)
             self._pool, self.inventory = pool, inv
-            result = self.publisher.sync(pool)
+            held = {d.device for rec in self.driver.cp.claims.values() for d in rec.devices}  # stays published
+            result = self.cordon.publish(self.publisher, pool, self.kept, held)
             self._note_fields(self.kept.merged(self.publisher.kept))
         except Exception as exc:  # one line in the log (the traceback at debug level)
             self.metrics.resyncs.labels("error").inc()
@@ -476,6 +480,7 @@ class Daemon:
         if self.probes:
             self.probes.stop()
         self.publisher.close()
+        self.cordon.stop()
         log.info("stopped; sockets removed, devices left in place")
 
 

@@ -76,7 +76,7 @@ class Metrics:
                                       registry=r)
 
     def set_fields_kept(self, kept) -> None:
-        for field in ("counters", "compatibility_groups", "binding_conditions"):
+        for field in ("counters", "compatibility_groups", "binding_conditions", "taints"):
             value = getattr(kept, field)
             if value is None:
                 with contextlib.suppress(KeyError):  # never set: nothing to remove

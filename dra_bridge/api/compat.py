@@ -79,19 +79,21 @@ class KeptFields(BaseModel):
     counters: bool | None = None  # sharedCounters / consumesCounters (DRAPartitionableDevices)
     compatibility_groups: bool | None = None  # consumesCounters[].compatibilityGroups (1.37 alpha gate)
     binding_conditions: bool | None = None  # devices[].bindingConditions (DRADeviceBindingConditions)
+    taints: bool | None = None  # devices[].taints (DRADeviceTaints): how a cordon reaches the scheduler
 
     def describe(self) -> str:
         def word(v: bool | None) -> str:
             return "unknown" if v is None else "kept" if v else "DROPPED"
         return (f"counters {word(self.counters)}, compatibility groups {word(self.compatibility_groups)}, "
-                f"binding conditions {word(self.binding_conditions)}")
+                f"binding conditions {word(self.binding_conditions)}, device taints {word(self.taints)}")
 
     def annotation(self) -> str:
-        """``counters=kept,compatibilityGroups=dropped,bindingConditions=unknown``: for the node annotation."""
+        """``counters=kept,compatibilityGroups=dropped,bindingConditions=unknown,taints=kept``: for the node
+        annotation."""
         def word(v: bool | None) -> str:
             return "unknown" if v is None else "kept" if v else "dropped"
         return (f"counters={word(self.counters)},compatibilityGroups={word(self.compatibility_groups)},"
-                f"bindingConditions={word(self.binding_conditions)}")
+                f"bindingConditions={word(self.binding_conditions)},taints={word(self.taints)}")
 
     def merged(self, later: KeptFields) -> KeptFields:
         """``later``'s knowledge where it has any, ours elsewhere."""
@@ -105,7 +107,36 @@ def kept_by_gates(version: tuple[int, int], gates: Mapping[str, bool]) -> KeptFi
     binding = bool(gates.get(BINDING_CONDITIONS_GATE)) and bool(gates.get(DEVICE_STATUS, True))
     return KeptFields(counters=bool(gates.get(PARTITIONABLE)),
                       compatibility_groups=version >= COMPATIBILITY_GROUPS_SINCE and bool(gates.get(COMPATIBILITY_GROUPS)),
-                      binding_conditions=binding)
+                      binding_conditions=binding, taints=bool(gates.get(DEVICE_TAINTS)))
+
+
+# ------------------------------------------------------------------ device taints (KEP-5055)
+#: The API version serving ``DeviceTaintRule`` per Kubernetes version, and the gate that governs it
+#: (kube-apiserver serves the kind only with that gate on, and from 1.35 ``DRADeviceTaints`` too).
+#: 1.33/1.34: ``v1alpha3`` under ``DRADeviceTaints``; 1.35: ``v1alpha3`` under its own
+#: ``DRADeviceTaintRules``; 1.36: ``v1beta2`` (beta, off by default: its API version is off too);
+#: 1.37: ``v1`` (GA, on). Sources: kubernetes/kubernetes PR 137170 ("DRA device taints: graduate to
+#: beta": rules in v1beta2, off by default) and KEP-5055's 1.37 graduation; the kube-apiserver
+#: ``--runtime-config`` an alpha or beta API version also needs is assumed given with the gate.
+TAINT_RULE_API: dict[tuple[int, int], tuple[str, str]] = {
+    (1, 34): ("resource.k8s.io/v1alpha3", DEVICE_TAINTS),
+    (1, 35): ("resource.k8s.io/v1alpha3", DEVICE_TAINT_RULES),
+    (1, 36): ("resource.k8s.io/v1beta2", DEVICE_TAINT_RULES),
+    (1, 37): ("resource.k8s.io/v1", DEVICE_TAINT_RULES),
+}
+#: Taint effects the scheduler honours; ``None`` (1.35+) only reports.
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def taint_rule_api(version: Any) -> str:
+    """``resource.k8s.io/<v>`` serving DeviceTaintRule on ``version``."""
+    return TAINT_RULE_API[version_tuple(version)][0]
+
+
+def taint_rules_served(version: Any, gates: Mapping[str, bool]) -> bool:
+    """Whether a server of ``version`` with ``gates`` (resolved) serves DeviceTaintRule."""
+    gate = TAINT_RULE_API[version_tuple(version)][1]
+    return bool(gates.get(gate)) and bool(gates.get(DEVICE_TAINTS))
 
 
 # ------------------------------------------------------------------ API limits

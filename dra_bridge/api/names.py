@@ -47,6 +47,17 @@ NVIDIA_LABEL_CONFIG_STATE = "nvidia.com/vgpu.config.state"
 #: Node annotation the agent sets while the state label reads ``pending`` because devices in use
 #: keep the node from its layout: which devices, held by whom, blocking what (removed on success).
 ANNOTATION_CONFIG_REASON = "vgpu.kubevirt.io/config.reason"
+#: Node annotation ``vgpuctl cordon`` writes and the agent reads (a watch of its Node): which GPUs of
+#: the node (PCI address, or ``*`` for all) take no new allocation (``dra_bridge/pool/cordon.py``).
+ANNOTATION_CORDON = "vgpu.kubevirt.io/cordon"
+#: Node annotation the agent sets once its slices publish a cordon: the cordon annotation's value it
+#: acted on (absent: none), so ``vgpuctl cordon`` and ``uncordon`` know when the change took effect.
+ANNOTATION_CORDON_APPLIED = "vgpu.kubevirt.io/cordon.applied"
+#: The device taint key of a cordoned GPU's devices, and of the DeviceTaintRule of a cordoned node;
+#: a claim tolerating it may still use the GPU (a test workload after a driver upgrade).
+TAINT_KEY_CORDON = "vgpu.kubevirt.io/cordon"
+#: KubeVirt's label on a virt-launcher pod naming its VM (``kubevirtv1.VirtualMachineNameLabel``).
+LABEL_VM_NAME = "vm.kubevirt.io/name"
 
 #: ResourceSlice labels: a publisher finds its own slices by them.
 LABEL_DRIVER = "vgpu.kubevirt.io/driver"

@@ -4,7 +4,8 @@ kube-apiserver silently drops the fields of a disabled feature gate when it stor
 (``dropDisabledFields`` in pkg/registry/resource/resourceslice/strategy.go): with
 ``DRAPartitionableDevices`` off (the default on 1.34 and 1.35) ``sharedCounters`` and
 ``consumesCounters`` vanish, with ``DRADeviceCompatibilityGroups`` off (alpha on 1.37)
-``compatibilityGroups`` do, with ``DRADeviceBindingConditions`` off the binding fields. A
+``compatibilityGroups`` do, with ``DRADeviceBindingConditions`` off the binding fields, with
+``DRADeviceTaints`` off (1.34, 1.35) the device taints a cordon would use. A
 version number cannot tell: gates are per cluster. Comparing what we sent with what the server
 answered can, on every write, so a cluster whose gates change is seen at its next write.
 """
@@ -42,11 +43,15 @@ def _has_binding(obj: dict) -> bool:
     return any(d.get("bindingConditions") for d in _devices(obj))
 
 
+def _has_taints(obj: dict) -> bool:
+    return any(d.get("taints") for d in _devices(obj))
+
+
 def observe(kept: KeptFields, sent: dict, answer: dict) -> KeptFields:
     """``kept`` updated by one write: a family we sent is kept iff the server's answer still has it."""
     out = kept.model_copy()
     for field, has in (("counters", _has_counters), ("compatibility_groups", _has_groups),
-                       ("binding_conditions", _has_binding)):
+                       ("binding_conditions", _has_binding), ("taints", _has_taints)):
         if has(sent):
             setattr(out, field, has(answer))
     return out
@@ -62,7 +67,8 @@ def _probe_slices(version: tuple[int, int], node: str, driver: str = PROBE_DRIVE
     if version >= COMPATIBILITY_GROUPS_SINCE:
         consume["compatibilityGroups"] = ["probe"]
     device = {"name": "probe-0", "consumesCounters": [consume],
-              "bindingConditions": ["vgpu.kubevirt.io/probe"], "bindingFailureConditions": ["vgpu.kubevirt.io/probe-failed"]}
+              "bindingConditions": ["vgpu.kubevirt.io/probe"], "bindingFailureConditions": ["vgpu.kubevirt.io/probe-failed"],
+              "taints": [{"key": "vgpu.kubevirt.io/probe", "effect": "NoSchedule"}]}
 
     def body(suffix: str, spec: dict) -> dict:
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name + suffix},

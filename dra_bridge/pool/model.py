@@ -141,6 +141,8 @@ class PoolDevice(_Model):
         "KEP-5007: conditions the agent sets True in the claim's status.devices before the scheduler binds"))
     binding_failure_conditions: list[str] = Field(default_factory=list, description=(
         "KEP-5007: a True one makes the scheduler drop the allocation and try again"))
+    taints: list[dict[str, str]] = Field(default_factory=list, description=(
+        "KEP-5055: devices[].taints as published (key, value, effect, timeAdded): a cordoned GPU's"))
 
 
 class Pool(_Model):

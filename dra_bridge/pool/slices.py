@@ -55,6 +55,8 @@ def device_to_dict(dev: PoolDevice, *, compatibility_groups: bool = False) -> di
     if dev.binding_conditions:
         out["bindingConditions"] = list(dev.binding_conditions)
         out["bindingFailureConditions"] = list(dev.binding_failure_conditions)
+    if dev.taints:
+        out["taints"] = [dict(t) for t in dev.taints]
     if dev.attributes:
         out["attributes"] = {k: dict(v) for k, v in dev.attributes.items()}
     if dev.capacity:
@@ -373,7 +375,7 @@ def _split_layout(pool: Pool, limits: Limits, groups: bool) -> list[tuple[str, d
     for devs in by_gpu.values():
         cap = (
             limits.devices_per_slice_with_counters
-            if any(d.consumes for d in devs)
+            if any(d.consumes or d.taints for d in devs)
             else limits.devices_per_slice
         )
         for i in range(0, len(devs), cap):

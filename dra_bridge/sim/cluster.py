@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dra_bridge.api.compat import taint_rule_api
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.apiclient.errors import api_exception, missing_ok
 from dra_bridge.apiclient.objects import raw, sanitize
@@ -33,6 +34,7 @@ from dra_bridge.apiclient.workloads import WorkloadApi
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.objects import devices_by_key
 from dra_bridge.scheduling.selectors import default_selectors
+from dra_bridge.scheduling.taints import tainted_slices
 from dra_bridge.sim.kubelet import KubeletClient, node_object, prepare_errors, workload_devices
 from dra_bridge.sim.workloads import (
     DEMO_LAYOUT,
@@ -53,6 +55,9 @@ def _resource_types():
     return (
         ResourceType("kubevirt.io", "v1", "virtualmachines", "VirtualMachine", namespaced=True,
                      singular="virtualmachine", status_subresource=True, has_generation=True, short_names=("vm",)),
+        # their instances: where `vgpuctl drain` reads a VM's live-migration state
+        ResourceType("kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", namespaced=True,
+                     singular="virtualmachineinstance", status_subresource=True, short_names=("vmi",)),
     )
 
 
@@ -183,10 +188,19 @@ class SimCluster:
     def inventory(self) -> Inventory:
         return discover(self.env, self.io, node=self.node)
 
+    def taint_rules(self) -> list[dict]:
+        """The DeviceTaintRules, where the server serves them (KEP-5055; none elsewhere)."""
+        try:
+            return self.rest("GET", f"/apis/{taint_rule_api(self.version)}/devicetaintrules")["items"]
+        except api_exception() as exc:
+            if exc.status != 404:
+                raise
+            return []
+
     def allocator(self) -> Allocator:
-        """The scheduler model over the API's current slices and classes, with every allocated
-        claim reserved."""
-        alloc = Allocator(self.slices(), self.classes(), self.selectors)
+        """The scheduler model over the API's current slices (with the DeviceTaintRules' taints, as
+        kube-scheduler sees them) and classes, with every allocated claim reserved."""
+        alloc = Allocator(tainted_slices(self.slices(), self.taint_rules()), self.classes(), self.selectors)
         for c in self.claims():
             alloc.reserve(c)
         return alloc

@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any, Protocol
 
+from dra_bridge.apiclient.errors import missing_ok
+from dra_bridge.scheduling.taints import tainted_slices, to_evict
 from dra_bridge.sim.workloads import Workload, asks_extended_resources, pod_node
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,9 @@ class Cluster(Protocol):
     def run(self, w: Workload) -> bool: ...
     def release(self, w: Workload) -> None: ...
     def deviceless_output(self) -> str: ...
+    def slices(self) -> list[dict]: ...
+    def taint_rules(self) -> list[dict]: ...
+    def claims(self, namespace: str | None = None) -> list[dict]: ...
 
 
 class ControlPlane:
@@ -37,7 +42,8 @@ class ControlPlane:
     the ResourceClaim controller makes their claims, the scheduler (model) allocates them, retrying
     pending pods, the kubelet prepares them through the plugin and the container runs the health
     check (its output becomes the pod's log); when a pod is deleted the kubelet unprepares its
-    claims and the garbage collector deletes them. Pods without claims just run."""
+    claims and the garbage collector deletes them; the device-taint controller deletes a pod whose
+    device got a NoExecute taint it does not tolerate. Pods without claims just run."""
 
     def __init__(self, cluster: Cluster, *, interval: float = 0.1, retry: float = 0.5):
         self.c = cluster
@@ -49,6 +55,7 @@ class ControlPlane:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
+        self._evicted: set[str] = set()  # pods the device-taint controller deleted
 
     def start(self) -> ControlPlane:
         self._thread = threading.Thread(target=self._loop, name="sim-control-plane", daemon=True)
@@ -110,6 +117,21 @@ class ControlPlane:
             w = self.by_uid.pop(uid)
             self._tried.pop(uid, None)
             self.c.release(w)
+        self._evict_untolerated()
+
+    def _evict_untolerated(self) -> None:
+        """The device-taint eviction controller (KEP-5055): a running pod whose claim holds a device
+        with a NoExecute taint it does not tolerate is deleted (the next step releases its claims)."""
+        running = [w for w in self.by_uid.values() if w.phase == "Running" and w.pod_uid not in self._evicted]
+        if not running:
+            return
+        evict = to_evict(self.c.claims(), tainted_slices(self.c.slices(), self.c.taint_rules()))
+        for w in running:
+            why = next((evict[(w.namespace, n)] for n, _ in w.claims if (w.namespace, n) in evict), None)
+            if why is not None:
+                log.info("evicting pod %s/%s: %s", w.namespace, w.pod, why)
+                self._evicted.add(w.pod_uid)
+                missing_ok(self.c.rest, "DELETE", self.c.pod_path(w.namespace, w.pod))
 
 
 __all__ = ["ControlPlane"]

@@ -41,7 +41,7 @@ class SimNode:
 
 
 def sim_node(root: Path | str, preset: str | Path | HostSpec | None = "default", *, reuse: bool = False,
-             **env) -> SimNode:
+             on_gpu=None, **env) -> SimNode:
     """A simulated node under ``root``.
 
     ``preset`` is a preset name, a host YAML file or a :class:`HostSpec`: a fresh host is built
@@ -55,7 +55,7 @@ def sim_node(root: Path | str, preset: str | Path | HostSpec | None = "default",
         host = SimHost(root)
     else:
         spec = preset if isinstance(preset, HostSpec) else load_host(preset)
-        host = SimHost.open_or_create(root, spec) if reuse else SimHost.create(root, spec)
+        host = SimHost.open_or_create(root, spec) if reuse else SimHost.create(root, spec, on_gpu)
     return SimNode(root, host, HostEnv.under(root, **env), SimIO(host))
 
 

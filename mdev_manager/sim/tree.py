@@ -53,8 +53,9 @@ class SysfsTree:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def create(cls, root: Path, spec: HostSpec) -> Self:
-        """Build a fresh tree for ``spec`` (a cold boot: no VFs unless asked, no vGPUs)."""
+    def create(cls, root: Path, spec: HostSpec, on_gpu=None) -> Self:
+        """Build a fresh tree for ``spec`` (a cold boot: no VFs unless asked, no vGPUs); ``on_gpu()``
+        after each GPU (a progress bar: a big host takes seconds)."""
         root = Path(root)
         if (root / ".sim").exists():
             raise FileExistsError(f"{root} already holds a simulated host")
@@ -70,7 +71,7 @@ class SysfsTree:
         state = {"spec": spec.model_dump(), "gpus": [], "functions": {}, "next_group": 1, "next_vfio": 0}
         (root / ".sim/state.json").write_text(json.dumps(state))
         host = cls(root)
-        host._populate(spec)
+        host._populate(spec, on_gpu or (lambda: None))
         return host
 
     @classmethod
@@ -88,7 +89,7 @@ class SysfsTree:
         (self.sys / f"kernel/iommu_groups/{g}/devices").mkdir(parents=True, exist_ok=True)
         return g
 
-    def _populate(self, spec: HostSpec) -> None:
+    def _populate(self, spec: HostSpec, on_gpu) -> None:
         drivers = {"nvidia", "vfio-pci", "i915", "snd_hda_intel"}
         for d in drivers:
             ddir = self.sys / "bus/pci/drivers" / d
@@ -134,6 +135,7 @@ class SysfsTree:
                     gpu["mixed_size"] = group.mixed_size and initial == "nvidia"
                     if gpu["mixed_size"]:
                         self._refresh(gpu)
+                    on_gpu()
         self._save()
 
     def _add_function(self, addr, rel, vendor, device, cls_, svendor, sdevice, numa, grp, native, physfn=None):

@@ -125,10 +125,14 @@ def test_cli_capacity_from_file(tmp_path, capsys):
     assert main(["capacity", "--from", str(f)]) == 0
     table = capsys.readouterr().out
     lines = table.splitlines()
-    assert lines[0].split() == ["NODE", "GPU", "ADDRESS", "MODEL", "IN", "USE", "PROFILE", "SIZE", "FITS", "OF"]
-    assert "8 GiB of 16 GiB, 1 of 4 vGPUs" in table
-    assert lines[2].split() == ["T4-8Q", "8", "GiB", "1", "2"]
-    assert lines[3].split() == ["whole", "GPU", "16", "GiB", "0", "1"]
+    assert lines[0] == "Node n1:" and all(len(line) <= 80 for line in lines)
+    assert lines[1].split() == ["GPU", "ADDRESS", "MODEL", "IN", "USE", "PROFILE", "SIZE", "FITS", "OF"]
+    assert lines[2].split()[:3] == ["0", "0000:10:00.0", "T4"]
+    assert next(ln for ln in lines if "T4-8Q" in ln).split()[-5:] == ["T4-8Q", "8", "GiB", "1", "2"]
+    assert next(ln for ln in lines if "whole GPU" in ln).split() == ["whole", "GPU", "16", "GiB", "0", "1"]
+    assert main(["capacity", "--from", str(f), "-o", "wide"]) == 0
+    wide = capsys.readouterr().out
+    assert "8 GiB of 16 GiB, 1 of 4 vGPUs" in wide and "TU104GL [Tesla T4]" in wide
     assert main(["capacity", "--from", str(f), "--fitting"]) == 0
     assert "T4-4Q" not in capsys.readouterr().out
 

@@ -71,6 +71,7 @@ def test_junit_and_table(passing):
     assert props["cluster"].startswith("simulated") and props["namespace"].startswith("vgpuctl-conformance-")
     text = conformance_cli.table(passing)
     assert "5 of 5 checks passed" in text and "NOT CONFORMANT" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())  # 80 columns (issue #26)
 
 
 def test_junit_reports_failures_errors_and_skips():

@@ -12,6 +12,8 @@ import yaml
 
 from dra_bridge.api.names import (
     ANNOTATION_CONFIG_REASON,
+    ANNOTATION_CORDON,
+    ANNOTATION_CORDON_APPLIED,
     LABEL_CONFIG,
     LABEL_CONFIG_STATE,
     NVIDIA_LABEL_CONFIG,
@@ -187,6 +189,13 @@ def test_admission_policies_confine_the_agent_to_its_node():
                   old=_node("node-a", base, annotations={"a": "b"})) == []
     assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=kept,
                   old=_node("node-a", base, annotations={"a": "x"}))  # "a" changed too
+    # the cordon it published (#26): the agent acknowledges it, but never sets or lifts the cordon itself
+    cordon = {ANNOTATION_CORDON: '{"0000:3b:00.0":{"effect":"NoSchedule"}}'}
+    acked = _node("node-a", base, annotations={**cordon, ANNOTATION_CORDON_APPLIED: cordon[ANNOTATION_CORDON]})
+    assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=acked,
+                  old=_node("node-a", base, annotations=cordon)) == []
+    assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=_node("node-a", base),
+                  old=_node("node-a", base, annotations=cordon))  # lifting the cordon
     # the agent's dry-run probe of kept fields is a slice of its own driver and node: admitted
     probe = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "vgpuctl-doctor-x-d"},
              "spec": {"driver": "vgpu.kubevirt.io", "nodeName": "node-a",

@@ -164,8 +164,8 @@ def test_plan_and_apply_without_gpus_say_so(no_gpu_root, tmp_path, capsys, comma
 def test_capacity_without_a_cluster_says_it_is_an_example(capsys):
     code, out, err = run(capsys, "capacity", "--empty")
     assert code == 0
-    assert out.splitlines()[0].startswith("simulated example cluster (the demo's node and made-up workloads), "
-                                          "not yours: --kubeconfig reads a cluster")
+    assert " ".join(out.split("\nNode ")[0].split()).startswith(
+        "simulated example cluster (the demo's node and made-up workloads), not yours: --kubeconfig reads a cluster")
     code, out, err = run(capsys, "capacity", "--empty", "--json")
     assert code == 0 and json.loads(out)["gpus"]
     assert err.startswith("note: simulated example cluster")
@@ -192,8 +192,9 @@ def test_capacity_honours_simulate(tmp_path, capsys):
 
     code, out, err = run(capsys, *sim, "capacity")
     assert code == 0, err
-    assert out.splitlines()[0].startswith(f"simulated node {node.node} (default, in {node.root}), Kubernetes 1.36")
-    assert "1 prepared claim(s)" in out.splitlines()[0]
+    source = " ".join(out.split("\nNode ")[0].split())  # the first lines, wrapped at 80 columns
+    assert source.startswith(f"simulated node {node.node} (default, in {node.root}), Kubernetes 1.36")
+    assert "1 prepared claim(s)" in source
     code, out, _ = run(capsys, *sim, "capacity", "--json")
     held = json.loads(out)
     (gpu,) = [g for g in held["gpus"] if g["gpu"] == t4]

@@ -22,6 +22,7 @@ from dra_bridge.scheduling.capacity import CapacityReport, GpuCapacity, compute,
 from vgpuctl.cli import options
 from vgpuctl.cli.extras import require_sim
 from vgpuctl.cli.host import open_host
+from vgpuctl.output.tables import fit, fit_lines, short_model
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
@@ -38,7 +39,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     options.add_driver(c)
     c.add_argument("--node", action="append", help="only this node (repeatable)")
     c.add_argument("--fitting", action="store_true", help="list only profiles of which at least one more fits")
-    options.add_output(c)
+    options.add_output(c, wide=True)
 
 
 EXAMPLE = ("simulated example cluster (the demo's node and made-up workloads), not yours: --kubeconfig reads "
@@ -74,7 +75,8 @@ def run(args) -> int:
         data = report.to_dict()
         print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
     else:
-        print((f"{source}\n" if source else "") + table(report, only_fitting=args.fitting))
+        print((f"{fit_lines(source)}\n" if source else "") + table(report, only_fitting=args.fitting,
+                                                                   wide=args.output == "wide"))
     return 0
 
 
@@ -157,25 +159,33 @@ def usage_text(g: GpuCapacity) -> str:
     return out
 
 
-def table(report: CapacityReport, *, only_fitting: bool = False) -> str:
-    rows = [("NODE", "GPU", "ADDRESS", "MODEL", "IN USE", "PROFILE", "SIZE", "FITS", "OF")]
+def table(report: CapacityReport, *, only_fitting: bool = False, wide: bool = False) -> str:
+    """80 columns: one table per node under its name, models shortened, what is in use folded;
+    ``wide``: one table with a NODE column, PCI model names, one line per row."""
+    head = ["GPU", "ADDRESS", "MODEL", "IN USE", "PROFILE", "SIZE", "FITS", "OF"]
+    by_node: dict[str, list] = {}
     for g in report.gpus:
         first = True
         for p in g.profiles:
             if only_fitting and not p.fits:
                 continue
-            head = (g.node or "*", "" if g.index is None else str(g.index), g.gpu or "?", g.product or "?",
-                    usage_text(g)) if first else ("", "", "", "", "")
-            rows.append(head + (p.profile, _human(str(p.memory)) if p.memory else "-", str(p.fits), str(p.published)))
+            gpu = ("" if g.index is None else str(g.index), g.gpu or "?",
+                   (g.product or "?") if wide else short_model(g.product), usage_text(g))
+            row = (gpu if first else ("", "", "", "")) + (p.profile, _human(str(p.memory)) if p.memory else "-",
+                                                          str(p.fits), str(p.published))
+            by_node.setdefault(g.node or "*", []).append(row)
             first = False
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows]
+    if wide:
+        lines = [fit(["NODE", *head], [(n if i == 0 else "", *r) for n, rows in by_node.items()
+                                       for i, r in enumerate(rows)], wide=True)]
+    else:
+        lines = [f"Node {n}:\n" + fit(head, rows, fold=("MODEL", "IN USE", "PROFILE")) for n, rows in by_node.items()]
     notes = list(report.notes)
     if report.incomplete_pools:
         notes.append("incomplete pools, not counted: " + ", ".join(report.incomplete_pools))
     if not report.gpus:
         notes.append("no GPU published by this driver")
-    lines += [f"note: {n}" for n in notes]
-    lines.append("FITS: more claims for one device of that profile the scheduler would allocate on that GPU now "
-                 "(each profile alone); OF: devices of the profile published.")
+    lines += [fit_lines(f"note: {n}") for n in notes]
+    lines.append(fit_lines("FITS: more claims for one device of that profile the scheduler would allocate on that GPU "
+                           "now (each profile alone); OF: devices of the profile published."))
     return "\n".join(lines)

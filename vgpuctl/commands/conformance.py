@@ -18,6 +18,7 @@ from dra_bridge.conformance.checks import run_conformance
 from dra_bridge.conformance.report import ConformanceReport
 from vgpuctl.cli import options
 from vgpuctl.cli.extras import require_sim
+from vgpuctl.output.tables import fit, fit_lines
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
@@ -79,17 +80,15 @@ def run(args) -> int:
 
 
 def table(rep: ConformanceReport) -> str:
-    lines = [f"vgpuctl conformance on {rep.cluster}, namespace {rep.namespace}", ""]
-    rows = [("#", "CHECK", "RESULT", "SECONDS")]
-    for c in rep.checks:
-        rows.append((str(c.number), c.title, c.status.upper(), f"{c.seconds:.1f}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=False)).rstrip() for r in rows]
+    """The checks in 80 columns: titles fold, each detail a paragraph."""
+    lines = [fit_lines(f"vgpuctl conformance on {rep.cluster}, namespace {rep.namespace}"), ""]
+    rows = [(str(c.number), c.title, c.status.upper(), f"{c.seconds:.1f}") for c in rep.checks]
+    lines.append(fit(["#", "CHECK", "RESULT", "SECONDS"], rows, fold=("CHECK",)))
     lines.append("")
     for c in rep.checks:
-        lines.append(f"{c.number}. {c.status.upper()}: {c.detail}")
+        lines.append(fit_lines(f"{c.number}. {c.status.upper()}: {c.detail}", indent="   "))
     if rep.cleanup:
-        lines.append("cleanup problems: " + "; ".join(rep.cleanup))
+        lines.append(fit_lines("cleanup problems: " + "; ".join(rep.cleanup)))
     passed = sum(c.status == "passed" for c in rep.checks)
     lines.append(f"{passed} of {len(rep.checks)} checks passed in {rep.seconds:.1f} s" +
                  ("" if rep.ok else "; NOT CONFORMANT"))

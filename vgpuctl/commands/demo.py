@@ -15,6 +15,7 @@ import yaml
 from dra_bridge.api.compat import describe, parse_gates, version_tuple
 from dra_bridge.sim.demo import DemoReport, GpuView, _human, run_demo
 from vgpuctl.cli import options
+from vgpuctl.output.tables import fit_text, short_model
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
@@ -77,7 +78,7 @@ def text(rep: DemoReport) -> str:
     L: list[str] = []
     models = {}
     for g in rep.layout["gpus"]:
-        models[g["model"]] = models.get(g["model"], 0) + 1
+        models[short_model(g["model"])] = models.get(short_model(g["model"]), 0) + 1
     hw = ", ".join(f"{n} x {m}" if n > 1 else m for m, n in models.items())
     L.append(f"vgpuctl demo: simulated node {rep.node} ({hw}); in-process Kubernetes {rep.kubernetes} API")
     L.append("  " + gates_line(rep))
@@ -111,7 +112,8 @@ def text(rep: DemoReport) -> str:
                  f"{len(running) - nv} whole GPU bound to vfio-pci")
     L.append("[4] per physical GPU (memory counter: used of total)")
     for g in rep.gpus:
-        L.append(f"    GPU {g.index}  {g.address}  {g.model}  ({g.framework})  {_bar(g.memory_used, g.memory_total)} "
+        L.append(f"    GPU {g.index}  {g.address}  {short_model(g.model)}  ({g.framework})  "
+                 f"{_bar(g.memory_used, g.memory_total)} "
                  f"{_human(g.memory_used)} of {_human(g.memory_total)}, "
                  + (f"{g.slices_used} of {g.slices_total} memory slices (MIG)" if g.slices_total
                     else f"{g.vgpus_used} of {g.vgpus_total} vGPUs"))
@@ -141,7 +143,7 @@ def text(rep: DemoReport) -> str:
              ("host clean" if not (t["vgpus_left"] or t["still_on_vfio"]) else "host NOT clean"))
     L.append("")
     L.append(("done" if rep.ok else "FAILED: " + "; ".join(rep.problems)) + f" in {rep.seconds:.1f} s")
-    return "\n".join(L)
+    return fit_text("\n".join(L))  # 80 columns: a long line goes on indented below
 
 
 # --------------------------------------------------------------------------- picture

@@ -9,6 +9,7 @@ import yaml
 from rich.text import Text
 
 from vgpuctl.cli import options
+from vgpuctl.output.tables import fit_lines
 from vgpuctl.output.terminal import Terminal
 
 STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
@@ -32,13 +33,13 @@ def run(args) -> int:
         return exit_code(findings)
     term = Terminal()
     width = max(len(f.check) for f in findings)
-    for f in findings:
-        line = Text()
-        line.append(f"{f.status:4}", style=STYLE[f.status] if term.tty else None)
-        line.append(f"  {f.check:{width}}  {f.detail}")
+    for f in findings:  # each check a paragraph in 80 columns, its detail and fix beside the names
+        line = Text(fit_lines(f"{f.status:4}  {f.check:{width}}  {f.detail}", indent=" " * (width + 8)))
+        if term.tty:
+            line.stylize(STYLE[f.status], 0, 4)
         term.print(line)
         if f.fix and f.status != "PASS":
-            term.print(Text(f"      {'':{width}}  fix: {f.fix}"))
+            term.print(Text(fit_lines(f"      {'':{width}}  fix: {f.fix}", indent=" " * (width + 13))))
     counts = {s: sum(1 for f in findings if f.status == s) for s in STYLE}
     term.print(Text(f"{counts['PASS']} passed, {counts['WARN']} warnings, {counts['FAIL']} failed"))
     return exit_code(findings)

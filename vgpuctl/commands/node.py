@@ -40,6 +40,7 @@ from mdev_manager.reconcile import Outcome, plan_once, reconcile
 from mdev_manager.restore import restore
 from vgpuctl.cli import options
 from vgpuctl.cli.host import Host, dump, known_gpus, open_host, prepared_usage
+from vgpuctl.cli.scope import scoped
 from vgpuctl.cli.signals import StopSignals
 from vgpuctl.output.summary import summary
 from vgpuctl.output.terminal import Terminal
@@ -49,7 +50,7 @@ EXIT_FAILED, EXIT_CONVERGING, EXIT_LOCK_BUSY = 1, 3, 75
 
 
 def add_discover(p: argparse.ArgumentParser) -> None:
-    options.add_output(p)
+    options.add_output(p, wide=True)
     p.add_argument("--types", action="store_true", help="list every vGPU type of every GPU, with its id")
     p.set_defaults(func=run_discover)
 
@@ -67,11 +68,13 @@ def _add_layout_arguments(p: argparse.ArgumentParser, *, writes: bool = True) ->
     p.add_argument("-f", "--file", required=True, help="layout file (vgpuctl/v1 or vgpu-device-manager v1)")
     p.add_argument("--layout", "--config-name", default="default",
                    help="named layout / vgpu-config to apply (default %(default)s)")
-    options.add_output(p, what="; json and yaml hold every step and result")
+    options.add_output(p, wide=True, what="; json and yaml hold every step and result")
     p.add_argument("-v", "--verbose", dest="steps", action="store_true",
                    help="list every step" + (" with its result" if writes else "") + " before the per-GPU summary")
     p.add_argument("--show-ids", action="store_true",
                    help="show the kernel's type ids (nvidia-231, 1152) beside the type names (T4-2Q)")
+    p.add_argument("--gpu", metavar="INDEX|ADDRESS",
+                   help="only this GPU's entry of the layout: every other GPU is left exactly as it is")
     _add_claims_arguments(p, writes=writes)
 
 
@@ -142,7 +145,7 @@ def run_discover(args) -> int:
     elif hint and not inv.gpus:
         print(hint)
     else:
-        print(inventory_table(inv, types=args.types) + (f"\nnote: {hint}" if hint else ""))
+        print(inventory_table(inv, types=args.types, wide=args.output == "wide") + (f"\nnote: {hint}" if hint else ""))
     return 0
 
 
@@ -167,6 +170,8 @@ def run_apply(args) -> int:
     layouts = load_config(args.file, args.layout)  # bad input touches nothing, not even a simulated host
     host = open_host(args)
     env, io, node = host.env, host.io, host.node
+    if args.gpu is not None:  # one GPU's re-layout (vgpuctl drain first): the others are not planned at all
+        layouts = scoped(discover(env, io, node=node), layouts, args.gpu)
     dry_run, table = args.dry_run, args.output not in ("json", "yaml")
     term = Terminal()
     if dry_run:
@@ -185,7 +190,8 @@ def run_apply(args) -> int:
             with _writer(args, env), StopSignals() as signals:
                 # under the lock: another writer may have changed the node while this one waited
                 before = discover(env, io, node=node, known=known)
-                applied.record(env, io, layouts, name=args.layout, source=str(args.file), by="vgpuctl apply")
+                if args.gpu is None:  # one GPU's entry is not what the node is for
+                    applied.record(env, io, layouts, name=args.layout, source=str(args.file), by="vgpuctl apply")
                 with term.progress("applying", len(first.actions)) as on_step:
                     out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, host),
                                     on_step=on_step, stop=signals.pending, read_back=True, known=known)
@@ -225,7 +231,8 @@ def _print_outcome(args, term: Terminal, layouts: list[GpuLayout], before: Inven
             term.print(Text(text))
     where = f"layout {args.layout} of {args.file}" + (f" on node {node}" if node else "")
     term.print(Text(f"{'Plan' if args.dry_run else 'Applied'}: {where}", style="bold"),
-               *summary(before, layouts, out.rounds, out.blocked, names, after=out.inventory, verbose=verbose))
+               *summary(before, layouts, out.rounds, out.blocked, names, after=out.inventory, verbose=verbose,
+                        wide=args.output == "wide"))
     term.print(_verdict(args.dry_run, out, verbose))
 
 
@@ -260,7 +267,8 @@ def run_restore(args) -> int:
             for w in usage.warnings:
                 print(f"warning: {w}", file=sys.stderr)
             before = len(discover(env, io).all_vgpus())
-            reports = restore(env, io, usage, stop=signals.pending)
+            with Terminal().progress("restoring", 0) as on_step:  # a bar on a terminal once it takes a while
+                reports = restore(env, io, usage, stop=signals.pending, on_step=on_step)
             after = len(discover(env, io).all_vgpus())
     except NodeLockBusy as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ import yaml
 
 from vgpuctl.cli import options
 from vgpuctl.cli.host import sim_dir_for
+from vgpuctl.output.terminal import Terminal
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -44,6 +45,7 @@ def run(args) -> int:
 
         return apiserver.run(args)
 
+    from mdev_manager import catalog
     from mdev_manager.sim import load_host, preset_names
     from mdev_manager.sim.node import sim_node
 
@@ -69,7 +71,10 @@ def run(args) -> int:
     root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(ref)
     if args.sim_cmd == "reset":
         shutil.rmtree(root, ignore_errors=True)
-        sim_node(root, ref)
+        spec = load_host(ref)
+        gpus = sum(g.count * catalog.board(g.board).gpus_per_board for g in spec.gpus)
+        with Terminal().progress(f"building simulated host {ref}", gpus) as on_gpu:  # a terminal only
+            sim_node(root, spec, on_gpu=lambda: on_gpu(None))
         print(f"simulated host {ref} reset at {root}")
     elif args.sim_cmd == "reboot":
         sim_node(root, ref, reuse=True).host.reboot()

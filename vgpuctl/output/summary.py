@@ -31,6 +31,7 @@ from mdev_manager.config import GpuLayout
 from mdev_manager.models import Blocked, Inventory
 from mdev_manager.plan import native_driver, offered_types, resolve_type, select_gpus
 from mdev_manager.reconcile import Round
+from vgpuctl.output.tables import allot, fit_lines
 from vgpuctl.output.text import TypeNames, step_text
 
 LISTED = 10  # blocked devices, failed steps and reasons listed by default; -v lists them all
@@ -150,21 +151,33 @@ def _counts(c: Counter) -> str:
     return ", ".join(f"{n} x {name}" for name, n in sorted(c.items())) or "-"
 
 
-def _table(rows: list[GpuRow], dry: bool) -> Table:
-    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold", padding=(0, 2, 0, 0))
-    heads = ["GPU", "ADDRESS", "MODEL", "MODE", "SETUP"]
+def _table(rows: list[GpuRow], dry: bool, wide: bool = False) -> Table:
+    """80 columns: the model is left to ``discover``, a column of nothing but ``-`` is left out and the
+    lists fold onto more lines (``wide``: every column, one line per GPU). Addresses never fold."""
+    heads = ["GPU", "ADDRESS"] + (["MODEL"] if wide else []) + ["MODE", "SETUP"]
     heads += ["CREATE", "REMOVE", "KEEP"] if dry else ["CREATED", "REMOVED", "KEPT"]
     heads += ["BLOCKED"] + (["FAILED"] if any(r.failed for r in rows) else [])
-    for h in heads:
-        t.add_column(h)
+    cells_of = []
     for r in rows:
         created = _counts(r.created)
         if r.then:
             created = ("" if created == "-" else created + ", ") + "then " + _counts(r.then)
-        cells = [str(r.index), r.address, r.model, r.mode, ", ".join(r.setup) or "-", created,
-                 _counts(r.removed), _counts(r.kept), f"{r.blocked} in use" if r.blocked else "-"]
+        cells = [str(r.index), r.address] + ([r.model] if wide else []) + [
+            r.mode, ", ".join(r.setup) or "-", created, _counts(r.removed), _counts(r.kept),
+            f"{r.blocked} in use" if r.blocked else "-"]
         if "FAILED" in heads:
             cells.append(str(r.failed) if r.failed else "-")
+        cells_of.append(cells)
+    if not wide:  # a column with nothing to say gives its room to the others
+        keep = [i for i, h in enumerate(heads) if h in ("GPU", "ADDRESS", "MODE", "CREATE", "CREATED")
+                or any(c[i] != "-" for c in cells_of)]
+        heads, cells_of = [heads[i] for i in keep], [[c[i] for i in keep] for c in cells_of]
+    fold = heads[heads.index("MODE") + 1:]
+    widths = allot(heads, cells_of, fold=() if wide else fold)
+    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold", padding=(0, 2, 0, 0))
+    for h, w in zip(heads, widths, strict=True):
+        t.add_column(h, no_wrap=h not in fold or wide, max_width=None if wide or h not in fold else w)
+    for r, cells in zip(rows, cells_of, strict=True):
         style = "red" if r.failed else "yellow" if r.blocked else None
         t.add_row(*(Text(c) for c in cells), style=style)
     return t
@@ -191,11 +204,12 @@ def blocked_lines(blocked: list[Blocked], verbose: bool = False) -> list[str]:
 
 
 def summary(before: Inventory, layouts: list[GpuLayout], rounds: list[Round], blocked: list[Blocked],
-            names: TypeNames, *, after: Inventory | None = None, verbose: bool = False) -> list[Text | Table]:
+            names: TypeNames, *, after: Inventory | None = None, verbose: bool = False,
+            wide: bool = False) -> list[Text | Table]:
     """The table, then what is blocked, what failed, what was not done and why."""
     dry = any(r.report is None for r in rounds)
     rows = gpu_rows(before, layouts, rounds, blocked, names, after=after)
-    out: list[Text | Table] = [_table(rows, dry)]
+    out: list[Text | Table] = [_table(rows, dry, wide)]
     if blocked:
         out.append(Text("\n".join(blocked_lines(blocked, verbose)), style="yellow"))
     failed = [f"  {step_text(a, names)}: {res.error or 'skipped'}" + (f" ({res.message})" if res.message else "")
@@ -212,5 +226,5 @@ def summary(before: Inventory, layouts: list[GpuLayout], rounds: list[Round], bl
         out.append(Text("\n".join(["Not done:"] + _capped(why, verbose, "reasons"))))
     notes = list(dict.fromkeys(n for r in rounds for n in r.plan.notes))
     if notes:
-        out.append(Text("\n".join(f"note: {n}" for n in notes)))
+        out.append(Text("\n".join(fit_lines(f"note: {n}") for n in notes)))
     return out

@@ -13,30 +13,48 @@ from mdev_manager.actions import CreateMdev, Plan, SaveDefinition, SaveVendorRec
 from mdev_manager.executor import Report, StepResult
 from mdev_manager.models import Gpu, Inventory
 from mdev_manager.plan import offered_types
+from vgpuctl.output.tables import fit, fit_lines, short_model
 
 SLOT_MAP_WIDTH = 64  # marks per GPU row: a 94 GiB GPU gets one mark per 2 GiB, and fits in 80 columns
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
+    """A plain table at its natural width (:func:`vgpuctl.output.tables.fit` folds to 80 columns)."""
     cols = [header, *rows]
     widths = [max(len(str(r[i])) for r in cols) for i in range(len(header))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cols)
 
 
-def inventory_table(inv: Inventory, types: bool = False) -> str:
+def inventory_table(inv: Inventory, types: bool = False, wide: bool = False) -> str:
+    """The node's GPUs, vGPUs and MIG instances in 80 columns (models and type names shortened, the
+    vGPUs' framework left to the GPU's row); ``wide``: full names, every column."""
+    model = (lambda g: g.model) if wide else (lambda g: short_model(g.model))  # noqa: E731
     rows = []
     for g in inv.gpus:
         vfs = f"{g.sriov_num_vfs}/{g.sriov_total_vfs}" if g.sriov_total_vfs else "-"
-        rows.append([str(g.index), g.address, g.model, g.driver or "-", g.framework, vfs,
+        rows.append([str(g.index), g.address, model(g), g.driver or "-", g.framework, vfs,
                      "-" if g.numa_node is None else str(g.numa_node),
                      "-" if g.iommu_group is None else str(g.iommu_group), str(len(g.vgpus))])
     out = [f"Node {inv.node}: {len(inv.gpus)} GPUs" + (" (iommufd)" if inv.iommufd else ""),
-           table(rows, ["GPU", "ADDRESS", "MODEL", "DRIVER", "FRAMEWORK", "VFS", "NUMA", "IOMMU", "VGPUS"])]
+           fit(["GPU", "ADDRESS", "MODEL", "DRIVER", "FRAMEWORK", "VFS", "NUMA", "IOMMU", "VGPUS"], rows,
+               fold=("MODEL",), wide=wide)]
+    index = {g.address: g.index for g in inv.gpus}
+    gpus = {g.address: g for g in inv.gpus}
     placed = any(v.placement_id is not None for v in inv.all_vgpus())
-    vgpus = [[str(g.index), v.id, v.type_name, v.framework, v.parent, "-" if v.iommu_group is None else str(v.iommu_group)]
-             + ([_slots_of(g, v.type_id, v.placement_id)] if placed else []) for g in inv.gpus for v in g.vgpus]
+
+    def slots(v) -> list[str]:  # the slots a mixed-size vGPU holds
+        return [_slots_of(gpus[v.gpu], v.type_id, v.placement_id)] if placed else []
+
+    if wide:
+        vgpus = [[str(index[v.gpu]), v.id, v.type_name, v.framework, v.parent,
+                  "-" if v.iommu_group is None else str(v.iommu_group), *slots(v)] for v in inv.all_vgpus()]
+        head = ["GPU", "VGPU", "TYPE", "FRAMEWORK", "PARENT", "IOMMU"]
+    else:
+        vgpus = [[str(index[v.gpu]), v.id, short_type(v.type_name), v.parent,
+                  "-" if v.iommu_group is None else str(v.iommu_group), *slots(v)] for v in inv.all_vgpus()]
+        head = ["GPU", "VGPU", "TYPE", "PARENT", "IOMMU"]
     if vgpus:
-        out += ["", table(vgpus, ["GPU", "VGPU", "TYPE", "FRAMEWORK", "PARENT", "IOMMU"] + (["SLOTS"] if placed else []))]
+        out += ["", fit(head + (["SLOTS"] if placed else []), vgpus, fold=("TYPE",), wide=wide)]
     mig = [[str(g.index), str(i.id), p.name if (p := g.mig.profile(i.profile_id)) else str(i.profile_id),
             f"{i.placement.start}:{i.placement.size}", i.vgpu or "-"]
            for g in inv.gpus if g.mig and g.mig.enabled for i in g.mig.instances]
@@ -44,13 +62,13 @@ def inventory_table(inv: Inventory, types: bool = False) -> str:
              + (f" (pending {'on' if g.mig.pending else 'off'})" if g.mig.pending != g.mig.enabled else "")
              for g in inv.gpus if g.mig]
     if modes:
-        out += ["", "; ".join(modes)]
+        out += ["", fit_lines("; ".join(modes))]
     if mig:
-        out += [table(mig, ["GPU", "GPU INSTANCE", "PROFILE", "PLACEMENT", "VGPU"])]
+        out += [fit(["GPU", "GPU INSTANCE", "PROFILE", "PLACEMENT", "VGPU"], mig, wide=wide)]
     sizes = [f"GPU {g.index}: {'mixed' if g.placements.enabled else 'equal'}-size mode" for g in inv.gpus
              if g.placements is not None]
     if sizes:
-        out += ["", "; ".join(sizes)]
+        out += ["", fit_lines("; ".join(sizes))]
     maps = [slot_map_line(g) for g in inv.gpus if g.placements is not None and g.placements.enabled]
     if maps:
         out += ["Mixed-size slots (1 GiB each unless noted; '.' free):", *maps]
@@ -62,10 +80,11 @@ def inventory_table(inv: Inventory, types: bool = False) -> str:
             rows = [[t.id, t.name, f"{t.framebuffer_mib} MiB" if t.framebuffer_mib else "-",
                      f"{t.available_instances}/{t.max_instances or '?'}", t.framework] for t in g.types]
             out += ["", f"Types on GPU {g.index} ({g.address}):",
-                    table(rows, ["ID", "NAME", "FRAMEBUFFER", "AVAILABLE", "FRAMEWORK"])]
+                    fit(["ID", "NAME", "FRAMEBUFFER", "AVAILABLE", "FRAMEWORK"], rows, fold=("NAME",), wide=wide)]
         else:
             free = ", ".join(f"{t.short_name} {t.available_instances}" for t in offered if t.available_instances)
-            out.append(f"GPU {g.index} can still create: {free or 'nothing'}")
+            line = f"GPU {g.index} can still create: {free or 'nothing'}"
+            out.append(line if wide else fit_lines(line))
     return "\n".join(out)
 
 

@@ -143,6 +143,8 @@ def resource_route(app: App, method: str, parts: list[str], query: dict) -> Rout
     sub = rest[2] if len(rest) == 3 else None
     if sub == "log" and rt.key == "pods" and method == "GET" and namespace and name:
         return Route("log", rt, namespace, name, sub, resource_label="pods/log")
+    if sub == "eviction" and rt.key == "pods" and method == "POST" and namespace and name:
+        return Route("evict", rt, namespace, name, sub, resource_label="pods/eviction")
     if sub is not None and not (sub == "status" and rt.status_subresource):
         raise ApiError(404, _NOT_FOUND, reason="NotFound")
     if name is None:
@@ -300,6 +302,14 @@ class Handler(BaseHTTPRequestHandler):
             form = tables.negotiate(self.headers.get("Accept", ""))
             if route.verb == "watch":
                 self._watch(route, query, lambda: record(200), form)
+                return
+            if route.verb == "evict":  # policy/v1 Eviction: the pod is deleted (no PodDisruptionBudget here)
+                app.store.delete(route.rt, route.namespace, route.name, dict((body or {}).get("deleteOptions") or {}),
+                                 query)
+                app._wrote("create", route.resource_label, [route.name])
+                record(201)
+                self._send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                      "code": 201})
                 return
             if route.verb == "log":  # a container's log: what set_pod_log stored (404 without the pod)
                 app.store.get_stored(route.rt, route.namespace, route.name)

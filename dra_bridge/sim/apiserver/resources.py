@@ -149,3 +149,13 @@ def field_value(obj: dict[str, Any], path: str) -> str:
     if isinstance(cur, bool):
         return "true" if cur else "false"
     return str(cur)
+
+
+def taint_rule_resource(version: str) -> ResourceType:
+    """DeviceTaintRule at the API version ``version`` serves it (``dra_bridge.api.compat.TAINT_RULE_API``);
+    the server adds it only where its gate is on. Simplified: one version served, not every one."""
+    from dra_bridge.api.compat import taint_rule_api
+
+    return ResourceType(RESOURCE, taint_rule_api(version).split("/")[1], "devicetaintrules", "DeviceTaintRule",
+                        namespaced=False, singular="devicetaintrule", has_generation=True,
+                        status_subresource=version != "1.34")  # 1.35 added its status

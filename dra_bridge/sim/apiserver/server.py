@@ -41,7 +41,7 @@ from dra_bridge.sim.apiserver import discovery
 from dra_bridge.sim.apiserver import errors as E
 from dra_bridge.sim.apiserver.errors import ApiError
 from dra_bridge.sim.apiserver.handler import Handler, HTTPServer
-from dra_bridge.sim.apiserver.resources import DEFAULT_RESOURCES, ResourceType
+from dra_bridge.sim.apiserver.resources import DEFAULT_RESOURCES, ResourceType, taint_rule_resource
 from dra_bridge.sim.apiserver.store import Store, sort_key
 
 SUPPORTED_MINORS = range(34, 38)
@@ -163,7 +163,9 @@ class LocalApiServer:
         self.feature_gates = (featuregates.all_enabled(self.version) if feature_gates is None
                               else featuregates.resolve(self.version, feature_gates))
         self.watch_timeout = watch_timeout
-        by_key = {rt.key: rt for rt in (*DEFAULT_RESOURCES, *extra_resources)}  # an extra one replaces ours
+        served = (taint_rule_resource(self.version),) if featuregates.taint_rules_served(
+            self.version, self.feature_gates) else ()  # KEP-5055: only with its gate, at its version's API
+        by_key = {rt.key: rt for rt in (*DEFAULT_RESOURCES, *served, *extra_resources)}  # an extra one replaces ours
         self.store = Store(self.version, tuple(by_key.values()),
                            validate=validate, field_validation=field_validation,
                            strict_namespaces=strict_namespaces, max_history=max_history,

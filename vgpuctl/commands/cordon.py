@@ -1,0 +1,279 @@
+"""``vgpuctl cordon | drain | uncordon``: take a GPU (or every GPU of a node) out of service for a
+driver upgrade or a re-layout while the node's other GPUs keep serving, and put it back.
+
+``cordon`` records the GPUs in the node's cordon annotation, which the node agent reads through a
+watch: where the API server keeps device taints (KEP-5055) it taints every device of the GPU,
+elsewhere it withdraws the GPU's free devices; a device a claim holds stays published. A whole node
+also gets a DeviceTaintRule (driver and pool) where the server serves one, which holds even while
+the agent is down. Either way the scheduler allocates nothing new there, and the command waits
+(``--wait``) until the published slices show it: exit 0, or 3 while the agent has not republished.
+
+``drain`` cordons, then lists the GPU's holders (claims, pods, VMs with their live-migration state)
+and waits for them to go (``--timeout``, progress on a terminal). It evicts pods only when asked
+(``--evict``: policy/v1 Evictions, so PodDisruptionBudgets decide; a VM's virt-launcher pod only
+when the VM can live-migrate, which KubeVirt answers with a migration) or through ``--effect
+NoExecute`` (the cluster's device-taint controller evicts, VMs included). It never touches a device
+on the node: a vGPU in use stays. Exit 0 once nothing holds the GPUs, 3 when holders remain.
+
+``uncordon`` removes the GPUs from the annotation (and the node's rule): they take allocations again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from datetime import UTC, datetime
+
+import yaml
+from rich.text import Text
+
+from dra_bridge.api.names import TAINT_KEY_CORDON
+from dra_bridge.pool.cordon import NO_EXECUTE, NO_SCHEDULE, NODE, CordonEntry, format_cordon, parse_cordon
+from dra_bridge.scheduling.gpuview import plan_drain
+from vgpuctl.cli import options
+from vgpuctl.cli.gpus import Session, gpu_table, holder_rows, resolve, selected, wait_until
+from vgpuctl.output.tables import fit_lines
+from vgpuctl.output.terminal import Terminal
+
+EXIT_PENDING = 3
+RULE_PREFIX = "vgpuctl-cordon-"
+
+
+def _common(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument("gpus", nargs="*", metavar="GPU",
+                   help=f"the GPU to {verb}: NODE/INDEX or NODE/PCI-ADDRESS (INDEX or PCI-ADDRESS with --node)")
+    p.add_argument("--node", metavar="NODE", help=f"the node; without a GPU: {verb} every GPU of it")
+    options.add_kubeconfig(p)
+    options.add_driver(p)
+    p.add_argument("--wait", type=float, default=30.0, metavar="SECONDS",
+                   help="how long to wait for the node agent to republish the GPUs (0: do not wait)")
+
+
+def add_cordon(p: argparse.ArgumentParser) -> None:
+    _common(p, "cordon")
+    p.add_argument("--effect", choices=(NO_SCHEDULE, NO_EXECUTE), default=NO_SCHEDULE,
+                   help="NoSchedule: no new allocation; NoExecute (where the server keeps taints): the "
+                        "cluster's device-taint controller also evicts the pods using the GPU, VMs included")
+    p.add_argument("--reason", help="why (shown by kubectl vgpu and in the annotation)")
+    p.set_defaults(func=run_cordon)
+
+
+def add_uncordon(p: argparse.ArgumentParser) -> None:
+    _common(p, "uncordon")
+    p.set_defaults(func=run_uncordon)
+
+
+def add_drain(p: argparse.ArgumentParser) -> None:
+    _common(p, "drain")
+    p.add_argument("--effect", choices=(NO_SCHEDULE, NO_EXECUTE), default=NO_SCHEDULE,
+                   help="the cordon's taint effect (NoExecute: the cluster evicts, VMs included)")
+    p.add_argument("--reason", help="why (shown by kubectl vgpu and in the annotation)")
+    p.add_argument("--evict", action="store_true",
+                   help="evict the pods holding the GPUs (policy/v1 Eviction); a VM's pod only when it can "
+                        "live-migrate (KubeVirt migrates it); other VMs are waited for")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long to wait for the holders to go")
+    options.add_output(p, wide=True)
+    p.set_defaults(func=run_drain)
+
+
+# ------------------------------------------------------------------ the cordon record
+
+def _rule(node: str, pool: str, driver: str, effect: str, since: str) -> dict:
+    return {"apiVersion": "", "kind": "DeviceTaintRule",
+            "metadata": {"name": f"{RULE_PREFIX}{node}" + ("" if pool == node else f"-{pool}"),
+                         "labels": {"app.kubernetes.io/managed-by": "vgpuctl", "vgpu.kubevirt.io/node": node}},
+            "spec": {"deviceSelector": {"driver": driver, "pool": pool},
+                     "taint": {"key": TAINT_KEY_CORDON, "effect": effect, "timeAdded": since}}}
+
+
+def _pools(s: Session, node: str) -> list[str]:
+    st = s.last or s.m.state()
+    return sorted({(x["spec"].get("pool") or {}).get("name") for x in st.slices
+                   if x["spec"].get("nodeName") == node and x["spec"].get("driver") == s.driver}) or [node]
+
+
+def cordon(s: Session, targets: dict, effect: str, reason: str | None) -> list[str]:
+    """Write the cordon; a whole node's also as DeviceTaintRules where served. Returns notes."""
+    notes = []
+    since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for node, gpus in targets.items():
+        current = parse_cordon(s.m.node_cordon(node))
+        for addr, index in gpus.items():
+            current[addr] = CordonEntry(effect=effect, since=since, reason=reason, index=index)
+        s.m.set_cordon(node, format_cordon(current))
+        if NODE in gpus:
+            for pool in _pools(s, node):
+                rule = _rule(node, pool, s.driver, effect, since)
+                rule["apiVersion"] = s.m.rule_api_version
+                if s.m.rules_served(rule):
+                    s.m.put_rule(rule)
+                    notes.append(f"DeviceTaintRule {rule['metadata']['name']} taints pool {pool} "
+                                 f"({s.m.rule_api_version})")
+    return notes
+
+
+def uncordon(s: Session, targets: dict) -> None:
+    for node, gpus in targets.items():
+        current = parse_cordon(s.m.node_cordon(node))
+        if NODE in current and NODE not in gpus:
+            raise ValueError(f"node {node} is cordoned as a whole: vgpuctl uncordon --node {node}")
+        left = {} if NODE in gpus else {a: e for a, e in current.items() if a not in gpus}
+        s.m.set_cordon(node, format_cordon(left))
+        if NODE in gpus:
+            for r in s.m.taint_rules():
+                if r["metadata"]["name"].startswith(RULE_PREFIX) and \
+                        (r["metadata"].get("labels") or {}).get("vgpu.kubevirt.io/node") == node:
+                    s.m.delete_rule(r["metadata"]["name"])
+
+
+def _targets(args, s: Session):
+    views = s.views()
+    return resolve(args.gpus, args.node, views, s.last.cordons, s.last.nodes)
+
+
+def _effective(s: Session, targets: dict, *, cordoned: bool) -> tuple[bool, list]:
+    """Whether the change took effect: every target node's agent published the cordon as written
+    (``cordon.applied``), or, cordoning, a DeviceTaintRule covers the GPU already."""
+    views = selected(s.views(list(targets)), targets)
+    st = s.last
+    acted = all(st.applied.get(n) == st.cordons.get(n) for n in targets)
+    if cordoned:
+        ok = all(v.cordon_how == "rule" or (acted and v.cordon_how in ("taint", "withdrawn")) for v in views)
+    else:
+        ok = acted and all(v.cordon is None for v in views)
+    return ok, views
+
+
+def _await(s: Session, targets: dict, seconds: float, term: Terminal, *, cordoned: bool):
+    state = {}
+
+    def done() -> bool:
+        state["ok"], state["views"] = _effective(s, targets, cordoned=cordoned)
+        return state["ok"]
+
+    with term.status("waiting for the node agent to republish the GPUs"):
+        wait_until(done, seconds)
+    return state["ok"], state["views"]
+
+
+def _verdict(ok: bool, cordoned: bool, seconds: float) -> str:
+    if ok:
+        return ("cordoned: no new allocation on these GPUs; what runs there keeps running" if cordoned else
+                "uncordoned: the GPUs take allocations again")
+    if cordoned:
+        return (f"recorded, but the node agent has not republished the GPUs within {seconds:g}s (is vgpuctl serve "
+                "running there?); they take allocations until it does")
+    return (f"recorded; the GPUs take allocations again once the node agent republishes them (not within "
+            f"{seconds:g}s)")
+
+
+def run_cordon(args) -> int:
+    s = Session.open(args)
+    targets = _targets(args, s)
+    notes = cordon(s, targets, args.effect, args.reason)
+    ok, views = _await(s, targets, args.wait, Terminal(), cordoned=True)
+    _report(views, notes, _verdict(ok, True, args.wait))
+    return 0 if ok else EXIT_PENDING
+
+
+def run_uncordon(args) -> int:
+    s = Session.open(args)
+    targets = _targets(args, s)
+    uncordon(s, targets)
+    ok, views = _await(s, targets, args.wait, Terminal(), cordoned=False)
+    _report(views, [], _verdict(ok, False, args.wait))
+    return 0 if ok else EXIT_PENDING
+
+
+def _report(views, notes: list[str], verdict: str) -> None:
+    term = Terminal()
+    if views:
+        term.print(Text(gpu_table(views)))
+    for n in notes:
+        term.print(Text(fit_lines(f"note: {n}")))
+    term.print(Text(fit_lines(verdict)))
+
+
+def run_drain(args) -> int:
+    s = Session.open(args)
+    targets = _targets(args, s)
+    term = Terminal()
+    notes = cordon(s, targets, args.effect, args.reason)
+    ok, _ = _await(s, targets, args.wait, term, cordoned=True)
+    if not ok:
+        notes.append(_verdict(False, True, args.wait))
+    first = selected(s.views(list(targets)), targets)
+    evicted: dict[str, str | None] = {}
+    state = {"views": first}
+
+    def drained() -> bool:
+        views = selected(s.views(list(targets)), targets)
+        plan = plan_drain(views, evict=args.evict)
+        for pod in plan.evict:
+            if pod not in evicted:
+                ns, name = pod.split("/", 1)
+                evicted[pod] = s.m.evict(ns, name)
+        state["views"], state["plan"] = views, plan
+        return plan.done
+
+    def progress() -> None:
+        vms = [h for v in state["views"] for h in v.holders if h.vm]
+        status.update(f"draining: {sum(len(v.holders) for v in state['views'])} holder(s) left"
+                      + (f"; VMs: {', '.join(f'{h.vm} ({h.migration})' for h in vms[:3])}" if vms else ""))
+
+    with _Status(term) as status:
+        done = wait_until(drained, args.timeout, progress, every=1.0)
+    return _drain_report(args, first, state["views"], evicted, notes, done)
+
+
+class _Status:
+    """A live status line on a terminal; nothing in a pipe."""
+
+    def __init__(self, term: Terminal):
+        self.term, self._status = term, None
+
+    def __enter__(self):
+        if self.term.tty:
+            self._status = self.term.console.status("draining")
+            self._status.__enter__()
+        return self
+
+    def update(self, text: str) -> None:
+        if self._status is not None:
+            self._status.update(text)
+
+    def __exit__(self, *exc):
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+
+def _drain_report(args, first, last, evicted: dict, notes: list[str], done: bool) -> int:
+    if args.output in ("json", "yaml"):
+        data = {"drained": done, "gpus": [v.to_dict() for v in last],
+                "heldBefore": [asdict(h) for v in first for h in v.holders],
+                "evicted": {p: (r or "accepted") for p, r in evicted.items()}, "notes": notes}
+        print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
+        return 0 if done else EXIT_PENDING
+    term = Terminal()
+    wide = args.output == "wide"
+    term.print(Text(gpu_table(last, wide=wide)))
+    if any(v.holders for v in first):
+        term.print(Text("\nHolders:\n" + holder_rows(first, last, evicted, wide=wide)))
+    for pod, refusal in evicted.items():
+        if refusal is not None:
+            term.print(Text(fit_lines(f"eviction of {pod} refused: {refusal}")))
+    for n in notes:
+        term.print(Text(fit_lines(f"note: {n}")))
+    left = sum(len(v.holders) for v in last)
+    if done:
+        term.print(Text(fit_lines("drained: nothing holds these GPUs; they stay cordoned (vgpuctl uncordon puts "
+                                  "them back)"), style="green"))
+        return 0
+    if not args.evict and any(h.pods and not h.vm for v in last for h in v.holders):
+        print("hint: --evict evicts the pods (policy/v1 Eviction)", file=sys.stderr)
+    term.print(Text(fit_lines(f"not drained: {left} holder(s) still hold these GPUs after {args.timeout:g}s; "
+                              "drain again to wait more"), style="yellow"))
+    return EXIT_PENDING

@@ -1,0 +1,106 @@
+"""``kubectl vgpu`` (and ``vgpuctl gpus``): the cluster's GPUs per node, as an admin reads them.
+
+pip installs the ``kubectl-vgpu`` executable (``vgpuctl.main:kubectl_plugin``), which kubectl runs
+for ``kubectl vgpu ...`` with every argument after ``vgpu``. kubectl hands a plugin none of its own
+flags (nor any environment beyond its own), so ``--kubeconfig``, ``--context`` and ``-n`` are parsed
+here, with the same meaning (and ``$KUBECONFIG``). One row per GPU: what it publishes, whether it is
+cordoned, who holds it and how many more of each profile fit (the scheduler model's answer,
+:mod:`dra_bridge.scheduling.capacity`); then one row per vGPU held, with its placement, claim and
+pod or VM. ``--watch`` prints it again whenever it changes (a terminal redraws it in place).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+
+import yaml
+from rich.text import Text
+
+from dra_bridge.scheduling.gpuview import GpuView
+from vgpuctl.cli import options
+from vgpuctl.cli.gpus import Session, gpu_table, pci, vgpu_rows
+from vgpuctl.output.tables import fit_lines
+from vgpuctl.output.terminal import Terminal
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("targets", nargs="*", metavar="NODE[/GPU]", help="only these nodes, or GPUs (index or PCI address)")
+    p.add_argument("-n", "--namespace", help="only holders in this namespace (default: every namespace)")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="holders in every namespace (the default)")
+    options.add_kubeconfig(p)
+    options.add_driver(p)
+    options.add_output(p, wide=True)
+    p.add_argument("-w", "--watch", action="store_true", help="print it again at every change (Ctrl-C ends)")
+    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="how often --watch reads the cluster")
+    p.add_argument("--watch-count", type=int, default=None, metavar="N",
+                   help="with --watch: end after printing N times (default: until Ctrl-C)")
+
+
+def _wanted(views: list[GpuView], targets: list[str]) -> list[GpuView]:
+    if not targets:
+        return views
+    out = []
+    for v in views:
+        for t in targets:
+            node, sep, gpu = t.partition("/")
+            if v.node == node and (not sep or gpu in (str(v.index), v.address) or pci(gpu) == v.address):
+                out.append(v)
+                break
+    return out
+
+
+def render(views: list[GpuView], fmt: str) -> str:
+    if fmt in ("json", "yaml"):
+        data = {"apiVersion": "vgpu.kubevirt.io/v1", "kind": "GpuList", "items": [v.to_dict() for v in views]}
+        return json.dumps(data, indent=2) if fmt == "json" else yaml.safe_dump(data, sort_keys=False).rstrip()
+    if not views:
+        return "No GPUs published by this driver."
+    wide = fmt == "wide"
+    out = gpu_table(views, wide=wide)
+    if any(v.holders for v in views):
+        out += "\n\n" + vgpu_rows(views, wide=wide)
+    notes = [f"{v.name()}: cordoned ({v.cordon_how}): {v.reason}" for v in views if v.cordon and v.reason]
+    return out + "".join("\n" + fit_lines(n) for n in notes)
+
+
+def run(args) -> int:
+    s = Session.open(args)
+    nodes = sorted({t.partition("/")[0] for t in args.targets}) or None
+
+    def text() -> str:
+        return render(_wanted(s.views(nodes), args.targets), args.output)
+
+    first = text()
+    term = Terminal()
+    if not args.watch:
+        print(first)
+        return 0
+    return _watch(term, text, first, args.interval, args.watch_count)
+
+
+def _watch(term: Terminal, text, first: str, interval: float, count: int | None) -> int:
+    """Print ``text()`` again whenever it changes: redrawn in place on a terminal; in a pipe each
+    change is printed after a blank line (with -o json, one document per change, as ``kubectl get -w``)."""
+    pause = threading.Event()
+    shown, printed = first, 1
+    if term.tty:
+        from rich.live import Live
+
+        with Live(Text(first), console=term.console, auto_refresh=False) as live:
+            while count is None or printed < count:
+                pause.wait(interval)
+                now = text()
+                if now != shown:
+                    shown, printed = now, printed + 1
+                    live.update(Text(now), refresh=True)
+        return 0
+    print(first, flush=True)
+    while count is None or printed < count:
+        pause.wait(interval)
+        now = text()
+        if now != shown:
+            shown, printed = now, printed + 1
+            print("\n" + now, flush=True)
+    return 0
