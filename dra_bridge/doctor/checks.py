@@ -51,8 +51,8 @@ def _fields(f: ClusterFacts) -> list[Finding]:
         return []
     if f.probe_error:
         return [Finding(status="WARN", check="DRA fields kept", detail=f"could not probe: {f.probe_error}",
-                        fix="run the doctor as a user who may create resourceslices (a dry run: nothing is stored); "
-                            "check with `kubectl auth can-i create resourceslices.resource.k8s.io`")]
+                        fix="run the doctor as a user who may create resourceslices (its probe is a dry run: nothing "
+                            "is stored)")]
     out = []
     k = f.kept
     if k.counters is False:
