@@ -392,9 +392,10 @@ def test_health_follows_the_host(node: Node, kubelet: FakeKubelet, manager: Devi
     # An mdev of the A100 (on a VF) is unaffected by all that.
     assert {d["health"] for d in kubelet.wait_for_devices(A100_4C)} == {"Healthy"}
 
-    # The passthrough GPU leaves the bus (its /dev/vfio node stays in the simulation).
+    # The passthrough GPU leaves the bus: vfio-pci lets go of it and, the group's last device gone, its
+    # /dev/vfio node goes too; the reason named is the one that matters, the bus.
     node.host.remove_gpu(pt.address)
-    assert env.vfio_group(pt.iommu_group).exists()
+    assert not env.vfio_group(pt.iommu_group).exists()
     _health(kubelet, T4_PT, pt.address, "Unhealthy")
     status = {s.resource: s for s in manager.status()}
     assert status[T4_PT].devices == {pt.address: f"GPU {pt.address} is not on the PCI bus"}

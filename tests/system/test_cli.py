@@ -234,13 +234,15 @@ def test_mixed_size_plan_apply_discover(simdir, capsys):
     layout_file = str(EXAMPLE_LAYOUT.parent / "mixed-size-layout.yaml")
     code, out, _ = run(capsys, "--simulate", "mixed-node", "plan", "-f", layout_file)
     assert code == 0
-    assert "note: GPU 0 (0000:10:00.0): once in mixed-size mode, places L40S-24Q at slot 0, L40S-8Q at slot 24" in out
+    assert "note: GPU 0 (0000:10:00.0): once in mixed-size mode, places L40S-24Q at slot 0, L40S-8Q at slot 24" in " ".join(
+        out.split())  # prose wraps at 80 columns
     code, out, _ = run(capsys, "--simulate", "mixed-node", "apply", "-f", layout_file)
     assert code == 0 and "node matches the layout" in out.splitlines()[-1]
     assert "mixed-size mode on" in out
     code, out, _ = run(capsys, "--simulate", "mixed-node", "discover")
     lines = out.splitlines()
-    assert "GPU 0: mixed-size mode; GPU 1: mixed-size mode; GPU 2: mixed-size mode; GPU 3: mixed-size mode" in lines
+    assert "GPU 0: mixed-size mode; GPU 1: mixed-size mode; GPU 2: mixed-size mode; GPU 3: mixed-size mode" in " ".join(
+        out.split())
     assert "  GPU 0 |[24Q" + "-" * 19 + "][8Q----][4Q][4Q][8Q----]|" in lines  # one mark per 1 GiB slot
     assert "  GPU 1 |[12C-------][6C--][6C--]|" in lines
     assert any(line.startswith("  GPU 2 |[40C") and line.endswith("(2 GiB per mark)") for line in lines)

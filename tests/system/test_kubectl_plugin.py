@@ -130,7 +130,7 @@ def _script(*args: str) -> str:
 
 @pytest.mark.parametrize("words, want", [
     ("vgpuctl co", "conformance cordon completion"), ("vgpuctl cordon --ef", "--effect"),
-    ("vgpuctl drain -o ''", "table wide json yaml"), ("vgpuctl sim re", "reset reboot"),
+    ("vgpuctl drain -o ''", "table wide json yaml"), ("vgpuctl sim re", "reset reboot replug"),
     ("vgpuctl --simulate mig-node apply --show", "--show-ids"), ("vgpuctl completion ''", "bash zsh -h --help")])
 def test_the_bash_script_completes_commands_options_and_choices(tmp_path, words, want):
     script = tmp_path / "vgpuctl.bash"

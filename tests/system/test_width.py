@@ -33,6 +33,7 @@ RUNS = {
                 ["apply", "-f", EXAMPLE], ["discover"], ["list"], ["list", "-d", "-o", "table"], ["capacity"],
                 ["sim", "presets"]],
     "mig-node": [["plan", "-f", MIG], ["apply", "-f", MIG], ["discover"], ["discover", "--types"], ["capacity"]],
+    "mixed-node": [["nvml-probe"]],
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 
 import yaml
 
@@ -36,9 +37,10 @@ def table(rec: ProbeRecord) -> str:
     for g in rec.gpus:
         mig = "no MIG" if g.mig is None else f"MIG {'on' if g.mig.current else 'off'} ({len(g.mig.profiles)} profiles)"
         mixed = {None: "no mixed-size", 0: "mixed-size off", 1: "mixed-size on"}.get(g.heterogeneous_mode, "?")
-        lines.append(f"{g.bus_id}  {g.name or '?'}  {g.memory_mib or '?'} MiB  {mig}, {mixed}, "
-                     f"{len(g.vgpu_types)} vGPU types")
+        head = f"{g.bus_id}  {g.name or '?'}  {g.memory_mib or '?'} MiB  {mig}, {mixed}, {len(g.vgpu_types)} vGPU types"
+        lines += textwrap.wrap(head, 80, subsequent_indent=" " * 4, break_long_words=False, break_on_hyphens=False)
         placed = [t for t in g.vgpu_types if t.placements]
         for t in placed:
-            lines.append(f"    {t.name}: size {t.placement_size}, at {', '.join(map(str, t.placements or []))}")
+            at = f"    {t.name}: size {t.placement_size}, at {', '.join(map(str, t.placements or []))}"
+            lines += textwrap.wrap(at, 80, subsequent_indent=" " * 8, break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines)
