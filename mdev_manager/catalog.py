@@ -238,7 +238,8 @@ _add(BoardSpec(
 ))
 
 _add(BoardSpec(
-    key="UHD630", product_name="CoffeeLake-S GT2 [UHD Graphics 630]", vendor_id="0x8086", device_id="0x3e92", class_code="0x030000",
+    key="UHD630", product_name="CoffeeLake-S GT2 [UHD Graphics 630]", vendor_id="0x8086", device_id="0x3e92",
+    class_code="0x030000",
     subsystem_vendor_id="0x8086", subsystem_device_id="0x2212",
     framebuffer_mib=4096, framework="mdev", driver="i915",
     types=[
@@ -280,4 +281,4 @@ def match_board(vendor_id: str, device_id: str, subsystem_device_id: str | None 
     """The catalog board for a PCI function (subsystem id breaks ties such as A2 / A16)."""
     hits = [b for b in BOARDS.values() if b.vendor_id == vendor_id and b.device_id == device_id]
     exact = [b for b in hits if b.subsystem_device_id == subsystem_device_id]
-    return (exact or hits or [None])[0]
+    return next(iter(exact or hits), None)

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -88,20 +89,20 @@ class ConfigFileError(ConfigError):
     YAML, a duplicate key) and a layout with a single wrong field both end as one of these."""
 
 
-def _closest(word: object, choices) -> str | None:
+def _closest(word: object, choices: Iterable[object]) -> str | None:
     by_lower = {str(c).lower(): str(c) for c in choices}
     close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.6)
     return by_lower[close[0]] if close and by_lower[close[0]] != str(word) else None
 
 
-def did_you_mean(word: object, choices) -> str:
+def did_you_mean(word: object, choices: Iterable[object]) -> str:
     """``"; did you mean 'mode'?"`` when ``word`` is a close misspelling of one of ``choices``
     (case-insensitive, difflib's ratio >= 0.6), else ``""``."""
     close = _closest(word, choices)
     return f"; did you mean {close!r}?" if close else ""
 
 
-def path_of(loc) -> str:
+def path_of(loc: Iterable[object]) -> str:
     """A place in a document as its author reads it: ``("layouts", "default", 0, "vgpus")`` ->
     ``layouts.default[0].vgpus``."""
     out = ""
@@ -124,12 +125,12 @@ def _located(problems: list[str], file: str, lines: dict[str, int]) -> ConfigErr
     return (ConfigFileError if len(located) == 1 else ConfigError)(located, source=file)
 
 
-def layout_error(problems: list[str], layouts=()) -> ConfigError:
+def layout_error(problems: list[str], layouts: Iterable[GpuLayout] = ()) -> ConfigError:
     """The error for ``problems`` found in ``layouts``: when they were read from a file, each problem
     names the file and line (``FILE:LINE: layouts.default[0].vgpus.T4-3Q: ...``) and a single one
     is a one-line :class:`ConfigFileError`."""
-    src = next((e for e in layouts if e._file is not None), None)
-    return ConfigError(problems) if src is None else _located(problems, src._file, src._lines or {})
+    file, lines = next(((e._file, e._lines) for e in layouts if e._file is not None), (None, None))
+    return ConfigError(problems) if file is None else _located(problems, file, lines or {})
 
 
 class GpuLayout(BaseModel):
@@ -272,7 +273,7 @@ def _kind(value: object) -> str:
             float: "a number", type(None): "nothing (null)"}.get(type(value), type(value).__name__)
 
 
-def _explain(e: dict, base: tuple, fields: list[str], rename: dict[str, str]) -> tuple[str, str, str | None]:
+def _explain(e: Mapping[str, Any], base: tuple, fields: list[str], rename: dict[str, str]) -> tuple[str, str, str | None]:
     """One pydantic error as (path as written, message in our words, the field a misspelling
     suggests). Nothing of pydantic's wording ("Input should be", "Extra inputs are not permitted")
     is kept. ``fields``: what the level the error is at allows; ``rename``: our field -> the file's."""
@@ -320,7 +321,7 @@ def _explain(e: dict, base: tuple, fields: list[str], rename: dict[str, str]) ->
     return path_of(base + tuple(loc)), msg, suggestion
 
 
-def _problems(errors: list[dict], base: tuple = (), rename: dict[str, str] | None = None,
+def _problems(errors: Sequence[Mapping[str, Any]], base: tuple = (), rename: dict[str, str] | None = None,
               fields: list[str] | None = None) -> list[str]:
     """Every error as ``path: message``; a required field whose misspelling was found is said once.
     Without ``fields``, the errors are our format's (document or entry fields, by depth)."""

@@ -74,7 +74,7 @@ def pci_addresses(env: HostEnv, io: HostIO) -> list[str]:
     """Every PCI function, from udev where it runs on the real /sys, else from sysfs."""
     if env.sys_root == Path("/sys"):
         try:
-            import pyudev
+            import pyudev  # start-up cost (~11 ms), real /sys only; a failing import falls back to sysfs
 
             ctx = pyudev.Context()
             return sorted(d.sys_name for d in ctx.list_devices(subsystem="pci"))
@@ -439,7 +439,7 @@ def discover(env: HostEnv | None = None, io: HostIO | None = None, node: str = "
 
 def _discover(env: HostEnv, io: HostIO, node: str) -> Inventory:
     dirs = DeviceDirs(env, io)
-    found = []
+    found: list[tuple[str, int, dict]] = []
     for addr in pci_addresses(env, io):
         d = dirs(addr)
         if io.exists(d / "physfn"):

@@ -15,11 +15,13 @@ from __future__ import annotations
 import errno as errno_mod
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from pydantic import BaseModel
 
 from mdev_manager import persist
 from mdev_manager.actions import (
+    Action,
     BindDriver,
     CreateGpuInstance,
     CreateMdev,
@@ -71,14 +73,14 @@ class Report(BaseModel):
         return sum(1 for r in self.results if r.ok and not r.skipped)
 
 
-def _device(a) -> str:
+def _device(a: Action) -> str:
     for field in ("uuid", "vf", "address", "vgpu"):
         if hasattr(a, field):
             return getattr(a, field)
     return a.gpu
 
 
-def _blocks(a) -> set[str]:
+def _blocks(a: Action) -> set[str]:
     """Keys that, when this step fails, make later steps meaningless."""
     if isinstance(a, (EnableVfs, DisableVfs, BindDriver, SetMigMode, CreateGpuInstance, DestroyGpuInstance,
                       SetMixedSize, SavePlacementRecord)):
@@ -92,7 +94,7 @@ def _blocks(a) -> set[str]:
     return set()
 
 
-def _needs(a) -> set[str]:
+def _needs(a: Action) -> set[str]:
     keys = {f"gpu:{a.gpu}"}
     if isinstance(a, (CreateMdev, RemoveDefinition)):
         keys.add(f"mdev:{a.uuid}")
@@ -115,9 +117,9 @@ class Executor:
         self.stop = stop
         self._records: dict[str, str] | None = None
         self._unsynced = False
-        self._dirs: dict[str, object] | None = None
+        self._dirs: dict[str, Path] | None = None
 
-    def _dev(self, address: str):
+    def _dev(self, address: str) -> Path:
         """The device's real directory, resolved once per run (a device does not move within one)."""
         if self._dirs is None:  # called outside run() (the DRA plugin): no cache to go stale
             return self.io.realpath(self.env.pci(check_pci_address(address)))
@@ -171,7 +173,7 @@ class Executor:
         return report
 
     # ------------------------------------------------------------ one step
-    def apply(self, a) -> None:
+    def apply(self, a: Action) -> None:
         env, io = self.env, self.io
         if isinstance(a, EnableVfs):
             io.write(env.pci(check_pci_address(a.gpu)) / "sriov_numvfs", f"{a.count}\n")
@@ -213,9 +215,9 @@ class Executor:
             saved[check_pci_address(a.gpu)] = {"mixed": a.mixed, "vgpus": a.vgpus}
             persist.save_placements(env, io, saved)
         elif isinstance(a, SaveMigRecord):
-            saved = persist.load_mig(env, io)
-            saved[check_pci_address(a.gpu)] = a.instances
-            persist.save_mig(env, io, saved)
+            saved_mig = persist.load_mig(env, io)
+            saved_mig[check_pci_address(a.gpu)] = a.instances
+            persist.save_mig(env, io, saved_mig)
         elif isinstance(a, SavePassthrough):
             self._passthrough(check_pci_address(a.address), check_pci_address(a.gpu) if a.keep else None)
         elif isinstance(a, SaveVendorRecord):
@@ -301,5 +303,5 @@ class Executor:
         io.write(env.drivers_probe, address)
 
 
-def execute(plan: Plan, env: HostEnv, io: HostIO, on_step=None) -> Report:
+def execute(plan: Plan, env: HostEnv, io: HostIO, on_step: Callable[[object], None] | None = None) -> Report:
     return Executor(env, io, on_step).run(plan)

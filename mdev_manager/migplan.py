@@ -109,14 +109,16 @@ def check_mig_layout(gpu: Gpu, wanted: list[tuple[VgpuType, int]], where: str, l
     if any(not t.mig_backed and n > 0 for t, n in wanted):
         return [f"{where}: {label} holds MIG-backed or time-sliced vGPUs, never both; list only one kind"]
     need: list[GpuInstanceProfile] = []
+    named: list[str] = []
     for t, n in mig_types:
         prof = profile_of(gpu.mig, t)
         if prof is None:
             return [f"{where}.{t.short_name}: {label} has no GPU-instance profile {mig_profile_of(t.name)!r} "
                     f"for it; its profiles are {', '.join(p.name for p in gpu.mig.profiles)}"]
         need += [prof] * n
+        named.append(f"{n} x {t.short_name} ({prof.name})")
     if place(gpu.mig, [], need) is None:
-        detail = " + ".join(f"{n} x {t.short_name} ({profile_of(gpu.mig, t).name})" for t, n in mig_types)
+        detail = " + ".join(named)
         return [f"{where}: {detail} do not fit on {label}: no placement of these GPU instances exists "
                 f"(NVML's placements, {gpu.mig.memory_slices} memory slices); see `nvidia-smi mig -lgipp`"]
     return []
@@ -175,9 +177,11 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
                                                    profile=prof.name if prof else str(g.profile_id)))
             structural = True
     if fresh:
-        taken = [(mig.profile(g.profile_id), g.placement) for g in mig.instances
-                 if g.id in holding or g.id in reuse]
-        spots = place(mig, taken, [p for _, p in fresh])
+        kept = [(mig.profile(g.profile_id), g.placement) for g in mig.instances
+                if g.id in holding or g.id in reuse]
+        taken = [(p, pl) for p, pl in kept if p is not None]
+        # a kept instance of a profile NVML did not list: its engines are unknown, so nothing is placed beside it
+        spots = place(mig, taken, [p for _, p in fresh]) if len(taken) == len(kept) else None
         if spots is None:
             plan.skipped.append(Skip(device=gpu.address, reason=(
                 f"{len(fresh)} GPU instance(s) ({', '.join(p.name for _, p in fresh)}) not created: no placement "
@@ -231,7 +235,8 @@ def _create_vgpus(plan: Plan, gpu: Gpu, reuse: dict, kept: list, records: dict[s
     return created
 
 
-def switch_mig_mode(plan: Plan, gpu: Gpu, usage: Usage, definitions, records, enable: bool) -> None:
+def switch_mig_mode(plan: Plan, gpu: Gpu, usage: Usage, definitions: Iterable[MdevDefinition], records: dict[str, str],
+                    enable: bool) -> None:
     """Everything on the GPU goes (nothing of it in use), then the mode switches."""
     busy = [v for v in gpu.vgpus if vgpu_users(v, usage) or usage.claims_of(v.id)]
     if busy:

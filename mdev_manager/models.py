@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from fractions import Fraction
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mdev_manager.names import NameError_, check_pci_address, check_type_id, check_uuid, safe_component
+
+_K = TypeVar("_K")
+_T = TypeVar("_T")
 
 Framework = Literal["mdev", "vendor-vfio"]
 # How a GPU offers vGPUs: mdev on the PF, mdev on SR-IOV VFs, NVIDIA vendor-specific VFIO on VFs.
@@ -318,16 +321,22 @@ class Usage(BaseModel):
         if other is None:
             return self.model_copy(deep=True)
         out = self.model_copy(deep=True)
-        for mine, theirs in ((out.vfio_groups, other.vfio_groups), (out.vfio_devices, other.vfio_devices),
-                             (out.mdevs, other.mdevs), (out.pci, other.pci), (out.claimed, other.claimed)):
-            for key, users in theirs.items():
-                add_unique(mine, key, users)
+        _merge_into(out.vfio_groups, other.vfio_groups)
+        _merge_into(out.vfio_devices, other.vfio_devices)
+        _merge_into(out.mdevs, other.mdevs)
+        _merge_into(out.pci, other.pci)
+        _merge_into(out.claimed, other.claimed)
         out.warnings.extend(w for w in other.warnings if w not in out.warnings)
         out.vfio_dir = out.vfio_dir or other.vfio_dir
         return out
 
 
-def add_unique(table: dict, key, items: Iterable) -> None:
+def _merge_into(mine: dict[_K, list[_T]], theirs: dict[_K, list[_T]]) -> None:
+    for key, users in theirs.items():
+        add_unique(mine, key, users)
+
+
+def add_unique(table: dict[_K, list[_T]], key: _K, items: Iterable[_T]) -> None:
     """Append ``items`` to ``table[key]`` (made if missing), skipping those already there, in order."""
     cur = table.setdefault(key, [])
     cur.extend(u for u in items if u not in cur)

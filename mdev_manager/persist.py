@@ -215,7 +215,7 @@ def save_passthrough(env: HostEnv, io: HostIO, mapping: dict[str, str], durable:
 _MIG_VERSION = 1
 
 
-def _check_mig_entry(entry) -> dict:
+def _check_mig_entry(entry: object) -> dict:
     """``{"profile": id, "start": s, "size": n, "vgpu": VF address or mdev UUID}``."""
     if not isinstance(entry, dict):
         raise ValueError(f"{entry!r} is not an object")
@@ -266,7 +266,7 @@ def save_mig(env: HostEnv, io: HostIO, mapping: dict[str, list[dict]]) -> None:
 _PLACEMENT_VERSION = 1
 
 
-def _check_placement_entry(entry) -> dict:
+def _check_placement_entry(entry: object) -> dict:
     """``{"mixed": true, "vgpus": {VF address or mdev UUID: placement id}}``."""
     if not isinstance(entry, dict) or not isinstance(entry.get("mixed"), bool):
         raise ValueError(f"{entry!r}: mixed is true or false")

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 
 from mdev_manager import catalog, catalog_placements
 from mdev_manager.actions import (
+    Action,
     CreateMdev,
     Plan,
     RemoveDefinition,
@@ -49,7 +50,9 @@ def slot_map(gpu: Gpu, types: Iterable[VgpuType]) -> VgpuPlacements | None:
         return None
     table = {}
     for t in types:
-        ids = () if t.mig_backed else catalog_placements.type_placements(board.key, t.framebuffer_mib)
+        if t.mig_backed or t.framebuffer_mib is None:
+            continue  # no placements (type_placements answers none for an unknown size)
+        ids = catalog_placements.type_placements(board.key, t.framebuffer_mib)
         if ids:
             table[t.id] = TypePlacements(size=t.framebuffer_mib // catalog_placements.SLOT_MIB, ids=list(ids))
     return VgpuPlacements(enabled=bool(gpu.mixed_size), slots=catalog_placements.slots(board.key), types=table)
@@ -153,7 +156,7 @@ def preview(gpu: Gpu, entry: GpuLayout, offered: list[VgpuType], wanted: dict[st
     smap = slot_map(gpu, offered)
     need = [tid for tid, n in sorted(wanted.items()) for _ in range(n) if tid in types and not types[tid].mig_backed]
     spots = place(smap, (), need) if smap is not None and need else None
-    if not spots:
+    if smap is None or not spots:
         return []
     names = ", ".join(f"{types[t].short_name} at slot {p}" for t, p in sorted(zip(need, spots, strict=True),
                                                                                key=lambda x: x[1]))
@@ -223,8 +226,10 @@ def plan_placed(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, defi
     vfs = [vf.address for vf in gpu.vfs]
     parents = [p.address for p in gpu.parents] if mdev else vfs
     defs = {d.uuid: d for d in definitions if d.parent in parents}
-    mine = dict(defs) if mdev else {vf: t for vf, t in records.items() if vf in vfs}
-    removals, saves, creates = [], [], []
+    mine: dict[str, MdevDefinition | str] = dict(defs) if mdev else {vf: t for vf, t in records.items() if vf in vfs}
+    removals: list[Action] = []
+    saves: list[Action] = []
+    creates: list[Action] = []
     claimed_vfs = set() if mdev else {vf for vf in vfs if usage.claims_of(vf)}
     for vf in sorted(claimed_vfs & set(mine)):  # a claim's VF is not the layout's (see plan._plan_vendor)
         removals.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
@@ -252,7 +257,7 @@ def plan_placed(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, defi
     placed = {vid: r.start for vid, r in slots_of.items() if not usage.claims_of(vid)}
     # dormant saved vGPUs (no device: after a reboot, or a crash) are re-used for their type first
     present = {v.id for v in gpu.vgpus}
-    dormant = {k: (d.mdev_type if mdev else d) for k, d in mine.items() if k not in present}
+    dormant = {k: (d.mdev_type if isinstance(d, MdevDefinition) else d) for k, d in mine.items() if k not in present}
     holding = {v.parent for v in gpu.vgpus if v not in drop} | claimed_vfs
     free = [p for p in parents if p not in holding] if (gpu.framework != "mdev") else list(parents)
     recorded = (saved or {}).get("vgpus", {})

@@ -15,10 +15,11 @@ mode, crash recovery) is tested on plain data. The rules:
 from __future__ import annotations
 
 import uuid as uuidlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from mdev_manager import catalog
 from mdev_manager.actions import (
+    Action,
     BindDriver,
     CreateMdev,
     DisableVfs,
@@ -103,6 +104,7 @@ def _select(inv: Inventory, layouts: list[GpuLayout]) -> tuple[dict[str, GpuLayo
                                 + ", ".join(g.address for g in inv.gpus))
                 continue
         else:
+            assert entry.model is not None  # GpuLayout: exactly one selector
             m = entry.model.lower()
             hits = [g for g in inv.gpus if m in (g.product_name or "").lower()
                     or m == f"{g.vendor_id[2:]}:{g.device_id[2:]}".lower()]
@@ -241,7 +243,7 @@ def make_plan(
     inv: Inventory,
     layouts: list[GpuLayout],
     usage: Usage | None = None,
-    definitions: list[MdevDefinition] = (),
+    definitions: Sequence[MdevDefinition] = (),
     vendor_records: dict[str, str] | None = None,
     new_uuid: Callable[[], str] = lambda: str(uuidlib.uuid4()),
     passthrough: dict[str, str] | None = None,
@@ -258,7 +260,9 @@ def make_plan(
         for addr, e in chosen.items():
             if e is not entry:
                 continue
-            gpu = gpus[addr] = inv.gpu(addr)
+            gpu = inv.gpu(addr)
+            assert gpu is not None  # chosen from inv.gpus
+            gpus[addr] = gpu
             try:
                 if e.mig_mode is not None and e.mode != "dra":
                     problems.append(f"{e.at(i, 'mig_mode')}: only dra mode takes migMode; in vgpu mode the "
@@ -361,7 +365,8 @@ def _prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
     return False
 
 
-def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
+def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions: Sequence[MdevDefinition],
+              records: dict[str, str]) -> None:
     """A ``dra`` GPU's vGPUs are its claims': what an earlier layout saved on it goes, so the
     layout and a claim never name one device (a dormant record would take a claim's VF back at the
     next restore) and no vGPU outside the DRA accounting takes the GPU's capacity. Unused saved
@@ -402,7 +407,8 @@ def _plan_passthrough_record(plan: Plan, gpu: Gpu, mode: str, saved: dict[str, s
             plan.actions.append(SavePassthrough(gpu=gpu.address, address=fn, keep=False))
 
 
-def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) -> None:
+def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions: Sequence[MdevDefinition],
+                      records: dict[str, str]) -> None:
     busy = [v for v in gpu.vgpus if vgpu_users(v, usage)]
     if busy:  # nothing changes under a workload: the GPU is passed through once they are released
         for v in busy:
@@ -436,6 +442,11 @@ def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions, records) 
             plan.actions.append(BindDriver(gpu=gpu.address, address=addr, driver="vfio-pci"))
 
 
+def _sizes(sizes: Iterable[int | None]) -> str:
+    """``2048 MiB, 4096 MiB``; a type whose framebuffer the driver does not tell is said last."""
+    return ", ".join(f"{s} MiB" if s is not None else "unknown" for s in sorted(sizes, key=lambda s: (s is None, s or 0)))
+
+
 class _Room:
     """What a GPU still holds while a plan adds vGPUs to the ones it keeps (both frameworks)."""
 
@@ -452,7 +463,7 @@ class _Room:
         if self.equal_size and other:
             plan.skipped.append(Skip(device=self.gpu.address, reason=(
                 f"{need} x {t.short_name} not created: the GPU keeps vGPUs of another framebuffer size "
-                f"({', '.join(f'{s} MiB' for s in sorted(other))}) and is in equal-size mode")))
+                f"({_sizes(other)}) and is in equal-size mode")))
             return False
         return True
 
@@ -480,7 +491,9 @@ def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
     types = {t.id: t for t in gpu.types}
     parents = [p.address for p in gpu.parents]
     defs = {d.uuid: d for d in definitions if d.parent in parents}
-    removals, saves, creates = [], [], []
+    removals: list[Action] = []
+    saves: list[Action] = []
+    creates: list[Action] = []
     keep, busy, drop = split_existing(plan, [v for v in gpu.vgpus if v.framework == "mdev"], wanted, usage,
                                        set(defs), "removed")
     kept = keep + busy
@@ -527,7 +540,9 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     types = {t.id: t for t in gpu.types}
     vfs = [vf.address for vf in gpu.vfs]
     mine = {vf: tid for vf, tid in records.items() if vf in vfs}
-    removals, saves, creates = [], [], []
+    removals: list[Action] = []
+    saves: list[Action] = []
+    creates: list[Action] = []
     # a VF a DRA claim holds (or will make its vGPU on again, after a reboot) is the claim's: a
     # layout record naming it is forgotten and the VF is not the layout's to fill
     claimed_vfs = {vf for vf in vfs if usage.claims_of(vf)}
@@ -550,14 +565,14 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
         for _ in range(need):
             if not room.fits(plan, t):
                 break
-            vf = next((v for v, rt in dormant.items() if rt == tid and v in free), None) or (free[0] if free else None)
-            if vf is None:
+            target = next((v for v, rt in dormant.items() if rt == tid and v in free), None) or (free[0] if free else None)
+            if target is None:
                 plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: no free VF left"))
                 break
-            free.remove(vf)
-            if dormant.pop(vf, None) != tid:
-                saves.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=tid))
-            creates.append(SetVgpuType(gpu=gpu.address, vf=vf, type_id=tid))
+            free.remove(target)
+            if dormant.pop(target, None) != tid:
+                saves.append(SaveVendorRecord(gpu=gpu.address, vf=target, type_id=tid))
+            creates.append(SetVgpuType(gpu=gpu.address, vf=target, type_id=tid))
             room.add(t)
     for vf in dormant:
         removals.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))

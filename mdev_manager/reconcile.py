@@ -11,7 +11,7 @@ layout only when every step succeeded and nothing is blocked (``matches``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel, Field
 
@@ -89,8 +89,9 @@ def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: 
 
 
 def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bool = False,
-              usage_extra: Usage | None = None, node: str = "", max_rounds: int = 4, on_step=None,
-              final_inventory: bool = True, stop=None, read_back: bool = False, known: Iterable[str] = ()) -> Outcome:
+              usage_extra: Usage | None = None, node: str = "", max_rounds: int = 4,
+              on_step: Callable[[object], None] | None = None, final_inventory: bool = True,
+              stop: Callable[[], str | None] | None = None, read_back: bool = False, known: Iterable[str] = ()) -> Outcome:
     """Run rounds until nothing structural is left; ``final_inventory`` discovers the result once more.
 
     ``read_back`` plans the node once more after the work: what that plan still wants to do is an

@@ -24,8 +24,11 @@ vGPUs already) gets none of them. vGPUs already present are never moved.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mdev_manager import persist
 from mdev_manager.actions import (
+    Action,
     BindDriver,
     CreateGpuInstance,
     CreateMdev,
@@ -84,12 +87,14 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
         return plan
     gpu_of = {p.address: g.address for g in inv.gpus for p in g.parents}
     gpu_of |= {vf.address: g.address for g in inv.gpus for vf in g.vfs}
-    first, then = [], []  # recorded placements first: a vGPU placed by first fit could take their slots
+    # recorded placements first: a vGPU placed by first fit could take their slots
+    first: list[list[Action]] = []
+    then: list[list[Action]] = []
     for d in defs:
         if d.uuid not in active and d.parent in present and (d.start == "auto" or d.uuid in recorded):
             steps = _placed(inv.gpu(gpu_of[d.parent]), d.uuid, d.parent, d.mdev_type, placements, ready, plan)
             if steps is not None:
-                create = CreateMdev(gpu=gpu_of[d.parent], parent=d.parent, uuid=d.uuid, type_id=d.mdev_type)
+                create: Action = CreateMdev(gpu=gpu_of[d.parent], parent=d.parent, uuid=d.uuid, type_id=d.mdev_type)
                 (first if steps else then).append([create, *steps])
         elif d.start == "auto" and d.parent not in present:
             plan.notes.append(f"definition {d.uuid}: parent {d.parent} is not on this node")
@@ -125,11 +130,11 @@ def _plan_mixed_modes(plan: Plan, inv: Inventory, placements: dict[str, dict]) -
 
 
 def _placed(g: Gpu | None, vgpu: str, parent: str, type_id: str, placements: dict[str, dict], ready: set[str],
-            plan: Plan) -> list | None:
+            plan: Plan) -> list[SetPlacement] | None:
     """The step that moves a re-created vGPU to its recorded placement ([] when none is recorded);
     None when it must not be re-created now (its GPU is not back in mixed-size mode)."""
     entry = placements.get(g.address) if g is not None else None
-    if entry is None or vgpu not in entry.get("vgpus", {}):
+    if g is None or entry is None or vgpu not in entry.get("vgpus", {}):
         return []
     if g.address not in ready:
         return None
@@ -248,7 +253,9 @@ def _not_claimed(plan: Plan, defs: list[MdevDefinition], records: dict[str, str]
     return kept_defs, kept_records
 
 
-def restore(env: HostEnv, io: HostIO, usage: Usage | None = None, stop=None, on_step=None) -> list[Report]:
+def restore(env: HostEnv, io: HostIO, usage: Usage | None = None,
+            stop: Callable[[], str | None] | None = None,
+            on_step: Callable[[object], None] | None = None) -> list[Report]:
     """Re-create what is saved and missing; ``usage`` (prepared DRA claims) names devices not to touch.
 
     Rebinding also checks the processes holding VFIO groups and cdevs, but not libvirt: a

@@ -147,8 +147,8 @@ def parse_domain_devices(xml: str) -> tuple[set[str], set[str]]:
         addr = hd.find("./source/address")
         if addr is None:
             continue
-        if hd.get("type") == "mdev" and addr.get("uuid"):
-            mdevs.add(addr.get("uuid").strip().lower())
+        if hd.get("type") == "mdev" and (uuid := addr.get("uuid")):
+            mdevs.add(uuid.strip().lower())
         elif hd.get("type") == "pci":
             if (a := _pci_from_attrs(addr.attrib)) is not None:
                 pci.add(a)
@@ -174,7 +174,7 @@ def libvirt_devices(uri: str | None) -> LibvirtUse:
     if uri is None:
         return LibvirtUse()
     try:
-        import libvirt  # type: ignore[import-not-found]
+        import libvirt  # optional dependency (the [libvirt] extra)
     except ImportError as e:
         return _warn(f"libvirt-python is not installed ({e}); libvirt domains not checked")
     try:

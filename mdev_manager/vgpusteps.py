@@ -15,14 +15,14 @@ def vgpu_users(v: Vgpu, usage: Usage) -> list[str]:
     return usage.pci_users(v.id, v.iommu_group)
 
 
-def clear_step(gpu: Gpu, v: Vgpu):
+def clear_step(gpu: Gpu, v: Vgpu) -> RemoveMdev | SetVgpuType:
     """The step that removes vGPU ``v`` from the host (an mdev, or a VF's vendor-VFIO type)."""
     if v.framework == "mdev":
         return RemoveMdev(gpu=gpu.address, parent=v.parent, uuid=v.id)
     return SetVgpuType(gpu=gpu.address, vf=v.id, type_id="0")
 
 
-def forget_step(gpu: Gpu, v: Vgpu):
+def forget_step(gpu: Gpu, v: Vgpu) -> RemoveDefinition | SaveVendorRecord:
     """The step that forgets the layout's saved record of vGPU ``v`` (definition or vendor record)."""
     if v.framework == "mdev":
         return RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id)

@@ -20,10 +20,12 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.error import Mark
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 MAX_BYTES = 4 << 20  # a layout of every GPU of a big node is a few KiB
@@ -52,7 +54,7 @@ class YamlFileError(ValueError):
 class _Refused(Exception):
     """Raised inside the loader; :func:`parse_yaml` adds the file's name."""
 
-    def __init__(self, problem: str, fix: str, mark):
+    def __init__(self, problem: str, fix: str, mark: Mark | None):
         super().__init__(problem)
         self.problem, self.fix, self.mark = problem, fix, mark
 
@@ -68,11 +70,11 @@ class _Loader(yaml.SafeLoader):
     max_nodes = 1_000_000
     what = "file"
 
-    def __init__(self, stream):
+    def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             target = self.anchors.get(event.anchor)
@@ -89,6 +91,7 @@ class _Loader(yaml.SafeLoader):
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        assert node is not None  # PyYAML composes a node here; None is only its answer for no document
         if isinstance(node, SequenceNode):
             size = 1 + sum(_size(c) for c in node.value)
         elif isinstance(node, MappingNode):
@@ -98,10 +101,10 @@ class _Loader(yaml.SafeLoader):
         if size > self.max_nodes:
             raise _Refused(f"expands to more than {self.max_nodes:,} values (aliases repeat what they name)",
                            "write the values out, or use fewer aliases", node.start_mark)
-        node._vgpuctl_size = size
+        node.__dict__["_vgpuctl_size"] = size
         return node
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         if isinstance(node, MappingNode):
             seen: dict[Any, Any] = {}
             for key_node, _ in node.value:
@@ -244,8 +247,9 @@ def _yaml_error(name: str, text: str, exc: yaml.YAMLError, what: str) -> YamlFil
         fix = "remove the tag (plain YAML only)"
     else:
         fix = "fix the YAML there (indentation, quotes, brackets; a ': ' inside a value needs quotes)"
-    line, col = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
-    return YamlFileError(name, f"not valid YAML: {problem}", fix, line, col)
+    if mark is None:
+        return YamlFileError(name, f"not valid YAML: {problem}", fix)
+    return YamlFileError(name, f"not valid YAML: {problem}", fix, mark.line + 1, mark.column + 1)
 
 
 def _depth(doc: Any) -> int:
@@ -327,7 +331,8 @@ def parse_yaml(text: str, *, name: str = "<input>", what: str = "file", max_dept
             _record_lines(node, lines)
         return loader.construct_document(node)
     except _Refused as exc:
-        raise YamlFileError(name, exc.problem, exc.fix, exc.mark.line + 1, exc.mark.column + 1) from None
+        line, col = (exc.mark.line + 1, exc.mark.column + 1) if exc.mark is not None else (None, None)
+        raise YamlFileError(name, exc.problem, exc.fix, line, col) from None
     except yaml.YAMLError as exc:
         raise _yaml_error(name, text, exc, what) from None
     finally:

@@ -22,10 +22,19 @@ import logging
 import os
 import select
 import sys
+import tomllib
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeGuard
 
+from dra_bridge.apiclient.errors import api_exception, brief
 from vgpuctl.cli.extras import require_sim
 from vgpuctl.cli.options import HOST_VALUED, add_host_options
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 @dataclass(frozen=True)
@@ -97,15 +106,9 @@ PLUGIN_DESCRIPTION = "GPUs shared by KubeVirt VMs and pods through DRA (vgpuctl)
 
 def version() -> str:
     """The installed distribution's version; from a source checkout, pyproject.toml's."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
     try:
         return dist_version("vgpuctl")
     except PackageNotFoundError:
-        import tomllib
-        from pathlib import Path
-
         try:
             with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
                 return str(tomllib.load(f)["project"]["version"])
@@ -129,7 +132,7 @@ class HelpFormatter(argparse.HelpFormatter):
 class Parser(argparse.ArgumentParser):
     """vgpuctl's parser: its subcommands' parsers (made with this class) show defaults too."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # argparse.ArgumentParser's own
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
@@ -200,7 +203,7 @@ SIGPIPE_EXIT = 141
 
 def error_lines(exc: BaseException) -> list[str]:
     """What the user is told about ``exc``: one line (a rejected layout: one per problem)."""
-    from mdev_manager.config import ConfigError, ConfigFileError
+    from mdev_manager.config import ConfigError, ConfigFileError  # start-up cost (~35 ms): on an error only
 
     api = _api_error(exc)
     if api is not None:
@@ -256,8 +259,6 @@ def _api_error(exc: BaseException) -> str | None:
     headers and bodies): ``the API server answered 404 NotFound: configmaps "x" not found``."""
     if "kubernetes" not in sys.modules and "urllib3" not in sys.modules:
         return None  # neither loaded: no such error can have happened
-    from dra_bridge.apiclient.errors import api_exception, brief
-
     if isinstance(exc, api_exception()):
         return f"the API server answered {brief(exc)}"
     urllib3 = sys.modules.get("urllib3.exceptions")
@@ -274,7 +275,7 @@ def _one_line(text: str) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _is_validation_error(exc: BaseException) -> bool:
+def _is_validation_error(exc: BaseException) -> TypeGuard[ValidationError]:
     pydantic = sys.modules.get("pydantic")
     return pydantic is not None and isinstance(exc, pydantic.ValidationError)
 

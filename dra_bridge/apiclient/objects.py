@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     # re-exported for annotations outside this package (only dra_bridge.apiclient imports kubernetes)
     from kubernetes.client import ApiClient as ApiClient
+    from kubernetes.client import Configuration as Configuration
     from urllib3 import BaseHTTPResponse
 
 

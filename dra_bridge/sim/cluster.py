@@ -24,16 +24,19 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dra_bridge.api.compat import taint_rule_api
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.apiclient.errors import api_exception, missing_ok
-from dra_bridge.apiclient.objects import raw, sanitize
+from dra_bridge.apiclient.objects import body, raw, sanitize
 from dra_bridge.apiclient.workloads import WorkloadApi
+from dra_bridge.conformance import healthcheck
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.objects import devices_by_key
-from dra_bridge.scheduling.selectors import default_selectors
+from dra_bridge.scheduling.selectors import Selectors, default_selectors
 from dra_bridge.scheduling.taints import tainted_slices
 from dra_bridge.sim.kubelet import KubeletClient, node_object, prepare_errors, workload_devices
 from dra_bridge.sim.workloads import (
@@ -48,9 +51,13 @@ from dra_bridge.sim.workloads import (
 from mdev_manager.discovery import discover
 from mdev_manager.models import Inventory
 
+if TYPE_CHECKING:  # loaded by start(): see there
+    from dra_bridge.agent.daemon import Daemon
+    from dra_bridge.sim.apiserver import LocalApiServer, ResourceType
 
-def _resource_types():
-    from dra_bridge.sim.apiserver import ResourceType
+
+def _resource_types() -> tuple[ResourceType, ...]:
+    from dra_bridge.sim.apiserver import ResourceType  # start-up cost, as in start()
 
     return (
         ResourceType("kubevirt.io", "v1", "virtualmachines", "VirtualMachine", namespaced=True,
@@ -67,9 +74,9 @@ class SimCluster:
 
     def __init__(self, *, preset: str = "default", layout: str = DEMO_LAYOUT, layout_name: str = "demo",
                  version: str = "1.35", namespace: str = "default", driver: str = DEFAULT_DRIVER,
-                 selectors=None, validate: bool = True, base: Path | None = None, health: bool = True,
+                 selectors: Selectors | None = None, validate: bool = True, base: Path | None = None, health: bool = True,
                  device_classes: dict | None = None, feature_gates: dict[str, bool] | None = None,
-                 serve_options: dict | None = None):
+                 serve_options: dict | None = None) -> None:
         self.preset = preset
         self.layout_text = layout
         self.layout_name = layout_name
@@ -84,8 +91,8 @@ class SimCluster:
         self.serve_options = dict(serve_options or {})  # more ServeConfig fields for the node agent
         self._base_arg = base
         self.base: Path | None = None
-        self.srv = None
-        self.daemon = None
+        self.srv: LocalApiServer | None = None
+        self.daemon: Daemon | None = None
         self.kubelet: KubeletClient | None = None
         self.workloads: list[Workload] = []
         self.prebind_failures = 0  # scheduling attempts failed by a binding failure condition (KEP-5007)
@@ -93,6 +100,8 @@ class SimCluster:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> SimCluster:
+        # start-up cost (the node agent's grpc and kubernetes client, the API server, the templates: ~1 s):
+        # loaded when a cluster starts, not for `vgpuctl demo --help`
         from dra_bridge.agent.daemon import Daemon, ServeConfig
         from dra_bridge.sim.apiserver import LocalApiServer
         from kubevirt_templates.render import render
@@ -125,7 +134,7 @@ class SimCluster:
         self.kubelet = KubeletClient(self.base / "kl", self.driver).register()
         values = {**({"driver": self.driver} if self.driver != DEFAULT_DRIVER else {}), **self.device_classes}
         for obj in render("deviceclasses", values):
-            self.resource.create_device_class(obj)
+            self.resource.create_device_class(body(obj))
         return self
 
     def stop(self) -> None:
@@ -151,7 +160,7 @@ class SimCluster:
             self.stop()
             raise
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # ------------------------------------------------------------ reading the API
@@ -163,10 +172,10 @@ class SimCluster:
             method, path, header_params={"Content-Type": ctype, "Accept": "application/json"}, body=body,
             auth_settings=["BearerToken"])
         r = self.api.call_api(m, url, headers, data)
-        r.read()
+        payload = r.read()  # the body, kept as r.data too
         if not 200 <= r.status < 300:
-            raise api_exception()(status=r.status, reason=r.reason, body=r.data)
-        return json.loads(r.data)
+            raise api_exception()(status=r.status, reason=r.reason, body=payload)
+        return json.loads(payload)
 
     def pod_path(self, namespace: str, name: str = "", sub: str = "") -> str:
         return f"/api/v1/namespaces/{namespace}/pods" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
@@ -225,7 +234,7 @@ class SimCluster:
                     if exc.status != 409:  # the template is there already
                         raise
             elif kind == "ResourceClaim":
-                self.resource.create_namespaced_resource_claim(self.namespace, obj)
+                self.resource.create_namespaced_resource_claim(self.namespace, body(obj))
             elif kind in ("VirtualMachine", "Pod"):
                 main = obj
             else:
@@ -240,7 +249,8 @@ class SimCluster:
         stored = self.rest("POST", self.pod_path(self.namespace), pod)
         return self.adopt(stored, name=name or main["metadata"]["name"], kind=main["kind"], objects=objects)
 
-    def adopt(self, pod: dict, *, name: str | None = None, kind: str = "Pod", objects: list[dict] = ()) -> Workload:
+    def adopt(self, pod: dict, *, name: str | None = None, kind: str = "Pod",
+              objects: Sequence[dict] = ()) -> Workload:
         """The ResourceClaim controller for a stored pod: a claim per ``resourceClaimTemplateName``
         (named ``<pod>-<claim>-<random>``, annotated with the pod claim name, owned by the pod), the
         pod's ``status.resourceClaimStatuses``; returns the workload."""
@@ -254,7 +264,7 @@ class SimCluster:
                 tmpl = sanitize(self.api, self.resource.read_namespaced_resource_claim_template(
                     pc["resourceClaimTemplateName"], ns))
                 claim = claim_from_template(w, pc["name"], tmpl)
-                made = sanitize(self.api, self.resource.create_namespaced_resource_claim(ns, claim))
+                made = sanitize(self.api, self.resource.create_namespaced_resource_claim(ns, body(claim)))
             else:
                 made = sanitize(self.api, self.resource.read_namespaced_resource_claim(pc["resourceClaimName"], ns))
             w.claims.append((made["metadata"]["name"], made["metadata"]["uid"]))
@@ -263,7 +273,7 @@ class SimCluster:
         special = extended_resource_claim(w, pod, self.classes())
         if special is not None:  # the scheduler's claim for the pod's classic resources (KEP-5004)
             claim, ext = special
-            made = sanitize(self.api, self.resource.create_namespaced_resource_claim(ns, claim))
+            made = sanitize(self.api, self.resource.create_namespaced_resource_claim(ns, body(claim)))
             w.claims.append((made["metadata"]["name"], made["metadata"]["uid"]))
             status["extendedResourceClaimStatus"] = {"resourceClaimName": made["metadata"]["name"], **ext}
         if status:
@@ -303,7 +313,7 @@ class SimCluster:
         scheduler instances, or one scheduler's binding cycles running behind its allocations): the
         race in which a GPU's sizes could be mixed. Each then goes through PreBind in turn."""
         alloc = self.allocator()
-        planned = []
+        planned: list[tuple[Workload, list[dict], list[dict], str] | None] = []
         for w in ws:
             claims = self.claim_objects(w)
             try:
@@ -346,11 +356,12 @@ class SimCluster:
                    if r.get("bindingConditions")]
         if not waiting:
             return None
+        assert self.daemon is not None, "start() the cluster first"
         self.daemon.bind()
         for claim, r in waiting:
             name = claim["metadata"]["name"]
             stored = raw(self.resource.read_namespaced_resource_claim, name, w.namespace)
-            entry = next((e for e in (stored.get("status") or {}).get("devices") or []
+            entry: dict = next((e for e in (stored.get("status") or {}).get("devices") or []
                           if (e["driver"], e["pool"], e["device"]) == (r["driver"], r["pool"], r["device"])), {})
             state = {c["type"]: c for c in entry.get("conditions") or []}
             bad = next((state[t] for t in r["bindingFailureConditions"] if state.get(t, {}).get("status") == "True"),
@@ -369,6 +380,7 @@ class SimCluster:
     def run(self, w: Workload) -> bool:
         """The kubelet: prepare the pod's claims through the plugin's socket, resolve the CDI ids it
         answers as the runtime would, read the KEP-5304 metadata the workload would read."""
+        assert self.kubelet is not None and self.base is not None, "start() the cluster first"
         answers = self.kubelet.prepare(w.claim_refs())
         errors = prepare_errors(w.claims, answers)
         if errors:
@@ -383,11 +395,9 @@ class SimCluster:
             self.check_health(w)
         return True
 
-    def check_health(self, w: Workload):
+    def check_health(self, w: Workload) -> healthcheck.HealthResult:
         """The workload runs the shipped health check on the device nodes it was given (their host
         paths), with the simulated host's sysfs as /sys."""
-        from dra_bridge.conformance import healthcheck
-
         w.health = healthcheck.run(w.device_paths(), sys_root=self.env.sys_root)
         return w.health
 
@@ -396,8 +406,7 @@ class SimCluster:
         vfio or GPU device node (KAR-0049's negative case)."""
         if not self.health:
             return ""
-        from dra_bridge.conformance import healthcheck
-
+        assert self.base is not None, "start() the cluster first"
         empty = self.base / "empty-dev"
         empty.mkdir(exist_ok=True)
         return healthcheck.run([], sys_root=self.env.sys_root,
@@ -435,6 +444,7 @@ class SimCluster:
     def release(self, w: Workload) -> None:
         """The kubelet unprepares the workload's claims, the garbage collector deletes them."""
         if w.phase == "Running":
+            assert self.kubelet is not None, "start() the cluster first"
             errs = self.kubelet.unprepare(w.claim_refs())
             bad = {uid: e for uid, e in errs.items() if e}
             if bad:

@@ -70,7 +70,7 @@ class ControlPlane:
     def __enter__(self) -> ControlPlane:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def _loop(self) -> None:

@@ -7,7 +7,8 @@ VirtualMachines asking for vGPUs of two profiles through ResourceClaimTemplates,
 GPU passed through, pods consuming vGPUs as vfio devices, a VM written for device plugins
 (``gpus[].deviceName``, served through a DeviceClass mapping its classic resource name), and one
 workload too many. A VM and a pod share the first T4, a VM and a pod share the A100 through
-MIG-backed vGPUs at two GPU-instance placements, and a DRA VM, the classic VM and a pod share the L40S: each GPU's vGPUs draw on its one counter set, which is why the workload too
+MIG-backed vGPUs at two GPU-instance placements, and a DRA VM, the classic VM and a pod share the
+L40S: each GPU's vGPUs draw on its one counter set, which is why the workload too
 many (another T4 vGPU) is refused by the scheduler model, with its reason. Each workload's
 claims are made from its templates, allocated by the scheduler model, prepared by the kubelet
 plugin over its real sockets (the vGPUs appear on the simulated host, which is checked), and run
@@ -19,11 +20,13 @@ and why the extra workload was refused.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 
-from dra_bridge.api.quantity import format_quantity
+from dra_bridge.api.quantity import format_quantity, parse_quantity
 from dra_bridge.scheduling import capacity
+from dra_bridge.scheduling.selectors import Selectors
 from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.workloads import DEMO_LAYOUT, Workload
 
@@ -61,7 +64,7 @@ def demo_device_classes() -> dict:
 
 
 def render_workload(w: DemoWorkload) -> list[dict]:
-    from kubevirt_templates.render import render
+    from kubevirt_templates.render import render  # start-up cost (jinja2, ~100 ms): not for `vgpuctl demo --help`
 
     if w.kind == "vm":
         return render("vm", {"name": w.name, "mode": "dra", **w.values})
@@ -134,8 +137,6 @@ class DemoReport:
 
 
 def _bytes(q: str | None) -> int | None:
-    from dra_bridge.api.quantity import parse_quantity
-
     return int(parse_quantity(q)) if q is not None else None
 
 
@@ -212,14 +213,15 @@ def _refusal_detail(w: Workload, gpus: list[GpuView], profile: str) -> list[str]
     return lines
 
 
-def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = None, selectors=None,
-             progress=None) -> DemoReport:
+def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = None,
+             selectors: Selectors | None = None, progress: Callable[[str], None] | None = None) -> DemoReport:
     """Run the demo end to end on a server of ``version`` with ``feature_gates`` over that version's
     defaults (as a real kube-apiserver of it runs); ``progress(str)`` is called as steps complete."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     with SimCluster(version=version, selectors=selectors, device_classes=demo_device_classes(),
                     feature_gates=dict(feature_gates or {})) as c:
+        assert c.srv is not None and c.kubelet is not None and c.daemon is not None and c.base is not None  # started
         inv = c.inventory()
         rep = DemoReport(node=c.node, preset=c.preset, kubernetes=c.srv.git_version,
                          cel=type(c.selectors).__name__, feature_gates=dict(c.srv.feature_gates))
@@ -271,7 +273,7 @@ def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = N
             c.teardown(w)
         after = c.inventory()
         leftovers = [v.id for v in after.all_vgpus()]
-        still_vfio = [a for a in passed_through if (g := after.gpu(a)) is not None and g.driver == "vfio-pci"]
+        still_vfio = [a for a in passed_through if (g := after.gpu(a or "")) is not None and g.driver == "vfio-pci"]
         rep.teardown = {"workloads": len(launched), "vgpus_removed": len(before) - len(leftovers),
                         "gpus_returned": [a for a in passed_through if a not in still_vfio],
                         "claims_left": len(c.claims()), "prepared_left": len(c.daemon.driver.cp.claims),

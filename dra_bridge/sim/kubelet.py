@@ -13,12 +13,15 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu, dev_memory
 from dra_bridge.sim.workloads import WorkloadDevice
+
+if TYPE_CHECKING:  # the gRPC client loads grpc: imported by register() only, once a cluster runs
+    from dra_bridge.rpc.dra_client import DraClient, PluginInfo
 
 DRA_VERSION = "v1.DRAPlugin"
 # the labels a GPU node carries where vgpuctl runs: NVIDIA's GPU feature discovery marks it, the
@@ -54,9 +57,9 @@ class KubeletClient:
         self.driver = driver
         self.timeout = timeout
         self.endpoint: str | None = None
-        self._dra: Any = None
+        self._dra: DraClient | None = None
 
-    def _refuse(self, info) -> str | None:
+    def _refuse(self, info: PluginInfo) -> str | None:
         if info.type != "DRAPlugin" or info.name != self.driver or DRA_VERSION not in info.supported_versions:
             return f"unsupported plugin {info.type}/{info.name}"
         return None
@@ -74,10 +77,15 @@ class KubeletClient:
 
     def prepare(self, claims: Iterable[tuple[str, str, str]]) -> dict[str, dict]:
         """(namespace, uid, name) per claim -> uid -> {"devices": [...], "error": str}."""
-        return self._dra.prepare(claims)
+        return self._client().prepare(claims)
 
     def unprepare(self, claims: Iterable[tuple[str, str, str]]) -> dict[str, str]:
-        return self._dra.unprepare(claims)
+        return self._client().unprepare(claims)
+
+    def _client(self) -> DraClient:
+        if self._dra is None:
+            raise RuntimeError("the kubelet has not registered the plugin (register() first)")
+        return self._dra
 
     def close(self) -> None:
         if self._dra is not None:

@@ -4,21 +4,32 @@ checks. Scaffolding (``vgpuctl capacity`` / ``conformance`` without ``--kubeconf
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict, Unpack
 
 from dra_bridge.conformance.backend import KubeBackend
 from dra_bridge.conformance.checks import run_conformance
 from dra_bridge.conformance.report import ConformanceReport
 from dra_bridge.scheduling.capacity import CapacityReport, compute
+from dra_bridge.sim.cluster import SimCluster
+from dra_bridge.sim.controlplane import ControlPlane
+from dra_bridge.sim.demo import WORKLOADS, demo_device_classes, render_workload
+from dra_bridge.sim.workloads import DEMO_LAYOUT
+
+
+class ConformanceOptions(TypedDict, total=False):
+    """The backend's timing (``timeout``, ``settle``) and :class:`~dra_bridge.conformance.checks.Conformance`'s options."""
+
+    timeout: float
+    settle: float
+    profile: str | None
+    node: str | None
+    max_workloads: int
 
 
 def simulated_capacity(version: str = "1.35", layout: str | None = None, workloads: bool = True,
                        feature_gates: dict[str, bool] | None = None) -> CapacityReport:
     """Capacity of the simulated cluster of ``vgpuctl demo``, with its workloads running (or none), on a
     server of ``version`` with ``feature_gates`` over its defaults (None: every gate on)."""
-    from dra_bridge.sim.cluster import SimCluster
-    from dra_bridge.sim.demo import WORKLOADS, demo_device_classes, render_workload
-
     with SimCluster(version=version, layout_name=layout or "demo", health=False,
                     device_classes=demo_device_classes(), feature_gates=feature_gates) as c:
         if workloads:
@@ -32,14 +43,11 @@ def simulated_capacity(version: str = "1.35", layout: str | None = None, workloa
 
 def run_conformance_simulated(*, version: str = "1.37", feature_gates: dict[str, bool] | None = None,
                               layout: str = "all", layout_text: str | None = None, preset: str = "default",
-                              prepare: Callable[[Any], None] | None = None, **kw) -> ConformanceReport:
+                              prepare: Callable[[SimCluster], None] | None = None,
+                              **kw: Unpack[ConformanceOptions]) -> ConformanceReport:
     """The checks against the simulated cluster (every GPU offering every profile; a server of
     ``version`` with ``feature_gates`` over its defaults, None: every gate on). ``prepare(cluster)``
     may change the cluster before the checks (the tests break each property this way)."""
-    from dra_bridge.sim.cluster import SimCluster
-    from dra_bridge.sim.controlplane import ControlPlane
-    from dra_bridge.sim.workloads import DEMO_LAYOUT
-
     with SimCluster(version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset,
                     device_classes={"profiles": ["T4-1Q"], "extended_resources": True},
                     feature_gates=feature_gates) as c:

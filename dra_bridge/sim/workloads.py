@@ -10,7 +10,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the type only: this module stays pure data
+    from dra_bridge.conformance.healthcheck import HealthResult
 
 #: The node layout of the simulated cluster: every GPU handed to the DRA bridge, one vGPU
 #: profile each (the equal-size choice on servers before 1.37), and each whole GPU offered for
@@ -94,7 +97,7 @@ class Workload:
     reason: str | None = None
     devices: list[WorkloadDevice] = field(default_factory=list)
     objects: list[dict] = field(default_factory=list)
-    health: Any = None  # healthcheck.HealthResult once the workload ran the health check
+    health: HealthResult | None = None  # once the workload ran the health check
     unmet: list[str] = field(default_factory=list)  # extended resources no DeviceClass maps (no node has them)
 
     def claim_refs(self) -> list[tuple[str, str, str]]:
@@ -236,4 +239,5 @@ def unschedulable_status(message: str) -> dict:
 
 
 __all__ = ["DEMO_LAYOUT", "EXTENDED_RESOURCE_CLAIM", "asks_extended_resources", "extended_resource_claim",
-           "LAUNCHER_IMAGE", "POD_CLAIM_NAME", "Workload", "WorkloadDevice", "claim_from_template", "launcher_pod", "pod_event", "pod_node", "rand_suffix", "unschedulable_status"]
+           "LAUNCHER_IMAGE", "POD_CLAIM_NAME", "Workload", "WorkloadDevice", "claim_from_template", "launcher_pod",
+           "pod_event", "pod_node", "rand_suffix", "unschedulable_status"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class HostEnv:
         """The functions a layout bound to vfio-pci (a reboot forgets them; restore rebinds them)."""
         return self.state_root / "passthrough.json"
 
-    def with_(self, **changes) -> HostEnv:
+    def with_(self, **changes: Any) -> HostEnv:  # Any: dataclasses.replace's own type for a field's new value
         return replace(self, **changes)
 
     @classmethod

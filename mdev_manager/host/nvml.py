@@ -20,7 +20,13 @@ number in its mdev type id (``nvidia-468``) and its vendor-VFIO id (``1145``).
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, Protocol, TypeVar
+
+_T = TypeVar("_T")
+
+# the pynvml module (nvidia-ml-py ships no types) or a stand-in with its names; its calls answer ctypes structures
+_Pynvml = Any
 
 # NVML return codes (nvml.h, nvmlReturn_t)
 NVML_ERROR_UNINITIALIZED = 1
@@ -153,7 +159,7 @@ class VgpuModes:
 class NoNvml:
     """A host without NVIDIA's library: no GPU has MIG or mixed-size mode."""
 
-    def _none(self, *_a, **_k):
+    def _none(self, *_a: object, **_k: object) -> NoReturn:
         raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND)
 
     mig_mode = set_mig_mode = gpu_instance_profiles = memory_slices = gpu_instances = _none
@@ -174,13 +180,13 @@ class PynvmlTransport:
     _ready = False
     _failed: int | None = None  # nvmlInit's error: a host without the driver answers at once after the first try
 
-    def __init__(self, lib=None):
+    def __init__(self, lib: _Pynvml | None = None):
         self._lib = lib
 
-    def _nvml(self):
+    def _nvml(self) -> _Pynvml:
         if self._lib is None:
             try:
-                import pynvml  # nvidia-ml-py
+                import pynvml  # nvidia-ml-py: loaded on first use (~14 ms); a host without it has no NVML
             except ImportError:
                 raise NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND, "nvidia-ml-py is not installed") from None
             self._lib = pynvml
@@ -196,7 +202,7 @@ class PynvmlTransport:
                 PynvmlTransport._ready = True
         return self._lib
 
-    def _call(self, fn, *args):
+    def _call(self, fn: Callable[..., _T], *args: object) -> _T:
         try:
             return fn(*args)
         except Exception as e:  # pynvml.NVMLError carries .value (the nvmlReturn_t)
@@ -205,7 +211,7 @@ class PynvmlTransport:
                 raise NvmlError(code, str(e)) from None
             raise
 
-    def _handle(self, bus_id: str):
+    def _handle(self, bus_id: str) -> tuple[_Pynvml, object]:
         lib = self._nvml()
         return lib, self._call(lib.nvmlDeviceGetHandleByPciBusId, bus_id.upper().encode())
 
@@ -218,7 +224,7 @@ class PynvmlTransport:
         lib, h = self._handle(bus_id)
         self._call(lib.nvmlDeviceSetMigMode, h, mode)
 
-    def _infos(self, lib, h):
+    def _infos(self, lib: _Pynvml, h: object) -> Iterator[Any]:
         for const in range(NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
                 yield self._call(lib.nvmlDeviceGetGpuInstanceProfileInfo, h, const)
@@ -226,7 +232,7 @@ class PynvmlTransport:
                 if e.code not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
                     raise
 
-    def _placements(self, lib, h, profile_id: int) -> list[dict]:
+    def _placements(self, lib: _Pynvml, h: object, profile_id: int) -> list[dict]:
         arr = (lib.c_nvmlGpuInstancePlacement_t * 32)()
         count = lib.c_uint(32)
         self._call(lib.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, arr, lib.byref(count))
@@ -289,7 +295,7 @@ class PynvmlTransport:
         self._call(lib.nvmlDeviceSetVgpuHeterogeneousMode, h, mode)
 
     @staticmethod
-    def _placement_list(plist) -> tuple[int, list[int]]:
+    def _placement_list(plist: Any) -> tuple[int, list[int]]:
         return int(plist.placementSize), [int(plist.placementIds[i]) for i in range(plist.count)]
 
     def vgpu_type_supported_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]:

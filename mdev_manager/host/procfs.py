@@ -14,7 +14,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name
@@ -31,7 +31,7 @@ def _identity(st: os.stat_result) -> tuple:
     return ("ino", st.st_dev, st.st_ino)
 
 
-class _Nodes:
+class _Nodes(Generic[K]):
     """Identities of the device nodes in one directory, read once and only if needed
     (most hosts have no fd that needs them); ``key`` names a node (None: not one of ours)."""
 
@@ -201,7 +201,7 @@ def related_functions(env: HostEnv, io: HostIO, address: str) -> Related:
     group = link_name(io, fdir / "iommu_group")
     number = int(group) if group and group.isdigit() else None
     mates: list[str] = []
-    if number is not None:
+    if group is not None and number is not None:
         try:
             mates = sorted(n.lower() for n in io.listdir(env.iommu_groups / group / "devices") if n != address)
         except OSError:

@@ -124,8 +124,9 @@ class HostWatcher:
         self.events = 0  # inotify events seen (observability, tests)
 
     @classmethod
-    def for_env(cls, env: HostEnv, **kw) -> HostWatcher:
-        return cls([env.vfio_dir, env.mdev_devices, env.pci_devices], **kw)
+    def for_env(cls, env: HostEnv, *, poll_interval: float = 2.0, use_inotify: bool = True) -> HostWatcher:
+        return cls([env.vfio_dir, env.mdev_devices, env.pci_devices], poll_interval=poll_interval,
+                   use_inotify=use_inotify)
 
     # ----------------------------------------------------------------- change signal
     @property
@@ -213,7 +214,7 @@ class HostWatcher:
                 log.debug("cannot watch %s: %s (polled instead)", p, exc)
 
     def _fingerprint(self) -> tuple:
-        out = []
+        out: list[tuple[str, ...] | None] = []
         for p in self.paths:
             try:
                 out.append(tuple(sorted(os.listdir(p))))

@@ -45,14 +45,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 import mfusepy
 
 from mdev_manager.sim.kernel import SimHost
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Attribute names the simulated kernel acts on (SimHost._dispatch); everything else is read-only.
 WRITABLE_ATTRS = frozenset({
@@ -69,8 +71,8 @@ def attr_mode(name: str) -> int:
     return 0o644 if name in WRITABLE_ATTRS else 0o444
 
 
-def _counted(fn, name: str, counts: collections.Counter):
-    def call(*args, **kw):
+def _counted(fn: Callable[..., _T], name: str, counts: collections.Counter[str]) -> Callable[..., _T]:
+    def call(*args: object, **kw: object) -> _T:
         counts[name] += 1
         return fn(*args, **kw)
     return call
@@ -81,7 +83,7 @@ class SimFS(mfusepy.Operations):
 
     use_ns = True  # timestamps in nanoseconds (mfusepy >= 3)
 
-    def __init__(self, host: SimHost, counts: collections.Counter | None = None):
+    def __init__(self, host: SimHost, counts: collections.Counter[str] | None = None) -> None:
         self.host = host
         self.base = os.path.realpath(host.sys)
         self._lockfile = host.root / ".sim/lock"
@@ -100,7 +102,7 @@ class SimFS(mfusepy.Operations):
         return os.path.join(self.base, rel) if rel else self.base
 
     @contextlib.contextmanager
-    def _shared(self):
+    def _shared(self) -> Iterator[None]:
         """Hold the simulator's lock shared: SimHost writers hold it exclusively."""
         try:
             lf = open(self._lockfile, "a")
@@ -119,7 +121,7 @@ class SimFS(mfusepy.Operations):
         return mfusepy.FuseOSError(e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO)
 
     # ------------------------------------------------------------------ metadata
-    def getattr(self, path, fh=None):
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
         try:
             st = os.lstat(self._backing(path))
         except OSError as e:
@@ -137,24 +139,24 @@ class SimFS(mfusepy.Operations):
             attrs.update(st_mode=stat.S_IFREG | attr_mode(os.path.basename(path)), st_size=ATTR_SIZE)
         return attrs
 
-    def readdir(self, path, fh):
+    def readdir(self, path: str, fh: int) -> list[str]:
         try:
             names = os.listdir(self._backing(path))
         except OSError as e:
             raise self._oserror(e) from None
         return [".", "..", *sorted(names)]
 
-    def readlink(self, path):
+    def readlink(self, path: str) -> str:
         try:
             return os.readlink(self._backing(path))
         except OSError as e:
             raise self._oserror(e) from None
 
-    def statfs(self, path):
+    def statfs(self, path: str) -> dict[str, int]:
         return {"f_bsize": ATTR_SIZE, "f_frsize": ATTR_SIZE, "f_namemax": 255}
 
     # ------------------------------------------------------------------ files
-    def open(self, path, fi):
+    def open(self, path: str, fi: mfusepy.fuse_file_info) -> int:
         """``fi`` is the raw fuse_file_info (``raw_fi=True``): set ``direct_io`` and ``fh``."""
         backing = self._backing(path)
         if not os.path.isfile(backing):
@@ -170,7 +172,7 @@ class SimFS(mfusepy.Operations):
         fi.keep_cache = 0
         return 0
 
-    def read(self, path, size, offset, fi):
+    def read(self, path: str, size: int, offset: int, fi: mfusepy.fuse_file_info) -> bytes:
         f = self._files.get(fi.fh)
         if f is None:
             raise mfusepy.FuseOSError(errno.EBADF)
@@ -185,7 +187,7 @@ class SimFS(mfusepy.Operations):
                 raise self._oserror(e) from None
         return f["data"][offset:offset + size]
 
-    def write(self, path, data, offset, fi):
+    def write(self, path: str, data: bytes, offset: int, fi: mfusepy.fuse_file_info) -> int:
         if not data:
             return 0  # sysfs stores nothing for an empty write
         f = self._files.get(fi.fh)
@@ -205,7 +207,7 @@ class SimFS(mfusepy.Operations):
             f["data"] = None  # a later read shows the attribute as it is now
         return len(data)
 
-    def truncate(self, path, length, fh=None):
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         backing = self._backing(path)
         if os.path.isdir(backing):
             raise mfusepy.FuseOSError(errno.EISDIR)
@@ -216,31 +218,31 @@ class SimFS(mfusepy.Operations):
     # No ``flush``: sysfs does nothing on close. Left out, libfuse answers the first FLUSH
     # with ENOSYS and the kernel sends no more, which saves a round trip per close.
 
-    def release(self, path, fi):
+    def release(self, path: str, fi: mfusepy.fuse_file_info) -> int:
         with self._mutex:
             self._files.pop(fi.fh, None)
         return 0
 
     # ------------------------------------------------------------------ refused, as sysfs refuses them
-    def create(self, path, mode, fi=None):
+    def create(self, path: str, mode: int, fi: mfusepy.fuse_file_info | None = None) -> NoReturn:
         raise mfusepy.FuseOSError(errno.EACCES)
 
-    def mkdir(self, path, mode):
+    def mkdir(self, path: str, mode: int) -> NoReturn:
         raise mfusepy.FuseOSError(errno.EPERM)
 
-    def unlink(self, path):
+    def unlink(self, path: str) -> NoReturn:
         raise mfusepy.FuseOSError(errno.EPERM)
 
-    def rmdir(self, path):
+    def rmdir(self, path: str) -> NoReturn:
         raise mfusepy.FuseOSError(errno.EPERM)
 
-    def rename(self, old, new):
+    def rename(self, old: str, new: str) -> NoReturn:
         raise mfusepy.FuseOSError(errno.EPERM)
 
-    def symlink(self, target, source):
+    def symlink(self, target: str, source: str) -> NoReturn:
         raise mfusepy.FuseOSError(errno.EPERM)
 
-    def link(self, target, source):
+    def link(self, target: str, source: str) -> NoReturn:
         raise mfusepy.FuseOSError(errno.EPERM)
 
 
@@ -255,13 +257,13 @@ def mount(host: SimHost, mountpoint: Path, foreground: bool = True, allow_other:
     Attribute, entry and negative lookups are never cached by the kernel (timeouts 0),
     since the tree changes underneath.
     """
-    counts = collections.Counter() if stats is not None else None
+    counts: collections.Counter[str] | None = collections.Counter() if stats is not None else None
     mfusepy.FUSE(
         SimFS(host, counts), str(mountpoint), raw_fi=True, foreground=foreground, nothreads=not threads,
         allow_other=allow_other, fsname="simsys:" + str(host.root).replace(",", "_"), subtype="vgpuctl-sim",
         attr_timeout=0, entry_timeout=0, negative_timeout=0,
     )
-    if stats is not None:  # unmounted: every request served is counted
+    if stats is not None and counts is not None:  # unmounted: every request served is counted
         Path(stats).write_text(json.dumps(dict(counts)))
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -51,7 +50,7 @@ class HostSpec(BaseModel):
     gpus: list[GpuGroup]
 
 
-PRESETS = resources.files(__package__) / "presets"
+PRESETS = Path(__file__).parent / "presets"  # files on disk: load_yaml reads a path
 DEFAULT_PRESET = "default"
 
 

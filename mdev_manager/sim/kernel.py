@@ -33,6 +33,7 @@ import errno
 import os
 import shutil
 import uuid as uuidlib
+from collections.abc import Iterable
 from pathlib import Path
 
 from mdev_manager.host.env import HostEnv
@@ -117,7 +118,7 @@ class SimHost(SysfsTree):
             raise err(errno.EEXIST, f"mdev {uid} exists")
         if int((type_dir / "available_instances").read_text()) < 1:
             raise err(errno.EUSERS, f"no instances of {type_dir.name} left on {parent}")
-        gpu = self._gpu_of(parent)
+        gpu = self._gpu_at(parent)
         self._take_instance(gpu, type_dir.name, uid)
         self._first_fit(gpu, type_dir.name, uid)
         mdir = self._fdir(parent) / uid
@@ -144,7 +145,7 @@ class SimHost(SysfsTree):
             raise err(errno.EBUSY, f"mdev {uid} is in use (/dev/vfio/{grp} or its vfio cdev open)")
         self._force_remove_mdev(parent, uid)
         self._release_instance(self._gpu_of(parent), uid)
-        self._refresh(self._gpu_of(parent))
+        self._refresh(self._gpu_at(parent))
 
     # ------------------------------------------------------------------ MIG-backed vGPUs
     def _take_instance(self, gpu: dict, type_id: str, vgpu: str, wanted: int | None = None) -> int | None:
@@ -161,7 +162,7 @@ class SimHost(SysfsTree):
         free[0]["vgpu"] = vgpu
         return free[0]["id"]
 
-    def _release_instance(self, gpu: dict, vgpu: str) -> None:
+    def _release_instance(self, gpu: dict | None, vgpu: str) -> None:
         for gi in mig_record(gpu)["gis"] if gpu and "mig" in gpu else []:
             if gi.get("vgpu") == vgpu:
                 gi.pop("vgpu")
@@ -179,7 +180,7 @@ class SimHost(SysfsTree):
     def _move(self, owner: str, vgpu: str, path: Path, raw: str) -> None:
         """``placement_id`` written: the vGPU moves to a creatable placement of its type."""
         value = kstrtoul(raw)
-        gpu = self._gpu_of(owner)
+        gpu = self._gpu_at(owner)
         existing = self._existing(gpu)
         tid = next((t for _, v, t in existing if v == vgpu), None)
         if tid is None:
@@ -200,7 +201,7 @@ class SimHost(SysfsTree):
             value = int(raw.strip())
         except ValueError:
             raise err(errno.EINVAL, f"{raw!r} is not a vGPU type id") from None
-        gpu = self._gpu_of(vf)
+        gpu = self._gpu_at(vf)
         nv = self._fdir(vf) / "nvidia"
         current = int((nv / "current_vgpu_type").read_text())
         grp = self._group(vf)
@@ -253,18 +254,7 @@ class SimHost(SysfsTree):
         owner = next((x for x in reversed(parts[:-1]) if ADDR.match(x) and x in self.state["functions"]), None)
         if not os.path.lexists(full):
             raise err(errno.ENOENT, str(rel))
-        if name == "create" and len(parts) >= 3 and parts[-3] == "mdev_supported_types":
-            return self._create_mdev(owner, full.parent, raw)
-        if name == "remove" and UUID.match(parts[-2]):
-            value = kstrtoul(raw)  # mdev_sysfs.c remove_store: kstrtoul(buf, 0, ...)
-            if value:
-                self._remove_mdev(owner, parts[-2])
-            return
-        if name == "sriov_numvfs" and owner == parts[-2]:
-            return self._sriov(owner, raw)
-        if name == "driver_override" and owner == parts[-2]:
-            value = raw.strip()
-            (full).write_text((value or "(null)") + "\n")
+        if owner is not None and self._dispatch_function(owner, full, rel, raw):
             return
         if parts[:3] == ("bus", "pci", "drivers") and len(parts) == 5 and name in ("bind", "unbind"):
             addr = raw.strip()
@@ -283,16 +273,33 @@ class SimHost(SysfsTree):
                 override = (self._fdir(addr) / "driver_override").read_text().strip()
                 self._bind(addr, self.state["functions"][addr]["native"] if override == "(null)" else override)
             return
-        if parts[-2:-1] == ("nvidia",) and name == "current_vgpu_type":
-            return self._set_vgpu_type(owner, raw)
-        if parts[-2:-1] == ("nvidia",) and name == "placement_id":
-            return self._move(owner, parts[-3] if UUID.match(parts[-3]) else owner, full, raw)
         if parts[-2:-1] == ("nvidia",) and name in ("vgpu_params", "warm_update", "gpu_instance_id"):
             full.write_text(raw if raw.endswith("\n") else raw + "\n")
             return
         if full.is_dir():
             raise err(errno.EISDIR, str(rel))
         raise err(errno.EACCES, f"{rel} is read-only")
+
+    def _dispatch_function(self, owner: str, full: Path, rel: Path, raw: str) -> bool:
+        """A write to a file of the PCI function ``owner`` (or of an mdev or type below it); False
+        when it is none of those the kernel acts on."""
+        name, parts = rel.name, rel.parts
+        if name == "create" and len(parts) >= 3 and parts[-3] == "mdev_supported_types":
+            self._create_mdev(owner, full.parent, raw)
+        elif name == "remove" and UUID.match(parts[-2]):
+            if kstrtoul(raw):  # mdev_sysfs.c remove_store: kstrtoul(buf, 0, ...)
+                self._remove_mdev(owner, parts[-2])
+        elif name == "sriov_numvfs" and owner == parts[-2]:
+            self._sriov(owner, raw)
+        elif name == "driver_override" and owner == parts[-2]:
+            full.write_text((raw.strip() or "(null)") + "\n")
+        elif parts[-2:-1] == ("nvidia",) and name == "current_vgpu_type":
+            self._set_vgpu_type(owner, raw)
+        elif parts[-2:-1] == ("nvidia",) and name == "placement_id":
+            self._move(owner, parts[-3] if UUID.match(parts[-3]) else owner, full, raw)
+        else:
+            return False
+        return True
 
     def _bind_explicit(self, addr: str, driver: str) -> None:
         if self._driver(addr):
@@ -315,6 +322,7 @@ class SimHost(SysfsTree):
             raise err(errno.ERANGE, f"{n} VFs requested, {pf} has {total}")
         if n == current:
             return
+        assert gpu is not None  # 0 < n <= total: a GPU's PF
         if self._driver(pf) not in ("nvidia", "vfio-pci"):
             raise err(errno.ENOENT, f"{pf}: no driver with SR-IOV support bound")
         if n == 0:
@@ -327,7 +335,7 @@ class SimHost(SysfsTree):
     def gpus(self) -> list[dict]:
         return list(self.state["gpus"])
 
-    def spawn_holder(self, paths, comm: str = "qemu-kvm", cmdline: list[str] | None = None) -> int:
+    def spawn_holder(self, paths: Iterable[Path | str], comm: str = "qemu-kvm", cmdline: list[str] | None = None) -> int:
         """A simulated process holding ``paths`` open (a QEMU on ``/dev/vfio/<group>`` or a
         vfio cdev); returns its pid. Manager and kernel see it as they see a real one."""
         return self.procs.spawn(paths, comm, cmdline)

@@ -7,6 +7,7 @@ nodes here, so a change to how a simulated node is put together is made once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,20 +36,22 @@ class SimNode:
         """The node name the simulated host stands for."""
         return self.spec.node
 
-    def with_env(self, **changes) -> SimNode:
+    def with_env(self, *, libvirt_uri: str | None = None, proc_root: Path | None = None) -> SimNode:
         """The same host (and transport) seen through another environment, e.g. a libvirt URI."""
-        return SimNode(self.root, self.host, HostEnv.under(self.root, **changes), self.io)
+        return SimNode(self.root, self.host, HostEnv.under(self.root, libvirt_uri=libvirt_uri, proc_root=proc_root),
+                       self.io)
 
 
 def sim_node(root: Path | str, preset: str | Path | HostSpec | None = "default", *, reuse: bool = False,
-             on_gpu=None, **env) -> SimNode:
+             on_gpu: Callable[[], None] | None = None, libvirt_uri: str | None = None,
+             proc_root: Path | None = None) -> SimNode:
     """A simulated node under ``root``.
 
     ``preset`` is a preset name, a host YAML file or a :class:`HostSpec`: a fresh host is built
     from it (``FileExistsError`` if ``root`` holds one already), unless ``reuse`` is set, which
     opens the host found there and builds one only when there is none (state that persists
     between commands, as ``vgpuctl --simulate`` keeps it). ``preset=None`` opens the existing
-    host. ``env`` goes to :meth:`HostEnv.under` (``libvirt_uri``, ``proc_root``).
+    host. ``libvirt_uri`` and ``proc_root`` go to :meth:`HostEnv.under`.
     """
     root = Path(root)
     if preset is None:
@@ -56,7 +59,7 @@ def sim_node(root: Path | str, preset: str | Path | HostSpec | None = "default",
     else:
         spec = preset if isinstance(preset, HostSpec) else load_host(preset)
         host = SimHost.open_or_create(root, spec) if reuse else SimHost.create(root, spec, on_gpu)
-    return SimNode(root, host, HostEnv.under(root, **env), SimIO(host))
+    return SimNode(root, host, HostEnv.under(root, libvirt_uri=libvirt_uri, proc_root=proc_root), SimIO(host))
 
 
 __all__ = ["SimNode", "sim_node"]

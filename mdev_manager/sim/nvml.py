@@ -32,6 +32,8 @@ neighbours; ../shared/reference/heterogeneous-vgpu.md):
 from __future__ import annotations
 
 import uuid
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from mdev_manager import catalog
 from mdev_manager.catalog_mig import MEMORY_SLICES, has_mig, mig_profiles
@@ -47,6 +49,19 @@ from mdev_manager.models import GpuInstanceProfile
 from mdev_manager.sim import slots
 
 ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")
+
+
+class SimNvmlHost(Protocol):
+    """What the simulated NVML needs of its host: :class:`~.kernel.SimHost`, or a stand-in holding
+    one GPU's state (``state`` is the host's JSON state)."""
+
+    state: dict[str, Any]
+
+    def _locked(self) -> AbstractContextManager[None]: ...
+    def _existing(self, gpu: dict) -> list[tuple[str, str, str]]: ...
+    def _refresh(self, gpu: dict) -> None: ...
+    def _save(self) -> None: ...
+    def _driver(self, addr: str) -> str | None: ...
 
 
 def mig_record(gpu: dict) -> dict:
@@ -70,7 +85,7 @@ def mig_enabled(gpu: dict) -> bool:
 class SimNvml:
     """The simulated host's NVML (the transport :class:`~mdev_manager.host.nvml.Mig` drives)."""
 
-    def __init__(self, host):
+    def __init__(self, host: SimNvmlHost) -> None:
         self.host = host
 
     # ------------------------------------------------------------------ helpers

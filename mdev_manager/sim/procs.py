@@ -100,7 +100,7 @@ def holding(proc_dir: Path | str, paths: set[str]) -> list[int]:
     The kernel's own view, for the simulated kernel's EBUSY; paths compare resolved.
     """
     wanted = set(paths) | {os.path.realpath(p) for p in paths}
-    out = []
+    out: list[int] = []
     try:
         pids = sorted(int(n) for n in os.listdir(proc_dir) if n.isdigit())
     except FileNotFoundError:

@@ -21,10 +21,11 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from mdev_manager import catalog
 from mdev_manager.catalog import BoardSpec, TypeSpec
@@ -47,13 +48,13 @@ class SysfsTree:
         self.dev = self.root / "dev"
         self._sys_real = os.path.realpath(self.sys)
         self._lock = threading.RLock()
-        self.state = json.loads((self.root / ".sim/state.json").read_text())
+        self.state: dict[str, Any] = json.loads((self.root / ".sim/state.json").read_text())  # JSON: what the tree cannot say
         self.procs = SimProcs(self.root)
         self.procs.dir.mkdir(exist_ok=True)  # hosts made before processes were simulated
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def create(cls, root: Path, spec: HostSpec, on_gpu=None) -> Self:
+    def create(cls, root: Path, spec: HostSpec, on_gpu: Callable[[], None] | None = None) -> Self:
         """Build a fresh tree for ``spec`` (a cold boot: no VFs unless asked, no vGPUs); ``on_gpu()``
         after each GPU (a progress bar: a big host takes seconds)."""
         root = Path(root)
@@ -89,7 +90,7 @@ class SysfsTree:
         (self.sys / f"kernel/iommu_groups/{g}/devices").mkdir(parents=True, exist_ok=True)
         return g
 
-    def _populate(self, spec: HostSpec, on_gpu) -> None:
+    def _populate(self, spec: HostSpec, on_gpu: Callable[[], None]) -> None:
         drivers = {"nvidia", "vfio-pci", "i915", "snd_hda_intel"}
         for d in drivers:
             ddir = self.sys / "bus/pci/drivers" / d
@@ -115,7 +116,7 @@ class SysfsTree:
                                        board.subsystem_vendor_id, board.subsystem_device_id,
                                        group.numa_node, grp, native)
                     self.state["functions"][pf]["initial"] = initial
-                    gpu = {"pf": pf, "board": board.key, "framework": framework, "mixed_size": False,
+                    gpu: dict[str, Any] = {"pf": pf, "board": board.key, "framework": framework, "mixed_size": False,
                            "placements": {}, "vf_total": board.sriov_total_vfs if framework != "mdev" else 0}
                     self.state["gpus"].append(gpu)
                     if gpu["vf_total"]:
@@ -138,7 +139,8 @@ class SysfsTree:
                     on_gpu()
         self._save()
 
-    def _add_function(self, addr, rel, vendor, device, cls_, svendor, sdevice, numa, grp, native, physfn=None):
+    def _add_function(self, addr: str, rel: str, vendor: str, device: str, cls_: str, svendor: str, sdevice: str,
+                      numa: int | None, grp: int, native: str, physfn: str | None = None) -> None:
         fdir = self.sys / rel / addr
         fdir.mkdir(parents=True, exist_ok=True)
         for name, value in (("vendor", vendor), ("device", device), ("class", cls_),
@@ -196,6 +198,12 @@ class SysfsTree:
         pf = self.state["functions"].get(addr, {}).get("physfn", addr)
         return next((g for g in self.state["gpus"] if g["pf"] == pf), None)
 
+    def _gpu_at(self, addr: str) -> dict:
+        """The GPU of a function that belongs to one (its PF, a VF, an mdev parent)."""
+        gpu = self._gpu_of(addr)
+        assert gpu is not None, f"{addr} is no GPU's function"
+        return gpu
+
     def _board(self, gpu: dict) -> BoardSpec:
         return catalog.board(gpu["board"])
 
@@ -206,7 +214,7 @@ class SysfsTree:
         return type_index(gpu["board"]).get(type_id)
 
     @contextmanager
-    def _locked(self):
+    def _locked(self) -> Iterator[None]:
         """One writer at a time, across threads (FUSE) and processes (CLI beside a mount)."""
         with self._lock:
             with open(self.root / ".sim/lock", "a") as lf:

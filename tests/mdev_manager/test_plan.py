@@ -205,6 +205,22 @@ def test_equal_size_skip_when_an_in_use_device_of_another_size_stays(sim, t4):
     assert "T4-4Q" in reasons[t4.address]
 
 
+def test_equal_size_skip_names_a_framebuffer_size_the_driver_does_not_tell(sim, t4):
+    """Kept vGPUs of a known size and of a type whose framebuffer is unknown: the other size is
+    skipped with a reason (sorting None among the sizes raised TypeError)."""
+    ids = sorted(create(sim, t4.address, tid("T4", "T4-2Q"), 2))
+    usage = Usage(mdevs={u: ["libvirt domain vm1"] for u in ids})
+    inv = sim.discover()
+    unknown = next(t for t in inv.gpus[0].types if t.short_name == "T4-1Q")
+    unknown.framebuffer_mib = None
+    next(v for v in inv.gpus[0].vgpus if v.id == ids[0]).type_id = unknown.id
+    plan = make_plan(inv, layout({"index": 0, "vgpus": {"T4-4Q": 1}}), usage=usage,
+                     definitions=defs_for(t4.address, tid("T4", "T4-2Q"), ids), new_uuid=uuids())
+    assert of(plan, CreateMdev) == []
+    reason = {s.device: s.reason for s in plan.skipped}[t4.address]
+    assert "another framebuffer size (2048 MiB, unknown)" in reason
+
+
 def test_passthrough_with_vgpus_in_use_waits_for_them(sim, t4):
     """Not an error: the node converges once the workload lets go (issue 12, truthful outcome);
     nothing on the GPU changes under it, and the block names the device, its user and the goal."""

@@ -14,9 +14,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from dra_bridge.api.compat import DEFAULT_VERSION, VERSION_CHOICES, format_version
 from dra_bridge.api.names import DEFAULT_DRIVER
+
+if TYPE_CHECKING:
+    from dra_bridge.apiclient.objects import ApiClient
 
 TABLE, WIDE, JSON, YAML = "table", "wide", "json", "yaml"
 
@@ -31,7 +35,8 @@ def add_output(p: argparse.ArgumentParser, *, wide: bool = False, table: bool = 
     p.add_argument("--json", dest="output", action="store_const", const=JSON, help=argparse.SUPPRESS)
 
 
-def add_kubeconfig(p: argparse.ArgumentParser, what: str = "read the cluster", *, group=None) -> None:
+def add_kubeconfig(p: argparse.ArgumentParser, what: str = "read the cluster", *,
+                   group: argparse._MutuallyExclusiveGroup | None = None) -> None:
     """``--kubeconfig [FILE]`` and ``--context``: which cluster, in kubectl's search order."""
     target = group if group is not None else p
     target.add_argument("--kubeconfig", nargs="?", const="", metavar="FILE",
@@ -40,13 +45,14 @@ def add_kubeconfig(p: argparse.ArgumentParser, what: str = "read the cluster", *
     p.add_argument("--context", metavar="NAME", help="kubeconfig context to use (default: its current-context)")
 
 
-def reads_cluster(args) -> bool:
+def reads_cluster(args: argparse.Namespace) -> bool:
     """Whether the command was asked to read a cluster (``--kubeconfig`` or ``--context`` given)."""
     return getattr(args, "kubeconfig", None) is not None or getattr(args, "context", None) is not None
 
 
-def connect(args, timeout: float | None = None):
+def connect(args: argparse.Namespace, timeout: float | None = None) -> ApiClient:
     """The cluster's API client, known to answer (bad kubeconfig or no answer: one-line errors)."""
+    # the kubernetes client (~0.9 s): only for a command that reads a cluster
     from dra_bridge.apiclient.client import PROBE_TIMEOUT
     from dra_bridge.apiclient.client import connect as _connect
 
@@ -89,13 +95,26 @@ HOST_VALUED = ("--simulate", "--sim-dir", "--sys-root", "--dev-root", "--mdevctl
                "--libvirt-uri")
 
 
+class _Suppressed(TypedDict, total=False):
+    default: str
+
+
+class _HostOption(TypedDict, total=False):
+    """The ``add_argument`` keywords the host options use."""
+
+    action: str
+    nargs: str
+    const: str
+    metavar: str
+
+
 def add_host_options(p: argparse.ArgumentParser, *, suppress: bool = False) -> None:
     """Which host to work on. Given to the top parser and (``suppress``: no default, so a value
     given before the command is kept; no help, ``vgpuctl -h`` lists them) to every command's parser,
     so they go before or after the command."""
-    d = {"default": argparse.SUPPRESS} if suppress else {}
+    d: _Suppressed = {"default": argparse.SUPPRESS} if suppress else {}
 
-    def add(*names: str, help: str, **kw) -> None:
+    def add(*names: str, help: str, **kw: Unpack[_HostOption]) -> None:
         p.add_argument(*names, **kw, **d, help=argparse.SUPPRESS if suppress else help)
 
     add("--simulate", nargs="?", const="default", metavar="PRESET|HOST.yaml",

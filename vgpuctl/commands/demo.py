@@ -7,13 +7,12 @@ import json
 import sys
 import textwrap
 from fractions import Fraction
-from typing import Any
 from xml.sax.saxutils import escape
 
 import yaml
 
 from dra_bridge.api.compat import describe, parse_gates, version_tuple
-from dra_bridge.sim.demo import DemoReport, GpuView, _human, run_demo
+from dra_bridge.sim.demo import DemoReport, GpuView, Holder, _human, run_demo
 from vgpuctl.cli import options
 from vgpuctl.output.tables import fit_text, short_model
 
@@ -25,7 +24,7 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
     options.add_feature_gates(d)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     version_tuple(args.server_version)
     rep = run_demo(args.server_version, feature_gates=parse_gates(args.feature_gates),
                    progress=(lambda m: print(f"  ... {m}", file=sys.stderr, flush=True)) if args.verbose else None)
@@ -76,7 +75,7 @@ def _identity(d: dict) -> str:
 
 def text(rep: DemoReport) -> str:
     L: list[str] = []
-    models = {}
+    models: dict[str, int] = {}
     for g in rep.layout["gpus"]:
         models[short_model(g["model"])] = models.get(short_model(g["model"]), 0) + 1
     hw = ", ".join(f"{n} x {m}" if n > 1 else m for m, n in models.items())
@@ -192,7 +191,7 @@ def _legend(y: int) -> list[str]:
     return out
 
 
-def _segment(out: list[str], h, x: float, y: float, seg: float, bar_h: int, color: str) -> None:
+def _segment(out: list[str], h: Holder, x: float, y: float, seg: float, bar_h: int, color: str) -> None:
     """One workload's share of a GPU: colour by kind, hatched for pods, labelled with who it is."""
     pod = h.owner == "pod"
     title = f"{h.owner} {h.workload} · {h.profile} · {_human(h.memory)} · {h.host_id or ''}"
@@ -213,7 +212,7 @@ def _segment(out: list[str], h, x: float, y: float, seg: float, bar_h: int, colo
 def _ghosts(rep: DemoReport, g: GpuView) -> list[tuple[dict, int]]:
     """Refused requests to draw on this GPU: it publishes the profile asked for and its counters
     (not a passthrough) are what ran out; with the memory one instance needs."""
-    out = []
+    out: list[tuple[dict, int]] = []
     if any(h.kind == "passthrough" for h in g.holders):
         return out
     for r in rep.refused:
@@ -299,7 +298,7 @@ def svg(rep: DemoReport) -> str:
 
 
 def to_json(rep: DemoReport) -> str:
-    def default(o: Any):
+    def default(o: object) -> float:
         if isinstance(o, Fraction):
             return float(o)
         raise TypeError(type(o).__name__)

@@ -23,12 +23,17 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
+from pydantic import ValidationError
+
+from dra_bridge.api.names import type_is_mig_backed
 from kubevirt_templates.keys import keys_help
 from kubevirt_templates.profiles import TYPED_KINDS, KnownTypes, check_types
 from kubevirt_templates.render import ALIASES, KINDS, RenderError, canonical_kind, render, render_yaml
 from kubevirt_templates.validate import ENV_SCHEMA, KubeVirtSchema, admission_problems, is_kubevirt, load_schema
+from mdev_manager import catalog
+from mdev_manager.models import Inventory
 from mdev_manager.yamlfile import YamlFileError, load_yaml, parse_yaml
 
 
@@ -86,6 +91,7 @@ def _inventory_from_file(path: str) -> dict[str, Any]:
 
 def _simulated_inventory(args: argparse.Namespace) -> dict[str, Any]:
     """The simulated host's inventory (``main`` opened it for ``--simulate``, before or after the kind)."""
+    # start-up cost (~45 ms): only with --simulate
     from mdev_manager.discovery import discover
     from vgpuctl.cli.host import open_host
 
@@ -95,8 +101,6 @@ def _simulated_inventory(args: argparse.Namespace) -> dict[str, Any]:
 
 def catalog_types() -> KnownTypes:
     """Every vGPU type of vgpuctl's catalog (the boards it knows)."""
-    from mdev_manager import catalog
-
     types = []
     for b in catalog.BOARDS.values():
         for t in b.types:  # MIG-backed ones too: a GPU in MIG mode offers them at its placements
@@ -107,11 +111,7 @@ def catalog_types() -> KnownTypes:
 
 def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes:
     """The vGPU types the inventories' GPUs offer (before a GPU's VFs are enabled: what they will offer)."""
-    from pydantic import ValidationError
-
-    from dra_bridge.api.names import type_is_mig_backed
-    from mdev_manager.models import Inventory
-    from mdev_manager.plan import offered_types
+    from mdev_manager.plan import offered_types  # start-up cost (~80 ms): only for the inventories' types
 
     types, mig = [], set()
     for doc in inventories:
@@ -143,6 +143,7 @@ def kubevirt_schema(args: argparse.Namespace) -> KubeVirtSchema | None:
     kubeconfig = getattr(args, "kubeconfig", None)
     context = getattr(args, "context", None)
     if kubeconfig is not None or context is not None:
+        # the kubernetes client (~0.9 s): only to read the cluster's schema
         from dra_bridge.apiclient.client import KubeconfigError, api_client_from
         from dra_bridge.apiclient.openapi import KUBEVIRT_V1, OpenApiUnavailable, fetch_kubevirt_openapi
 
@@ -273,10 +274,14 @@ _EXAMPLES = {
 }
 
 
+class _Quiet(TypedDict, total=False):
+    default: str
+
+
 def _options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """The options every kind takes, before its name (``prefix`` "pre_": kept apart, as the kind's
     parser would overwrite them) or after it (absent unless given); :func:`_gather` joins them."""
-    quiet = {} if prefix else {"default": argparse.SUPPRESS}
+    quiet: _Quiet = {} if prefix else {"default": argparse.SUPPRESS}
     p.add_argument("-f", "--values", action="append", metavar="FILE", dest=prefix + "values", **quiet,
                    help="values YAML (repeatable; - for stdin)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", dest=prefix + "set", **quiet,

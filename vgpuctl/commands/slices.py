@@ -15,7 +15,8 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 
 import yaml
 
@@ -27,6 +28,9 @@ from dra_bridge.pool.slices import plan_slices
 from mdev_manager import applied
 from mdev_manager.config import GpuLayout, load_config
 from mdev_manager.discovery import discover
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO
+from mdev_manager.host.nvml import NvmlTransport
 from mdev_manager.reconcile import plan_once, reconcile
 from vgpuctl.cli import options
 from vgpuctl.cli.host import Host, NotSetUp, known_gpus, open_host, prepared_usage
@@ -53,17 +57,68 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class _ReadOnly:
     """The host IO for the GPU numbering: reads go through, writes are discarded (nothing written)."""
 
-    def __init__(self, io):
+    def __init__(self, io: HostIO) -> None:
         self._io = io
 
-    def read(self, path):
+    # ---- reads: the host's
+    def read(self, path: Path) -> str:
         return self._io.read(path)
 
-    def write_atomic(self, path, data: str, durable: bool = True) -> None:
+    def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]:
+        return self._io.read_attrs(directory, names)
+
+    def read_children(self, directory: Path, names: list[str]) -> dict[str, dict[str, str | None]]:
+        return self._io.read_children(directory, names)
+
+    def reusing_dirs(self) -> AbstractContextManager:
+        return self._io.reusing_dirs()
+
+    def listdir(self, path: Path) -> list[str]:
+        return self._io.listdir(path)
+
+    def readlink(self, path: Path) -> str:
+        return self._io.readlink(path)
+
+    def exists(self, path: Path) -> bool:
+        return self._io.exists(path)
+
+    def is_dir(self, path: Path) -> bool:
+        return self._io.is_dir(path)
+
+    def realpath(self, path: Path) -> Path:
+        return self._io.realpath(path)
+
+    def stat(self, path: Path) -> os.stat_result:
+        return self._io.stat(path)
+
+    def nvml(self) -> NvmlTransport:
+        return self._io.nvml()
+
+    # ---- writes: discarded
+    def write(self, path: Path, data: str) -> None:
+        pass
+
+    def write_atomic(self, path: Path, data: str, durable: bool = True) -> None:
+        pass
+
+    def remove(self, path: Path) -> None:
+        pass
+
+    def rename(self, src: Path, dst: Path) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def makedirs(self, path: Path) -> None:
+        pass
+
+    def rmdir(self, path: Path) -> None:
         pass
 
 
-def node_slices(env, io, node: str, *, paths: NodePaths, shape: Shape, layouts=None) -> tuple[list[dict], list[str]]:
+def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape: Shape,
+                layouts: list[GpuLayout] | None = None) -> tuple[list[dict], list[str]]:
     """(slices, warnings): what this node's agent publishes in ``shape`` (the agent's own
     :func:`~dra_bridge.pool.shape.node_pool`). Shared with ``capacity``."""
     ids = StableGpuIds(paths.gpu_ids, _ReadOnly(io))
@@ -74,8 +129,9 @@ def node_slices(env, io, node: str, *, paths: NodePaths, shape: Shape, layouts=N
     return plan.slices, [*pool.warnings, *plan.warnings]
 
 
-def _detected(args) -> tuple[tuple[int, int], compat.KeptFields]:
+def _detected(args: argparse.Namespace) -> tuple[tuple[int, int], compat.KeptFields]:
     """The cluster's version, and what it keeps, by effect (a dry-run probe slice, nothing stored)."""
+    # the kubernetes client (~0.9 s): only with --kubeconfig
     from dra_bridge.apiclient.kept import probe_kept
     from dra_bridge.apiclient.publisher import server_version
 
@@ -87,7 +143,7 @@ def _detected(args) -> tuple[tuple[int, int], compat.KeptFields]:
     return version, kept
 
 
-def shape_for(args) -> Shape:
+def shape_for(args: argparse.Namespace) -> Shape:
     """The shape ``serve`` would publish in: from the cluster (``--kubeconfig``), else from
     ``--server-version`` and ``--feature-gates`` (said on stderr when it is not every size at once)."""
     if options.reads_cluster(args):
@@ -106,7 +162,7 @@ def shape_for(args) -> Shape:
     return shape
 
 
-def node_layouts(args, host: Host) -> tuple[list[GpuLayout] | None, str]:
+def node_layouts(args: argparse.Namespace, host: Host) -> tuple[list[GpuLayout] | None, str]:
     """The layout the agent works to: ``-f``/``--layout``, else the node's record of the layout it was
     last made to match, else None (every GPU offered); and how to name it."""
     if args.file:
@@ -146,7 +202,7 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
         yield copy
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     node = args.node_name or os.environ.get("NODE_NAME")
     if not node and not args.simulate:
         raise ValueError("node name: set NODE_NAME or pass --node-name (or use --simulate)")

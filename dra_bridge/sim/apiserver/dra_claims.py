@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from dra_bridge.api.compat import (
@@ -90,7 +91,7 @@ def dns_subdomain(value: str, path: str) -> list[FieldError]:
     return errors
 
 
-def _set(items: list, limit: int, path: str, key=None) -> list[FieldError]:
+def _set(items: list, limit: int, path: str, key: Callable[[Any], object] | None = None) -> list[FieldError]:
     """validateSet's size and uniqueness checks."""
     errors = [too_many(path, len(items), limit)] if limit and len(items) > limit else []
     seen: set = set()

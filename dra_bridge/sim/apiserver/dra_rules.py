@@ -195,7 +195,7 @@ def device_names_are_dns_labels(spec: dict, minor: int) -> list[FieldError]:
 
 def device_names_unique(spec: dict, minor: int) -> list[FieldError]:
     """Device names are unique in the slice."""
-    seen: set[str] = set()
+    seen: set[object] = set()
     errors = []
     for i, dev in enumerate(_devices(spec)):
         name = dev.get("name")
@@ -286,7 +286,7 @@ def taints_per_device_limit(spec: dict, minor: int) -> list[FieldError]:
 def counter_set_names_valid_and_unique(spec: dict, minor: int) -> list[FieldError]:
     """`sharedCounters[].name` and counter names are DNS labels; set names unique in the slice."""
     errors = []
-    seen: set[str] = set()
+    seen: set[object] = set()
     for i, cs in enumerate(_counter_sets(spec)):
         name = cs.get("name")
         path = f"spec.sharedCounters[{i}]"

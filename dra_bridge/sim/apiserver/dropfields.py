@@ -207,51 +207,51 @@ def _exactly(spec: dict, path: str) -> Iterator[tuple[dict, str]]:
 def _claim_spec_rules(spec_of: Callable[[dict], tuple[dict, str]]) -> list[tuple]:
     """resourceclaimspec.DropDisabledFields, on the claim spec ``spec_of(obj)`` returns."""
 
-    def prioritized_in_use(obj):
+    def prioritized_in_use(obj: dict) -> bool:
         spec, path = spec_of(obj)
         return any(_set(r, "firstAvailable") for r, _ in _requests(spec, path))
 
-    def drop_prioritized(obj, out):
+    def drop_prioritized(obj: dict, out: list[str]) -> None:
         spec, path = spec_of(obj)
         for r, rpath in _requests(spec, path):
             _pop(r, "firstAvailable", f"{rpath}.firstAvailable", out)
 
-    def taints_in_use(obj):
+    def taints_in_use(obj: dict) -> bool:
         spec, path = spec_of(obj)
         return any(_set(b, "tolerations") for b, _ in _request_bodies(spec, path))
 
-    def drop_taints(obj, out):
+    def drop_taints(obj: dict, out: list[str]) -> None:
         spec, path = spec_of(obj)
         for b, bpath in _request_bodies(spec, path):
             _pop(b, "tolerations", f"{bpath}.tolerations", out)
 
-    def admin_in_use(obj):
+    def admin_in_use(obj: dict) -> bool:
         spec, path = spec_of(obj)
         return any(_set(e, "adminAccess") for e, _ in _exactly(spec, path))
 
-    def drop_admin(obj, out):
+    def drop_admin(obj: dict, out: list[str]) -> None:
         spec, path = spec_of(obj)
         for e, epath in _exactly(spec, path):
             _pop(e, "adminAccess", f"{epath}.adminAccess", out)
 
-    def consumable_in_use(obj):
+    def consumable_in_use(obj: dict) -> bool:
         spec, path = spec_of(obj)
         constraints = _l(_d(spec, "devices"), "constraints")
         return (any(_set(c, "distinctAttribute") for c, _ in _indexed(constraints, ""))
                 or any(_set(b, "capacity") for b, _ in _request_bodies(spec, path)))
 
-    def drop_consumable(obj, out):
+    def drop_consumable(obj: dict, out: list[str]) -> None:
         spec, path = spec_of(obj)
         for c, cpath in _indexed(_l(_d(spec, "devices"), "constraints"), f"{path}.devices.constraints"):
             _pop(c, "distinctAttribute", f"{cpath}.distinctAttribute", out)
         for b, bpath in _request_bodies(spec, path):
             _pop(b, "capacity", f"{bpath}.capacity", out)
 
-    def derived_in_use(obj):
+    def derived_in_use(obj: dict) -> bool:
         spec, path = spec_of(obj)
         return any(_set(b, "derivedAttributes") for b, _ in _request_bodies(spec, path))
 
-    def drop_derived(obj, out):
+    def drop_derived(obj: dict, out: list[str]) -> None:
         spec, path = spec_of(obj)
         for b, bpath in _request_bodies(spec, path):
             _pop(b, "derivedAttributes", f"{bpath}.derivedAttributes", out)

@@ -12,11 +12,15 @@ import copy
 import json
 import select
 import socket
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
+
+import yaml
 
 from dra_bridge.sim.apiserver import discovery, openapi, openapi_pb, tables
 from dra_bridge.sim.apiserver import errors as E
@@ -41,11 +45,13 @@ class App(Protocol):
     resources: tuple[ResourceType, ...]
     pod_logs: dict[tuple[str, str], str]
     watch_timeout: float
-    host: str
     version: str
     git_version: str
     _lock: Any
     _conns: set[socket.socket]
+
+    @property
+    def host(self) -> str: ...
 
     def version_info(self) -> dict: ...
 
@@ -76,10 +82,8 @@ class HTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     app: App
 
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: tuple[str, int]) -> None:
         """A client that gave up (a timeout, a dropped watch) is normal here; anything else is printed."""
-        import sys
-
         if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
             return
         super().handle_error(request, client_address)
@@ -106,18 +110,19 @@ def discovery_route(app: App, parts: list[str], accept: str = "") -> Route | Non
         return Route("discovery", discovery=openapi.v2(app.version, app.git_version, resources))
     if joined == "/openapi/v3":
         return Route("discovery", discovery=openapi.v3_root(app.version, resources))
-    doc = None
     if parts[:2] == ["openapi", "v3"]:
+        doc = None
         if len(parts) == 4 and parts[2] == "api":
             doc = openapi.v3_group_version(app.version, resources, "", parts[3])
         elif len(parts) == 5 and parts[2] == "apis":
             doc = openapi.v3_group_version(app.version, resources, parts[3], parts[4])
         return Route("discovery", discovery=doc) if doc else None
+    listing = None
     if len(parts) == 2 and parts[0] == "api":
-        doc = discovery.resource_list(resources, "", parts[1])
+        listing = discovery.resource_list(resources, "", parts[1])
     elif len(parts) == 3 and parts[0] == "apis":
-        doc = discovery.resource_list(resources, parts[1], parts[2])
-    return Route("discovery", discovery=doc) if doc else None
+        listing = discovery.resource_list(resources, parts[1], parts[2])
+    return Route("discovery", discovery=listing) if listing else None
 
 
 def resource_route(app: App, method: str, parts: list[str], query: dict) -> Route:
@@ -167,8 +172,6 @@ def parse_body(raw: bytes, content_type: str) -> Any:
     if not raw:
         return None
     if content_type.split(";")[0].strip().lower() in (APPLY_PATCH, "application/yaml"):
-        import yaml
-
         try:
             return yaml.safe_load(raw)
         except yaml.YAMLError as exc:
@@ -303,8 +306,11 @@ class Handler(BaseHTTPRequestHandler):
             if route.verb == "watch":
                 self._watch(route, query, lambda: record(200), form)
                 return
+            rt = route.rt
+            assert rt is not None  # resource_route's routes all name their resource
             if route.verb == "evict":  # policy/v1 Eviction: the pod is deleted (no PodDisruptionBudget here)
-                app.store.delete(route.rt, route.namespace, route.name, dict((body or {}).get("deleteOptions") or {}),
+                assert route.namespace is not None and route.name is not None  # an eviction names its pod
+                app.store.delete(rt, route.namespace, route.name, dict((body or {}).get("deleteOptions") or {}),
                                  query)
                 app._wrote("create", route.resource_label, [route.name])
                 record(201)
@@ -312,13 +318,14 @@ class Handler(BaseHTTPRequestHandler):
                                       "code": 201})
                 return
             if route.verb == "log":  # a container's log: what set_pod_log stored (404 without the pod)
-                app.store.get_stored(route.rt, route.namespace, route.name)
+                assert route.namespace is not None and route.name is not None  # resource_route: both, for a log
+                app.store.get_stored(rt, route.namespace, route.name)
                 record(200)
                 self._send_text(200, app.pod_logs.get((route.namespace, route.name), ""))
                 return
             code, result, warnings, names = self._dispatch(route, body, query)
             if form and route.verb in ("get", "list"):
-                result = tables.convert(route.rt, result, form, query)
+                result = tables.convert(rt, result, form, query)
             if route.verb in MUTATING_VERBS and not query.get("dryRun"):
                 app._wrote(route.verb, route.resource_label, names)
             headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else {}
@@ -330,30 +337,35 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as exc:  # a bug in the fake: report it like an apiserver would
-            err = ApiError(500, f"local apiserver internal error: {type(exc).__name__}: {exc}",
-                           reason="InternalError")
+            internal = ApiError(500, f"local apiserver internal error: {type(exc).__name__}: {exc}",
+                                reason="InternalError")
             record(500)
             try:
-                self._send_json(500, err.status())
+                self._send_json(500, internal.status())
             except OSError:
                 self.close_connection = True
         finally:
             record(500)
 
-    def _dispatch(self, route: Route, body: Any, query: dict):
+    def _dispatch(self, route: Route, body: Any, query: dict) -> tuple[int, Any, list[str], list[str]]:
+        """(status code, the JSON answer, warnings, the names of the objects written)."""
         store = self.server.app.store
         rt, ns, name, sub = route.rt, route.namespace, route.name, route.sub
         assert rt is not None
         warnings: list[str] = []
         manager = field_manager(query, self.headers.get("User-Agent", ""))
-        if route.verb == "get":
-            with store.lock:
-                return 200, copy.deepcopy(store.get_stored(rt, ns, name)), warnings, []
         if route.verb == "list":
             return 200, store.list(rt, ns, query), warnings, []
         if route.verb == "create":
             obj = store.create(rt, ns, body, query, warnings, manager=manager)
             return 201, obj, warnings, [obj["metadata"]["name"]]
+        if route.verb == "deletecollection":
+            result, names = store.deletecollection(rt, ns, body or {}, query)
+            return 200, result, warnings, names
+        assert name is not None, route.verb  # the verbs below are an object's: resource_route names it
+        if route.verb == "get":
+            with store.lock:
+                return 200, copy.deepcopy(store.get_stored(rt, ns, name)), warnings, []
         if route.verb == "update":
             obj = store.update(rt, ns, name, body, query, sub, warnings, manager)
             return 200, obj, warnings, [name]
@@ -363,9 +375,6 @@ class Handler(BaseHTTPRequestHandler):
             return 201 if created else 200, obj, warnings, [name]
         if route.verb == "delete":
             return 200, store.delete(rt, ns, name, dict(body or {}), query), warnings, [name]
-        if route.verb == "deletecollection":
-            result, names = store.deletecollection(rt, ns, body or {}, query)
-            return 200, result, warnings, names
         raise AssertionError(route.verb)
 
     # ------------------------------------------------------------------ watch
@@ -382,7 +391,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
-    def _watch(self, route: Route, query: dict, started, form: tuple[str, str] | None = None) -> None:
+    def _watch(self, route: Route, query: dict, started: Callable[[], None], form: tuple[str, str] | None = None) -> None:
         app = self.server.app
         store = app.store
         rt = route.rt

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from dra_bridge.sim.apiserver.errors import ApiError
@@ -118,15 +118,15 @@ class Fields:
         if isinstance(live, list) and isinstance(config, list):
             kind, keys = list_kind(schema)
             if kind == "map" and all(isinstance(i, dict) for i in live + config):
-                out = list(live)
-                where = {self.item_key(i, keys): n for n, i in enumerate(out)}
+                items = list(live)
+                where = {self.item_key(i, keys): n for n, i in enumerate(items)}
                 for item in config:
                     n = where.get(self.item_key(item, keys))
                     if n is None:
-                        out.append(copy.deepcopy(item))
+                        items.append(copy.deepcopy(item))
                     else:
-                        out[n] = self.merge(out[n], item, schema.get("items") or {})
-                return out
+                        items[n] = self.merge(items[n], item, schema.get("items") or {})
+                return items
             if kind == "set":
                 return live + [copy.deepcopy(i) for i in config if i not in live]
         return copy.deepcopy(config)
@@ -165,7 +165,7 @@ class Fields:
 
 
 # ------------------------------------------------------------------ FieldsV1 and entries
-def to_fields_v1(paths) -> dict:
+def to_fields_v1(paths: Collection[Path]) -> dict:
     """The FieldsV1 trie of a set of paths (``"."`` marks a member that also has children)."""
     root: dict = {}
     for path in paths:
@@ -224,7 +224,7 @@ def _printed(entry: dict) -> str:
     return out
 
 
-def _entry(manager: str, operation: str, api_version: str, sub: str | None, paths, now: str) -> dict:
+def _entry(manager: str, operation: str, api_version: str, sub: str | None, paths: Collection[Path], now: str) -> dict:
     e = {"manager": manager, "operation": operation, "apiVersion": api_version, "time": now,
          "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(paths)}
     if sub:

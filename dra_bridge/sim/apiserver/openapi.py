@@ -73,10 +73,10 @@ def _convert(node: Any, prefix: str, v3: bool) -> Any:
         out[key] = value
     alternatives = out.get("oneOf")
     if isinstance(alternatives, list) and alternatives and all(set(a) == {"type"} for a in alternatives):
-        kinds = {a["type"] for a in alternatives}
+        one_of = {a["type"] for a in alternatives}
         del out["oneOf"]
         out["type"] = "string"
-        if "integer" in kinds:
+        if "integer" in one_of:
             out["format"] = "int-or-string"
     if v3 and "$ref" in out and len(out) > 1:
         out = {"allOf": [{"$ref": out.pop("$ref")}], **out}
@@ -110,7 +110,7 @@ def _closure(defs: dict[str, dict], names: Iterable[str]) -> list[str]:
 
 @functools.cache
 def _by_gvk(version: str) -> dict[tuple[str, str, str], str]:
-    out = {}
+    out: dict[tuple[str, str, str], str] = {}
     for name, schema in _raw_definitions(version).items():
         for gvk in schema.get("x-kubernetes-group-version-kind") or []:
             out.setdefault((gvk.get("group", ""), gvk.get("version", ""), gvk.get("kind", "")), name)

@@ -58,7 +58,9 @@ class Requirement:
 
 def _split_terms(selector: str) -> list[str]:
     """Split on commas that are not inside ``( )``."""
-    terms, depth, cur = [], 0, []
+    terms: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in selector:
         if ch == "(":
             depth += 1

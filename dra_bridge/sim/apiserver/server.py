@@ -34,7 +34,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import yaml
 
 from dra_bridge.api import compat as featuregates
 from dra_bridge.sim.apiserver import discovery
@@ -43,6 +45,9 @@ from dra_bridge.sim.apiserver.errors import ApiError
 from dra_bridge.sim.apiserver.handler import Handler, HTTPServer
 from dra_bridge.sim.apiserver.resources import DEFAULT_RESOURCES, ResourceType, taint_rule_resource
 from dra_bridge.sim.apiserver.store import Store, sort_key
+
+if TYPE_CHECKING:
+    from dra_bridge.apiclient.objects import ApiClient, Configuration
 
 SUPPORTED_MINORS = range(34, 38)
 
@@ -113,7 +118,7 @@ class Injection:
                                   f"{E.qualified_resource(plural, group)}" + \
                                   (f' "{name}"' if name else "")
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
-        details = {"name": name or "", "group": group, "kind": plural}
+        details: dict[str, Any] = {"name": name or "", "group": group, "kind": plural}  # JSON: StatusDetails
         if self.retry_after is not None:
             details["retryAfterSeconds"] = self.retry_after
         return ApiError(self.status, message, reason=reason, details=details, headers=headers)
@@ -174,7 +179,7 @@ class LocalApiServer:
         self._lock = self.store.lock
         self._injections: list[Injection] = []
         self._conns: set[socket.socket] = set()
-        self._clients: list[Any] = []
+        self._clients: list[ApiClient] = []
         self._port = port
         self._httpd: HTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -249,7 +254,7 @@ class LocalApiServer:
     def __enter__(self) -> LocalApiServer:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     @property
@@ -267,15 +272,15 @@ class LocalApiServer:
         return f"http://{self.host}"
 
     # ------------------------------------------------------------------ clients
-    def client_configuration(self):
+    def client_configuration(self) -> Configuration:
         """A ``kubernetes.client.Configuration`` for this server (plain HTTP, no auth)."""
-        from dra_bridge.apiclient.client import plain_http_configuration
+        from dra_bridge.apiclient.client import plain_http_configuration  # loads kubernetes: only for a client
 
         return plain_http_configuration(self.url)
 
-    def api_client(self):
+    def api_client(self) -> ApiClient:
         """A ``kubernetes.client.ApiClient`` for this server; closed by :meth:`stop`."""
-        from dra_bridge.apiclient.client import plain_http_client
+        from dra_bridge.apiclient.client import plain_http_client  # loads kubernetes: only for a client
 
         api = plain_http_client(self.url)
         self._clients.append(api)
@@ -299,8 +304,6 @@ class LocalApiServer:
 
         Written atomically (a temporary file renamed into place), so a reader never sees half of it.
         """
-        import yaml
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         text = yaml.safe_dump(self.kubeconfig_document(namespace=namespace), sort_keys=False)

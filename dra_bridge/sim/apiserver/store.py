@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import base64
 import bisect
+import builtins
 import copy
 import json
 import random
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -67,7 +68,7 @@ def sort_key(obj: dict) -> tuple[str, str]:
     return m.get("namespace") or "", m.get("name") or ""
 
 
-def prune_unknown(obj: Any, schema: dict, resolve, path: str, dropped: list[str]) -> Any:
+def prune_unknown(obj: Any, schema: dict, resolve: Callable[[dict], dict], path: str, dropped: list[str]) -> Any:
     """Drop fields the schema does not know (fieldValidation=Ignore/Warn), recording them."""
     schema = resolve(schema)
     if isinstance(obj, dict):
@@ -413,7 +414,7 @@ class Store:
                 return self.commit(rt, key, new, old, "MODIFIED")
             return self.commit(rt, key, None, old, "DELETED")
 
-    def matcher(self, rt: ResourceType, namespace: str | None, query: dict):
+    def matcher(self, rt: ResourceType, namespace: str | None, query: dict) -> Callable[[dict], bool]:
         labels = label_matcher(query.get("labelSelector"))
         fields = field_matcher(query.get("fieldSelector"), rt.allowed_field_selectors, field_value)
 
@@ -451,7 +452,7 @@ class Store:
         return {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": list_meta, "items": items}
 
     def deletecollection(self, rt: ResourceType, namespace: str | None, options: Any,
-                         query: dict) -> tuple[dict, list[str]]:
+                         query: dict) -> tuple[dict, builtins.list[str]]:
         match = self.matcher(rt, namespace, query)
         deleted, names = [], []
         with self.lock:
@@ -468,12 +469,12 @@ class Store:
                  "metadata": {"resourceVersion": rv}, "items": deleted}, names)
 
     # ------------------------------------------------------------------ watch
-    def initial_events(self, rt: ResourceType, match) -> list[dict]:
+    def initial_events(self, rt: ResourceType, match: Callable[[dict], bool]) -> builtins.list[dict]:
         """ADDED events for the current objects matching ``match`` (a watch from "now")."""
         items = sorted((o for o in self.objects[rt.key].values() if match(o)), key=sort_key)
         return [{"type": "ADDED", "object": copy.deepcopy(o)} for o in items]
 
-    def watch_events(self, rt: ResourceType, after_rv: int, match) -> tuple[list[dict], int]:
+    def watch_events(self, rt: ResourceType, after_rv: int, match: Callable[[dict], bool]) -> tuple[builtins.list[dict], int]:
         """Events for ``rt`` after ``after_rv`` as the client sees them (selector-aware)."""
         out = []
         start = bisect.bisect_right(self.event_rvs, after_rv)

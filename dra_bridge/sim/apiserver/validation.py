@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from dra_bridge.sim.apiserver import dra_claims, dra_rules
 from dra_bridge.sim.apiserver.errors import FieldError
@@ -24,10 +24,10 @@ try:  # the [sim] extra's kubernetes-validate: the upstream schemas each object 
     import jsonschema
     import referencing
     from kubernetes_validate import utils as kv_utils
-except ImportError:  # without it: the DRA and metadata rules only
-    jsonschema = referencing = kv_utils = None
 
-HAVE_SCHEMAS = kv_utils is not None
+    HAVE_SCHEMAS = True
+except ImportError:  # without it: the DRA and metadata rules only (nothing below uses the three then)
+    HAVE_SCHEMAS = False
 
 SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
                  "characters, '-' or '.', and must start and end with an alphanumeric character")
@@ -87,7 +87,7 @@ def kind_schema(version: str, kind: str, api_version: str, strict: bool = True) 
 
 
 @functools.cache
-def _validator(version: str, kind: str, api_version: str, strict: bool):
+def _validator(version: str, kind: str, api_version: str, strict: bool) -> jsonschema.validators.Draft202012Validator | None:
     schema = kind_schema(version, kind, api_version, strict)
     if schema is None:
         return None
@@ -116,7 +116,7 @@ def resolver(version: str, strict: bool = True) -> Callable[[dict], dict]:
     return resolve
 
 
-def _json_path(path) -> str:
+def _json_path(path: Iterable[object]) -> str:
     out = ""
     for p in path:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
