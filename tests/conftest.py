@@ -11,7 +11,34 @@ from pathlib import Path
 import pytest
 
 from mdev_manager.sim import HostSpec
+from tests.support import tmp
 from tests.support.simnodes import Holder, Sim, SimHolder, build_sim
+
+
+def pytest_configure(config):
+    """Temporary files on tmpfs where /tmp is a disk (tests/support/tmp.py says why); xdist's
+    workers inherit ``TMPDIR`` and pytest's base temporary directory from the controller."""
+    root = tmp.fast_root()
+    if root is not None:
+        tmp.use(root)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _simulated_clusters_in_the_temporary_directory():
+    """A ``SimCluster`` keeps its node under /tmp unless given a ``base`` (short socket paths):
+    here under the tests' temporary directory where that is short too (tmpfs, tests/support/tmp.py)."""
+    root = tmp.short_root()
+    from dra_bridge.sim.cluster import SimCluster
+
+    defaults = SimCluster.__init__.__kwdefaults__ or {}
+    if root == "/tmp" or defaults.get("base", "") is not None:
+        yield
+        return
+    defaults["base"] = Path(root)
+    try:
+        yield
+    finally:
+        defaults["base"] = None
 
 
 @pytest.fixture
