@@ -6,12 +6,40 @@ its own directory. The builders themselves live in :mod:`tests.support.simnodes`
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from mdev_manager.sim import HostSpec
+from tests.support import tmp
 from tests.support.simnodes import Holder, Sim, SimHolder, build_sim
+
+
+def pytest_configure(config):
+    """Temporary files on tmpfs where /tmp is a disk (tests/support/tmp.py says why); xdist's
+    workers inherit ``TMPDIR`` and pytest's base temporary directory from the controller."""
+    root = tmp.fast_root()
+    if root is not None:
+        tmp.use(root)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _simulated_clusters_in_the_temporary_directory():
+    """A ``SimCluster`` keeps its node under /tmp unless given a ``base`` (short socket paths):
+    here under the tests' temporary directory where that is short too (tmpfs, tests/support/tmp.py)."""
+    root = tmp.short_root()
+    from dra_bridge.sim.cluster import SimCluster
+
+    defaults = SimCluster.__init__.__kwdefaults__ or {}
+    if root == "/tmp" or defaults.get("base", "") is not None:
+        yield
+        return
+    defaults["base"] = Path(root)
+    try:
+        yield
+    finally:
+        defaults["base"] = None
 
 
 @pytest.fixture
@@ -67,6 +95,62 @@ def holder(request, hold):
         return SimHolder(sim, list(paths))
 
     return start
+
+
+#: Tests of several seconds each (node id prefixes, longest first). Under xdist they start first, so
+#: that the workers end together instead of one finishing a campaign alone; order only, nothing skips.
+LONG_FIRST = (
+    "tests/system/test_campaign.py",
+    "tests/system/test_output.py::test_apply_on_the_largest_preset_fits_one_screen",
+    "tests/mdev_manager/test_crash.py",
+    "tests/system/test_no_overcommit.py",
+    "tests/dra_bridge/test_conformance.py",
+    "tests/system/test_binding_conditions.py",
+    "tests/system/test_demo.py",
+    "tests/system/test_serve.py",
+    "tests/system/test_bad_input.py::test_kubeconfig_missing_invalid_unreachable",
+    "tests/system/test_output_cli.py::test_capacity_without_a_cluster_says_it_is_an_example",
+    "tests/dra_bridge/test_slices.py::test_sixteen_gpus_at_scale",
+    "tests/system/test_doctor.py::test_the_command",
+)
+
+
+#: Module-scoped fixtures that take seconds to build (test file -> fixture): under xdist with
+#: ``--dist loadgroup`` the tests using one go to the same worker, which builds it once.
+SHARED_FIXTURES = {
+    "tests/dra_bridge/test_conformance.py": "passing",
+    "tests/system/test_demo.py": "report",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker (each collects the same list, the controller hands out indices into it):
+    the long tests first, each module's tests kept in their order; the users of a shared fixture
+    in one group."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        fixture = SHARED_FIXTURES.get(path)
+        if fixture in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(f"{path}::{fixture}"))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; without xdist it is never called
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than there are CPUs. A worker spends about a fifth of its time with
+    nothing to run (the conformance checks' settle periods, resync intervals, servers and subprocesses
+    starting), which another worker's tests fill. $PYTEST_XDIST_AUTO_NUM_WORKERS still decides if set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cpus + 1
 
 
 def pytest_report_header(config):

@@ -7,16 +7,21 @@ crashed at N, then re-applied here to completion; the result must equal an uncra
 apply: the same devices per GPU and type, the same drivers and VFs, every device with
 exactly one saved definition and every definition with its device, no duplicate UUIDs,
 and a second re-apply that changes nothing.
+
+Each child is forked by one single-threaded helper process that imported the manager once
+(:class:`Forker`): a fresh process per crash as before, without a Python start per write.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,15 +35,15 @@ from mdev_manager.sim import HostSpec
 from mdev_manager.sim.hostspec import GpuGroup
 from tests.support.simnodes import REPO, build_sim, open_sim
 
-CHILD = r'''
-import json, os, sys
+FORKER = r'''
+import json, os, sys, traceback
 from pathlib import Path
 from mdev_manager.config import parse_config
 from mdev_manager.host.env import HostEnv
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimHost, SimIO
 
-root, layout_file, crash_at, count_file = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+crash_at = -1
 
 
 class CrashingIO(SimIO):
@@ -64,11 +69,63 @@ class CrashingIO(SimIO):
         super().remove(path)
 
 
-io = CrashingIO(SimHost(root))
-out = reconcile(HostEnv.under(root), io, parse_config(json.loads(Path(layout_file).read_text())))
-Path(count_file).write_text(str(io.writes))
-sys.exit(0 if out.ok else 1)
+def child(root, layout_file, count_file):
+    io = CrashingIO(SimHost(root))
+    out = reconcile(HostEnv.under(root), io, parse_config(json.loads(Path(layout_file).read_text())))
+    Path(count_file).write_text(str(io.writes))
+    return 0 if out.ok else 1
+
+
+# one request a line: [root, layout file, crash at, count file, stderr file]; answers the child's exit code
+for line in sys.stdin:
+    root, layout_file, crash_at, count_file, err_file = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(err_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 2)
+        try:
+            code = child(Path(root), layout_file, count_file)
+        except BaseException:
+            traceback.print_exc()
+            code = 2
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
 '''
+
+
+class Forker:
+    """The helper that forks the crashing children (single-threaded, so forking is safe)."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", FORKER], cwd=REPO, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.lock = threading.Lock()
+
+    def run_child(self, root: Path, layout_file: Path, crash_at: int, count_file: Path) -> int:
+        err = count_file.with_name(count_file.name + ".stderr")
+        with self.lock:
+            self.proc.stdin.write(json.dumps([str(root), str(layout_file), crash_at, str(count_file), str(err)]) + "\n")
+            self.proc.stdin.flush()
+            if not select.select([self.proc.stdout], [], [], 120)[0]:
+                self.proc.kill()
+                raise AssertionError(f"no answer within 120 s from a child crashing at write {crash_at}")
+            answer = self.proc.stdout.readline()
+        assert answer, f"the forker died ({self.proc.poll()})"
+        code = int(answer)
+        if code not in (0, 137):
+            raise AssertionError(f"child failed ({code}):\n{err.read_text()}")
+        return code
+
+    def __enter__(self) -> Forker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.proc.stdout.close()
+
 
 # examples/layout.yaml's shape with smaller counts: mdev on the PF, passthrough,
 # mdev on SR-IOV VFs (VFs enabled first) and vendor-specific VFIO.
@@ -86,14 +143,6 @@ SECOND = {"version": "vgpuctl/v1", "layouts": {"default": [
     {"model": "A100", "mode": "vgpu", "vgpus": {"A100-8C": 2}},
     {"pciAddress": "0000:19:00.0", "mode": "vgpu", "vgpus": {"NVIDIA L40S-8Q": 1}},
 ]}}
-
-
-def run_child(root: Path, layout_file: Path, crash_at: int, count_file: Path) -> int:
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(root), str(layout_file), str(crash_at), str(count_file)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    if proc.returncode not in (0, 137):
-        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stderr}")
-    return proc.returncode
 
 
 def node_state(root: Path) -> dict:
@@ -126,13 +175,18 @@ def crash_everywhere(tmp_path: Path, pristine: Path, layout_doc: dict, recover_d
     layout_file = tmp_path / "layout.json"
     layout_file.write_text(json.dumps(layout_doc))
     layouts = parse_config(recover_doc or layout_doc)
+    with Forker() as forker:
+        return _crash_everywhere(forker, tmp_path, pristine, layout_file, layouts, recover_doc is not None)
 
+
+def _crash_everywhere(forker: Forker, tmp_path: Path, pristine: Path, layout_file: Path, layouts,
+                      recovering: bool) -> int:
     # the reference: a full apply without a crash, counting its writes (then the recovery layout)
     ref = tmp_path / "ref"
     shutil.copytree(pristine, ref, symlinks=True)
-    assert run_child(ref, layout_file, -1, tmp_path / "count") == 0
+    assert forker.run_child(ref, layout_file, -1, tmp_path / "count") == 0
     total = int((tmp_path / "count").read_text())
-    if recover_doc:
+    if recovering:
         sim = open_sim(ref)
         assert reconcile(sim.env, sim.io, layouts).ok
     want = node_state(ref)
@@ -141,7 +195,7 @@ def crash_everywhere(tmp_path: Path, pristine: Path, layout_doc: dict, recover_d
     def crash(n: int) -> Path:
         root = tmp_path / f"crash-{n}"
         shutil.copytree(pristine, root, symlinks=True)
-        assert run_child(root, layout_file, n, tmp_path / f"count-{n}") == 137, f"no crash at write {n}"
+        assert forker.run_child(root, layout_file, n, tmp_path / f"count-{n}") == 137, f"no crash at write {n}"
         return root
 
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -35,6 +35,7 @@ from mdev_manager.models import Gpu, Inventory
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimHost, SimIO
 from mdev_manager.sim.node import sim_node
+from tests.support.tmp import short_root
 
 DRIVER = DEFAULT_DRIVER
 DRA_LAYOUT = [GpuLayout(all=True, mode="dra", passthrough=True)]
@@ -57,8 +58,8 @@ def version_tuple(v: str) -> tuple[int, int]:
 
 @contextmanager
 def short_tmp(prefix: str = "vg") -> Iterator[Path]:
-    """A short directory under /tmp (unix socket paths must stay below 108 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    """A short temporary directory (unix socket paths must stay below 108 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir=short_root()))
     try:
         yield d
     finally:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
 from tests.campaign.run import run
+from tests.support.tmp import short_root
 
 STEPS = int(os.environ.get("VGPUCTL_CAMPAIGN_STEPS", "50"))
 
@@ -21,7 +23,7 @@ STEPS = int(os.environ.get("VGPUCTL_CAMPAIGN_STEPS", "50"))
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_campaign(seed, caplog):
     caplog.set_level(logging.CRITICAL)  # the agent logs every fault it survives; the invariants judge
-    result = run(STEPS, seed, episode_steps=25)
+    result = run(STEPS, seed, episode_steps=25, workdir=Path(short_root()))  # tmpfs where there is one
     assert result.failure is None, result.failure
     assert result.line == f"{STEPS} steps, 0 invariant violations"
     # the run did what it says: every kind of step ran at least once over the three seeds' mix

@@ -13,6 +13,7 @@ from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.config import ConfigError
 from mdev_manager.discovery import discover
 from mdev_manager.sim.node import sim_node
+from tests.support.tmp import short_root
 
 LAYOUTS = {"version": "vgpuctl/v1", "layouts": {
     "default": [{"all": True, "mode": "dra"}],
@@ -24,7 +25,7 @@ LABEL, STATE = "vgpu.kubevirt.io/config", "vgpu.kubevirt.io/config.state"
 
 @pytest.fixture
 def setup():
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="vgl") as d, LocalApiServer(version="1.36") as srv:
+    with tempfile.TemporaryDirectory(dir=short_root(), prefix="vgl") as d, LocalApiServer(version="1.36") as srv:
         root = Path(d)
         node = sim_node(root / "host", "default")
         (root / "layouts.yaml").write_text(yaml.safe_dump(LAYOUTS))
