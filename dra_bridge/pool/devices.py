@@ -104,7 +104,7 @@ def build_pool(
     """
     if not is_dns_subdomain(driver) or len(driver) > 63:
         raise ValueError(f"driver: {driver!r} is not a DNS subdomain of at most 63 characters")
-    version = tuple(server_version) if server_version else OLDEST
+    version = (server_version[0], server_version[1]) if server_version else OLDEST
     groups_supported = version >= COMPATIBILITY_GROUPS_SINCE
     roots = {k.lower(): v for k, v in (pcie_roots or {}).items()}
 
