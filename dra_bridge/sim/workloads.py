@@ -72,10 +72,12 @@ class WorkloadDevice:
     device_nodes: list[dict] = field(default_factory=list)
     cdi_ids: list[str] = field(default_factory=list)
     env: list[str] = field(default_factory=list)  # NAME=value from the CDI edits (virt-launcher's resource variables)
+    slots: tuple[int, int] | None = None  # mixed-size: (placementStart, placementSize) of the device
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("claim", "request", "pool", "device", "kind", "gpu", "profile",
-                                            "counter_set", "node", "host_id", "iommu_group", "cdi_ids", "env")}
+                                            "counter_set", "node", "host_id", "iommu_group", "cdi_ids", "env",
+                                            "slots")}
         d["memory"] = int(self.memory) if self.memory is not None else None
         d["device_nodes"] = [{"path": n.get("path"), "hostPath": n.get("hostPath")} for n in self.device_nodes]
         return d
