@@ -13,8 +13,8 @@ from fractions import Fraction
 from typing import Any
 
 #: The node layout of the simulated cluster: every GPU handed to the DRA bridge, one vGPU
-#: profile each (the equal-size choice on servers before 1.37), and each whole GPU offered for
-#: passthrough too. The counts are what the layout allows at most; in ``dra`` mode the bridge
+#: profile each (the equal-size choice on servers before 1.37; the L40S in mixed-size mode offers
+#: two sizes at their placements), and each whole GPU offered for passthrough too. The counts are what the layout allows at most; in ``dra`` mode the bridge
 #: creates each vGPU when a claim is prepared.
 DEMO_LAYOUT = """\
 version: vgpuctl/v1
@@ -33,14 +33,30 @@ layouts:
       migMode: true
       vgpus: {A100-3-20C: 0, A100-1-5C: 0}
       passthrough: true
-    - model: L40S              # L40S, NVIDIA vendor-specific VFIO on VFs
-      mode: dra
-      vgpus: {L40S-12Q: 4}
+    - model: L40S              # L40S, NVIDIA vendor-specific VFIO on VFs, in mixed-size mode: 12 and
+      mode: dra                #   8 GiB vGPUs side by side, each at a placement on its 48 slots of 1 GiB
+      mixedSize: true
+      vgpus: {L40S-12Q: 4, L40S-8Q: 4}
       passthrough: true
   all:                         # every GPU, every profile (servers >= 1.37 publish them all);
     - all: true                #   GPUs with MIG in MIG mode: MIG-backed vGPUs beside time-sliced ones
       mode: dra
       migMode: true
+      passthrough: true
+  mixed:                       # as all, but the L40S in mixed-size mode: every size >= 2 GiB at once,
+    - index: 0                 #   at its placements (vgpuctl conformance runs three sizes on it)
+      mode: dra
+      passthrough: true
+    - index: 1
+      mode: dra
+      passthrough: true
+    - model: A100
+      mode: dra
+      migMode: true
+      passthrough: true
+    - model: L40S
+      mode: dra
+      mixedSize: true
       passthrough: true
 """
 
