@@ -11,17 +11,32 @@ host), in distinct IOMMU groups. A node without such a GPU gets a note, not a fa
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from dra_bridge.api.attributes import ATTR_GPU_INDEX, ATTR_PROFILE, ATTR_TYPE
-from dra_bridge.conformance.backend import Run, placed_slots, random_suffix
+from dra_bridge.conformance.backend import KubeBackend, Run, placed_slots, random_suffix
 from dra_bridge.conformance.report import CheckResult
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu
 
-if TYPE_CHECKING:  # the checks call this module; it calls back only their helpers
-    from dra_bridge.conformance.checks import Conformance
-
 SIZES = 3
+
+
+class Checks(Protocol):
+    """What this part uses of :class:`dra_bridge.conformance.checks.Conformance` (which calls it)."""
+
+    b: KubeBackend
+    ran: list[Run]
+
+    @property
+    def chosen(self) -> Any: ...
+
+    def _gpu_sel(self, index: int | None, gpu: str | None, kind: str) -> str: ...
+
+    def _profile_sel(self, profile: str) -> str: ...
+
+    def _same_gpu(self, r: Run, gpu: str | None) -> list[str]: ...
+
+    def _groups(self, r: Run) -> set[int]: ...
 
 
 def _first_fit(devices: list[dict], sizes: tuple[int, ...], driver: str, held: list[tuple[int, int]]) -> bool:
@@ -37,7 +52,7 @@ def _first_fit(devices: list[dict], sizes: tuple[int, ...], driver: str, held: l
     return True
 
 
-def mixed_sizes(c: Conformance, res: CheckResult, problems: list[str], notes: list[str]) -> None:
+def mixed_sizes(c: Checks, res: CheckResult, problems: list[str], notes: list[str]) -> None:
     """Three workloads of three sizes on the node's first mixed-size GPU (see the module docstring)."""
     t, b, d = c.chosen, c.b, c.b.driver
     by_gpu: dict[str | None, list[dict]] = {}

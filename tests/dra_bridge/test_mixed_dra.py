@@ -302,3 +302,54 @@ def test_creation_order_puts_recorded_placements_first_lowest_first():
     refs = [ref(n) for n in range(1, 6)]
     records = {r.uid: r for r in (rec(1, 24), rec(2, None), rec(4, 40, 0), rec(5, 8))}
     assert [r.uid for r in creation_order(refs, records)] == [ref(n).uid for n in (4, 5, 1, 2, 3)]
+
+
+# --------------------------------------------------------------------------- odd cases and readers
+
+
+def test_a_board_with_fewer_vfs_than_its_slots_hold_gets_a_vf_counter(node):
+    """No published board needs it (their VFs outnumber the vGPUs their slots hold); a board that did
+    would get a ``vgpus`` counter beside its slots, each vGPU consuming one."""
+    inv = discover(node.env, node.io)
+    l40s = inv.gpu(L40S)
+    l40s.sriov_total_vfs = 4
+    pool = build_pool(inv, policy_from_layout(inv, LAYOUT), server_version=(1, 35))
+    cs = pool.counter_set("gpu-0-slots-a")
+    assert cs.counters["vgpus"] == 4 and pool.device("gpu-0-passthrough").consumes[0].counters["vgpus"] == "4"
+    small = [f"gpu-0-vgpu-2gb-at-{p}" for p in (0, 4, 6, 10, 12)]
+    assert co_allocatable(pool, small[:4]) and not co_allocatable(pool, small)
+    assert pool_of(node).counter_set("gpu-0-slots-a").counters.get("vgpus") is None  # 32 VFs: not needed
+
+
+def test_the_scheduler_says_which_slots_are_held(node):
+    from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+    from dra_bridge.scheduling.selectors import default_selectors
+
+    pool = pool_of(node, (1, 37))
+    slices = build_slices(pool, driver="vgpu.kubevirt.io", node_name=node.node, pool_name=node.node, generation=1,
+                          server_version=(1, 37))
+    cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "v"},
+           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "vgpu.kubevirt.io"'}}]}}
+    alloc = Allocator(slices, [cls], default_selectors())
+
+    def ask(name, expr):
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": "d"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "v", "selectors": [
+                    {"cel": {"expression": expr}}]}}]}}}
+
+    on_l40s = 'device.attributes["vgpu.kubevirt.io"].gpuIndex == 0'
+    _, (got,) = alloc.allocate([ask("big", on_l40s + ' && device.attributes["vgpu.kubevirt.io"].placementSize == 48')])
+    assert got["devices"]["results"][0]["device"] == "gpu-0-vgpu-48gb-at-0"
+    with pytest.raises(Unsatisfiable, match=r"gpu-0 has 0 of its slots 0-1 free; needs 2"):
+        alloc.allocate([ask("small", on_l40s + ' && device.attributes["vgpu.kubevirt.io"].placementSize == 2')])
+
+
+def test_a_placement_name_tells_its_gpu_and_type_without_the_pool(node):
+    """What the checkpoint rebuild reads back from a device name at the daemon's start."""
+    from dra_bridge.kubeletplugin import recovery
+
+    obs = recovery.Observed(inventory=discover(node.env, node.io))
+    a100_10c = obs.inventory.gpu(A100).type_by_ref("A100-10C").id
+    assert recovery._published("gpu-3-vgpu-10gb-at-30", None, obs) == ("vgpu", A100, a100_10c)
+    kind, gpu, _ = recovery._published("gpu-0-vgpu-8gb-at-16", None, obs)  # 8Q and 8A: the claim chose
+    assert (kind, gpu) == ("vgpu", L40S)
