@@ -86,6 +86,14 @@ def test_one_device_per_size_and_placement_with_its_attributes(node):
     assert pool.counter_set("gpu-4-counter-set") is not None and not placed(pool, A40)
 
 
+def test_device_names_say_size_and_placement():
+    from dra_bridge.api.names import mixed_device_name
+
+    assert mixed_device_name(0, 8192, 16) == "gpu-0-vgpu-8gb-at-16"
+    assert mixed_device_name(12, 512, 3) == "gpu-12-vgpu-512mb-at-3"
+    assert is_dns_label(mixed_device_name(10**9, 2**40, 10**6))
+
+
 def test_no_groups_and_no_binding_conditions_on_any_server(node):
     for v in VERSIONS:
         pool = pool_of(node, v, binding_conditions=True)
