@@ -22,32 +22,24 @@ offered 125% of its GiB (claims refused); a fixed fleet with departures (each cl
 a random lifetime, offered load 100%; claims refused).
 
 The placement tables are parameters (:func:`simulate`); :func:`placement_table` reads them from
-``mdev_manager.catalog_placements`` once that module exists, else from :data:`_FACTS_TABLES`, a
-private copy of the facts file's tables TO BE REPLACED by the catalog.
+the catalog (``mdev_manager.catalog_placements``), the tables the node manager places by and the DRA
+bridge publishes.
 """
 
 from __future__ import annotations
 
 import heapq
-import importlib
 import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mdev_manager import catalog_placements
+
 from .common import HEADER, row
 
 Table = Mapping[int, Sequence[int]]
 
-#: TO BE REPLACED by ``mdev_manager.catalog_placements`` (``slots(key)``, ``placements(key)``):
-#: shared/reference/heterogeneous-vgpu.md, [FD] C series, as (slots, {size: placement IDs}).
-_FACTS_TABLES: dict[str, tuple[int, dict[int, tuple[int, ...]]]] = {
-    "L40S": (48, {4: (0, 8, 12, 20, 24, 32, 36, 44), 6: tuple(range(0, 48, 6)), 8: (0, 16, 24, 40),
-                  12: (0, 12, 24, 36), 16: (0, 32), 24: (0, 24), 48: (0,)}),
-    "H100-80GB": (80, {4: (0, 6, 10, 16, 20, 26, 30, 36, 40, 46, 50, 56, 60, 66, 70, 76), 5: tuple(range(0, 80, 5)),
-                       8: (0, 12, 20, 32, 40, 52, 60, 72), 10: tuple(range(0, 80, 10)), 16: (0, 24, 40, 64),
-                       20: tuple(range(0, 80, 20)), 40: (0, 40)}),
-}
 #: Claim sizes (GiB) and their weights: small vGPUs most common, a few large ones.
 MIX = {"L40S": {4: 30, 6: 10, 8: 25, 12: 15, 16: 10, 24: 7, 48: 3},
        "H100-80GB": {4: 20, 5: 10, 8: 25, 10: 15, 16: 12, 20: 10, 40: 8}}
@@ -56,16 +48,12 @@ POLICIES = ("mixed", "equal", "bound")
 
 
 def placement_table(board: str) -> tuple[int, Table, str]:
-    """(slots, table, where from): the catalog's when it knows the board, else the private copy."""
-    try:
-        cat = importlib.import_module("mdev_manager.catalog_placements")
-        slots, table = cat.slots(board), cat.placements(board)
-        if slots and table:
-            return slots, table, "catalog"
-    except ImportError:
-        pass
-    slots, table = _FACTS_TABLES[board]
-    return slots, table, "facts file copy"
+    """(slots, table, where from): the catalog's mixed-size placements of ``board``
+    (:mod:`mdev_manager.catalog_placements`, the driver's halving rule, checked against NVIDIA's tables)."""
+    slots, table = catalog_placements.slots(board), catalog_placements.placements(board)
+    if not slots or not table:
+        raise KeyError(f"{board}: no mixed-size placement table in the catalog ({', '.join(catalog_placements.KNOWN)})")
+    return slots, table, "catalog"
 
 
 @dataclass

@@ -39,3 +39,12 @@ def test_departures_free_their_slots():
 def test_the_benchmark_prints_a_row_per_measure():
     lines = run(fleet=4)
     assert len(lines) == 2 + 2 * 3 and all("bound" in ln or "fluid" in ln for ln in lines[2:])
+
+
+def test_the_tables_are_the_catalogs():
+    """The benchmark packs by the placements the node manager places by and the DRA bridge publishes."""
+    from mdev_manager import catalog_placements
+
+    for board in ("L40S", "H100-80GB"):
+        assert placement_table(board) == (catalog_placements.slots(board), catalog_placements.placements(board),
+                                          "catalog")

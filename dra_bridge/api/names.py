@@ -92,6 +92,15 @@ def mig_device_name(gpu_index: int, profile: str, profile_id: int, start: int) -
     return fit_dns_label(f"gpu-{gpu_index}-mig-", pname, f"-{profile_id}-{start}")
 
 
+def mixed_device_name(gpu_index: int, fb_mib: int, placement: int) -> str:
+    """A vGPU placement of a GPU in mixed-size mode: ``gpu-<i>-vgpu-<size>-at-<placement id>``, the
+    size as size slots write it (``8gb``, ``512mb``) and the id the first 1 GiB slot it holds
+    (``gpu-0-vgpu-8gb-at-16``): the name says where it sits, and ``-at-`` keeps it apart from the
+    size slots' ``gpu-<i>-vgpu-<size>-<k>`` of an equal-size GPU."""
+    size = f"{fb_mib // 1024}gb" if fb_mib % 1024 == 0 else f"{fb_mib}mb"
+    return fit_dns_label(f"gpu-{gpu_index}-vgpu-", size, f"-at-{placement}")
+
+
 def compatibility_group(fb_mib: int) -> str:
     """The equal-size group of a vGPU type: one group per framebuffer size."""
     return f"fb-{fb_mib}"

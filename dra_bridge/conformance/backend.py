@@ -16,7 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dra_bridge.api.attributes import ATTR_MIG_BACKED, ATTR_PROFILE, ATTR_TYPE
+from dra_bridge.api.attributes import (
+    ATTR_MIG_BACKED,
+    ATTR_PLACEMENT_SIZE,
+    ATTR_PLACEMENT_START,
+    ATTR_PROFILE,
+    ATTR_TYPE,
+)
 from dra_bridge.api.names import DEFAULT_DRIVER, PASSTHROUGH_CLASS, VGPU_CLASS
 from dra_bridge.apiclient.errors import api_exception
 from dra_bridge.apiclient.workloads import WorkloadApi
@@ -34,6 +40,14 @@ MANAGED = {"app.kubernetes.io/managed-by": "vgpuctl-conformance"}
 CONFIGMAP = "vgpuctl-healthcheck"
 SCRIPT_DIR = "/opt/vgpuctl"
 DONE = "vgpuctl-conformance: health check finished"
+
+
+def placed_slots(dev: dict, driver: str) -> tuple[int, int] | None:
+    """(first slot, slots) of a vGPU device of a GPU in mixed-size mode; None for any other device."""
+    start, size = dev_attr(dev, ATTR_PLACEMENT_START, driver), dev_attr(dev, ATTR_PLACEMENT_SIZE, driver)
+    if dev_attr(dev, ATTR_MIG_BACKED, driver) is True or not isinstance(start, int) or not isinstance(size, int):
+        return None
+    return start, size
 
 
 def random_suffix(n: int = 5) -> str:
@@ -54,7 +68,7 @@ class Run:
     bound_node: str | None = None
     claims: list[str] = field(default_factory=list)
     devices: list[dict] = field(default_factory=list)  # {claim, device, pool, driver, gpu, kind, profile, counter_set,
-    #                                                    mig_backed, memory_slices}
+    #                                                    mig_backed, memory_slices, slots}
     health: healthcheck.HealthResult | None = None
     restarts: int = 0
 
@@ -258,7 +272,8 @@ class KubeBackend:
                             "counter_set": (dev.get("consumesCounters") or [{}])[0].get("counterSet"),
                             "mig_backed": dev_attr(dev, ATTR_MIG_BACKED, res["driver"]) is True,
                             "memory_slices": sorted(k for c in dev.get("consumesCounters") or []
-                                                    for k in c.get("counters") or {} if k.startswith("memory-slice-"))})
+                                                    for k in c.get("counters") or {} if k.startswith("memory-slice-")),
+                            "slots": placed_slots(dev, res["driver"])})
         return out
 
     def wait(self, r: Run, *, expect: str = "Running") -> Run:

@@ -8,7 +8,8 @@
 4. Workloads requesting vGPUs and workloads requesting physical devices (a whole GPU through vfio)
    through the same DRA mechanism are allocated, isolated (distinct devices, distinct IOMMU groups)
    and accounted (against the same per-GPU counters) with identical semantics; MIG-backed vGPUs
-   beside time-sliced ones where a GPU is in MIG mode; and, where a DeviceClass maps an extended
+   beside time-sliced ones where a GPU is in MIG mode; vGPUs of three sizes on one GPU in mixed-size
+   mode, each at its own placement, where one is published; and, where a DeviceClass maps an extended
    resource name, KAR-0004's pod asking for it by name (``nvidia.com/GRID_T4-1Q: 1``).
 5. Every workload runs the shipped accelerator health check (:mod:`dra_bridge.conformance.healthcheck`), which
    reports Pass, Fail, or Unknown for an accelerator it does not recognise (not a failure).
@@ -35,6 +36,7 @@ from typing import Any
 from dra_bridge.api.attributes import ATTR_GPU_INDEX, ATTR_MIG_BACKED, ATTR_PLACEMENT_SIZE, ATTR_TYPE
 from dra_bridge.apiclient.errors import api_exception, brief
 from dra_bridge.conformance.backend import KubeBackend, Run, random_suffix
+from dra_bridge.conformance.mixed import mixed_sizes
 from dra_bridge.conformance.report import TITLES, CheckFailed, CheckResult, ConformanceReport
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu
 
@@ -335,6 +337,7 @@ class Conformance:
             problems.append(f"the vGPU and the whole GPU {t.gpu} consume different counter sets: {sorted(sets)}")
         for r in [x for x in (p, wait_a, side) if x is not None]:
             self.b.stop(r)
+        mixed_sizes(self, res, problems, notes)  # three sizes on a GPU in mixed-size mode, where one is published
         self._by_extended_resource(res, problems, notes)
         self._no_claim_no_accelerator(res, problems, notes)
         if problems:

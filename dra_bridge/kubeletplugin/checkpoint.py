@@ -66,6 +66,9 @@ class PreparedDeviceRecord(BaseModel):
     gi_start: int | None = None
     gi_size: int | None = None
     gpu_instance: int | None = None
+    # mixed-size mode: the placement the vGPU is moved to after its (first-fit) create, and its slots
+    placement: int | None = None
+    placement_size: int | None = None
 
     @field_validator("device")
     @classmethod

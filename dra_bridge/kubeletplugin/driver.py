@@ -42,9 +42,13 @@ from dra_bridge.kubeletplugin.effects import (
     bind_passthrough,
     create_instance,
     create_vgpu,
+    creation_order,
     device_present,
     passthrough_moves,
+    place_vgpu,
+    placement_order,
     plan_mig_vgpu,
+    plan_placement,
     plan_vgpu,
     read_one_gpu,
     release_passthrough,
@@ -63,6 +67,7 @@ from dra_bridge.kubeletplugin.paths import (
 from dra_bridge.kubeletplugin.resourceenv import resource_env
 from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.dualmode import offers_both_modes
+from dra_bridge.pool.mixed import slot_sizes
 from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from mdev_manager import persist
 from mdev_manager.discovery import read_function
@@ -159,7 +164,7 @@ class Driver:
         out = {}
         with self._lock:
             boot = self.boot_id()
-            for ref in claims:
+            for ref in creation_order(claims, self.cp.claims):
                 try:
                     out[ref.uid] = PrepareResult(devices=self._prepare_one(ref, boot))
                 except PrepareError as exc:
@@ -314,6 +319,8 @@ class Driver:
                                             prefer.get(dev.name), avoid or set())
                     else:
                         rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
+                    if dev.slots is not None:  # mixed-size: made at the device's placement
+                        rec = plan_placement(gpu, rec, dev.slots, slot_sizes(pool, dev.gpu))
                 except PrepareError as exc:
                     raise PrepareError(f"{where}: {exc}") from None
             records.append(rec)
@@ -321,12 +328,13 @@ class Driver:
 
     def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict) -> None:
         """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""
-        for d in rec.devices:
+        for d in placement_order(rec.devices):  # one at a time: create, then move to its placement
             if d.kind == "vgpu":
                 if d.gi_profile is not None:
                     create_instance(self.ex, d)
                     self.store.save(self.cp)  # the instance's id, before its vGPU (crash safety)
                 create_vgpu(self.ex, gpus[(d.gpu, d.type_id)], d)
+                place_vgpu(self.ex, d)
             else:
                 gpu = gpus[d.gpu]
                 d.rebound = passthrough_moves(gpu)

@@ -11,7 +11,8 @@ import errno
 import logging
 import uuid as uuidlib
 
-from dra_bridge.kubeletplugin.checkpoint import PreparedDeviceRecord
+from dra_bridge.kubeletplugin.checkpoint import ClaimRecord, PreparedDeviceRecord
+from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.actions import DisableVfs, EnableVfs
 from mdev_manager.discovery import read_function, read_gpu
 from mdev_manager.executor import Executor
@@ -165,6 +166,62 @@ def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str],
         vgpu_id = str(uuidlib.uuid4())
     taken.add(parent)
     return rec.model_copy(update={"framework": framework, "parent": parent, "vgpu_id": vgpu_id})
+
+
+def plan_placement(gpu: Gpu, rec: PreparedDeviceRecord, slots: MigPlacement,
+                   sizes: dict[str, int]) -> PreparedDeviceRecord:
+    """A mixed-size device's vGPU: the GPU must be in mixed-size mode and the device's slots free
+    (``sizes``: type id -> slots of the types published on the GPU, for the vGPUs it holds); the
+    record carries the placement, on disk before the vGPU is made."""
+    end = slots.start + slots.size
+    if gpu.placements is None or not gpu.placements.enabled:
+        raise PrepareError(f"GPU {gpu.address} is not in mixed-size mode (a reboot or a driver reload clears it, "
+                           f"the node manager sets it again); {rec.device} cannot be placed")
+    for v in gpu.vgpus:
+        size = sizes.get(v.type_id)
+        if v.placement_id is not None and size and v.placement_id < end and slots.start < v.placement_id + size:
+            raise PrepareError(f"GPU {gpu.address}: slots {slots.start}-{end - 1} of {rec.device} are held by vGPU "
+                               f"{v.id} ({v.type_name} at {v.placement_id})")
+    return rec.model_copy(update={"placement": slots.start, "placement_size": slots.size})
+
+
+def place_vgpu(ex: Executor, rec: PreparedDeviceRecord) -> None:
+    """Move a vGPU just made (the driver put it at its type's lowest creatable placement) to its
+    record's placement, through ``placement_id``, and read it back (the executor's step)."""
+    if rec.placement is None or not rec.parent or not rec.vgpu_id:
+        return
+    try:
+        ex.set_placement(rec.parent, rec.vgpu_id, rec.placement)
+    except OSError as exc:
+        end = rec.placement + (rec.placement_size or 1) - 1
+        raise PrepareError(f"vGPU {rec.vgpu_id} of {rec.device} not placed at slots {rec.placement}-{end} of GPU "
+                           f"{rec.gpu}: {exc.strerror or exc}") from None
+
+
+def placement_order(records: list[PreparedDeviceRecord]) -> list[PreparedDeviceRecord]:
+    """The order to make a claim's devices in: placed vGPUs by GPU and placement, lowest first (see
+    :func:`creation_order`), the others after, as allocated."""
+    return sorted(records, key=lambda d: (d.placement is None, d.gpu if d.placement is not None else "",
+                                          d.placement if d.placement is not None else 0))
+
+
+def creation_order(refs: list[ClaimRef], records: dict[str, ClaimRecord]) -> list[ClaimRef]:
+    """The claims of one prepare call in the order to make them: those re-created at recorded
+    placements (after a reboot) by their lowest placement, then the others, as asked.
+
+    A vGPU is created at its type's lowest creatable placement, then moved. Made in increasing
+    placement order on a GPU, that temporary spot is never a placement another claim recorded: a
+    spot ``q < p`` of size ``s`` ends before ``p + s``, and every later placement, disjoint from
+    ``[p, p + s)``, starts there or after; every earlier one is back already. (Where the kubelet
+    asks in separate calls a temporary spot may be another's, for one step under the node lock:
+    the move follows at once, and a failed move removes the vGPU.)"""
+    def key(item: tuple[int, ClaimRef]) -> tuple[int, int, int]:
+        k, ref = item
+        rec = records.get(ref.uid)
+        starts = [d.placement for d in rec.devices if d.placement is not None] if rec else []
+        return (0, min(starts), k) if starts else (1, 0, k)
+
+    return [ref for _, ref in sorted(enumerate(refs), key=key)]
 
 
 def vgpu_present(env: HostEnv, io: HostIO, rec: PreparedDeviceRecord) -> bool:

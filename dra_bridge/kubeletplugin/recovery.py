@@ -259,8 +259,8 @@ def _published(device: str, published: Pool | None, obs: Observed) -> tuple[str 
         types = [t.id for t in (gpu.types if gpu else []) if prof and t.gpu_instance_profile == prof.name]
         return "vgpu", address, types[0] if len(types) == 1 else None
     rest = m.group(2).removeprefix("vgpu-")
-    size = re.match(r"^(\d+)(gb|mb)-\d+$", rest)
-    if size:  # a size slot: its type is the claim's choice; known here only when the size has one
+    size = re.match(r"^(\d+)(gb|mb)-(?:at-)?\d+$", rest)
+    if size:  # a size slot or a mixed-size placement (-at-<id>): the claim chose its type; known if the size has one
         fb = int(size.group(1)) * (1024 if size.group(2) == "gb" else 1)
         types = [t.id for t in (gpu.types if gpu else []) if t.framebuffer_mib == fb and not t.mig_backed]
         return "vgpu", address, types[0] if len(types) == 1 else None

@@ -45,9 +45,11 @@ from dra_bridge.api.names import (
 from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.pool.dualmode import in_mig_mode, merge_modes, mig_policy, time_sliced_policy
 from dra_bridge.pool.mig import add_mig_gpu
+from dra_bridge.pool.mixed import add_mixed_gpu, mixed_slot_map
 from dra_bridge.pool.model import (  # noqa: F401  re-exported: the pool's data is read from here
     ATTR_PCI_BUS_ID,
     ATTR_PCIE_ROOT,
+    SERIES_ORDER,
     AttrKey,
     AttrValue,
     Consumption,
@@ -69,6 +71,7 @@ from dra_bridge.pool.model import (  # noqa: F401  re-exported: the pool's data 
     nvidia_architecture,
     type_framebuffer_mib,
     type_max_instances,
+    vgpu_types_attr,
 )
 from mdev_manager.models import Gpu, Inventory, VgpuType
 from mdev_manager.names import short_type_name, type_series
@@ -101,7 +104,7 @@ def build_pool(
     """
     if not is_dns_subdomain(driver) or len(driver) > 63:
         raise ValueError(f"driver: {driver!r} is not a DNS subdomain of at most 63 characters")
-    version = tuple(server_version) if server_version else OLDEST
+    version = (server_version[0], server_version[1]) if server_version else OLDEST
     groups_supported = version >= COMPATIBILITY_GROUPS_SINCE
     roots = {k.lower(): v for k, v in (pcie_roots or {}).items()}
 
@@ -117,7 +120,7 @@ def build_pool(
         pol = policy.for_gpu(gpu.address)
         if pol is None:
             continue
-        _add_gpu(pool, gpu, pol, groups_supported, roots.get(gpu.address.lower()),
+        _add_gpu(pool, gpu, pol, groups_supported, roots.get(gpu.address.lower()), version=version,
                  binding=binding_conditions and not groups_supported, driver=driver,
                  unbound=first_allocation_sizes and not groups_supported and not binding_conditions)
 
@@ -179,7 +182,8 @@ def _equal_size_choice(
 
 
 def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_root: str | None, *,
-             binding: bool = False, driver: str = DEFAULT_DRIVER, unbound: bool = False) -> None:
+             version: tuple[int, int] = OLDEST, binding: bool = False, driver: str = DEFAULT_DRIVER,
+             unbound: bool = False) -> None:
     if pol.mig_auto and groups_supported and gpu.mig is not None and gpu.mig.profiles:
         sliced, mig = Pool(), Pool()  # both modes, merged onto one counter set (dualmode.py)
         _add_time_sliced(sliced, gpu, time_sliced_policy(gpu, pol), True, pcie_root)
@@ -188,6 +192,10 @@ def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_
         return
     if gpu.mig is not None and gpu.mig.enabled:
         add_mig_gpu(pool, gpu, pol, _common_attributes(gpu, pcie_root))
+        return
+    if pol.mixed_size and _is_nvidia(gpu) and (smap := mixed_slot_map(gpu)) is not None:
+        add_mixed_gpu(pool, gpu, pol, _select_types(gpu, pol, pool.warnings), smap, _common_attributes(gpu, pcie_root),
+                      version)  # every size at its placements, kept apart by the slots' counters (mixed.py)
         return
     _add_time_sliced(pool, gpu, pol, groups_supported, pcie_root, binding=binding, driver=driver, unbound=unbound)
 
@@ -337,10 +345,6 @@ SIZE_ASSIGNED = "SizeAssigned"
 SIZE_CONFLICT = "SizeConflict"
 
 
-#: Which type of a size a slot is by default (its ``profile``): NVIDIA's series, most asked for first.
-SERIES_ORDER = {"Q": 0, "C": 1, "B": 2, "A": 3}
-
-
 def size_slots(offered: list[tuple[VgpuType, int, int | None]]) -> list[list[tuple[VgpuType, int, int | None]]]:
     """The offered types grouped into slots: one group per (framebuffer size, instance limit), in
     the order the sizes first appear, each group's default type first (series Q, C, B, A). A type of
@@ -362,12 +366,6 @@ def size_slots(offered: list[tuple[VgpuType, int, int | None]]) -> list[list[tup
             chunk.append(e)
         out.append(chunk)
     return out
-
-
-def vgpu_types_attr(types: Iterable[VgpuType]) -> str:
-    """The ``vgpuTypes`` attribute: the short names, space-separated with a space at each end, so
-    ``vgpuTypes.contains(" T4-2Q ")`` matches one whole name."""
-    return " " + " ".join(t.short_name or short_type_name(t.name) for t in types) + " "
 
 
 def slot_name(slot: list, slots: list[list]) -> str:

@@ -4,6 +4,7 @@ builder) and :mod:`.mig` (GPUs in MIG mode). Pure: no I/O."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -12,7 +13,7 @@ from dra_bridge.api.attributes import ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT  # noqa: F
 from dra_bridge.api.k8sname import truncate_utf8
 from dra_bridge.api.names import type_is_mig_backed
 from mdev_manager.models import Gpu, MigPlacement, VgpuType
-from mdev_manager.names import check_pci_address, framebuffer_mib_from_name
+from mdev_manager.names import check_pci_address, framebuffer_mib_from_name, short_type_name
 
 AttrKey = Literal["string", "int", "bool", "version"]
 #: A device attribute value: exactly one of ``{"string": s}``, ``{"int": i}``, ``{"bool": b}``,
@@ -137,6 +138,8 @@ class PoolDevice(_Model):
     gpu_instance_profile: int | None = Field(None, description="MIG-backed: the NVML profile id of its GPU instance")
     placement: MigPlacement | None = Field(None, description="MIG-backed: where its GPU instance is created")
     profile_instances: int | None = Field(None, description="MIG-backed: most instances of its profile per GPU")
+    slots: MigPlacement | None = Field(None, description=(
+        "mixed-size mode: the 1 GiB slots it holds (start = the placement id prepare moves its vGPU to)"))
     binding_conditions: list[str] = Field(default_factory=list, description=(
         "KEP-5007: conditions the agent sets True in the claim's status.devices before the scheduler binds"))
     binding_failure_conditions: list[str] = Field(default_factory=list, description=(
@@ -196,6 +199,16 @@ def attr_bool(v: bool) -> AttrValue:
 
 def attr_version(v: str) -> AttrValue:
     return {"version": v}
+
+
+#: Which type of a size a slot is by default (its ``profile``): NVIDIA's series, most asked for first.
+SERIES_ORDER = {"Q": 0, "C": 1, "B": 2, "A": 3}
+
+
+def vgpu_types_attr(types: Iterable[VgpuType]) -> str:
+    """The ``vgpuTypes`` attribute: the short names, space-separated with a space at each end, so
+    ``vgpuTypes.contains(" T4-2Q ")`` matches one whole name."""
+    return " " + " ".join(t.short_name or short_type_name(t.name) for t in types) + " "
 
 
 def type_framebuffer_mib(t: VgpuType) -> int | None:

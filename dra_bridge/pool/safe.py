@@ -7,7 +7,8 @@ types (or sizes) that no GPU can hold at once. What stays safe is what holds wit
 per physical GPU, either the whole GPU, or the slots of *one* vGPU type (a type's slots number its
 maximum instances, so any subset of them is creatable; a MIG-backed type's slots are its profile's
 placements, which never overlap one another, cut to the profile's instance count) — never both,
-and never two types. A GPU
+and never two types (on a GPU in mixed-size mode: one size's placements, none overlapping another or a
+vGPU the GPU holds, :func:`.mixed.safe_devices`). A GPU
 gets the slots of the type it already holds vGPUs of, else of the first type its policy offers;
 the whole GPU only when it offers no vGPU type. The counter sets are left out too (the server
 would drop them anyway). Pure: the agent applies it when it has found the counters dropped.
@@ -16,6 +17,7 @@ would drop them anyway). Pure: the agent applies it when it has found the counte
 from __future__ import annotations
 
 from dra_bridge.pool.devices import Pool
+from dra_bridge.pool.mixed import safe_devices
 from mdev_manager.models import Inventory
 
 
@@ -30,6 +32,12 @@ def without_counters(pool: Pool, inventory: Inventory) -> Pool:
         whole = [d for d in devices if d.kind == "passthrough"]
         if not vgpus:
             keep = whole
+        elif any(d.slots is not None for d in vgpus):  # mixed-size: one size's placements (mixed.py)
+            keep, size = safe_devices(vgpus, inventory.gpu(addr))
+            out.warnings.append(f"GPU {addr}: the API server drops shared counters, so only {size} vGPUs are offered, "
+                                "at placements that cannot overlap (not the other sizes"
+                                + (", nor the whole GPU" if whole else "") + "); enable DRAPartitionableDevices to "
+                                "offer them all safely")
         else:
             gpu = inventory.gpu(addr)
             held = {v.type_id for v in gpu.vgpus} if gpu else set()

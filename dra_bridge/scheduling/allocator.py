@@ -27,6 +27,7 @@ full for a request shape are skipped (allocation only adds to the state, there i
 from __future__ import annotations
 
 import json
+import re
 import uuid as uuidlib
 from dataclasses import dataclass
 from typing import Any
@@ -528,10 +529,12 @@ class Allocator:
         for k, amounts, groups, totals in d.cons:
             totals = totals or {}
             used = self.state.used.get(k, {})
-            gpu = k[2].removesuffix("-counter-set")
+            gpu = re.sub(r"-(counter-set|slots-[ab])$", "", k[2])
             for cname, need in amounts:
                 total = totals.get(cname, 0)
                 left = total - used.get(cname, 0)
+                if left < need and (cut := re.fullmatch(r"slots-(\d+)-(\d+)", cname)):  # mixed-size placements
+                    return f"{gpu} has {left} of its slots {cut[1]}-{int(cut[2]) - 1} free; needs {need}"
                 if left < need:
                     if cname == "memory":
                         return (f"{gpu} has {_human(left)} of "

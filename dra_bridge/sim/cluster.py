@@ -421,7 +421,7 @@ class SimCluster:
 
     def host_problems(self, w: Workload) -> list[str]:
         """What the simulated host contradicts: every vGPU the workload got exists on the GPU the
-        slice named; every whole GPU is bound to vfio-pci; every device node exists."""
+        slice named (a mixed-size device's at its placement); every whole GPU is bound to vfio-pci; every device node exists."""
         inv = self.inventory()
         vgpus = {v.id: v for v in inv.all_vgpus()}
         out = []
@@ -432,6 +432,9 @@ class SimCluster:
                     out.append(f"{w.name}: vGPU {d.host_id} of device {d.device} is not on the host")
                 elif v.gpu != d.gpu:
                     out.append(f"{w.name}: vGPU {d.host_id} lives on GPU {v.gpu}, the slice said {d.gpu}")
+                elif d.slots is not None and v.placement_id != d.slots[0]:
+                    out.append(f"{w.name}: vGPU {d.host_id} sits at placement {v.placement_id}, the slice said "
+                               f"{d.slots[0]} ({d.device})")
             else:
                 g = inv.gpu(d.gpu or "")
                 if g is None or g.driver != "vfio-pci":

@@ -7,8 +7,9 @@ VirtualMachines asking for vGPUs of two profiles through ResourceClaimTemplates,
 GPU passed through, pods consuming vGPUs as vfio devices, a VM written for device plugins
 (``gpus[].deviceName``, served through a DeviceClass mapping its classic resource name), and one
 workload too many. A VM and a pod share the first T4, a VM and a pod share the A100 through
-MIG-backed vGPUs at two GPU-instance placements, and a DRA VM, the classic VM and a pod share the
-L40S: each GPU's vGPUs draw on its one counter set, which is why the workload too
+MIG-backed vGPUs at two GPU-instance placements, and a DRA VM, the classic VM and a pod share the L40S in
+mixed-size mode, a VM's 8 GiB vGPU beside the pod's 12 GiB one, each at its own placement (its slots):
+each GPU's vGPUs draw on its one counter set, which is why the workload too
 many (another T4 vGPU) is refused by the scheduler model, with its reason. Each workload's
 claims are made from its templates, allocated by the scheduler model, prepared by the kubelet
 plugin over its real sockets (the vGPUs appear on the simulated host, which is checked), and run
@@ -47,7 +48,8 @@ WORKLOADS: tuple[DemoWorkload, ...] = (
     DemoWorkload("pod-a100", "pod: A100-1-5C MIG-backed vGPU", "pod", {"profile": "A100-1-5C"}),  # same A100
     DemoWorkload("vm-passthrough", "VM: a whole T4", "vm", {"passthrough": "TU104GL [Tesla T4]"}),
     DemoWorkload("vfio-pod", "pod: L40S-12Q vGPU", "pod", {"profile": "L40S-12Q"}),
-    DemoWorkload("vm-l40s", "VM: L40S-12Q vGPU", "vm", {"gpus": {"L40S-12Q": 1}}),
+    # the L40S runs in mixed-size mode: the VM's 8 GiB vGPU beside the pod's 12 GiB one, each at its placement
+    DemoWorkload("vm-l40s", "VM: L40S-8Q vGPU", "vm", {"gpus": {"L40S-8Q": 1}}),
     # a VM written for device plugins (gpus[].deviceName), unchanged: its class maps the classic
     # resource name (KEP-5004), so it draws on the same L40S counters as the DRA VM and the pod
     DemoWorkload("vm-classic", "VM: L40S-12Q by deviceName (device-plugin era)", "classic-vm",
@@ -89,6 +91,7 @@ class Holder:
     host_id: str | None
     iommu_group: int | None
     classic: bool = False  # asked by a classic resource name (deviceName); found through MDEV_/PCI_RESOURCE_<R>
+    slots: tuple[int, int] | None = None  # mixed-size mode: (first slot, slots) the vGPU holds
 
 
 @dataclass
@@ -104,6 +107,7 @@ class GpuView:
     vgpus_used: int
     slices_total: int = 0  # a GPU in MIG mode: memory slices (NVIDIA's memory-slice-k counters)
     slices_used: int = 0
+    slots_total: int = 0  # a GPU in mixed-size mode: its 1 GiB slots (the placement counters add up to them)
     holders: list[Holder] = field(default_factory=list)
     left: list[dict] = field(default_factory=list)  # {"profile", "fits", "of"}
 
@@ -150,9 +154,14 @@ def _gpu_views(c: SimCluster, owners: dict[str, Workload], frameworks: dict[str,
     report = capacity.compute(c.slices(), c.claims(), driver=c.driver, selectors=c.selectors)
     out = []
     for g in report.gpus:
+        # a GPU in mixed-size mode counts 1 GiB slots (pool/placements.py): they add up to its memory
+        slots = sum(int(v) for k, v in g.totals.items() if k.startswith("slots-"))
+        held = sum(int(v) for k, v in g.used.items() if k.startswith("slots-"))
         view = GpuView(index=g.index, address=g.gpu, model=g.product, framework=frameworks.get(g.gpu or "", "?"),
-                       counter_set=g.counter_set, memory_total=_bytes(g.totals.get("memory")),
-                       memory_used=_bytes(g.used.get("memory")) or 0,
+                       counter_set=g.counter_set,
+                       memory_total=slots * 2**30 if slots else _bytes(g.totals.get("memory")),
+                       memory_used=held * 2**30 if slots else _bytes(g.used.get("memory")) or 0,
+                       slots_total=slots,
                        vgpus_total=int(g.totals["vgpus"]) if "vgpus" in g.totals else None,
                        vgpus_used=int(g.used.get("vgpus", 0) or 0),
                        slices_total=sum(1 for k in g.totals if k.startswith("memory-slice-")),
@@ -166,7 +175,9 @@ def _gpu_views(c: SimCluster, owners: dict[str, Workload], frameworks: dict[str,
                                        profile=h["profile"], memory=int(dev.memory) if dev and dev.memory else None,
                                        device=h["device"], host_id=dev.host_id if dev else None,
                                        iommu_group=dev.iommu_group if dev else None,
-                                       classic=bool(dev and dev.env)))
+                                       classic=bool(dev and dev.env),
+                                       slots=(0, slots) if slots and dev and dev.kind == "passthrough"
+                                       else dev.slots if dev else None))
         view.left = [{"profile": p.profile, "fits": p.fits, "of": p.published, "memory": p.memory}
                      for p in g.profiles]
         out.append(view)

@@ -170,6 +170,8 @@ def workload_devices(claims: list[tuple[str, str]], answers: dict[str, dict], pu
                                 profile=dev_attr(dev, "profile"), memory=dev_memory(dev), counter_set=cs,
                                 node=dev.get("_node"), iommu_group=groups[0] if groups else None,
                                 device_nodes=edits.device_nodes, cdi_ids=d["cdi_device_ids"])
+            if dev_attr(dev, "placementStart") is not None and not dev_attr(dev, "migBacked"):
+                wd.slots = (dev_attr(dev, "placementStart"), dev_attr(dev, "placementSize"))  # mixed-size
             wd.env = list(edits.env)
             for m in edits.mounts:
                 wd.host_id = wd.host_id or _metadata_id(Path(m["hostPath"]), d["device_name"])

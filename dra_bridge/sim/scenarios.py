@@ -42,10 +42,11 @@ def simulated_capacity(version: str = "1.35", layout: str | None = None, workloa
 
 
 def run_conformance_simulated(*, version: str = "1.37", feature_gates: dict[str, bool] | None = None,
-                              layout: str = "all", layout_text: str | None = None, preset: str = "default",
+                              layout: str = "mixed", layout_text: str | None = None, preset: str = "default",
                               prepare: Callable[[SimCluster], None] | None = None,
                               **kw: Unpack[ConformanceOptions]) -> ConformanceReport:
-    """The checks against the simulated cluster (every GPU offering every profile; a server of
+    """The checks against the simulated cluster (every GPU offering every profile, the L40S in
+    mixed-size mode; a server of
     ``version`` with ``feature_gates`` over its defaults, None: every gate on). ``prepare(cluster)``
     may change the cluster before the checks (the tests break each property this way)."""
     with SimCluster(version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset,

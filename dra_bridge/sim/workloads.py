@@ -16,9 +16,10 @@ if TYPE_CHECKING:  # the type only: this module stays pure data
     from dra_bridge.conformance.healthcheck import HealthResult
 
 #: The node layout of the simulated cluster: every GPU handed to the DRA bridge, one vGPU
-#: profile each (the equal-size choice on servers before 1.37), and each whole GPU offered for
-#: passthrough too. The counts are what the layout allows at most; in ``dra`` mode the bridge
-#: creates each vGPU when a claim is prepared.
+#: profile each (the equal-size choice on servers before 1.37; the L40S in mixed-size mode offers
+#: two sizes at their placements), and each whole GPU offered for passthrough too. The counts are
+#: what the layout allows at most; in ``dra`` mode the bridge creates each vGPU when a claim is
+#: prepared.
 DEMO_LAYOUT = """\
 version: vgpuctl/v1
 layouts:
@@ -36,14 +37,30 @@ layouts:
       migMode: true
       vgpus: {A100-3-20C: 0, A100-1-5C: 0}
       passthrough: true
-    - model: L40S              # L40S, NVIDIA vendor-specific VFIO on VFs
-      mode: dra
-      vgpus: {L40S-12Q: 4}
+    - model: L40S              # L40S, NVIDIA vendor-specific VFIO on VFs, in mixed-size mode: 12 and
+      mode: dra                #   8 GiB vGPUs side by side, each at a placement on its 48 slots of 1 GiB
+      mixedSize: true
+      vgpus: {L40S-12Q: 4, L40S-8Q: 4}
       passthrough: true
   all:                         # every GPU, every profile (servers >= 1.37 publish them all);
     - all: true                #   GPUs with MIG in MIG mode: MIG-backed vGPUs beside time-sliced ones
       mode: dra
       migMode: true
+      passthrough: true
+  mixed:                       # as all, but the L40S in mixed-size mode: every size >= 2 GiB at once,
+    - index: 0                 #   at its placements (vgpuctl conformance runs three sizes on it)
+      mode: dra
+      passthrough: true
+    - index: 1
+      mode: dra
+      passthrough: true
+    - model: A100
+      mode: dra
+      migMode: true
+      passthrough: true
+    - model: L40S
+      mode: dra
+      mixedSize: true
       passthrough: true
 """
 
@@ -75,10 +92,12 @@ class WorkloadDevice:
     device_nodes: list[dict] = field(default_factory=list)
     cdi_ids: list[str] = field(default_factory=list)
     env: list[str] = field(default_factory=list)  # NAME=value from the CDI edits (virt-launcher's resource variables)
+    slots: tuple[int, int] | None = None  # mixed-size: (placementStart, placementSize) of the device
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("claim", "request", "pool", "device", "kind", "gpu", "profile",
-                                            "counter_set", "node", "host_id", "iommu_group", "cdi_ids", "env")}
+                                            "counter_set", "node", "host_id", "iommu_group", "cdi_ids", "env",
+                                            "slots")}
         d["memory"] = int(self.memory) if self.memory is not None else None
         d["device_nodes"] = [{"path": n.get("path"), "hostPath": n.get("hostPath")} for n in self.device_nodes]
         return d

@@ -148,7 +148,9 @@ def test_simulated_cluster_with_the_demo_workloads():
     # two more 1g.5gb fit (slices 5 and 6; slice 7 is no 1g placement), no 3g.20gb (its other
     # placement, 4-7, is broken by the pod's)
     assert fits(r, 2) == {"A100-1-5C": 2, "A100-3-20C": 0, "whole GPU": 0}
-    assert fits(r, 3) == {"L40S-12Q": 1, "whole GPU": 0}  # a pod, a DRA VM and a classic VM hold 3
+    # the L40S in mixed-size mode: a pod's 12Q at slots 0-11, a DRA VM's 8Q at 16-23 and a classic VM's 12Q
+    # at 24-35 leave one 12Q (at 36) or one 8Q (at 40), not both: their placements overlap
+    assert fits(r, 3) == {"L40S-8Q": 1, "L40S-12Q": 1, "whole GPU": 0}
     assert r.gpu(None, 0).used["memory"] == "16Gi"
     used = r.gpu(None, 2).used
     assert [used[f"memory-slice-{k}"] for k in range(8)] == ["1"] * 5 + ["0"] * 3 and used["multiprocessors"] == "56"

@@ -190,6 +190,33 @@ def test_check_4_fails_when_mig_placements_do_not_consume_their_memory_slices():
     assert "the MIG-backed device consumes no memory-slice counter" in detail(rep, 4)
 
 
+def test_check_4_runs_three_sizes_on_a_mixed_size_gpu(passing):
+    """The simulated cluster's L40S runs in mixed-size mode: three workloads of three sizes run on it
+    at once, each at its own placement (on the host too: the cluster's host check compares)."""
+    d4 = detail(passing, 4)
+    assert "mixed-size: 3 sizes on GPU 0000:19:00.0 at once, each at its own placement: gpu-3-vgpu-4gb-at-0 " \
+           "(slots 0-3), gpu-3-vgpu-3gb-at-6 (slots 6-8), gpu-3-vgpu-2gb-at-4 (slots 4-5)" in d4
+
+
+def test_check_4_fails_when_mixed_size_placements_consume_no_slots():
+    """Devices of a mixed-size GPU that consume nothing: the scheduler puts a 3 GiB vGPU over the 4 GiB
+    one's slots, and the node refuses it at prepare."""
+    def strip(slices):
+        for s in slices:
+            for d in s["spec"].get("devices") or []:
+                if "placementStart" in d["attributes"] and "migBacked" not in d["attributes"]:
+                    d.pop("consumesCounters", None)
+        return slices
+
+    rep = run_conformance_simulated(prepare=lambda c: republish(c, strip))
+    st = statuses(rep)
+    assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
+    d4 = detail(rep, 4)
+    assert "L40S-3Q (3 slots) on the mixed-size GPU 0000:19:00.0 did not run beside 1 vGPU(s) of other sizes" in d4
+    assert "slots 0-2 of gpu-3-vgpu-3gb-at-0 are held by vGPU" in d4  # the node refused it: nothing over-committed
+    assert rep.cleanup == []
+
+
 def test_check_1_reads_statically_configured_gpus_from_node_allocatable():
     """KAR-0003's Allocatable step: a node whose device plugin advertises shared GPUs lists them."""
     def advertise(c):

@@ -176,11 +176,11 @@ def crash_everywhere(tmp_path: Path, pristine: Path, layout_doc: dict, recover_d
     layout_file.write_text(json.dumps(layout_doc))
     layouts = parse_config(recover_doc or layout_doc)
     with Forker() as forker:
-        return _crash_everywhere(forker, tmp_path, pristine, layout_file, layouts, recover_doc is not None)
+        return _crash_everywhere(forker, tmp_path, pristine, layout_file, layouts, recover_doc is not None, check)
 
 
 def _crash_everywhere(forker: Forker, tmp_path: Path, pristine: Path, layout_file: Path, layouts,
-                      recovering: bool) -> int:
+                      recovering: bool, check) -> int:
     # the reference: a full apply without a crash, counting its writes (then the recovery layout)
     ref = tmp_path / "ref"
     shutil.copytree(pristine, ref, symlinks=True)

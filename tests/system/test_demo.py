@@ -50,8 +50,9 @@ def test_demo_runs_the_whole_system(report):
     assert vfs["GA100 [A100 PCIe 40GB]"] == 16 and vfs["AD102GL [L40S]"] == 32
     # the bridge published one counter set per GPU (1.35+: counters in slices of their own)
     # devices on 1.36 (a time-sliced GPU holding vGPUs offers their size): 2 x (T4 8 GB slots 2 + whole GPU), the A100's
-    # 3g.20gb and 1g.5gb placements (2 + 7) and the whole GPU, the L40S 12 GB slots (4) and the whole GPU
-    assert report.slices["counter_sets"] == 4 and report.slices["devices"] == 2 * 3 + 10 + 5
+    # 3g.20gb and 1g.5gb placements (2 + 7) and the whole GPU, the L40S in mixed-size mode: its 12 GB and 8 GB
+    # placements (4 + 4) and the whole GPU
+    assert report.slices["counter_sets"] == 4 and report.slices["devices"] == 2 * 3 + 10 + 9
     assert report.slices["plugin_socket"].endswith("/plugins/vgpu.kubevirt.io/dra.sock")
 
 
@@ -117,12 +118,44 @@ def test_demo_a_classic_device_name_vm_and_a_dra_vm_share_the_l40s_counters(repo
     counter set beside a DRA VM's and a pod's, found by virt-launcher in PCI_RESOURCE_<R>."""
     classic, dra = by_name(report, "vm-classic"), by_name(report, "vm-l40s")
     (dc,), (dd,) = classic["devices"], dra["devices"]
-    assert dc["counter_set"] == dd["counter_set"] == "gpu-3-counter-set" and dc["device"] != dd["device"]
+    assert dc["counter_set"] == dd["counter_set"] == "gpu-3-slots-a" and dc["device"] != dd["device"]
     assert dc["env"] == [f"PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-12Q={dc['host_id']}"] and dd["env"] == []
     assert dc["host_id"].startswith("0000:19:00.")  # a VF of the L40S carrying the type
     assert classic["claims"][0].startswith(classic["pod"] + "-extended-resources-")
     g3 = next(g for g in report.shared if g["gpu"] == 3)
     assert g3["classic_vms"] == ["vm-classic"] and set(g3["vms"]) == {"vm-l40s", "vm-classic"}
+
+
+def test_demo_a_vm_and_a_pod_of_different_sizes_share_the_l40s_in_mixed_size_mode(report):
+    """The L40S runs in mixed-size mode: the pod's 12 GiB vGPU and the VM's 8 GiB one (and the classic
+    VM's 12 GiB one) at their own placements, each made there on the host; the slot map says where."""
+    pod, vm = by_name(report, "vfio-pod")["devices"][0], by_name(report, "vm-l40s")["devices"][0]
+    classic = by_name(report, "vm-classic")["devices"][0]
+    assert (pod["profile"], pod["device"], pod["slots"]) == ("L40S-12Q", "gpu-3-vgpu-12gb-at-0", (0, 12))
+    assert (vm["profile"], vm["device"], vm["slots"]) == ("L40S-8Q", "gpu-3-vgpu-8gb-at-16", (16, 8))
+    assert (classic["device"], classic["slots"]) == ("gpu-3-vgpu-12gb-at-24", (24, 12))
+    g3 = next(g for g in report.gpus if g.index == 3)
+    assert g3.slots_total == 48 and {h.workload: h.slots for h in g3.holders} == {
+        "vfio-pod": (0, 12), "vm-l40s": (16, 8), "vm-classic": (24, 12)}
+    shared = next(g for g in report.shared if g["gpu"] == 3)
+    assert shared["pods"] == ["vfio-pod"] and "vm-l40s" in shared["vms"]
+    out = demo_cli.text(report)
+    assert "3 vGPUs on 48 slots of 1 GiB (mixed-size)" in out and "VF 0000:19:00.5, slots 16-23" in out
+    # the picture: the L40S as its 48 slots, each vGPU drawn over the slots it holds
+    root = ET.fromstring(demo_cli.svg(report))
+    (smap,) = [g for g in root.iter(SVG + "g") if g.get("class") == "slot-map"]
+    assert len(list(smap.iter(SVG + "line"))) == 47
+    marks = ["".join(t.itertext()) for t in smap.iter(SVG + "text")]
+    assert marks[0] == "mixed-size mode: 48 slots of 1 GiB" and marks[1:] == ["0", "12", "16", "24", "36", "48",
+                                                                              "free slots 36-47"]
+    bar = [r for r in root.iter(SVG + "rect") if r.get("class") == "gpu"][3]
+    x0, width = float(bar.get("x")), float(bar.get("width"))
+    held = {r.find(SVG + "title").text.split(" · ")[0]: r for r in root.iter(SVG + "rect") if r.find(SVG + "title") is not None}
+    for who, (start, size) in (("pod vfio-pod", (0, 12)), ("VM vm-l40s", (16, 8)), ("VM vm-classic", (24, 12))):
+        r = held[who]
+        assert float(r.get("x")) == pytest.approx(x0 + width * start / 48, abs=0.1)
+        assert float(r.get("width")) == pytest.approx(width * size / 48, abs=0.1)
+        assert r.find(SVG + "title").text.endswith(f"slots {start}-{start + size - 1}")
 
 
 def test_demo_accounts_per_gpu(report):
@@ -131,7 +164,7 @@ def test_demo_accounts_per_gpu(report):
     assert gpus[0].memory_used == gpus[0].memory_total == 16 * GiB and gpus[0].vgpus_used == 2
     assert [(h.workload, h.kind) for h in gpus[1].holders] == [("vm-passthrough", "passthrough")]
     assert gpus[1].memory_used == 16 * GiB  # the whole GPU consumes the whole counter set
-    assert gpus[2].memory_used == (19968 + 4864) * 2**20 and gpus[3].memory_used == 3 * 12 * GiB
+    assert gpus[2].memory_used == (19968 + 4864) * 2**20 and gpus[3].memory_used == (12 + 8 + 12) * GiB
     left = {i: {x["profile"]: x["fits"] for x in g.left} for i, g in gpus.items()}
     assert left[0] == {"T4-8Q": 0, "whole GPU": 0} and left[1] == {"T4-8Q": 0, "whole GPU": 0}
     # the 3g.20gb at 0 and the 1g.5gb at 4 leave two 1g.5gb placements (5, 6) and no 3g.20gb

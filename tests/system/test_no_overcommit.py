@@ -1,8 +1,9 @@
 """No over-commit on any server shape (#14): on 1.34-1.37 with default gates and with them flipped,
 the agent publishes what that server keeps, the scheduler model allocates from the slices as the
 server stored them, and every allocation it makes is then created by the kubelet plugin on the
-simulated host: random workloads (every published vGPU type, MIG placements, whole GPUs) are
-launched until nothing more fits, and none fails at prepare."""
+simulated host: random workloads (every published vGPU type, MIG placements, mixed-size placements,
+whole GPUs) are launched until nothing more fits, and none fails at prepare; a mixed-size vGPU sits
+at its device's placement (host_problems)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ layouts:
       passthrough: true
       migMode: true
 """
+#: The mixed-size boards (L40S, L4, H100 80GB, A100 40GB) in mixed-size mode, every size at its
+#: placements, beside the A40 in equal-size mode (no known table)
+MIXED_SIZE = """\
+version: vgpuctl/v1
+layouts:
+  mixed:
+""" + "".join(f"""\
+    - index: {i}
+      mode: dra
+      passthrough: true
+      mixedSize: {'true' if i < 4 else 'false'}
+""" for i in range(5))
+NODES = [("mig-node", LAYOUT), ("mixed-node", MIXED_SIZE)]
 
 
 def offered(c: SimCluster) -> list[tuple[str, str | None]]:
@@ -54,14 +68,16 @@ def workload(kind: str, what: str | None, i: int) -> list[dict]:
     return template + render("passthrough-pod", {"name": f"w{i}", "claim_template": f"t{i}"})
 
 
+@pytest.mark.parametrize("preset,layout", NODES, ids=[p for p, _ in NODES])
 @pytest.mark.parametrize("version,gates", SHAPES, ids=[f"{v}-{'-'.join(f'{k}={x}' for k, x in g.items()) or 'defaults'}"
                                                        for v, g in SHAPES])
-def test_every_allocation_the_scheduler_makes_is_prepared(version, gates):
-    rng = random.Random(f"{version}{sorted(gates.items())}")
-    with SimCluster(version=version, feature_gates=gates, layout=LAYOUT, layout_name="mixed", preset="mig-node",
+def test_every_allocation_the_scheduler_makes_is_prepared(version, gates, preset, layout):
+    rng = random.Random(f"{version}{sorted(gates.items())}{'' if preset == 'mig-node' else preset}")
+    with SimCluster(version=version, feature_gates=gates, layout=layout, layout_name="mixed", preset=preset,
                     health=False) as c:
         choices = offered(c)
         assert choices, "nothing published"
+        counters_kept = any(s["spec"].get("sharedCounters") for s in c.slices())
         running, pending, failed = [], 0, []
         for i in range(40):
             kind, what = rng.choice(choices)
@@ -76,6 +92,15 @@ def test_every_allocation_the_scheduler_makes_is_prepared(version, gates):
                 failed.append(f"{kind} {what}: {w.phase}: {w.reason}")
         assert failed == []  # no allocation reached prepare that the node could not make
         assert running and pending  # the GPUs filled up and the scheduler said no, rather than prepare
+        if preset == "mixed-node":  # sizes side by side on a GPU where counters keep them apart, one size where not
+            sizes: dict[str | None, set[int]] = {}
+            for w in running:
+                for d in w.devices:
+                    if d.slots is not None:
+                        sizes.setdefault(d.gpu, set()).add(d.slots[1])
+            assert sizes, "no mixed-size vGPU ran"
+            most = max(len(s) for s in sizes.values())
+            assert (most >= 2) if counters_kept else (most == 1), sizes
         # what runs is exactly what the host holds
         held = {d.host_id for w in running for d in w.devices if d.kind == "vgpu"}
         assert held == {v.id for v in c.inventory().all_vgpus()}

@@ -115,12 +115,15 @@ def text(rep: DemoReport) -> str:
                  f"{_bar(g.memory_used, g.memory_total)} "
                  f"{_human(g.memory_used)} of {_human(g.memory_total)}, "
                  + (f"{g.slices_used} of {g.slices_total} memory slices (MIG)" if g.slices_total
+                    else f"{len(g.holders)} vGPUs on {g.slots_total} slots of 1 GiB (mixed-size)" if g.slots_total
                     else f"{g.vgpus_used} of {g.vgpus_total} vGPUs"))
         for h in g.holders:
             who = f"{h.host_id} on vfio-pci" if h.kind == "passthrough" else (
                 f"VF {h.host_id}" if (h.host_id or "").count(":") == 2 else f"mdev {h.host_id}")
             if h.classic:  # virt-launcher found it in MDEV_PCI_RESOURCE_<R> / PCI_RESOURCE_<R>, as from a device plugin
                 who += " (by deviceName, through its resource variable)"
+            if h.slots and h.kind != "passthrough":  # mixed-size: where it sits
+                who += f", slots {h.slots[0]}-{h.slots[0] + h.slots[1] - 1}"
             L.append(f"        {h.owner:<3} {h.workload:<{width}}  {h.profile:<10} {_human(h.memory):>7}  {who}")
         shared = next((x for x in rep.shared if x["gpu"] == g.index), None)
         if shared:
@@ -195,6 +198,8 @@ def _segment(out: list[str], h: Holder, x: float, y: float, seg: float, bar_h: i
     """One workload's share of a GPU: colour by kind, hatched for pods, labelled with who it is."""
     pod = h.owner == "pod"
     title = f"{h.owner} {h.workload} · {h.profile} · {_human(h.memory)} · {h.host_id or ''}"
+    if h.slots and h.kind != "passthrough":
+        title += f" · slots {h.slots[0]}-{h.slots[0] + h.slots[1] - 1}"
     out.append(f'<rect class="holder {h.owner.lower()}" x="{x:.1f}" y="{y}" width="{seg:.1f}" height="{bar_h}" '
                f'fill="{color}" stroke="#fff"><title>{escape(title)}</title></rect>')
     if pod:
@@ -219,6 +224,29 @@ def _ghosts(rep: DemoReport, g: GpuView) -> list[tuple[dict, int]]:
         left = next((x for x in g.left if x["profile"] == r["asked"]), None)
         if left is not None and not left["fits"] and left.get("memory"):
             out.append((r, int(left["memory"])))
+    return out
+
+
+def slot_map(g: GpuView, left: float, y: float, full: float, bar_h: int) -> list[str]:
+    """A GPU in mixed-size mode as its row of 1 GiB slots: a tick per slot, the first slot of each
+    vGPU and the end under the bar, and the free runs named (which slots each vGPU holds)."""
+    px = full / g.slots_total
+    out = ['<g class="slot-map">', f'<text x="16" y="{y + 46}" fill="#555" font-size="11">mixed-size mode: '
+           f'{g.slots_total} slots of 1 GiB</text>']
+    out += [f'<line x1="{left + k * px:.1f}" y1="{y + bar_h - 5}" x2="{left + k * px:.1f}" y2="{y + bar_h}" '
+            'stroke="#999" stroke-width="0.6"/>' for k in range(1, g.slots_total)]
+    held = sorted(h.slots for h in g.holders if h.slots and h.kind != "passthrough")
+    marks = sorted({0, g.slots_total, *(a for a, _ in held), *(a + n for a, n in held)})
+    out += [f'<text x="{left + k * px:.1f}" y="{y + bar_h + 10}" font-size="9" fill="#555" text-anchor="middle">'
+            f'{k}</text>' for k in marks]
+    start = 0
+    for a, n in [*held, (g.slots_total, 0)]:
+        label = f"free slots {start}-{a - 1}"
+        if a > start and (a - start) * px > len(label) * _CHAR + 10:  # a free run wide enough to name
+            out.append(f'<text x="{left + start * px + 6:.1f}" y="{y + 22}" fill="#666" font-size="11">'
+                       f'{label}</text>')
+        start = max(start, a + n)
+    out.append("</g>")
     return out
 
 
@@ -255,11 +283,15 @@ def svg(rep: DemoReport) -> str:
                    f'stroke="#999"/>')
         x = float(left)
         for h in g.holders:
+            if g.slots_total and h.slots:  # mixed-size: drawn where it sits, on the GPU's slot map
+                x = left + full * h.slots[0] / g.slots_total
             seg = full * (h.memory or 0) / total if total else 0
             _segment(out, h, x, y, seg, bar_h, colors.get(h.workload, "#888"))
             x += seg
         free = total - g.memory_used
-        if free > 0 and (left + full - x) > 60:
+        if g.slots_total:
+            out += slot_map(g, left, y, full, bar_h)
+        elif free > 0 and (left + full - x) > 60:
             out.append(f'<text x="{x + 6:.1f}" y="{y + 22}" fill="#666">free {escape(_human(free))}</text>')
         gx = left + full + 6
         for r, mem in _ghosts(rep, g):
