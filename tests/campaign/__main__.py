@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.verbose else logging.CRITICAL, format="%(name)s: %(message)s")
     code = 0
     for s in args.seed or [0]:
-        def progress(done: int, total: int) -> None:
+        def progress(done: int, total: int, s: int = s) -> None:
             if sys.stderr.isatty() or done % 100 == 0 or done == total:
                 print(f"\rseed {s}: {done}/{total} steps", end="" if sys.stderr.isatty() else "\n",
                       file=sys.stderr, flush=True)
@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stderr.isatty():
             print(file=sys.stderr)
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(res.kinds.items()))
-        print(f"seed {s}: {res.episodes} nodes, {res.seconds:.0f} s; steps by kind: {kinds}")
+        print(f"seed {s}: {res.episodes} nodes, {res.seconds:.0f} s, trace {res.digest}; steps by kind: {kinds}")
         if res.failure:
+            print(f"first violation after step {res.failed_at} of the run:")
             print(res.failure)
             code = 1
         print(res.line)
