@@ -75,8 +75,10 @@ def claims(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
     owner: dict[str, str] = {}
     for uid, rec in cp.claims.items():
         who = f"claim {rec.namespace}/{rec.name}"
+        live = rec.boot_id in (None, boot)  # an earlier boot's record holds its device names, not the VF or UUID
         for d in rec.devices:
-            for key in filter(None, {d.device, d.vgpu_id, d.gpu if d.kind == "passthrough" else None}):
+            physical = {d.vgpu_id, d.gpu if d.kind == "passthrough" else None} if live else set()
+            for key in filter(None, {d.device, *physical}):
                 if key in owner and owner[key] != uid:
                     bad.append(f"{key} belongs to two claims: {owner[key]} and {uid} ({who})")
                 owner[key] = uid

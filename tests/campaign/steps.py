@@ -400,15 +400,28 @@ class VmStop:
         return Checks()
 
 
+def _claimed(world: World) -> set[str]:
+    """vGPUs and GPUs the plugin's checkpoint on disk holds for claims (all of them, if it does not parse)."""
+    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+
+    try:
+        cp = CheckpointStore(world.paths.checkpoint, world.node.io).load()
+    except CheckpointCorrupt:
+        return {t[0] for t in _targets(world)}
+    return {d.vgpu_id or d.gpu for rec in cp.claims.values() for d in rec.devices}
+
+
 @dataclass(frozen=True)
 class LibvirtDefine:
-    """A libvirt domain is defined with a vGPU (its mdev UUID, or its VF) or a passed-through GPU: the
-    node manager must leave it alone although no process holds it (a domain not running)."""
+    """A libvirt domain is defined with a vGPU (its mdev UUID, or its VF) or a passed-through GPU that
+    the layout made: the node manager must leave it alone although no process holds it (a domain not
+    running). Host libvirt is for VMs outside Kubernetes: its domains name no DRA claim's device
+    (a claim's VM is KubeVirt's, in its own launcher pod: a process holding the device, :class:`VmStart`)."""
 
     pick: int
 
     def run(self, world: World) -> Checks:
-        named = {d for m, p in world.domains.values() for d in [*m, *p]}
+        named = {d for m, p in world.domains.values() for d in [*m, *p]} | _claimed(world)
         target = _pick([t for t in _targets(world) if t[0] not in named], self.pick)
         if target is None:
             return Checks()

@@ -82,6 +82,7 @@ class World:
     layouts: dict[str, list[dict]]
     paths: NodePaths
     rng: random.Random  # the episode's own choices at run time (seeded by hypothesis)
+    api_url: str = ""
     sched: Scheduler = field(default_factory=Scheduler)
     disk: Disk = field(default_factory=Disk)
     daemon: Daemon | None = None
@@ -110,7 +111,8 @@ class World:
         srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {LABEL_CONFIG: "dra"}}})
         srv.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         paths = NodePaths(driver=DEFAULT_DRIVER, kubelet_root=root / "kubelet", cdi_root=base / "cdi")
-        world = cls(base=base, node=node, srv=srv, layouts=dict(layouts), paths=paths, rng=random.Random(seed))
+        world = cls(base=base, node=node, srv=srv, layouts=dict(layouts), paths=paths, rng=random.Random(seed),
+                    api_url=srv.url)
         world.write_layouts()
         world.write_domains()
         world.start_daemon()
@@ -174,7 +176,7 @@ class World:
                 arm(self.fio)
             daemon = None
             try:
-                daemon = Daemon(self.config(), self.env, self.fio, self.srv.api_client())
+                daemon = Daemon(self.config(), self.env, self.fio, self.api_client())
                 self._instrument(daemon)
                 self.daemon = daemon.start()
                 self.fio.disarm()
@@ -187,6 +189,13 @@ class World:
                 if daemon is not None:
                     _stop(daemon)
         raise RuntimeError(f"the agent does not start: {last}")
+
+    def api_client(self):
+        """A client of the node's API server, its own (an agent process's): one the server's stop
+        does not close, so an agent started during an outage finds the server once it is back."""
+        from dra_bridge.apiclient.client import plain_http_client
+
+        return plain_http_client(self.api_url)
 
     def _instrument(self, daemon: Daemon) -> None:
         """The agent's in-process locks the scheduler sees; its publisher without real sleeps."""
@@ -416,6 +425,8 @@ def _stop(daemon: Daemon) -> None:
         daemon.plugin.stop(grace=0)
     with contextlib.suppress(Exception):
         daemon.publisher.close()
+    with contextlib.suppress(Exception):
+        daemon.api_client.close()
 
 
 def _text(stream) -> str:
