@@ -75,7 +75,9 @@ def claims(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
     owner: dict[str, str] = {}
     for uid, rec in cp.claims.items():
         who = f"claim {rec.namespace}/{rec.name}"
-        live = rec.boot_id in (None, boot)  # an earlier boot's record holds its device names, not the VF or UUID
+        # an earlier boot's record holds its device names, not its VF or UUID (died with that boot), unless
+        # the kubelet was told in this boot that the claim is prepared
+        live = rec.boot_id in (None, boot) or world.told.get(uid) == boot
         for d in rec.devices:
             physical = {d.vgpu_id, d.gpu if d.kind == "passthrough" else None} if live else set()
             for key in filter(None, {d.device, *physical}):

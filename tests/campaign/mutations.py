@@ -6,13 +6,13 @@ this checkout, never committed). The campaign then runs there (``--seed 1 --step
 no shrinking) and this prints, per mutation, the step of the run after which the first violation
 was seen, and that violation.
 
-The scratch baseline first gets :data:`FIXES`: real bugs the campaign finds in the code as it is,
-fixed in the scratch copy only so the baseline passes and a mutation is measured against a
-campaign that otherwise stays green (each is reported, with the step at which the unfixed code
-fails). A fix whose text is no longer in the code has landed (or the code moved): it is skipped,
-saying so. Mutation (i) is the inverse of one of them: where the plugin still deletes KEP-5304
-metadata by the claim's namespace/name, that *is* the code today, and the run of (i) is the
-campaign on the code as it is (with the other fixes).
+The scratch baseline first gets the fixes of :data:`tests.campaign.known.KNOWN`: real bugs the
+campaign finds in the code as it is, fixed in the scratch copy only, so that the baseline passes
+and each mutation is measured against a campaign that otherwise stays green. A fix whose text is
+no longer in the code has landed (or the code moved): it is skipped, saying so. Mutation (i) is
+the inverse of one of them: where the plugin still deletes KEP-5304 metadata by the claim's
+namespace/name, that *is* the code today, and the run of (i) is the campaign on the code as it is
+(with the other fixes).
 
 ``--ci`` runs each of the mutations CI must catch (overlap, lock, in-use) with CI's parameters
 (tests/system/test_campaign.py: its seeds and steps) instead, and says whether every seed caught it.
@@ -33,14 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.campaign.known import KNOWN, Patch
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class Patch:
-    path: str
-    old: str
-    new: str
 
 
 @dataclass(frozen=True)
@@ -62,44 +57,6 @@ class Outcome:
     per_seed: dict[int, int | None] = field(default_factory=dict)
 
 
-# --------------------------------------------------------------------------- the code's own bugs, fixed in scratch only
-
-FIXES: dict[str, tuple[str, tuple[Patch, ...]]] = {
-    "metadata-by-uid": (
-        "unprepare removes KEP-5304 metadata by the claim's namespace/name: a claim re-created under that "
-        "name (new uid) loses its metadata when the old uid is unprepared (fix: remove a metadata file only "
-        "when it names this uid)",
-        (Patch("dra_bridge/kubeletplugin/driver.py",
-               "        own = self.paths.owns\n"
-               "        return ([f for f in dict.fromkeys(cdi_files) if own(f)], "
-               "[f for f in dict.fromkeys(metadata_files) if own(f)])\n",
-               "        own = self.paths.owns\n"
-               "\n"
-               "        def mine(f):  # SCRATCH FIX: a metadata file that names another claim's uid is not ours\n"
-               "            import json\n"
-               "            try:\n"
-               "                return json.loads(self.io.read(Path(f)).splitlines()[0])['metadata']['uid'] == rec.uid\n"
-               "            except Exception:  # noqa: BLE001\n"
-               "                return True\n"
-               "        return ([f for f in dict.fromkeys(cdi_files) if own(f)],\n"
-               "                [f for f in dict.fromkeys(metadata_files) if own(f) and mine(f)])\n"),),
-    ),
-    "dra-passthrough-held": (
-        "a dra GPU left on vfio-pci by an earlier passthrough layout and held by a VM (no claim) is skipped by "
-        "the plan but not reported blocked: apply exits 0 and the agent labels the node success while it "
-        "differs from its layout (fix: blocked_by_use reports it, as for vgpu mode)",
-        (Patch("mdev_manager/blocked.py",
-               '        if (gpu is not None and modes.get(gpu.address) == "vgpu" and gpu.driver == "vfio-pci"',
-               '        if (gpu is not None and modes.get(gpu.address) == "dra" and gpu.driver == "vfio-pci"  # SCRATCH FIX\n'
-               '                and (users := group_users(gpu, usage))\n'
-               '                and not any(u.startswith("ResourceClaim ") for u in users)):\n'
-               '            out.append(Blocked(device=gpu.address, gpu=gpu.address, held_by=users,\n'
-               '                               blocks="its return to its native driver for DRA claims"))\n'
-               '            continue\n'
-               '        if (gpu is not None and modes.get(gpu.address) == "vgpu" and gpu.driver == "vfio-pci"'),),
-    ),
-}
-
 # --------------------------------------------------------------------------- the mutations
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -116,10 +73,13 @@ MUTATIONS: tuple[Mutation, ...] = (
               '        waiting, ``on_wait`` is told once whom the caller waits for."""\n',
               '        waiting, ``on_wait`` is told once whom the caller waits for."""\n'
               '        yield  # MUTATION (c)\n        return\n'),)),
-    Mutation("d", "boot-id check always true (a record of an earlier boot is believed)", (
+    Mutation("d", "boot-id check always true (a record of an earlier boot is taken as this boot's)", (
         Patch("dra_bridge/kubeletplugin/driver.py",
               "        if boot is None or rec.boot_id == boot:\n            return True\n",
-              "        if True:  # MUTATION (d)\n            return True\n"),)),
+              "        if True:  # MUTATION (d)\n            return True\n"),
+        Patch("dra_bridge/kubeletplugin/driver.py",
+              "    return boot is None or rec.boot_id is None or rec.boot_id == boot\n",
+              "    return True  # MUTATION (d)\n"))),
     Mutation("e", "claim-name checks removed (path safety: names unchecked, paths not contained)", tuple(
         [Patch("dra_bridge/kubeletplugin/paths.py", f"def {fn}(value: object{sig}) -> str:\n",
                f"def {fn}(value: object{sig}) -> str:\n    return value  # MUTATION (e)\n")
@@ -142,7 +102,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         Patch("mdev_manager/usage.py",
               "    if uri is None:\n        return LibvirtUse()\n",
               "    return LibvirtUse()  # MUTATION (h)\n"),)),
-    Mutation("i", "metadata deleted by name instead of uid", unfix="metadata-by-uid"),
+    Mutation("i", "metadata deleted by name instead of uid", unfix="metadata-by-name"),
 )
 
 CI_MUST_CATCH = ("b", "c", "a")
@@ -225,10 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = scratch_copy(top / "base")
         notes = []
-        for key, (what, patches) in FIXES.items():
-            if applies(base, patches):
-                apply(base, patches)
-                notes.append(f"scratch fix {key}: {what}")
+        for key, known in KNOWN.items():
+            if applies(base, known.fix):
+                apply(base, known.fix)
+                notes.append(f"scratch fix {key}: {known.what}")
             else:
                 notes.append(f"scratch fix {key}: not applied, its text is gone (landed, or the code moved)")
         print("\n".join(notes), flush=True)
@@ -240,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             if m is None:
                 return root, ""
             if m.unfix is not None:
-                _, patches = FIXES[m.unfix]
+                patches = KNOWN[m.unfix].fix
                 if not applies(ROOT, patches):
                     return root, f"the code no longer has the behaviour ({m.unfix} landed): write mutation ({m.key})"
                 for p in patches:  # undo the fix: the code as it is

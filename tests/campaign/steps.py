@@ -59,11 +59,29 @@ def _prepared(world: World) -> list[Claim]:
     return sorted(world.prepared.values(), key=lambda c: (c.ref.name, c.ref.uid))
 
 
-def _resynced(world: World, what: str, layout: str) -> Checks:
-    """One resync of the agent; a clean one must leave true labels and ``layout`` applied."""
-    err = world.resync()
+def _resynced(world: World, what: str, layout: str, force: bool = True) -> Checks:
+    """One resync of the agent; a clean one must leave true labels and ``layout`` applied. The
+    campaign's layouts are all valid: the agent rejecting one is a violation (with the reason)."""
+    err = world.resync(force=force)
     world.log.append(f"{what}: {err or 'ok'}")
-    return Checks(labels=err is None, settled=layout if err is None else None)
+    if err is not None and err.startswith("ConfigError"):
+        return Checks(problems=[f"the agent rejected layout {world.selected}: {_rejection(world, world.selected)}"])
+    # a periodic resync may stop at an unchanged fingerprint (by design: a VM's start or stop is not in it)
+    clean = err is None and force
+    return Checks(labels=clean, settled=layout if clean else None)
+
+
+def _rejection(world: World, name: str) -> str:
+    """Why the node manager rejects layout ``name`` on the node as it is (a dry run)."""
+    from mdev_manager.config import ConfigError, load_config
+    from mdev_manager.reconcile import reconcile
+
+    try:
+        reconcile(world.env, world.node.io, load_config(world.base / "layouts.yaml", name), dry_run=True,
+                  node=world.node.node)
+    except ConfigError as exc:
+        return "; ".join(exc.problems)[:600]
+    return "(the dry run accepts it now)"
 
 
 def _label(world: World, name: str) -> None:
@@ -81,8 +99,7 @@ class Resync:
     force: bool = True  # False: the periodic loop's resync, which may find nothing changed and stop
 
     def run(self, world: World) -> Checks:
-        return _resynced(world, f"resync (force={self.force})", world.selected) if self.force else \
-            Checks(problems=[p for p in [world.resync(force=False)] if p])
+        return _resynced(world, f"resync (force={self.force})", world.selected, self.force)
 
 
 @dataclass(frozen=True)
@@ -173,17 +190,41 @@ class Prepare:
 
 
 def _new_claim(world: World, picks: tuple[int, ...], overlap: bool = False, first_available: bool = False,
-               name: str | None = None) -> Claim | None:
+               name: str | None = None, free: bool = False) -> Claim | None:
     names = _devices(world)
+    held = [d for c in _prepared(world) for d in c.devices]
+    if free:  # devices no claim the kubelet knows holds, and GPUs none of them passes through
+        whole = {n.split("-passthrough")[0] for n in held if n.endswith("-passthrough")}
+        names = [n for n in names if n not in held and not any(n.startswith(w + "-") for w in whole)]
     if not names:
         world.log.append("prepare: nothing published")
         return None
     devices = [_pick(names, p) for p in picks]
-    held = [d for c in _prepared(world) for d in c.devices]
     if overlap and held:
         devices[0] = _pick(held, picks[0])
     devices = list(dict.fromkeys(devices))  # a claim never lists one device twice
     return world.new_claim(devices, first_available=first_available, name=name)
+
+
+def _record(world: World, uid: str):
+    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+
+    try:
+        return CheckpointStore(world.paths.checkpoint, world.node.io).load().claims.get(uid)
+    except CheckpointCorrupt:
+        return None
+
+
+def unprepare_checked(world: World, claim: Claim) -> list[str]:
+    """Unprepare ``claim``; a failure while nothing holds its devices (no VM has them open) is a
+    claim the kubelet can never let go of: its pod stays terminating. Only where no fault is injected."""
+    rec = _record(world, claim.ref.uid)
+    ids = {d.vgpu_id or d.gpu for d in rec.devices} if rec else set()
+    err = world.unprepare(claim)
+    if err and not any(h.device in ids for h in world.vms.values()):
+        return [f"unprepare of {claim.ref.name} ({claim.ref.uid[:8]}) failed while nothing holds its devices "
+                f"{sorted(ids)}: {err[:300]}"]
+    return []
 
 
 @dataclass(frozen=True)
@@ -194,9 +235,7 @@ class Unprepare:
 
     def run(self, world: World) -> Checks:
         claim = _pick(_prepared(world), self.pick)
-        if claim is not None:
-            world.unprepare(claim)
-        return Checks()
+        return Checks(problems=unprepare_checked(world, claim) if claim is not None else [])
 
 
 @dataclass(frozen=True)
@@ -206,9 +245,10 @@ class KubeletRetry:
     def run(self, world: World) -> Checks:
         for claim in list(world.pending.values()):
             world.prepare(claim)
+        problems = []
         for claim in list(world.terminating.values()):
-            world.unprepare(claim)
-        return Checks()
+            problems += unprepare_checked(world, claim)
+        return Checks(problems=problems)
 
 
 @dataclass(frozen=True)
@@ -252,15 +292,14 @@ class KubeletRestart:
 
 @dataclass(frozen=True)
 class ClaimGone:
-    """A prepared claim's API object is force-deleted (its pod force-deleted) and, with ``recreate``,
-    created again under the same namespace and name with a new uid, allocated ``picks`` (a GitOps
-    controller, a user); the kubelet prepares the new one and unprepares the old one, in ``order``
-    (``new-first``, ``old-first``, ``old-later``: the old pod lingers)."""
+    """A prepared claim's API object is force-deleted (its pod force-deleted) and, but for ``delete``,
+    created again under the same namespace and name with a new uid, allocated free devices
+    (``picks``: a GitOps controller, a user re-applying it); the kubelet prepares the new one and
+    unprepares the old one: ``new-first``, ``old-first``, or ``old-later`` (the old pod lingers)."""
 
     pick: int
-    recreate: bool
+    kind: str  # new-first | old-first | old-later | delete
     picks: tuple[int, ...]
-    order: str
 
     def run(self, world: World) -> Checks:
         old = _pick(_prepared(world), self.pick)
@@ -270,23 +309,24 @@ class ClaimGone:
         if stored is not None and stored["metadata"]["uid"] == old.ref.uid:
             world.srv.remove("resourceclaims", old.ref.name, NAMESPACE)
         world.log.append(f"claim {old.ref.name} ({old.ref.uid[:8]}) force-deleted")
-        new = _new_claim(world, self.picks, name=old.ref.name) if self.recreate else None
+        new = _new_claim(world, self.picks, name=old.ref.name, free=True) if self.kind != "delete" else None
         if new is not None:
             world.log.append(f"claim {new.ref.name} re-created as {new.ref.uid[:8]}")
-        if self.order == "old-first":
-            world.unprepare(old)
+        problems = []
+        if self.kind in ("old-first", "delete"):
+            problems += unprepare_checked(world, old)
         if new is not None:
             world.prepare(new)
-        if self.order == "new-first":
-            world.unprepare(old)
-        elif self.order == "old-later":
+        if self.kind == "new-first":
+            problems += unprepare_checked(world, old)
+        elif self.kind == "old-later":
             world.prepared.pop(old.ref.uid, None)
             world.told.pop(old.ref.uid, None)
             world.terminating[old.ref.uid] = old
-        return Checks()
+        return Checks(problems=problems)
 
 
-HOSTILE = ("escape-episode", "escape-run", "absolute-run", "..", "long", "UPPER", "new\nline", "", "a b")
+HOSTILE = ("escape-episode", "escape-run", "absolute-run") * 2 + ("..", "long", "UPPER", "new\nline", "", "a b")
 
 
 def hostile_value(world: World, kind: str, part: str) -> str:
@@ -524,14 +564,23 @@ class KillApply:
 
 @dataclass(frozen=True)
 class Reboot:
-    """A cold boot; ``power_loss``: the power was cut, so writes no fsync made durable may be lost."""
+    """A cold boot; ``power_loss``: the power was cut, so writes no fsync made durable may be lost;
+    ``evict``: the pod of one prepared claim was deleted while the node was down, so the kubelet
+    unprepares that claim after the boot (its devices died with the old boot)."""
 
     power_loss: bool = False
+    evict: int | None = None
 
     def run(self, world: World) -> Checks:
-        world.reboot(power_loss=self.power_loss)
+        victim = _pick(_prepared(world), self.evict) if self.evict is not None else None
+        if victim is not None:
+            world.prepared.pop(victim.ref.uid)
+            world.told.pop(victim.ref.uid, None)
+            world.terminating[victim.ref.uid] = victim
+            world.log.append(f"{victim.ref.name}'s pod deleted while the node is down")
+        failed = world.reboot(power_loss=self.power_loss)
         world.log.append("rebooted")
-        return Checks()
+        return Checks(problems=[f"after the reboot (no VM left): {f}" for f in failed])
 
 
 @dataclass(frozen=True)
@@ -847,10 +896,10 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
     name = st.sampled_from(layouts)
     n = st.integers(0, 1000)
     during = st.sampled_from(["prepare", "unprepare", "resync"])
-    act = st.one_of(
-        st.builds(Act, st.sampled_from(["resync", "bind", "prepare", "unprepare", "select"]), name, n),
-        st.builds(Act, st.sampled_from(["apply", "restore", "plan", "lib-apply"]), name, n),
-    )
+    agent = st.builds(Act, st.sampled_from(["resync", "bind", "prepare", "unprepare", "select"]), name, n)
+    admin = st.builds(Act, st.sampled_from(["apply", "restore", "plan", "lib-apply"]), name, n)
+    writers = st.tuples(st.builds(Act, st.just("apply"), name, n),
+                        st.builds(Act, st.sampled_from(["lib-apply", "select", "prepare", "unprepare"]), name, n))
     kinds: list[tuple[int, st.SearchStrategy]] = [
         (5, st.builds(Resync, st.booleans())),
         (12, st.builds(Prepare, st.lists(n, min_size=1, max_size=2).map(tuple), st.booleans(), st.booleans())),
@@ -862,7 +911,8 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
         (2, st.builds(Admin, st.sampled_from(["plan", "restore"]), name)),
         (3, st.builds(KubeletRetry)),
         (3, st.builds(KubeletRestart, st.sampled_from(["reprepare", "forget", "unknown", "wipe"]), n)),
-        (4, st.builds(ClaimGone, n, st.booleans(), st.tuples(n), st.sampled_from(["new-first", "old-first", "old-later"]))),
+        (5, st.builds(ClaimGone, n, st.sampled_from(["new-first"] * 3 + ["old-first", "old-later", "delete"]),
+                      st.tuples(n))),
         (5, st.builds(VmStart, n, st.sampled_from(["group", "cdev"]))),
         (3, st.builds(VmStop, n)),
         (3, st.builds(LibvirtDefine, n)),
@@ -870,10 +920,10 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
         (5, st.builds(KillAgent, st.sampled_from(["prepare", "unprepare", "resync", "bind", "start"]),
                       st.integers(0, 12), n, st.booleans(), st.sampled_from(["any", "any", "checkpoint"]))),
         (3, st.builds(KillApply, name, st.integers(0, 30), st.booleans())),
-        (2, st.builds(Reboot, st.booleans())),
+        (3, st.builds(Reboot, st.booleans(), st.one_of(st.none(), n))),
         (2, st.builds(PowerCut, st.sampled_from(["prepare", "unprepare", "resync", "apply"]), st.integers(0, 20), n,
                       name)),
-        (2, st.builds(CorruptCheckpoint, st.sampled_from(CORRUPTIONS))),
+        (3, st.builds(CorruptCheckpoint, st.sampled_from(CORRUPTIONS))),
         (4, st.builds(KernelFault, st.sampled_from(sorted(KERNEL_ERRNOS)), during, st.integers(0, 6), n)),
         (3, st.builds(DiskFault, st.sampled_from(sorted(DISK_ERRNOS)), st.sampled_from(DISK_TARGETS),
                       st.sampled_from(["prepare", "unprepare", "resync", "apply"]), st.integers(0, 4), n, name)),
@@ -882,9 +932,11 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
                       st.sampled_from([None, "resourceslices", "resourceclaims", "nodes"]),
                       st.sampled_from([409, 429, 500, 503]), st.integers(1, 3),
                       st.sampled_from(["prepare", "unprepare", "resync", "start", "rebuild", "reboot"]), n)),
-        (3, st.builds(HostileClaim, st.sampled_from(["namespace", "name", "uid"]), st.sampled_from(HOSTILE), n)),
-        (12, st.builds(Concurrent, st.lists(act, min_size=2, max_size=3).map(tuple), st.integers(0, 2**32 - 1),
-                       st.sampled_from([0.02, 0.1, 0.3, 0.7]), st.one_of(st.none(), st.none(), st.integers(0, 15)))),
+        (4, st.builds(HostileClaim, st.sampled_from(["namespace", "name", "uid"]), st.sampled_from(HOSTILE), n)),
+        (9, st.builds(Concurrent, writers, st.integers(0, 2**32 - 1), st.sampled_from([0.1, 0.3, 0.7]))),
+        (9, st.builds(Concurrent, st.lists(st.one_of(agent, admin), min_size=2, max_size=3).map(tuple),
+                      st.integers(0, 2**32 - 1), st.sampled_from([0.02, 0.1, 0.3, 0.7]),
+                      st.one_of(st.none(), st.none(), st.integers(0, 15)))),
     ]
     table = [strategy for weight, strategy in kinds for _ in range(weight)]
     stride = next(s for s in range(31, len(table)) if _coprime(s, len(table)))  # the zero example visits every kind

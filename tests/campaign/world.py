@@ -340,13 +340,17 @@ class World:
         self.log.append(f"unprepare {claim.ref.name} ({claim.ref.uid[:8]}): {(err or 'ok')[:400]}")
         return err
 
-    def kubelet_reprepare(self) -> None:
+    def kubelet_reprepare(self) -> list[str]:
         """After the agent (or the node) restarts, the kubelet prepares its pods' claims again and
-        unprepares those of pods that are going."""
+        unprepares those of pods that are going; the unprepares that failed."""
         for claim in list(self.prepared.values()) + list(self.pending.values()):
             self.prepare(claim)
+        failed = []
         for claim in list(self.terminating.values()):
-            self.unprepare(claim)
+            err = self.unprepare(claim)
+            if err:
+                failed.append(f"unprepare of {claim.ref.name} ({claim.ref.uid[:8]}): {err[:300]}")
+        return failed
 
     def claims_by_name(self) -> list[Claim]:
         """Every claim the kubelet knows, in a stable order."""
@@ -403,7 +407,7 @@ class World:
         self.fio.disarm()
         return self.fio.dead
 
-    def reboot(self, *, power_loss: bool = False) -> None:
+    def reboot(self, *, power_loss: bool = False) -> list[str]:
         """A cold boot: the kernel forgets every vGPU and VF, tmpfs (/var/run/cdi) is empty, the agent
         and every VM are gone; with ``power_loss``, writes no fsync made durable may be lost too.
         The agent starts again and the kubelet prepares its pods' claims."""
@@ -417,7 +421,7 @@ class World:
         self.vms.clear()
         shutil.rmtree(self.paths.cdi_root, ignore_errors=True)
         self.start_daemon()
-        self.kubelet_reprepare()
+        return self.kubelet_reprepare()
 
 
 def _stop(daemon: Daemon) -> None:
