@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=2, choices=(1, 2), help="campaign processes at once")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per campaign run")
     ap.add_argument("--keep", action="store_true", help="keep the scratch copies (their paths are printed)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the run without a mutation")
     args = ap.parse_args(argv)
 
     seeds, steps, episode_steps = [args.seed], args.steps, args.episode_steps
@@ -228,14 +229,16 @@ def main(argv: list[str] | None = None) -> int:
             return out
 
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            results = list(pool.map(one, [None, *chosen]))
+            results = list(pool.map(one, ([] if args.no_baseline else [None]) + chosen))
         print(f"\nseeds {seeds}, {steps} steps each:")
         for r in results:
             print(_line(r, seeds))
-        base_ok = results[0].step is None and not results[0].violation
-        caught = all(r.step is not None for r in results[1:]) and (
-            not args.ci or all(all(v is not None for v in r.per_seed.values()) for r in results[1:]))
-        print("baseline passes" if base_ok else "BASELINE FAILS: the mutation steps mean nothing")
+        base_ok = args.no_baseline or (results[0].step is None and not results[0].violation)
+        mutated = results if args.no_baseline else results[1:]
+        caught = all(r.step is not None for r in mutated) and (
+            not args.ci or all(all(v is not None for v in r.per_seed.values()) for r in mutated))
+        if not args.no_baseline:
+            print("baseline passes" if base_ok else "BASELINE FAILS: the mutation steps mean nothing")
         return 0 if base_ok and caught else 1
     finally:
         if not args.keep:

@@ -566,10 +566,14 @@ class KillApply:
 class Reboot:
     """A cold boot; ``power_loss``: the power was cut, so writes no fsync made durable may be lost;
     ``evict``: the pod of one prepared claim was deleted while the node was down, so the kubelet
-    unprepares that claim after the boot (its devices died with the old boot)."""
+    unprepares that claim after the boot (its devices died with the old boot); ``first``: a new pod
+    is admitted as the node comes up, before the old pods' claims are prepared again, its claim
+    allocated a free slot beside one of theirs (same GPU, same size): the device the old claim had
+    is free on the node now, and the new claim may well get it."""
 
     power_loss: bool = False
     evict: int | None = None
+    first: int | None = None
 
     def run(self, world: World) -> Checks:
         victim = _pick(_prepared(world), self.evict) if self.evict is not None else None
@@ -578,7 +582,14 @@ class Reboot:
             world.told.pop(victim.ref.uid, None)
             world.terminating[victim.ref.uid] = victim
             world.log.append(f"{victim.ref.name}'s pod deleted while the node is down")
-        failed = world.reboot(power_loss=self.power_loss)
+        newcomer = None
+        if self.first is not None and (old := _pick(_prepared(world), self.first)) is not None:
+            family = old.devices[0].rsplit("-", 1)[0] + "-"  # gpu-2-vgpu-1gb-: the same GPU and size
+            held = {d for c in world.claims_by_name() for d in c.devices}
+            free = [n for n in _devices(world) if n.startswith(family) and n not in held]
+            if free:
+                newcomer = world.new_claim([_pick(free, self.first)])
+        failed = world.reboot(power_loss=self.power_loss, first=newcomer)
         world.log.append("rebooted")
         return Checks(problems=[f"after the reboot (no VM left): {f}" for f in failed])
 
@@ -901,9 +912,9 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
     writers = st.tuples(st.builds(Act, st.just("apply"), name, n),
                         st.builds(Act, st.sampled_from(["lib-apply", "select", "prepare", "unprepare"]), name, n))
     kinds: list[tuple[int, st.SearchStrategy]] = [
-        (5, st.builds(Resync, st.booleans())),
-        (12, st.builds(Prepare, st.lists(n, min_size=1, max_size=2).map(tuple), st.booleans(), st.booleans())),
-        (6, st.builds(Prepare, st.tuples(n))),
+        (3, st.builds(Resync, st.booleans())),
+        (10, st.builds(Prepare, st.lists(n, min_size=1, max_size=2).map(tuple), st.booleans(), st.booleans())),
+        (5, st.builds(Prepare, st.tuples(n))),
         (9, st.builds(Unprepare, n)),
         (6, st.builds(SelectLayout, name)),
         (4, edit),
@@ -911,20 +922,20 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
         (2, st.builds(Admin, st.sampled_from(["plan", "restore"]), name)),
         (3, st.builds(KubeletRetry)),
         (3, st.builds(KubeletRestart, st.sampled_from(["reprepare", "forget", "unknown", "wipe"]), n)),
-        (5, st.builds(ClaimGone, n, st.sampled_from(["new-first"] * 3 + ["old-first", "old-later", "delete"]),
+        (6, st.builds(ClaimGone, n, st.sampled_from(["new-first"] * 3 + ["old-first", "old-later", "delete"]),
                       st.tuples(n))),
-        (5, st.builds(VmStart, n, st.sampled_from(["group", "cdev"]))),
+        (6, st.builds(VmStart, n, st.sampled_from(["group", "cdev"]))),
         (3, st.builds(VmStop, n)),
-        (3, st.builds(LibvirtDefine, n)),
+        (5, st.builds(LibvirtDefine, n)),
         (2, st.builds(LibvirtUndefine, n)),
         (5, st.builds(KillAgent, st.sampled_from(["prepare", "unprepare", "resync", "bind", "start"]),
                       st.integers(0, 12), n, st.booleans(), st.sampled_from(["any", "any", "checkpoint"]))),
         (3, st.builds(KillApply, name, st.integers(0, 30), st.booleans())),
-        (3, st.builds(Reboot, st.booleans(), st.one_of(st.none(), n))),
+        (4, st.builds(Reboot, st.booleans(), st.one_of(st.none(), n), st.one_of(st.none(), n))),
         (2, st.builds(PowerCut, st.sampled_from(["prepare", "unprepare", "resync", "apply"]), st.integers(0, 20), n,
                       name)),
-        (3, st.builds(CorruptCheckpoint, st.sampled_from(CORRUPTIONS))),
-        (4, st.builds(KernelFault, st.sampled_from(sorted(KERNEL_ERRNOS)), during, st.integers(0, 6), n)),
+        (4, st.builds(CorruptCheckpoint, st.sampled_from(CORRUPTIONS))),
+        (3, st.builds(KernelFault, st.sampled_from(sorted(KERNEL_ERRNOS)), during, st.integers(0, 6), n)),
         (3, st.builds(DiskFault, st.sampled_from(sorted(DISK_ERRNOS)), st.sampled_from(DISK_TARGETS),
                       st.sampled_from(["prepare", "unprepare", "resync", "apply"]), st.integers(0, 4), n, name)),
         (4, st.builds(ApiFault, st.sampled_from(["status", "status", "timeout", "outage"]),
@@ -932,7 +943,7 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
                       st.sampled_from([None, "resourceslices", "resourceclaims", "nodes"]),
                       st.sampled_from([409, 429, 500, 503]), st.integers(1, 3),
                       st.sampled_from(["prepare", "unprepare", "resync", "start", "rebuild", "reboot"]), n)),
-        (4, st.builds(HostileClaim, st.sampled_from(["namespace", "name", "uid"]), st.sampled_from(HOSTILE), n)),
+        (3, st.builds(HostileClaim, st.sampled_from(["namespace", "name", "uid"]), st.sampled_from(HOSTILE), n)),
         (9, st.builds(Concurrent, writers, st.integers(0, 2**32 - 1), st.sampled_from([0.1, 0.3, 0.7]))),
         (9, st.builds(Concurrent, st.lists(st.one_of(agent, admin), min_size=2, max_size=3).map(tuple),
                       st.integers(0, 2**32 - 1), st.sampled_from([0.02, 0.1, 0.3, 0.7]),

@@ -407,10 +407,11 @@ class World:
         self.fio.disarm()
         return self.fio.dead
 
-    def reboot(self, *, power_loss: bool = False) -> list[str]:
+    def reboot(self, *, power_loss: bool = False, first: Claim | None = None) -> list[str]:
         """A cold boot: the kernel forgets every vGPU and VF, tmpfs (/var/run/cdi) is empty, the agent
         and every VM are gone; with ``power_loss``, writes no fsync made durable may be lost too.
-        The agent starts again and the kubelet prepares its pods' claims."""
+        The agent starts again and the kubelet prepares its pods' claims (``first``: a new pod's claim
+        before them)."""
         self.stop_daemon()
         if power_loss:
             lost = self.disk.power_loss(self.rng)
@@ -421,6 +422,8 @@ class World:
         self.vms.clear()
         shutil.rmtree(self.paths.cdi_root, ignore_errors=True)
         self.start_daemon()
+        if first is not None:
+            self.prepare(first)
         return self.kubelet_reprepare()
 
 
