@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stderr.isatty():
             print(file=sys.stderr)
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(res.kinds.items()))
-        print(f"seed {s}: {res.episodes} nodes, {res.seconds:.0f} s; steps by kind: {kinds}")
+        print(f"seed {s}: {res.episodes} nodes, {res.seconds:.0f} s, trace {res.digest}; steps by kind: {kinds}")
         if res.failure:
+            print(f"first violation after step {res.failed_at} of the run:")
             print(res.failure)
             code = 1
         print(res.line)

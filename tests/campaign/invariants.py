@@ -1,69 +1,86 @@
 """What must hold after every step, observed from the node and the API server, not from our state.
 
-Each check returns the violations it finds as lines; an empty list is a pass.
+Each check returns the violations it finds as lines; an empty list is a pass. Every violation
+fails the run (there is no log-only finding).
 
 * claims: every claim the plugin calls prepared (this boot) has its devices on the host, as its
   own (no device in two claims, no whole GPU under a claim's vGPU), and its CDI specs and metadata
-  files exist and name those devices; the checkpoint parses;
+  files exist, parse and name those devices; a claim the kubelet was told (in this boot) is
+  prepared is recorded prepared and its devices exist, whatever the record's boot says; the
+  checkpoint parses; no claim with a hostile identity was ever prepared;
 * devices: no vGPU exists that neither a definition (mdevctl format or vendor-VFIO record) nor
-  a claim accounts for, and none is claimed by both; a device a VM holds open still exists;
-  after an apply no fault touched, definitions and devices match one to one;
-* files: nothing written outside the directories the tool may write;
-* status: after a clean resync the node's state label tells the truth (``success`` only when the
-  node matches its layout, ``pending`` with the reason while devices in use hold it back), and
-  the published slices are one generation without duplicates; a hand-run apply's exit status
-  tells the truth the same way.
+  a claim accounts for, and none is claimed by both; a device a VM holds (its vfio group or its
+  cdev) or a libvirt domain names still exists; after an apply no fault touched, definitions and
+  devices match one to one;
+* files: nothing written outside the tool's directories, in the whole episode root, in the run's
+  directory around it and in the process's temporary directory (``tempfile.gettempdir()``);
+* status, judged by :mod:`.oracle` (the node recomputed, not the planner): after a clean resync
+  the state label says ``success`` exactly when the node matches its layout and ``pending`` (with
+  a reason) only when every GPU that differs is kept so by a device in use; a hand-run apply's exit
+  status says the same (0 / 3); the published slices are one generation without duplicates;
+* the step's own findings (:attr:`Checks.problems`): a deadlock, an actor that failed where
+  nothing was injected.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG_STATE
 from dra_bridge.kubeletplugin.checkpoint import Checkpoint, CheckpointCorrupt, CheckpointStore
 from mdev_manager import persist
-from mdev_manager.config import load_config
 from mdev_manager.discovery import discover
 from mdev_manager.models import Inventory
-from mdev_manager.reconcile import reconcile
+from tests.campaign import oracle
 from tests.campaign.steps import Checks
 from tests.campaign.world import World
 
 
-def check_all(world: World, checks: Checks) -> list[str]:
+def check_all(world: World, checks: Checks, outside: Outside | None = None) -> list[str]:
     io = world.node.io
     inv = discover(world.env, io, node=world.node.node)
-    bad: list[str] = []
+    bad: list[str] = list(checks.problems)
+    bad += [f"a claim with a hostile identity was prepared: {h}" for h in world.hostile]
     try:
         cp = CheckpointStore(world.paths.checkpoint, io).load()
     except CheckpointCorrupt as exc:
-        return [f"the checkpoint does not parse: {exc}"]
+        return bad + [f"the checkpoint does not parse: {exc}"]
     bad += claims(world, cp, inv)
     bad += devices(world, cp, inv, settled=checks.settled)
     bad += files(world)
+    if outside is not None:
+        bad += outside.check()
     if checks.labels:
-        bad += labels(world, cp)
+        bad += labels(world, cp, inv)
     if checks.apply_code is not None:
-        bad += apply_code(world, cp, checks)
+        bad += apply_code(world, cp, inv, checks)
     return bad
 
 
-def _boot(world: World) -> str:
-    return world.env.boot_id.read_text().strip()
+def _present(world: World, inv: Inventory, d) -> bool:
+    if d.kind == "vgpu":
+        return any(v.id == d.vgpu_id for v in inv.all_vgpus())
+    g = inv.gpu(d.gpu)
+    return g is not None and g.driver == "vfio-pci"
 
 
 def claims(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
     bad = []
-    boot = _boot(world)
+    boot = world.boot_id()
     vgpus = {v.id: v for v in inv.all_vgpus()}
     gpus = {g.address: g for g in inv.gpus}
     owner: dict[str, str] = {}
     for uid, rec in cp.claims.items():
         who = f"claim {rec.namespace}/{rec.name}"
+        # an earlier boot's record holds its device names, not its VF or UUID (died with that boot), unless
+        # the kubelet was told in this boot that the claim is prepared
+        live = rec.boot_id in (None, boot) or world.told.get(uid) == boot
         for d in rec.devices:
-            for key in filter(None, {d.device, d.vgpu_id, d.gpu if d.kind == "passthrough" else None}):
+            physical = {d.vgpu_id, d.gpu if d.kind == "passthrough" else None} if live else set()
+            for key in filter(None, {d.device, *physical}):
                 if key in owner and owner[key] != uid:
                     bad.append(f"{key} belongs to two claims: {owner[key]} and {uid} ({who})")
                 owner[key] = uid
@@ -94,18 +111,44 @@ def claims(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
             for cdi_id in d.cdi_ids:
                 if cdi_id not in names:
                     bad.append(f"{who}: CDI id {cdi_id} of {d.device} is in no spec of the claim")
+        bad += _metadata(rec, cp)
     # no whole GPU under a claim while another claim holds a vGPU on it
     whole = {d.gpu: uid for uid, rec in cp.claims.items() for d in rec.devices if d.kind == "passthrough"}
     for uid, rec in cp.claims.items():
         for d in rec.devices:
             if d.kind == "vgpu" and whole.get(d.gpu, uid) != uid:
                 bad.append(f"GPU {d.gpu} is passed through for {whole[d.gpu]} while {uid} holds vGPU {d.vgpu_id}")
-    # the kubelet's view: a claim it was told is prepared is prepared
-    for claim in world.prepared.values():
-        rec = cp.claims.get(claim.ref.uid)
+    # the kubelet's view: a claim it was told (in this boot) is prepared is prepared, its devices there
+    for uid, claim in world.prepared.items():
+        rec = cp.claims.get(uid)
         if rec is None or rec.state != "prepared":
-            bad.append(f"the kubelet was told {claim.ref.name} is prepared; the plugin has "
+            bad.append(f"the kubelet was told {claim.ref.name} ({uid[:8]}) is prepared; the plugin has "
                        f"{rec.state if rec else 'no record'}")
+        elif world.told.get(uid) == boot:
+            gone = [d.device for d in rec.devices if not _present(world, inv, d)]
+            if gone:
+                bad.append(f"the kubelet was told in this boot that {claim.ref.name} ({uid[:8]}) is prepared, but "
+                           f"its devices {', '.join(gone)} do not exist (its record says boot {rec.boot_id})")
+    return bad
+
+
+def _metadata(rec, cp: Checkpoint) -> list[str]:
+    """Each metadata file parses and names a prepared claim of this name, with that claim's devices
+    (two claims of one name prepared at once, a re-created claim, share the path: the newer is named)."""
+    bad = []
+    for f in rec.metadata_files:
+        try:
+            doc = json.loads(Path(f).read_text().splitlines()[0])
+            uid = doc["metadata"]["uid"]
+            named = {d["name"] for r in doc["requests"] for d in r["devices"]}
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            bad.append(f"claim {rec.namespace}/{rec.name}: metadata {f} does not parse")
+            continue
+        other = cp.claims.get(uid)
+        if other is None or (other.namespace, other.name) != (rec.namespace, rec.name):
+            bad.append(f"claim {rec.namespace}/{rec.name}: metadata {f} names uid {uid}, no prepared claim of that name")
+        elif not named <= {d.device for d in other.devices}:
+            bad.append(f"claim {rec.namespace}/{rec.name}: metadata {f} names devices {sorted(named)} not its claim's")
     return bad
 
 
@@ -123,39 +166,42 @@ def devices(world: World, cp: Checkpoint, inv: Inventory, *, settled: str | None
             bad.append(f"vGPU {vid} ({v.type_name} on {v.parent}) is accounted for by no definition and no claim")
         if settled and vid in defined and vid in claimed:  # an apply forgets the layout's record of it
             bad.append(f"after applying {settled}: vGPU {vid} is both a layout device (defined) and a claim's")
-    for pid, dev in world.vms.items():
-        if dev not in present and not any(g.address == dev and g.driver == "vfio-pci" for g in inv.gpus):
-            bad.append(f"device {dev} was removed while VM {pid} held it")
+    on_vfio = {g.address for g in inv.gpus if g.driver == "vfio-pci"}
+    for pid, h in world.vms.items():
+        if h.device not in present and h.device not in on_vfio:
+            bad.append(f"device {h.device} was removed while VM {pid} held it ({h.how} {h.path})")
+    for name, (mdevs, pcis) in world.domains.items():
+        for dev in [*mdevs, *pcis]:
+            if dev not in present and dev not in on_vfio:
+                bad.append(f"device {dev} was removed while libvirt domain {name} named it")
     if settled:  # an apply just ran with no fault: on the GPUs it gave vGPUs, saved = made
-        managed = _vgpu_gpus(world, settled, inv)
+        managed = _vgpu_parents(world, settled, inv)
         for d in defs:
-            if d.start == "auto" and managed.get(d.parent) and d.uuid not in present:
+            if d.start == "auto" and d.parent in managed and d.uuid not in present:
                 bad.append(f"after applying {settled}: definition {d.parent}/{d.uuid} ({d.mdev_type}) has no device")
         for vf, t in records.items():
-            if managed.get(vf) and vf not in present:
+            if vf in managed and vf not in present:
                 bad.append(f"after applying {settled}: vendor-VFIO record {vf} ({t}) has no vGPU")
     return bad
 
 
-def _vgpu_gpus(world: World, layout: str, inv: Inventory) -> dict[str, str]:
-    """Parent device (GPU or VF address) -> GPU, for the GPUs ``layout`` puts in vgpu mode."""
-    from mdev_manager.plan import select_gpus
-
-    chosen = select_gpus(inv, load_config(world.base / "layouts.yaml", layout))
-    out = {}
-    for g in inv.gpus:
-        if chosen.get(g.address) is not None and chosen[g.address].mode == "vgpu":
-            out[g.address] = g.address
-            out.update({vf.address: g.address for vf in g.vfs})
+def _vgpu_parents(world: World, layout: str, inv: Inventory) -> set[str]:
+    """Parent devices (GPU and VF addresses) of the GPUs ``layout`` puts in vgpu mode."""
+    out: set[str] = set()
+    for address, e in oracle.entries(world.layouts[layout], inv).items():
+        g = inv.gpu(address)
+        if g is not None and e.get("mode") == "vgpu":
+            out |= {g.address, *(vf.address for vf in g.vfs)}
     return out
 
 
 def files(world: World) -> list[str]:
-    """Every file outside the host's kernel, process and device trees is one the tool may write."""
+    """Every file in the episode root outside the host's kernel, process and device trees is one the
+    tool may write."""
     root = world.node.root
     allowed = [world.env.mdevctl_root, world.env.state_root, world.paths.kubelet_root / "plugins",
                world.paths.kubelet_root / "plugins_registry", world.paths.cdi_root, root / ".sim",
-               world.base / "layouts.yaml", world.env.boot_id]
+               world.base / "layouts.yaml", world.base / "libvirt.xml", world.env.boot_id]
     skip = {root / "sys", root / "dev", root / "proc"}
     allowed_s = [str(a) for a in allowed]
     bad = []
@@ -165,31 +211,61 @@ def files(world: World) -> list[str]:
             p = os.path.join(top, n)
             if not any(p == a or p.startswith(a + os.sep) for a in allowed_s):
                 bad.append(f"file outside the allowed directories: {p}")
+        for d in dirs:  # an empty directory made outside is a write too
+            p = os.path.join(top, d)
+            if not os.listdir(p) and not any(p == a or p.startswith(a + os.sep) or a.startswith(p + os.sep)
+                                             for a in allowed_s):
+                bad.append(f"directory outside the allowed directories: {p}")
     return bad
 
 
-def _expected(world: World, cp: Checkpoint, layout: str):
-    """A dry-run plan of ``layout`` with the node's usage (claims, VMs): what 'matches' means."""
-    layouts = load_config(world.base / "layouts.yaml", layout)
-    out = reconcile(world.env, world.node.io, layouts, dry_run=True, usage_extra=cp.usage(), node=world.node.node)
-    return out
+class Outside:
+    """Everything around the episode root: the run's directory (the episode's siblings and parents
+    up to it) and the process's temporary directory. Snapshot at the episode's start; after each
+    step nothing may be new there."""
+
+    def __init__(self, work: Path, episode: Path, skip: list[Path]):
+        self.work, self.episode, self.skip = work, episode, set(skip)
+        self.tmp = Path(tempfile.gettempdir())
+        self.before = self._walk()
+
+    def _walk(self) -> set[str]:
+        seen: set[str] = set()
+        for top in dict.fromkeys([self.work, self.tmp]):
+            for dirpath, dirs, names in os.walk(top):
+                dirs[:] = [d for d in dirs if Path(dirpath, d) not in self.skip and Path(dirpath, d) != self.episode]
+                seen.update(os.path.join(dirpath, n) for n in names + dirs)
+        return seen
+
+    def check(self) -> list[str]:
+        new = sorted(self._walk() - self.before)
+        return [f"written outside the episode root: {p}" for p in new[:10]]
 
 
-def labels(world: World, cp: Checkpoint) -> list[str]:
+def labels(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
     node = world.srv.get_object("nodes", world.node.node)
     meta = node["metadata"]
     state = (meta.get("labels") or {}).get(LABEL_CONFIG_STATE)
     reason = (meta.get("annotations") or {}).get(ANNOTATION_CONFIG_REASON)
-    out = _expected(world, cp, world.selected)
-    actions = out.rounds[0].plan.actions if out.rounds else []
+    verdicts = oracle.judge(world, world.selected, inv, cp)
+    differ = [v for v in verdicts if not v.matches]
     bad = []
-    if state == "success" and (actions or out.blocked):
+    if not differ:
+        if state != "success":
+            bad.append(f"the node matches layout {world.selected} but the state label reads {state}")
+    elif state == "success":
         bad.append(f"state label success but the node does not match layout {world.selected}: "
-                   f"{len(actions)} steps left, {len(out.blocked)} blocked")
-    if state == "pending" and not (out.blocked and reason):
-        bad.append(f"state label pending without a block or a reason (reason={reason!r})")
-    if state != "success" and not actions and not out.blocked:
-        bad.append(f"the node matches layout {world.selected} but the state label reads {state}")
+                   + " | ".join(map(str, differ)))
+    elif state == "pending":
+        if not reason:
+            bad.append("state label pending without a reason annotation")
+        free = [v for v in differ if not v.blocked]
+        if free:
+            bad.append(f"state label pending (converging) but nothing in use keeps these from layout "
+                       f"{world.selected}: " + " | ".join(map(str, free)))
+    else:
+        bad.append(f"state label {state} after a clean resync of layout {world.selected}: "
+                   + " | ".join(map(str, differ)))
     bad += slices(world)
     return bad
 
@@ -210,15 +286,20 @@ def slices(world: World) -> list[str]:
     return bad
 
 
-def apply_code(world: World, cp: Checkpoint, checks: Checks) -> list[str]:
+def apply_code(world: World, cp: Checkpoint, inv: Inventory, checks: Checks) -> list[str]:
     if checks.apply_code not in (0, 3):
         return [f"vgpuctl apply exited {checks.apply_code} (expected 0 or 3 on a healthy node)"]
     if checks.apply_layout is None:
         return []
-    out = _expected(world, cp, checks.apply_layout)
-    actions = out.rounds[0].plan.actions if out.rounds else []
-    if checks.apply_code == 0 and (actions or out.blocked):
-        return [f"apply said the node matches {checks.apply_layout}, but {len(actions)} steps are left"]
-    if checks.apply_code == 3 and not out.blocked:
-        return [f"apply said converging on {checks.apply_layout}, but nothing is blocked"]
+    verdicts = oracle.judge(world, checks.apply_layout, inv, cp)
+    differ = [v for v in verdicts if not v.matches]
+    if checks.apply_code == 0 and differ:
+        return [f"apply said the node matches {checks.apply_layout}, but: " + " | ".join(map(str, differ))]
+    if checks.apply_code == 3:
+        if not differ:
+            return [f"apply said converging on {checks.apply_layout}, but the node matches it"]
+        free = [v for v in differ if not v.blocked]
+        if free:
+            return [f"apply said converging on {checks.apply_layout}, but nothing in use keeps these: "
+                    + " | ".join(map(str, free))]
     return []

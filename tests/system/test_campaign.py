@@ -1,9 +1,15 @@
-"""The node-safety fault campaign, bounded (issue 12): three fixed seeds, a few minutes in all.
+"""The node-safety fault campaign, bounded (issues 12 and 23): three fixed seeds, about a minute of CPU.
 
-Each seed runs random sequences of applies, claims, VMs, kills, reboots, corrupted checkpoints,
-kernel and API faults against one simulated node with the agent running, and checks the
-contract's invariants after every step (tests/campaign/invariants.py). A longer run:
+Each seed runs random sequences of applies (by the agent and by hand, beside the agent's own
+threads), claims through the plugin's gRPC server, VMs and libvirt domains, kubelet restarts,
+kills and power cuts mid-operation, reboots, corrupted checkpoints, kernel, disk and API faults
+against one simulated node, and checks the contract's invariants after every step
+(tests/campaign/invariants.py). ``python -m tests.campaign.mutations --ci`` shows these seeds and
+steps catch the overlap, node-lock and in-use mutations on every seed. A longer run:
 ``python -m tests.campaign --steps 2000 --seed 1 --seed 2 --seed 3``.
+
+A run that fails only on bugs the campaign has found and that are not fixed yet
+(tests/campaign/known.py) is an expected failure naming them; any other violation fails.
 """
 
 from __future__ import annotations
@@ -14,17 +20,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.campaign import known
 from tests.campaign.run import run
 from tests.support.tmp import short_root
 
-STEPS = int(os.environ.get("VGPUCTL_CAMPAIGN_STEPS", "50"))
+SEEDS = (1, 2, 3)
+STEPS = int(os.environ.get("VGPUCTL_CAMPAIGN_STEPS", "100"))
+EPISODE_STEPS = 25
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_campaign(seed, caplog):
     caplog.set_level(logging.CRITICAL)  # the agent logs every fault it survives; the invariants judge
-    result = run(STEPS, seed, episode_steps=25, workdir=Path(short_root()))  # tmpfs where there is one
+    result = run(STEPS, seed, episode_steps=EPISODE_STEPS, shrink=False,
+                 workdir=Path(short_root()))  # tmpfs where there is one
+    if result.failure is not None and (bugs := known.which(result.failure)):
+        pytest.xfail(f"known bugs {', '.join(bugs)} (tests/campaign/known.py) after step {result.failed_at}")
     assert result.failure is None, result.failure
     assert result.line == f"{STEPS} steps, 0 invariant violations"
-    # the run did what it says: every kind of step ran at least once over the three seeds' mix
-    assert sum(result.kinds.values()) == STEPS and len(result.kinds) >= 8, result.kinds
+    # the run did what it says: most kinds of step ran
+    assert sum(result.kinds.values()) == STEPS and len(result.kinds) >= 12, result.kinds
