@@ -44,8 +44,11 @@ def blocked_by_use(inv: Inventory, layouts: list[GpuLayout], plan: Plan, usage: 
             out.append(Blocked(device=gpu.address, gpu=gpu.address, held_by=users,
                                blocks="passing it through: its IOMMU group is held by another owner"))
             continue
-        if (gpu is not None and modes.get(gpu.address) == "vgpu" and gpu.driver == "vfio-pci"
+        if (gpu is not None and modes.get(gpu.address) in ("vgpu", "dra") and gpu.driver == "vfio-pci"
                 and (users := group_users(gpu, usage))):
+            if modes.get(gpu.address) == "dra" and usage.claims_of(gpu.address):
+                continue  # a DRA claim passes it through: what a dra GPU is for
             out.append(Blocked(device=gpu.address, gpu=gpu.address, held_by=users,
-                               blocks=f"its return to {native_driver(gpu) or 'its native driver'} for vGPUs"))
+                               blocks=f"its return to {native_driver(gpu) or 'its native driver'} for "
+                                      + ("DRA claims" if modes.get(gpu.address) == "dra" else "vGPUs")))
     return out

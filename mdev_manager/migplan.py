@@ -104,6 +104,11 @@ def check_mig_layout(gpu: Gpu, wanted: list[tuple[VgpuType, int]], where: str, l
     mig_types = [(t, n) for t, n in wanted if t.mig_backed and n > 0]
     if not mig_types:
         return []
+    if gpu.mig is None and gpu.driver in (None, "vfio-pci"):
+        # Off its native driver (passed through, or unbound) NVML does not see the GPU: its MIG state is
+        # known once the plan has returned it to that driver, and checked in that round. Found by the
+        # fault campaign: rejecting here kept a passed-through A100 from ever getting MIG vGPUs back.
+        return []
     if gpu.mig is None:
         return [f"{where}: {mig_types[0][0].name} is MIG-backed; {label} has no MIG (NVML reports none for it)"]
     if any(not t.mig_backed and n > 0 for t, n in wanted):

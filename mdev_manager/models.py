@@ -286,8 +286,9 @@ class Usage(BaseModel):
     mdevs: dict[str, list[str]] = {}
     pci: dict[str, list[str]] = {}
     claimed: dict[str, list[str]] = Field({}, description=(
-        "vGPU id -> the DRA claims it was made for: in use, and never a layout's device (no definition, "
-        "not counted towards a layout), so one device never serves a claim and the layout at once"))
+        "vGPU id (or a passed-through GPU's address) -> the DRA claims it was made (or bound) for: in use, and "
+        "never a layout's device (no definition, not counted towards a layout), so one device never serves a "
+        "claim and the layout at once"))
     warnings: list[str] = []
     vfio_dir: str = ""
 

@@ -89,10 +89,12 @@ def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: 
 
 
 def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bool = False,
-              usage_extra: Usage | None = None, node: str = "", max_rounds: int = 4,
+              usage_extra: Usage | None = None, node: str = "", max_rounds: int = 8,
               on_step: Callable[[object], None] | None = None, final_inventory: bool = True,
               stop: Callable[[], str | None] | None = None, read_back: bool = False, known: Iterable[str] = ()) -> Outcome:
-    """Run rounds until nothing structural is left; ``final_inventory`` discovers the result once more.
+    """Run rounds until nothing structural is left (``max_rounds``: a passed-through GPU going to MIG-backed
+    vGPUs takes five: driver, VFs, MIG mode, GPU instances, vGPUs); ``final_inventory`` discovers the result
+    once more.
 
     ``read_back`` plans the node once more after the work: what that plan still wants to do is an
     effect the node does not show (``unapplied``), so a write the kernel took without effect is a
@@ -119,6 +121,8 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
             break
         if not plan.structural() or report.failed:
             break
+    else:  # rounds ran out with structural work done: what is left is read back, never taken as done
+        read_back = True
     executed = any(r.report.results for r in out.rounds if r.report)
     if read_back and not dry_run and executed:
         inv, plan, _warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, known)

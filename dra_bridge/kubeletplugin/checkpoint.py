@@ -134,6 +134,8 @@ class Checkpoint(BaseModel):
                     mdevs.setdefault(d.vgpu_id, []).append(who)
                 elif d.vgpu_id or d.gpu:
                     pci.setdefault(d.vgpu_id or d.gpu, []).append(who)
+                if d.kind == "passthrough" and d.gpu:
+                    claimed.setdefault(d.gpu.lower(), []).append(who)
         return Usage(mdevs=mdevs, pci=pci, claimed=claimed)
 
 

@@ -9,10 +9,8 @@ was seen, and that violation.
 The scratch baseline first gets the fixes of :data:`tests.campaign.known.KNOWN`: real bugs the
 campaign finds in the code as it is, fixed in the scratch copy only, so that the baseline passes
 and each mutation is measured against a campaign that otherwise stays green. A fix whose text is
-no longer in the code has landed (or the code moved): it is skipped, saying so. Mutation (i) is
-the inverse of one of them: where the plugin still deletes KEP-5304 metadata by the claim's
-namespace/name, that *is* the code today, and the run of (i) is the campaign on the code as it is
-(with the other fixes).
+no longer in the code has landed (or the code moved): it is skipped, saying so. A mutation may also
+be the inverse of one of them (``unfix``): the code as it was before that fix.
 
 ``--ci`` runs each of the mutations CI must catch (overlap, lock, in-use) with CI's parameters
 (tests/system/test_campaign.py: its seeds and steps) instead, and says whether every seed caught it.
@@ -102,7 +100,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         Patch("mdev_manager/usage.py",
               "    if uri is None:\n        return LibvirtUse()\n",
               "    return LibvirtUse()  # MUTATION (h)\n"),)),
-    Mutation("i", "metadata deleted by name instead of uid", unfix="metadata-by-name"),
+    Mutation("i", "metadata deleted by name instead of uid", (
+        Patch("dra_bridge/kubeletplugin/claimfiles.py",
+              "        if uid not in (rec.uid, None) or (uid is None and Path(f).parent.parent.name in namesakes):\n",
+              "        if False:  # MUTATION (i)\n"),)),
 )
 
 CI_MUST_CATCH = ("b", "c", "a")

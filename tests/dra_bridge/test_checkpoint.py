@@ -157,6 +157,7 @@ def test_corrupted_checkpoint_is_kept_aside_and_the_state_rebuilt(node, paths, c
     usage = drv.usage()
     assert set(usage.mdevs) == held[0]
     assert set(held[1]) | {PT} <= set(usage.pci)
+    assert usage.claims_of(PT) and usage.claims_of(PT) == usage.pci[PT]  # the claim's: not a block in dra mode
 
     # and the plugin keeps working: unprepare gives the vGPUs back
     assert drv.unprepare(refs) == {r.uid: None for r in refs}

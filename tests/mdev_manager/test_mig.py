@@ -229,6 +229,32 @@ def test_a_gpu_instance_in_use_is_never_destroyed(mig):
     assert types_on(mig, A100_VFIO) == ["A100-1-5C"] * 7
 
 
+def test_a_passed_through_gpu_gets_mig_backed_vgpus_back(mig):
+    """Passed through (vfio-pci) NVML does not see the A100: a MIG layout for it is not bad input; the
+    plan returns it to its driver, then sets MIG mode and creates the vGPUs. Found by the fault campaign
+    (the layout was refused as 'has no MIG', for good)."""
+    assert reconcile(mig.env, mig.io, layout({"pciAddress": A100_VFIO, "mode": "passthrough"})).matches
+    assert mig.discover().gpu(A100_VFIO).driver == "vfio-pci" and mig.discover().gpu(A100_VFIO).mig is None
+    back = layout({"pciAddress": A100_VFIO, "vgpus": {"A100-3-20C": 2}})
+    plan = make_plan(mig.discover(), back)  # no ConfigError: the MIG check waits for the driver
+    assert plan.actions and plan.structural()
+    out = reconcile(mig.env, mig.io, back)
+    assert out.matches, out.rounds[-1].plan.skipped
+    assert types_on(mig, A100_VFIO) == ["A100-3-20C", "A100-3-20C"] and mig.discover().gpu(A100_VFIO).mig.enabled
+    # rounds that run out with work left never read as done: the rest is read back as unapplied
+    assert reconcile(mig.env, mig.io, layout({"pciAddress": A100_VFIO, "mode": "passthrough"})).matches
+    short = reconcile(mig.env, mig.io, back, max_rounds=2)
+    assert not short.ok and not short.matches and short.unapplied
+    assert reconcile(mig.env, mig.io, back).matches
+    # a layout that cannot fit is still refused once NVML sees the GPU, before any MIG step
+    assert reconcile(mig.env, mig.io, layout({"pciAddress": A100_VFIO, "mode": "passthrough"})).matches
+    with pytest.raises(ConfigError) as e:
+        reconcile(mig.env, mig.io, layout({"pciAddress": A100_VFIO, "vgpus": {"A100-4-20C": 1, "A100-3-20C": 1,
+                                                                              "A100-1-5C": 1}}))
+    assert "do not fit" in e.value.problems[0]
+    assert mig.discover().gpu(A100_VFIO).vgpus == []  # nothing made
+
+
 @pytest.mark.parametrize("entry, expect", [
     ({"pciAddress": A100_VFIO, "vgpus": {"A100-3-20C": 1, "A100-10C": 1}}, "never both"),
     ({"pciAddress": A100_VFIO, "vgpus": {"A100-4-20C": 1, "A100-3-20C": 1, "A100-1-5C": 1}}, "do not fit"),

@@ -273,12 +273,21 @@ def test_gpu_passed_through_to_a_workload_waits_before_becoming_vgpu(sim):
         assert plan.actions == []  # not rebound under the workload
         (b,) = blocked_by_use(inv, layouts, plan, usage)
         assert b.device == pt.address and who in b.held_by[0] and "return to nvidia" in b.blocks
-        # dra mode: a DRA claim may hold the whole GPU; it is left alone and reported, not rebound
+        # dra mode: held by something that is not a DRA claim, it is left alone and reported blocked (the
+        # node is not what the layout says until it is back on its driver; found by the fault campaign)
         layouts = layout({"index": 1, "mode": "dra"})
         plan = make_plan(inv, layouts, usage=usage)
         assert plan.actions == []
         assert [s.device for s in plan.skipped] == [pt.address] and who in plan.skipped[0].reason
-        assert blocked_by_use(inv, layouts, plan, usage) == []  # what dra mode asks for: not a block
+        (b,) = blocked_by_use(inv, layouts, plan, usage)
+        assert b.device == pt.address and who in b.held_by[0] and "for DRA claims" in b.blocks
+    # dra mode, a DRA claim passes the whole GPU through: what dra mode asks for, not a block
+    claim = "ResourceClaim vms/db"
+    usage = Usage(pci={pt.address: [claim]}, claimed={pt.address: [claim]})
+    layouts = layout({"index": 1, "mode": "dra"})
+    plan = make_plan(inv, layouts, usage=usage)
+    assert plan.actions == [] and claim in plan.skipped[0].reason
+    assert blocked_by_use(inv, layouts, plan, usage) == []
     # unused: it goes back to its native driver first
     plan = make_plan(inv, layout({"index": 1, "vgpus": {"T4-1Q": 1}}))
     assert [(a.address, a.driver) for a in plan.actions] == [(pt.address, None)]
