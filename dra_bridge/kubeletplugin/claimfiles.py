@@ -24,8 +24,8 @@ from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import cdi, metadata
-from dra_bridge.kubeletplugin.checkpoint import ClaimRecord
 from dra_bridge.kubeletplugin.paths import UnsafeName
+from dra_bridge.kubeletplugin.state import ClaimRecord
 from mdev_manager.host.io import HostIO
 
 log = logging.getLogger(__name__)

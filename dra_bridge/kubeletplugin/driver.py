@@ -28,13 +28,7 @@ from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import cdi, claimfiles, metadata, recovery
-from dra_bridge.kubeletplugin.checkpoint import (
-    Checkpoint,
-    CheckpointCorrupt,
-    CheckpointStore,
-    ClaimRecord,
-    PreparedDeviceRecord,
-)
+from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.effects import (
@@ -65,6 +59,7 @@ from dra_bridge.kubeletplugin.paths import (
     check_uid,
 )
 from dra_bridge.kubeletplugin.resourceenv import resource_env
+from dra_bridge.kubeletplugin.state import Checkpoint, ClaimRecord, PreparedDeviceRecord
 from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.dualmode import offers_both_modes
 from dra_bridge.pool.mixed import slot_sizes

@@ -11,7 +11,7 @@ import errno
 import logging
 import uuid as uuidlib
 
-from dra_bridge.kubeletplugin.checkpoint import ClaimRecord, PreparedDeviceRecord
+from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.actions import DisableVfs, EnableVfs
 from mdev_manager.discovery import read_function, read_gpu

@@ -5,7 +5,7 @@ Split from :mod:`.driver`, which calls :func:`overlap` under its lock with the c
 
 from __future__ import annotations
 
-from dra_bridge.kubeletplugin.checkpoint import ClaimRecord
+from dra_bridge.kubeletplugin.state import ClaimRecord
 from dra_bridge.pool.devices import Pool
 from dra_bridge.rpc.types import ClaimRef
 

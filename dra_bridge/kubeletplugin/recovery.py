@@ -41,7 +41,6 @@ from pathlib import Path
 from dra_bridge.api.k8sname import dns_safe
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import cdi, metadata
-from dra_bridge.kubeletplugin.checkpoint import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.kubeletplugin.claimsource import allocated_claims, allocation_results
 from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.kubeletplugin.paths import (
@@ -52,6 +51,7 @@ from dra_bridge.kubeletplugin.paths import (
     check_request,
     check_uid,
 )
+from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.pool.devices import Pool
 from mdev_manager import persist
 from mdev_manager.discovery import discover

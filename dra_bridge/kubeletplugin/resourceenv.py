@@ -13,8 +13,8 @@ matter. Pure.
 from __future__ import annotations
 
 from dra_bridge.api.names import resource_env_var
-from dra_bridge.kubeletplugin.checkpoint import ClaimRecord
 from dra_bridge.kubeletplugin.claimconfig import requested_resource
+from dra_bridge.kubeletplugin.state import ClaimRecord
 
 #: kube-scheduler's mark on the claim it makes for a pod's extended resources (KEP-5004).
 EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"

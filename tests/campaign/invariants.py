@@ -30,7 +30,8 @@ import tempfile
 from pathlib import Path
 
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG_STATE
-from dra_bridge.kubeletplugin.checkpoint import Checkpoint, CheckpointCorrupt, CheckpointStore
+from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+from dra_bridge.kubeletplugin.state import Checkpoint
 from mdev_manager import persist
 from mdev_manager.discovery import discover
 from mdev_manager.models import Inventory

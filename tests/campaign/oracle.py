@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dra_bridge.kubeletplugin.checkpoint import Checkpoint
+from dra_bridge.kubeletplugin.state import Checkpoint
 from mdev_manager.models import Gpu, Inventory
 
 

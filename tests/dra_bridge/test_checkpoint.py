@@ -22,6 +22,7 @@ import pytest
 
 from dra_bridge.kubeletplugin import checkpoint as ckpt
 from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+from dra_bridge.kubeletplugin.state import ClaimRecord
 from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.reconcile import reconcile
 from tests.support.dra import (
@@ -279,9 +280,9 @@ def test_migration_steps_reach_the_current_version():
 
 def test_a_newer_file_keeps_older_readers_working():
     """Versions only add fields: version 1's model (pydantic ignores unknown fields) reads a version 2 record."""
-    rec = ckpt.ClaimRecord(uid=UID_PT, namespace="a", name="b", boot_id="x").model_dump(mode="json")
+    rec = ClaimRecord(uid=UID_PT, namespace="a", name="b", boot_id="x").model_dump(mode="json")
     rec.pop("boot_id")
-    assert ckpt.ClaimRecord.model_validate(rec).boot_id is None
+    assert ClaimRecord.model_validate(rec).boot_id is None
 
 
 # --------------------------------------------------------------------------- reboot

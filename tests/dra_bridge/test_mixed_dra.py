@@ -13,8 +13,8 @@ import pytest
 
 from dra_bridge.api.k8sname import is_dns_label
 from dra_bridge.api.quantity import parse_quantity
-from dra_bridge.kubeletplugin.checkpoint import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.kubeletplugin.effects import creation_order
+from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.pool.devices import build_pool, co_allocatable
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.pool.safe import without_counters
