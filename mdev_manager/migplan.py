@@ -129,6 +129,19 @@ def check_mig_layout(gpu: Gpu, wanted: list[tuple[VgpuType, int]], where: str, l
     return []
 
 
+def same_record(a: list[dict], b: list[dict]) -> bool:
+    """Two records of one GPU's instances that keep the same placements per profile and the same vGPUs
+    on each profile's instances. Which of a profile's instances holds which mdev is a guess of
+    discovery (an mdev does not name its GPU instance; :func:`.discovery._mig_state`), and equal
+    instances are interchangeable for restore: comparing that pairing made the plan save the record
+    again at every resync, each discovery guessing another way (found by the fault campaign)."""
+    def canon(r: list[dict]) -> list[tuple]:
+        profiles = sorted({e["profile"] for e in r})
+        return [(p, sorted((e["start"], e["size"]) for e in r if e["profile"] == p),
+                 sorted(str(e.get("vgpu")) for e in r if e["profile"] == p)) for p in profiles]
+    return canon(a) == canon(b)
+
+
 def _record(gpu: Gpu, mig: MigState, holders: dict[int, str]) -> list[dict]:
     by_id = {g.id: g for g in mig.instances}
     return sorted(({"profile": by_id[i].profile_id, "start": by_id[i].placement.start,
@@ -202,7 +215,7 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     created = _create_vgpus(creates, gpu, reuse, keep + busy, records, new_uuid)
     kept_ids = {v.id for v in keep}
     record = _record(gpu, mig, {**{i: v for i, v in holding.items() if v in kept_ids}, **created})
-    if record != (saved_mig or []):  # before the vGPUs: a crash between leaves a record restore completes
+    if not same_record(record, saved_mig or []):  # before the vGPUs: a crash between leaves a record restore completes
         plan.actions.append(SaveMigRecord(gpu=gpu.address, instances=record))
     plan.actions += creates.actions
     plan.skipped += creates.skipped

@@ -253,7 +253,7 @@ def labels(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
     bad = []
     if not differ:
         if state != "success":
-            bad.append(f"the node matches layout {world.selected} but the state label reads {state}")
+            bad.append(f"the node matches layout {world.selected} but the state label reads {state} ({reason})")
     elif state == "success":
         bad.append(f"state label success but the node does not match layout {world.selected}: "
                    + " | ".join(map(str, differ)))

@@ -12,6 +12,7 @@ import itertools
 import pytest
 
 from mdev_manager import persist
+from mdev_manager.actions import SaveMigRecord
 from mdev_manager.catalog_mig import mig_profiles
 from mdev_manager.config import ConfigError, parse_config
 from mdev_manager.host.nvml import (
@@ -22,7 +23,7 @@ from mdev_manager.host.nvml import (
     Mig,
     NvmlError,
 )
-from mdev_manager.migplan import place
+from mdev_manager.migplan import place, same_record
 from mdev_manager.models import MigState
 from mdev_manager.plan import make_plan
 from mdev_manager.reconcile import reconcile
@@ -185,6 +186,25 @@ def test_a_mig_layout_applies_then_changes_nothing(mig):
     saved = persist.load_mig(mig.env, mig.io)
     assert sorted(saved) == [A100_MDEV, A100_VFIO, H100]
     assert all(e["vgpu"] for entries in saved.values() for e in entries)
+
+
+def test_which_equal_instance_holds_which_mdev_is_not_a_change(mig):
+    """An mdev does not name its GPU instance: discovery pairs a profile's mdevs with its instances
+    by a guess. A saved record pairing them the other way is the same record: no step to persist it
+    again (the fault campaign found the agent saving it at every resync and reading it back as
+    failed); a record that differs in placements or vGPUs is still saved."""
+    one = layout({"pciAddress": A100_MDEV, "vgpus": {"A100-1-5C": 3}})
+    assert reconcile(mig.env, mig.io, one).matches
+    saved = persist.load_mig(mig.env, mig.io)[A100_MDEV]
+    vgpus = [e["vgpu"] for e in saved]
+    swapped = [{**e, "vgpu": v} for e, v in zip(saved, vgpus[1:] + vgpus[:1], strict=True)]
+    assert swapped != saved and same_record(swapped, saved)
+    persist.save_mig(mig.env, mig.io, {A100_MDEV: swapped})
+    plan = make_plan(mig.discover(), one, mig_records=persist.load_mig(mig.env, mig.io))
+    assert not [a for a in plan.actions if isinstance(a, SaveMigRecord)]
+    moved = [{**saved[0], "start": saved[0]["start"] + 1}] + saved[1:]
+    assert not same_record(moved, saved) and not same_record(saved[1:], saved)
+    assert not same_record([{**saved[0], "vgpu": "0000:13:00.4"}] + saved[1:], saved)
 
 
 def test_a_reboot_is_restored_at_the_same_placements(mig):
