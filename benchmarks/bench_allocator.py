@@ -218,12 +218,26 @@ def _schedule(alloc: Allocator, todo: list[dict]) -> tuple[float, list[float], i
     nodes, start = alloc.nodes, 0
     lat, failed, scanned = [], 0, []
     c0 = time.process_time()
+    fits = getattr(alloc, "fits", None)
     for c in todo:
+        if fits and not isinstance(alloc, NoSelectorCache):  # the allocator's own filter, with its per-node memo
+            t = time.perf_counter()
+            feasible, seen = alloc.filter([c], start, FEASIBLE)
+            start = (start + seen) % len(nodes)
+            scanned.append(seen)
+            if feasible:
+                alloc.allocate([c], node=feasible[0])
+            else:
+                failed += 1
+            lat.append(time.perf_counter() - t)
+            continue
         t = time.perf_counter()
         feasible, k = [], 0
+        shape = __import__("json").dumps([c["spec"]], sort_keys=True)
         for k in range(len(nodes)):
             n = nodes[(start + k) % len(nodes)]
-            if alloc._solve(n, [c], alloc.state) is not None:  # the Filter phase, nothing taken
+            if (fits(n, [c], shape) if fits and not isinstance(alloc, NoSelectorCache)
+                    else alloc._solve(n, [c], alloc.state) is not None):  # the Filter phase, nothing taken
                 feasible.append(n)
                 if len(feasible) >= FEASIBLE:
                     break

@@ -26,6 +26,7 @@ full for a request shape are skipped (allocation only adds to the state, there i
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import uuid as uuidlib
@@ -129,12 +130,22 @@ class Allocator:
         self._cel: dict[tuple[str, int], bool] = {}
         self._sigmatch: dict[tuple, dict[int, bool]] = {}  # selector list -> signature -> all match
         self._cand: dict[tuple, list[Device]] = {}
+        self._node_sigs: dict[str | None, dict[int, Device]] = {}
         # Allocation only ever adds to the state (there is no release), so a node that cannot
         # take a request shape now never can: remember it, and per shape the first node in
         # order that might still fit (everything before it is known full).
         self._full: set[tuple] = set()
         self._cursor: dict[str, int] = {}
         self._device_index: dict[tuple, Device] | None = None
+        # feasibility per (node, claims' shape), valid while the node's state is unchanged: only
+        # allocate()/reserve() change the state, and they bump the version of the node they take on
+        # (a node-less device bumps every node: the global version)
+        self._node_ver: dict[str | None, int] = {}
+        self._fit_memo: dict[tuple, tuple[int, int, bool]] = {}
+        self._plans: dict[str, list[list[Request]]] = {}
+        self._filter_state: dict[str, dict] = {}
+        self._changes: list[str | None] = []  # nodes whose state changed, in order (filter's change log)
+        self._node_pos = {n: i for i, n in enumerate(self.nodes)}
 
     @property
     def device_index(self) -> dict[tuple, Device]:
@@ -162,13 +173,18 @@ class Allocator:
         if got is None:
             exprs = tuple(self._class_selectors(req.device_class) + list(req.selectors))
             memo = self._sigmatch.setdefault(exprs, {})
-            got = []
-            for d in self.by_node.get(node, []) + self.by_node.get(None, []):
-                hit = memo.get(d.signature)
+            devs = self.by_node.get(node, []) + self.by_node.get(None, [])
+            sigs = self._node_sigs.get(node)
+            if sigs is None:
+                sigs = self._node_sigs[node] = {d.signature: d for d in devs}  # one device per signature
+            ok = set()
+            for sig, d in sigs.items():
+                hit = memo.get(sig)
                 if hit is None:
-                    hit = memo[d.signature] = all(self._match(e, d) for e in exprs)
+                    hit = memo[sig] = all(self._match(e, d) for e in exprs)
                 if hit:
-                    got.append(d)
+                    ok.add(sig)
+            got = [d for d in devs if d.signature in ok] if ok else []
             self._cand[key] = got
         return got
 
@@ -410,6 +426,78 @@ class Allocator:
 
         return per_claim(0, [])
 
+    # ------------------------------------------------------------ filter (scheduler's Filter phase)
+    def _bump(self, d: Device) -> None:
+        self._node_ver[d.node] = self._node_ver.get(d.node, 0) + 1
+        self._changes.append(d.node)
+
+    def _could_fit(self, node: str, plan: list[tuple[dict, list[list[Request]]]]) -> bool:
+        """Cheap necessary condition: every request has an alternative with enough candidates."""
+        for _claim, reqs in plan:
+            for alts in reqs:
+                if not any(alt.mode == "All" or len(self.candidates(node, alt)) >= alt.count for alt in alts):
+                    return False
+        return True
+
+    def fits(self, node: str, claims: list[dict], shape: str | None = None) -> bool:
+        """Whether ``claims`` can be allocated together on ``node`` now (nothing is taken); remembered per
+        (node, shape) until the node's state changes."""
+        shape = shape or json.dumps([c["spec"] for c in claims], sort_keys=True)
+        ver = (self._node_ver.get(node, 0), self._node_ver.get(None, 0))
+        hit = self._fit_memo.get((node, shape))
+        if hit is not None and hit[:2] == ver:
+            return hit[2]
+        plan = [(c, self._plan_of(c)) for c in claims]
+        ok = self._could_fit(node, plan) and self._solve(node, claims, self.state, plan) is not None
+        self._fit_memo[(node, shape)] = (*ver, ok)
+        return ok
+
+    def filter(self, claims: list[dict], start: int = 0, limit: int | None = None) -> tuple[list[str], int]:
+        """The scheduler's Filter phase: nodes (in order from ``start``, wrapping) where ``claims`` fit,
+        until ``limit`` of them are found; returns them and how many nodes were looked at.
+
+        Per claims' shape the nodes that fit are kept as a sorted index; only nodes whose state changed
+        since the shape's last filter (the change log of allocate/reserve) are solved again."""
+        shape = json.dumps([c["spec"] for c in claims], sort_keys=True)
+        nodes, n_nodes = self.nodes, len(self.nodes)
+        st = self._filter_state.get(shape)
+        glob = self._node_ver.get(None, 0)
+        if st is None or st["glob"] != glob:
+            ok = [i for i, n in enumerate(nodes) if self.fits(n, claims, shape)]
+            st = self._filter_state[shape] = {"ok": ok, "log": len(self._changes), "glob": glob}
+        elif st["log"] < len(self._changes):
+            ok = st["ok"]
+            for n in set(self._changes[st["log"]:]):
+                i = None if n is None else self._node_pos.get(n)  # a node-less change bumps glob: not here
+                if n is None or i is None:
+                    continue
+                fit = self.fits(n, claims, shape)
+                j = bisect.bisect_left(ok, i)
+                present = j < len(ok) and ok[j] == i
+                if fit and not present:
+                    ok.insert(j, i)
+                elif present and not fit:
+                    del ok[j]
+            st["log"] = len(self._changes)
+        ok = st["ok"]
+        start %= n_nodes or 1
+        j = bisect.bisect_left(ok, start)
+        ring = ok[j:] + ok[:j]
+        if limit is not None and len(ring) >= limit:
+            ring = ring[:limit]
+            last = ring[-1]
+            scanned = (last - start) % n_nodes + 1
+        else:
+            scanned = n_nodes
+        return [nodes[i] for i in ring], scanned
+
+    def _plan_of(self, claim: dict) -> list[list[Request]]:
+        key = json.dumps(claim["spec"], sort_keys=True)
+        got = self._plans.get(key)
+        if got is None:
+            got = self._plans[key] = self._requests(claim)
+        return got
+
     # ------------------------------------------------------------ public API
     def reserve(self, claim: dict) -> None:
         """Account an already allocated claim (its results consume what they hold)."""
@@ -422,6 +510,7 @@ class Allocator:
                 continue  # held by another claim too (admin access): counters count once
             share = {k: quantity_value(v) for k, v in (r.get("consumedCapacity") or {}).items()} if d.multi else None
             self._take(d, self.state, share)
+            self._bump(d)
 
     def allocate(self, claims: list[dict], node: str | None = None) -> tuple[str, list[dict]]:
         """Allocate a pod's claims together on one node: (node, allocation per claim) or Unsatisfiable."""
@@ -448,6 +537,7 @@ class Allocator:
                 results = []
                 for ch in chosen:
                     self._take(ch.device, self.state, ch.consumed)
+                    self._bump(ch.device)
                     res: dict[str, Any] = {"request": ch.request.name, "driver": ch.device.driver,
                                            "pool": ch.device.pool, "device": ch.device.name}
                     if ch.device.binding:  # as the allocator does with DRADeviceBindingConditions on

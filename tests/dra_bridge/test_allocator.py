@@ -697,3 +697,28 @@ def test_fresh_allocator_agrees_after_reserving_everything(inventory):
         b.reserve(claim(f"c{i}", status={"allocation": alloc}))
     assert b.state.taken == a.state.taken
     assert {k: dict(v) for k, v in b.state.used.items()} == {k: dict(v) for k, v in a.state.used.items()}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_filter_answers_what_solving_every_node_answers(inventory, seed):
+    """The scheduler-like Filter phase (its per-shape index of nodes that fit, kept up to date from the
+    nodes each allocation changed) names exactly the nodes a fresh search of each node, in the same
+    ring order from ``start``, finds room on: after every allocation of a random stream."""
+    nodes = [f"node-{i}" for i in range(5)]
+    slices = [s for n in nodes for s in node_slices(inventory, n)]
+    rng = random.Random(seed)
+    a = allocator(slices)
+    profiles = ["T4-4Q", "T4-8Q", "A100-8C", "L40S-6Q", "L40S-12Q"]
+    narrowed = 0
+    for i in range(200):
+        c = claim(f"c{i}", vgpu("gpu", rng.choice(profiles), count=rng.choice([1, 2, 4])))
+        start, limit = rng.randrange(len(nodes)), rng.choice([1, 2, None])
+        got, seen = a.filter([c], start, limit)
+        ring = [nodes[(start + k) % len(nodes)] for k in range(len(nodes))]
+        fit = [n for n in ring if a._solve(n, [c], a.state) is not None]
+        assert got == (fit[:limit] if limit else fit), (i, start, limit)
+        assert 1 <= seen <= len(nodes)
+        narrowed += len(fit) < len(nodes)
+        if got:
+            a.allocate([c], node=got[0])
+    assert narrowed > 20  # nodes filled up: the index had nodes to drop
