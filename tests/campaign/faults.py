@@ -23,6 +23,7 @@ and a hand-run ``vgpuctl`` get a :class:`FaultIO` and see nothing else.
 from __future__ import annotations
 
 import errno as errnos
+import fcntl
 import os
 import random
 from pathlib import Path
@@ -84,11 +85,32 @@ class Disk:
         return lost
 
 
+def _held(lock_file: Path) -> bool:
+    """Whether some open file description holds ``flock`` on the node lock (probed with a fresh one,
+    which conflicts with a holder in this process too)."""
+    try:
+        fd = os.open(lock_file, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock this probe took
+    return False
+
+
 class FaultIO(SimIO):
-    def __init__(self, host: SimHost, *, sched=None, disk: Disk | None = None):
+    def __init__(self, host: SimHost, *, sched=None, disk: Disk | None = None, lock_file: Path | None = None,
+                 unlocked: list[str] | None = None):
         super().__init__(host)
         self.sched = sched
         self.disk = disk
+        # the node lock every writer of the node takes around its writes: a write to the kernel's device
+        # files while nobody holds it is recorded in ``unlocked`` (an invariant: one writer at a time)
+        self.lock_file = lock_file
+        self.unlocked = unlocked if unlocked is not None else []
         self.writes = 0
         self.kernel_writes = 0
         self.file_writes = 0
@@ -168,6 +190,8 @@ class FaultIO(SimIO):
         if self._is_kernel(path):
             if torn:  # a sysfs write is one write(2): the kernel took it or not; here it did not
                 raise Killed(f"killed at {path}")
+            if self.lock_file is not None and not _held(self.lock_file):
+                self.unlocked.append(f"{path} written while nobody held the node lock")
             n, self.kernel_writes = self.kernel_writes, self.kernel_writes + 1
             if self._fail_at is not None and n == self._fail_at[0]:
                 code = self._fail_at[1]

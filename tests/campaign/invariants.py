@@ -45,6 +45,8 @@ def check_all(world: World, checks: Checks, outside: Outside | None = None) -> l
     inv = discover(world.env, io, node=world.node.node)
     bad: list[str] = list(checks.problems)
     bad += [f"a claim with a hostile identity was prepared: {h}" for h in world.hostile]
+    bad += world.unlocked[:3]
+    world.unlocked.clear()
     try:
         cp = CheckpointStore(world.paths.checkpoint, io).load()
     except CheckpointCorrupt as exc:

@@ -39,6 +39,7 @@ from dra_bridge.rpc import dra_client
 from dra_bridge.rpc.types import ClaimRef
 from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.host.env import HostEnv
+from mdev_manager.host.lock import lock_path
 from mdev_manager.sim import HostSpec
 from mdev_manager.sim.kernel import SimHost
 from mdev_manager.sim.node import SimNode, sim_node
@@ -95,6 +96,7 @@ class World:
     vms: dict[int, Holder] = field(default_factory=dict)  # simulated QEMU pid -> what it holds
     domains: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # libvirt: name -> (mdevs, pci)
     hostile: list[str] = field(default_factory=list)  # hostile claims the plugin prepared (a violation)
+    unlocked: list[str] = field(default_factory=list)  # kernel writes made while nobody held the node lock
     selected: str = "dra"
     serial: int = 0
     starts: int = 0
@@ -155,7 +157,8 @@ class World:
 
     def transport(self) -> FaultIO:
         """A fresh transport into this node (another process's view of the same kernel and disk)."""
-        return FaultIO(SimHost(self.node.root), sched=self.sched, disk=self.disk)
+        return FaultIO(SimHost(self.node.root), sched=self.sched, disk=self.disk, lock_file=lock_path(self.env),
+                       unlocked=self.unlocked)
 
     # ------------------------------------------------------------------ the agent
     def config(self) -> ServeConfig:
