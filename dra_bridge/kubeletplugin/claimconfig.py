@@ -18,6 +18,8 @@ first, then the claim's). Without one, the slot's default type (its ``profile``)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dra_bridge.api.names import check_resource_name
 
 VGPU_CONFIG_API = "vgpu.kubevirt.io/v1alpha1"
@@ -28,7 +30,7 @@ class VgpuConfigError(ValueError):
     """An opaque configuration for this driver that is not a VgpuConfig this driver reads."""
 
 
-def _params(claim: dict, request: str, driver: str):
+def _params(claim: dict, request: str, driver: str) -> Iterator[tuple[str, dict]]:
     """(where, parameters) of each allocated VgpuConfig for ``request``, in order (a later one wins)."""
     configs = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("config")) or []
     parent = request.split("/", 1)[0]

@@ -36,7 +36,8 @@ def overlap(ref: ClaimRef, results: list[dict], pool_name: str, pool: Pool,
     * the claim's own record is not another claim (a repeated prepare answers before this runs);
       one device twice within the claim is refused too.
     """
-    held = [(_owner(rec), d.pool, d.device, d.kind, d.gpu, False)
+    held: list[tuple[str, str | None, str | None, str | None, str | None, bool]] = [
+        (_owner(rec), d.pool, d.device, d.kind, d.gpu, False)
             for rec in claims.values() if rec.uid != ref.uid for d in rec.devices]
     for r in results:
         name, where = r.get("device"), r.get("pool")

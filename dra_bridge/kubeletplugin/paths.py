@@ -56,6 +56,7 @@ def check_request(value: object, field: str = "request") -> str:
     parts = value.split("/") if isinstance(value, str) else []
     if not 1 <= len(parts) <= 2 or not all(is_dns_label(p) for p in parts):
         raise _fail(field, value, "a request name (a DNS-1123 label, or label/label)")
+    assert isinstance(value, str)  # parts came from it
     return value
 
 

@@ -83,7 +83,7 @@ def health_message(healthy: bool | None, message: str = "") -> str:
 def _error_text(exc: BaseException) -> str:
     if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
         try:
-            return f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+            return f"{exc.code().name}: {exc.details()}"
         except Exception:  # noqa: BLE001
             pass
     text = str(exc)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dra_bridge.apiclient.maintenance import ClusterState, MaintenanceApi
 from dra_bridge.pool.cordon import NODE, parse_cordon
 from dra_bridge.scheduling.gpuview import GpuView, build_views
 from vgpuctl.cli import options
@@ -29,14 +30,13 @@ class Session:
 
     api: object
     version: tuple[int, int]
-    m: object  # MaintenanceApi
+    m: MaintenanceApi
     driver: str
     namespace: str | None = None
-    last: object = None  # the ClusterState the last views came from
+    last: ClusterState | None = None  # the ClusterState the last views came from
 
     @classmethod
     def open(cls, args) -> Session:
-        from dra_bridge.apiclient.maintenance import MaintenanceApi
         from dra_bridge.apiclient.publisher import server_version
 
         api = options.connect(args)
