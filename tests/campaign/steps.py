@@ -19,6 +19,7 @@ import io as iolib
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import threading
@@ -189,13 +190,17 @@ class Prepare:
         return Checks()
 
 
+def _free_devices(world: World) -> list[str]:
+    """Published devices no claim the kubelet knows holds, on GPUs none of them passes through."""
+    held = [d for c in _prepared(world) for d in c.devices]
+    whole = {n.split("-passthrough")[0] for n in held if n.endswith("-passthrough")}
+    return [n for n in _devices(world) if n not in held and not any(n.startswith(w + "-") for w in whole)]
+
+
 def _new_claim(world: World, picks: tuple[int, ...], overlap: bool = False, first_available: bool = False,
                name: str | None = None, free: bool = False) -> Claim | None:
-    names = _devices(world)
+    names = _free_devices(world) if free else _devices(world)
     held = [d for c in _prepared(world) for d in c.devices]
-    if free:  # devices no claim the kubelet knows holds, and GPUs none of them passes through
-        whole = {n.split("-passthrough")[0] for n in held if n.endswith("-passthrough")}
-        names = [n for n in names if n not in held and not any(n.startswith(w + "-") for w in whole)]
     if not names:
         world.log.append("prepare: nothing published")
         return None
@@ -204,6 +209,15 @@ def _new_claim(world: World, picks: tuple[int, ...], overlap: bool = False, firs
         devices[0] = _pick(held, picks[0])
     devices = list(dict.fromkeys(devices))  # a claim never lists one device twice
     return world.new_claim(devices, first_available=first_available, name=name)
+
+
+def _checkpoint(world: World):
+    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+
+    try:
+        return CheckpointStore(world.paths.checkpoint, world.node.io).load()
+    except CheckpointCorrupt:
+        return None
 
 
 def _record(world: World, uid: str):
@@ -353,7 +367,14 @@ class HostileClaim:
     pick: int
 
     def run(self, world: World) -> Checks:
-        names = _devices(world)
+        # a device on a GPU that no claim record holds and no claim is allocated anything of: one that clashes
+        # with another claim (an overlap, a MIG placement taken) is refused for that before its identity matters
+        rec = _checkpoint(world)
+        used = [d.device for r in (rec.claims.values() if rec else ()) for d in r.devices]
+        used += [res.get("device") or "" for c in world.srv.objects("resourceclaims")
+                 for res in ((((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or [])]
+        busy = {m.group(0) for d in used if (m := re.match(r"gpu-\d+-", d))}
+        names = [n for n in _free_devices(world) if not any(n.startswith(b) for b in busy)]
         if not names:
             return Checks()
         value = hostile_value(world, self.kind, self.part)
