@@ -37,7 +37,7 @@ from mdev_manager.actions import (
 )
 from mdev_manager.models import Gpu, GpuInstanceProfile, MdevDefinition, MigPlacement, MigState, Usage, VgpuType
 from mdev_manager.names import mig_profile_of
-from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
+from mdev_manager.vgpusteps import clear_step, empty_gpu, forget_step, split_existing
 
 ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")
 
@@ -256,17 +256,9 @@ def _create_vgpus(plan: Plan, gpu: Gpu, reuse: dict, kept: list, records: dict[s
 def switch_mig_mode(plan: Plan, gpu: Gpu, usage: Usage, definitions: Iterable[MdevDefinition], records: dict[str, str],
                     enable: bool) -> None:
     """Everything on the GPU goes (nothing of it in use), then the mode switches."""
-    busy = [v for v in gpu.vgpus if vgpu_users(v, usage) or usage.claims_of(v.id)]
-    if busy:
-        for v in busy:
-            plan.skipped.append(Skip(device=v.id, reason=f"in use ({'; '.join(vgpu_users(v, usage) or usage.claims_of(v.id))})"))
-        plan.skipped.append(Skip(device=gpu.address, reason=(
-            f"MIG mode {'enabled' if enable else 'disabled'} once its {len(busy)} vGPU(s) in use are released")))
+    waits = f"MIG mode {'enabled' if enable else 'disabled'} once its {{n}} vGPU(s) in use are released"
+    if not empty_gpu(plan, gpu, usage, definitions, records, waits):
         return
-    parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
-    saved = {d.uuid for d in definitions if d.parent in parents} | {vf for vf in records if vf in parents}
-    for v in gpu.vgpus:
-        plan.actions += [clear_step(gpu, v)] + ([forget_step(gpu, v)] if v.id in saved else [])
     if gpu.mig and gpu.mig.enabled:
         for g in gpu.mig.instances:
             prof = gpu.mig.profile(g.profile_id)

@@ -37,7 +37,7 @@ from mdev_manager.actions import (
 )
 from mdev_manager.config import GpuLayout
 from mdev_manager.models import Gpu, MdevDefinition, TypePlacements, Usage, Vgpu, VgpuPlacements, VgpuType
-from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
+from mdev_manager.vgpusteps import clear_step, empty_gpu, forget_step, split_existing
 
 
 def slot_map(gpu: Gpu, types: Iterable[VgpuType]) -> VgpuPlacements | None:
@@ -173,17 +173,9 @@ def refused(gpu: Gpu, label: str) -> str:
 def switch_mixed(plan: Plan, gpu: Gpu, usage: Usage, definitions: Iterable[MdevDefinition],
                  records: dict[str, str]) -> None:
     """Everything on the GPU goes (nothing of it in use), the mode is recorded, then switched on."""
-    busy = [v for v in gpu.vgpus if vgpu_users(v, usage) or usage.claims_of(v.id)]
-    if busy:
-        for v in busy:
-            plan.skipped.append(Skip(device=v.id, reason=f"in use ({'; '.join(vgpu_users(v, usage) or usage.claims_of(v.id))})"))
-        plan.skipped.append(Skip(device=gpu.address, reason=(
-            f"mixed-size mode set once its {len(busy)} vGPU(s) in use are released (NVIDIA switches it on an empty GPU only)")))
+    waits = "mixed-size mode set once its {n} vGPU(s) in use are released (NVIDIA switches it on an empty GPU only)"
+    if not empty_gpu(plan, gpu, usage, definitions, records, waits):
         return
-    parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
-    saved = {d.uuid for d in definitions if d.parent in parents} | {vf for vf in records if vf in parents}
-    for v in gpu.vgpus:
-        plan.actions += [clear_step(gpu, v)] + ([forget_step(gpu, v)] if v.id in saved else [])
     plan.actions += [SavePlacementRecord(gpu=gpu.address, mixed=True),
                      SetMixedSize(gpu=gpu.address, enabled=True)]
 

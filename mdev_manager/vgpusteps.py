@@ -4,9 +4,10 @@ who uses a vGPU, the steps that remove or forget one, and which existing vGPUs a
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 from mdev_manager.actions import Plan, RemoveDefinition, RemoveMdev, SaveVendorRecord, SetVgpuType, Skip
-from mdev_manager.models import Gpu, Usage, Vgpu
+from mdev_manager.models import Gpu, MdevDefinition, Usage, Vgpu
 
 
 def vgpu_users(v: Vgpu, usage: Usage) -> list[str]:
@@ -27,6 +28,24 @@ def forget_step(gpu: Gpu, v: Vgpu) -> RemoveDefinition | SaveVendorRecord:
     if v.framework == "mdev":
         return RemoveDefinition(gpu=gpu.address, parent=v.parent, uuid=v.id)
     return SaveVendorRecord(gpu=gpu.address, vf=v.id, type_id=None)
+
+
+def empty_gpu(plan: Plan, gpu: Gpu, usage: Usage, definitions: Iterable[MdevDefinition], records: dict[str, str],
+              waits: str) -> bool:
+    """Before a mode switch (MIG, mixed-size): steps removing every vGPU of ``gpu`` and forgetting the
+    saved ones. When any is in use (a workload or a DRA claim) nothing is planned: each is skipped,
+    and so is the GPU, with ``waits`` (``{n}``: how many are in use). True when the GPU will be empty."""
+    busy = [v for v in gpu.vgpus if vgpu_users(v, usage) or usage.claims_of(v.id)]
+    if busy:
+        for v in busy:
+            plan.skipped.append(Skip(device=v.id, reason=f"in use ({'; '.join(vgpu_users(v, usage) or usage.claims_of(v.id))})"))
+        plan.skipped.append(Skip(device=gpu.address, reason=waits.format(n=len(busy))))
+        return False
+    parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
+    saved = {d.uuid for d in definitions if d.parent in parents} | {vf for vf in records if vf in parents}
+    for v in gpu.vgpus:
+        plan.actions += [clear_step(gpu, v)] + ([forget_step(gpu, v)] if v.id in saved else [])
+    return True
 
 
 def keep_order(v: Vgpu, users: list[str], saved: set[str]) -> tuple:
