@@ -175,6 +175,21 @@ def save_vendor_vfio(env: HostEnv, io: HostIO, mapping: dict[str, str]) -> None:
 _PASSTHROUGH_VERSION = 1
 
 
+def _read_map(io: HostIO, path: Path, key: str, what: str) -> dict:
+    """The object under ``key`` of a JSON state file. Missing file: empty; one that cannot be used (not
+    JSON, not this shape) is logged and read as empty, so restore leaves ``what`` to the next apply."""
+    try:
+        found = json.loads(io.read(path))[key]
+        if not isinstance(found, dict):
+            raise ValueError(f"'{key}' is not an object")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("cannot use %s (%s); no saved %s", path, e, what)
+        return {}
+    return found
+
+
 def load_passthrough(env: HostEnv, io: HostIO) -> dict[str, str]:
     """PCI function -> its physical GPU, for each function a layout passed through.
 
@@ -182,16 +197,7 @@ def load_passthrough(env: HostEnv, io: HostIO) -> dict[str, str]:
     those GPUs on their native driver, which the next apply corrects.
     """
     path = env.passthrough_state
-    try:
-        data = json.loads(io.read(path))
-        functions = data["functions"]
-        if not isinstance(functions, dict):
-            raise ValueError("'functions' is not an object")
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("cannot use %s (%s); no saved passthrough bindings", path, e)
-        return {}
+    functions = _read_map(io, path, "functions", "passthrough bindings")
     out: dict[str, str] = {}
     for fn, gpu in functions.items():
         try:
@@ -234,16 +240,7 @@ def load_mig(env: HostEnv, io: HostIO) -> dict[str, list[dict]]:
     """GPU address -> the GPU instances its layout keeps. Missing file: empty; a corrupt file or
     entry is skipped and logged (restore then leaves those instances to the next apply)."""
     path = env.mig_state
-    try:
-        data = json.loads(io.read(path))
-        gpus = data["gpus"]
-        if not isinstance(gpus, dict):
-            raise ValueError("'gpus' is not an object")
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("cannot use %s (%s); no saved GPU instances", path, e)
-        return {}
+    gpus = _read_map(io, path, "gpus", "GPU instances")
     out: dict[str, list[dict]] = {}
     for gpu, entries in gpus.items():
         try:
@@ -285,16 +282,7 @@ def load_placements(env: HostEnv, io: HostIO) -> dict[str, dict]:
     """GPU address -> ``{"mixed": bool, "vgpus": {vGPU: placement id}}``. Missing file: empty; a corrupt
     file or entry is skipped and logged (restore then leaves those GPUs to the next apply)."""
     path = env.placement_state
-    try:
-        data = json.loads(io.read(path))
-        gpus = data["gpus"]
-        if not isinstance(gpus, dict):
-            raise ValueError("'gpus' is not an object")
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("cannot use %s (%s); no saved mixed-size placements", path, e)
-        return {}
+    gpus = _read_map(io, path, "gpus", "mixed-size placements")
     out: dict[str, dict] = {}
     for gpu, entry in gpus.items():
         try:
