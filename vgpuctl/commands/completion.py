@@ -73,6 +73,16 @@ def _q(s: str) -> str:
     return "'" + s.replace("'", "'\\''") + "'"
 
 
+def _subcommand_path(paths: list[tuple[str, Node]]) -> list[str]:
+    """Inside the loop over the words typed (bash and zsh alike): a word that extends ``$path`` to a
+    subcommand's path is added to it, so ``$path`` ends as the innermost subcommand named."""
+    subs = [p for p, _ in paths if p]
+    lines = ['        case "${path:+$path }$w" in']
+    if subs:
+        lines.append("            " + "|".join(_q(p) for p in subs) + ') path="${path:+$path }$w" ;;')
+    return lines + ["        esac"]
+
+
 def bash(prog: str, root: Node) -> str:
     fn = "_" + re.sub(r"\W", "_", prog)
     paths = _paths(root)
@@ -80,12 +90,8 @@ def bash(prog: str, root: Node) -> str:
              f"{fn}() {{",
              '    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" path="" w i',
              "    for ((i = 1; i < COMP_CWORD; i++)); do",
-             '        w="${COMP_WORDS[i]}"',
-             '        case "${path:+$path }$w" in']
-    subs = [p for p, _ in paths if p]
-    if subs:
-        lines.append("            " + "|".join(_q(p) for p in subs) + ') path="${path:+$path }$w" ;;')
-    lines += ["        esac", "    done", '    case "$path|$prev" in']
+             '        w="${COMP_WORDS[i]}"']
+    lines += _subcommand_path(paths) + ["    done", '    case "$path|$prev" in']
     for p, node in paths:
         for o in node.options:
             if not o.value:
@@ -124,12 +130,8 @@ def zsh(prog: str, root: Node) -> str:
              '    local path="" w i prev="${words[CURRENT-1]}"',
              "    local -a items",
              "    for ((i = 2; i < CURRENT; i++)); do",
-             '        w="${words[i]}"',
-             '        case "${path:+$path }$w" in']
-    subs = [p for p, _ in paths if p]
-    if subs:
-        lines.append("            " + "|".join(_q(p) for p in subs) + ') path="${path:+$path }$w" ;;')
-    lines += ["        esac", "    done", '    case "$path|$prev" in']
+             '        w="${words[i]}"']
+    lines += _subcommand_path(paths) + ["    done", '    case "$path|$prev" in']
     for p, node in paths:
         for o in node.options:
             if not o.value:
