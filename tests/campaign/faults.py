@@ -23,13 +23,13 @@ and a hand-run ``vgpuctl`` get a :class:`FaultIO` and see nothing else.
 from __future__ import annotations
 
 import errno as errnos
-import fcntl
 import os
 import random
 from pathlib import Path
 
 from mdev_manager.sim import SimIO
 from mdev_manager.sim.kernel import SimHost
+from tests.campaign.sched import flock_free
 
 KERNEL_ERRNOS = {name: getattr(errnos, name) for name in ("EBUSY", "EINVAL", "ENOSPC", "EEXIST", "EIO")}
 DISK_ERRNOS = {name: getattr(errnos, name) for name in ("ENOSPC", "EIO")}
@@ -83,22 +83,6 @@ class Disk:
                     f.write(old)  # type: ignore[arg-type]
         self.pending.clear()
         return lost
-
-
-def _held(lock_file: Path) -> bool:
-    """Whether some open file description holds ``flock`` on the node lock (probed with a fresh one,
-    which conflicts with a holder in this process too)."""
-    try:
-        fd = os.open(lock_file, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a lock this probe took
-    return False
 
 
 class FaultIO(SimIO):
@@ -190,7 +174,7 @@ class FaultIO(SimIO):
         if self._is_kernel(path):
             if torn:  # a sysfs write is one write(2): the kernel took it or not; here it did not
                 raise Killed(f"killed at {path}")
-            if self.lock_file is not None and not _held(self.lock_file):
+            if self.lock_file is not None and flock_free(self.lock_file):
                 self.unlocked.append(f"{path} written while nobody held the node lock")
             n, self.kernel_writes = self.kernel_writes, self.kernel_writes + 1
             if self._fail_at is not None and n == self._fail_at[0]:

@@ -221,12 +221,8 @@ def _checkpoint(world: World):
 
 
 def _record(world: World, uid: str):
-    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
-
-    try:
-        return CheckpointStore(world.paths.checkpoint, world.node.io).load().claims.get(uid)
-    except CheckpointCorrupt:
-        return None
+    cp = _checkpoint(world)
+    return cp.claims.get(uid) if cp else None
 
 
 def unprepare_checked(world: World, claim: Claim) -> list[str]:
@@ -463,11 +459,8 @@ class VmStop:
 
 def _claimed(world: World) -> set[str]:
     """vGPUs and GPUs the plugin's checkpoint on disk holds for claims (all of them, if it does not parse)."""
-    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
-
-    try:
-        cp = CheckpointStore(world.paths.checkpoint, world.node.io).load()
-    except CheckpointCorrupt:
+    cp = _checkpoint(world)
+    if cp is None:
         return {t[0] for t in _targets(world)}
     return {d.vgpu_id or d.gpu for rec in cp.claims.values() for d in rec.devices}
 
