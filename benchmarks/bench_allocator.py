@@ -212,37 +212,34 @@ def mixed_cluster() -> list[dict]:
     return out
 
 
+def _search(alloc: Allocator, c: dict, start: int) -> tuple[list[str], int]:
+    """The peer's Filter phase: a fresh search of each node in turn from ``start`` (nothing taken, nothing
+    remembered) until ``FEASIBLE`` fit; (those nodes, how many were looked at)."""
+    nodes, feasible, k = alloc.nodes, [], 0
+    for k in range(len(nodes)):
+        n = nodes[(start + k) % len(nodes)]
+        if alloc._solve(n, [c], alloc.state) is not None:
+            feasible.append(n)
+            if len(feasible) >= FEASIBLE:
+                break
+    return feasible, k + 1
+
+
 def _schedule(alloc: Allocator, todo: list[dict]) -> tuple[float, list[float], int, list[int]]:
     """(CPU seconds, per-claim latencies, unschedulable, nodes filtered per claim): filter from
-    the last stop until ``FEASIBLE`` nodes fit, take the first of them (scoring left out)."""
+    the last stop until ``FEASIBLE`` nodes fit, take the first of them (scoring left out). Ours filters
+    with the allocator's own Filter phase (its per-shape index of the nodes that fit); the peer searches."""
     nodes, start = alloc.nodes, 0
     lat, failed, scanned = [], 0, []
     c0 = time.process_time()
-    fits = getattr(alloc, "fits", None)
     for c in todo:
-        if fits and not isinstance(alloc, NoSelectorCache):  # the allocator's own filter, with its per-node memo
-            t = time.perf_counter()
-            feasible, seen = alloc.filter([c], start, FEASIBLE)
-            start = (start + seen) % len(nodes)
-            scanned.append(seen)
-            if feasible:
-                alloc.allocate([c], node=feasible[0])
-            else:
-                failed += 1
-            lat.append(time.perf_counter() - t)
-            continue
         t = time.perf_counter()
-        feasible, k = [], 0
-        shape = __import__("json").dumps([c["spec"]], sort_keys=True)
-        for k in range(len(nodes)):
-            n = nodes[(start + k) % len(nodes)]
-            if (fits(n, [c], shape) if fits and not isinstance(alloc, NoSelectorCache)
-                    else alloc._solve(n, [c], alloc.state) is not None):  # the Filter phase, nothing taken
-                feasible.append(n)
-                if len(feasible) >= FEASIBLE:
-                    break
-        start = (start + k + 1) % len(nodes)
-        scanned.append(k + 1)
+        if isinstance(alloc, NoSelectorCache):
+            feasible, seen = _search(alloc, c, start)
+        else:
+            feasible, seen = alloc.filter([c], start, FEASIBLE)
+        start = (start + seen) % len(nodes)
+        scanned.append(seen)
         if feasible:
             alloc.allocate([c], node=feasible[0])
         else:

@@ -142,7 +142,6 @@ class Allocator:
         # (a node-less device bumps every node: the global version)
         self._node_ver: dict[str | None, int] = {}
         self._fit_memo: dict[tuple, tuple[int, int, bool]] = {}
-        self._plans: dict[str, list[list[Request]]] = {}
         self._filter_state: dict[str, dict] = {}
         self._changes: list[str | None] = []  # nodes whose state changed, in order (filter's change log)
         self._node_pos = {n: i for i, n in enumerate(self.nodes)}
@@ -439,15 +438,17 @@ class Allocator:
                     return False
         return True
 
-    def fits(self, node: str, claims: list[dict], shape: str | None = None) -> bool:
+    def fits(self, node: str, claims: list[dict], shape: str | None = None,
+             plan: list[tuple[dict, list[list[Request]]]] | None = None) -> bool:
         """Whether ``claims`` can be allocated together on ``node`` now (nothing is taken); remembered per
-        (node, shape) until the node's state changes."""
+        (node, shape) until the node's state changes. ``shape`` and ``plan``: the claims' specs as a key
+        and their requests, when the caller has them for many nodes."""
         shape = shape or json.dumps([c["spec"] for c in claims], sort_keys=True)
         ver = (self._node_ver.get(node, 0), self._node_ver.get(None, 0))
         hit = self._fit_memo.get((node, shape))
         if hit is not None and hit[:2] == ver:
             return hit[2]
-        plan = [(c, self._plan_of(c)) for c in claims]
+        plan = plan or [(c, self._requests(c)) for c in claims]
         ok = self._could_fit(node, plan) and self._solve(node, claims, self.state, plan) is not None
         self._fit_memo[(node, shape)] = (*ver, ok)
         return ok
@@ -459,11 +460,12 @@ class Allocator:
         Per claims' shape the nodes that fit are kept as a sorted index; only nodes whose state changed
         since the shape's last filter (the change log of allocate/reserve) are solved again."""
         shape = json.dumps([c["spec"] for c in claims], sort_keys=True)
+        plan = [(c, self._requests(c)) for c in claims]
         nodes, n_nodes = self.nodes, len(self.nodes)
         st = self._filter_state.get(shape)
         glob = self._node_ver.get(None, 0)
         if st is None or st["glob"] != glob:
-            ok = [i for i, n in enumerate(nodes) if self.fits(n, claims, shape)]
+            ok = [i for i, n in enumerate(nodes) if self.fits(n, claims, shape, plan)]
             st = self._filter_state[shape] = {"ok": ok, "log": len(self._changes), "glob": glob}
         elif st["log"] < len(self._changes):
             ok = st["ok"]
@@ -471,7 +473,7 @@ class Allocator:
                 i = None if n is None else self._node_pos.get(n)  # a node-less change bumps glob: not here
                 if n is None or i is None:
                     continue
-                fit = self.fits(n, claims, shape)
+                fit = self.fits(n, claims, shape, plan)
                 j = bisect.bisect_left(ok, i)
                 present = j < len(ok) and ok[j] == i
                 if fit and not present:
@@ -490,13 +492,6 @@ class Allocator:
         else:
             scanned = n_nodes
         return [nodes[i] for i in ring], scanned
-
-    def _plan_of(self, claim: dict) -> list[list[Request]]:
-        key = json.dumps(claim["spec"], sort_keys=True)
-        got = self._plans.get(key)
-        if got is None:
-            got = self._plans[key] = self._requests(claim)
-        return got
 
     # ------------------------------------------------------------ public API
     def reserve(self, claim: dict) -> None:
