@@ -117,9 +117,13 @@ def test_a_removed_dra_socket_is_served_again_and_registered_anew(
 
 def test_the_plugins_own_directory_removed_is_made_again(plugin: KubeletPlugin, kubelet: FakeKubelet) -> None:
     """The remover finishes first (the keeper waits for the directories to settle), then the
-    plugin's own directory is made again for its socket."""
+    plugin's own directory is made again for its socket. A new DRA socket comes with a new
+    registration socket: the kubelet registers on that one (the old one goes as it is replaced)."""
+    reg = socket_identity(plugin.registration_socket)
     shutil.rmtree(plugin.plugin_dir)
-    eventually(lambda: plugin.dra_socket.is_socket(), "the DRA socket in its directory made again")
+    eventually(lambda: plugin.dra_socket.is_socket() and plugin.registration_socket.is_socket()
+               and socket_identity(plugin.registration_socket) != reg,
+               "the DRA socket in its directory made again, and a registration socket for it")
     registers_and_prepares(kubelet, plugin, "uid-1")
 
 
