@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from mdev_manager import catalog
+from mdev_manager import catalog, numbering
 from mdev_manager.host import pciids
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, override_value, read_attr
@@ -32,6 +32,7 @@ from mdev_manager.models import (
     occupancy,
 )
 from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, mig_profile_of, short_type_name
+from mdev_manager.numbering import Numbered
 from mdev_manager.placeplan import creatable, held
 
 log = logging.getLogger(__name__)
@@ -419,17 +420,29 @@ def is_gpu(fields: dict) -> bool:
 
 
 def discover(env: HostEnv | None = None, io: HostIO | None = None, node: str = "",
-             known: Iterable[str] = ()) -> Inventory:
-    """The whole node inventory. GPUs are indexed in PCI address order; VFs belong to their PF.
-    ``known``: GPU addresses the node had before; those not found are the inventory's ``gone``.
+             known: Iterable[str] = (), ids: dict[str, Numbered] | None = None) -> Inventory:
+    """The whole node inventory; VFs belong to their PF. GPUs carry the node's numbers
+    (:mod:`mdev_manager.numbering`, read here, written by :func:`numbering.record`; ``ids``: a
+    numbering already read); a GPU it has not numbered yet gets the number it would be given.
+    GPUs numbered (or in ``known``) but not found are the inventory's ``gone``.
 
-    A read that fails (not one that finds nothing) raises :class:`HostReadError` naming the path.
+    A read that fails (not one that finds nothing) raises :class:`HostReadError` naming the path;
+    a numbering that cannot be read, :class:`numbering.NumberingCorrupt`.
     """
     env = env or HostEnv()
     io = io or RealIO()
     try:
         inv = _discover(env, io, node)
-        inv.gone = sorted(set(known) - {g.address for g in inv.gpus})
+        if ids is None:
+            ids = numbering.load(env, io)
+        ids = numbering.extend(ids, [(g.address, g.vendor_id) for g in inv.gpus])
+        for g in inv.gpus:
+            g.index = ids[g.address].number
+        inv.gpus.sort(key=lambda g: g.index)
+        present = {g.address for g in inv.gpus}
+        inv.gone = sorted((set(ids) | set(known)) - present)
+        inv.gone_numbers = {a: ids[a].number for a in inv.gone if a in ids}
+        inv.gone_vendors = {a: v for a in inv.gone if a in ids and (v := ids[a].vendor)}
         return inv
     except HostReadError:
         raise

@@ -166,7 +166,9 @@ class VirtualFunction(PciFunction):
 
 
 class Gpu(PciFunction):
-    index: int = Field(description="position among the node's GPUs in PCI address order")
+    index: int = Field(description=(
+        "the GPU's number on this node (mdev_manager.numbering): PCI order among the GPUs first seen together, "
+        "kept when a GPU leaves the bus; what a layout's index and the DRA device names gpu-N mean"))
     framework: GpuFramework = "none"
     iommu_group_members: list[str] = []
     iommu_group_drivers: dict[str, str | None] = Field({}, description="driver of each function in the GPU's IOMMU group")
@@ -200,8 +202,10 @@ class Inventory(_Model):
     gpus: list[Gpu] = []
     iommufd: bool = False
     gone: list[str] = Field([], description=(
-        "GPUs this node had (the agent's GPU numbering, the applied layout's record) that discovery does not "
-        "see: they left the bus (hot-unplug, fallen off it); a layout entry naming one waits for it"))
+        "GPUs this node numbered that discovery does not see: they left the bus (hot-unplug, fallen off it); "
+        "a layout entry naming one waits for it"))
+    gone_numbers: dict[str, int] = Field({}, description="the number each GPU of gone keeps")
+    gone_vendors: dict[str, str] = Field({}, description="the PCI vendor of each GPU of gone, where recorded")
 
     def gpu(self, address: str) -> Gpu | None:
         return next((g for g in self.gpus if g.address == address), None)

@@ -77,22 +77,15 @@ def _select(inv: Inventory, layouts: list[GpuLayout]) -> tuple[dict[str, GpuLayo
         if entry.all:
             hits = pool
         elif entry.index is not None:
-            if inv.gone:  # the numbers as they were with every GPU on the bus
-                full = sorted([g.address for g in pool] + inv.gone)
-                meant = full[entry.index] if entry.index < len(full) else None
-                if meant in inv.gone:
-                    waiting.append(Skip(device=meant, reason=_gone(where, meant)))
-                    continue
-                if meant is not None and (entry.index >= len(pool) or pool[entry.index].address != meant):
-                    now = pool[entry.index].address if entry.index < len(pool) else "no GPU"
-                    problems.append(f"{where}.{entry.field_name('index')}: GPU {entry.index} was {meant}, but "
-                                    f"{', '.join(inv.gone)} left the bus, so index {entry.index} now names {now}; "
-                                    "select GPUs by pciAddress, which a GPU leaving the bus does not move")
-                    continue
-            hits = [pool[entry.index]] if entry.index < len(pool) else []
+            numbered = _numbered(inv, entry.nvidia_only)
+            meant = numbered[entry.index] if entry.index < len(numbered) else None
+            if meant in inv.gone:
+                waiting.append(Skip(device=meant, reason=_gone(where, meant)))
+                continue
+            hits = [g for g in pool if g.address == meant]
             if not hits:
-                problems.append(f"{where}.{entry.field_name('index')}: the node has {len(pool)} GPUs "
-                                f"(indices 0-{len(pool) - 1})")
+                problems.append(f"{where}.{entry.field_name('index')}: the node has {len(numbered)} "
+                                f"{'NVIDIA ' if entry.nvidia_only else ''}GPUs (indices 0-{len(numbered) - 1})")
                 continue
         elif entry.pci_address:
             hits = [g for g in inv.gpus if g.address == entry.pci_address]
@@ -122,6 +115,15 @@ def _select(inv: Inventory, layouts: list[GpuLayout]) -> tuple[dict[str, GpuLayo
                 chosen[g.address] = entry
                 where_chosen[g.address] = where
     return chosen, problems, waiting
+
+
+def _numbered(inv: Inventory, nvidia_only: bool) -> list[str]:
+    """The addresses an ``index`` counts, in the node's numbering (GPUs that left the bus keep their
+    place, so no index moves onto another GPU); ``nvidia_only`` (vgpu-device-manager's ``devices``)
+    counts NVIDIA GPUs only, and a gone GPU whose vendor an earlier release did not record as one."""
+    numbers = {g.address: g.index for g in inv.gpus if not nvidia_only or g.vendor_id == NVIDIA}
+    numbers |= {a: n for a, n in inv.gone_numbers.items() if not nvidia_only or inv.gone_vendors.get(a, NVIDIA) == NVIDIA}
+    return sorted(numbers, key=lambda a: numbers[a])
 
 
 def _gone(where: str, address: str) -> str:

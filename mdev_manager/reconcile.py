@@ -11,7 +11,7 @@ layout only when every step succeeded and nothing is blocked (``matches``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
@@ -24,6 +24,7 @@ from mdev_manager.executor import Executor, Report
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.models import Blocked, Inventory, Usage
+from mdev_manager.numbering import Numbered
 from mdev_manager.plan import make_plan
 from mdev_manager.usage import collect_usage
 
@@ -67,8 +68,8 @@ class Outcome(BaseModel):
 
 
 def plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None = None,
-              node: str = "", known: Iterable[str] = ()) -> tuple[Inventory, Plan, list[str]]:
-    inv, plan, warnings, _blocked, _usage = _plan_once(env, io, layouts, usage_extra, node, known)
+              node: str = "", ids: dict[str, Numbered] | None = None) -> tuple[Inventory, Plan, list[str]]:
+    inv, plan, warnings, _blocked, _usage = _plan_once(env, io, layouts, usage_extra, node, ids)
     return inv, plan, warnings
 
 
@@ -78,8 +79,8 @@ def gone_blocked(plan: Plan) -> list[Blocked]:
 
 
 def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None,
-               node: str, known: Iterable[str] = ()) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
-    inv = discover(env, io, node=node, known=known)
+               node: str, ids: dict[str, Numbered] | None = None) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
+    inv = discover(env, io, node=node, ids=ids)
     usage = collect_usage(env, io, usage_extra)
     defs, problems = persist.load_definitions(env, io)
     records = persist.load_vendor_vfio(env, io)
@@ -91,7 +92,8 @@ def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: 
 def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bool = False,
               usage_extra: Usage | None = None, node: str = "", max_rounds: int = 8,
               on_step: Callable[[object], None] | None = None, final_inventory: bool = True,
-              stop: Callable[[], str | None] | None = None, read_back: bool = False, known: Iterable[str] = ()) -> Outcome:
+              stop: Callable[[], str | None] | None = None, read_back: bool = False,
+              ids: dict[str, Numbered] | None = None) -> Outcome:
     """Run rounds until nothing structural is left (``max_rounds``: a passed-through GPU going to MIG-backed
     vGPUs takes five: driver, VFs, MIG mode, GPU instances, vGPUs); ``final_inventory`` discovers the result
     once more.
@@ -99,10 +101,11 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
     ``read_back`` plans the node once more after the work: what that plan still wants to do is an
     effect the node does not show (``unapplied``), so a write the kernel took without effect is a
     failure, not a "matches". ``stop()`` (a pending signal) ends the work between two steps.
-    ``known``: the GPUs the node had; an entry naming one that left the bus waits (``blocked``)."""
+    ``ids``: the node's GPU numbering where the caller read it (else discovery reads it); an entry
+    naming a numbered GPU that left the bus waits (``blocked``)."""
     out = Outcome()
     for _ in range(max_rounds):
-        inv, plan, warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, known)
+        inv, plan, warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, ids)
         out.inventory = inv
         out.warnings = sorted(set(out.warnings + warnings))
         if dry_run:
@@ -125,9 +128,9 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
         read_back = True
     executed = any(r.report.results for r in out.rounds if r.report)
     if read_back and not dry_run and executed:
-        inv, plan, _warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, known)
+        inv, plan, _warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, ids)
         out.inventory = inv
         out.unapplied = [a.describe() for a in plan.actions]
     elif final_inventory:
-        out.inventory = discover(env, io, node=node, known=known)
+        out.inventory = discover(env, io, node=node, ids=ids)
     return out

@@ -42,12 +42,11 @@ from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_k
 from dra_bridge.apiclient.nodes import node_metadata, set_node_annotation, set_node_label
 from dra_bridge.apiclient.publisher import Publisher
 from dra_bridge.kubeletplugin.driver import Driver
-from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.pool.devices import Pool, PoolPolicy
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.pool.shape import Shape, choose_shape, node_pool
 from dra_bridge.rpc.dra_grpc import KubeletPlugin
-from mdev_manager import applied
+from mdev_manager import applied, numbering
 from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
@@ -98,7 +97,8 @@ class Daemon:
         self.cordon = NodeCordon(api_client, cfg.node_name, wake=self.trigger)  # vgpuctl cordon, from a watch
         self.claim_cache: ClaimCache | None = None  # the binding loop's watch of the claims
         self._bind_lock = threading.Lock()
-        self.gpu_ids = StableGpuIds(self.paths.gpu_ids, self.io)
+        # the node's GPU numbering, which device names carry (an earlier release kept it in the data dir)
+        numbering.adopt(self.env, self.io, self.paths.gpu_ids)
         self.device_plugins = None
         self._dp_exclude: set[str] = set()
         self._applied_layout: str | None = None
@@ -157,7 +157,8 @@ class Daemon:
                 rejected, layouts = exc, self._last_good
                 if layouts is None:
                     raise
-            inv = discover(self.env, self.io, node=self.cfg.node_name, known=self.gpu_ids.ids)
+            inv = discover(self.env, self.io, node=self.cfg.node_name)
+            numbering.record(self.env, self.io, [(g.address, g.vendor_id) for g in inv.gpus])
             policy = policy_from_layout(inv, layouts)
             if self.device_plugins is not None:
                 if layouts is None:
@@ -168,7 +169,7 @@ class Daemon:
                 self.device_plugins.refresh(inv)
             self._check_fields()
             shape = self.shape()
-            pool = node_pool(inv, layouts, self.cfg.driver, shape, numbered=self.gpu_ids.apply(inv),
+            pool = node_pool(inv, layouts, self.cfg.driver, shape,
                              narrow=self.binder.policy, policy=policy)
             if not shape.counters and pool.warnings != self._safe_warned:  # said once per change
                 for warning in pool.warnings:
@@ -320,11 +321,11 @@ class Daemon:
             # is left alone without making a prepare wait for a whole discovery; when there is
             # something to do, the lock is taken and the node discovered and planned again under it
             out = reconcile(self.env, self.io, layouts, dry_run=True, usage_extra=self._usage(),
-                            node=self.cfg.node_name, final_inventory=False, known=self.gpu_ids.ids)
+                            node=self.cfg.node_name, final_inventory=False)
             if any(r.plan.actions for r in out.rounds):
                 with self.node_lock.hold():
                     out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
-                                    final_inventory=False, read_back=True, known=self.gpu_ids.ids)
+                                    final_inventory=False, read_back=True)
         except ConfigError as exc:
             self._reject(self._layout_name, self._digest, exc)
             raise

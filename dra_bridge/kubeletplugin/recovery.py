@@ -42,7 +42,6 @@ from dra_bridge.api.k8sname import dns_safe
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import cdi, metadata
 from dra_bridge.kubeletplugin.claimsource import allocated_claims, allocation_results
-from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.kubeletplugin.paths import (
     UnsafeName,
     check_label,
@@ -53,7 +52,7 @@ from dra_bridge.kubeletplugin.paths import (
 )
 from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.pool.devices import Pool
-from mdev_manager import persist
+from mdev_manager import numbering, persist
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
@@ -117,7 +116,8 @@ def _brief(exc: BaseException) -> str:
 def observe(paths: NodePaths, env: HostEnv, io: HostIO, claims: object = None, pool: str = "") -> Observed:
     """The node's traces, and (when ``claims`` can list them) the API's claims allocated from ``pool``."""
     defs, _problems = persist.load_definitions(env, io)
-    obs = Observed(inventory=discover(env, io), gpu_ids=StableGpuIds(paths.gpu_ids, io).ids,
+    ids = numbering.load(env, io, paths.gpu_ids)
+    obs = Observed(inventory=discover(env, io, ids=ids), gpu_ids={a: n.number for a, n in ids.items()},
                    layout_owned={d.uuid for d in defs} | set(persist.load_vendor_vfio(env, io))
                    | set(persist.load_passthrough(env, io)))
     try:

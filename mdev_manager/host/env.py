@@ -100,6 +100,11 @@ class HostEnv:
         return self.state_root / "placements.json"
 
     @property
+    def gpu_ids(self) -> Path:
+        """The node's GPU numbering (mdev_manager.numbering): what ``index:`` and ``gpu-N`` mean."""
+        return self.state_root / "gpu-ids.json"
+
+    @property
     def passthrough_state(self) -> Path:
         """The functions a layout bound to vfio-pci (a reboot forgets them; restore rebinds them)."""
         return self.state_root / "passthrough.json"

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Callable
@@ -19,11 +20,12 @@ import yaml
 
 from dra_bridge.api.nodepaths import DEFAULT_KUBELET_ROOT, NodePaths
 from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
-from dra_bridge.kubeletplugin.gpuids import StableGpuIds
+from mdev_manager import numbering
 from mdev_manager.discovery import discover, read_failed
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.models import Usage
+from mdev_manager.numbering import Numbered
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,23 @@ def _cannot_tell(env: HostEnv, io: HostIO, warning: str) -> Usage:
     return Usage(mdevs=mdevs, pci=pci, warnings=[warning])
 
 
-def known_gpus(host: Host, driver: str) -> list[str]:
-    """The GPUs the node agent has numbered (read-only): one of them that discovery does not find
-    left the bus, and a layout entry naming it waits for it instead of failing."""
-    return sorted(StableGpuIds(host.paths(driver).gpu_ids, host.io).ids)
+def numbering_of(host: Host, driver: str) -> dict[str, Numbered]:
+    """The node's GPU numbering, read only (an earlier release's, the DRA driver's, where the node has none)."""
+    return numbering.load(host.env, host.io, host.paths(driver).gpu_ids)
+
+
+def number_gpus(host: Host, driver: str, *, writes: bool) -> None:
+    """Number the GPUs on the bus that the node's numbering lacks, and save it: whichever command sees
+    a GPU first numbers it, so an ``index:`` of a layout names the same GPU for every command even
+    after one leaves the bus. A command that changes nothing else (``discover``, ``plan``) goes on
+    without it where the state directory cannot be written (not root); ``apply`` and ``restore`` fail."""
+    try:
+        numbering.adopt(host.env, host.io, host.paths(driver).gpu_ids)
+        inv = discover(host.env, host.io, node=host.node)
+        numbering.record(host.env, host.io, [(g.address, g.vendor_id) for g in inv.gpus])
+    except OSError as exc:
+        if writes or not (isinstance(exc, PermissionError) or exc.errno == errno.EROFS):
+            raise
 
 
 def sim_dir_for(ref: str) -> Path:

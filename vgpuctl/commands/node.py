@@ -29,6 +29,7 @@ from contextlib import contextmanager, nullcontext
 
 from rich.text import Text
 
+from dra_bridge.api.names import DEFAULT_DRIVER
 from mdev_manager import applied
 from mdev_manager.config import ConfigError, GpuLayout, load_config
 from mdev_manager.discovery import discover
@@ -39,7 +40,7 @@ from mdev_manager.plan import NVIDIA
 from mdev_manager.reconcile import Outcome, plan_once, reconcile
 from mdev_manager.restore import restore
 from vgpuctl.cli import options
-from vgpuctl.cli.host import Host, dump, known_gpus, open_host, prepared_usage
+from vgpuctl.cli.host import Host, dump, number_gpus, open_host, prepared_usage
 from vgpuctl.cli.scope import scoped
 from vgpuctl.cli.signals import StopSignals
 from vgpuctl.output.summary import summary
@@ -136,6 +137,7 @@ def no_gpu_message(inv: Inventory, env: HostEnv) -> str | None:
 
 def run_discover(args) -> int:
     host = open_host(args)
+    number_gpus(host, getattr(args, "driver", DEFAULT_DRIVER), writes=False)
     inv = discover(host.env, host.io, node=host.node)
     hint = None if host.simulated else no_gpu_message(inv, host.env)
     if args.output in ("json", "yaml"):
@@ -169,6 +171,7 @@ def _no_gpu_guard(host: Host, plan):
 def run_apply(args) -> int:
     layouts = load_config(args.file, args.layout)  # bad input touches nothing, not even a simulated host
     host = open_host(args)
+    number_gpus(host, args.driver, writes=not args.dry_run)  # before any index is read
     env, io, node = host.env, host.io, host.node
     if args.gpu is not None:  # one GPU's re-layout (vgpuctl drain first): the others are not planned at all
         layouts = scoped(discover(env, io, node=node), layouts, args.gpu)
@@ -177,24 +180,21 @@ def run_apply(args) -> int:
     if dry_run:
         with term.status("reading the node and planning") if table else nullcontext():
             out = _no_gpu_guard(host, lambda: reconcile(
-                env, io, layouts, dry_run=True, node=node, usage_extra=_claims_usage(args, host),
-                known=known_gpus(host, args.driver)))
+                env, io, layouts, dry_run=True, node=node, usage_extra=_claims_usage(args, host)))
         before = out.inventory
     else:
         # a layout the node rejects is bad input: rejected before the lock file is made (nothing written)
         with term.status("reading the node and planning") if table else nullcontext():
-            known = known_gpus(host, args.driver)
-            _, first, _ = _no_gpu_guard(host, lambda: plan_once(env, io, layouts, _claims_usage(args, host), node,
-                                                               known))
+            _, first, _ = _no_gpu_guard(host, lambda: plan_once(env, io, layouts, _claims_usage(args, host), node))
         try:
             with _writer(args, env), StopSignals() as signals:
                 # under the lock: another writer may have changed the node while this one waited
-                before = discover(env, io, node=node, known=known)
+                before = discover(env, io, node=node)
                 if args.gpu is None:  # one GPU's entry is not what the node is for
                     applied.record(env, io, layouts, name=args.layout, source=str(args.file), by="vgpuctl apply")
                 with term.progress("applying", len(first.actions)) as on_step:
                     out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, host),
-                                    on_step=on_step, stop=signals.pending, read_back=True, known=known)
+                                    on_step=on_step, stop=signals.pending, read_back=True)
         except NodeLockBusy as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_LOCK_BUSY
@@ -260,6 +260,7 @@ def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
 
 def run_restore(args) -> int:
     host = open_host(args)
+    number_gpus(host, args.driver, writes=True)
     env, io = host.env, host.io
     try:
         with _writer(args, env), StopSignals() as signals:

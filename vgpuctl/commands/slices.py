@@ -22,10 +22,9 @@ import yaml
 
 from dra_bridge.api import compat
 from dra_bridge.api.nodepaths import NodePaths
-from dra_bridge.kubeletplugin.gpuids import StableGpuIds
 from dra_bridge.pool.shape import Shape, choose_shape, node_pool
 from dra_bridge.pool.slices import plan_slices
-from mdev_manager import applied
+from mdev_manager import applied, numbering
 from mdev_manager.config import GpuLayout, load_config
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
@@ -33,7 +32,7 @@ from mdev_manager.host.io import HostIO
 from mdev_manager.host.nvml import NvmlTransport
 from mdev_manager.reconcile import plan_once, reconcile
 from vgpuctl.cli import options
-from vgpuctl.cli.host import Host, NotSetUp, known_gpus, open_host, prepared_usage
+from vgpuctl.cli.host import Host, NotSetUp, numbering_of, open_host, prepared_usage
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -121,9 +120,8 @@ def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape:
                 layouts: list[GpuLayout] | None = None) -> tuple[list[dict], list[str]]:
     """(slices, warnings): what this node's agent publishes in ``shape`` (the agent's own
     :func:`~dra_bridge.pool.shape.node_pool`). Shared with ``capacity``."""
-    ids = StableGpuIds(paths.gpu_ids, _ReadOnly(io))
-    inv = discover(env, io, node=node, known=ids.ids)
-    pool = node_pool(inv, layouts, paths.driver, shape, numbered=ids.apply(inv))
+    inv = discover(env, io, node=node, ids=numbering.load(env, io, paths.gpu_ids))  # read, never written here
+    pool = node_pool(inv, layouts, paths.driver, shape)
     plan = plan_slices(pool, driver=paths.driver, node_name=node, pool_name=node, generation=1,
                        server_version=shape.version)
     return plan.slices, [*pool.warnings, *plan.warnings]
@@ -182,7 +180,7 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
         yield host
         return
     usage = prepared_usage(host, driver)
-    _, plan, _ = plan_once(host.env, host.io, layouts, usage, host.node, known_gpus(host, driver))
+    _, plan, _ = plan_once(host.env, host.io, layouts, usage, host.node, numbering_of(host, driver))
     if not plan.actions:
         yield host
         return
@@ -195,7 +193,7 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
           f"has applied it ({len(plan.actions)} steps, taken on a scratch copy; the node is unchanged)", file=sys.stderr)
     with host.scratch() as copy:
         out = reconcile(copy.env, copy.io, layouts, usage_extra=prepared_usage(copy, driver), node=copy.node,
-                        final_inventory=False, known=known_gpus(copy, driver))
+                        final_inventory=False, ids=numbering_of(copy, driver))
         if not out.ok:
             raise NotSetUp(f"applying {what} on a scratch copy of the simulated node failed; vgpuctl --simulate "
                            "apply shows why")
