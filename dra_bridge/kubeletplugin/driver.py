@@ -268,7 +268,7 @@ class Driver:
 
     def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool, prefer: dict[str, PreparedDeviceRecord],
               claim: dict | None = None) -> tuple[list[PreparedDeviceRecord], dict]:
-        taken: set[str] = set()
+        taken = self._recorded_vfs(ref.uid)
         avoid: set[str] | None = None  # VFs a layout record names (a restore would take them back)
         records = []
         gpus = {}
@@ -429,6 +429,13 @@ class Driver:
                 self.store.save(self.cp)
                 out[ref.uid] = None
         return out
+
+    def _recorded_vfs(self, uid: str) -> set[str]:
+        """The VFs other claims' records name as their vGPUs' parents, whatever their boot: a claim
+        prepared before a reboot gets its own VF back whichever claim the kubelet retries first (a
+        PF that parents many mdevs is no one's)."""
+        return {d.parent for other in self.cp.claims.values() if other.uid != uid
+                for d in other.devices if d.kind == "vgpu" and d.parent and d.parent != d.gpu}
 
     def _held_elsewhere(self, uid: str, boot: str | None) -> set[str]:
         """vGPU ids and GPUs that another claim of this boot (or of unknown boot) holds."""

@@ -5,8 +5,10 @@ Split from :mod:`.driver`, which calls :func:`overlap` under its lock with the c
 
 from __future__ import annotations
 
-from dra_bridge.kubeletplugin.state import ClaimRecord
-from dra_bridge.pool.devices import Pool
+from dataclasses import dataclass
+
+from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
+from dra_bridge.pool.devices import Pool, PoolDevice
 from dra_bridge.rpc.types import ClaimRef
 
 
@@ -32,29 +34,71 @@ def overlap(ref: ClaimRef, results: list[dict], pool_name: str, pool: Pool,
       have made some) and those of an earlier boot (their claim re-creates them at its next
       prepare) too, where NVIDIA counts completed ones only and forgets them at a reboot;
     * "the same device" is physical: a passed-through GPU and a vGPU on it (or the GPU's
-      passthrough device under another name) clash; both kinds of record name their GPU;
+      passthrough device under another name) clash; both kinds of record name their GPU; so do
+      two placements whose slots (mixed-size) or memory slices (MIG) overlap, read from the
+      records, so a claim of an earlier boot keeps its placement before it is re-created;
     * the claim's own record is not another claim (a repeated prepare answers before this runs);
       one device twice within the claim is refused too.
     """
-    held: list[tuple[str, str | None, str | None, str | None, str | None, bool]] = [
-        (_owner(rec), d.pool, d.device, d.kind, d.gpu, False)
+    held = [_Held(_owner(rec), d.pool, d.device, d.kind, d.gpu, _record_span(d))
             for rec in claims.values() if rec.uid != ref.uid for d in rec.devices]
     for r in results:
         name, where = r.get("device"), r.get("pool")
         dev = pool.device(name or "") if where == pool_name else None
         kind, gpu = (dev.kind, dev.gpu) if dev else (None, None)
-        for who, h_pool, h_name, h_kind, h_gpu, mine in held:
-            if (h_pool, h_name) == (where, name):
-                why = f"device {name} is already {'allocated to' if mine else 'prepared for'} {who}"
-            elif gpu and gpu == h_gpu and kind == "passthrough" and h_kind == "vgpu":
-                why = f"device {name} is the whole GPU {gpu}, which holds vGPUs: {h_name} of {who}"
-            elif gpu and gpu == h_gpu and h_kind == "passthrough":
-                why = f"device {name} is on GPU {gpu}, which is passed through whole as {h_name} to {who}"
+        span = _device_span(dev)
+        for h in held:
+            if (h.pool, h.name) == (where, name):
+                why = f"device {name} is already {'allocated to' if h.mine else 'prepared for'} {h.who}"
+            elif gpu and gpu == h.gpu and kind == "passthrough" and h.kind == "vgpu":
+                why = f"device {name} is the whole GPU {gpu}, which holds vGPUs: {h.name} of {h.who}"
+            elif gpu and gpu == h.gpu and h.kind == "passthrough":
+                why = f"device {name} is on GPU {gpu}, which is passed through whole as {h.name} to {h.who}"
+            elif gpu and gpu == h.gpu and span and h.span and span[0] == h.span[0] and \
+                    span[1] < h.span[2] and h.span[1] < span[2]:
+                why = (f"device {name} takes {span[0]} {span[1]}-{span[2] - 1} of GPU {gpu}, which overlap "
+                       f"{h.span[1]}-{h.span[2] - 1} of {h.name} {'in' if h.mine else 'prepared for'} {h.who}")
             else:
                 continue
-            if mine:
+            if h.mine:
                 return f"{why}; one device serves one request"
             return (f"{why}; one device serves one claim (allocated twice: a scheduler race or a force-deleted "
                     "pod), this one prepares once that claim is unprepared")
-        held.append((f"request {r.get('request')} of this claim", where, name, kind, gpu, True))
+        held.append(_Held(f"request {r.get('request')} of this claim", where, name, kind, gpu, span, mine=True))
+    return None
+
+
+#: what a placement is a range of: a mixed-size vGPU's slots, a MIG-backed vGPU's memory slices
+_Span = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class _Held:
+    who: str
+    pool: str | None
+    name: str | None
+    kind: str | None
+    gpu: str | None
+    span: _Span | None
+    mine: bool = False
+
+
+def _record_span(d: PreparedDeviceRecord) -> _Span | None:
+    """The range a prepared device keeps on its GPU, from its record: a claim of an earlier boot
+    holds it too, though its vGPU is not made again yet (else the first claim the kubelet retries
+    after a reboot could take another's placement)."""
+    if d.placement is not None:
+        return ("slots", d.placement, d.placement + (d.placement_size or 1))
+    if d.gi_start is not None:
+        return ("memory slices", d.gi_start, d.gi_start + (d.gi_size or 1))
+    return None
+
+
+def _device_span(dev: PoolDevice | None) -> _Span | None:
+    if dev is None:
+        return None
+    if dev.slots is not None:
+        return ("slots", dev.slots.start, dev.slots.start + dev.slots.size)
+    if dev.placement is not None:
+        return ("memory slices", dev.placement.start, dev.placement.start + dev.placement.size)
     return None

@@ -166,7 +166,8 @@ def test_prepare_and_unprepare_a_mig_backed_vgpu_and_a_time_sliced_one(tmp_path,
     assert inv.gpu(L40S).vgpus[0].type_name.endswith("L40S-1Q")
     # an overlapping placement on the H100 is refused at prepare, nothing made
     clash = claims.add(claim_object("vm-e", [("gpu", "gpu-2-mig-2g20gb-14-4")], node=node.node), str(uuid.uuid4()))
-    assert "held by GPU instance" in drv.prepare([clash])[clash.uid].error
+    err = drv.prepare([clash])[clash.uid].error
+    assert "takes memory slices 4-5 of GPU" in err and "overlap 4-7 of gpu-2-mig-3g40gb-9-4" in err, err
     assert len(discover(node.env, node.io).gpu(H100).mig.instances) == 1
     # unprepare removes the vGPU and its GPU instance
     out = drv.unprepare(list(refs.values()))

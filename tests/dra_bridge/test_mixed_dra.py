@@ -244,7 +244,9 @@ def test_slots_held_or_a_gpu_out_of_the_mode_refuse_before_anything_is_made(node
     first = claims.add(claim_object("a", [("gpu", "gpu-0-vgpu-16gb-at-32")], node=node.node), str(uuid.uuid4()))
     assert drv.prepare([first])[first.uid].error is None
     clash = claims.add(claim_object("b", [("gpu", "gpu-0-vgpu-12gb-at-36")], node=node.node), str(uuid.uuid4()))
-    assert "slots 36-47 of gpu-0-vgpu-12gb-at-36 are held by vGPU" in drv.prepare([clash])[clash.uid].error
+    err = drv.prepare([clash])[clash.uid].error
+    assert "gpu-0-vgpu-12gb-at-36 takes slots 36-47 of GPU 0000:10:00.0, which overlap 32-47 of " \
+           "gpu-0-vgpu-16gb-at-32 prepared for claim default/a" in err, err
     assert len(slots_on_host(node, L40S)) == 1
     published = pool_of(node)  # as published while the L4 was in the mode
     node.host.reboot()
@@ -361,3 +363,48 @@ def test_a_placement_name_tells_its_gpu_and_type_without_the_pool(node):
     assert recovery._published("gpu-3-vgpu-10gb-at-30", None, obs) == ("vgpu", A100, a100_10c)
     kind, gpu, _ = recovery._published("gpu-0-vgpu-8gb-at-16", None, obs)  # 8Q and 8A: the claim chose
     assert (kind, gpu) == ("vgpu", L40S)
+
+
+@pytest.mark.parametrize("order", ["overlapping claim first", "prepared claim first"])
+def test_after_a_reboot_a_prepared_claim_keeps_its_placement_whoever_the_kubelet_retries_first(node, paths, order):
+    """Issue #29.3: P (H100, 8 GiB at 72) prepared, X (5 GiB at 70, overlapping) refused. After a
+    reboot the kubelet may retry X first: X is refused again (P's record holds slots 72-79 though its
+    vGPU is not made again yet), and P gets its slots and its own VF back."""
+    claims = DictClaims()
+    drv = make_driver(node, paths, claims, lambda: pool_of(node))
+    p = claims.add(claim_object("p", [("gpu", "gpu-2-vgpu-8gb-at-72")], node=node.node), str(uuid.uuid4()))
+    x = claims.add(claim_object("x", [("gpu", "gpu-2-vgpu-5gb-at-70")], node=node.node), str(uuid.uuid4()))
+    assert drv.prepare([p])[p.uid].error is None
+    assert "slots 70-74" in drv.prepare([x])[x.uid].error
+    vf = drv.cp.claims[p.uid].devices[0].parent
+    node.host.reboot()
+    assert all(not r.failed for r in restore(node.env, node.io, drv.usage()))
+    assert reconcile(node.env, node.io, LAYOUT, node=node.node, usage_extra=drv.usage()).matches
+    drv = make_driver(node, paths, claims, lambda: pool_of(node))
+    if order == "overlapping claim first":
+        err = drv.prepare([x])[x.uid].error
+        assert err and "slots 70-74 of GPU 0000:16:00.0, which overlap 72-79 of gpu-2-vgpu-8gb-at-72" in err
+        assert f"prepared for claim default/p (uid {p.uid})" in err
+        assert slots_on_host(node, H100) == {}
+    assert drv.prepare([p])[p.uid].error is None
+    assert [s for _, s in slots_on_host(node, H100).values()] == [72]
+    assert drv.cp.claims[p.uid].devices[0].parent == vf
+    assert drv.prepare([x])[x.uid].error  # still refused: P holds the slots
+
+
+def test_after_a_reboot_a_new_claim_takes_no_vf_another_claims_record_names(node, paths):
+    """A claim on other slots retried first after a reboot leaves the VF of the claim not yet re-created."""
+    claims = DictClaims()
+    drv = make_driver(node, paths, claims, lambda: pool_of(node))
+    p = claims.add(claim_object("p", [("gpu", "gpu-2-vgpu-8gb-at-0")], node=node.node), str(uuid.uuid4()))
+    assert drv.prepare([p])[p.uid].error is None
+    vf = drv.cp.claims[p.uid].devices[0].parent
+    node.host.reboot()
+    assert all(not r.failed for r in restore(node.env, node.io, drv.usage()))
+    assert reconcile(node.env, node.io, LAYOUT, node=node.node, usage_extra=drv.usage()).matches
+    drv = make_driver(node, paths, claims, lambda: pool_of(node))
+    y = claims.add(claim_object("y", [("gpu", "gpu-2-vgpu-8gb-at-40")], node=node.node), str(uuid.uuid4()))
+    assert drv.prepare([y])[y.uid].error is None
+    assert drv.cp.claims[y.uid].devices[0].parent != vf
+    assert drv.prepare([p])[p.uid].error is None
+    assert drv.cp.claims[p.uid].devices[0].parent == vf
