@@ -19,7 +19,6 @@ import yaml
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG_STATE
 from dra_bridge.sim.apiserver import LocalApiServer
-from mdev_manager.config import ConfigError
 from mdev_manager.discovery import discover
 from mdev_manager.sim.node import sim_node
 from tests.support.dra import add_claim, pool_slices, published_devices, set_boot_id
