@@ -145,3 +145,51 @@ def test_sim_unplug_and_replug(tmp_path):
     node.host.replug(A100)
     gpu = discover(node.env, node.io).gpu(A100)
     assert gpu is not None and gpu.driver == "nvidia" and not gpu.vgpus
+
+
+@pytest.fixture
+def mixed_agent(tmp_path, request):
+    short, cleanup = short_root(tmp_path)
+    request.addfinalizer(cleanup)
+    srv = LocalApiServer(version="1.36", feature_gates={}).start()
+    request.addfinalizer(srv.stop)
+    node = sim_node(tmp_path / "host", "mixed-node")
+    set_boot_id(node, str(uuid.uuid4()))
+    srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {}}})
+    layout_file = tmp_path / "layouts.yaml"
+    layout_file.write_text(yaml.safe_dump(_layout(*({"index": i, "mode": "dra"} for i in range(5)))))
+    cfg = ServeConfig(node_name=node.node, layout_file=layout_file, metrics_port=None, kubelet_root=short / "k",
+                      cdi_root=tmp_path / "cdi", state_label=LABEL_CONFIG_STATE)
+    daemon = Daemon(cfg, node.env, node.io, srv.api_client())
+    daemon._wrap_prepare()
+    return srv, node, daemon
+
+
+@pytest.mark.parametrize("gone", ["0000:10:00.0", "0000:13:00.0", "0000:1c:00.0"], ids=["first", "middle", "last"])
+def test_a_gpu_leaving_from_anywhere_in_the_numbering_is_withdrawn_and_set_up_again(mixed_agent, gone):
+    """Issue #29.4: an index-based dra layout on mixed-node; the first, a middle (the L4) or the last
+    GPU leaves the bus. The others keep publishing, the gone GPU's free devices are withdrawn at the
+    next resync, and once it is back it is set up again (its VFs enabled) and takes a claim."""
+    srv, node, daemon = mixed_agent
+    daemon.resync()
+    number = discover(node.env, node.io).gpu(gone).index
+    mine = f"gpu-{number}-"
+    before = published_devices(pool_slices(srv, node=node.node))
+    assert any(d.startswith(mine) for d in before)
+    node.host.unplug(gone)
+    daemon.resync()
+    after = published_devices(pool_slices(srv, node=node.node))
+    assert not [d for d in after if d.startswith(mine)]
+    assert after == {d for d in before if not d.startswith(mine)}  # the others keep theirs
+    assert _node_meta(srv, node)["labels"][LABEL_CONFIG_STATE] == "pending"
+    node.host.replug(gone)
+    daemon.resync()
+    gpu = discover(node.env, node.io).gpu(gone)
+    assert gpu is not None and gpu.index == number
+    assert gpu.sriov_total_vfs == 0 or gpu.sriov_num_vfs == gpu.sriov_total_vfs  # set up again
+    back = published_devices(pool_slices(srv, node=node.node))
+    assert back == before
+    assert _node_meta(srv, node)["labels"][LABEL_CONFIG_STATE] == "success"
+    device = next(d.name for d in daemon._pool.devices if d.gpu == gone and d.kind == "vgpu")
+    ref = add_claim(srv, "vm-back", [("gpu", device)], node=node.node)
+    assert daemon.driver.prepare([ref])[ref.uid].error is None
