@@ -133,3 +133,33 @@ def test_read_only_node_commands_load_neither_grpc_nor_kubernetes(argv, tmp_path
     loaded = _loaded_after(argv, tmp_path)
     assert "mdev_manager" in loaded  # the command really ran in that process
     assert {"grpc", "kubernetes"} & loaded == set()
+
+
+#: what ``vgpuctl --version`` and ``-h`` never load (issue #32: under 100 ms of CPU as a whole process,
+#: measured by ``python -m benchmarks cli``): the libraries' models, the clients, the terminal, the
+#: installed-distribution metadata (its ``email`` parser alone cost more than the rest of --version)
+HEAVY_AT_START = {"pydantic", "kubernetes", "grpc", "yaml", "rich", "jinja2", "mdev_manager", "dra_bridge",
+                  "kubevirt_templates", "importlib.metadata", "email", "urllib3", "prometheus_client"}
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["-h"], ["apply", "-h"]])
+def test_version_and_help_load_nothing_heavy(argv, tmp_path):
+    code = ("import json, sys\n"
+            "from vgpuctl.main import main\n"
+            "try:\n"
+            f"    rc = main({argv!r})\n"
+            "except SystemExit as e:  # argparse's --version and -h\n"
+            "    rc = e.code\n"
+            "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    report = json.loads(p.stderr.strip().splitlines()[-1])
+    assert report["rc"] == 0, p.stderr[-2000:]
+    loaded = set(report["modules"])
+    heavy = {m for m in loaded if m in HEAVY_AT_START or m.split(".")[0] in HEAVY_AT_START - {"importlib.metadata"}}
+    if argv[0] == "apply":  # a command's own help loads that command's module, and what it imports
+        assert "vgpuctl.commands.node" in loaded
+        # the node manager's models (pydantic, which reads importlib.metadata for its plugins), no client
+        heavy -= {m for m in heavy if m.split(".")[0] in {"mdev_manager", "dra_bridge", "pydantic", "yaml", "rich",
+                                                           "email", "importlib"}}
+    assert heavy == set()

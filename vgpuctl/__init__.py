@@ -5,3 +5,5 @@ command table, errors as one line), ``commands`` (one module per command: it par
 libraries, prints) and ``output`` (tables, ``-o json|yaml|wide``, the terminal). The libraries
 (``mdev_manager``, ``dra_bridge``, ``kubevirt_templates``) never import this package.
 """
+
+__version__ = "0.1.0"

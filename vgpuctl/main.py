@@ -22,14 +22,10 @@ import logging
 import os
 import select
 import sys
-import tomllib
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as dist_version
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from dra_bridge.apiclient.errors import api_exception, brief
+from vgpuctl import __version__
 from vgpuctl.cli.extras import require_sim
 from vgpuctl.cli.options import HOST_VALUED, add_host_options
 
@@ -105,15 +101,9 @@ PLUGIN_DESCRIPTION = "GPUs shared by KubeVirt VMs and pods through DRA (vgpuctl)
 
 
 def version() -> str:
-    """The installed distribution's version; from a source checkout, pyproject.toml's."""
-    try:
-        return dist_version("vgpuctl")
-    except PackageNotFoundError:
-        try:
-            with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
-                return str(tomllib.load(f)["project"]["version"])
-        except (OSError, KeyError, tomllib.TOMLDecodeError):
-            return "unknown"
+    """vgpuctl's version: ``vgpuctl.__version__``, which pyproject.toml reads too (one place, and no
+    ``importlib.metadata`` at start-up: it costs more than the rest of ``--version``)."""
+    return __version__
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -259,6 +249,8 @@ def _api_error(exc: BaseException) -> str | None:
     headers and bodies): ``the API server answered 404 NotFound: configmaps "x" not found``."""
     if "kubernetes" not in sys.modules and "urllib3" not in sys.modules:
         return None  # neither loaded: no such error can have happened
+    from dra_bridge.apiclient.errors import api_exception, brief  # start-up: only on an error
+
     if isinstance(exc, api_exception()):
         return f"the API server answered {brief(exc)}"
     urllib3 = sys.modules.get("urllib3.exceptions")

@@ -23,10 +23,8 @@ whole resource.k8s.io API).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
-
-from pydantic import BaseModel
 
 # ------------------------------------------------------------------ versions
 SUPPORTED: tuple[tuple[int, int], ...] = ((1, 34), (1, 35), (1, 36), (1, 37))
@@ -71,7 +69,8 @@ SLICE_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 
-class KeptFields(BaseModel):
+@dataclass
+class KeptFields:
     """Which DRA field families an API server keeps on write, per family: True kept, False dropped,
     None unknown (never sent yet). Found by effect on a real server (``apiclient/kept.py``), or
     read off the gates (:func:`kept_by_gates`) where only a version and gates are given."""
@@ -97,8 +96,8 @@ class KeptFields(BaseModel):
 
     def merged(self, later: KeptFields) -> KeptFields:
         """``later``'s knowledge where it has any, ours elsewhere."""
-        return KeptFields(**{f: v if (v := getattr(later, f)) is not None else getattr(self, f)
-                             for f in type(self).model_fields})
+        return KeptFields(**{f.name: v if (v := getattr(later, f.name)) is not None else getattr(self, f.name)
+                             for f in fields(self)})
 
 
 def kept_by_gates(version: tuple[int, int], gates: Mapping[str, bool]) -> KeptFields:

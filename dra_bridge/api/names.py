@@ -17,11 +17,13 @@ and KubeVirt hands the devices to virt-launcher through ``PCI_RESOURCE_<R>`` /
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dra_bridge.api.k8sname import fit_dns_label, is_dns_subdomain
-from mdev_manager.models import VgpuType
 from mdev_manager.names import is_mig_backed, short_type_name
+
+if TYPE_CHECKING:
+    from mdev_manager.models import VgpuType
 
 # --------------------------------------------------------------------------- DRA driver
 

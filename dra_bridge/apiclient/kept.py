@@ -12,6 +12,7 @@ answered can, on every write, so a cluster whose gates change is seen at its nex
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from kubernetes import client
@@ -49,7 +50,7 @@ def _has_taints(obj: dict) -> bool:
 
 def observe(kept: KeptFields, sent: dict, answer: dict) -> KeptFields:
     """``kept`` updated by one write: a family we sent is kept iff the server's answer still has it."""
-    out = kept.model_copy()
+    out = dataclasses.replace(kept)
     for field, has in (("counters", _has_counters), ("compatibility_groups", _has_groups),
                        ("binding_conditions", _has_binding), ("taints", _has_taints)):
         if has(sent):

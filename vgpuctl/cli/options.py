@@ -16,9 +16,6 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
-from dra_bridge.api.compat import DEFAULT_VERSION, VERSION_CHOICES, format_version
-from dra_bridge.api.names import DEFAULT_DRIVER
-
 if TYPE_CHECKING:
     from dra_bridge.apiclient.objects import ApiClient
 
@@ -63,6 +60,8 @@ def add_server_version(p: argparse.ArgumentParser, what: str = "the API server t
                        from_cluster: bool = False) -> None:
     """``--server-version``: with ``from_cluster`` (a command that always reads one) the default is
     the server's own version, else :data:`DEFAULT_VERSION`."""
+    from dra_bridge.api.compat import DEFAULT_VERSION, VERSION_CHOICES, format_version  # start-up: not for -h
+
     default = None if from_cluster else format_version(DEFAULT_VERSION)
     p.add_argument("--server-version", choices=VERSION_CHOICES, default=default, metavar="|".join(VERSION_CHOICES),
                    help=f"Kubernetes version of {what} (default: "
@@ -76,6 +75,8 @@ def add_feature_gates(p: argparse.ArgumentParser) -> None:
 
 
 def add_driver(p: argparse.ArgumentParser, what: str = "DRA driver name") -> None:
+    from dra_bridge.api.names import DEFAULT_DRIVER  # start-up: not for -h
+
     p.add_argument("--driver", default=DEFAULT_DRIVER, help=f"{what} (default %(default)s)")
 
 

@@ -1,0 +1,66 @@
+"""CLI start-up (issue #32): CPU of ``vgpuctl --version``, ``-h`` and each command's ``-h`` as whole
+processes, interleaved with the peer, ``kubectl version --client`` (kubectl 1.37, a Go binary).
+
+Each figure is the median over ``ROUNDS`` runs of the child's user + system CPU time (from
+``getrusage(RUSAGE_CHILDREN)``), so a loaded machine's waiting does not count. Bound: 100 ms for
+``--version`` and ``-h``; a command's own ``-h`` loads that command's modules (the figure says what
+starting that command costs before it does anything).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from .common import HEADER, row
+
+ROUNDS = 9
+BOUND_MS = 100.0
+
+
+def _cpu_ms(argv: list[str]) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return 1000 * ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+
+
+def _vgpuctl() -> list[str]:
+    exe = Path(sys.executable).with_name("vgpuctl")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "vgpuctl"]
+
+
+def _kubectl() -> list[str] | None:
+    exe = Path(sys.executable).with_name("kubectl")
+    found = str(exe) if exe.exists() else shutil.which("kubectl")
+    return [found, "version", "--client"] if found else None
+
+
+def run() -> list[str]:
+    from vgpuctl.main import COMMANDS
+
+    vg, peer = _vgpuctl(), _kubectl()
+    cases = [("--version", ["--version"]), ("-h", ["-h"])] + [(f"{c} -h", [c, "-h"]) for c in COMMANDS]
+    times: dict[str, list[float]] = {name: [] for name, _ in cases}
+    peer_times: list[float] = []
+    env_note = f"median of {ROUNDS}, CPU of the whole process; {os.cpu_count()} CPUs"
+    for _ in range(ROUNDS):  # interleaved: each round runs every case and the peer once
+        for name, args in cases:
+            times[name].append(_cpu_ms([*vg, *args]))
+        if peer:
+            peer_times.append(_cpu_ms(peer))
+    p = statistics.median(peer_times) if peer_times else None
+    lines = [f"CLI start-up, CPU ms ({env_note}); peer: kubectl version --client; bound {BOUND_MS:.0f} ms "
+             "for --version and -h", HEADER]
+    for name, _ in cases:
+        ours = statistics.median(times[name])
+        bound = name in ("--version", "-h")
+        verdict = ("within" if ours <= BOUND_MS else "OVER") + f" the {BOUND_MS:.0f} ms bound" if bound else ""
+        lines.append(row(f"vgpuctl {name}", f"{ours:.0f} ms", f"{p:.0f} ms" if p else "-",
+                         ours / p if p else None, verdict))
+    return lines
