@@ -317,8 +317,31 @@ class Executor:
 
     # ------------------------------------------------------------ kernel operations (also used by the DRA bridge)
     def create_mdev(self, parent: str, type_id: str, uuid: str) -> None:
+        """Write ``uuid`` to the type's ``create``. EEXIST (the kernel's answer for a UUID that exists
+        anywhere on the host) for the very vGPU asked for, on this parent and of this type (made by an
+        earlier apply whose report was lost, or by mdevctl's own start at a parent's appearance), is
+        adopted: the step is done. Any other holder of the UUID fails the step, named."""
         path = self._dev(parent) / "mdev_supported_types" / check_type_id(type_id) / "create"
-        self.io.write(path, check_uuid(uuid) + "\n")
+        try:
+            self.io.write(path, check_uuid(uuid) + "\n")
+        except OSError as exc:
+            if exc.errno != errno_mod.EEXIST:
+                raise
+            where = self._mdev_now(uuid)
+            if where == (parent, type_id):
+                log.info("mdev %s of type %s on %s exists already: adopted", uuid, type_id, parent)
+                return
+            held = (f"as type {where[1] or 'unknown'} on {where[0]}" if where
+                    else "but not as a vGPU this host lists (/sys/bus/mdev/devices has no such device)")
+            raise OSError(errno_mod.EEXIST, f"a device {uuid} exists {held}", str(path)) from None
+
+    def _mdev_now(self, uuid: str) -> tuple[str, str | None] | None:
+        """(parent, type id) of the mdev ``uuid`` as sysfs lists it now, None if it lists none."""
+        link = self.env.mdev_devices / uuid
+        if not self.io.exists(link):
+            return None
+        real = self.io.realpath(link)
+        return real.parent.name, link_name(self.io, real / "mdev_type")
 
     def remove_mdev(self, parent: str, uuid: str) -> None:
         path = self.env.pci(check_pci_address(parent)) / check_uuid(uuid) / "remove"

@@ -251,6 +251,12 @@ def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
                         + ("" if verbose else "; -v lists them") + ")")
         return Text("nothing to change; " + (converging if out.blocked else "node matches the layout"),
                     style="yellow" if out.blocked else "green")
+    results = [x for r in out.rounds if r.report for x in r.report.results]
+    failed = sum(1 for x in results if not x.ok and not x.skipped)
+    skipped = sum(1 for x in results if x.skipped)
+    if failed or skipped:  # what the read-back still wants includes their work: never called "reported done"
+        return Text(f"{out.changed} changes; {failed} step(s) failed" + (f", {skipped} skipped after them" if skipped
+                    else "") + "; apply again once the cause is fixed", style="bold red")
     if out.unapplied:
         return Text(f"{out.changed} changes; read back, the node still needs {len(out.unapplied)} step(s) the "
                     f"apply reported done: {'; '.join(out.unapplied[:3])}" + (" ..." if len(out.unapplied) > 3 else ""),
