@@ -293,6 +293,13 @@ class SimHost(SysfsTree):
             raise err(errno.ENOENT, str(rel))
         if owner is not None and self._dispatch_function(owner, full, rel, raw):
             return
+        if owner is None and name in ("create", "remove", "sriov_numvfs", "current_vgpu_type", "placement_id") \
+                and any(ADDR.match(x) for x in parts[:-1]):
+            # an attribute the kernel acts on, of a device the simulator's state does not list: its tree
+            # and state disagree (a simulator fault, never a kernel answer; never "read-only": create is
+            # write-only)
+            raise err(errno.ENODEV, f"{rel}: the simulated host's state lists no such device (its tree and "
+                      "state disagree: `vgpuctl sim reset` rebuilds it)")
         if parts[:3] == ("bus", "pci", "drivers") and len(parts) == 5 and name in ("bind", "unbind"):
             addr = raw.strip()
             if addr not in self.state["functions"]:

@@ -264,3 +264,17 @@ def test_the_node_lock_is_held_without_its_note_on_a_full_disk(tmp_path, monkeyp
         with pytest.raises(lock_mod.NodeLockBusy) as busy:  # held all the same
             lock_mod.NodeLock(env, "another").hold(wait=False).__enter__()
         assert "pid not recorded" in str(busy.value)
+
+
+def test_a_simulator_whose_tree_and_state_disagree_says_so(tmp_path):
+    """What a half-made simulated write left before the room check: a device in the tree its state does
+    not list. The simulator says that (ENODEV, the fix), never that ``create`` is read-only."""
+    node = make_node(tmp_path, prepare_gpus=False)
+    state_file = node.root / ".sim/state.json"
+    state = json.loads(state_file.read_text())
+    del state["functions"][T4]
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(OSError) as exc:
+        node.io.write(node.env.pci(T4) / "mdev_supported_types" / T4_2Q / "create", str(uuid.uuid4()) + "\n")
+    assert exc.value.errno == errno.ENODEV and "vgpuctl sim reset" in str(exc.value)
+    assert "read-only" not in str(exc.value)
