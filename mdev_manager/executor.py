@@ -194,16 +194,17 @@ class Executor:
 
     def _run(self, plan: Plan) -> Report:
         report = Report()
-        broken: set[str] = set()
+        broken: dict[str, str] = {}  # key -> the failed step that made it meaningless
         for i, a in enumerate(plan.actions):
             why = self.stop() if self.stop else None
             if why:
                 report.stopped, report.left = why, len(plan.actions) - i
                 break
-            if _needs(a) & broken:
+            cause = next((broken[k] for k in sorted(_needs(a)) if k in broken), None)
+            if cause is not None:  # said once, as skipped, naming the failure it follows (reported on its own)
                 report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False, skipped=True,
-                                                 message="skipped: an earlier step for this device failed"))
-                broken |= _blocks(a)
+                                                 message=f"not run: {cause} failed first"))
+                broken.update(dict.fromkeys(_blocks(a), cause))
                 continue
             before = getattr(self.io, "writes", 0)
             try:
@@ -217,14 +218,17 @@ class Executor:
                 log.debug("%s failed: %s", a.describe(), exc)  # the report names it; callers print or log it once
                 report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False,
                                                  error=f"NVML_ERROR_{exc.code}", message=str(exc)))
-                broken |= _blocks(a)
+                broken.update(dict.fromkeys(_blocks(a), a.describe()))
                 continue
             except OSError as exc:
                 name = errno_mod.errorcode.get(exc.errno or 0, "EIO")
                 log.debug("%s failed: %s", a.describe(), exc)
+                text = exc.strerror or str(exc)
+                if exc.filename and str(exc.filename) not in text:  # the file the disk refused: named
+                    text += f": {exc.filename}"
                 report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False, error=name,
-                                                 message=exc.strerror or str(exc)))
-                broken |= _blocks(a)
+                                                 message=text))
+                broken.update(dict.fromkeys(_blocks(a), a.describe()))
                 continue
             report.results.append(StepResult(step=a.describe(), device=_device(a), ok=True))
             if self.on_step:

@@ -96,6 +96,9 @@ def test_a_full_state_disk_reports_each_step_once_and_converges_once_freed(tmp_p
     verdict = out.strip().splitlines()[-1]
     assert "step(s) failed" in verdict and "apply again once the cause is fixed" in verdict, verdict
     assert "reported done" not in out
+    # each refused write names its file, once; a step after it says which failure it follows
+    assert f"ENOSPC (No space left on device: {node.env.mdevctl_root}/" in out, out
+    assert "skipped (not run: persist mdev " in out and "failed first)" in out, out
     # machines: every step once, done or failed (ENOSPC) or skipped after the one it needs
     code = main(["apply", "-f", LAYOUT, "-o", "json"])
     doc = json.loads(capsys.readouterr().out)
@@ -236,7 +239,7 @@ def test_a_real_full_tmpfs_under_the_simulated_node(tmp_path):
         small.unlink()
         p = vgpuctl("apply", "-f", LAYOUT)
         assert p.returncode == 1, (p.stdout, p.stderr)
-        assert p.stderr == "" and "No space left on device" in p.stdout, (p.stdout, p.stderr)
+        assert p.stderr == "" and f"No space left on device: {mnt}/default/" in p.stdout, (p.stdout, p.stderr)
         assert "step(s) failed" in p.stdout.splitlines()[-1] and "reported done" not in p.stdout
         (mnt / "fill").unlink()
         p = vgpuctl("apply", "-f", LAYOUT)
