@@ -16,6 +16,7 @@ import errno as errno_mod
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -50,6 +51,55 @@ from mdev_manager.names import check_pci_address, check_type_id, check_uuid
 log = logging.getLogger(__name__)
 
 
+class Stopped(Exception):
+    """A stop was asked (a signal) before a write: that write and every one after it are not made."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
+
+
+class _StopBeforeWrites:
+    """The transport a run writes through when it can be stopped: every write (kernel attribute,
+    saved file, removal, rename) first asks ``stop()``, so a stop lands between two writes of one step
+    as well as between two steps (a step may write several files: override, unbind, probe). Every
+    state between two writes is one the next apply completes (docs/design.md, "Crash safety by
+    ordering"). Everything else goes to the wrapped transport."""
+
+    def __init__(self, io: HostIO, stop: Callable[[], str | None]):
+        self._io, self._stop = io, stop
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._io, name)
+
+    def _check(self) -> None:
+        why = self._stop()
+        if why:
+            raise Stopped(why)
+        self.writes += 1
+
+    def write(self, path: Path, data: str) -> None:
+        self._check()
+        self._io.write(path, data)
+
+    def write_atomic(self, path: Path, data: str, durable: bool = True) -> None:
+        self._check()
+        self._io.write_atomic(path, data, durable)
+
+    def remove(self, path: Path) -> None:
+        self._check()
+        self._io.remove(path)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        self._check()
+        self._io.rename(src, dst)
+
+    def rmdir(self, path: Path) -> None:
+        self._check()
+        self._io.rmdir(path)
+
+
 class StepResult(BaseModel):
     step: str
     device: str
@@ -61,8 +111,9 @@ class StepResult(BaseModel):
 
 class Report(BaseModel):
     results: list[StepResult] = []
-    stopped: str | None = None  # why the run stopped between two steps (a signal), None if it ran through
-    left: int = 0  # steps not started because it stopped
+    stopped: str | None = None  # why the run stopped before a write (a signal), None if it ran through
+    left: int = 0  # steps not finished because it stopped (``interrupted`` among them)
+    interrupted: str | None = None  # the step a stop landed in, between two of its writes
 
     @property
     def failed(self) -> list[StepResult]:
@@ -106,8 +157,9 @@ def _needs(a: Action) -> set[str]:
 
 
 class Executor:
-    """Runs a plan's steps in order. ``stop()`` is asked between two steps: a step in flight is
-    always finished (every state between two steps is one the next apply completes, as after a crash)."""
+    """Runs a plan's steps in order. ``stop()`` is asked before every write, so a stop waits for no
+    more than the write in flight, whatever the step (every state between two writes is one the next
+    apply completes, as after a crash)."""
 
     def __init__(self, env: HostEnv, io: HostIO, on_step: Callable[[object], None] | None = None,
                  stop: Callable[[], str | None] | None = None):
@@ -130,44 +182,58 @@ class Executor:
 
     def run(self, plan: Plan) -> Report:
         self._dirs = {}
+        io = self.io
+        if self.stop is not None:
+            self.io = cast(HostIO, _StopBeforeWrites(io, self.stop))
         try:
             with self.io.reusing_dirs():  # 16 creates into one type directory: walk its path once
                 return self._run(plan)
         finally:
             self._dirs = None
+            self.io = io
 
     def _run(self, plan: Plan) -> Report:
         report = Report()
-        broken: set[str] = set()
+        broken: dict[str, str] = {}  # key -> the failed step that made it meaningless
         for i, a in enumerate(plan.actions):
             why = self.stop() if self.stop else None
             if why:
                 report.stopped, report.left = why, len(plan.actions) - i
                 break
-            if _needs(a) & broken:
+            cause = next((broken[k] for k in sorted(_needs(a)) if k in broken), None)
+            if cause is not None:  # said once, as skipped, naming the failure it follows (reported on its own)
                 report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False, skipped=True,
-                                                 message="skipped: an earlier step for this device failed"))
-                broken |= _blocks(a)
+                                                 message=f"not run: {cause} failed first"))
+                broken.update(dict.fromkeys(_blocks(a), cause))
                 continue
+            before = getattr(self.io, "writes", 0)
             try:
                 self.apply(a)
+            except Stopped as exc:
+                report.stopped, report.left = exc.why, len(plan.actions) - i
+                if getattr(self.io, "writes", 0) > before:  # some of its writes made: a rerun finishes it
+                    report.interrupted = a.describe()
+                break
             except NvmlError as exc:
-                log.warning("%s failed: %s", a.describe(), exc)
+                log.debug("%s failed: %s", a.describe(), exc)  # the report names it; callers print or log it once
                 report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False,
                                                  error=f"NVML_ERROR_{exc.code}", message=str(exc)))
-                broken |= _blocks(a)
+                broken.update(dict.fromkeys(_blocks(a), a.describe()))
                 continue
             except OSError as exc:
                 name = errno_mod.errorcode.get(exc.errno or 0, "EIO")
-                log.warning("%s failed: %s", a.describe(), exc)
+                log.debug("%s failed: %s", a.describe(), exc)
+                text = exc.strerror or str(exc)
+                if exc.filename and str(exc.filename) not in text:  # the file the disk refused: named
+                    text += f": {exc.filename}"
                 report.results.append(StepResult(step=a.describe(), device=_device(a), ok=False, error=name,
-                                                 message=exc.strerror or str(exc)))
-                broken |= _blocks(a)
+                                                 message=text))
+                broken.update(dict.fromkeys(_blocks(a), a.describe()))
                 continue
             report.results.append(StepResult(step=a.describe(), device=_device(a), ok=True))
             if self.on_step:
                 self.on_step(a)
-        if self._unsynced:
+        if self._unsynced:  # what was written is made durable, stopped or not
             self.io.sync()
             self._unsynced = False
         return report
@@ -255,8 +321,31 @@ class Executor:
 
     # ------------------------------------------------------------ kernel operations (also used by the DRA bridge)
     def create_mdev(self, parent: str, type_id: str, uuid: str) -> None:
+        """Write ``uuid`` to the type's ``create``. EEXIST (the kernel's answer for a UUID that exists
+        anywhere on the host) for the very vGPU asked for, on this parent and of this type (made by an
+        earlier apply whose report was lost, or by mdevctl's own start at a parent's appearance), is
+        adopted: the step is done. Any other holder of the UUID fails the step, named."""
         path = self._dev(parent) / "mdev_supported_types" / check_type_id(type_id) / "create"
-        self.io.write(path, check_uuid(uuid) + "\n")
+        try:
+            self.io.write(path, check_uuid(uuid) + "\n")
+        except OSError as exc:
+            if exc.errno != errno_mod.EEXIST:
+                raise
+            where = self._mdev_now(uuid)
+            if where == (parent, type_id):
+                log.info("mdev %s of type %s on %s exists already: adopted", uuid, type_id, parent)
+                return
+            held = (f"as type {where[1] or 'unknown'} on {where[0]}" if where
+                    else "but not as a vGPU this host lists (/sys/bus/mdev/devices has no such device)")
+            raise OSError(errno_mod.EEXIST, f"a device {uuid} exists {held}", str(path)) from None
+
+    def _mdev_now(self, uuid: str) -> tuple[str, str | None] | None:
+        """(parent, type id) of the mdev ``uuid`` as sysfs lists it now, None if it lists none."""
+        link = self.env.mdev_devices / uuid
+        if not self.io.exists(link):
+            return None
+        real = self.io.realpath(link)
+        return real.parent.name, link_name(self.io, real / "mdev_type")
 
     def remove_mdev(self, parent: str, uuid: str) -> None:
         path = self.env.pci(check_pci_address(parent)) / check_uuid(uuid) / "remove"

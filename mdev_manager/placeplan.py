@@ -171,13 +171,18 @@ def refused(gpu: Gpu, label: str) -> str:
 
 
 def switch_mixed(plan: Plan, gpu: Gpu, usage: Usage, definitions: Iterable[MdevDefinition],
-                 records: dict[str, str]) -> None:
-    """Everything on the GPU goes (nothing of it in use), the mode is recorded, then switched on."""
+                 records: dict[str, str], saved: dict | None = None) -> None:
+    """Everything on the GPU goes (nothing of it in use), the mode is recorded, then switched on.
+
+    ``saved``: the GPU's placement record. One that already says mixed-size means the driver lost the
+    mode (enabling or disabling VFs, ``sriov-manage -e``, clears it; a driver reload too) rather than the
+    layout changing it: the record and its placements stay, so the vGPUs come back where they were."""
     waits = "mixed-size mode set once its {n} vGPU(s) in use are released (NVIDIA switches it on an empty GPU only)"
     if not empty_gpu(plan, gpu, usage, definitions, records, waits):
         return
-    plan.actions += [SavePlacementRecord(gpu=gpu.address, mixed=True),
-                     SetMixedSize(gpu=gpu.address, enabled=True)]
+    if not (saved and saved.get("mixed")):
+        plan.actions.append(SavePlacementRecord(gpu=gpu.address, mixed=True))
+    plan.actions.append(SetMixedSize(gpu=gpu.address, enabled=True))
 
 
 class _Targets:

@@ -295,7 +295,7 @@ def make_plan(
                     switch_mig_mode(plan, gpu, usage, definitions, vendor_records or {}, entry.mig_mode)
                     continue
                 if entry.mixed_size and not gpu.mixed_size:
-                    switch_mixed(plan, gpu, usage, definitions, vendor_records or {})
+                    switch_mixed(plan, gpu, usage, definitions, vendor_records or {}, mixed_record)
                     continue
                 _plan_dra(plan, gpu, usage, definitions, vendor_records or {})
                 forget_layout_instances(plan, gpu, (mig_records or {}).get(addr))
@@ -306,7 +306,7 @@ def make_plan(
                                                 (mig_records or {}).get(addr), new_uuid):
                 continue
             if entry.mixed_size and not gpu.mixed_size:
-                switch_mixed(plan, gpu, usage, definitions, vendor_records or {})
+                switch_mixed(plan, gpu, usage, definitions, vendor_records or {}, mixed_record)
                 plan.notes += preview(gpu, entry, offered_types(gpu), wanted[addr])
                 continue
             if gpu.mixed_size and gpu.placements is not None and gpu.framework != "none":

@@ -44,7 +44,12 @@ class Outcome(BaseModel):
     # read back after the work: steps a fresh plan of the node still wants (an effect that is missing,
     # or work left by a failure or a stop); empty when the node was read back matching the layout
     unapplied: list[str] = []
-    stopped: str | None = None  # the signal that stopped the work between two steps
+    stopped: str | None = None  # the signal that stopped the work between two writes
+
+    @property
+    def interrupted(self) -> str | None:
+        """The step a stop landed in between two of its writes (the next apply finishes it)."""
+        return next((r.report.interrupted for r in self.rounds if r.report and r.report.interrupted), None)
     # who used what when the last round planned: callers reuse it instead of scanning /proc again
     usage: Usage = Field(default_factory=Usage, exclude=True)
 
@@ -100,11 +105,16 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
 
     ``read_back`` plans the node once more after the work: what that plan still wants to do is an
     effect the node does not show (``unapplied``), so a write the kernel took without effect is a
-    failure, not a "matches". ``stop()`` (a pending signal) ends the work between two steps.
+    failure, not a "matches". ``stop()`` (a pending signal) ends the work before the next write, or
+    before the next round is planned; a stopped outcome has no inventory (the node was not read back).
     ``ids``: the node's GPU numbering where the caller read it (else discovery reads it); an entry
     naming a numbered GPU that left the bus waits (``blocked``)."""
     out = Outcome()
     for _ in range(max_rounds):
+        why = stop() if stop and out.rounds else None
+        if why:  # asked to stop while the last round ran: the next one is not even planned
+            out.stopped = why
+            break
         inv, plan, warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, ids)
         out.inventory = inv
         out.warnings = sorted(set(out.warnings + warnings))
@@ -127,7 +137,11 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
     else:  # rounds ran out with structural work done: what is left is read back, never taken as done
         read_back = True
     executed = any(r.report.results for r in out.rounds if r.report)
-    if read_back and not dry_run and executed:
+    if not out.stopped and stop and not dry_run:
+        out.stopped = stop()  # the signal came with the last write: the read-back is skipped too
+    if out.stopped:  # stopping is what was asked: no read-back, no inventory it would take a while to make
+        out.inventory = None
+    elif read_back and not dry_run and executed:
         inv, plan, _warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, ids)
         out.inventory = inv
         out.unapplied = [a.describe() for a in plan.actions]

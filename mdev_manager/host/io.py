@@ -9,7 +9,9 @@ transport to count or interrupt writes. Nothing above this layer knows which one
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -60,6 +62,14 @@ class RealIO:
     def __init__(self, nvml: NvmlTransport | None = None) -> None:
         self._local = threading.local()
         self._nvml = nvml  # None: NVIDIA's library through nvidia-ml-py, on first use
+        self._dirty: set[str] = set()  # directories written without fsync since the last sync()
+        self._dirty_lock = threading.Lock()
+
+    def _dirtied(self, path: Path | str) -> None:
+        if self.__dict__.get("_dirty_lock") is None:  # a subclass that skipped __init__
+            self._dirty, self._dirty_lock = set(), threading.Lock()
+        with self._dirty_lock:
+            self._dirty.add(os.path.dirname(os.path.abspath(path)))
 
     def read(self, path: Path) -> str:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -179,6 +189,7 @@ class RealIO:
                 os.unlink(tmp)
             raise named(exc, path) from None
         if not durable:
+            self._dirtied(path)
             return
         dfd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -187,18 +198,41 @@ class RealIO:
             os.close(dfd)
 
     def sync(self) -> None:
-        """Flush every written file to disk (one call after many non-durable writes)."""
-        os.sync()
+        """Flush what this transport wrote without fsync (one call after many non-durable writes):
+        ``syncfs(2)`` of each filesystem it wrote to, not ``sync(2)`` of every filesystem of the host,
+        whose VM disks may hold gigabytes of dirty pages that a stopping apply would wait for."""
+        if self.__dict__.get("_dirty_lock") is None:
+            return  # a subclass that skipped __init__ and never wrote through write_atomic
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        seen: set[int] = set()
+        for d in sorted(dirty):
+            while d != os.path.dirname(d) and not os.path.isdir(d):
+                d = os.path.dirname(d)  # removed since: its filesystem is its parent's
+            try:
+                fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                os.sync()
+                return
+            try:
+                dev = os.fstat(fd).st_dev
+                if dev not in seen:
+                    seen.add(dev)
+                    _syncfs(fd)
+            finally:
+                os.close(fd)
 
     def remove(self, path: Path) -> None:
         try:
             os.unlink(path)
         except FileNotFoundError:
-            pass
+            return
+        self._dirtied(path)
 
     def rename(self, src: Path, dst: Path) -> None:
         """``rename(2)``: ``src`` becomes ``dst`` in one step (same filesystem; a file or a directory)."""
         os.rename(src, dst)
+        self._dirtied(dst)
 
     def listdir(self, path: Path) -> list[str]:
         try:
@@ -237,6 +271,18 @@ class RealIO:
         if self.__dict__.get("_nvml") is None:
             self._nvml = PynvmlTransport()
         return self._nvml  # type: ignore[return-value]
+
+
+def _syncfs(fd: int) -> None:
+    """``syncfs(2)`` of the filesystem holding ``fd``; ``sync(2)`` where the C library has none."""
+    fn = getattr(_libc(), "syncfs", None)
+    if fn is None or fn(fd) != 0:
+        os.sync()
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _read_at(dfd: int, names: list[str]) -> dict[str, str | None]:

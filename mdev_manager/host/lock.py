@@ -6,8 +6,9 @@ of them at once leave definitions without devices and records that disagree with
 Each takes this lock (an ``fcntl.flock`` on ``<state_root>/node.lock``) around its writes.
 
 The holder writes its pid and command into the file, so a second writer can say whom it
-waits for (or, not waiting, whom it lost to). flock locks die with their process: a holder
-killed with SIGKILL leaves a file with stale text but no lock.
+waits for (or, not waiting, whom it lost to); on a full disk it holds the lock without that note.
+flock locks die with their process: a holder killed with SIGKILL leaves a file with stale text
+but no lock.
 
 The lock goes straight to the file system, not through :class:`~mdev_manager.host.io.HostIO`:
 HostIO has no way to hold an open descriptor (its calls open and close per call), and the
@@ -41,6 +42,18 @@ class NodeLockBusy(RuntimeError):
         self.path, self.holder = path, holder
         super().__init__(f"the node lock {path} is held by {holder}; nothing was changed "
                          "(run again without --no-wait to wait for it)")
+
+
+def _note_holder(fd: int, command: str) -> None:
+    """Write ``pid command`` into the lock file. The note is for a waiting writer's message; the flock
+    is the lock: on a full disk (or quota) the lock is held without it, and the apply goes on to name
+    the state file it cannot write, instead of failing on the lock."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
 
 
 def lock_path(env: HostEnv) -> Path:
@@ -104,8 +117,7 @@ class NodeLock:
                 if on_wait is not None:
                     on_wait(f"waiting for the node lock held by {holder}")
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
+            _note_holder(fd, command)
             return fd
         except BaseException:
             os.close(fd)

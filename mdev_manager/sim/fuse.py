@@ -6,8 +6,9 @@ against a :class:`~.kernel.SimHost`:
 
 * Reads pass through to the backing tree under ``host.sys``. Symlinks stay symlinks (the
   simulated tree only holds relative links, so they resolve inside the mount).
-* Attribute files look like sysfs: mode 0644 when the kernel acts on writes to them,
-  0444 otherwise (opening those for writing fails with EACCES, as on sysfs), directories
+* Attribute files look like sysfs: mode 0644 when the kernel acts on writes to them (0200 for
+  the write-only ones, ``create``, ``remove``, ``bind``...: opening those for reading fails with
+  EACCES), 0444 otherwise (opening those for writing fails with EACCES, as on sysfs), directories
   0755, and ``st_size`` 4096 whatever the content. Every attribute is opened with
   ``direct_io``, so reads ignore that size and return the real content, up to EOF.
 * Each ``write()`` call is one kernel write: ``host.write(<backing path>, data)``, with the
@@ -66,8 +67,16 @@ MOUNT_TIMEOUT = 10.0
 FUSERMOUNT = "fusermount3"
 
 
+# Of those, the ones the kernel declares write-only (``MDEV_TYPE_ATTR_WO(create)``, ``DEVICE_ATTR_WO(remove)``,
+# the PCI core's ``bind``/``unbind``/``new_id``/``remove_id``/``drivers_probe``): mode 0200, opening one
+# for reading fails with EACCES (kernfs: no show method), root or not.
+WRITE_ONLY_ATTRS = frozenset({"create", "remove", "bind", "unbind", "new_id", "remove_id", "drivers_probe"})
+
+
 def attr_mode(name: str) -> int:
     """Permission bits of an attribute file (sysfs-like)."""
+    if name in WRITE_ONLY_ATTRS:
+        return 0o200
     return 0o644 if name in WRITABLE_ATTRS else 0o444
 
 
@@ -164,6 +173,8 @@ class SimFS(mfusepy.Operations):
         accmode = fi.flags & os.O_ACCMODE
         if accmode != os.O_RDONLY and os.path.basename(path) not in WRITABLE_ATTRS:
             raise mfusepy.FuseOSError(errno.EACCES)  # sysfs: no store method, no write open
+        if accmode != os.O_WRONLY and os.path.basename(path) in WRITE_ONLY_ATTRS:
+            raise mfusepy.FuseOSError(errno.EACCES)  # sysfs: no show method, no read open
         with self._mutex:
             fh = next(self._fh)
             self._files[fh] = {"path": backing, "data": None}

@@ -11,6 +11,8 @@ its device model) the way the kernel does and fails with the kernel's errno
   simulated: :mod:`.procs`) holds the mdev's ``/dev/vfio/<group>`` or, with iommufd, its vfio
   cdev ``/dev/vfio/devices/vfioN`` (the vendor driver's refusal). Unbinding a function, disabling
   VFs and clearing a vendor-VFIO vGPU are refused the same way while its group or cdev is open.
+* any write: ENOSPC, before anything changes, when the simulator's own filesystem lacks room to
+  model it (a real sysfs is on no disk; see :meth:`SimHost._check_room`).
 * ``sriov_numvfs``: ERANGE above total, no-op for the current value, ENOENT without a
   driver, EBUSY for a nonzero value while VFs exist.
 * ``driver_override``, ``drivers/<d>/unbind``, ``drivers/<d>/bind``, ``drivers_probe``.
@@ -40,7 +42,7 @@ from mdev_manager.host.env import HostEnv
 from mdev_manager.names import mig_profile_of
 from mdev_manager.sim import slots
 from mdev_manager.sim.nvml import free_instances, mig_record
-from mdev_manager.sim.rules import err, kstrtoul
+from mdev_manager.sim.rules import err, kstrtoul, type_facts
 from mdev_manager.sim.tree import ADDR, UUID, SysfsTree
 
 UNLISTED_TYPE_ERRNO = errno.EINVAL
@@ -242,10 +244,45 @@ class SimHost(SysfsTree):
         if rel.parts[:1] == ("..",):
             raise err(errno.EXDEV, f"{path} is outside the simulated sysfs")
         with self._locked():
+            self._check_room(rel, raw)
             try:
                 self._dispatch(rel, raw)
             finally:
                 self._save()
+
+    # ------------------------------------------------------------------ the simulator's own disk
+    def room(self) -> tuple[int, int | None]:
+        """Bytes and inodes free to the simulator's own files (None: the filesystem counts no inodes)."""
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize, (st.f_favail if st.f_files else None)
+
+    def _check_room(self, rel: Path, raw: str) -> None:
+        """Refuse, before changing anything, a write the simulator's own filesystem has no room to model.
+
+        A kernel's sysfs is on no disk, so a real ``create`` never fails half-way for want of space;
+        the simulated one is files beside the node's state (``var/lib/vgpuctl``, ``etc/mdevctl.d``),
+        so a full disk under it would leave a device directory without its links, or a tree its
+        ``state.json`` does not know (then ``create`` answers EEXIST, or EACCES for a VF it does not
+        list). The estimate is generous: a block per file; a VF enabled brings its attributes and, per
+        type of its board, a directory of a few files (an mdev parent's; a vendor-VFIO VF has fewer)."""
+        files = 64
+        if rel.name == "sriov_numvfs":
+            gpu = self._gpu_of(rel.parts[-2])
+            try:
+                n = max(0, kstrtoul(raw))
+            except OSError:
+                n = 0  # the kernel's own EINVAL follows
+            if gpu:
+                per_type = 8 if gpu["framework"] == "mdev-sriov" else 0
+                files += n * (32 + per_type * len(type_facts(gpu["board"])))
+        state = self.root / ".sim/state.json"
+        need = 2 * (state.stat().st_size if state.exists() else 0) + files * 4096
+        free, inodes = self.room()
+        if free < need or (inodes is not None and inodes < files):
+            raise err(errno.ENOSPC, f"the simulated host's own directory {self.root} has {free} bytes"
+                      + (f" and {inodes} inodes" if inodes is not None else "") + f" free, {need} bytes and "
+                      f"{files} inodes needed to model this write; nothing was changed (a real sysfs is on no "
+                      "disk: free space there and write again)")
 
     def _dispatch(self, rel: Path, raw: str) -> None:
         full = self.sys / rel
@@ -256,6 +293,13 @@ class SimHost(SysfsTree):
             raise err(errno.ENOENT, str(rel))
         if owner is not None and self._dispatch_function(owner, full, rel, raw):
             return
+        if owner is None and name in ("create", "remove", "sriov_numvfs", "current_vgpu_type", "placement_id") \
+                and any(ADDR.match(x) for x in parts[:-1]):
+            # an attribute the kernel acts on, of a device the simulator's state does not list: its tree
+            # and state disagree (a simulator fault, never a kernel answer; never "read-only": create is
+            # write-only)
+            raise err(errno.ENODEV, f"{rel}: the simulated host's state lists no such device (its tree and "
+                      "state disagree: `vgpuctl sim reset` rebuilds it)")
         if parts[:3] == ("bus", "pci", "drivers") and len(parts) == 5 and name in ("bind", "unbind"):
             addr = raw.strip()
             if addr not in self.state["functions"]:

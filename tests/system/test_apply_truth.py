@@ -3,7 +3,7 @@
 * an apply that waited for the node lock plans and reports the node as it found it after the wait;
 * every report is read back from the node after the work: a write the kernel took without effect
   is a failure named in the output (exit 1), never "node matches the layout";
-* SIGINT / SIGTERM end the work between two steps: one line says what was done and what is left,
+* SIGINT / SIGTERM end the work before the next write: one line says what was done and what is left,
   the exit status is 128 + the signal, and the same apply again converges;
 * an operational failure (a full disk) names the path and exits 1; 2 stays for bad input.
 """

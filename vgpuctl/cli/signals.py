@@ -1,6 +1,6 @@
-"""SIGINT and SIGTERM while a command changes the node: finish the step in flight, then stop.
+"""SIGINT and SIGTERM while a command changes the node: finish the write in flight, then stop.
 
-The node manager's steps are ordered so that the node between any two of them is one the next run
+The node manager's writes are ordered so that the node between any two of them is one the next run
 completes (docs/design.md, "Crash safety by ordering"); stopping there, instead of wherever Python
 happens to be, leaves nothing half-written. The command then says what was done and what is left
 and exits 128 + the signal's number, as a shell reports a process the signal ended (130, 143).

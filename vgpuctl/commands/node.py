@@ -93,7 +93,7 @@ def add_apply(p: argparse.ArgumentParser) -> None:
     p.epilog = ("exit status: 0 the node matches the layout; 1 steps failed, or the node read back lacks an "
                 "effect; 2 bad input; 3 converging (devices in use keep the node from the layout); "
                 f"{EXIT_LOCK_BUSY} the node lock is held (--no-wait); 130/143 stopped by SIGINT/SIGTERM between "
-                "two steps (run it again to converge)")
+                "two writes (run it again to converge)")
     p.set_defaults(func=run_apply)
 
 
@@ -211,11 +211,15 @@ def run_apply(args) -> int:
 
 
 def _stopped(args, out: Outcome, signum: int) -> int:
-    """A signal ended the apply between two steps: one line with what was done and what is left."""
+    """A signal ended the apply before its next write: one line with what was done and what is left."""
     if args.output in ("json", "yaml"):
         print(dump(out, args.output))
-    print(f"{out.stopped}: stopped after {out.changed} change(s), {out.left} step(s) not started; every step "
-          f"either completed or was not started, so `{_command(args)}` again converges", file=sys.stderr)
+    half = out.interrupted
+    left = out.left - (1 if half else 0)
+    print(f"{out.stopped}: stopped after {out.changed} change(s), {left} step(s) not started"
+          + (f", one stopped between two of its writes ({half})" if half else "")
+          + f"; the node is as a stop between any two writes leaves it, so `{_command(args)}` again converges",
+          file=sys.stderr)
     return 128 + signum
 
 
@@ -247,6 +251,12 @@ def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
                         + ("" if verbose else "; -v lists them") + ")")
         return Text("nothing to change; " + (converging if out.blocked else "node matches the layout"),
                     style="yellow" if out.blocked else "green")
+    results = [x for r in out.rounds if r.report for x in r.report.results]
+    failed = sum(1 for x in results if not x.ok and not x.skipped)
+    skipped = sum(1 for x in results if x.skipped)
+    if failed or skipped:  # what the read-back still wants includes their work: never called "reported done"
+        return Text(f"{out.changed} changes; {failed} step(s) failed" + (f", {skipped} skipped after them" if skipped
+                    else "") + "; apply again once the cause is fixed", style="bold red")
     if out.unapplied:
         return Text(f"{out.changed} changes; read back, the node still needs {len(out.unapplied)} step(s) the "
                     f"apply reported done: {'; '.join(out.unapplied[:3])}" + (" ..." if len(out.unapplied) > 3 else ""),
