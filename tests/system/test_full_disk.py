@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from mdev_manager import applied, persist
+from mdev_manager import applied, numbering, persist
 from mdev_manager.config import load_config
 from mdev_manager.executor import Executor
 from mdev_manager.sim.io import SimIO
@@ -78,6 +78,23 @@ def _use(monkeypatch, node, io) -> None:
                                                                  kubelet_root=node.root / "kubelet"))
 
 
+def _numbered(node) -> None:
+    """An earlier command numbered the node's GPUs (mdev_manager.numbering): apply writes no numbering."""
+    numbering.record(node.env, node.io, [(g.address, g.vendor_id) for g in node.inventory().gpus])
+
+
+def test_gpus_never_numbered_on_a_full_disk_is_one_line_naming_the_numbering(tmp_path, monkeypatch, capsys):
+    """Nothing is changed before the node's GPU numbering is saved: an index must name one GPU for good."""
+    node = make_node(tmp_path, prepare_gpus=False)
+    before = node.inventory()
+    _use(monkeypatch, node, FullDisk(node.host, node.env))
+    assert main(["apply", "-f", LAYOUT]) == 1
+    out, err = capsys.readouterr()
+    (line,) = err.strip().splitlines()
+    assert out == "" and str(node.env.gpu_ids) in line and "No space left on device" in line, line
+    assert node.inventory() == before
+
+
 def _results(doc: dict) -> list[dict]:
     return [r for rnd in doc["rounds"] if rnd["report"] for r in rnd["report"]["results"]]
 
@@ -87,6 +104,7 @@ def test_a_full_state_disk_reports_each_step_once_and_converges_once_freed(tmp_p
     # the layout was recorded by an earlier apply: the record is not written again, the steps run
     applied.record(node.env, node.io, load_config(LAYOUT, "default"), name="default", source=LAYOUT,
                    by="vgpuctl apply")
+    _numbered(node)
     io = FullDisk(node.host, node.env)
     _use(monkeypatch, node, io)
     code = main(["apply", "-f", LAYOUT])
@@ -120,6 +138,7 @@ def test_a_full_state_disk_reports_each_step_once_and_converges_once_freed(tmp_p
 
 def test_the_record_of_the_layout_on_a_full_disk_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
     node = make_node(tmp_path, prepare_gpus=False)
+    _numbered(node)
     _use(monkeypatch, node, FullDisk(node.host, node.env))
     code = main(["apply", "-f", LAYOUT])
     out, err = capsys.readouterr()
