@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mdev_manager import persist
+from mdev_manager import numbering, persist
 from mdev_manager.sim.io import SimIO
 from tests.support.dra import make_node
 from vgpuctl.cli.host import Host
@@ -73,8 +73,15 @@ def _use(monkeypatch, node, io) -> None:
                                                                  kubelet_root=node.root / "kubelet"))
 
 
+def _node(path):
+    """A node whose GPUs an earlier command numbered (mdev_manager.numbering): the apply's writes are its own."""
+    node = make_node(path, prepare_gpus=False)
+    numbering.record(node.env, node.io, [(g.address, g.vendor_id) for g in node.inventory().gpus])
+    return node
+
+
 def _writes_of_a_whole_apply(tmp_path_factory) -> list[str]:
-    node = make_node(tmp_path_factory.mktemp("count"), prepare_gpus=False)
+    node = _node(tmp_path_factory.mktemp("count"))
     io = SignalAtWrite(node.host)
     with pytest.MonkeyPatch.context() as mp:
         _use(mp, node, io)
@@ -93,7 +100,7 @@ def every_write(tmp_path_factory) -> list[str]:
 
 
 def _check_stop(tmp_path, monkeypatch, capsys, at: int, signum=signal.SIGTERM) -> str:
-    node = make_node(tmp_path, prepare_gpus=False)
+    node = _node(tmp_path)
     io = SignalAtWrite(node.host, signum, at)
     _use(monkeypatch, node, io)
     code = main(["apply", "-f", LAYOUT])
