@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import signal
 import threading
 import time
@@ -33,7 +34,7 @@ from dra_bridge.agent.config import ServeConfig  # also imported from here by vg
 from dra_bridge.agent.cordon import NodeCordon
 from dra_bridge.agent.events import LayoutEvents, blocked_reason, failed_steps_text, one_line, unapplied_text
 from dra_bridge.agent.observe import Metrics, ProbeServer
-from dra_bridge.api.names import ANNOTATION_CONFIG_REASON
+from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_VGPU_HOST_DRIVER
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.claims import ApiClaimSource
 from dra_bridge.apiclient.claimwatch import ClaimCache
@@ -97,6 +98,7 @@ class Daemon:
         self.cordon = NodeCordon(api_client, cfg.node_name, wake=self.trigger)  # vgpuctl cordon, from a watch
         self.claim_cache: ClaimCache | None = None  # the binding loop's watch of the claims
         self._bind_lock = threading.Lock()
+        self._driver_label: str | None = None  # the host driver version last labelled ("": none to read)
         # the node's GPU numbering, which device names carry (an earlier release kept it in the data dir)
         numbering.adopt(self.env, self.io, self.paths.gpu_ids)
         self.device_plugins = None
@@ -159,6 +161,7 @@ class Daemon:
                     raise
             inv = discover(self.env, self.io, node=self.cfg.node_name)
             numbering.record(self.env, self.io, [(g.address, g.vendor_id) for g in inv.gpus])
+            self._label_driver_version(inv)
             policy = policy_from_layout(inv, layouts)
             if self.device_plugins is not None:
                 if layouts is None:
@@ -195,6 +198,27 @@ class Daemon:
         if rejected is not None:
             raise rejected
         return result.model_dump()
+
+    def _label_driver_version(self, inv: Inventory) -> None:
+        """The node's ``vgpu-host-driver-version.kubevirt.io/nvidia`` label: the host driver's version as
+        NVML reads it (never configured), set when it changes (a driver upgrade), so KubeVirt picks
+        live-migration targets with the same vGPU manager."""
+        if not any(g.vendor_id == "0x10de" for g in inv.gpus):
+            return
+        try:
+            version = self.io.nvml().driver_version()
+        except Exception as exc:  # noqa: BLE001 - no NVML (no driver loaded yet): no label, said once
+            if self._driver_label != "":
+                log.info("no host driver version to label the node with: %s", one_line(exc))
+                self._driver_label = ""
+            return
+        if version == self._driver_label:
+            return
+        if not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", version):
+            log.warning("host driver version %r is no label value; %s not set", version, LABEL_VGPU_HOST_DRIVER)
+        else:
+            set_node_label(self.api_client, self.cfg.node_name, LABEL_VGPU_HOST_DRIVER, version)
+        self._driver_label = version
 
     def _free_vgpus(self, inv: Inventory, pool, layouts: list[GpuLayout] | None,
                     seen: Usage | None) -> dict[tuple[str, str], int]:

@@ -47,6 +47,9 @@ class HostSpec(BaseModel):
     name: str = "sim"
     node: str = "sim-node-1"
     iommufd: bool = False
+    #: what NVML's nvmlSystemGetDriverVersion answers: the host vGPU manager's version (two simulated
+    #: nodes with different ones are no live-migration pair)
+    driver_version: str = "580.95.02"
     gpus: list[GpuGroup]
 
 

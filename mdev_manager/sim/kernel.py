@@ -434,6 +434,12 @@ class SimHost(SysfsTree):
             self.state.get("unplugged", {}).pop(pf, None)
             self._save()
 
+    def upgrade_driver(self, version: str) -> None:
+        """The host vGPU manager is replaced by ``version`` (what NVML's driver version answers from now on)."""
+        with self._locked():
+            self.state["spec"]["driver_version"] = version
+            self._save()
+
     def unplug(self, pf: str) -> None:
         """The GPU leaves the bus (hot-unplug, or fallen off the bus: Xid 79): its functions, VFs,
         vGPUs and IOMMU group vanish from sysfs, as the kernel's PCI removal does; processes holding

@@ -47,6 +47,7 @@ from mdev_manager.host.nvml import (
 )
 from mdev_manager.models import GpuInstanceProfile
 from mdev_manager.sim import slots
+from mdev_manager.sim.hostspec import HostSpec
 
 ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")
 
@@ -255,7 +256,7 @@ class SimNvml:
         return sorted(g["pf"] for g in self.host.state["gpus"] if catalog.board(g["board"]).vendor_id == "0x10de")
 
     def driver_version(self) -> str:
-        return "simulated"
+        return str(self.host.state["spec"].get("driver_version") or HostSpec.model_fields["driver_version"].default)
 
     def _any_gpu(self, bus_id: str) -> dict:
         gpu = next((g for g in self.host.state["gpus"] if g["pf"] == bus_id.lower()), None)

@@ -120,3 +120,18 @@ def test_device_names_stay_with_their_gpu_when_another_gpu_leaves(setup):
     res = daemon.driver.prepare([ref])[ref.uid]
     assert res.error and "no longer exists" in res.error
     assert discover(env, io).gpu("0000:16:00.0").driver == "nvidia"
+
+
+def test_the_node_is_labelled_with_the_host_driver_version_as_nvml_reads_it(setup):
+    """KubeVirt's vGPU live migration takes as targets nodes whose label says the same vGPU manager
+    (issue #33): read from the driver (NVML), never configured; set again after a driver upgrade."""
+    srv, daemon, env, io = setup
+    daemon.resync()
+    want = io.nvml().driver_version()
+    assert want == "580.95.02" and _labels(srv)["vgpu-host-driver-version.kubevirt.io/nvidia"] == want
+    srv.reset_counters()
+    daemon.resync()  # the same driver: the label is not written again
+    assert not [w for w in srv.writes if w[1] == "nodes"]
+    io.host.upgrade_driver("580.105.06")
+    daemon.resync()
+    assert _labels(srv)["vgpu-host-driver-version.kubevirt.io/nvidia"] == "580.105.06"
