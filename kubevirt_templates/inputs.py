@@ -308,6 +308,9 @@ class KubeVirtCrInput(_Input):
     vgpus: bool = Field(True, description="permit vGPU types (mediatedDevices; vendor-VFIO types as pciHostDevices)")
     types: list[str] | None = Field(None, description="only these vGPU types (id, full or short name); unset: all")
     include_mig_backed: bool = Field(False, description="also permit MIG-backed vGPU types (need MIG on the GPU)")
+    vgpu_live_migration: bool = Field(False, description=(
+        "enable KubeVirt's vGPU live migration (VGPULiveMigration, alpha in 1.9, with TargetSideMigrationHooks): "
+        "mdev vGPUs of the device-plugin path only, one per VM; DRA-allocated devices cannot migrate yet (VEP 10)"))
     extra_feature_gates: list[str] = Field(default_factory=list, description="gates already enabled that must stay")
     resource_domain: ResourceDomain = Field(RESOURCE_DOMAIN, description="the device plugin's resource prefix")
 
@@ -323,6 +326,9 @@ class KubeVirtCrInput(_Input):
     def _some(self) -> KubeVirtCrInput:
         if not self.classic and not self.dra:
             raise ValueError("classic or dra: enable at least one way for VMs to get GPUs")
+        if self.vgpu_live_migration and not self.classic:
+            raise ValueError("vgpu_live_migration: KubeVirt migrates vGPUs of the device-plugin path (classic) only; "
+                             "DRA-allocated devices cannot migrate yet (KubeVirt VEP 10): set classic: true")
         if self.classic and not self.inventories:
             raise ValueError(
                 "inventories: classic resources are generated from the GPU nodes' inventories; pass "

@@ -39,6 +39,8 @@ TEMPLATES = Path(__file__).parent / "templates"
 
 FEATURE_GATES_CLASSIC = ["GPU", "HostDevices"]
 FEATURE_GATES_DRA = ["GPUsWithDRA", "HostDevicesWithDRA"]
+#: KubeVirt 1.9's vGPU live migration (alpha): the gate and the target-side hooks it needs
+FEATURE_GATES_VGPU_MIGRATION = ["VGPULiveMigration", "TargetSideMigrationHooks"]
 
 
 class RenderError(ValueError):
@@ -380,7 +382,7 @@ def render_kubevirt_cr(v: KubeVirtCrInput) -> list[dict[str, Any]]:
         raise RenderError(warnings)
     gates: list[str] = []
     for g in [*v.extra_feature_gates, *(FEATURE_GATES_CLASSIC if v.classic else ["HostDevices"]),
-              *(FEATURE_GATES_DRA if v.dra else [])]:
+              *(FEATURE_GATES_DRA if v.dra else []), *(FEATURE_GATES_VGPU_MIGRATION if v.vgpu_live_migration else [])]:
         if g not in gates:
             gates.append(g)
     return _render("kubevirt.yaml.j2", cr=v, feature_gates=gates, pci=pci, mdev=mdev)

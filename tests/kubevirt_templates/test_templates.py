@@ -476,6 +476,16 @@ def test_kubevirt_cr_options():
     assert cfg["mediatedDevicesConfiguration"] == {"enabled": False}
 
 
+def test_kubevirt_cr_turns_on_vgpu_live_migration_for_the_device_plugin_path_only():
+    """KubeVirt 1.9: VGPULiveMigration (alpha) needs TargetSideMigrationHooks; DRA devices cannot migrate (VEP 10)."""
+    (kv,) = render("kubevirt-cr", {"inventories": [inventory_dict()], "vgpu_live_migration": True})
+    gates = kv["spec"]["configuration"]["developerConfiguration"]["featureGates"]
+    assert gates == ["GPU", "HostDevices", "VGPULiveMigration", "TargetSideMigrationHooks"]
+    with pytest.raises(RenderError) as exc:
+        render("kubevirt-cr", {"classic": False, "dra": True, "vgpu_live_migration": True})
+    assert "vgpu_live_migration" in str(exc.value) and "cannot migrate yet" in str(exc.value)
+
+
 def test_resource_names_match_nvidias_device_plugin():
     assert resource_name_for_type("GRID T4-1Q") == "nvidia.com/GRID_T4-1Q"
     assert resource_name_for_type("NVIDIA A100-4C") == "nvidia.com/NVIDIA_A100-4C"
