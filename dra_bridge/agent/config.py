@@ -21,6 +21,9 @@ class ServeConfig(BaseModel):
     kubelet_root: Path = DEFAULT_KUBELET_ROOT
     cdi_root: Path = DEFAULT_CDI_ROOT
     health_poll_seconds: float = 5.0
+    health_quiet_seconds: float = Field(300.0, ge=0, description=(
+        "an unhealthy GPU is tainted at the first problem seen and untainted only after this long without one "
+        "(a flapping GPU does not flap the slices)"))
     device_plugin: bool = Field(False, description="also serve the classic device plugin for non-DRA GPUs")
     resource_prefix: str = "nvidia.com/"
     layout_label: str | None = Field(None, description="node label naming the layout to apply (else `layout`)")

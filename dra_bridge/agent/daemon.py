@@ -33,6 +33,7 @@ from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
 from dra_bridge.agent.cordon import NodeCordon
 from dra_bridge.agent.events import LayoutEvents, blocked_reason, failed_steps_text, one_line, unapplied_text
+from dra_bridge.agent.health import GpuHealthWatch
 from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_VGPU_HOST_DRIVER
 from dra_bridge.api.nodepaths import NodePaths
@@ -44,6 +45,7 @@ from dra_bridge.apiclient.nodes import node_metadata, set_node_annotation, set_n
 from dra_bridge.apiclient.publisher import Publisher
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.pool.devices import Pool, PoolPolicy
+from dra_bridge.pool.health import healthy_pool
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.pool.shape import Shape, choose_shape, node_pool
 from dra_bridge.rpc.dra_grpc import KubeletPlugin
@@ -98,6 +100,8 @@ class Daemon:
         self.cordon = NodeCordon(api_client, cfg.node_name, wake=self.trigger)  # vgpuctl cordon, from a watch
         self.claim_cache: ClaimCache | None = None  # the binding loop's watch of the claims
         self._bind_lock = threading.Lock()
+        self.health = GpuHealthWatch(self.io, api_client, cfg.node_name, cfg.health_quiet_seconds)
+        self.driver.gpu_health = self.health.messages  # the kubelet's health service says it per device
         self._driver_label: str | None = None  # the host driver version last labelled ("": none to read)
         # the node's GPU numbering, which device names carry (an earlier release kept it in the data dir)
         numbering.adopt(self.env, self.io, self.paths.gpu_ids)
@@ -122,7 +126,8 @@ class Daemon:
             name = node_metadata(self.api_client, self.cfg.node_name)[0].get(self.cfg.layout_label, name)
         digest = content_digest(self.cfg.layout_file) if self.cfg.layout_file else None
         claims = self._claims_changed if claims_changed is None else claims_changed
-        return (fingerprint(self.env, self.io), name, digest, claims, self.kept, self.cordon.key())
+        return (fingerprint(self.env, self.io), name, digest, claims, self.kept, self.cordon.key(),
+                self.health.tracker.key())
 
     def _unchanged(self) -> bool:
         """Nothing a resync depends on changed since the last complete one, which is recent enough."""
@@ -136,6 +141,7 @@ class Daemon:
     def resync(self, force: bool = True) -> dict:
         """One resync. ``force=False`` (the periodic loop) skips it when :meth:`_unchanged` says so."""
         with self._lock:
+            self.health.poll(self.inventory)  # cheap NVML reads: a GPU turning sick makes the resync run
             if not force and self._unchanged():
                 self.metrics.resyncs.labels("unchanged").inc()
                 return {"unchanged": True}
@@ -180,7 +186,10 @@ class Daemon:
                 self._safe_warned = list(pool.warnings)
             self._pool, self.inventory = pool, inv
             held = {d.device for rec in self.driver.cp.claims.values() for d in rec.devices}  # stays published
-            result = self.cordon.publish(self.publisher, pool, self.kept, held)
+            self.health.poll(inv)
+            healthy, _sick = healthy_pool(pool, self.health.tracker, self.cfg.driver, taints=self.kept.taints is True,
+                                          in_use=held)
+            result = self.cordon.publish(self.publisher, healthy, self.kept, held)
             self._note_fields(self.kept.merged(self.publisher.kept))
         except Exception as exc:  # one line in the log (the traceback at debug level)
             self.metrics.resyncs.labels("error").inc()

@@ -46,6 +46,8 @@ LABEL_CONFIG_STATE = "vgpu.kubevirt.io/config.state"
 #: Node label the agent sets to the host vGPU manager's version (NVML's driver version): KubeVirt's
 #: vGPU live migration (VEP 109, beta planned for 1.10) takes only nodes with the same value as targets.
 LABEL_VGPU_HOST_DRIVER = "vgpu-host-driver-version.kubevirt.io/nvidia"
+#: Node annotation the agent sets while any GPU is unhealthy: ``<address>: <problem>; ...`` (kubectl vgpu shows it).
+ANNOTATION_HEALTH = "vgpu.kubevirt.io/health"
 #: NVIDIA vgpu-device-manager's equivalents, for migration.
 NVIDIA_LABEL_CONFIG = "nvidia.com/vgpu.config"
 NVIDIA_LABEL_CONFIG_STATE = "nvidia.com/vgpu.config.state"

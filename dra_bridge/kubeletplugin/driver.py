@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
@@ -86,6 +86,8 @@ class Driver:
         self.ex = Executor(env, self.io)
         self.store = CheckpointStore(paths.checkpoint, self.io)
         self._lock = threading.Lock()
+        #: GPU -> why it is unhealthy, from the agent's health watch (None: presence on the bus only)
+        self.gpu_health: Callable[[], Mapping[str, str]] | None = None
         self.cp: Checkpoint = self._load()
 
     # ------------------------------------------------------------ start-up
@@ -466,16 +468,23 @@ class Driver:
         return self.cp.usage()
 
     def health(self) -> list[DeviceHealthRecord]:
-        """A device is as healthy as its GPU is present on the PCI bus; the message says which GPU."""
+        """A device is as healthy as its GPU: present on the PCI bus, and without a problem the agent's
+        health watch holds against it (a critical Xid, ECC pages pending, lost, unmonitored); the message
+        says which GPU and why."""
         pool = self.pool()
+        sick = dict(self.gpu_health()) if self.gpu_health is not None else {}
         present: dict[str, bool] = {}
         out = []
         for dev in pool.devices:
             if dev.gpu not in present:
                 present[dev.gpu] = self.io.exists(self.env.pci(dev.gpu))
-            message = f"GPU {dev.gpu} present" if present[dev.gpu] else f"GPU {dev.gpu} is gone from the PCI bus"
-            out.append(DeviceHealthRecord(pool=self.pool_name, device=dev.name, healthy=present[dev.gpu],
-                                          message=message))
+            if not present[dev.gpu]:
+                healthy, message = False, f"GPU {dev.gpu} is gone from the PCI bus"
+            elif dev.gpu in sick:
+                healthy, message = False, f"GPU {dev.gpu} is unhealthy: {sick[dev.gpu]}"
+            else:
+                healthy, message = True, f"GPU {dev.gpu} present"
+            out.append(DeviceHealthRecord(pool=self.pool_name, device=dev.name, healthy=healthy, message=message))
         return out
 
 

@@ -38,6 +38,9 @@ NVML_ERROR_IN_USE = 19
 NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x0000000000000008  # nvmlEventTypeXidCriticalError (nvml.h)
 
 NVML_GPU_INSTANCE_PROFILE_COUNT = 18  # NVML_GPU_INSTANCE_PROFILE_* constants 0..17 (nvml.h)
 NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED = 0, 1  # nvmlVgpuHeterogeneousMode_t.mode
@@ -46,7 +49,7 @@ NVML_INVALID_VGPU_PLACEMENT_ID = 0xFFFF
 
 _NAMES = {1: "uninitialized", 2: "invalid argument", 3: "not supported", 4: "insufficient permissions",
           6: "not found", 9: "driver not loaded", 12: "NVML library not found", 19: "in use",
-          23: "insufficient resources"}
+          23: "insufficient resources", 10: "timeout", 15: "GPU is lost"}
 
 
 class NvmlError(Exception):
@@ -79,6 +82,10 @@ class NvmlTransport(Protocol):
     def driver_version(self) -> str: ...
     def device_info(self, bus_id: str) -> dict: ...
     def supported_vgpu_types(self, bus_id: str) -> list[dict]: ...
+    # health (the agent's watch, dra_bridge/agent/health.py): critical Xid events since the last call,
+    # and ECC page retirement waiting for a reset; a lost GPU fails any call with NVML_ERROR_GPU_IS_LOST
+    def critical_xids(self, bus_id: str) -> list[int]: ...
+    def retired_pages_pending(self, bus_id: str) -> bool: ...
 
 
 class Mig:
@@ -167,6 +174,7 @@ class NoNvml:
     vgpu_heterogeneous_mode = set_vgpu_heterogeneous_mode = vgpu_type_supported_placements = _none
     vgpu_type_creatable_placements = vgpu_placement_id = _none
     bus_ids = driver_version = device_info = supported_vgpu_types = _none
+    critical_xids = retired_pages_pending = _none
 
 
 class PynvmlTransport:
@@ -182,6 +190,7 @@ class PynvmlTransport:
 
     def __init__(self, lib: _Pynvml | None = None):
         self._lib = lib
+        self._xid_sets: dict[str, object] = {}  # bus id -> its NVML event set, registered once
 
     def _nvml(self) -> _Pynvml:
         if self._lib is None:
@@ -329,6 +338,31 @@ class PynvmlTransport:
             bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
             out.append(bus.lower()[-12:])  # NVML pads the domain to 8 digits: 00000000:41:00.0
         return out
+
+    def critical_xids(self, bus_id: str) -> list[int]:
+        """The critical Xid errors NVML reported for the GPU since the last call (nvmlEventSetCreate,
+        nvmlDeviceRegisterEvents for nvmlEventTypeXidCriticalError, then nvmlEventSetWait_v2 with no wait
+        until it times out): the events NVIDIA's DRA driver watches for its xid taint."""
+        lib, h = self._handle(bus_id)
+        events = self._xid_sets.get(bus_id)
+        if events is None:
+            events = self._call(lib.nvmlEventSetCreate)
+            self._call(lib.nvmlDeviceRegisterEvents, h, NVML_EVENT_TYPE_XID_CRITICAL_ERROR, events)
+            self._xid_sets[bus_id] = events
+        out: list[int] = []
+        while True:
+            try:
+                data = self._call(lib.nvmlEventSetWait_v2, events, 0)
+            except NvmlError as e:
+                if e.code == NVML_ERROR_TIMEOUT:
+                    return out
+                raise
+            out.append(int(data.eventData))
+
+    def retired_pages_pending(self, bus_id: str) -> bool:
+        """nvmlDeviceGetRetiredPagesPendingStatus: ECC errors retired pages that take effect at the next reset."""
+        lib, h = self._handle(bus_id)
+        return bool(self._call(lib.nvmlDeviceGetRetiredPagesPendingStatus, h))
 
     def driver_version(self) -> str:
         lib = self._nvml()

@@ -434,6 +434,28 @@ class SimHost(SysfsTree):
             self.state.get("unplugged", {}).pop(pf, None)
             self._save()
 
+    #: what ``health`` can raise on a GPU, as NVML shows it: a critical Xid event, ECC page retirement
+    #: pending a reset, the GPU lost (every health call fails NVML_ERROR_GPU_IS_LOST), a GPU that stops
+    #: answering (NVML_ERROR_TIMEOUT). Only the health calls see them: the simulator's MIG and placement
+    #: calls answer as before (a real lost GPU fails those too).
+    HEALTH = ("xid", "ecc", "lost", "hang")
+
+    def health(self, pf: str, kind: str, *, xid: int = 79, clear: bool = False) -> None:
+        """Raise (or ``clear``) a health fault of ``kind`` on the GPU at ``pf``; an Xid is an event, queued
+        until NVML is next asked (clearing drops the queued ones)."""
+        if kind not in self.HEALTH:
+            raise ValueError(f"health fault {kind!r}: choose one of {', '.join(self.HEALTH)}")
+        with self._locked():
+            gpu = next((g for g in self.state["gpus"] if g["pf"] == pf.lower()), None)
+            if gpu is None:
+                raise err(errno.ENODEV, f"no GPU at {pf}")
+            h = gpu.setdefault("health", {"xids": [], "ecc": False, "lost": False, "hang": False})
+            if kind == "xid":
+                h["xids"] = [] if clear else [*h["xids"], int(xid)]
+            else:
+                h[kind] = not clear
+            self._save()
+
     def upgrade_driver(self, version: str) -> None:
         """The host vGPU manager is replaced by ``version`` (what NVML's driver version answers from now on)."""
         with self._locked():

@@ -38,11 +38,13 @@ from typing import Any, Protocol
 from mdev_manager import catalog
 from mdev_manager.catalog_mig import MEMORY_SLICES, has_mig, mig_profiles
 from mdev_manager.host.nvml import (
+    NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_IN_USE,
     NVML_ERROR_INSUFFICIENT_RESOURCES,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
     NvmlError,
 )
 from mdev_manager.models import GpuInstanceProfile
@@ -254,6 +256,31 @@ class SimNvml:
     # ------------------------------------------------------------------ read-only facts (the probe)
     def bus_ids(self) -> list[str]:
         return sorted(g["pf"] for g in self.host.state["gpus"] if catalog.board(g["board"]).vendor_id == "0x10de")
+
+    # ------------------------------------------------------------------ health (SimHost.health raises faults)
+    def _health(self, bus_id: str) -> dict:
+        gpu = next((g for g in self.host.state["gpus"] if g["pf"] == bus_id.lower()), None)
+        if gpu is None:
+            raise NvmlError(NVML_ERROR_NOT_FOUND, f"no GPU at {bus_id}")
+        h = gpu.get("health") or {}
+        if h.get("lost"):
+            raise NvmlError(NVML_ERROR_GPU_IS_LOST, bus_id)
+        if h.get("hang"):
+            raise NvmlError(NVML_ERROR_TIMEOUT, f"{bus_id} does not answer")
+        return h
+
+    def critical_xids(self, bus_id: str) -> list[int]:
+        with self.host._locked():
+            h = self._health(bus_id)
+            xids = list(h.get("xids") or [])
+            if xids:
+                h["xids"] = []
+                self.host._save()
+            return xids
+
+    def retired_pages_pending(self, bus_id: str) -> bool:
+        with self.host._locked():
+            return bool(self._health(bus_id).get("ecc"))
 
     def driver_version(self) -> str:
         return str(self.host.state["spec"].get("driver_version") or HostSpec.model_fields["driver_version"].default)

@@ -32,6 +32,9 @@ def add_arguments(sv: argparse.ArgumentParser) -> None:
     sv.add_argument("--layout-label", help="node label whose value names the layout (e.g. vgpu.kubevirt.io/config)")
     sv.add_argument("--state-label",
                     help="node label reporting pending|success|failed (e.g. vgpu.kubevirt.io/config.state)")
+    sv.add_argument("--health-quiet-seconds", type=float, default=300.0, metavar="SECONDS",
+                    help="an unhealthy GPU (critical Xid, ECC pages pending, lost, not answering) is tainted at "
+                         "once and untainted after this long without a problem (default %(default)s)")
     sv.add_argument("--sizes-by-first-allocation", action="store_true",
                     help="servers keeping counters but neither compatibility groups nor binding conditions: offer "
                          "every vGPU size of an empty GPU and republish it with its first allocation's size (an "
@@ -60,7 +63,8 @@ def run(args) -> int:
                       kubelet_root=host.kubelet_root, cdi_root=Path(args.cdi_root),
                       device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
                       layout_label=args.layout_label, state_label=args.state_label,
-                      sizes_by_first_allocation=args.sizes_by_first_allocation)
+                      sizes_by_first_allocation=args.sizes_by_first_allocation,
+                      health_quiet_seconds=args.health_quiet_seconds)
     daemon = Daemon(cfg, host.env, host.io, api).start()
     daemon.run()
     return 0

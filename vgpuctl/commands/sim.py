@@ -16,7 +16,7 @@ from vgpuctl.output.terminal import Terminal
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
-    ssub = s.add_subparsers(dest="sim_cmd", required=True, metavar="{presets,mount,reset,reboot,unplug,replug,apiserver}")
+    ssub = s.add_subparsers(dest="sim_cmd", required=True, metavar="{presets,mount,reset,reboot,unplug,replug,health,apiserver}")
     pr = ssub.add_parser("presets", help="list the shipped host presets")
     options.add_output(pr)
     m = ssub.add_parser("mount", help="mount a simulated host's sysfs with FUSE")
@@ -28,7 +28,16 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     unplug.add_argument("address", help="the GPU's PCI address, e.g. 0000:13:00.0")
     replug = ssub.add_parser("replug", help="a GPU that left the bus comes back (a PCI rescan), cold")
     replug.add_argument("address", help="the GPU's PCI address")
-    for sp in (pr, m, reset, reboot, unplug, replug):
+    health = ssub.add_parser("health", help="raise or clear a GPU health fault NVML reports (Xid, ECC, lost, hang)",
+                             description="What the node agent's health watch sees through NVML: a critical Xid "
+                                         "event, ECC page retirement pending a reset, the GPU lost, a GPU that "
+                                         "stops answering. The agent taints the GPU's devices at once and lifts "
+                                         "the taint after its quiet period without a fault.")
+    health.add_argument("address", help="the GPU's PCI address")
+    health.add_argument("fault", choices=("xid", "ecc", "lost", "hang"), help="the fault")
+    health.add_argument("--xid", type=int, default=79, help="the Xid number of an xid fault (default %(default)s)")
+    health.add_argument("--clear", action="store_true", help="clear the fault instead of raising it")
+    for sp in (pr, m, reset, reboot, unplug, replug, health):
         options.add_host_options(sp, suppress=True)
     a = ssub.add_parser("apiserver", help="run a local Kubernetes API server in the foreground until SIGTERM",
                         description="A local Kubernetes API server (the DRA resources and the objects vgpuctl uses) "
@@ -85,6 +94,13 @@ def run(args) -> int:
             (host.unplug if args.sim_cmd == "unplug" else host.replug)(args.address)
         except OSError as exc:  # no such GPU (or not unplugged): the address is bad input
             raise ValueError(f"sim {args.sim_cmd} {args.address}: {exc.strerror}") from None
+    elif args.sim_cmd == "health":
+        try:
+            sim_node(root, ref, reuse=True).host.health(args.address, args.fault, xid=args.xid, clear=args.clear)
+        except OSError as exc:
+            raise ValueError(f"sim health {args.address}: {exc.strerror}") from None
+        what = f"Xid {args.xid}" if args.fault == "xid" else args.fault
+        print(f"GPU {args.address} of simulated host {ref}: {what} {'cleared' if args.clear else 'raised'}")
     if args.sim_cmd == "unplug":
         print(f"GPU {args.address} left the bus of simulated host {ref}: its functions, VFs and vGPUs are gone")
     elif args.sim_cmd == "replug":
