@@ -34,6 +34,15 @@ class ClusterState:
     nodes: list[str] = field(default_factory=list)
 
 
+def migration_object(namespace: str, vmi: str) -> dict:
+    """A live migration of VMI ``vmi`` away from its node (KubeVirt picks the target), as ``vgpuctl drain
+    --migrate`` creates it; the label names who asked."""
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+            "metadata": {"generateName": f"{vmi[:40]}-drain-", "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "vgpuctl-drain"}},
+            "spec": {"vmiName": vmi}}
+
+
 class MaintenanceApi:
     """The calls; ``kubernetes`` is imported when one is made."""
 
@@ -128,6 +137,40 @@ class MaintenanceApi:
                 raise
             return False
         return True
+
+    def migrate(self, namespace: str, vmi: str) -> tuple[str | None, str | None]:
+        """Create a ``VirtualMachineInstanceMigration`` (kubevirt.io/v1) of the VMI: (its name, None), or
+        (None, the server's refusal)."""
+        body = migration_object(namespace, vmi)
+        try:
+            made = self.custom.create_namespaced_custom_object("kubevirt.io", "v1", namespace,
+                                                               "virtualmachineinstancemigrations", body)
+        except api_exception() as exc:
+            from dra_bridge.apiclient.errors import brief
+
+            return None, brief(exc)
+        return made["metadata"]["name"], None
+
+    def migration(self, namespace: str, name: str) -> dict | None:
+        """The migration as it is now (None: gone)."""
+        try:
+            obj: dict = self.custom.get_namespaced_custom_object("kubevirt.io", "v1", namespace,
+                                                                 "virtualmachineinstancemigrations", name)
+        except api_exception() as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    def vmi(self, namespace: str, name: str) -> dict | None:
+        try:
+            obj: dict = self.custom.get_namespaced_custom_object("kubevirt.io", "v1", namespace,
+                                                                 "virtualmachineinstances", name)
+        except api_exception() as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
 
     def evict(self, namespace: str, pod: str) -> str | None:
         """Ask for the pod's eviction (policy/v1, so PodDisruptionBudgets and KubeVirt's eviction

@@ -180,14 +180,61 @@ class DrainPlan:
         return not self.evict and not self.wait
 
 
-def plan_drain(views: Iterable[GpuView], *, evict: bool) -> DrainPlan:
+def plan_drain(views: Iterable[GpuView], *, evict: bool, migrate: bool = False) -> DrainPlan:
     """Evict (when asked) the pods holding the GPUs; a VM's virt-launcher pod only when the VM can
     live-migrate (KubeVirt answers its eviction with a migration); every other holder is waited for."""
     plan = DrainPlan()
     for v in views:
         for h in v.holders:
-            movable = evict and h.pods and (h.vm is None or h.migration == "migratable")
+            # with ``migrate`` a VM moves by its own migration object: its pod is not evicted too
+            movable = evict and h.pods and (h.vm is None or (h.migration == "migratable" and not migrate))
             if movable:
                 plan.evict.extend(p for p in h.pods if p not in plan.evict)
             plan.wait.append(h)
     return plan
+
+
+@dataclass(frozen=True)
+class MigrationOutcome:
+    """Where a ``drain --migrate`` migration of one VM stands: running, migrated (to ``node``), failed
+    (``reason``), timed out, or not migratable (``reason``)."""
+
+    vm: str
+    result: str  # running | migrated | failed | timed-out | not-migratable
+    node: str | None = None
+    reason: str | None = None
+
+    def text(self) -> str:
+        if self.result == "migrated":
+            return f"VM {self.vm}: migrated to node {self.node or '?'}"
+        if self.result == "running":
+            return f"VM {self.vm}: migrating" + (f" ({self.reason})" if self.reason else "")
+        what = {"failed": "migration failed", "timed-out": "migration not finished in time",
+                "not-migratable": "not migratable"}[self.result]
+        return f"VM {self.vm}: {what}" + (f" ({self.reason})" if self.reason else "")
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in (("result", self.result), ("node", self.node), ("reason", self.reason)) if v}
+
+
+FINAL_PHASES = ("Succeeded", "Failed")
+
+
+def migration_outcome(vm: str, vmim: dict | None, vmi: dict | None) -> MigrationOutcome:
+    """KubeVirt's VirtualMachineInstanceMigration (``status.phase``: Pending .. Running, Succeeded,
+    Failed) and the VMI's ``status.migrationState`` (``targetNode``, ``failed``, ``failureReason``), read
+    together; a migration deleted before it ended counts as failed."""
+    mig = ((vmi or {}).get("status") or {}).get("migrationState") or {}
+    if vmim is None:
+        return MigrationOutcome(vm, "failed", reason="the migration object was deleted")
+    status = vmim.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    target = ((status.get("migrationState") or {}).get("targetNode")) or mig.get("targetNode")
+    if phase == "Succeeded":
+        return MigrationOutcome(vm, "migrated", node=target)
+    if phase == "Failed":
+        why = mig.get("failureReason") or next((c.get("message") or c.get("reason") for c in status.get("conditions") or []
+                                                if c.get("status") == "True" and (c.get("message") or c.get("reason"))),
+                                               None)
+        return MigrationOutcome(vm, "failed", node=target, reason=why or "KubeVirt gave no reason")
+    return MigrationOutcome(vm, "running", node=target, reason=f"phase {phase}")

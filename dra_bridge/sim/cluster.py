@@ -65,6 +65,10 @@ def _resource_types() -> tuple[ResourceType, ...]:
         # their instances: where `vgpuctl drain` reads a VM's live-migration state
         ResourceType("kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", namespaced=True,
                      singular="virtualmachineinstance", status_subresource=True, short_names=("vmi",)),
+        # what `vgpuctl drain --migrate` creates; the control plane's migration model moves them along
+        ResourceType("kubevirt.io", "v1", "virtualmachineinstancemigrations", "VirtualMachineInstanceMigration",
+                     namespaced=True, singular="virtualmachineinstancemigration", status_subresource=True,
+                     short_names=("vmim",)),
     )
 
 

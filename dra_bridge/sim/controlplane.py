@@ -16,6 +16,8 @@ from dra_bridge.sim.workloads import Workload, asks_extended_resources, pod_node
 log = logging.getLogger(__name__)
 
 WAIT = 20.0
+#: a simulated VMI's annotation: what its migration does (see ControlPlane._migrate)
+MIGRATION_PLAN = "sim.vgpuctl.io/migration"
 
 
 class Cluster(Protocol):
@@ -118,6 +120,60 @@ class ControlPlane:
             self._tried.pop(uid, None)
             self.c.release(w)
         self._evict_untolerated()
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """KubeVirt's migration controller, enough to test a drain: each VirtualMachineInstanceMigration
+        goes Pending, Scheduling, Running, then Succeeded (the VMI's source virt-launcher pod is deleted,
+        so its GPU is released; the VMI names the target node) or Failed (the VMI says why), one phase a
+        step. The VMI's annotation ``sim.vgpuctl.io/migration`` decides: ``succeed:NODE`` (the default,
+        to sim-node-2), ``fail:REASON``, or ``hang`` (it stays Running)."""
+        try:
+            items = self.c.rest("GET", "/apis/kubevirt.io/v1/virtualmachineinstancemigrations")["items"]
+        except Exception:  # noqa: BLE001 - KubeVirt's kinds not served here
+            return
+        for m in items:
+            ns, name = m["metadata"]["namespace"], m["metadata"]["name"]
+            phase = (m.get("status") or {}).get("phase") or ""
+            if phase in ("Succeeded", "Failed"):
+                continue
+            vmi_name = (m.get("spec") or {}).get("vmiName", "")
+            vmi_path = f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{vmi_name}"
+            status_path = f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{name}/status"
+            vmis = [v for v in self.c.rest("GET", f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances")["items"]
+                    if v["metadata"]["name"] == vmi_name]
+            if not vmis:
+                self.c.rest("PATCH", status_path, {"status": {"phase": "Failed", "conditions": [
+                    {"type": "Failed", "status": "True", "message": f"VMI {vmi_name} not found"}]}}, patch=True)
+                continue
+            vmi = vmis[0]
+            plan = ((vmi["metadata"].get("annotations") or {}).get(MIGRATION_PLAN) or "succeed:sim-node-2")
+            nxt = {"": "Pending", "Pending": "Scheduling", "Scheduling": "Running"}.get(phase)
+            if nxt is not None:
+                self.c.rest("PATCH", status_path, {"status": {"phase": nxt}}, patch=True)
+                if nxt == "Running" and not plan.startswith("fail"):
+                    target = plan.partition(":")[2] or "sim-node-2"
+                    self.c.rest("PATCH", f"{vmi_path}/status", {"status": {"migrationState": {
+                        "targetNode": target, "completed": False}}}, patch=True)
+                continue
+            if plan == "hang":
+                continue
+            kind, _, arg = plan.partition(":")
+            if kind == "fail":
+                why = arg or "migration failed"
+                self.c.rest("PATCH", f"{vmi_path}/status", {"status": {"migrationState": {
+                    "completed": True, "failed": True, "failureReason": why}}}, patch=True)
+                self.c.rest("PATCH", status_path, {"status": {"phase": "Failed", "conditions": [
+                    {"type": "Failed", "status": "True", "message": why}]}}, patch=True)
+                continue
+            target = arg or "sim-node-2"
+            for p in self.c.rest("GET", f"/api/v1/namespaces/{ns}/pods")["items"]:
+                if (p["metadata"].get("labels") or {}).get("vm.kubevirt.io/name") == vmi_name:
+                    missing_ok(self.c.rest, "DELETE", self.c.pod_path(ns, p["metadata"]["name"]))
+            self.c.rest("PATCH", f"{vmi_path}/status", {"status": {"nodeName": target, "migrationState": {
+                "targetNode": target, "completed": True}}}, patch=True)
+            self.c.rest("PATCH", status_path, {"status": {"phase": "Succeeded",
+                                                          "migrationState": {"targetNode": target}}}, patch=True)
 
     def _evict_untolerated(self) -> None:
         """The device-taint eviction controller (KEP-5055): a running pod whose claim holds a device

@@ -884,3 +884,15 @@ def test_kubevirt_cr_permits_everything_the_device_plugin_advertises(tmp_path):
             for d in spec.devices:
                 f = functions[d.id]
                 assert pci_vendor_selector(f.vendor_id, f.device_id) in pci[name]
+
+
+def test_the_migration_drain_creates_is_valid_for_kubevirt():
+    """``vgpuctl drain --migrate`` creates a VirtualMachineInstanceMigration: KubeVirt's schema accepts it
+    (generateName stands in for a name the server gives)."""
+    from dra_bridge.apiclient.maintenance import migration_object
+
+    obj = migration_object("vms", "a-vm-with-a-rather-long-name-that-goes-on-and-on")
+    assert obj["metadata"]["generateName"].endswith("-drain-") and len(obj["metadata"]["generateName"]) <= 63 - 5
+    schema = kubevirt_schema()
+    assert schema.definition_for(obj).endswith("VirtualMachineInstanceMigration")
+    assert schema.problems(obj) == []

@@ -181,3 +181,57 @@ def test_a_gpu_that_is_not_there_is_bad_input(capsys, message, args):
     with SimCluster(version="1.37", health=False) as c:
         code, out = vg(capsys, c, *args)
         assert code == 2 and message in out, out
+
+
+def _vm_on_gpu0(c: SimCluster, i: int, vm: str, *, migratable: bool, plan: str | None = None) -> None:
+    """A VM's virt-launcher pod holding a T4-8Q of GPU 0, and its VMI (LiveMigratable as given; the
+    simulated migration controller follows ``plan``)."""
+    for obj in t4("T4-8Q", i, gpu_index=0, labels={"vm.kubevirt.io/name": vm, "kubevirt.io": "virt-launcher"}):
+        path = ("/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates" if obj["kind"] != "Pod"
+                else "/api/v1/namespaces/default/pods")
+        c.rest("POST", path, obj)
+    cond = {"type": "LiveMigratable", "status": str(migratable)}
+    if not migratable:
+        cond["reason"] = "HostDeviceNotLiveMigratable"
+    c.rest("POST", "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances", {
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": vm, "annotations": {"sim.vgpuctl.io/migration": plan} if plan else {}},
+        "spec": {}, "status": {"nodeName": c.node, "conditions": [cond]}})
+
+
+def _running(c: SimCluster, *pods: str) -> bool:
+    items = {p["metadata"]["name"]: p for p in c.rest("GET", "/api/v1/namespaces/default/pods")["items"]}
+    return all((items.get(p, {}).get("status") or {}).get("phase") == "Running" for p in pods)
+
+
+def test_drain_migrate_moves_the_migratable_vms_and_says_what_became_of_each(capsys):
+    """Issue #33.3: per VM, migrated to node X, failed (reason) or not migratable (reason); a migration
+    that does not end in time is said so; pods are left alone without --evict."""
+    with SimCluster(version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
+        _vm_on_gpu0(c, 1, "vm-moves", migratable=True, plan="succeed:node-b")
+        _vm_on_gpu0(c, 2, "vm-pinned", migratable=False)
+        wait_for("both VMs' pods running", lambda: _running(c, "w1", "w2"))
+        code, out = vg(capsys, c, "drain", f"{c.node}/0", "--migrate", "--timeout", "20", "-o", "json")
+        report = json.loads(out[:out.rindex("}") + 1])
+        assert code == 3  # the pinned VM still holds GPU 0
+        assert report["migrations"] == {
+            "default/vm-moves": {"result": "migrated", "node": "node-b"},
+            "default/vm-pinned": {"result": "not-migratable", "reason": "HostDeviceNotLiveMigratable"}}
+        assert report["evicted"] == {}
+        migs = c.rest("GET", "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstancemigrations")["items"]
+        assert [m["spec"]["vmiName"] for m in migs] == ["vm-moves"]  # one migration, for the migratable VM
+        assert [h["vm"] for g in report["gpus"] for h in g["holders"]] == ["default/vm-pinned"]
+
+
+@pytest.mark.parametrize(("plan", "result", "line"), [
+    ("fail:target has no GRID T4-8Q free", "failed", "VM default/vm-a: migration failed (target has no GRID T4-8Q free)"),
+    ("hang", "timed-out", "VM default/vm-a: migration not finished in time (phase Running)"),
+])
+def test_drain_migrate_reports_a_failed_or_unfinished_migration(capsys, plan, result, line):
+    with SimCluster(version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
+        _vm_on_gpu0(c, 1, "vm-a", migratable=True, plan=plan)
+        wait_for("the VM's pod running", lambda: _running(c, "w1"))
+        before = {v.id for v in c.inventory().all_vgpus()}
+        code, out = vg(capsys, c, "drain", f"{c.node}/0", "--migrate", "--timeout", "3")
+        assert code == 3 and line in out, out
+        assert _running(c, "w1") and {v.id for v in c.inventory().all_vgpus()} == before  # the VM keeps its vGPU

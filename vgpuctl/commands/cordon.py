@@ -31,7 +31,7 @@ from rich.text import Text
 
 from dra_bridge.api.names import TAINT_KEY_CORDON
 from dra_bridge.pool.cordon import NO_EXECUTE, NO_SCHEDULE, NODE, CordonEntry, format_cordon, parse_cordon
-from dra_bridge.scheduling.gpuview import plan_drain
+from dra_bridge.scheduling.gpuview import MigrationOutcome, migration_outcome, plan_drain
 from vgpuctl.cli import options
 from vgpuctl.cli.gpus import Session, gpu_table, holder_rows, resolve, selected, wait_until
 from vgpuctl.output.tables import fit_lines
@@ -73,6 +73,10 @@ def add_drain(p: argparse.ArgumentParser) -> None:
     p.add_argument("--evict", action="store_true",
                    help="evict the pods holding the GPUs (policy/v1 Eviction); a VM's pod only when it can "
                         "live-migrate (KubeVirt migrates it); other VMs are waited for")
+    p.add_argument("--migrate", action="store_true",
+                   help="live-migrate each VM on the GPUs that KubeVirt reports LiveMigratable (a "
+                        "VirtualMachineInstanceMigration each; KubeVirt picks the target) and report per VM: "
+                        "migrated to node X, failed (reason), not migratable (reason); pods only with --evict")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long to wait for the holders to go")
     options.add_output(p, wide=True)
@@ -208,10 +212,13 @@ def run_drain(args) -> int:
     first = selected(s.views(list(targets)), targets)
     evicted: dict[str, str | None] = {}
     state = {"views": first}
+    migrations = Migrations(s) if args.migrate else None
 
     def drained() -> bool:
         views = selected(s.views(list(targets)), targets)
-        plan = plan_drain(views, evict=args.evict)
+        if migrations is not None:
+            migrations.step(views)
+        plan = plan_drain(views, evict=args.evict, migrate=args.migrate)
         for pod in plan.evict:
             if pod not in evicted:
                 ns, name = pod.split("/", 1)
@@ -221,12 +228,58 @@ def run_drain(args) -> int:
 
     def progress() -> None:
         vms = [h for v in state["views"] for h in v.holders if h.vm]
+        moving = migrations.text() if migrations is not None else ""
         status.update(f"draining: {sum(len(v.holders) for v in state['views'])} holder(s) left"
-                      + (f"; VMs: {', '.join(f'{h.vm} ({h.migration})' for h in vms[:3])}" if vms else ""))
+                      + (f"; {moving}" if moving else
+                         f"; VMs: {', '.join(f'{h.vm} ({h.migration})' for h in vms[:3])}" if vms else ""))
 
     with _Status(term) as status:
         done = wait_until(drained, args.timeout, progress, every=1.0)
-    return _drain_report(args, first, state["views"], evicted, notes, done)
+    outcomes = migrations.finish(done) if migrations is not None else []
+    return _drain_report(args, first, state["views"], evicted, notes, done, outcomes)
+
+
+class Migrations:
+    """``drain --migrate``: one VirtualMachineInstanceMigration per migratable VM on the GPUs, created
+    once, followed to its end; a VM that cannot migrate is said so, with KubeVirt's reason."""
+
+    def __init__(self, s: Session):
+        self.s = s
+        self.started: dict[str, str] = {}  # VM (ns/name) -> its migration's name
+        self.outcomes: dict[str, MigrationOutcome] = {}
+
+    def step(self, views) -> None:
+        for h in (h for v in views for h in v.holders if h.vm):
+            vm = h.vm
+            if vm in self.outcomes and self.outcomes[vm].result != "running":
+                continue
+            ns, name = vm.split("/", 1)
+            if vm not in self.started:
+                if h.migration != "migratable":
+                    why = (h.migration or "").removeprefix("not migratable").strip(" ()") or h.migration
+                    self.outcomes[vm] = MigrationOutcome(vm, "not-migratable", reason=why)
+                    continue
+                made, refused = self.s.m.migrate(ns, name)
+                if made is None:
+                    self.outcomes[vm] = MigrationOutcome(vm, "failed", reason=f"not created: {refused}")
+                    continue
+                self.started[vm] = made
+            self.outcomes[vm] = migration_outcome(vm, self.s.m.migration(ns, self.started[vm]), self.s.m.vmi(ns, name))
+        for vm, made in self.started.items():  # a VM gone from the GPUs: its migration's last word
+            if self.outcomes[vm].result == "running":
+                ns, name = vm.split("/", 1)
+                self.outcomes[vm] = migration_outcome(vm, self.s.m.migration(ns, made), self.s.m.vmi(ns, name))
+
+    def text(self) -> str:
+        running = [o for o in self.outcomes.values() if o.result == "running"]
+        return ", ".join(f"{o.vm} migrating ({o.reason})" for o in running[:3])
+
+    def finish(self, done: bool) -> list[MigrationOutcome]:
+        out = []
+        for vm in sorted(self.outcomes):
+            o = self.outcomes[vm]
+            out.append(MigrationOutcome(vm, "timed-out", o.node, o.reason) if o.result == "running" else o)
+        return out
 
 
 class _Status:
@@ -250,11 +303,15 @@ class _Status:
             self._status.__exit__(*exc)
 
 
-def _drain_report(args, first, last, evicted: dict, notes: list[str], done: bool) -> int:
+def _drain_report(args, first, last, evicted: dict, notes: list[str], done: bool,
+                  migrations: list[MigrationOutcome] | None = None) -> int:
+    migrations = migrations or []
     if args.output in ("json", "yaml"):
         data = {"drained": done, "gpus": [v.to_dict() for v in last],
                 "heldBefore": [asdict(h) for v in first for h in v.holders],
                 "evicted": {p: (r or "accepted") for p, r in evicted.items()}, "notes": notes}
+        if args.migrate:
+            data["migrations"] = {o.vm: o.to_dict() for o in migrations}
         print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
         return 0 if done else EXIT_PENDING
     term = Terminal()
@@ -265,6 +322,8 @@ def _drain_report(args, first, last, evicted: dict, notes: list[str], done: bool
     for pod, refusal in evicted.items():
         if refusal is not None:
             term.print(Text(fit_lines(f"eviction of {pod} refused: {refusal}")))
+    for o in migrations:
+        term.print(Text(fit_lines(o.text()), style="green" if o.result == "migrated" else "yellow"))
     for n in notes:
         term.print(Text(fit_lines(f"note: {n}")))
     left = sum(len(v.holders) for v in last)
