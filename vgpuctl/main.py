@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from dra_bridge.apiclient.errors import api_exception, brief
 from vgpuctl.cli.extras import require_sim
-from vgpuctl.cli.options import HOST_VALUED, add_host_options
+from vgpuctl.cli.options import HOST_VALUED, add_host_options, check_host_options
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None, *, prog: str = "vgpuctl", commands: dict
         args = build_parser(command, prog=prog, commands=commands, description=description).parse_args(argv)
         # every command's arguments, for `completion` (a command module cannot import this one)
         args.full_parser = lambda: build_parser(prog=prog, commands=commands, description=description, every=True)
+        check_host_options(args)
         if getattr(args, "simulate", None):
             from vgpuctl.cli.simhost import open_simulated  # the simulators, only when asked for
 

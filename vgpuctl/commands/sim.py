@@ -42,6 +42,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     from vgpuctl.commands import apiserver
 
     apiserver.add_arguments(a)
+    options.add_host_options(a, suppress=True)
 
 
 def run(args) -> int:
