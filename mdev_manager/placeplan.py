@@ -142,9 +142,33 @@ def check_mixed_layout(smap: VgpuPlacements, active: list[tuple[VgpuType, int]],
     if place(smap, (), need) is None:
         detail = " + ".join(f"{n} x {t.short_name}" for t, n in active)
         types = {t.id: t for t, _ in active}
+        lower = "".join(f"; {m}" for t, n in active if (m := lowered(smap, t)) and n > mixed_max(smap, t))
         problems.append(f"{where}: {detail} do not fit on {label} in mixed-size mode: no placement of these vGPUs "
-                        f"exists on its {smap.slots} slots of 1 GiB ({describe_map(smap, types)})")
+                        f"exists on its {smap.slots} slots of 1 GiB ({describe_map(smap, types)}){lower}")
     return problems
+
+
+def mixed_max(smap: VgpuPlacements, t: VgpuType) -> int:
+    """How many vGPUs of ``t`` alone fit in mixed-size mode: its placements that do not overlap."""
+    tp = smap.types.get(t.id)
+    if tp is None:
+        return 0
+    count, end = 0, 0
+    for p in sorted(tp.ids):
+        if p >= end:
+            count, end = count + 1, p + tp.size
+    return count
+
+
+def lowered(smap: VgpuPlacements, t: VgpuType) -> str | None:
+    """What mixed-size mode costs ``t``: fewer vGPUs than equal-size mode gives (its placements are
+    NVIDIA's table, not every multiple of its size), said where a layout meets it."""
+    most = mixed_max(smap, t)
+    if not t.max_instances or most >= t.max_instances:
+        return None
+    return (f"mixed-size mode allows at most {most} x {t.short_name} (placements "
+            f"{'/'.join(map(str, sorted(smap.types[t.id].ids)))}), equal-size mode {t.max_instances}: without "
+            f"mixedSize the GPU takes {t.max_instances}")
 
 
 def preview(gpu: Gpu, entry: GpuLayout, offered: list[VgpuType], wanted: dict[str, int]) -> list[str]:
@@ -160,7 +184,9 @@ def preview(gpu: Gpu, entry: GpuLayout, offered: list[VgpuType], wanted: dict[st
         return []
     names = ", ".join(f"{types[t].short_name} at slot {p}" for t, p in sorted(zip(need, spots, strict=True),
                                                                                key=lambda x: x[1]))
-    return [f"GPU {gpu.index} ({gpu.address}): once in mixed-size mode, places {names} ({smap.slots} slots of 1 GiB)"]
+    costs = [m for tid in dict.fromkeys(need) if (m := lowered(smap, types[tid]))]
+    return [f"GPU {gpu.index} ({gpu.address}): once in mixed-size mode, places {names} ({smap.slots} slots of 1 GiB)",
+            *(f"GPU {gpu.index} ({gpu.address}): {m}" for m in costs)]
 
 
 def refused(gpu: Gpu, label: str) -> str:

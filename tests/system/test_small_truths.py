@@ -1,0 +1,54 @@
+"""Small untruths (issue 29, item 10), each held to the truth."""
+
+from __future__ import annotations
+
+import yaml
+
+from vgpuctl.main import main
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _layout(tmp_path, doc: dict, name: str = "l.yaml") -> str:
+    f = tmp_path / name
+    f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(f)
+
+
+def test_an_unknown_size_suggests_its_neighbours_not_a_look_alike(tmp_path, capsys):
+    f = _layout(tmp_path, {"version": "vgpuctl/v1", "layouts": {"default": [{"index": 0, "vgpus": {"T4-3Q": 2}}]}})
+    code, out, err = run(capsys, "--simulate", "default", "--sim-dir", str(tmp_path / "h"), "plan", "-f", f)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert err.rstrip().endswith("did you mean 'T4-2Q' or 'T4-4Q'?"), err  # it suggested T4-8Q
+
+
+def test_an_unknown_type_in_a_vgpu_device_manager_file_is_said_once(tmp_path, capsys):
+    f = _layout(tmp_path, {"version": "v1", "vgpu-configs": {"bad": [{"devices": "all",
+                                                                     "vgpu-devices": {"T4-3Q": 2}}]}})
+    for preset, gpus in (("t4-node", 4), ("default", 4)):
+        code, out, err = run(capsys, "--simulate", preset, "--sim-dir", str(tmp_path / preset), "plan", "-f", f,
+                             "--config-name", "bad")
+        assert code == 2 and out == "", err
+        assert err.count("'T4-3Q'") == 1 and len(err.splitlines()) == 1, err  # was once per GPU
+        assert f"none of the {gpus} GPUs this entry selects offers vGPU type 'T4-3Q'" in err
+        assert "did you mean 'T4-2Q' or 'T4-4Q'?" in err
+        assert "L40S-3Q'" not in err  # another board's look-alike is no fix
+
+
+def test_mixed_size_says_what_it_costs(tmp_path, capsys):
+    def layout(n):
+        return _layout(tmp_path, {"version": "vgpuctl/v1", "layouts": {"default": [
+            {"index": 0, "mixedSize": True, "vgpus": {"L40S-8Q": n}}]}}, f"m{n}.yaml")
+
+    sim = ["--simulate", "mixed-node", "--sim-dir", str(tmp_path / "h")]
+    code, out, err = run(capsys, *sim, "plan", "-f", layout(6))  # 6 in equal-size mode
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.rstrip().endswith("mixed-size mode allows at most 4 x L40S-8Q (placements 0/16/24/40), equal-size "
+                                 "mode 6: without mixedSize the GPU takes 6"), err
+    code, out, err = run(capsys, *sim, "plan", "-f", layout(4))
+    assert code == 0
+    assert "mixed-size mode allows at most 4 x L40S-8Q" in " ".join(out.split())  # said when enabling it
