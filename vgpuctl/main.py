@@ -84,7 +84,7 @@ COMMANDS: dict[str, Command] = {
                      "evicts pods only with --evict, waits up to --timeout; never touches a device in use. "
                      "Exit 0 drained, 3 holders remain."),
     "uncordon": Command("vgpuctl.commands.cordon", "put a cordoned GPU or node back into service"),
-    "gpus": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: mode, cordon, holders, free capacity",
+    "gpus": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: what they offer, cordon, holders, free capacity",
                     "Per node and GPU: what it publishes, whether it is cordoned, which claims, pods and VMs hold "
                     "it (vGPU placements) and how many more of each profile fit. kubectl vgpu shows the same."),
     "completion": Command("vgpuctl.commands.completion", "print a bash or zsh completion script",
@@ -97,7 +97,7 @@ SIM_COMMANDS = ("demo", "sim")
 #: ``kubectl vgpu``'s commands: kubectl runs the ``kubectl-vgpu`` executable (:func:`kubectl_plugin`)
 #: with the arguments after ``vgpu``; without a command, ``get``.
 PLUGIN_COMMANDS: dict[str, Command] = {
-    "get": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: mode, cordon, holders, free capacity "
+    "get": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: what they offer, cordon, holders, free capacity "
                    "(the default)", COMMANDS["gpus"].description),
     **{name: COMMANDS[name] for name in ("cordon", "drain", "uncordon", "completion")},
 }

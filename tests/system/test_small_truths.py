@@ -52,3 +52,33 @@ def test_mixed_size_says_what_it_costs(tmp_path, capsys):
     code, out, err = run(capsys, *sim, "plan", "-f", layout(4))
     assert code == 0
     assert "mixed-size mode allows at most 4 x L40S-8Q" in " ".join(out.split())  # said when enabling it
+
+
+def test_kubectl_vgpu_says_what_a_gpu_offers_not_a_mode_it_is_not_in():
+    """Every GPU ``kubectl vgpu`` shows is a ``dra`` GPU: its column says what it offers (it said MODE vgpu)."""
+    from dra_bridge.scheduling.gpuview import GpuView
+    from vgpuctl.cli.gpus import gpu_table
+
+    views = [GpuView(node="n", index=0, address="0000:10:00.0", product="T4", kinds=["passthrough", "vgpu"])]
+    for wide in (False, True):
+        header = gpu_table(views, wide=wide).splitlines()[0].split()
+        assert "OFFERS" in header and "MODE" not in header
+    assert gpu_table(views).splitlines()[1].split()[3] == "whole+vgpu"
+
+
+def test_drain_evict_says_which_pods_it_evicted(capsys):
+    import argparse
+
+    from dra_bridge.scheduling.gpuview import GpuView, Holder
+    from vgpuctl.commands.cordon import _drain_report
+
+    held = GpuView(node="n", index=0, address="0000:10:00.0", product="T4", kinds=["vgpu"],
+                   holders=[Holder(claim="default/c1", device="d1", profile="T4-8Q", pods=["default/w1"]),
+                            Holder(claim="default/c2", device="d2", profile="T4-8Q", pods=["default/w2"])])
+    empty = GpuView(node="n", index=0, address="0000:10:00.0", product="T4", kinds=["vgpu"])
+    args = argparse.Namespace(output="table", evict=True, timeout=5.0)
+    code = _drain_report(args, [held], [empty], {"default/w1": None, "default/w2": "PDB allows 0"}, [], True)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "evicted pod default/w1 (policy/v1 Eviction)" in out  # it said nothing of the pods it evicted
+    assert "eviction of default/w2 refused: PDB allows 0" in out
