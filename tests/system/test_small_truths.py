@@ -82,3 +82,44 @@ def test_drain_evict_says_which_pods_it_evicted(capsys):
     assert code == 0
     assert "evicted pod default/w1 (policy/v1 Eviction)" in out  # it said nothing of the pods it evicted
     assert "eviction of default/w2 refused: PDB allows 0" in out
+
+
+def _readme_first_command() -> str:
+    import re
+
+    from tests.support.simnodes import REPO
+
+    block = re.search(r"```sh\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert block is not None
+    return block.group(1).splitlines()[0]
+
+
+def test_the_readmes_first_command_works_as_root_and_as_a_user(tmp_path):
+    """It started with ``sudo``, absent as root in a container. Run with stand-ins for id, sudo,
+    apt-get and python3: as root nothing calls sudo, as a user apt-get runs under it."""
+    import subprocess
+
+    first = _readme_first_command()
+    assert not first.startswith("sudo ")
+    log = tmp_path / "log"
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("sudo", "apt-get", "python3"):
+        (bin_ / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n'
+                                 + ('exec "$@"\n' if name == "sudo" else "exit 0\n"))
+        (bin_ / name).chmod(0o755)
+    venv = tmp_path / ".venv/bin"
+    venv.mkdir(parents=True)
+    for name in ("pip", "vgpuctl"):
+        (venv / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n')
+        (venv / name).chmod(0o755)
+    for uid, sudo in (("0", False), ("1000", True)):
+        log.write_text("")
+        (bin_ / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+        (bin_ / "id").chmod(0o755)
+        p = subprocess.run(["sh", "-c", first], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                           env={"PATH": f"{bin_}:/usr/bin:/bin"})
+        assert p.returncode == 0, p.stderr
+        calls = log.read_text().splitlines()
+        assert ("sudo apt-get install -y python3-venv" in calls) is sudo, calls
+        assert "apt-get install -y python3-venv" in calls and calls[-1] == "vgpuctl demo", calls
