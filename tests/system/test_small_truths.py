@@ -140,3 +140,17 @@ def test_conformance_says_where_to_look_when_a_workload_times_out(monkeypatch):
                         "(kubectl -n ns describe pod w1)")
     r = backend.wait(Run(name="w2", template="t2", bound_node="node-a"))
     assert "bound to node node-a but not running: check its kubelet and the vgpuctl agent there" in r.reason
+
+
+def test_the_campaign_without_the_test_extra_says_so_in_one_line():
+    import subprocess
+    import sys
+
+    from tests.support.simnodes import REPO
+
+    code = ("import sys; sys.modules['hypothesis'] = None\n"  # as if not installed
+            "from tests.campaign.__main__ import main\nsys.exit(main(['--steps', '1', '--seed', '1']))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    assert p.stderr == ("error: the campaign needs the test extra (hypothesis is not installed): .venv/bin/pip "
+                        "install -e '.[test]' (or bash .ci/run, which makes that .venv)\n")
