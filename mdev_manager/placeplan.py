@@ -164,8 +164,8 @@ def lowered(smap: VgpuPlacements, t: VgpuType) -> str | None:
     """What mixed-size mode costs ``t``: fewer vGPUs than equal-size mode gives (its placements are
     NVIDIA's table, not every multiple of its size), said where a layout meets it."""
     most = mixed_max(smap, t)
-    if not t.max_instances or most >= t.max_instances:
-        return None
+    if t.id not in smap.types or not t.max_instances or most >= t.max_instances:
+        return None  # no placement at all: a problem of its own (check_mixed_layout)
     return (f"mixed-size mode allows at most {most} x {t.short_name} (placements "
             f"{'/'.join(map(str, sorted(smap.types[t.id].ids)))}), equal-size mode {t.max_instances}: without "
             f"mixedSize the GPU takes {t.max_instances}")
@@ -173,11 +173,21 @@ def lowered(smap: VgpuPlacements, t: VgpuType) -> str | None:
 
 def preview(gpu: Gpu, entry: GpuLayout, offered: list[VgpuType], wanted: dict[str, int]) -> list[str]:
     """Where a ``mixedSize`` vgpu entry's vGPUs go on the empty GPU once it is ready (the search the
-    round after the driver, VF and mode steps runs), as a plan note for ``vgpuctl plan``."""
-    if not entry.mixed_size or entry.mode != "vgpu":
+    round after the driver, VF and mode steps runs), as a plan note for ``vgpuctl plan``, and what
+    mixed-size mode costs its sizes (fewer placements than equal-size mode's maximum); for a dra
+    entry, what it costs the sizes it names (every size, naming none)."""
+    if not entry.mixed_size or entry.mode not in ("vgpu", "dra"):
         return []
     types = {t.id: t for t in offered}
     smap = slot_map(gpu, offered)
+    if entry.mode == "dra":  # claims place the vGPUs; what the mode costs each size is still worth saying
+        named = [types[tid] for tid in wanted if tid in types] or [t for t in offered if not t.mig_backed]
+        fewer = [f"{t.short_name}: {mixed_max(smap, t)}, not {t.max_instances}" for t in named
+                 if smap is not None and lowered(smap, t)]
+        if not fewer:
+            return []
+        return [f"GPU {gpu.index} ({gpu.address}): in mixed-size mode (NVIDIA's placements) DRA offers fewer of "
+                "these sizes than equal-size mode: " + "; ".join(fewer)]
     need = [tid for tid, n in sorted(wanted.items()) for _ in range(n) if tid in types and not types[tid].mig_backed]
     spots = place(smap, (), need) if smap is not None and need else None
     if smap is None or not spots:

@@ -337,6 +337,7 @@ def make_plan(
                     continue
                 if entry.mixed_size and not gpu.mixed_size:
                     switch_mixed(plan, gpu, usage, definitions, vendor_records or {})
+                    plan.notes += preview(gpu, entry, offered_types(gpu), wanted.get(addr, {}))
                     continue
                 _plan_dra(plan, gpu, usage, definitions, vendor_records or {})
                 forget_layout_instances(plan, gpu, (mig_records or {}).get(addr))

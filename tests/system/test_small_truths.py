@@ -154,3 +154,16 @@ def test_the_campaign_without_the_test_extra_says_so_in_one_line():
     assert p.returncode == 2 and p.stdout == "", p.stderr
     assert p.stderr == ("error: the campaign needs the test extra (hypothesis is not installed): .venv/bin/pip "
                         "install -e '.[test]' (or bash .ci/run, which makes that .venv)\n")
+
+
+def test_mixed_size_says_what_it_costs_a_dra_gpu_too(tmp_path, capsys):
+    from tests.support.simnodes import EXAMPLE_LAYOUT
+
+    mixed = str(EXAMPLE_LAYOUT.parent / "mixed-size-layout.yaml")
+    code, out, err = run(capsys, "--simulate", "mixed-node", "--sim-dir", str(tmp_path / "h"), "plan", "-f", mixed,
+                         "--layout", "dra")
+    assert code == 0, err
+    joined = " ".join(out.split())
+    assert ("note: GPU 0 (0000:10:00.0): in mixed-size mode (NVIDIA's placements) DRA offers fewer of these sizes "
+            "than equal-size mode: ") in joined and "L40S-8Q: 4, not 6" in joined
+    assert "GPU 4 (0000:1c:00.0): in mixed-size mode" not in joined  # the A40 stays in equal-size mode
