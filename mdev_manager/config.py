@@ -102,6 +102,33 @@ def did_you_mean(word: object, choices: Iterable[object]) -> str:
     return f"; did you mean {close!r}?" if close else ""
 
 
+_SIZED = re.compile(r"^(?P<board>.+)-(?P<size>\d+)(?P<series>[A-Za-z]\w*)$")
+
+
+def did_you_mean_type(ref: object, names: Iterable[str]) -> str:
+    """For a vGPU type that does not exist, the closest sensible ones: the same board and series at the
+    nearest sizes below and above (``T4-3Q``: ``T4-2Q`` or ``T4-4Q``, never ``T4-8Q``, which only looks
+    alike); else :func:`did_you_mean`."""
+    want = _SIZED.match(str(ref).strip())
+    names = list(names)
+    if want:
+        sizes = {}
+        for n in names:
+            m = _SIZED.match(n)
+            if m and (m["board"].lower(), m["series"].lower()) == (want["board"].lower(), want["series"].lower()):
+                sizes[int(m["size"])] = n
+        size = int(want["size"])
+        below = [sizes[k] for k in sorted(sizes) if k < size][-1:]
+        above = [sizes[k] for k in sorted(sizes) if k > size][:1]
+        near = below + above
+        if near and size not in sizes:
+            return "; did you mean " + " or ".join(repr(n) for n in near) + "?"
+        boards = {m["board"].lower() for n in names if (m := _SIZED.match(n))}
+        if want["board"].lower() not in boards:
+            return ""  # another board's type (T4-3Q on an L40S): its look-alike there is no fix
+    return did_you_mean(ref, names)
+
+
 def path_of(loc: Iterable[object]) -> str:
     """A place in a document as its author reads it: ``("layouts", "default", 0, "vgpus")`` ->
     ``layouts.default[0].vgpus``."""

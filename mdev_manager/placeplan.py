@@ -142,25 +142,61 @@ def check_mixed_layout(smap: VgpuPlacements, active: list[tuple[VgpuType, int]],
     if place(smap, (), need) is None:
         detail = " + ".join(f"{n} x {t.short_name}" for t, n in active)
         types = {t.id: t for t, _ in active}
+        lower = "".join(f"; {m}" for t, n in active if (m := lowered(smap, t)) and n > mixed_max(smap, t))
         problems.append(f"{where}: {detail} do not fit on {label} in mixed-size mode: no placement of these vGPUs "
-                        f"exists on its {smap.slots} slots of 1 GiB ({describe_map(smap, types)})")
+                        f"exists on its {smap.slots} slots of 1 GiB ({describe_map(smap, types)}){lower}")
     return problems
+
+
+def mixed_max(smap: VgpuPlacements, t: VgpuType) -> int:
+    """How many vGPUs of ``t`` alone fit in mixed-size mode: its placements that do not overlap."""
+    tp = smap.types.get(t.id)
+    if tp is None:
+        return 0
+    count, end = 0, 0
+    for p in sorted(tp.ids):
+        if p >= end:
+            count, end = count + 1, p + tp.size
+    return count
+
+
+def lowered(smap: VgpuPlacements, t: VgpuType) -> str | None:
+    """What mixed-size mode costs ``t``: fewer vGPUs than equal-size mode gives (its placements are
+    NVIDIA's table, not every multiple of its size), said where a layout meets it."""
+    most = mixed_max(smap, t)
+    if t.id not in smap.types or not t.max_instances or most >= t.max_instances:
+        return None  # no placement at all: a problem of its own (check_mixed_layout)
+    return (f"mixed-size mode allows at most {most} x {t.short_name} (placements "
+            f"{'/'.join(map(str, sorted(smap.types[t.id].ids)))}), equal-size mode {t.max_instances}: without "
+            f"mixedSize the GPU takes {t.max_instances}")
 
 
 def preview(gpu: Gpu, entry: GpuLayout, offered: list[VgpuType], wanted: dict[str, int]) -> list[str]:
     """Where a ``mixedSize`` vgpu entry's vGPUs go on the empty GPU once it is ready (the search the
-    round after the driver, VF and mode steps runs), as a plan note for ``vgpuctl plan``."""
-    if not entry.mixed_size or entry.mode != "vgpu":
+    round after the driver, VF and mode steps runs), as a plan note for ``vgpuctl plan``, and what
+    mixed-size mode costs its sizes (fewer placements than equal-size mode's maximum); for a dra
+    entry, what it costs the sizes it names (every size, naming none)."""
+    if not entry.mixed_size or entry.mode not in ("vgpu", "dra"):
         return []
     types = {t.id: t for t in offered}
     smap = slot_map(gpu, offered)
+    if entry.mode == "dra":  # claims place the vGPUs; what the mode costs each size is still worth saying
+        named = [types[tid] for tid in wanted if tid in types] or [t for t in offered if not t.mig_backed]
+        fewer = [f"{t.short_name}: {mixed_max(smap, t)}, not {t.max_instances}" for t in named
+                 if smap is not None and lowered(smap, t)]
+        if not fewer:
+            return []
+        return [f"GPU {gpu.index} ({gpu.address}): in mixed-size mode (NVIDIA's placements) DRA offers fewer of "
+                "these sizes than equal-size mode: " + "; ".join(fewer)]
     need = [tid for tid, n in sorted(wanted.items()) for _ in range(n) if tid in types and not types[tid].mig_backed]
     spots = place(smap, (), need) if smap is not None and need else None
     if smap is None or not spots:
         return []
     names = ", ".join(f"{types[t].short_name} at slot {p}" for t, p in sorted(zip(need, spots, strict=True),
                                                                                key=lambda x: x[1]))
-    return [f"GPU {gpu.index} ({gpu.address}): once in mixed-size mode, places {names} ({smap.slots} slots of 1 GiB)"]
+    costs = [m for tid in dict.fromkeys(need) if (m := lowered(smap, types[tid]))]
+    return [f"GPU {gpu.index} ({gpu.address}): once in mixed-size mode, places {names} ({smap.slots} slots of 1 GiB)",
+            *(f"GPU {gpu.index} ({gpu.address}): {m}" for m in costs)]
 
 
 def refused(gpu: Gpu, label: str) -> str:

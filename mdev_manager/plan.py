@@ -34,7 +34,7 @@ from mdev_manager.actions import (
     SetVgpuType,
     Skip,
 )
-from mdev_manager.config import ConfigError, GpuLayout, did_you_mean, layout_error
+from mdev_manager.config import ConfigError, GpuLayout, did_you_mean_type, layout_error
 from mdev_manager.migplan import check_mig_layout, forget_layout_instances, plan_mig, switch_mig_mode
 from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
 from mdev_manager.names import mig_profile_of
@@ -169,6 +169,48 @@ def _mixed_hint(entry: GpuLayout) -> str:
             "write this entry as a vgpuctl/v1 layout with mixedSize: true")
 
 
+class _UnknownType(str):
+    """A layout entry's type that a GPU does not offer: one problem per GPU, merged per field by
+    :func:`_once_per_field` (an entry selecting 7 GPUs says it once)."""
+
+    field: str
+    ref: str
+    gpu: Gpu
+    offers: str
+
+    def __new__(cls, text: str, *, field: str, ref: str, gpu: Gpu, offers: str) -> _UnknownType:
+        self = super().__new__(cls, text)
+        self.field, self.ref, self.gpu, self.offers = field, ref, gpu, offers
+        return self
+
+
+def _once_per_field(problems: list[str]) -> list[str]:
+    """An unknown type selected on several GPUs, in one line: the GPUs grouped by what they offer."""
+    groups: dict[tuple[str, str], list[_UnknownType]] = {}
+    for p in problems:
+        if isinstance(p, _UnknownType):
+            groups.setdefault((p.field, p.ref), []).append(p)
+    out: list[str] = []
+    for p in problems:
+        if not isinstance(p, _UnknownType):
+            out.append(p)
+            continue
+        group = groups.pop((p.field, p.ref), None)
+        if group is None:
+            continue  # said with its group
+        if len(group) == 1:
+            out.append(str(p))
+            continue
+        by_offer: dict[str, list[Gpu]] = {}
+        for q in group:
+            by_offer.setdefault(q.offers, []).append(q.gpu)
+        parts = [f"GPU {', '.join(str(g.index) for g in gpus)} ({', '.join(dict.fromkeys(g.model for g in gpus))}) "
+                 f"offer{'s' if len(gpus) == 1 else ''} {offers}" for offers, gpus in by_offer.items()]
+        out.append(f"{p.field}: none of the {len(group)} GPUs this entry selects offers vGPU type {p.ref!r}: "
+                   + "; ".join(parts))
+    return out
+
+
 def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
     """Type id -> count for a vgpu/dra entry, or a list of problems naming the field."""
     types = offered_types(gpu)
@@ -180,8 +222,9 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
         if t is None:
             usable = [t.short_name for t in types if not t.mig_backed or gpu.mig is not None]
             names = ", ".join(usable) or "none (not a vGPU-capable GPU)"
-            close = did_you_mean(ref, usable)
-            problems.append(f"{field}: {_label(gpu)} offers no vGPU type {ref!r}; it offers {names}{close}")
+            close = did_you_mean_type(ref, usable)
+            problems.append(_UnknownType(f"{field}: {_label(gpu)} offers no vGPU type {ref!r}; it offers {names}{close}",
+                                         field=field, ref=str(ref), gpu=gpu, offers=f"{names}{close}"))
             continue
         if t.mig_backed and entry.mode == "dra" and not entry.mig_mode:
             problems.append(f"{field}: {t.name} is MIG-backed; a dra GPU offers MIG-backed types in MIG mode "
@@ -275,7 +318,7 @@ def make_plan(
             except ConfigError as exc:
                 problems += exc.problems
     if problems:
-        raise layout_error(problems, layouts)  # named as the file writes them
+        raise layout_error(_once_per_field(problems), layouts)  # named as the file writes them
     plan = Plan(waiting=waiting)
     for addr, entry in chosen.items():
         gpu = gpus[addr]
@@ -296,6 +339,7 @@ def make_plan(
                     continue
                 if entry.mixed_size and not gpu.mixed_size:
                     switch_mixed(plan, gpu, usage, definitions, vendor_records or {}, mixed_record)
+                    plan.notes += preview(gpu, entry, offered_types(gpu), wanted.get(addr, {}))
                     continue
                 _plan_dra(plan, gpu, usage, definitions, vendor_records or {})
                 forget_layout_instances(plan, gpu, (mig_records or {}).get(addr))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from vgpuctl import __version__
 from vgpuctl.cli.extras import require_sim
-from vgpuctl.cli.options import HOST_VALUED, add_host_options
+from vgpuctl.cli.options import HOST_VALUED, add_host_options, check_host_options
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -80,7 +80,7 @@ COMMANDS: dict[str, Command] = {
                      "evicts pods only with --evict, waits up to --timeout; never touches a device in use. "
                      "Exit 0 drained, 3 holders remain."),
     "uncordon": Command("vgpuctl.commands.cordon", "put a cordoned GPU or node back into service"),
-    "gpus": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: mode, cordon, holders, free capacity",
+    "gpus": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: what they offer, cordon, holders, free capacity",
                     "Per node and GPU: what it publishes, whether it is cordoned, which claims, pods and VMs hold "
                     "it (vGPU placements) and how many more of each profile fit. kubectl vgpu shows the same."),
     "completion": Command("vgpuctl.commands.completion", "print a bash or zsh completion script",
@@ -93,7 +93,7 @@ SIM_COMMANDS = ("demo", "sim")
 #: ``kubectl vgpu``'s commands: kubectl runs the ``kubectl-vgpu`` executable (:func:`kubectl_plugin`)
 #: with the arguments after ``vgpu``; without a command, ``get``.
 PLUGIN_COMMANDS: dict[str, Command] = {
-    "get": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: mode, cordon, holders, free capacity "
+    "get": Command("vgpuctl.commands.kubectl_plugin", "the cluster's GPUs: what they offer, cordon, holders, free capacity "
                    "(the default)", COMMANDS["gpus"].description),
     **{name: COMMANDS[name] for name in ("cordon", "drain", "uncordon", "completion")},
 }
@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None, *, prog: str = "vgpuctl", commands: dict
         args = build_parser(command, prog=prog, commands=commands, description=description).parse_args(argv)
         # every command's arguments, for `completion` (a command module cannot import this one)
         args.full_parser = lambda: build_parser(prog=prog, commands=commands, description=description, every=True)
+        check_host_options(args)
         if getattr(args, "simulate", None):
             from vgpuctl.cli.simhost import open_simulated  # the simulators, only when asked for
 

@@ -92,6 +92,7 @@ def api_client_from(kubeconfig: str | None, context: str | None = None) -> clien
         cfg.retries = transport_retries()
         return client.ApiClient(cfg)
     files = _check_files(kubeconfig)
+    _check_context(files, context)
     cfg = client.Configuration()
     try:
         config.load_kube_config(config_file=os.pathsep.join(files), context=context or None,
@@ -102,6 +103,27 @@ def api_client_from(kubeconfig: str | None, context: str | None = None) -> clien
                               f"`kubectl config view --kubeconfig {files[0]}`") from None
     cfg.retries = transport_retries()
     return client.ApiClient(cfg)
+
+
+def _check_context(files: list[str], context: str | None) -> None:
+    """The context asked for (``--context``, else the current-context) is one the files define: said in
+    one line naming it, the files and the contexts they have (the client's own text names a list path)."""
+    names: list[str] = []
+    current = None
+    for path in files:
+        doc = load_yaml(os.path.expanduser(path), what="kubeconfig")
+        names += [c["name"] for c in doc.get("contexts") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
+        current = current or doc.get("current-context")
+    wanted = context or current
+    if not isinstance(wanted, str) or not wanted or wanted in names:
+        return  # none named: the client says what is missing
+    where = ", ".join(files)
+    have = f"its contexts: {', '.join(names)}" if names else "it defines no context"
+    if context:
+        raise KubeconfigError(f"--context {context}: no such context in kubeconfig {where} ({have}); "
+                              f"`kubectl config get-contexts --kubeconfig {files[0]}` lists them")
+    raise KubeconfigError(f"kubeconfig {where}: its current-context {wanted} is not one of its contexts ({have}); "
+                          "pass --context NAME, or fix current-context")
 
 
 def check_reachable(api: client.ApiClient, timeout: float = PROBE_TIMEOUT) -> None:

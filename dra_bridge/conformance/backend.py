@@ -292,9 +292,20 @@ class KubeBackend:
                 return self.confirm_pending(r)
             if time.monotonic() > deadline:
                 r.phase, r.reason = "Timeout", f"not {expect} after {self.timeout:.0f}s" + (
-                    f" (last: {r.reason})" if r.reason else "")
+                    f" (last: {r.reason})" if r.reason else "") + f"; {self._hint(r)}"
                 return r
             time.sleep(self.poll)
+
+    def _hint(self, r: Run) -> str:
+        """Where to look for a workload that timed out, from how far it got."""
+        describe = f"kubectl -n {self.namespace} describe pod {r.name}"
+        if not r.bound_node and not r.reason:
+            return (f"no scheduler placed it or said why (no PodScheduled condition): check that kube-scheduler "
+                    f"runs, with DynamicResourceAllocation enabled ({describe})")
+        if r.bound_node:
+            return (f"bound to node {r.bound_node} but not running: check its kubelet and the vgpuctl agent there "
+                    f"({describe})")
+        return f"{describe} says more"
 
     def confirm_pending(self, r: Run) -> Run:
         deadline = time.monotonic() + self.settle

@@ -12,6 +12,7 @@ VM's migration state from its VirtualMachineInstance (``status.migrationState`` 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -50,10 +51,21 @@ class GpuView:
     profiles: list[ProfileFit] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """As a Kubernetes-style object's fields: camelCase keys (``cordonHow``, ``freeDevices``)."""
+        out = _camel(asdict(self))
+        assert isinstance(out, dict)
+        return out
 
     def name(self) -> str:
         return f"{self.node}/{self.index if self.index is not None else self.address}"
+
+
+def _camel(value: object) -> object:
+    if isinstance(value, dict):
+        return {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), k): _camel(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_camel(v) for v in value]
+    return value
 
 
 def _ns_name(meta: dict) -> str:

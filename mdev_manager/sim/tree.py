@@ -38,17 +38,40 @@ ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 HEADER = "ID    : vGPU Name"
 
+#: the state file's key while a host is being built: written first, removed by the build's last
+#: (atomic) write, so a build that was interrupted is never opened as a whole host
+BUILDING = "building"
+
+
+class IncompleteHost(ValueError):
+    """The simulated host under ``root`` was never finished (its build was interrupted): it is
+    rebuilt, never used (a half-built tree reads as a host with fewer GPUs, or none)."""
+
+    def __init__(self, root: Path, *, building: bool = False):
+        self.root = Path(root)
+        super().__init__(f"{root}: the simulated host is incomplete (its build was interrupted); rebuild it "
+                         "with sim reset")
+
 
 class SysfsTree:
     """The sysfs tree of a simulated host rooted at ``root`` (``sys/``, ``dev/``, ``proc/``, ``etc/``, ``.sim/``)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, building: bool = False):
         self.root = Path(root)
         self.sys = self.root / "sys"
         self.dev = self.root / "dev"
         self._sys_real = os.path.realpath(self.sys)
         self._lock = threading.RLock()
-        self.state: dict[str, Any] = json.loads((self.root / ".sim/state.json").read_text())  # JSON: what the tree cannot say
+        try:
+            self.state: dict[str, Any] = json.loads((self.root / ".sim/state.json").read_text())  # JSON: what the tree cannot say
+        except FileNotFoundError:
+            if (self.root / ".sim").is_dir():  # a build or removal that was interrupted
+                raise IncompleteHost(self.root) from None
+            raise
+        except json.JSONDecodeError:  # torn by an interruption
+            raise IncompleteHost(self.root) from None
+        if self.state.get(BUILDING) and not building:
+            raise IncompleteHost(self.root)
         self.procs = SimProcs(self.root)
         self.procs.dir.mkdir(exist_ok=True)  # hosts made before processes were simulated
 
@@ -60,6 +83,10 @@ class SysfsTree:
         root = Path(root)
         if (root / ".sim").exists():
             raise FileExistsError(f"{root} already holds a simulated host")
+        (root / ".sim").mkdir(parents=True)
+        state = {"spec": spec.model_dump(), "gpus": [], "functions": {}, "next_group": 1, "next_vfio": 0,
+                 BUILDING: True}
+        (root / ".sim/state.json").write_text(json.dumps(state))  # first: marks the build as not done
         for sub in ("sys/bus/pci/devices", "sys/bus/mdev/devices", "sys/bus/mdev/drivers/vfio_mdev",
                     "sys/class/mdev_bus", "sys/kernel/iommu_groups", "dev/vfio", "proc", "etc/mdevctl.d/scripts.d/callouts",
                     "etc/mdevctl.d/scripts.d/notifiers", ".sim"):
@@ -69,15 +96,25 @@ class SysfsTree:
         if spec.iommufd:
             (root / "dev/iommu").write_text("")
             (root / "dev/vfio/devices").mkdir()
-        state = {"spec": spec.model_dump(), "gpus": [], "functions": {}, "next_group": 1, "next_vfio": 0}
-        (root / ".sim/state.json").write_text(json.dumps(state))
-        host = cls(root)
+        host = cls(root, building=True)
         host._populate(spec, on_gpu or (lambda: None))
+        del host.state[BUILDING]
+        host._save()  # the last write, atomic: from here the host is whole
         return host
+
+    @staticmethod
+    def remove(root: Path) -> None:
+        """Remove the host under ``root``: its state file first, so a removal that is interrupted
+        leaves a host that is refused as incomplete, never one read as whole with parts missing."""
+        root = Path(root)
+        (root / ".sim/state.json").unlink(missing_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
 
     @classmethod
     def open_or_create(cls, root: Path, spec: HostSpec) -> Self:
-        return cls(root) if (Path(root) / ".sim/state.json").exists() else cls.create(root, spec)
+        """The host under ``root``, or a new one built for ``spec`` where there is none (a host whose
+        build or removal was interrupted is refused: :class:`IncompleteHost`)."""
+        return cls(root) if (Path(root) / ".sim").exists() else cls.create(root, spec)
 
     def _save(self) -> None:
         tmp = self.root / ".sim/state.json.tmp"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -239,13 +240,21 @@ def test_mixed_size_plan_apply_discover(simdir, capsys):
     code, out, _ = run(capsys, "--simulate", "mixed-node", "apply", "-f", layout_file)
     assert code == 0 and "node matches the layout" in out.splitlines()[-1]
     assert "mixed-size mode on" in out
+    joined = " ".join(out.split())
+    for i in range(4):  # each GPU's placements said once (the plan's preview and the placing round said both)
+        assert len(re.findall(rf"note: GPU {i} \([^)]*\): places ", joined)) == 1, out
+    assert "once in mixed-size mode" not in out
+    # what enabling mixedSize costs, said (L40S-8Q: 6 in equal-size mode, 4 placements in mixed-size mode)
+    assert ("note: GPU 0 (0000:10:00.0): mixed-size mode allows at most 4 x L40S-8Q (placements 0/16/24/40), "
+            "equal-size mode 6: without mixedSize the GPU takes 6") in joined
     code, out, _ = run(capsys, "--simulate", "mixed-node", "discover")
     lines = out.splitlines()
     assert "GPU 0: mixed-size mode; GPU 1: mixed-size mode; GPU 2: mixed-size mode; GPU 3: mixed-size mode" in " ".join(
         out.split())
     assert "  GPU 0 |[24Q" + "-" * 19 + "][8Q----][4Q][4Q][8Q----]|" in lines  # one mark per 1 GiB slot
     assert "  GPU 1 |[12C-------][6C--][6C--]|" in lines
-    assert any(line.startswith("  GPU 2 |[40C") and line.endswith("(2 GiB per mark)") for line in lines)
+    # 2 GiB a mark: each 5 GiB vGPU keeps its label (it was drawn [5][])
+    assert "  GPU 2 |[40C------------][20C-----][10C][5C][5C]| (~2 GiB per mark)" in lines
     assert all(len(line) <= 80 for line in lines if line.startswith("  GPU "))
     l40s_rows = [line.split() for line in lines if line.startswith("0    0000:10:0") and "L40S-" in line]
     assert sorted(r[-1] for r in l40s_rows) == ["0-23", "24-31", "32-35", "36-39", "40-47"]  # SLOTS column

@@ -60,7 +60,7 @@ def test_kubectl_vgpu_shows_each_gpu_its_holders_and_what_still_fits(cluster):
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), p.stdout
-    assert lines[0].split() == ["GPU", "ADDRESS", "MODEL", "MODE", "HOLDERS", "FREE"]
+    assert lines[0].split() == ["GPU", "ADDRESS", "MODEL", "OFFERS", "HOLDERS", "FREE"]  # not MODE: all are dra
     gpu0 = next(line for line in lines if line.startswith(f"{c.node}/0 "))
     assert "0000:10:00.0" in gpu0 and " T4 " in gpu0 and "1 VM, 1 pod" in gpu0
     assert "VM default/vm-b" in p.stdout and "pod team-a/w1" in p.stdout

@@ -31,7 +31,7 @@ ELSEWHERE = {"demo": "tests/system/test_demo.py::test_demo_text",
 RUNS = {
     "default": [["discover"], ["discover", "--types"], ["plan", "-f", EXAMPLE], ["apply", "-f", EXAMPLE],
                 ["apply", "-f", EXAMPLE], ["discover"], ["list"], ["list", "-d", "-o", "table"], ["capacity"],
-                ["sim", "presets"]],
+                ["sim", "presets"], ["sim", "reboot"], ["restore"]],
     "mig-node": [["plan", "-f", MIG], ["apply", "-f", MIG], ["discover"], ["discover", "--types"], ["capacity"]],
     "mixed-node": [["nvml-probe"]],
 }

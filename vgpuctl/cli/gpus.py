@@ -142,17 +142,18 @@ def gpu_table(views: list[GpuView], *, wide: bool = False) -> str:
     """One row per GPU: fits 80 columns (NODE/GPU in one column, models shortened, lists folded, the
     CORDON column only when a GPU is cordoned); ``wide``: node, PCI model name, how each cordon is
     enforced, every free profile."""
+    # what the GPU offers through DRA (every GPU shown is a dra GPU: the layout's MODE would say dra)
     mode = lambda v: "+".join(_KIND.get(k, k) for k in v.kinds) or "-"  # noqa: E731
     if wide:
-        header = ["NODE", "GPU", "ADDRESS", "MODEL", "MODE", "CORDON", "HOLDERS", "FREE"]
+        header = ["NODE", "GPU", "ADDRESS", "MODEL", "OFFERS", "CORDON", "HOLDERS", "FREE"]
         rows = [[v.node or "-", _index(v), v.address or "?", v.product or "?", mode(v), cordon_text(v),
                  holders_text(v), free_text(v, None)] for v in views]
         return fit(header, rows, wide=True)
     cordoned = any(v.cordon for v in views)
-    header = ["GPU", "ADDRESS", "MODEL", "MODE"] + (["CORDON"] if cordoned else []) + ["HOLDERS", "FREE"]
+    header = ["GPU", "ADDRESS", "MODEL", "OFFERS"] + (["CORDON"] if cordoned else []) + ["HOLDERS", "FREE"]
     rows = [[v.name(), v.address or "?", short_model(v.product), mode(v)] + ([v.cordon or "-"] if cordoned else [])
             + [holders_text(v), free_text(v, 2)] for v in views]
-    return fit(header, rows, fold=("GPU", "MODEL", "MODE", "HOLDERS", "FREE"))
+    return fit(header, rows, fold=("GPU", "MODEL", "OFFERS", "HOLDERS", "FREE"))
 
 
 def vgpu_rows(views: list[GpuView], *, wide: bool = False) -> str:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 if TYPE_CHECKING:
@@ -42,9 +43,12 @@ def add_kubeconfig(p: argparse.ArgumentParser, what: str = "read the cluster", *
     p.add_argument("--context", metavar="NAME", help="kubeconfig context to use (default: its current-context)")
 
 
-def reads_cluster(args: argparse.Namespace) -> bool:
-    """Whether the command was asked to read a cluster (``--kubeconfig`` or ``--context`` given)."""
-    return getattr(args, "kubeconfig", None) is not None or getattr(args, "context", None) is not None
+def reads_cluster(args: argparse.Namespace, *, env: bool = False) -> bool:
+    """Whether the command was asked to read a cluster (``--kubeconfig`` or ``--context`` given; with
+    ``env``, a set ``$KUBECONFIG`` too, as kubectl reads it: a command that works without a cluster
+    but exists to read one)."""
+    return (getattr(args, "kubeconfig", None) is not None or getattr(args, "context", None) is not None
+            or (env and bool(os.environ.get("KUBECONFIG"))))
 
 
 def connect(args: argparse.Namespace, timeout: float | None = None) -> ApiClient:
@@ -56,6 +60,20 @@ def connect(args: argparse.Namespace, timeout: float | None = None) -> ApiClient
     return _connect(args.kubeconfig or None, context=args.context, timeout=timeout or PROBE_TIMEOUT)
 
 
+class BadOption(Exception):
+    """An option's value that is bad input: one line, exit 2, never argparse's usage. (Not a
+    ``ValueError``: argparse turns those, raised by a ``type``, into its usage message.)"""
+
+    exit_code = 2
+
+
+def _server_version(text: str) -> str:
+    if text not in VERSION_CHOICES:
+        raise BadOption(f"--server-version {text}: not a Kubernetes version vgpuctl knows; use one of "
+                        f"{', '.join(VERSION_CHOICES)}")
+    return text
+
+
 def add_server_version(p: argparse.ArgumentParser, what: str = "the API server the output is for", *,
                        from_cluster: bool = False) -> None:
     """``--server-version``: with ``from_cluster`` (a command that always reads one) the default is
@@ -63,7 +81,8 @@ def add_server_version(p: argparse.ArgumentParser, what: str = "the API server t
     from dra_bridge.api.compat import DEFAULT_VERSION, VERSION_CHOICES, format_version  # start-up: not for -h
 
     default = None if from_cluster else format_version(DEFAULT_VERSION)
-    p.add_argument("--server-version", choices=VERSION_CHOICES, default=default, metavar="|".join(VERSION_CHOICES),
+    p.add_argument("--server-version", type=_server_version, choices=VERSION_CHOICES, default=default,
+                   metavar="|".join(VERSION_CHOICES),
                    help=f"Kubernetes version of {what} (default: "
                         + ("the server's own)" if from_cluster else f"{default}; with --kubeconfig the cluster's)"))
 
@@ -94,6 +113,21 @@ def add_node_name(p: argparse.ArgumentParser) -> None:
 #: Host options: valued ones are skipped when looking for the command name in argv.
 HOST_VALUED = ("--simulate", "--sim-dir", "--sys-root", "--dev-root", "--mdevctl-root", "--state-root",
                "--libvirt-uri")
+
+
+#: host options that name a real host's directories: a simulated host has its own (under --sim-dir)
+REAL_HOST_PATHS = ("--sys-root", "--dev-root", "--mdevctl-root", "--state-root")
+
+
+def check_host_options(args: argparse.Namespace) -> None:
+    """``--simulate`` with a real host's path option: refused in one line, never silently ignored."""
+    if not getattr(args, "simulate", None):
+        return
+    given = [o for o in REAL_HOST_PATHS if getattr(args, o[2:].replace("-", "_"), None)]
+    if given:
+        raise BadOption(f"{given[0]} with --simulate: the simulated host keeps its own sysfs, /dev, mdevctl "
+                        "definitions and state under its directory, so this option would be ignored; drop it, or "
+                        "choose where the simulated host lives with --sim-dir DIR")
 
 
 class _Suppressed(TypedDict, total=False):

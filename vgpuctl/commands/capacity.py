@@ -48,7 +48,8 @@ EXAMPLE = ("simulated example cluster (the demo's node and made-up workloads), n
 
 def run(args) -> int:
     source = None  # said first when the answer is not about the admin's own cluster
-    cluster = options.reads_cluster(args)
+    # $KUBECONFIG set: its cluster, as kubectl (and doctor, gpus, cordon) read it, unless told otherwise
+    cluster = options.reads_cluster(args, env=not (args.from_file or args.simulate))
     if (args.from_file or cluster) and args.simulate:
         raise ValueError("capacity: --simulate reads a simulated node, --kubeconfig and --from a cluster; give one")
     if args.from_file:

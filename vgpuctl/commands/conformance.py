@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 from datetime import UTC, datetime
 from xml.sax.saxutils import escape, quoteattr
@@ -49,13 +50,13 @@ def run(args) -> int:
         print(healthcheck.SCRIPT, end="")
         return 0
     kw = dict(profile=args.profile, node=args.node, max_workloads=args.max_workloads)
-    if options.reads_cluster(args):
+    if options.reads_cluster(args, env=True):  # $KUBECONFIG set: its cluster, as kubectl reads it
         from dra_bridge.scheduling.selectors import default_selectors
 
         backend = KubeBackend(options.connect(args), namespace=args.namespace, image=args.image,
                               driver=args.driver, vgpu_class=args.vgpu_class, passthrough_class=args.passthrough_class,
                               timeout=args.timeout, settle=args.settle, selectors=default_selectors(),
-                              label=f"cluster ({args.kubeconfig or 'default kubeconfig'})")
+                              label=f"cluster ({args.kubeconfig or os.environ.get('KUBECONFIG') or 'default kubeconfig'})")
         rep = run_conformance(backend, **kw)
     else:
         require_sim("vgpuctl conformance on the simulated cluster (give --kubeconfig for a real one)")

@@ -49,6 +49,7 @@ def _common(p: argparse.ArgumentParser, verb: str) -> None:
     options.add_driver(p)
     p.add_argument("--wait", type=float, default=30.0, metavar="SECONDS",
                    help="how long to wait for the node agent to republish the GPUs (0: do not wait)")
+    options.add_output(p, wide=True)
 
 
 def add_cordon(p: argparse.ArgumentParser) -> None:
@@ -79,7 +80,6 @@ def add_drain(p: argparse.ArgumentParser) -> None:
                         "migrated to node X, failed (reason), not migratable (reason); pods only with --evict")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long to wait for the holders to go")
-    options.add_output(p, wide=True)
     p.set_defaults(func=run_drain)
 
 
@@ -179,7 +179,7 @@ def run_cordon(args) -> int:
     targets = _targets(args, s)
     notes = cordon(s, targets, args.effect, args.reason)
     ok, views = _await(s, targets, args.wait, Terminal(), cordoned=True)
-    _report(views, notes, _verdict(ok, True, args.wait))
+    _report(args, views, notes, _verdict(ok, True, args.wait), ok)
     return 0 if ok else EXIT_PENDING
 
 
@@ -188,14 +188,18 @@ def run_uncordon(args) -> int:
     targets = _targets(args, s)
     uncordon(s, targets)
     ok, views = _await(s, targets, args.wait, Terminal(), cordoned=False)
-    _report(views, [], _verdict(ok, False, args.wait))
+    _report(args, views, [], _verdict(ok, False, args.wait), ok)
     return 0 if ok else EXIT_PENDING
 
 
-def _report(views, notes: list[str], verdict: str) -> None:
+def _report(args, views, notes: list[str], verdict: str, ok: bool) -> None:
+    if args.output in ("json", "yaml"):
+        data = {"done": ok, "gpus": [v.to_dict() for v in views], "notes": notes, "verdict": verdict}
+        print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
+        return
     term = Terminal()
     if views:
-        term.print(Text(gpu_table(views)))
+        term.print(Text(gpu_table(views, wide=args.output == "wide")))
     for n in notes:
         term.print(Text(fit_lines(f"note: {n}")))
     term.print(Text(fit_lines(verdict)))
@@ -320,8 +324,8 @@ def _drain_report(args, first, last, evicted: dict, notes: list[str], done: bool
     if any(v.holders for v in first):
         term.print(Text("\nHolders:\n" + holder_rows(first, last, evicted, wide=wide)))
     for pod, refusal in evicted.items():
-        if refusal is not None:
-            term.print(Text(fit_lines(f"eviction of {pod} refused: {refusal}")))
+        term.print(Text(fit_lines(f"evicted pod {pod} (policy/v1 Eviction)" if refusal is None
+                                  else f"eviction of {pod} refused: {refusal}")))
     for o in migrations:
         term.print(Text(fit_lines(o.text()), style="green" if o.result == "migrated" else "yellow"))
     for n in notes:

@@ -23,10 +23,12 @@ only with ``-v``; ``-o json|yaml`` the whole outcome for machines (:mod:`vgpuctl
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
+import yaml
 from rich.text import Text
 
 from dra_bridge.api.names import DEFAULT_DRIVER
@@ -44,6 +46,7 @@ from vgpuctl.cli.host import Host, dump, number_gpus, open_host, prepared_usage
 from vgpuctl.cli.scope import scoped
 from vgpuctl.cli.signals import StopSignals
 from vgpuctl.output.summary import summary
+from vgpuctl.output.tables import fit_text
 from vgpuctl.output.terminal import Terminal
 from vgpuctl.output.text import TypeNames, inventory_table, report_text, results_text, steps_text
 
@@ -105,6 +108,7 @@ def add_plan(p: argparse.ArgumentParser) -> None:
 
 def add_restore(p: argparse.ArgumentParser) -> None:
     _add_claims_arguments(p)
+    options.add_output(p, wide=True, what="; json and yaml hold every step and result")
     p.set_defaults(func=run_restore)
 
 
@@ -288,8 +292,13 @@ def run_restore(args) -> int:
         print(f"{signals.pending()}: stopped after restoring {after - before} device(s); `vgpuctl restore` again "
               "finishes it", file=sys.stderr)
         return 128 + signals.signum
+    code = 0 if all(not r.failed for r in reports) else 1
+    if args.output in ("json", "yaml"):
+        data = {"restored": after - before, "ok": code == 0, "rounds": [r.model_dump(mode="json") for r in reports]}
+        print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
+        return code
     for r in reports:
-        print(report_text(r))
+        print(fit_text(report_text(r)) if args.output == "table" else report_text(r))  # -o wide: whole lines
     # count vGPUs, not steps: enabling a GPU's VFs is a step but no device
     print(f"{after - before} devices restored")
-    return 0 if all(not r.failed for r in reports) else 1
+    return code

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +12,12 @@ import yaml
 from vgpuctl.cli import options
 from vgpuctl.cli.host import sim_dir_for
 from vgpuctl.output.terminal import Terminal
+
+#: libfuse's fuse_main() status when its loop ended on SIGINT, SIGTERM or SIGHUP (helper.c), and the others
+FUSE_STOPPED_BY_SIGNAL = 8
+FUSE_ERRORS = {1: "invalid option arguments", 2: "no mount point", 3: "FUSE setup failed",
+               4: "mounting failed (is the directory there, empty and not mounted already? is /dev/fuse usable?)",
+               5: "could not detach", 6: "could not set up signal handlers", 7: "an error while serving"}
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -46,6 +51,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     from vgpuctl.commands import apiserver
 
     apiserver.add_arguments(a)
+    options.add_host_options(a, suppress=True)
 
 
 def run(args) -> int:
@@ -56,7 +62,9 @@ def run(args) -> int:
 
     from mdev_manager import catalog
     from mdev_manager.sim import load_host, preset_names
+    from mdev_manager.sim.kernel import SimHost
     from mdev_manager.sim.node import sim_node
+    from vgpuctl.cli.simhost import whole_sim_node
 
     if args.sim_cmd == "presets":
         presets = {name: load_host(name) for name in preset_names()}
@@ -72,24 +80,38 @@ def run(args) -> int:
         from mdev_manager.sim.fuse import mount
 
         root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.host)
-        sim = sim_node(root, args.host, reuse=True)
+        sim = whole_sim_node(root, args.host, args.sim_dir)
         print(f"mounting {root}/sys on {args.dir} (Ctrl-C to unmount)", file=sys.stderr)
-        mount(sim.host, Path(args.dir), foreground=True)
+        try:
+            mount(sim.host, Path(args.dir), foreground=True)
+        except RuntimeError as exc:  # libfuse's fuse_main status, as mfusepy raises it
+            code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+            if code != FUSE_STOPPED_BY_SIGNAL:
+                print(f"error: mounting {root}/sys on {args.dir} failed: {FUSE_ERRORS.get(code or 0, exc)}",
+                      file=sys.stderr)
+                return 1
+        print(f"unmounted {args.dir}", file=sys.stderr)  # Ctrl-C (or SIGTERM, fusermount3 -u): the way to stop
         return 0
     ref = args.simulate or "default"
     root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(ref)
     if args.sim_cmd == "reset":
-        shutil.rmtree(root, ignore_errors=True)
         spec = load_host(ref)
         gpus = sum(g.count * catalog.board(g.board).gpus_per_board for g in spec.gpus)
-        with Terminal().progress(f"building simulated host {ref}", gpus) as on_gpu:  # a terminal only
-            sim_node(root, spec, on_gpu=lambda: on_gpu(None))
+        try:
+            SimHost.remove(root)
+            with Terminal().progress(f"building simulated host {ref}", gpus) as on_gpu:  # a terminal only
+                sim_node(root, spec, on_gpu=lambda: on_gpu(None))
+        except KeyboardInterrupt:  # marked incomplete until its last write: no command uses it half-built
+            where = f" --sim-dir {args.sim_dir}" if args.sim_dir else ""
+            print(f"interrupted: simulated host {ref} at {root} is incomplete; run vgpuctl --simulate {ref}{where} "
+                  "sim reset again", file=sys.stderr)
+            raise
         print(f"simulated host {ref} reset at {root}")
     elif args.sim_cmd == "reboot":
-        sim_node(root, ref, reuse=True).host.reboot()
+        whole_sim_node(root, ref, args.sim_dir).host.reboot()
         print(f"simulated host {ref} rebooted: VFs and vGPUs are gone, definitions stay")
     elif args.sim_cmd in ("unplug", "replug"):
-        host = sim_node(root, ref, reuse=True).host
+        host = whole_sim_node(root, ref, args.sim_dir).host
         try:
             (host.unplug if args.sim_cmd == "unplug" else host.replug)(args.address)
         except OSError as exc:  # no such GPU (or not unplugged): the address is bad input

@@ -30,6 +30,7 @@ from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.host.nvml import NvmlTransport
+from mdev_manager.plan import select_gpus
 from mdev_manager.reconcile import plan_once, reconcile
 from vgpuctl.cli import options
 from vgpuctl.cli.host import Host, NotSetUp, numbering_of, open_host, prepared_usage
@@ -200,6 +201,32 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
         yield copy
 
 
+def why_empty(host: Host, layouts: list[GpuLayout] | None, what: str) -> str:
+    """Why a node publishes no device, and what layout would make it publish some."""
+    inv = discover(host.env, host.io, node=host.node)
+    if not inv.gpus:
+        return "no device to publish: the node has no GPU"
+    if layouts is None:
+        return "no device to publish: no GPU offers one (see vgpuctl discover)"
+    modes: dict[str, int] = {}
+    try:
+        selected = select_gpus(inv, layouts)
+    except ValueError:  # a layout problem: the slices' own warnings say it
+        return "no device to publish (see the warnings)"
+    for entry in selected.values():
+        modes[entry.mode] = modes.get(entry.mode, 0) + 1
+    if modes.get("dra"):
+        return (f"no device to publish: the {modes['dra']} GPU(s) {what} hands to DRA offer none (cordoned, or "
+                "their types do not fit; see vgpuctl discover --types)")
+    left = len(inv.gpus) - sum(modes.values())
+    held = ", ".join(f"{n} in {mode} mode" for mode, n in sorted(modes.items()))
+    held += f"{', ' if held else ''}{left} not selected" if left else ""
+    return (f"no device to publish: no GPU is handed to DRA by {what} ({len(inv.gpus)} GPU(s): {held}; the node manager "
+            "serves those itself, through KubeVirt's permittedHostDevices); a layout entry with mode: dra would "
+            "publish its GPU, e.g. '- all: true' with 'mode: dra' (layout dra in examples/layout.yaml: "
+            "slices -f examples/layout.yaml --layout dra)")
+
+
 def run(args: argparse.Namespace) -> int:
     node = args.node_name or os.environ.get("NODE_NAME")
     if not node and not args.simulate:
@@ -211,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
     with set_up(host, layouts, what, args.driver) as ready:
         slices, warnings = node_slices(ready.env, ready.io, node, paths=ready.paths(args.driver), shape=shape,
                                        layouts=layouts)
+        if not any(s.get("spec", {}).get("devices") for s in slices):
+            print(f"note: {why_empty(ready, layouts, what)}", file=sys.stderr)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     doc = {"apiVersion": "v1", "kind": "List", "items": slices}

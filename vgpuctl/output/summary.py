@@ -9,6 +9,7 @@ reasons out with ``rich`` (plain text in pipes). Every step is shown only with `
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rich.table import Table
@@ -224,7 +225,20 @@ def summary(before: Inventory, layouts: list[GpuLayout], rounds: list[Round], bl
            if s.device in index and s.device not in held_gpus]
     if why:
         out.append(Text("\n".join(["Not done:"] + _capped(why, verbose, "reasons"))))
-    notes = list(dict.fromkeys(n for r in rounds for n in r.plan.notes))
+    notes = _once(n for r in rounds for n in r.plan.notes)
     if notes:
         out.append(Text("\n".join(fit_lines(f"note: {n}") for n in notes)))
     return out
+
+
+#: a plan's preview of a mixed-size GPU's placements, and the later round's placements themselves
+_PREVIEW, _PLACED = ": once in mixed-size mode, places ", ": places "
+
+
+def _once(notes: Iterable[str]) -> list[str]:
+    """Each note once: a round's repeat dropped, and a GPU's placement preview (the first round, while
+    the GPU is not in mixed-size mode yet) dropped where a later round placed its vGPUs, whose note
+    says the same, done (an apply said every placement twice)."""
+    out = list(dict.fromkeys(notes))
+    placed = {n.split(_PLACED, 1)[0] for n in out if _PLACED in n and _PREVIEW not in n}
+    return [n for n in out if not (_PREVIEW in n and n.split(_PREVIEW, 1)[0] in placed)]

@@ -97,25 +97,58 @@ def _slots_of(g: Gpu, type_id: str, placement: int | None) -> str:
 
 def slot_map_line(g: Gpu) -> str:
     """One GPU's slots as a row of marks, each vGPU a bracket labelled with its size:
-    ``GPU 0 |[24Q---------------------][8Q----][4Q][4Q][8Q----]|``."""
+    ``GPU 0 |[24Q---------------------][8Q----][4Q][4Q][8Q----]|``. Past SLOT_MAP_WIDTH slots a mark
+    stands for about k GiB, and a vGPU keeps room for its label (two 5 GiB vGPUs at 2 GiB a mark
+    are ``[5C][5C]``, not ``[5][]``): the marks go to the segments by size, each at least its label's
+    width, taken from the widest."""
     smap = g.placements
     n = smap.slots if smap else 0
     k = max(1, -(-n // SLOT_MAP_WIDTH))
-    cells = ["."] * (-(-n // k))
+    width = -(-n // k)
+    segments: list[tuple[int, str | None]] = []  # (slots, label; None: free)
     end = 0
     for v in sorted(g.vgpus, key=lambda v: v.placement_id if v.placement_id is not None else -1):
         tp = smap.types.get(v.type_id) if smap else None
-        if v.placement_id is None or tp is None:
+        if v.placement_id is None or tp is None or v.placement_id < end:
             continue
-        a, b = max(end, v.placement_id // k), -(-(v.placement_id + tp.size) // k)
-        span, label = b - a, short_type(v.type_name).rsplit("-", 1)[-1]
-        if span <= 0:
-            continue
-        mark = "[" + label[:max(0, span - 2)].ljust(span - 2, "-") + "]" if span >= 2 else "|"
-        cells[a:b] = list(mark)
-        end = b
-    scale = f" ({k} GiB per mark)" if k > 1 else ""
+        if v.placement_id > end:
+            segments.append((v.placement_id - end, None))
+        segments.append((tp.size, short_type(v.type_name).rsplit("-", 1)[-1]))
+        end = v.placement_id + tp.size
+    if end < n:
+        segments.append((n - end, None))
+    marks = _allot_marks(segments, width, k)
+    cells = []
+    for (_, label), span in zip(segments, marks, strict=True):
+        if label is None:
+            cells.append("." * span)
+        elif span >= 2:
+            cells.append("[" + label[:span - 2].ljust(span - 2, "-") + "]")
+        else:
+            cells.append("|" * span)
+    scale = f" (~{k} GiB per mark)" if k > 1 else ""
     return f"  GPU {g.index} |{''.join(cells)}|{scale}"
+
+
+def _allot_marks(segments: list[tuple[int, str | None]], width: int, k: int) -> list[int]:
+    """Marks per segment, ``width`` in all: its size / ``k`` (largest remainders), raised to its
+    label's width ([label], or one mark free) where the row has room, the marks taken from the
+    segments with the most to spare."""
+    ideal = [size / k for size, _ in segments]
+    marks = [int(x) for x in ideal]
+    for i in sorted(range(len(segments)), key=lambda i: ideal[i] - marks[i], reverse=True)[:width - sum(marks)]:
+        marks[i] += 1
+    least = [1 if label is None else len(label) + 2 for _, label in segments]
+    if sum(least) > width:  # no room for every label: the proportional row
+        return marks
+    for i, need in enumerate(least):
+        while marks[i] < need:
+            spare = max(range(len(marks)), key=lambda j: (marks[j] - least[j], marks[j]))
+            if marks[spare] <= least[spare]:
+                break
+            marks[spare] -= 1
+            marks[i] += 1
+    return marks
 
 
 def report_text(report: Report) -> str:
