@@ -34,6 +34,7 @@ NO_OUTPUT = {
     ("sim", "reboot"): "one line",
     ("sim", "unplug"): "one line",
     ("sim", "replug"): "one line",
+    ("sim", "health"): "one line",
     ("sim", "apiserver"): "a server in the foreground (it writes a kubeconfig)",
 }
 #: commands with --kubeconfig that read a cluster only when asked, whatever $KUBECONFIG says, and why

@@ -68,6 +68,8 @@ class BadOption(Exception):
 
 
 def _server_version(text: str) -> str:
+    from dra_bridge.api.compat import VERSION_CHOICES  # start-up: not for -h
+
     if text not in VERSION_CHOICES:
         raise BadOption(f"--server-version {text}: not a Kubernetes version vgpuctl knows; use one of "
                         f"{', '.join(VERSION_CHOICES)}")
