@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dra_bridge.api.compat import taint_rule_api
-from dra_bridge.api.names import ANNOTATION_CORDON, ANNOTATION_CORDON_APPLIED
+from dra_bridge.api.names import ANNOTATION_CORDON, ANNOTATION_CORDON_APPLIED, ANNOTATION_HEALTH
 from dra_bridge.apiclient.errors import api_exception
 from dra_bridge.apiclient.objects import raw
 
@@ -31,6 +31,7 @@ class ClusterState:
     rules: list[dict] = field(default_factory=list)
     cordons: dict[str, str] = field(default_factory=dict)  # node -> its cordon annotation
     applied: dict[str, str] = field(default_factory=dict)  # node -> the cordon its agent published
+    healths: dict[str, str] = field(default_factory=dict)  # node -> its agent's health annotation
     nodes: list[str] = field(default_factory=list)
 
 
@@ -70,7 +71,8 @@ class MaintenanceApi:
             meta = n.get("metadata") or {}
             st.nodes.append(meta.get("name", ""))
             notes = meta.get("annotations") or {}
-            for key, out in ((ANNOTATION_CORDON, st.cordons), (ANNOTATION_CORDON_APPLIED, st.applied)):
+            for key, out in ((ANNOTATION_CORDON, st.cordons), (ANNOTATION_CORDON_APPLIED, st.applied),
+                             (ANNOTATION_HEALTH, st.healths)):
                 if notes.get(key):
                     out[meta.get("name", "")] = notes[key]
         return st

@@ -47,6 +47,7 @@ class GpuView:
     cordon: str | None = None  # the effect, when cordoned
     cordon_how: str | None = None  # taint | rule | withdrawn | pending (the agent has not republished yet)
     reason: str | None = None
+    health: str | None = None  # what makes the GPU unhealthy (the agent's health taints or annotation): None healthy
     holders: list[Holder] = field(default_factory=list)
     profiles: list[ProfileFit] = field(default_factory=list)
 
@@ -120,7 +121,7 @@ def _holders(claims: Iterable[dict], pods: Iterable[dict], vmis: Iterable[dict])
 def build_views(slices: list[dict], claims: list[dict], pods: Sequence[dict] = (), vmis: Sequence[dict] = (),
                 rules: Sequence[dict] = (), cordons: Mapping[str, str] | None = None,
                 applied: Mapping[str, str] | None = None, *, driver: str = DEFAULT_DRIVER,
-                nodes: list[str] | None = None) -> list[GpuView]:
+                nodes: list[str] | None = None, healths: Mapping[str, str] | None = None) -> list[GpuView]:
     """One :class:`GpuView` per physical GPU of ``driver`` (``nodes``: only theirs), in node and index
     order; a cordoned GPU whose devices were all withdrawn is shown from its cordon entry. ``applied``
     (node -> the cordon its agent says it published; None: not known) tells a cordon not yet
@@ -145,6 +146,7 @@ def build_views(slices: list[dict], claims: list[dict], pods: Sequence[dict] = (
                 v.holders.append(h)
         acted = applied is None or (applied.get(g.node or "") == (cordons or {}).get(g.node or ""))
         _cordon_of(v, parsed.get(g.node or "", {}), mine, rules, driver, g.pool, acted)
+        v.health = _health_of(mine, driver) or parse_health((healths or {}).get(g.node or "")).get(g.gpu or "")
         views.append(v)
     shown = {(v.node, v.address) for v in views}
     for node, cordon in sorted(parsed.items()):
@@ -153,6 +155,28 @@ def build_views(slices: list[dict], claims: list[dict], pods: Sequence[dict] = (
                 views.append(GpuView(node=node, index=entry.index, address=addr, product=None, cordon=entry.effect,
                                      cordon_how="withdrawn", reason=entry.reason))
     return sorted(views, key=lambda v: (v.node or "", v.index if v.index is not None else 1 << 30, v.address or ""))
+
+
+HEALTH_KINDS = ("xid", "gpu-lost", "unmonitored")
+_PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def _health_of(mine: list, driver: str) -> str | None:
+    """The agent's health taints on the GPU's devices (``<driver>/xid`` with the Xid as value, ...)."""
+    found = sorted({f"{t['key'].rsplit('/', 1)[1]}{' ' + t['value'] if t.get('value') else ''}"
+                    for _, d in mine for t in d.get("taints") or []
+                    if t.get("key") in {f"{driver}/{k}" for k in HEALTH_KINDS}})
+    return ", ".join(found) or None
+
+
+def parse_health(text: str | None) -> dict[str, str]:
+    """The node annotation ``vgpu.kubevirt.io/health`` (``ADDRESS: problem, ...; ADDRESS: ...``) per GPU."""
+    out: dict[str, str] = {}
+    for part in (text or "").split("; "):
+        addr, _, what = part.partition(": ")
+        if _PCI.match(addr.strip()):
+            out[addr.strip()] = what.strip()
+    return out
 
 
 def _parse(text: str) -> dict[str, CordonEntry]:

@@ -9,6 +9,7 @@ use, and lifts it all after the quiet period (hysteresis: a seeded flapping sequ
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 
@@ -67,7 +68,7 @@ def _events(srv, node) -> list[tuple[str, str]]:
             if e["involvedObject"]["name"] == node.node and e["reason"].startswith("Gpu")]
 
 
-def test_a_sick_gpu_is_tainted_or_withdrawn_and_comes_back_after_the_quiet_period(agent):
+def test_a_sick_gpu_is_tainted_or_withdrawn_and_comes_back_after_the_quiet_period(agent, capsys):
     srv, node, daemon, clock, taints = agent
     daemon.resync()
     # a claim holds one device of the GPU that turns sick
@@ -96,6 +97,14 @@ def test_a_sick_gpu_is_tainted_or_withdrawn_and_comes_back_after_the_quiet_perio
     assert reason == "GpuUnhealthy" and "Xid 48" in message
     annotations = srv.get_object("nodes", node.node)["metadata"]["annotations"]
     assert annotations[ANNOTATION_HEALTH].startswith(f"{L40S}: xid 48")
+    # kubectl vgpu (vgpuctl gpus) says which GPU is sick and why, from the taints or the agent's annotation
+    kubeconfig = str(srv.kubeconfig(node.root / "kubeconfig"))
+    capsys.readouterr()
+    code = main(["gpus", "--kubeconfig", kubeconfig, "-o", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    listed = {g["address"]: g for g in json.loads(out)["items"]}
+    assert listed[L40S]["health"].startswith("xid 48") and listed[T4A]["health"] is None
     health = {h.device: h for h in daemon.driver.health()}
     assert health[held].healthy is False and "unhealthy" in health[held].message
     assert all(h.healthy for d, h in health.items() if daemon._pool.device(d).gpu != L40S)

@@ -47,7 +47,7 @@ class Session:
         """The GPUs (of ``nodes``); with a namespace, only its holders are listed (all count)."""
         st = self.last = self.m.state()
         views = build_views(st.slices, st.claims, st.pods, st.vmis, st.rules, st.cordons, st.applied,
-                            driver=self.driver, nodes=nodes)
+                            driver=self.driver, nodes=nodes, healths=st.healths)
         if self.namespace:
             for v in views:
                 v.holders = [h for h in v.holders if h.claim.startswith(f"{self.namespace}/")]
@@ -145,15 +145,17 @@ def gpu_table(views: list[GpuView], *, wide: bool = False) -> str:
     # what the GPU offers through DRA (every GPU shown is a dra GPU: the layout's MODE would say dra)
     mode = lambda v: "+".join(_KIND.get(k, k) for k in v.kinds) or "-"  # noqa: E731
     if wide:
-        header = ["NODE", "GPU", "ADDRESS", "MODEL", "OFFERS", "CORDON", "HOLDERS", "FREE"]
+        header = ["NODE", "GPU", "ADDRESS", "MODEL", "OFFERS", "CORDON", "HEALTH", "HOLDERS", "FREE"]
         rows = [[v.node or "-", _index(v), v.address or "?", v.product or "?", mode(v), cordon_text(v),
-                 holders_text(v), free_text(v, None)] for v in views]
+                 v.health or "ok", holders_text(v), free_text(v, None)] for v in views]
         return fit(header, rows, wide=True)
     cordoned = any(v.cordon for v in views)
-    header = ["GPU", "ADDRESS", "MODEL", "OFFERS"] + (["CORDON"] if cordoned else []) + ["HOLDERS", "FREE"]
+    sick = any(v.health for v in views)  # the HEALTH column only while a GPU is unhealthy
+    header = (["GPU", "ADDRESS", "MODEL", "OFFERS"] + (["CORDON"] if cordoned else []) + (["HEALTH"] if sick else [])
+              + ["HOLDERS", "FREE"])
     rows = [[v.name(), v.address or "?", short_model(v.product), mode(v)] + ([v.cordon or "-"] if cordoned else [])
-            + [holders_text(v), free_text(v, 2)] for v in views]
-    return fit(header, rows, fold=("GPU", "MODEL", "OFFERS", "HOLDERS", "FREE"))
+            + ([v.health or "ok"] if sick else []) + [holders_text(v), free_text(v, 2)] for v in views]
+    return fit(header, rows, fold=("GPU", "MODEL", "OFFERS", "HEALTH", "HOLDERS", "FREE"))
 
 
 def vgpu_rows(views: list[GpuView], *, wide: bool = False) -> str:
