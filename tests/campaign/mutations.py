@@ -105,6 +105,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         Patch("dra_bridge/kubeletplugin/claimfiles.py",
               "        if uid not in (rec.uid, None) or (uid is None and Path(f).parent.parent.name in namesakes):\n",
               "        if False:  # MUTATION (i)\n"),)),
+    Mutation("j", "a MIG-backed vGPU kept because in use loses its GPU instance's record (issue 29)", (
+        Patch("mdev_manager/migplan.py",
+              "    recorded = kept_ids | {v.id for v in busy if v.id in saved_ids}\n",
+              "    recorded = kept_ids  # MUTATION (j)\n"),)),
 )
 
 CI_MUST_CATCH = ("b", "c", "a")
