@@ -64,9 +64,9 @@ MUTATIONS: tuple[Mutation, ...] = (
               "def vgpu_users(v: Vgpu, usage: Usage) -> list[str]:\n    return []  # MUTATION (a)\n"),)),
     Mutation("b", "overlap refusal removed (two claims on one device)", (
         Patch("dra_bridge/kubeletplugin/overlap.py",
-              '    held: list[tuple[str, str | None, str | None, str | None, str | None, bool]] = [\n',
+              '    held = [_Held(_owner(rec), d.pool, d.device, d.kind, d.gpu, _record_span(d))\n',
               '    return None  # MUTATION (b)\n'
-              '    held: list[tuple[str, str | None, str | None, str | None, str | None, bool]] = [\n'),)),
+              '    held = [_Held(_owner(rec), d.pool, d.device, d.kind, d.gpu, _record_span(d))\n'),)),
     Mutation("c", "node lock a no-op", (
         Patch("mdev_manager/host/lock.py",
               '        waiting, ``on_wait`` is told once whom the caller waits for."""\n',
