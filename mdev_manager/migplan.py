@@ -214,7 +214,12 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     creates = Plan()
     created = _create_vgpus(creates, gpu, reuse, keep + busy, records, new_uuid)
     kept_ids = {v.id for v in keep}
-    record = _record(gpu, mig, {**{i: v for i, v in holding.items() if v in kept_ids}, **created})
+    # a vGPU kept because it is in use (a VM, a libvirt domain) keeps its definition or record, so it
+    # keeps its GPU instance's record too: restore re-creates the instance before the vGPU after a
+    # reboot (without it the vGPU is not re-created, and the next apply replaced the definition a
+    # defined libvirt domain names; found by the fault campaign, issue 29)
+    recorded = kept_ids | {v.id for v in busy if v.id in saved_ids}
+    record = _record(gpu, mig, {**{i: v for i, v in holding.items() if v in recorded}, **created})
     if not same_record(record, saved_mig or []):  # before the vGPUs: a crash between leaves a record restore completes
         plan.actions.append(SaveMigRecord(gpu=gpu.address, instances=record))
     plan.actions += creates.actions

@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             print(file=sys.stderr)
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(res.kinds.items()))
         print(f"seed {s}: {res.episodes} nodes, {res.seconds:.0f} s, trace {res.digest}; steps by kind: {kinds}")
+        if res.covered:
+            print(f"seed {s}: " + ", ".join(f"{k} {n}" for k, n in sorted(res.covered.items())))
         if res.failure:
             print(f"first violation after step {res.failed_at} of the run:")
             print(res.failure)

@@ -11,7 +11,7 @@ fails the run (there is no log-only finding).
 * devices: no vGPU exists that neither a definition (mdevctl format or vendor-VFIO record) nor
   a claim accounts for, and none is claimed by both; a device a VM holds (its vfio group or its
   cdev) or a libvirt domain names still exists; after an apply no fault touched, definitions and
-  devices match one to one;
+  devices match one to one, and every saved MIG-backed vGPU's GPU instance is saved too;
 * files: nothing written outside the tool's directories, in the whole episode root, in the run's
   directory around it and in the process's temporary directory (``tempfile.gettempdir()``);
 * status, judged by :mod:`.oracle` (the node recomputed, not the planner): after a clean resync
@@ -204,6 +204,14 @@ def devices(world: World, cp: Checkpoint, inv: Inventory, *, settled: str | None
         for vf, t in records.items():
             if vf in managed and vf not in present:
                 bad.append(f"after applying {settled}: vendor-VFIO record {vf} ({t}) has no vGPU")
+        # a saved MIG-backed vGPU is re-created after a reboot only on its GPU instance: the instance is saved too
+        saved_mig = {gpu: {str(e.get("vgpu", "")).lower() for e in entries}
+                     for gpu, entries in persist.load_mig(world.env, io).items()}
+        for vid, v in present.items():
+            if vid in defined and v.gpu_instance is not None and v.parent in managed \
+                    and vid.lower() not in saved_mig.get(v.gpu, set()):
+                bad.append(f"after applying {settled}: MIG-backed vGPU {vid} ({v.type_name}) is saved, its GPU "
+                           f"instance {v.gpu_instance} on {v.gpu} is not: a reboot loses it")
     return bad
 
 

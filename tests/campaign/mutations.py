@@ -64,9 +64,9 @@ MUTATIONS: tuple[Mutation, ...] = (
               "def vgpu_users(v: Vgpu, usage: Usage) -> list[str]:\n    return []  # MUTATION (a)\n"),)),
     Mutation("b", "overlap refusal removed (two claims on one device)", (
         Patch("dra_bridge/kubeletplugin/overlap.py",
-              '    held: list[tuple[str, str | None, str | None, str | None, str | None, bool]] = [\n',
+              '    held = [_Held(_owner(rec), d.pool, d.device, d.kind, d.gpu, _record_span(d))\n',
               '    return None  # MUTATION (b)\n'
-              '    held: list[tuple[str, str | None, str | None, str | None, str | None, bool]] = [\n'),)),
+              '    held = [_Held(_owner(rec), d.pool, d.device, d.kind, d.gpu, _record_span(d))\n'),)),
     Mutation("c", "node lock a no-op", (
         Patch("mdev_manager/host/lock.py",
               '        waiting, ``on_wait`` is told once whom the caller waits for."""\n',
@@ -105,6 +105,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         Patch("dra_bridge/kubeletplugin/claimfiles.py",
               "        if uid not in (rec.uid, None) or (uid is None and Path(f).parent.parent.name in namesakes):\n",
               "        if False:  # MUTATION (i)\n"),)),
+    Mutation("j", "a MIG-backed vGPU kept because in use loses its GPU instance's record (issue 29)", (
+        Patch("mdev_manager/migplan.py",
+              "    recorded = kept_ids | {v.id for v in busy if v.id in saved_ids}\n",
+              "    recorded = kept_ids  # MUTATION (j)\n"),)),
 )
 
 CI_MUST_CATCH = ("b", "c", "a")

@@ -35,7 +35,7 @@ from mdev_manager import catalog
 from mdev_manager.discovery import discover
 from mdev_manager.sim.node import sim_node
 from tests.campaign import invariants
-from tests.campaign.steps import EditLayout, steps
+from tests.campaign.steps import EditLayout, SelectLayout, steps
 from tests.campaign.world import World
 
 _DATES = re.compile(r"'Date': '[^']*'")  # HTTP headers in API errors: the one clock in what a step sees
@@ -100,6 +100,7 @@ class Result:
     failed_at: int | None = None  # the run's step number (1-based) after which the first violation was seen
     seconds: float = 0.0
     kinds: dict[str, int] = field(default_factory=dict)
+    covered: dict[str, int] = field(default_factory=dict)  # situations the steps ran in (see :func:`situations`)
     digest: str = ""
 
     @property
@@ -134,6 +135,24 @@ def seeded_process(work: Path):
 def seed_episode(value: int) -> None:
     uuid.uuid4 = SeededUuids(value)  # type: ignore[assignment]
     random.seed(value)
+
+
+#: the selected layout edited while a libvirt domain names a vGPU that exists: the planner must keep the
+#: vGPU, its definition and its GPU instance's record (issue 29); :data:`LIBVIRT_SELECT`: another
+#: layout selected then
+LIBVIRT_EDIT = "layout edits under libvirt-held vGPUs"
+LIBVIRT_SELECT = "layout selections under libvirt-held vGPUs"
+
+
+def situations(world: World, step) -> list[str]:
+    """What the node is in as ``step`` starts that CI's seeds must reach (:data:`LIBVIRT_EDIT`)."""
+    what = LIBVIRT_SELECT if isinstance(step, SelectLayout) else \
+        LIBVIRT_EDIT if isinstance(step, EditLayout) and step.name == world.selected else None
+    named = {d.lower() for mdevs, pcis in world.domains.values() for d in [*mdevs, *pcis]}
+    if what is None or not named:
+        return []
+    vgpus = {v.id.lower() for v in discover(world.env, world.node.io).all_vgpus()}
+    return [what] if named & vgpus else []
 
 
 def run(total: int, seed_value: int, *, episode_steps: int = 50, shrink: bool = True,
@@ -178,9 +197,12 @@ def run(total: int, seed_value: int, *, episode_steps: int = 50, shrink: bool = 
                         if i >= limit:
                             continue
                         world.log.clear()
+                        seen_in = situations(world, s)
                         checks = s.run(world)
                         if not failing["seen"]:
                             result.steps += 1
+                            for what in seen_in:
+                                result.covered[what] = result.covered.get(what, 0) + 1
                             kind = type(s).__name__
                             result.kinds[kind] = result.kinds.get(kind, 0) + 1
                             seen = _DATES.sub("<date>", f"{s!r}\n{chr(10).join(world.log)}".replace(str(work), "<run>"))

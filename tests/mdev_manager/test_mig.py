@@ -28,7 +28,7 @@ from mdev_manager.models import MigState
 from mdev_manager.plan import make_plan
 from mdev_manager.reconcile import reconcile
 from mdev_manager.restore import restore
-from tests.support.simnodes import layout
+from tests.support.simnodes import layout, libvirt_node_xml, needs_libvirt
 
 A100_MDEV, A100_VFIO, H100, L40S = "0000:10:00.0", "0000:13:00.0", "0000:16:00.0", "0000:19:00.0"
 
@@ -216,6 +216,42 @@ def test_a_reboot_is_restored_at_the_same_placements(mig):
     assert all(r.ok for rep in reports for r in rep.results), [r for rep in reports for r in rep.results if not r.ok]
     assert {a: (placements(mig, a), types_on(mig, a)) for a in before} == before
     assert reconcile(mig.env, mig.io, MIXED).changed == 0
+
+
+@pytest.mark.libvirt
+@needs_libvirt
+def test_a_vgpu_a_libvirt_domain_names_keeps_its_gpu_instance_across_a_reboot(mig, tmp_path):
+    """A layout that no longer wants a MIG-backed vGPU a defined libvirt domain names keeps the vGPU
+    (in use) and its definition, and so its GPU instance's record: after a reboot restore re-creates
+    the instance and the vGPU, and the layout does not take its placement. Found by the fault
+    campaign (issue 29, seed 11 at step 149): the apply forgot the record, so after a power cut the
+    vGPU was not restored and the next resync replaced its definition with a 7-40C the domain never
+    named."""
+    small = layout({"pciAddress": A100_MDEV, "vgpus": {"A100-2-10C": 1}})
+    assert reconcile(mig.env, mig.io, small).matches
+    (held,) = mig.discover().gpu(A100_MDEV).vgpus
+    node = tmp_path / "libvirt.xml"
+    node.write_text(libvirt_node_xml({"vm1": ([held.id], [])}))
+    lv = mig.with_env(libvirt_uri=f"test://{node}")
+    whole = layout({"pciAddress": A100_MDEV, "vgpus": {"A100-7-40C": 1}})
+
+    out = reconcile(lv.env, lv.io, whole)
+    assert not out.matches and any(b.device == held.id for b in out.blocked)
+    assert [v.id for v in lv.discover().gpu(A100_MDEV).vgpus] == [held.id]
+    assert [e["vgpu"] for e in persist.load_mig(lv.env, lv.io)[A100_MDEV]] == [held.id]  # was forgotten
+
+    lv.host.reboot()  # the domain stays defined; the vGPU and its GPU instance are gone until restored
+    assert not lv.discover().gpu(A100_MDEV).vgpus
+    restore(lv.env, lv.io)
+    assert [(v.id, v.type_name.split()[-1]) for v in lv.discover().gpu(A100_MDEV).vgpus] == [(held.id, "A100-2-10C")]
+    out = reconcile(lv.env, lv.io, whole)
+    assert not out.matches and any(b.device == held.id for b in out.blocked)
+    assert [v.id for v in lv.discover().gpu(A100_MDEV).vgpus] == [held.id]
+    assert held.id in {d.uuid for d in persist.load_definitions(lv.env, lv.io)[0]}
+
+    node.write_text(libvirt_node_xml({}))  # undefined: the layout takes the GPU
+    assert reconcile(lv.env, lv.io, whole).matches
+    assert types_on(lv, A100_MDEV) == ["A100-7-40C"]
 
 
 def test_switching_modes_only_when_the_gpu_is_free(mig):
