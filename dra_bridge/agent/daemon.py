@@ -226,7 +226,12 @@ class Daemon:
         if not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", version):
             log.warning("host driver version %r is no label value; %s not set", version, LABEL_VGPU_HOST_DRIVER)
         else:
-            set_node_label(self.api_client, self.cfg.node_name, LABEL_VGPU_HOST_DRIVER, version)
+            try:
+                set_node_label(self.api_client, self.cfg.node_name, LABEL_VGPU_HOST_DRIVER, version)
+            except Exception as exc:  # noqa: BLE001 - a label is a report: publishing goes on (tried again at a restart
+                # or when the version changes, so an idle resync makes no request)
+                log.info("could not label node %s with %s (%s)", self.cfg.node_name, LABEL_VGPU_HOST_DRIVER,
+                         one_line(exc))
         self._driver_label = version
 
     def _free_vgpus(self, inv: Inventory, pool, layouts: list[GpuLayout] | None,

@@ -107,8 +107,8 @@ class GpuHealthWatch:
                 log.info("could not record a health event on node %s (%s)", self.node, brief(exc))
         text = problems_text(self.tracker.unhealthy())
         if self.api_client is not None and text != self._annotated:
+            self._annotated = text  # tried once per change: an idle poll makes no request
             try:
                 set_node_annotation(self.api_client, self.node, ANNOTATION_HEALTH, text)
-                self._annotated = text
-            except Exception as exc:  # noqa: BLE001 - the next poll tries again
+            except Exception as exc:  # noqa: BLE001 - a report: the taints are what the scheduler acts on
                 log.info("could not annotate node %s with its GPUs' health (%s)", self.node, brief(exc))

@@ -121,8 +121,8 @@ def number_gpus(host: Host, driver: str, *, writes: bool) -> None:
     after one leaves the bus. A command that changes nothing else (``discover``, ``plan``) goes on
     without it where the state directory cannot be written (not root); ``apply`` and ``restore`` fail."""
     try:
+        inv = discover(host.env, host.io, node=host.node)  # first: a host that cannot be read says so, naming sysfs
         numbering.adopt(host.env, host.io, host.paths(driver).gpu_ids)
-        inv = discover(host.env, host.io, node=host.node)
         numbering.record(host.env, host.io, [(g.address, g.vendor_id) for g in inv.gpus])
     except OSError as exc:
         if writes or not (isinstance(exc, PermissionError) or exc.errno == errno.EROFS):
