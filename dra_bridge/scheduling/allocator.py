@@ -34,7 +34,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_bridge.api.quantity import format_quantity
-from dra_bridge.scheduling.pools import Amount, Device, State, groups_compatible, quantity_value, read_pools
+from dra_bridge.scheduling.pools import (
+    ALL_FEATURES,
+    Amount,
+    Device,
+    Features,
+    State,
+    groups_compatible,
+    quantity_value,
+    read_pools,
+)
 from dra_bridge.scheduling.selectors import Selectors
 
 SEARCH_BUDGET = 20000
@@ -46,6 +55,11 @@ def _human(q: Amount) -> str:
 
 class Unsatisfiable(Exception):
     """The reason a claim cannot be allocated, in words a person understands."""
+
+
+class AllocationError(Unsatisfiable):
+    """An error for the pod's whole scheduling attempt, not one node (upstream: an error from
+    ``Allocate`` that does not wrap ``ErrFailedAllocationOnNode``): no other node is tried."""
 
 
 # --------------------------------------------------------------------------- reading slices
@@ -111,20 +125,29 @@ def _policy_violated(amount: Amount, policy: dict[str, Any]) -> bool:
 
 class Allocator:
     def __init__(self, slices: list[dict[str, Any]], classes: list[dict[str, Any]], selectors: Selectors,
-                 nodes: list[str] | None = None) -> None:
-        self.pools = read_pools(slices)
+                 nodes: list[str] | None = None, features: Features = ALL_FEATURES) -> None:
+        self.features = features
+        self.pools = read_pools(slices, features)
         self.classes = {c["metadata"]["name"]: c for c in classes}
         self.sel = selectors
         self.state = State()
         self.incomplete = sorted(f"{p.driver}/{p.name}" for p in self.pools.values() if not p.complete)
         self.by_node: dict[str | None, list[Device]] = {}
         self.incomplete_by_node: dict[str | None, list[str]] = {}
+        self.invalid_by_node: dict[str | None, list[str]] = {}
         for p in self.pools.values():
-            if not p.complete:
+            if not p.complete or p.invalid:  # upstream allocateDevice skips IsIncomplete and IsInvalid pools
+                where = self.incomplete_by_node if not p.complete else self.invalid_by_node
                 for n in {d.node for d in p.devices} or {None}:
-                    self.incomplete_by_node.setdefault(n, []).append(f"{p.driver}/{p.name}")
+                    where.setdefault(n, []).append(f"{p.driver}/{p.name}" + (f" ({p.invalid})" if p.invalid else ""))
                 continue
             for d in p.devices:
+                # isSelectable / allocateDevice: devices with binding conditions need the gates,
+                # devices that consume counters need DRAPartitionableDevices
+                if d.binding and not features.binding_conditions:
+                    continue
+                if d.cons and not features.partitionable_devices:
+                    continue
                 self.by_node.setdefault(d.node, []).append(d)
         self.nodes = nodes or sorted(n for n in self.by_node if n is not None)
         self._cel: dict[tuple[str, int], bool] = {}
@@ -253,7 +276,7 @@ class Allocator:
         return True
 
     def _fits(self, d: Device, req: Request, st: State) -> tuple[bool, dict[str, Amount] | None]:
-        if d.taints and not self._tolerated(d, req):
+        if d.taints and self.features.device_taints and not self._tolerated(d, req):
             return False, None
         share = None
         if d.multi:
@@ -339,8 +362,11 @@ class Allocator:
         """The fixed device list of an allocationMode All request (None: cannot be allocated here).
         Like the scheduler: refused while a pool visible to the node is incomplete; devices whose
         capacity cannot hold the request are left out."""
-        if self.incomplete_by_node.get(node) or self.incomplete_by_node.get(None):
-            return None
+        for where, why in ((self.incomplete_by_node, "is being updated (incomplete)"),
+                           (self.invalid_by_node, "is invalid")):
+            pending = (where.get(node) or []) + (where.get(None) or [])
+            if pending:  # upstream: an error for the whole attempt, not for this node
+                raise AllocationError(f"request {req.name!r} asks for all devices, but pool {pending[0]} {why}")
         cands = self.candidates(node, req)
         if req.capacity or any(d.multi for d in cands):
             cands = [d for d in cands if self._capacity_share(d, req, self.state) is not None]
@@ -449,7 +475,10 @@ class Allocator:
         if hit is not None and hit[:2] == ver:
             return hit[2]
         plan = plan or [(c, self._requests(c)) for c in claims]
-        ok = self._could_fit(node, plan) and self._solve(node, claims, self.state, plan) is not None
+        try:
+            ok = self._could_fit(node, plan) and self._solve(node, claims, self.state, plan) is not None
+        except AllocationError:
+            ok = False  # the attempt fails on every node; allocate() says why
         self._fit_memo[(node, shape)] = (*ver, ok)
         return ok
 
@@ -584,6 +613,9 @@ class Allocator:
                                "(constraints, or the pod's claims compete for the same GPUs)")
         if self.incomplete:
             reasons.append("incomplete pools ignored: " + ", ".join(self.incomplete))
+        invalid = sorted({p for ps in self.invalid_by_node.values() for p in ps})
+        if invalid:
+            reasons.append("invalid resource pools were encountered: " + ", ".join(invalid))
         more = f" (and {len(nodes) - 3} more nodes)" if len(nodes) > 3 else ""
         return "; ".join(reasons or ["no node satisfies the claims' constraints"]) + more
 

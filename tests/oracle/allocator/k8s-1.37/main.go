@@ -15,7 +15,7 @@ var defaults = map[string]bool{
 	"DRAResourceClaimDeviceStatus": true,  // GA
 	"DRADeviceCompatibilityGroups": false, // alpha
 	"DRADeviceTaints":              true,  // GA
-	"DRAFractionalCapacityRange":   true,  // beta
+	"DRAFractionalCapacityRange":   false, // beta, on only with --min-compatibility-version=1.37
 	"DRAListTypeAttributes":        false, // alpha
 	"DRAOptionalNodeOperations":    false, // alpha
 	"DRAPartitionableDevices":      true,  // beta
