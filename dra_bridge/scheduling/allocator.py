@@ -44,9 +44,11 @@ from dra_bridge.scheduling.pools import (
     quantity_value,
     read_pools,
 )
-from dra_bridge.scheduling.selectors import Selectors
+from dra_bridge.scheduling.selectors import SelectorError, Selectors
 
 SEARCH_BUDGET = 20000
+#: devices per claim (resourceapi.AllocationResultsMaxSize)
+CLAIM_LIMIT = 32
 
 
 def _human(q: Amount) -> str:
@@ -150,9 +152,10 @@ class Allocator:
                     continue
                 self.by_node.setdefault(d.node, []).append(d)
         self.nodes = nodes or sorted(n for n in self.by_node if n is not None)
-        self._cel: dict[tuple[str, int], bool] = {}
-        self._sigmatch: dict[tuple, dict[int, bool]] = {}  # selector list -> signature -> all match
+        self._cel: dict[tuple[str, int], bool | SelectorError] = {}
+        self._sigmatch: dict[tuple, dict[int, bool | SelectorError]] = {}  # selectors -> signature -> all match
         self._cand: dict[tuple, list[Device]] = {}
+        self._cand_err: dict[tuple, dict[int, SelectorError]] = {}  # candidates whose selectors failed
         self._node_sigs: dict[str | None, dict[int, Device]] = {}
         # Allocation only ever adds to the state (there is no release), so a node that cannot
         # take a request shape now never can: remember it, and per shape the first node in
@@ -176,12 +179,32 @@ class Allocator:
         return self._device_index
 
     # ------------------------------------------------------------ selectors
-    def _match(self, expr: str, d: Device) -> bool:
+    def _match(self, expr: str, d: Device) -> bool | SelectorError:
+        """Whether ``d`` satisfies ``expr``, or the error evaluating it (raised by the search when it
+        reaches the device, as upstream ``isSelectable`` does)."""
         k = (expr, d.signature)
         hit = self._cel.get(k)
         if hit is None:
-            hit = self._cel[k] = bool(self.sel.matches(expr, d))
+            try:
+                hit = bool(self.sel.matches(expr, d))
+            except SelectorError as exc:
+                hit = exc
+            self._cel[k] = hit
         return hit
+
+    def _all_match(self, exprs: tuple[str, ...], d: Device) -> bool | SelectorError:
+        """Class selectors, then the request's, each until the first that fails (``isSelectable``)."""
+        for e in exprs:
+            r = self._match(e, d)
+            if r is not True:
+                return r
+        return True
+
+    def _selector_error(self, node: str, req: Request, d: Device) -> None:
+        """Raise the selector error of ``d`` for ``req``, if evaluating its selectors failed."""
+        errs = self._cand_err.get((node, req.device_class, tuple(req.selectors)))
+        if errs and d.signature in errs:
+            raise AllocationError(f"request {req.name!r}: a selector failed on device {d.name}: {errs[d.signature]}")
 
     def _class_selectors(self, name: str) -> list[str]:
         cls = self.classes.get(name)
@@ -200,14 +223,19 @@ class Allocator:
             if sigs is None:
                 sigs = self._node_sigs[node] = {d.signature: d for d in devs}  # one device per signature
             ok = set()
+            errs: dict[int, SelectorError] = {}
             for sig, d in sigs.items():
                 hit = memo.get(sig)
                 if hit is None:
-                    hit = memo[sig] = all(self._match(e, d) for e in exprs)
+                    hit = memo[sig] = self._all_match(exprs, d)
+                if isinstance(hit, SelectorError):
+                    errs[sig] = hit  # a candidate: reaching it fails the attempt
                 if hit:
                     ok.add(sig)
             got = [d for d in devs if d.signature in ok] if ok else []
             self._cand[key] = got
+            if errs:
+                self._cand_err[key] = errs
         return got
 
     # ------------------------------------------------------------ requests
@@ -368,6 +396,8 @@ class Allocator:
             if pending:  # upstream: an error for the whole attempt, not for this node
                 raise AllocationError(f"request {req.name!r} asks for all devices, but pool {pending[0]} {why}")
         cands = self.candidates(node, req)
+        for d in cands:
+            self._selector_error(node, req, d)  # upstream gathers every device of an All request up front
         if req.capacity or any(d.multi for d in cands):
             cands = [d for d in cands if self._capacity_share(d, req, self.state) is not None]
         return cands or None
@@ -381,6 +411,15 @@ class Allocator:
         budget = [SEARCH_BUDGET]
         every = {id(alt): self._all_devices(node, alt)
                  for _, reqs in plan for alts in reqs for alt in alts if alt.mode == "All"}
+        for claim, reqs in plan:  # upstream Allocate: at most 32 devices per claim, by each request's minimum
+            held = 0
+            for alts in reqs:
+                need = min(len(every[id(a)] or []) if a.mode == "All" else a.count for a in alts)
+                if need > CLAIM_LIMIT - held:
+                    raise AllocationError(f"claim {claim['metadata'].get('name', '')}, request {alts[0].base}: adding "
+                                          f"{need} devices exceeds the claim limit of {CLAIM_LIMIT}, with {held} "
+                                          "already accounted for")
+                held += need
 
         def per_claim(i: int, acc: list[list[Choice]]) -> list[list[Choice]] | None:
             if i == len(plan):
@@ -434,6 +473,8 @@ class Allocator:
                     if budget[0] < 0:
                         return None
                     d = cands[idx]
+                    if d.multi or d.key not in st.taken:  # in use is checked first, then selectors
+                        self._selector_error(node, req, d)
                     ok, share = self._fits(d, req, st)
                     if not ok:
                         continue

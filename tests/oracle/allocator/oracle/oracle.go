@@ -183,6 +183,44 @@ func allocatedState(claims []*resourceapi.ResourceClaim, consumable bool) struct
 	return state
 }
 
+// applyDefaults sets what the API server defaults when it stores a claim
+// (SetDefaults_ExactDeviceRequest, SetDefaults_DeviceSubRequest and
+// SetDefaults_DeviceToleration of pkg/apis/resource/v1): the allocator is
+// given claims as the API holds them, and the project's rendered templates
+// leave these fields to the server.
+func applyDefaults(claim *resourceapi.ResourceClaim) {
+	if claim == nil {
+		return
+	}
+	mode := func(m *resourceapi.DeviceAllocationMode, count *int64) {
+		if *m == "" {
+			*m = resourceapi.DeviceAllocationModeExactCount
+		}
+		if *m == resourceapi.DeviceAllocationModeExactCount && *count == 0 {
+			*count = 1
+		}
+	}
+	tolerations := func(ts []resourceapi.DeviceToleration) {
+		for i := range ts {
+			if ts[i].Operator == "" {
+				ts[i].Operator = resourceapi.DeviceTolerationOpEqual
+			}
+		}
+	}
+	for i := range claim.Spec.Devices.Requests {
+		r := &claim.Spec.Devices.Requests[i]
+		if r.Exactly != nil {
+			mode(&r.Exactly.AllocationMode, &r.Exactly.Count)
+			tolerations(r.Exactly.Tolerations)
+		}
+		for j := range r.FirstAvailable {
+			sub := &r.FirstAvailable[j]
+			mode(&sub.AllocationMode, &sub.Count)
+			tolerations(sub.Tolerations)
+		}
+	}
+}
+
 // classes is a structured.DeviceClassLister over the request's classes.
 type classes []*resourceapi.DeviceClass
 
@@ -209,6 +247,9 @@ func Run(ctx context.Context, defaults map[string]bool, version string, req *Req
 	if err != nil {
 		out.Status, out.Error = "error", "oracle: "+err.Error()
 		return out
+	}
+	for _, claim := range req.Claims {
+		applyDefaults(claim)
 	}
 	node := req.Node
 	if node == nil {
