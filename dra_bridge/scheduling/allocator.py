@@ -15,9 +15,11 @@ claims the way the scheduler does:
 
 Where it differs from the scheduler (docs/allocation.md): nodes are tried in name order and
 the first that fits wins (no scoring); the search over devices is depth-first with a step
-budget per node instead of a time limit; a selector that fails at run time makes the device
-not match instead of failing the claim; slices with a nodeSelector count for every node;
-admin access, binding conditions and extended-resource mapping are not modelled.
+budget per node instead of a time limit; slices with a nodeSelector count for every node;
+admin access and extended-resource mapping are not modelled. Pools, their order and validity and
+the scheduler's feature gates follow upstream's pools_incubating.go (see ``pools``); a selector
+that fails on a device the search reaches fails the attempt, as upstream (``AllocationError``).
+tests/oracle/ checks all of it against Kubernetes' own allocator.
 
 Speed: CEL results are cached per (expression, device signature), candidate lists per (node,
 class, selectors); the search takes and undoes devices in place (no state copies); nodes known

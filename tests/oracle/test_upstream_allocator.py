@@ -249,3 +249,30 @@ def test_regression_upstream_still_says_so(upstream, case):
                                      node=slices[0]["spec"]["nodeName"], gates=flip)
     got = upstream_outcome(answer)
     assert got == (expected[0], [list(x) for x in expected[1]]) if len(expected) > 1 else got == expected
+
+
+@pytest.mark.go
+def test_distinct_attribute_upstream_1_36_keeps_values_per_request(upstream):
+    """Where upstream is wrong: 1.36.x (v0.36.6) checks distinctAttribute per request
+    (kubernetes#140438, fixed in 1.37), so a request of two devices and a second request share a
+    GPU; 1.37 and the model put the three devices on three GPUs. Recorded, not copied into the model."""
+    c = claim({"profile": "T4-1Q"}, 0)
+    (req,) = c["spec"]["devices"]["requests"]
+    req["exactly"]["count"] = 2
+    c["spec"]["devices"]["requests"] = [dict(req, name="a"), {"name": "b", "exactly": dict(req["exactly"], count=1)}]
+    c["spec"]["devices"].pop("config", None)
+    c["spec"]["devices"]["constraints"] = [{"requests": ["a", "b"], "distinctAttribute": f"{D}/gpuIndex"}]
+    for minor in ("1.36", "1.37"):
+        slices = published("t4-node", None, minor, ())
+        node = slices[0]["spec"]["nodeName"]
+        answer = _oracle(minor).allocate(slices=slices, classes=CLASSES, claims=[c], node=node)
+        if minor == "1.36":
+            assert answer["status"] == "allocated"
+            gpus = [r["device"].split("-vgpu")[0] for r in answer["allocations"][0]["devices"]["results"]]
+            assert len(set(gpus)) < len(gpus), gpus  # two results on one GPU despite distinctAttribute
+        else:
+            assert upstream_outcome(answer) == model_outcome(minor, None, slices, [], [c], node)
+        ours = model_outcome(minor, None, slices, [], [c], node)
+        assert ours[0] == "allocated"
+        gpus = [dev.split("-vgpu")[0] for _, _, _, dev in ours[1][0]]
+        assert len(set(gpus)) == len(gpus) == 3, gpus  # the model: three GPUs
