@@ -55,6 +55,11 @@ PUBLISHED = [
 FLIPS = [None, {"DRADeviceTaints": False}, {"DRADeviceBindingConditions": False},
          {"DRAPartitionableDevices": False}, GROUPS, {"DRADeviceCompatibilityGroups": False}]
 TAINT = {"key": "example.com/maintenance", "value": "gpu", "effect": "NoSchedule"}
+#: tolerations a claim may carry for it: none, by key, by key and value (right, wrong), by effect only
+TOLERATIONS = [None, [{"key": TAINT["key"], "operator": "Exists"}],
+               [{"key": TAINT["key"], "operator": "Equal", "value": "gpu"}],
+               [{"key": TAINT["key"], "value": "other"}],
+               [{"operator": "Exists", "effect": "NoSchedule"}]]
 
 
 @functools.cache
@@ -101,13 +106,13 @@ def claim(values: dict, i: int, pair: str | None = None) -> dict:
             "metadata": {"name": f"c{i}", "namespace": "default", "uid": f"uid-{i}"}, "spec": spec}
 
 
-def cordon(slices: list[dict], gpus: set[int]) -> list[dict]:
+def cordon(slices: list[dict], gpus: set[int], effect: str = "NoSchedule") -> list[dict]:
     """``slices`` with every device of the GPUs ``gpus`` tainted (as a DeviceTaintRule would)."""
     out = copy.deepcopy(slices)
     for s in out:
         for d in s["spec"].get("devices") or []:
             if dev_attr(d, "gpuIndex", D) in gpus:
-                d["taints"] = [*(d.get("taints") or []), TAINT]
+                d["taints"] = [*(d.get("taints") or []), dict(TAINT, effect=effect)]
     return out
 
 
@@ -164,12 +169,13 @@ def agree(up: UpstreamAllocator, minor: str, gates: dict | None, slices: list[di
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), which=st.integers(0, len(PUBLISHED) - 1), flip=st.sampled_from(FLIPS),
        order=st.randoms(use_true_random=False), cordoned=st.sets(st.integers(0, 4), max_size=2),
-       tolerate=st.booleans())
-def test_model_and_upstream_agree_on_streams_of_allocations(upstream, data, which, flip, order, cordoned, tolerate):
+       effect=st.sampled_from(["NoSchedule", "NoExecute"]), tolerate=st.sampled_from(TOLERATIONS))
+def test_model_and_upstream_agree_on_streams_of_allocations(upstream, data, which, flip, order, cordoned, effect,
+                                                            tolerate):
     preset, layout, minor, server = PUBLISHED[which]
     slices = published(preset, layout, minor, tuple(sorted(server.items())))
     node = slices[0]["spec"]["nodeName"]
-    slices = cordon(slices, cordoned)
+    slices = cordon(slices, cordoned, effect)
     order.shuffle(slices)  # the scheduler searches in its own order, not the listing's
     if flip and set(flip) - set(_oracle(minor).gates()):
         flip = None  # a gate this minor does not have
@@ -186,7 +192,7 @@ def test_model_and_upstream_agree_on_streams_of_allocations(upstream, data, whic
             for r in c["spec"]["devices"]["requests"]:
                 for sub in [r.get("exactly")] + (r.get("firstAvailable") or []):
                     if sub:
-                        sub["tolerations"] = [{"key": TAINT["key"], "operator": "Exists"}]
+                        sub["tolerations"] = copy.deepcopy(tolerate)
         answer = agree(_oracle(minor), minor, flip, slices, allocated, [c], node)
         if answer["status"] == "allocated":
             allocated.append(dict(c, status={"allocation": answer["allocations"][0]}))
