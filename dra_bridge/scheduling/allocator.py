@@ -32,10 +32,11 @@ import bisect
 import json
 import re
 import uuid as uuidlib
-from dataclasses import dataclass
 from typing import Any
 
 from dra_bridge.api.quantity import format_quantity
+from dra_bridge.scheduling.constraints import constraints_ok
+from dra_bridge.scheduling.counters import capacity_share, fits, take, tolerated, untake
 from dra_bridge.scheduling.pools import (
     ALL_FEATURES,
     Amount,
@@ -46,6 +47,7 @@ from dra_bridge.scheduling.pools import (
     quantity_value,
     read_pools,
 )
+from dra_bridge.scheduling.requests import Choice, Request, parse_requests
 from dra_bridge.scheduling.selectors import SelectorError, Selectors
 
 SEARCH_BUDGET = 20000
@@ -64,67 +66,6 @@ class Unsatisfiable(Exception):
 class AllocationError(Unsatisfiable):
     """An error for the pod's whole scheduling attempt, not one node (upstream: an error from
     ``Allocate`` that does not wrap ``ErrFailedAllocationOnNode``): no other node is tried."""
-
-
-# --------------------------------------------------------------------------- reading slices
-
-
-# --------------------------------------------------------------------------- the allocator
-@dataclass
-class Request:
-    name: str  # "req" or "req/sub"
-    base: str
-    device_class: str
-    selectors: list[str]
-    mode: str
-    count: int
-    capacity: dict[str, Amount]
-    tolerations: list[dict[str, Any]]
-
-
-@dataclass
-class Choice:
-    request: Request
-    device: Device
-    consumed: dict[str, Amount] | None = None
-
-
-def _policy_round(want: Amount, policy: dict[str, Any]) -> Amount:
-    """The scheduler's calculateConsumedCapacity for a requested amount: round up to the range's
-    step or to the next valid value."""
-    rng = policy.get("validRange")
-    if rng and "min" in rng:
-        lo = quantity_value(rng["min"])
-        if want < lo:
-            return lo
-        if "step" in rng:
-            step = quantity_value(rng["step"])
-            return lo + -(-(want - lo) // step) * step
-        return want
-    if "validValues" in policy:
-        for v in policy["validValues"]:  # ascending (API validation)
-            if want <= quantity_value(v):
-                return quantity_value(v)
-    return want
-
-
-def _policy_violated(amount: Amount, policy: dict[str, Any]) -> bool:
-    """The scheduler's violatesPolicy: the default is always fine; else within the range (max, step)
-    or one of the valid values."""
-    if not policy:
-        return False
-    if "default" in policy and amount == quantity_value(policy["default"]):
-        return False
-    rng = policy.get("validRange")
-    if rng is not None:
-        if "max" in rng and amount > quantity_value(rng["max"]):
-            return True
-        if "step" in rng and (amount - quantity_value(rng.get("min", 0))) % quantity_value(rng["step"]) != 0:
-            return True
-        return False
-    if policy.get("validValues"):
-        return all(amount != quantity_value(v) for v in policy["validValues"])
-    return False
 
 
 class Allocator:
@@ -240,154 +181,20 @@ class Allocator:
                 self._cand_err[key] = errs
         return got
 
-    # ------------------------------------------------------------ requests
-    @staticmethod
-    def _requests(claim: dict) -> list[list[Request]]:
-        """Each claim request as its alternatives (one for exactly, several for firstAvailable)."""
-        out = []
-        for r in claim["spec"].get("devices", {}).get("requests", []):
-            alts = []
-            subs = r.get("firstAvailable")
-            for sub in (subs if subs else [r.get("exactly") or r]):
-                name = f"{r['name']}/{sub['name']}" if subs else r["name"]
-                sels = [s["cel"]["expression"] for s in sub.get("selectors") or [] if "cel" in s]
-                cap = {k: quantity_value(v) for k, v in ((sub.get("capacity") or {}).get("requests") or {}).items()}
-                alts.append(Request(name=name, base=r["name"], device_class=sub["deviceClassName"], selectors=sels,
-                                    mode=sub.get("allocationMode", "ExactCount"), count=int(sub.get("count", 1)),
-                                    capacity=cap, tolerations=sub.get("tolerations") or []))
-            out.append(alts)
-        return out
-
-    # ------------------------------------------------------------ feasibility of one device
+    # ------------------------------------------------------------ one device (counters.py)
     def _capacity_share(self, d: Device, req: Request, st: State | None = None) -> dict[str, Amount] | None:
-        """Capacity the request consumes on ``d`` after the device's request policies (the scheduler's
-        CmpRequestOverCapacity); None if it does not fit. Every capacity of the device is consumed:
-        what is not requested takes the policy's default, else the whole capacity."""
-        st = st or self.state
-        for name in req.capacity:
-            if name not in d.capacity:
-                return None  # requests a capacity the device does not have
-        used = st.shared.get(d.key, {}) if d.multi else {}
-        consumed: dict[str, Amount] = {}
-        for name, cap in d.capacity.items():
-            total = quantity_value(cap)
-            policy = cap.get("requestPolicy") or {}
-            want = req.capacity.get(name)
-            if want is None:
-                want = quantity_value(policy["default"]) if "default" in policy else total
-            elif policy:
-                want = _policy_round(want, policy)
-            if _policy_violated(want, policy):
-                return None
-            if used.get(name, 0) + want > total:
-                return None
-            consumed[name] = want
-        return consumed
-
-    def _capacity_share_in(self, d: Device, req: Request, st: State) -> dict[str, Amount] | None:
-        return self._capacity_share(d, req, st)
-
-    @staticmethod
-    def _tolerated(d: Device, req: Request) -> bool:
-        """Kubernetes' ToleratesTaint: effect (empty = any), key (empty = any, with Exists), then
-        Exists or an equal value."""
-        for t in d.taints:
-            if t.get("effect") not in ("NoSchedule", "NoExecute"):
-                continue  # only these effects keep the scheduler from allocating
-            for tol in req.tolerations:
-                if tol.get("effect") and tol["effect"] != t.get("effect"):
-                    continue
-                if tol.get("key") and tol["key"] != t.get("key"):
-                    continue
-                if tol.get("operator", "Equal") == "Exists" or (tol.get("value") or "") == (t.get("value") or ""):
-                    break
-            else:
-                return False
-        return True
+        return capacity_share(d, req, st or self.state)
 
     def _fits(self, d: Device, req: Request, st: State) -> tuple[bool, dict[str, Amount] | None]:
-        if d.taints and self.features.device_taints and not self._tolerated(d, req):
-            return False, None
-        share = None
-        if d.multi:
-            share = self._capacity_share(d, req, st)
-            if share is None:
-                return False, None
-            if d.key in st.taken:
-                return True, share  # counters were consumed by the first share of the device
-        elif d.key in st.taken:
-            return False, None
-        elif req.capacity and self._capacity_share(d, req, st) is None:
-            return False, None  # the scheduler checks capacity requests against every device
-        used_all, groups_all = st.used, st.groups
-        for k, amounts, mine, totals in d.cons:
-            if totals is None:
-                return False, None  # consumes a set the pool does not publish
-            used = used_all.get(k)
-            for cname, v in amounts:
-                if (used.get(cname, 0) if used else 0) + v > totals.get(cname, 0):
-                    return False, None
-            in_use = groups_all.get(k)
-            if in_use and not groups_compatible(in_use, mine):
-                return False, None
-        return True, share
+        return fits(d, req, st, self.features.device_taints)
 
-    @staticmethod
-    def _take(d: Device, st: State, share: dict[str, Amount] | None) -> bool:
-        """Account ``d`` in ``st``; True when its counters were consumed (undo with _untake)."""
-        if d.multi:
-            bucket = st.shared.setdefault(d.key, {})
-            for k, v in (share or {}).items():
-                bucket[k] = bucket.get(k, 0) + v
-            if share is not None and d.key in st.taken:
-                return False
-        st.taken.add(d.key)
-        for key, amounts, groups, _ in d.cons:
-            used = st.used.get(key)
-            if used is None:
-                used = st.used[key] = {}
-            for cname, v in amounts:
-                used[cname] = used.get(cname, 0) + v
-            st.groups.setdefault(key, []).append(groups)
-        return True
+    _take = staticmethod(take)
+    _untake = staticmethod(untake)
+    _tolerated = staticmethod(tolerated)
+    _constraints_ok = staticmethod(constraints_ok)
+    _requests = staticmethod(parse_requests)
 
-    @staticmethod
-    def _untake(d: Device, st: State, share: dict[str, Amount] | None, counted: bool) -> None:
-        """Undo the last :meth:`_take` of ``d`` (the search takes and undoes in LIFO order)."""
-        if d.multi:
-            bucket = st.shared[d.key]
-            for k, v in (share or {}).items():
-                bucket[k] -= v
-            if not counted:
-                return
-            del st.shared[d.key]
-        st.taken.discard(d.key)
-        for key, amounts, _groups, _ in d.cons:
-            used = st.used[key]
-            for cname, v in amounts:
-                used[cname] -= v
-            st.groups[key].pop()
-
-    # ------------------------------------------------------------ constraints
-    @staticmethod
-    def _constraints_ok(constraints: list[dict[str, Any]], chosen: list[Choice]) -> bool:
-        for c in constraints:
-            reqs = set(c.get("requests") or [])
-            scope = [ch for ch in chosen if not reqs or ch.request.base in reqs or ch.request.name in reqs]
-            if "matchAttribute" in c:
-                vals = [ch.device.attribute(c["matchAttribute"]) for ch in scope]
-                if any(v is None for v in vals) or len({json.dumps(v) for v in vals}) > 1:
-                    return False
-            if "distinctAttribute" in c:
-                vals = [ch.device.attribute(c["distinctAttribute"]) for ch in scope]
-                if any(v is None for v in vals):
-                    return False  # the scheduler: a device without the attribute never satisfies it
-                keys = [json.dumps(v) for v in vals]
-                if len(keys) != len(set(keys)):
-                    return False
-        return True
-
-    # ------------------------------------------------------------ search
+    # ------------------------------------------------------------ search (upstream allocateOne)
     def _all_devices(self, node: str, req: Request) -> list[Device] | None:
         """The fixed device list of an allocationMode All request (None: cannot be allocated here).
         Like the scheduler: refused while a pool visible to the node is incomplete; devices whose
