@@ -287,7 +287,8 @@ func Run(ctx context.Context, defaults map[string]bool, version string, req *Req
 
 // Main serves requests from stdin until it closes: one JSON Request per line
 // in, one JSON Answer per line out (flushed after each). With the argument
-// "gates" it prints this minor's default gates instead. Answers name the
+// "gates" it prints this minor's default gates instead, with "limits" the
+// validation limits of the linked k8s.io/api. Answers name the
 // k8s.io/dynamic-resource-allocation release linked in.
 func Main(defaults map[string]bool) {
 	version := "unknown"
@@ -309,6 +310,12 @@ func Main(defaults map[string]bool) {
 			ordered = append(ordered, map[string]any{"gate": name, "default": defaults[name]})
 		}
 		if err := json.NewEncoder(os.Stdout).Encode(map[string]any{"version": version, "gates": ordered}); err != nil {
+			os.Exit(1)
+		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "limits" {
+		if err := json.NewEncoder(os.Stdout).Encode(map[string]any{"version": version, "limits": limits()}); err != nil {
 			os.Exit(1)
 		}
 		return
@@ -356,4 +363,20 @@ func isBlank(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// limits are the validation limits of the linked k8s.io/api resource/v1 that
+// what the node agent publishes, and what a claim gets, must stay within.
+func limits() map[string]int {
+	return map[string]int{
+		"AllocationResultsMaxSize":                           resourceapi.AllocationResultsMaxSize,
+		"BindingConditionsMaxSize":                           resourceapi.BindingConditionsMaxSize,
+		"DeviceTaintsMaxLength":                              resourceapi.DeviceTaintsMaxLength,
+		"ResourceSliceMaxAttributesAndCapacitiesPerDevice":   resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice,
+		"ResourceSliceMaxCounterSets":                        resourceapi.ResourceSliceMaxCounterSets,
+		"ResourceSliceMaxCountersPerCounterSet":              resourceapi.ResourceSliceMaxCountersPerCounterSet,
+		"ResourceSliceMaxDeviceCounterConsumptionsPerDevice": resourceapi.ResourceSliceMaxDeviceCounterConsumptionsPerDevice,
+		"ResourceSliceMaxDevices":                            resourceapi.ResourceSliceMaxDevices,
+		"ResourceSliceMaxDevicesWithAdvancedFeatures":        resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures,
+	}
 }
