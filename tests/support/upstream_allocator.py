@@ -148,3 +148,33 @@ def chosen(allocation: dict) -> list[tuple[str, str, str, str]]:
     """(request, driver, pool, device) of each result of an AllocationResult, in order."""
     return [(r["request"], r["driver"], r["pool"], r["device"])
             for r in ((allocation.get("devices") or {}).get("results") or [])]
+
+
+class UpstreamScheduler:
+    """The upstream allocator where a simulated cluster asks the model (``SimCluster.allocator()``):
+    ``allocate(claims, node=None)`` tries the nodes in name order and returns (node, one
+    AllocationResult per claim) from Kubernetes' own allocator, or raises ``Unsatisfiable`` with
+    its words. Claims it allocates count as allocated for its next calls (one snapshot, as the
+    model's allocator)."""
+
+    def __init__(self, up: UpstreamAllocator, slices: list[dict], classes: list[dict], allocated: list[dict],
+                 gates: dict[str, bool] | None = None) -> None:
+        self.up, self.slices, self.classes, self.gates = up, slices, classes, gates
+        self.allocated = [c for c in allocated if (c.get("status") or {}).get("allocation")]
+        self.nodes = sorted({s["spec"]["nodeName"] for s in slices if s["spec"].get("nodeName")})
+
+    def allocate(self, claims: list[dict], node: str | None = None) -> tuple[str, list[dict]]:
+        from dra_bridge.scheduling.allocator import AllocationError, Unsatisfiable
+
+        reasons = []
+        for n in [node] if node else self.nodes:
+            answer = self.up.allocate(slices=self.slices, classes=self.classes, claims=claims, node=n,
+                                      allocated=self.allocated, gates=self.gates)
+            if answer["status"] == "allocated":
+                self.allocated += [dict(c, status={"allocation": a}) for c, a in zip(claims, answer["allocations"],
+                                                                                     strict=True)]
+                return n, answer["allocations"]
+            if answer["status"] == "error" and not answer.get("perNode"):
+                raise AllocationError(f"upstream allocator: {answer['error']}")
+            reasons.append(f"{n}: " + (answer.get("error") or "the claims do not fit (upstream allocator)"))
+        raise Unsatisfiable("; ".join(reasons))
