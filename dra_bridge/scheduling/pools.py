@@ -239,9 +239,19 @@ class State:
 
 
 def groups_compatible(in_use: list[Sequence[str]], mine: Sequence[str]) -> bool:
-    for other in in_use:
-        if (not other) != (not mine):
-            return False
-        if mine and not set(mine) & set(other):
-            return False
-    return True
+    """Whether a device consuming a counter set with compatibility groups ``mine`` may join the
+    devices already on the set (their group lists ``in_use``): upstream
+    ``compatibilityGroupIntersection.admits`` (experimental/compatibility_groups.go, the allocator
+    kube-scheduler 1.37 runs with DRADeviceCompatibilityGroups on): ``mine`` must meet the running
+    intersection of every list in use, not just each list; a device without groups only joins
+    devices without groups."""
+    if not in_use:
+        return True
+    if not mine:
+        return all(not g for g in in_use)
+    if any(not g for g in in_use):
+        return False
+    common = set(in_use[0])
+    for g in in_use[1:]:
+        common &= set(g)
+    return not common.isdisjoint(mine)

@@ -282,3 +282,42 @@ def test_distinct_attribute_upstream_1_36_keeps_values_per_request(upstream):
         assert ours[0] == "allocated"
         gpus = [dev.split("-vgpu")[0] for _, _, _, dev in ours[1][0]]
         assert len(set(gpus)) == len(gpus) == 3, gpus  # the model: three GPUs
+
+
+def _grouped_pool() -> list[dict]:
+    """One counter set, three devices with two compatibility groups each, pairwise compatible
+    but with no group common to all three (x,y / y,z / x,z)."""
+    groups = {"d-xy": ["x", "y"], "d-yz": ["y", "z"], "d-xz": ["x", "z"]}
+    meta = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice"}
+    pool = {"name": "n1", "generation": 1, "resourceSliceCount": 2}
+    counters = dict(meta, metadata={"name": "n1-counters"}, spec={
+        "driver": D, "nodeName": "n1", "pool": pool,
+        "sharedCounters": [{"name": "gpu-0", "counters": {"slots": {"value": "8"}}}]})
+    devices = dict(meta, metadata={"name": "n1-devices"}, spec={"driver": D, "nodeName": "n1", "pool": pool, "devices": [
+        {"name": n, "attributes": {"type": {"string": "vgpu"}},
+         "consumesCounters": [{"counterSet": "gpu-0", "counters": {"slots": {"value": "1"}}, "compatibilityGroups": g}]}
+        for n, g in groups.items()]})
+    return [counters, devices]
+
+
+def _three() -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "three", "namespace": "default", "uid": "uid-three"},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {
+                "deviceClassName": "vgpu.kubevirt.io", "allocationMode": "ExactCount", "count": 3}}]}}}
+
+
+def test_regression_compatibility_groups_are_a_running_intersection():
+    """The model checked groups pairwise and put all three on the set; upstream keeps the running
+    intersection of every device on the set (recorded: does not fit)."""
+    assert model_outcome("1.37", GROUPS, _grouped_pool(), [], [_three()], "n1") == ("no fit",)
+
+
+@pytest.mark.go
+def test_compatibility_groups_running_intersection_upstream(upstream):
+    slices, c = _grouped_pool(), _three()
+    answer = agree(_oracle("1.37"), "1.37", GROUPS, slices, [], [c], "n1")
+    assert answer["status"] == "unschedulable"
+    two = copy.deepcopy(c)
+    two["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    assert agree(_oracle("1.37"), "1.37", GROUPS, slices, [], [two], "n1")["status"] == "allocated"
