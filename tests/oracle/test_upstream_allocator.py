@@ -321,3 +321,36 @@ def test_compatibility_groups_running_intersection_upstream(upstream):
     two = copy.deepcopy(c)
     two["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
     assert agree(_oracle("1.37"), "1.37", GROUPS, slices, [], [two], "n1")["status"] == "allocated"
+
+
+def _two_drivers_one_pool_name() -> tuple[list[dict], list[dict]]:
+    """Two drivers on one node, each naming its pool after the node and its counter set alike, one
+    slot each: counters are per driver and pool, so both devices can be allocated together."""
+    out = []
+    for driver in ("a.example.com", "b.example.com"):
+        pool = {"name": "n1", "generation": 1, "resourceSliceCount": 2}
+        meta = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice"}
+        out.append(dict(meta, metadata={"name": f"{driver}-counters"}, spec={
+            "driver": driver, "nodeName": "n1", "pool": pool,
+            "sharedCounters": [{"name": "gpu-0", "counters": {"slots": {"value": "1"}}}]}))
+        out.append(dict(meta, metadata={"name": f"{driver}-devices"}, spec={
+            "driver": driver, "nodeName": "n1", "pool": pool, "devices": [
+                {"name": "dev-0", "consumesCounters": [{"counterSet": "gpu-0", "counters": {"slots": {"value": "1"}}}]}]}))
+    classes = [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "every"}, "spec": {}}]
+    return out, classes
+
+
+@pytest.mark.go
+def test_counters_of_two_drivers_with_one_pool_name_stay_apart(upstream):
+    """kubernetes#140434 (1.36.0-1.36.2 keyed counters by pool name only) is not in the pinned
+    releases: both devices fit on 1.36 and 1.37, as in the model."""
+    slices, classes = _two_drivers_one_pool_name()
+    c = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+         "metadata": {"name": "both", "namespace": "default", "uid": "uid-both"},
+         "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "every", "count": 2}}]}}}
+    for minor in ("1.36", "1.37"):
+        answer = _oracle(minor).allocate(slices=slices, classes=classes, claims=[c], node="n1")
+        assert answer["status"] == "allocated", answer
+        alloc = Allocator(slices, classes, CelSelectors())
+        _, got = alloc.allocate([c], node="n1")
+        assert chosen(got[0]) == chosen(answer["allocations"][0])
