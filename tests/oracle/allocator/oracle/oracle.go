@@ -296,6 +296,9 @@ func Main(defaults map[string]bool) {
 		for _, dep := range info.Deps {
 			if dep.Path == "k8s.io/dynamic-resource-allocation" {
 				version = dep.Version
+				if dep.Replace != nil {
+					version = dep.Replace.Version
+				}
 			}
 		}
 	}
