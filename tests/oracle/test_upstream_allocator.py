@@ -6,8 +6,9 @@ Inputs are what the project really produces: the slices the node agent publishes
 (``vgpuctl --simulate PRESET slices`` for a server version and its gates), the DeviceClasses
 ``vgpuctl render deviceclasses`` makes, claims from ``render claim-template`` (a vGPU type, a whole
 GPU, a minimum framebuffer, firstAvailable) and two-device claims with matchAttribute or
-distinctAttribute; hypothesis draws streams of allocations and releases over them (the
-already-allocated claims carried from step to step), with the slices listed in any order, some GPUs
+distinctAttribute, one or two claims per pod; hypothesis draws streams of allocations and releases
+over them (the already-allocated claims carried from step to step), with the slices listed in any
+order, some GPUs
 cordoned by a taint (tolerated or not) and the scheduler's gates at their defaults or flipped. Both
 must agree on fit or no fit, on the devices chosen and on errors for the whole attempt.
 
@@ -185,17 +186,20 @@ def test_model_and_upstream_agree_on_streams_of_allocations(upstream, data, whic
         if allocated and data.draw(st.integers(0, 3), label="release?") == 0:
             allocated.pop(data.draw(st.integers(0, len(allocated) - 1), label="released"))
             continue
-        values = data.draw(st.sampled_from(kinds), label="claim")
-        pair = data.draw(st.sampled_from([None, None, "matchAttribute", "distinctAttribute"]), label="pair")
-        c = claim(values, i, pair)
-        if tolerate and cordoned:
-            for r in c["spec"]["devices"]["requests"]:
-                for sub in [r.get("exactly")] + (r.get("firstAvailable") or []):
-                    if sub:
-                        sub["tolerations"] = copy.deepcopy(tolerate)
-        answer = agree(_oracle(minor), minor, flip, slices, allocated, [c], node)
+        pod = []
+        for k in range(data.draw(st.integers(1, 2), label="claims of the pod")):
+            values = data.draw(st.sampled_from(kinds), label="claim")
+            pair = data.draw(st.sampled_from([None, None, "matchAttribute", "distinctAttribute"]), label="pair")
+            c = claim(values, 10 * i + k, pair)
+            if tolerate and cordoned:
+                for r in c["spec"]["devices"]["requests"]:
+                    for sub in [r.get("exactly")] + (r.get("firstAvailable") or []):
+                        if sub:
+                            sub["tolerations"] = copy.deepcopy(tolerate)
+            pod.append(c)
+        answer = agree(_oracle(minor), minor, flip, slices, allocated, pod, node)
         if answer["status"] == "allocated":
-            allocated.append(dict(c, status={"allocation": answer["allocations"][0]}))
+            allocated += [dict(c, status={"allocation": a}) for c, a in zip(pod, answer["allocations"], strict=True)]
 
 
 @pytest.mark.go
