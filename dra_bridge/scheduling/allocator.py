@@ -16,7 +16,7 @@ claims the way the scheduler does:
 Where it differs from the scheduler (docs/allocation.md): nodes are tried in name order and
 the first that fits wins (no scoring); the search over devices is depth-first with a step
 budget per node instead of a time limit; slices with a nodeSelector count for every node;
-admin access and extended-resource mapping are not modelled. Pools, their order and validity and
+extended-resource mapping is not modelled. Pools, their order and validity and
 the scheduler's feature gates follow upstream's pools_incubating.go (see ``pools``); a selector
 that fails on a device the search reaches fails the attempt, as upstream (``AllocationError``).
 tests/oracle/ checks all of it against Kubernetes' own allocator.
@@ -258,15 +258,17 @@ class Allocator:
                 res = None
                 for d in devs:
                     ok, share = self._fits(d, req, st)
+                    if req.admin and not d.multi and any(c.device is d for c in chosen):
+                        ok = False  # upstream allocatingDeviceForClaim
                     if not ok:
                         break
-                    undo.append((d, share, self._take(d, st, share)))
+                    undo.append((d, share, self._take(d, st, share, not req.admin)))
                     picked.append(Choice(req, d, share))
                 else:
                     if self._constraints_ok(cons, chosen + picked):
                         res = per_request(i, j + 1, reqs, cons, chosen + picked, acc)
                 for d, share, counted in reversed(undo):
-                    self._untake(d, st, share, counted)
+                    self._untake(d, st, share, counted, not req.admin)
                 return res
 
             cands = self.candidates(node, req)
@@ -282,7 +284,9 @@ class Allocator:
                     if budget[0] < 0:
                         return None
                     d = cands[idx]
-                    if d.multi or d.key not in st.taken:  # in use is checked first, then selectors
+                    if req.admin and not d.multi and any(c.device is d for c in chosen + got):
+                        continue  # upstream allocatingDeviceForClaim: admin access, once per claim
+                    if d.multi or req.admin or d.key not in st.taken:  # in use is checked first, then selectors
                         self._selector_error(node, req, d)
                     ok, share = self._fits(d, req, st)
                     if not ok:
@@ -290,9 +294,9 @@ class Allocator:
                     ch = Choice(req, d, share)
                     if check and not self._constraints_ok(cons, chosen + got + [ch]):
                         continue
-                    counted = self._take(d, st, share)
+                    counted = self._take(d, st, share, not req.admin)
                     res = choose(k + 1, idx + 1, got + [ch])
-                    self._untake(d, st, share, counted)
+                    self._untake(d, st, share, counted, not req.admin)
                     if res is not None:
                         return res
                 return None
@@ -378,8 +382,8 @@ class Allocator:
         alloc = (claim.get("status") or {}).get("allocation") or {}
         for r in (alloc.get("devices") or {}).get("results") or []:
             d = self.device_index.get((r["driver"], r["pool"], r["device"]))
-            if d is None:
-                continue
+            if d is None or r.get("adminAccess"):
+                continue  # upstream's claim tracker: admin access holds no device and no counters
             if not d.multi and d.key in self.state.taken:
                 continue  # held by another claim too (admin access): counters count once
             share = {k: quantity_value(v) for k, v in (r.get("consumedCapacity") or {}).items()} if d.multi else None
@@ -410,10 +414,13 @@ class Allocator:
             for claim, chosen in zip(claims, got, strict=False):
                 results = []
                 for ch in chosen:
-                    self._take(ch.device, self.state, ch.consumed)
-                    self._bump(ch.device)
                     res: dict[str, Any] = {"request": ch.request.name, "driver": ch.device.driver,
                                            "pool": ch.device.pool, "device": ch.device.name}
+                    if ch.request.admin:
+                        res["adminAccess"] = True  # holds nothing once allocated (reserve skips it)
+                    else:
+                        self._take(ch.device, self.state, ch.consumed)
+                        self._bump(ch.device)
                     if ch.device.binding:  # as the allocator does with DRADeviceBindingConditions on
                         res["bindingConditions"] = list(ch.device.binding[0])
                         res["bindingFailureConditions"] = list(ch.device.binding[1])

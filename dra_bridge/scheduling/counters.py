@@ -105,7 +105,7 @@ def fits(d: Device, req: Request, st: State, taints: bool = True) -> tuple[bool,
             return False, None
         if d.key in st.taken:
             return True, share  # counters were consumed by the first share of the device
-    elif d.key in st.taken:
+    elif d.key in st.taken and not req.admin:  # upstream: admin access skips the in-use check
         return False, None
     elif req.capacity and capacity_share(d, req, st) is None:
         return False, None  # the scheduler checks capacity requests against every device
@@ -123,16 +123,18 @@ def fits(d: Device, req: Request, st: State, taints: bool = True) -> tuple[bool,
     return True, share
 
 
-def take(d: Device, st: State, share: dict[str, Amount] | None) -> bool:
+def take(d: Device, st: State, share: dict[str, Amount] | None, mark: bool = True) -> bool:
     """Account ``d`` in ``st``; True when its counters were consumed (undo with :func:`untake`).
-    Upstream: the state ``allocateDevice`` updates (allocating devices, counters, capacity)."""
+    Upstream: the state ``allocateDevice`` updates (allocating devices, counters, capacity);
+    ``mark=False`` for admin access: its counters are reserved, the device is not marked in use."""
     if d.multi:
         bucket = st.shared.setdefault(d.key, {})
         for k, v in (share or {}).items():
             bucket[k] = bucket.get(k, 0) + v
         if share is not None and d.key in st.taken:
             return False
-    st.taken.add(d.key)
+    if mark:
+        st.taken.add(d.key)
     for key, amounts, groups, _ in d.cons:
         used = st.used.get(key)
         if used is None:
@@ -143,7 +145,7 @@ def take(d: Device, st: State, share: dict[str, Amount] | None) -> bool:
     return True
 
 
-def untake(d: Device, st: State, share: dict[str, Amount] | None, counted: bool) -> None:
+def untake(d: Device, st: State, share: dict[str, Amount] | None, counted: bool, mark: bool = True) -> None:
     """Undo the last :func:`take` of ``d`` (the search takes and undoes in LIFO order): upstream
     ``allocateDevice``'s rollback function."""
     if d.multi:
@@ -153,7 +155,8 @@ def untake(d: Device, st: State, share: dict[str, Amount] | None, counted: bool)
         if not counted:
             return
         del st.shared[d.key]
-    st.taken.discard(d.key)
+    if mark:
+        st.taken.discard(d.key)
     for key, amounts, _groups, _ in d.cons:
         used = st.used[key]
         for cname, v in amounts:

@@ -19,6 +19,7 @@ class Request:
     count: int
     capacity: dict[str, Amount]
     tolerations: list[dict[str, Any]]
+    admin: bool = False  # adminAccess: may take a device in use, and holds nothing afterwards
 
 
 @dataclass
@@ -42,6 +43,7 @@ def parse_requests(claim: dict[str, Any]) -> list[list[Request]]:
             cap = {k: quantity_value(v) for k, v in ((sub.get("capacity") or {}).get("requests") or {}).items()}
             alts.append(Request(name=name, base=r["name"], device_class=sub["deviceClassName"], selectors=sels,
                                 mode=sub.get("allocationMode") or "ExactCount", count=int(sub.get("count", 1)),
-                                capacity=cap, tolerations=sub.get("tolerations") or []))
+                                capacity=cap, tolerations=sub.get("tolerations") or [],
+                                admin=bool(sub.get("adminAccess"))))
         out.append(alts)
     return out

@@ -191,6 +191,11 @@ def test_model_and_upstream_agree_on_streams_of_allocations(upstream, data, whic
             values = data.draw(st.sampled_from(kinds), label="claim")
             pair = data.draw(st.sampled_from([None, None, "matchAttribute", "distinctAttribute"]), label="pair")
             c = claim(values, 10 * i + k, pair)
+            if data.draw(st.integers(0, 5), label="admin access?") == 0:
+                for r in c["spec"]["devices"]["requests"]:
+                    for sub in [r.get("exactly")] + (r.get("firstAvailable") or []):
+                        if sub:
+                            sub["adminAccess"] = True
             if tolerate and cordoned:
                 for r in c["spec"]["devices"]["requests"]:
                     for sub in [r.get("exactly")] + (r.get("firstAvailable") or []):
