@@ -44,6 +44,6 @@ def parse_requests(claim: dict[str, Any]) -> list[list[Request]]:
             alts.append(Request(name=name, base=r["name"], device_class=sub["deviceClassName"], selectors=sels,
                                 mode=sub.get("allocationMode") or "ExactCount", count=int(sub.get("count", 1)),
                                 capacity=cap, tolerations=sub.get("tolerations") or [],
-                                admin=bool(sub.get("adminAccess"))))
+                                admin=not subs and bool(sub.get("adminAccess"))))  # sub-requests have none
         out.append(alts)
     return out

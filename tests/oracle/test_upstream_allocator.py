@@ -193,9 +193,8 @@ def test_model_and_upstream_agree_on_streams_of_allocations(upstream, data, whic
             c = claim(values, 10 * i + k, pair)
             if data.draw(st.integers(0, 5), label="admin access?") == 0:
                 for r in c["spec"]["devices"]["requests"]:
-                    for sub in [r.get("exactly")] + (r.get("firstAvailable") or []):
-                        if sub:
-                            sub["adminAccess"] = True
+                    if r.get("exactly"):  # a firstAvailable sub-request has no adminAccess
+                        r["exactly"]["adminAccess"] = True
             if tolerate and cordoned:
                 for r in c["spec"]["devices"]["requests"]:
                     for sub in [r.get("exactly")] + (r.get("firstAvailable") or []):
