@@ -78,9 +78,22 @@ def _fields(f: ClusterFacts) -> list[Finding]:
                            "enable the DRADeviceCompatibilityGroups feature gate (alpha in 1.37) on "
                            "kube-apiserver and kube-scheduler, and restart the agents"))
     else:
-        out.append(Finding(status="PASS", check="compatibility groups", detail="kept: every vGPU size is offered"))
+        # Checked against Kubernetes' own allocator (tests/oracle): a kube-scheduler without the gate
+        # ignores every slice that names groups, so the node's pool is incomplete and nothing on it is
+        # allocated. A dry-run probe sees the API server's gates only, not the scheduler's.
+        out.append(Finding(status="WARN", check="compatibility groups",
+                           detail="kept: every vGPU size is offered; kube-scheduler must have "
+                                  "DRADeviceCompatibilityGroups on too (alpha, off by default in 1.37): without "
+                                  "it the scheduler ignores every slice that names groups, the node's pool counts "
+                                  "as incomplete and none of its GPUs is allocated",
+                           fix="check kube-scheduler's --feature-gates (e.g. kubectl -n kube-system get pods -l "
+                               "component=kube-scheduler -o yaml | grep feature-gates) and add "
+                               "DRADeviceCompatibilityGroups=true, or turn the gate off on kube-apiserver and restart "
+                               "the agents"))
     out.append(Finding(status="PASS" if k.binding_conditions else "WARN", check="binding conditions",
-                       detail="kept" if k.binding_conditions else "dropped (DRADeviceBindingConditions is off)",
+                       detail="kept (kube-scheduler needs DRADeviceBindingConditions and DRAResourceClaimDeviceStatus "
+                              "on too, as by default from 1.36, or it allocates no device that has them)"
+                       if k.binding_conditions else "dropped (DRADeviceBindingConditions is off)",
                        fix=None if k.binding_conditions else
                        "enable DRADeviceBindingConditions (beta, on by default from 1.36)"))
     out.append(Finding(status="PASS" if k.counters is not False else "WARN", check="published shape",

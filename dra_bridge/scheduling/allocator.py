@@ -15,9 +15,11 @@ claims the way the scheduler does:
 
 Where it differs from the scheduler (docs/allocation.md): nodes are tried in name order and
 the first that fits wins (no scoring); the search over devices is depth-first with a step
-budget per node instead of a time limit; a selector that fails at run time makes the device
-not match instead of failing the claim; slices with a nodeSelector count for every node;
-admin access, binding conditions and extended-resource mapping are not modelled.
+budget per node instead of a time limit; slices with a nodeSelector count for every node;
+extended-resource mapping is not modelled. Pools, their order and validity and
+the scheduler's feature gates follow upstream's pools_incubating.go (see ``pools``); a selector
+that fails on a device the search reaches fails the attempt, as upstream (``AllocationError``).
+tests/oracle/ checks all of it against Kubernetes' own allocator.
 
 Speed: CEL results are cached per (expression, device signature), candidate lists per (node,
 class, selectors); the search takes and undoes devices in place (no state copies); nodes known
@@ -30,14 +32,27 @@ import bisect
 import json
 import re
 import uuid as uuidlib
-from dataclasses import dataclass
 from typing import Any
 
 from dra_bridge.api.quantity import format_quantity
-from dra_bridge.scheduling.pools import Amount, Device, State, groups_compatible, quantity_value, read_pools
-from dra_bridge.scheduling.selectors import Selectors
+from dra_bridge.scheduling.constraints import constraints_ok
+from dra_bridge.scheduling.counters import capacity_share, fits, take, tolerated, untake
+from dra_bridge.scheduling.pools import (
+    ALL_FEATURES,
+    Amount,
+    Device,
+    Features,
+    State,
+    groups_compatible,
+    quantity_value,
+    read_pools,
+)
+from dra_bridge.scheduling.requests import Choice, Request, parse_requests
+from dra_bridge.scheduling.selectors import SelectorError, Selectors
 
 SEARCH_BUDGET = 20000
+#: devices per claim (resourceapi.AllocationResultsMaxSize)
+CLAIM_LIMIT = 32
 
 
 def _human(q: Amount) -> str:
@@ -48,88 +63,42 @@ class Unsatisfiable(Exception):
     """The reason a claim cannot be allocated, in words a person understands."""
 
 
-# --------------------------------------------------------------------------- reading slices
-
-
-# --------------------------------------------------------------------------- the allocator
-@dataclass
-class Request:
-    name: str  # "req" or "req/sub"
-    base: str
-    device_class: str
-    selectors: list[str]
-    mode: str
-    count: int
-    capacity: dict[str, Amount]
-    tolerations: list[dict[str, Any]]
-
-
-@dataclass
-class Choice:
-    request: Request
-    device: Device
-    consumed: dict[str, Amount] | None = None
-
-
-def _policy_round(want: Amount, policy: dict[str, Any]) -> Amount:
-    """The scheduler's calculateConsumedCapacity for a requested amount: round up to the range's
-    step or to the next valid value."""
-    rng = policy.get("validRange")
-    if rng and "min" in rng:
-        lo = quantity_value(rng["min"])
-        if want < lo:
-            return lo
-        if "step" in rng:
-            step = quantity_value(rng["step"])
-            return lo + -(-(want - lo) // step) * step
-        return want
-    if "validValues" in policy:
-        for v in policy["validValues"]:  # ascending (API validation)
-            if want <= quantity_value(v):
-                return quantity_value(v)
-    return want
-
-
-def _policy_violated(amount: Amount, policy: dict[str, Any]) -> bool:
-    """The scheduler's violatesPolicy: the default is always fine; else within the range (max, step)
-    or one of the valid values."""
-    if not policy:
-        return False
-    if "default" in policy and amount == quantity_value(policy["default"]):
-        return False
-    rng = policy.get("validRange")
-    if rng is not None:
-        if "max" in rng and amount > quantity_value(rng["max"]):
-            return True
-        if "step" in rng and (amount - quantity_value(rng.get("min", 0))) % quantity_value(rng["step"]) != 0:
-            return True
-        return False
-    if policy.get("validValues"):
-        return all(amount != quantity_value(v) for v in policy["validValues"])
-    return False
+class AllocationError(Unsatisfiable):
+    """An error for the pod's whole scheduling attempt, not one node (upstream: an error from
+    ``Allocate`` that does not wrap ``ErrFailedAllocationOnNode``): no other node is tried."""
 
 
 class Allocator:
     def __init__(self, slices: list[dict[str, Any]], classes: list[dict[str, Any]], selectors: Selectors,
-                 nodes: list[str] | None = None) -> None:
-        self.pools = read_pools(slices)
+                 nodes: list[str] | None = None, features: Features = ALL_FEATURES) -> None:
+        self.features = features
+        self.pools = read_pools(slices, features)
         self.classes = {c["metadata"]["name"]: c for c in classes}
         self.sel = selectors
         self.state = State()
         self.incomplete = sorted(f"{p.driver}/{p.name}" for p in self.pools.values() if not p.complete)
         self.by_node: dict[str | None, list[Device]] = {}
         self.incomplete_by_node: dict[str | None, list[str]] = {}
+        self.invalid_by_node: dict[str | None, list[str]] = {}
         for p in self.pools.values():
-            if not p.complete:
+            if not p.complete or p.invalid:  # upstream allocateDevice skips IsIncomplete and IsInvalid pools
+                where = self.incomplete_by_node if not p.complete else self.invalid_by_node
                 for n in {d.node for d in p.devices} or {None}:
-                    self.incomplete_by_node.setdefault(n, []).append(f"{p.driver}/{p.name}")
+                    where.setdefault(n, []).append(f"{p.driver}/{p.name}" + (f" ({p.invalid})" if p.invalid else ""))
                 continue
             for d in p.devices:
+                # isSelectable / allocateDevice: devices with binding conditions need the gates,
+                # devices that consume counters need DRAPartitionableDevices
+                if d.binding and not features.binding_conditions:
+                    continue
+                if d.cons and not features.partitionable_devices:
+                    continue
                 self.by_node.setdefault(d.node, []).append(d)
         self.nodes = nodes or sorted(n for n in self.by_node if n is not None)
-        self._cel: dict[tuple[str, int], bool] = {}
-        self._sigmatch: dict[tuple, dict[int, bool]] = {}  # selector list -> signature -> all match
+        self._cel: dict[tuple[str, int], bool | SelectorError] = {}
+        self._sigmatch: dict[tuple, dict[int, bool | SelectorError]] = {}  # selectors -> signature -> all match
         self._cand: dict[tuple, list[Device]] = {}
+        self._cand_err: dict[tuple, dict[int, SelectorError]] = {}  # candidates whose selectors failed
         self._node_sigs: dict[str | None, dict[int, Device]] = {}
         # Allocation only ever adds to the state (there is no release), so a node that cannot
         # take a request shape now never can: remember it, and per shape the first node in
@@ -153,12 +122,32 @@ class Allocator:
         return self._device_index
 
     # ------------------------------------------------------------ selectors
-    def _match(self, expr: str, d: Device) -> bool:
+    def _match(self, expr: str, d: Device) -> bool | SelectorError:
+        """Whether ``d`` satisfies ``expr``, or the error evaluating it (raised by the search when it
+        reaches the device, as upstream ``isSelectable`` does)."""
         k = (expr, d.signature)
         hit = self._cel.get(k)
         if hit is None:
-            hit = self._cel[k] = bool(self.sel.matches(expr, d))
+            try:
+                hit = bool(self.sel.matches(expr, d))
+            except SelectorError as exc:
+                hit = exc
+            self._cel[k] = hit
         return hit
+
+    def _all_match(self, exprs: tuple[str, ...], d: Device) -> bool | SelectorError:
+        """Class selectors, then the request's, each until the first that fails (``isSelectable``)."""
+        for e in exprs:
+            r = self._match(e, d)
+            if r is not True:
+                return r
+        return True
+
+    def _selector_error(self, node: str, req: Request, d: Device) -> None:
+        """Raise the selector error of ``d`` for ``req``, if evaluating its selectors failed."""
+        errs = self._cand_err.get((node, req.device_class, tuple(req.selectors)))
+        if errs and d.signature in errs:
+            raise AllocationError(f"request {req.name!r}: a selector failed on device {d.name}: {errs[d.signature]}")
 
     def _class_selectors(self, name: str) -> list[str]:
         cls = self.classes.get(name)
@@ -177,171 +166,47 @@ class Allocator:
             if sigs is None:
                 sigs = self._node_sigs[node] = {d.signature: d for d in devs}  # one device per signature
             ok = set()
+            errs: dict[int, SelectorError] = {}
             for sig, d in sigs.items():
                 hit = memo.get(sig)
                 if hit is None:
-                    hit = memo[sig] = all(self._match(e, d) for e in exprs)
+                    hit = memo[sig] = self._all_match(exprs, d)
+                if isinstance(hit, SelectorError):
+                    errs[sig] = hit  # a candidate: reaching it fails the attempt
                 if hit:
                     ok.add(sig)
             got = [d for d in devs if d.signature in ok] if ok else []
             self._cand[key] = got
+            if errs:
+                self._cand_err[key] = errs
         return got
 
-    # ------------------------------------------------------------ requests
-    @staticmethod
-    def _requests(claim: dict) -> list[list[Request]]:
-        """Each claim request as its alternatives (one for exactly, several for firstAvailable)."""
-        out = []
-        for r in claim["spec"].get("devices", {}).get("requests", []):
-            alts = []
-            subs = r.get("firstAvailable")
-            for sub in (subs if subs else [r.get("exactly") or r]):
-                name = f"{r['name']}/{sub['name']}" if subs else r["name"]
-                sels = [s["cel"]["expression"] for s in sub.get("selectors") or [] if "cel" in s]
-                cap = {k: quantity_value(v) for k, v in ((sub.get("capacity") or {}).get("requests") or {}).items()}
-                alts.append(Request(name=name, base=r["name"], device_class=sub["deviceClassName"], selectors=sels,
-                                    mode=sub.get("allocationMode", "ExactCount"), count=int(sub.get("count", 1)),
-                                    capacity=cap, tolerations=sub.get("tolerations") or []))
-            out.append(alts)
-        return out
-
-    # ------------------------------------------------------------ feasibility of one device
+    # ------------------------------------------------------------ one device (counters.py)
     def _capacity_share(self, d: Device, req: Request, st: State | None = None) -> dict[str, Amount] | None:
-        """Capacity the request consumes on ``d`` after the device's request policies (the scheduler's
-        CmpRequestOverCapacity); None if it does not fit. Every capacity of the device is consumed:
-        what is not requested takes the policy's default, else the whole capacity."""
-        st = st or self.state
-        for name in req.capacity:
-            if name not in d.capacity:
-                return None  # requests a capacity the device does not have
-        used = st.shared.get(d.key, {}) if d.multi else {}
-        consumed: dict[str, Amount] = {}
-        for name, cap in d.capacity.items():
-            total = quantity_value(cap)
-            policy = cap.get("requestPolicy") or {}
-            want = req.capacity.get(name)
-            if want is None:
-                want = quantity_value(policy["default"]) if "default" in policy else total
-            elif policy:
-                want = _policy_round(want, policy)
-            if _policy_violated(want, policy):
-                return None
-            if used.get(name, 0) + want > total:
-                return None
-            consumed[name] = want
-        return consumed
-
-    def _capacity_share_in(self, d: Device, req: Request, st: State) -> dict[str, Amount] | None:
-        return self._capacity_share(d, req, st)
-
-    @staticmethod
-    def _tolerated(d: Device, req: Request) -> bool:
-        """Kubernetes' ToleratesTaint: effect (empty = any), key (empty = any, with Exists), then
-        Exists or an equal value."""
-        for t in d.taints:
-            if t.get("effect") not in ("NoSchedule", "NoExecute"):
-                continue  # only these effects keep the scheduler from allocating
-            for tol in req.tolerations:
-                if tol.get("effect") and tol["effect"] != t.get("effect"):
-                    continue
-                if tol.get("key") and tol["key"] != t.get("key"):
-                    continue
-                if tol.get("operator", "Equal") == "Exists" or (tol.get("value") or "") == (t.get("value") or ""):
-                    break
-            else:
-                return False
-        return True
+        return capacity_share(d, req, st or self.state)
 
     def _fits(self, d: Device, req: Request, st: State) -> tuple[bool, dict[str, Amount] | None]:
-        if d.taints and not self._tolerated(d, req):
-            return False, None
-        share = None
-        if d.multi:
-            share = self._capacity_share(d, req, st)
-            if share is None:
-                return False, None
-            if d.key in st.taken:
-                return True, share  # counters were consumed by the first share of the device
-        elif d.key in st.taken:
-            return False, None
-        elif req.capacity and self._capacity_share(d, req, st) is None:
-            return False, None  # the scheduler checks capacity requests against every device
-        used_all, groups_all = st.used, st.groups
-        for k, amounts, mine, totals in d.cons:
-            if totals is None:
-                return False, None  # consumes a set the pool does not publish
-            used = used_all.get(k)
-            for cname, v in amounts:
-                if (used.get(cname, 0) if used else 0) + v > totals.get(cname, 0):
-                    return False, None
-            in_use = groups_all.get(k)
-            if in_use and not groups_compatible(in_use, mine):
-                return False, None
-        return True, share
+        return fits(d, req, st, self.features.device_taints)
 
-    @staticmethod
-    def _take(d: Device, st: State, share: dict[str, Amount] | None) -> bool:
-        """Account ``d`` in ``st``; True when its counters were consumed (undo with _untake)."""
-        if d.multi:
-            bucket = st.shared.setdefault(d.key, {})
-            for k, v in (share or {}).items():
-                bucket[k] = bucket.get(k, 0) + v
-            if share is not None and d.key in st.taken:
-                return False
-        st.taken.add(d.key)
-        for key, amounts, groups, _ in d.cons:
-            used = st.used.get(key)
-            if used is None:
-                used = st.used[key] = {}
-            for cname, v in amounts:
-                used[cname] = used.get(cname, 0) + v
-            st.groups.setdefault(key, []).append(groups)
-        return True
+    _take = staticmethod(take)
+    _untake = staticmethod(untake)
+    _tolerated = staticmethod(tolerated)
+    _constraints_ok = staticmethod(constraints_ok)
+    _requests = staticmethod(parse_requests)
 
-    @staticmethod
-    def _untake(d: Device, st: State, share: dict[str, Amount] | None, counted: bool) -> None:
-        """Undo the last :meth:`_take` of ``d`` (the search takes and undoes in LIFO order)."""
-        if d.multi:
-            bucket = st.shared[d.key]
-            for k, v in (share or {}).items():
-                bucket[k] -= v
-            if not counted:
-                return
-            del st.shared[d.key]
-        st.taken.discard(d.key)
-        for key, amounts, _groups, _ in d.cons:
-            used = st.used[key]
-            for cname, v in amounts:
-                used[cname] -= v
-            st.groups[key].pop()
-
-    # ------------------------------------------------------------ constraints
-    @staticmethod
-    def _constraints_ok(constraints: list[dict[str, Any]], chosen: list[Choice]) -> bool:
-        for c in constraints:
-            reqs = set(c.get("requests") or [])
-            scope = [ch for ch in chosen if not reqs or ch.request.base in reqs or ch.request.name in reqs]
-            if "matchAttribute" in c:
-                vals = [ch.device.attribute(c["matchAttribute"]) for ch in scope]
-                if any(v is None for v in vals) or len({json.dumps(v) for v in vals}) > 1:
-                    return False
-            if "distinctAttribute" in c:
-                vals = [ch.device.attribute(c["distinctAttribute"]) for ch in scope]
-                if any(v is None for v in vals):
-                    return False  # the scheduler: a device without the attribute never satisfies it
-                keys = [json.dumps(v) for v in vals]
-                if len(keys) != len(set(keys)):
-                    return False
-        return True
-
-    # ------------------------------------------------------------ search
+    # ------------------------------------------------------------ search (upstream allocateOne)
     def _all_devices(self, node: str, req: Request) -> list[Device] | None:
         """The fixed device list of an allocationMode All request (None: cannot be allocated here).
         Like the scheduler: refused while a pool visible to the node is incomplete; devices whose
         capacity cannot hold the request are left out."""
-        if self.incomplete_by_node.get(node) or self.incomplete_by_node.get(None):
-            return None
+        for where, why in ((self.incomplete_by_node, "is being updated (incomplete)"),
+                           (self.invalid_by_node, "is invalid")):
+            pending = (where.get(node) or []) + (where.get(None) or [])
+            if pending:  # upstream: an error for the whole attempt, not for this node
+                raise AllocationError(f"request {req.name!r} asks for all devices, but pool {pending[0]} {why}")
         cands = self.candidates(node, req)
+        for d in cands:
+            self._selector_error(node, req, d)  # upstream gathers every device of an All request up front
         if req.capacity or any(d.multi for d in cands):
             cands = [d for d in cands if self._capacity_share(d, req, self.state) is not None]
         return cands or None
@@ -355,6 +220,15 @@ class Allocator:
         budget = [SEARCH_BUDGET]
         every = {id(alt): self._all_devices(node, alt)
                  for _, reqs in plan for alts in reqs for alt in alts if alt.mode == "All"}
+        for claim, reqs in plan:  # upstream Allocate: at most 32 devices per claim, by each request's minimum
+            held = 0
+            for alts in reqs:
+                need = min(len(every[id(a)] or []) if a.mode == "All" else a.count for a in alts)
+                if need > CLAIM_LIMIT - held:
+                    raise AllocationError(f"claim {claim['metadata'].get('name', '')}, request {alts[0].base}: adding "
+                                          f"{need} devices exceeds the claim limit of {CLAIM_LIMIT}, with {held} "
+                                          "already accounted for")
+                held += need
 
         def per_claim(i: int, acc: list[list[Choice]]) -> list[list[Choice]] | None:
             if i == len(plan):
@@ -384,15 +258,17 @@ class Allocator:
                 res = None
                 for d in devs:
                     ok, share = self._fits(d, req, st)
+                    if req.admin and not d.multi and any(c.device is d for c in chosen):
+                        ok = False  # upstream allocatingDeviceForClaim
                     if not ok:
                         break
-                    undo.append((d, share, self._take(d, st, share)))
+                    undo.append((d, share, self._take(d, st, share, not req.admin)))
                     picked.append(Choice(req, d, share))
                 else:
                     if self._constraints_ok(cons, chosen + picked):
                         res = per_request(i, j + 1, reqs, cons, chosen + picked, acc)
                 for d, share, counted in reversed(undo):
-                    self._untake(d, st, share, counted)
+                    self._untake(d, st, share, counted, not req.admin)
                 return res
 
             cands = self.candidates(node, req)
@@ -408,15 +284,19 @@ class Allocator:
                     if budget[0] < 0:
                         return None
                     d = cands[idx]
+                    if req.admin and not d.multi and any(c.device is d for c in chosen + got):
+                        continue  # upstream allocatingDeviceForClaim: admin access, once per claim
+                    if d.multi or req.admin or d.key not in st.taken:  # in use is checked first, then selectors
+                        self._selector_error(node, req, d)
                     ok, share = self._fits(d, req, st)
                     if not ok:
                         continue
                     ch = Choice(req, d, share)
                     if check and not self._constraints_ok(cons, chosen + got + [ch]):
                         continue
-                    counted = self._take(d, st, share)
+                    counted = self._take(d, st, share, not req.admin)
                     res = choose(k + 1, idx + 1, got + [ch])
-                    self._untake(d, st, share, counted)
+                    self._untake(d, st, share, counted, not req.admin)
                     if res is not None:
                         return res
                 return None
@@ -449,7 +329,10 @@ class Allocator:
         if hit is not None and hit[:2] == ver:
             return hit[2]
         plan = plan or [(c, self._requests(c)) for c in claims]
-        ok = self._could_fit(node, plan) and self._solve(node, claims, self.state, plan) is not None
+        try:
+            ok = self._could_fit(node, plan) and self._solve(node, claims, self.state, plan) is not None
+        except AllocationError:
+            ok = False  # the attempt fails on every node; allocate() says why
         self._fit_memo[(node, shape)] = (*ver, ok)
         return ok
 
@@ -499,8 +382,8 @@ class Allocator:
         alloc = (claim.get("status") or {}).get("allocation") or {}
         for r in (alloc.get("devices") or {}).get("results") or []:
             d = self.device_index.get((r["driver"], r["pool"], r["device"]))
-            if d is None:
-                continue
+            if d is None or r.get("adminAccess"):
+                continue  # upstream's claim tracker: admin access holds no device and no counters
             if not d.multi and d.key in self.state.taken:
                 continue  # held by another claim too (admin access): counters count once
             share = {k: quantity_value(v) for k, v in (r.get("consumedCapacity") or {}).items()} if d.multi else None
@@ -531,10 +414,13 @@ class Allocator:
             for claim, chosen in zip(claims, got, strict=False):
                 results = []
                 for ch in chosen:
-                    self._take(ch.device, self.state, ch.consumed)
-                    self._bump(ch.device)
                     res: dict[str, Any] = {"request": ch.request.name, "driver": ch.device.driver,
                                            "pool": ch.device.pool, "device": ch.device.name}
+                    if ch.request.admin:
+                        res["adminAccess"] = True  # holds nothing once allocated (reserve skips it)
+                    else:
+                        self._take(ch.device, self.state, ch.consumed)
+                        self._bump(ch.device)
                     if ch.device.binding:  # as the allocator does with DRADeviceBindingConditions on
                         res["bindingConditions"] = list(ch.device.binding[0])
                         res["bindingFailureConditions"] = list(ch.device.binding[1])
@@ -584,6 +470,9 @@ class Allocator:
                                "(constraints, or the pod's claims compete for the same GPUs)")
         if self.incomplete:
             reasons.append("incomplete pools ignored: " + ", ".join(self.incomplete))
+        invalid = sorted({p for ps in self.invalid_by_node.values() for p in ps})
+        if invalid:
+            reasons.append("invalid resource pools were encountered: " + ", ".join(invalid))
         more = f" (and {len(nodes) - 3} more nodes)" if len(nodes) > 3 else ""
         return "; ".join(reasons or ["no node satisfies the claims' constraints"]) + more
 

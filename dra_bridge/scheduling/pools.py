@@ -1,5 +1,13 @@
 """The scheduler model's view of published devices: pools read from ResourceSlices (newest
-complete generation only), and the allocation state they are drawn from. Pure, no I/O."""
+complete generation only), and the allocation state they are drawn from. Pure, no I/O.
+
+Mirrors ``GatherPools``/``buildPool`` of k8s.io/dynamic-resource-allocation
+``structured/internal/incubating/pools_incubating.go`` (checked against it by
+tests/oracle/test_upstream_allocator.py): pools in driver/pool-name order, those with binding
+conditions last, a pool's slices in name order; a pool with duplicate device or counter-set names,
+or a consumption naming a set or counter it does not publish, is invalid as a whole; the
+scheduler's feature gates (:class:`Features`) decide which slices count.
+"""
 
 from __future__ import annotations
 
@@ -59,6 +67,67 @@ class Pool:
     complete: bool
     counters: dict[str, dict[str, Amount]]  # counter set -> counter -> total
     devices: list[Device]
+    invalid: str | None = None  # why the pool is unusable as a whole (upstream: Pool.IsInvalid)
+    binding: bool = False  # a device has bindingConditions (upstream: poolHasBindingConditions)
+
+
+@dataclass(frozen=True)
+class Features:
+    """The kube-scheduler feature gates the allocator acts on (upstream ``structured.Features``).
+    The defaults are everything on, the model's behaviour before gates were modelled;
+    :meth:`from_gates` reads them off a scheduler's resolved gates."""
+
+    partitionable_devices: bool = True  # DRAPartitionableDevices
+    compatibility_groups: bool = True  # DRADeviceCompatibilityGroups
+    device_taints: bool = True  # DRADeviceTaints
+    binding_conditions: bool = True  # DRADeviceBindingConditions and DRAResourceClaimDeviceStatus
+
+    @classmethod
+    def from_gates(cls, gates: Mapping[str, bool]) -> Features:
+        """From resolved gates (name -> on); a gate not named counts as on."""
+        def on(name: str) -> bool:
+            return bool(gates.get(name, True))
+        return cls(partitionable_devices=on("DRAPartitionableDevices"),
+                   compatibility_groups=on("DRADeviceCompatibilityGroups"),
+                   device_taints=on("DRADeviceTaints"),
+                   binding_conditions=on("DRADeviceBindingConditions") and on("DRAResourceClaimDeviceStatus"))
+
+
+ALL_FEATURES = Features()
+
+
+def _uses_groups(spec: Mapping[str, Any]) -> bool:
+    """Upstream ``sliceUsesCompatibilityGroups``."""
+    return any(c.get("compatibilityGroups") for d in spec.get("devices") or [] for c in d.get("consumesCounters") or [])
+
+
+def _invalid(slices: list[dict], partitionable: bool) -> str | None:
+    """Why a complete pool is invalid as a whole, or None: upstream ``validateDeviceNames``,
+    ``getAndValidateCounterSets`` and ``validateDeviceCounterConsumption``."""
+    names: set[str] = set()
+    for s in slices:
+        for d in s["spec"].get("devices") or []:
+            if d["name"] in names:
+                return f"device name {d['name']} is not unique"
+            names.add(d["name"])
+    if not partitionable:
+        return None
+    sets: dict[str, set[str]] = {}
+    for s in slices:
+        for cs in s["spec"].get("sharedCounters") or []:
+            if cs["name"] in sets:
+                return f"counter set name {cs['name']} is not unique"
+            sets[cs["name"]] = set(cs.get("counters") or {})
+    for s in slices:
+        for d in s["spec"].get("devices") or []:
+            for c in d.get("consumesCounters") or []:
+                have = sets.get(c["counterSet"])
+                if have is None:
+                    return f"device {d['name']} consumes counter set {c['counterSet']}, which does not exist"
+                for k in c.get("counters") or {}:
+                    if k not in have:
+                        return f"device {d['name']} consumes counter {k} of set {c['counterSet']}, which does not exist"
+    return None
 
 
 _QCACHE: dict[str, Amount] = {}
@@ -80,21 +149,37 @@ def quantity_value(v: str | int | Fraction | dict[str, Any]) -> Amount:
     return int(q) if q.denominator == 1 else q
 
 
-def read_pools(slices: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Pool]:
+def read_pools(slices: Iterable[dict[str, Any]], features: Features = ALL_FEATURES) -> dict[tuple[str, str], Pool]:
+    """The pools of ``slices`` in the order the scheduler searches them (upstream ``GatherPools``):
+    by driver and pool name, pools with binding conditions last; a pool's slices by name
+    (``buildPool``), so devices come in that order whatever order the slices were listed in."""
     slices = list(slices)  # kept alive while ids below are used as memo keys
     by_pool: dict[tuple[str, str], list[dict]] = {}
     for s in slices:
         spec = s["spec"]
-        by_pool.setdefault((spec["driver"], spec["pool"]["name"]), []).append(s)
+        key = (spec["driver"], spec["pool"]["name"])
+        group = by_pool.setdefault(key, [])
+        # GatherPools: without the gate, slices with counter sets (or per-device node selection) and
+        # slices whose devices name compatibility groups are ignored; the pool then misses them
+        # (incomplete), which keeps its other devices from being allocated too
+        if not features.partitionable_devices and (spec.get("sharedCounters") or spec.get("perDeviceNodeSelection")):
+            continue
+        if not features.compatibility_groups and _uses_groups(spec):
+            continue
+        group.append(s)
     pools = {}
     signatures: dict[str, int] = {}
     # Per published device entry (by identity: slices of many nodes often share them): its
     # CEL signature and its consumption in a pool-independent form.
     per_entry: dict[tuple[str, int], tuple[int, tuple[Any, ...]]] = {}
     generics: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-    for (driver, name), group in by_pool.items():
+    for (driver, name), group in sorted(by_pool.items()):
+        if not group:  # every slice ignored (gates): nothing visible, an incomplete pool
+            pools[(driver, name)] = Pool(driver, name, 0, False, {}, [])
+            continue
         gen = max(s["spec"]["pool"].get("generation", 0) for s in group)
-        newest = [s for s in group if s["spec"]["pool"].get("generation", 0) == gen]
+        newest = sorted((s for s in group if s["spec"]["pool"].get("generation", 0) == gen),
+                        key=lambda s: (s.get("metadata") or {}).get("name", ""))
         expected = max(s["spec"]["pool"].get("resourceSliceCount", 1) for s in newest)
         counters: dict[str, dict[str, Amount]] = {}
         devices = []
@@ -126,8 +211,12 @@ def read_pools(slices: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Pool]:
                                       bool(d.get("allowMultipleAllocations")), d.get("taints") or (), sig, cons,
                                       (tuple(d["bindingConditions"]), tuple(d.get("bindingFailureConditions") or ()))
                                       if d.get("bindingConditions") else ()))
-        pools[(driver, name)] = Pool(driver, name, gen, len(newest) == expected, counters, devices)
-    return pools
+        complete = len(newest) == expected
+        pools[(driver, name)] = Pool(driver, name, gen, complete, counters, devices,
+                                     _invalid(newest, features.partitionable_devices) if complete else None,
+                                     any(d.binding for d in devices))
+    # pools with binding conditions last (GatherPools), each group in driver/pool-name order
+    return dict(sorted(pools.items(), key=lambda kv: (kv[1].binding, kv[0])))
 
 
 # --------------------------------------------------------------------------- state
@@ -150,9 +239,19 @@ class State:
 
 
 def groups_compatible(in_use: list[Sequence[str]], mine: Sequence[str]) -> bool:
-    for other in in_use:
-        if (not other) != (not mine):
-            return False
-        if mine and not set(mine) & set(other):
-            return False
-    return True
+    """Whether a device consuming a counter set with compatibility groups ``mine`` may join the
+    devices already on the set (their group lists ``in_use``): upstream
+    ``compatibilityGroupIntersection.admits`` (experimental/compatibility_groups.go, the allocator
+    kube-scheduler 1.37 runs with DRADeviceCompatibilityGroups on): ``mine`` must meet the running
+    intersection of every list in use, not just each list; a device without groups only joins
+    devices without groups."""
+    if not in_use:
+        return True
+    if not mine:
+        return all(not g for g in in_use)
+    if any(not g for g in in_use):
+        return False
+    common = set(in_use[0])
+    for g in in_use[1:]:
+        common &= set(g)
+    return not common.isdisjoint(mine)

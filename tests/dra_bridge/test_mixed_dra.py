@@ -347,7 +347,10 @@ def test_the_scheduler_says_which_slots_are_held(node):
                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "v", "selectors": [
                     {"cel": {"expression": expr}}]}}]}}}
 
-    on_l40s = 'device.attributes["vgpu.kubevirt.io"].gpuIndex == 0'
+    # has(): the passthrough device has no placementSize, and the scheduler fails the attempt on a
+    # selector that errors (the model does too)
+    on_l40s = ('device.attributes["vgpu.kubevirt.io"].gpuIndex == 0 && '
+               'has(device.attributes["vgpu.kubevirt.io"].placementSize)')
     _, (got,) = alloc.allocate([ask("big", on_l40s + ' && device.attributes["vgpu.kubevirt.io"].placementSize == 48')])
     assert got["devices"]["results"][0]["device"] == "gpu-0-vgpu-48gb-at-0"
     with pytest.raises(Unsatisfiable, match=r"gpu-0 has 0 of its slots 0-1 free; needs 2"):

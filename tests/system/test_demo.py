@@ -14,7 +14,7 @@ import pytest
 
 from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.scheduling.pools import Device
-from dra_bridge.scheduling.selectors import CelSelectors, default_selectors
+from dra_bridge.scheduling.selectors import CelSelectors, SelectorError, default_selectors
 from dra_bridge.sim import demo
 from dra_bridge.sim.kubelet import resolve_cdi
 from dra_bridge.sim.workloads import pod_node
@@ -310,11 +310,15 @@ def test_selectors_evaluate_the_template_expressions():
     assert s.matches('!has(device.attributes["vgpu.kubevirt.io"].numaNode)', d)
     assert s.matches('device.attributes["other.io"].x == "y" || true', d)  # the error on the left is absorbed
     assert s.errors == []
-    # a missing attribute is a run-time error, a broken expression a compile error: the device
-    # does not match, the error is kept
-    assert not s.matches('device.attributes["vgpu.kubevirt.io"].numaNode == 0', d)
-    assert not s.matches("device.attributes[", d)
-    assert len(s.errors) == 2 and "numaNode" in s.errors[0] and "does not compile" in s.errors[1]
+    # a missing attribute is a run-time error, a broken expression a compile error: as the scheduler,
+    # that is an error (the allocator fails the attempt on it); lenient, the device does not match.
+    # Either way the error is kept
+    with pytest.raises(SelectorError, match="numaNode"):
+        s.matches('device.attributes["vgpu.kubevirt.io"].numaNode == 0', d)
+    lenient = CelSelectors(strict=False)
+    assert not lenient.matches('device.attributes["vgpu.kubevirt.io"].numaNode == 0', d)
+    assert not lenient.matches("device.attributes[", d)
+    assert len(lenient.errors) == 2 and "numaNode" in lenient.errors[0] and "does not compile" in lenient.errors[1]
 
 
 def _value(d: Device, name: str):
@@ -364,7 +368,7 @@ def test_selectors_select_exactly_the_devices_on_every_published_device(tmp_path
         ('device.attributes["vgpu.kubevirt.io"].parentPciBusID == "0000:16:00.0"',
          lambda d: _value(d, "parentPciBusID") == "0000:16:00.0"),
     ]
-    real = CelSelectors()
+    real = CelSelectors(strict=False)  # each expression on every device, classes aside: a missing attribute is no match
     for e, reading in cases:
         got = [real.matches(e, d) for d in devices]
         want = [reading(d) for d in devices]

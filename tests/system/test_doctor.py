@@ -35,7 +35,8 @@ def by_check(findings) -> dict[str, object]:
     ("1.36", {"DRAPartitionableDevices": False}, "FAIL", "PASS", "safe shape"),
     ("1.37", {}, "PASS", "PASS", "every vGPU size of an empty GPU"),  # groups dropped (alpha), binding kept
     ("1.37", {"DRADeviceBindingConditions": False}, "PASS", "WARN", "one vGPU size per GPU"),
-    ("1.37", {"DRADeviceCompatibilityGroups": True}, "PASS", "PASS", "sizes apart by compatibility groups"),
+    # kept by the server; the scheduler needs the gate too (it cannot be probed): said, as a warning
+    ("1.37", {"DRADeviceCompatibilityGroups": True}, "PASS", "WARN", "sizes apart by compatibility groups"),
 ])
 def test_fields_kept_are_found_by_effect(version, gates, counters, groups, shape):
     with LocalApiServer(version=version, feature_gates=gates) as srv:
@@ -47,6 +48,8 @@ def test_fields_kept_are_found_by_effect(version, gates, counters, groups, shape
         assert shape in found["published shape"].detail
         if counters == "FAIL":
             assert "DRAPartitionableDevices" in found["shared counters"].fix
+        if gates.get("DRADeviceCompatibilityGroups"):
+            assert "kube-scheduler" in found["compatibility groups"].fix
         assert srv.writes == [], "the probe is a dry run"
         assert not client.ResourceV1Api(srv.api_client()).list_resource_slice().items
 

@@ -72,9 +72,41 @@ def workload(kind: str, what: str | None, i: int) -> list[dict]:
 @pytest.mark.parametrize("version,gates", SHAPES, ids=[f"{v}-{'-'.join(f'{k}={x}' for k, x in g.items()) or 'defaults'}"
                                                        for v, g in SHAPES])
 def test_every_allocation_the_scheduler_makes_is_prepared(version, gates, preset, layout):
+    fill_and_check(version, gates, preset, layout)
+
+
+#: the shapes re-proven with Kubernetes' own allocator scheduling (issue #30): the counter era's
+#: defaults, and everything kept on 1.37
+UPSTREAM_SHAPES = [("1.36", {}, "mig-node", LAYOUT), ("1.37", {"DRADeviceCompatibilityGroups": True}, "mixed-node",
+                                                      MIXED_SIZE)]
+
+
+@pytest.mark.go
+@pytest.mark.parametrize("version,gates,preset,layout", UPSTREAM_SHAPES, ids=[f"{v}-{p}" for v, _, p, _ in UPSTREAM_SHAPES])
+def test_every_allocation_the_real_allocator_makes_is_prepared(version, gates, preset, layout):
+    """The same guarantee with the scheduler's allocations made by k8s.io/dynamic-resource-allocation
+    (tests/oracle) instead of the model."""
+    from dra_bridge.scheduling.taints import tainted_slices
+    from tests.support.upstream_allocator import UpstreamAllocator, UpstreamScheduler, require
+
+    with UpstreamAllocator(version, require(version)) as up:
+        known = up.gates()
+        flips = {k: v for k, v in gates.items() if k in known}
+
+        def scheduler(c: SimCluster) -> UpstreamScheduler:
+            return UpstreamScheduler(up, tainted_slices(c.slices(), c.taint_rules()), c.classes(), c.claims(), flips)
+
+        fill_and_check(version, gates, preset, layout, scheduler)
+        assert up.requests > 0
+
+
+def fill_and_check(version, gates, preset, layout, scheduler=None):
+    """Launch random workloads until the node is full; every allocation made is prepared."""
     rng = random.Random(f"{version}{sorted(gates.items())}{'' if preset == 'mig-node' else preset}")
     with SimCluster(version=version, feature_gates=gates, layout=layout, layout_name="mixed", preset=preset,
                     health=False) as c:
+        if scheduler is not None:
+            c.allocator = lambda: scheduler(c)  # the scheduler's allocator, in place of the model
         choices = offered(c)
         assert choices, "nothing published"
         counters_kept = any(s["spec"].get("sharedCounters") for s in c.slices())

@@ -1,0 +1,25 @@
+// Command allocator runs the structured DRA allocator of Kubernetes 1.37
+// (k8s.io/dynamic-resource-allocation, pinned in go.mod) on JSON requests;
+// see package vgpuctl.local/oracle/allocator/oracle.
+package main
+
+import "vgpuctl.local/oracle/allocator/oracle"
+
+// defaults are the feature gates the allocator acts on, as kube-scheduler
+// 1.37 enables them by default (pkg/features/kube_features.go, v1.37).
+var defaults = map[string]bool{
+	"DRAAdminAccess":               true,  // GA
+	"DRAConsumableCapacity":        true,  // beta
+	"DRADerivedAttributes":         false, // alpha
+	"DRADeviceBindingConditions":   true,  // beta
+	"DRAResourceClaimDeviceStatus": true,  // GA
+	"DRADeviceCompatibilityGroups": false, // alpha
+	"DRADeviceTaints":              true,  // GA
+	"DRAFractionalCapacityRange":   false, // beta, on only with --min-compatibility-version=1.37
+	"DRAListTypeAttributes":        false, // alpha
+	"DRAOptionalNodeOperations":    false, // alpha
+	"DRAPartitionableDevices":      true,  // beta
+	"DRAPrioritizedList":           true,  // GA
+}
+
+func main() { oracle.Main(defaults) }
