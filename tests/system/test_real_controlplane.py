@@ -33,7 +33,7 @@ from dra_bridge.sim.kubelet import KubeletClient, node_object
 from mdev_manager.sim import SimIO
 from mdev_manager.sim.hostspec import preset_names
 from tests.support.controlplane import RealControlPlane
-from tests.support.deploy import OVERLAYS, kubectl, needs_kubectl
+from tests.support.deploy import NAMESPACE, OVERLAYS, kubectl, needs_kubectl
 from tests.support.dra import DRIVER, assert_consistent_pool, make_node, pool_slices, short_tmp
 
 pytestmark = [pytest.mark.go, needs_kubectl]
@@ -270,17 +270,50 @@ def test_the_real_scheduler_allocates_rendered_claims_and_the_plugin_prepares(cp
 # --------------------------------------------------------------------------- deploy/ with server validation
 
 
+def _split(diffs: list[str]) -> tuple[list[str], list[str]]:
+    """(fields only kube-apiserver has: its defaults, which the local server does not apply by
+    design, dra_bridge/sim/apiserver/dra_claims.py; every other difference)."""
+    defaults = [d for d in diffs if ': local="<absent>" real=' in d]
+    return defaults, [d for d in diffs if d not in defaults]
+
+
+def _applied(kc: Kubectl, root: Path) -> list[dict]:
+    return json.loads(kc("get", "-k", str(root), "-o", "json").stdout)["items"]
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_apply_k_each_overlay_with_server_validation_and_both_servers_keep_the_same(overlay, k, klocal, cp, local):
+def test_apply_k_each_overlay_with_server_validation_and_both_servers_keep_the_same(overlay, k, klocal):
+    """Each overlay applied (its DaemonSet afresh; strict field validation, the server's) to both servers: what
+    they store differs only by kube-apiserver's defaults."""
     root = Path(__file__).resolve().parents[2] / "deploy" / "overlays" / overlay
     for kc in (k, klocal):
+        # afresh: the DaemonSet is what overlays change (deleting the namespace would terminate it)
+        kc("delete", "daemonset", "-n", NAMESPACE, "--all", "--ignore-not-found")
         kc("apply", "-k", str(root), "--validate=strict")
-    objs = json.loads(k("get", "-k", str(root), "-o", "json").stdout)["items"]
-    mine = json.loads(klocal("get", "-k", str(root), "-o", "json").stdout)["items"]
     diffs = []
-    for a, b in zip(sorted(mine, key=_key), sorted(objs, key=_key), strict=True):
+    for a, b in zip(sorted(_applied(klocal, root), key=_key), sorted(_applied(k, root), key=_key), strict=True):
         diffs += [f"{_key(a)}{d}" for d in differences(_comparable(a), _comparable(b))]
-    assert diffs == []
+    defaults, other = _split(diffs)
+    print("\n".join(diffs))
+    # kube-apiserver omits an empty list and a false bool the client sent (Go's omitempty: the dev
+    # overlay's capabilities.add: [] and hostPID: false); the local server keeps them as sent
+    omitted = {"local=[] real=\"<absent>\"", "local=false real=\"<absent>\""}
+    assert [d for d in other if d.split(": ", 1)[1] not in omitted] == []
+
+
+@pytest.mark.xfail(strict=True, reason="the local server's strategic merge patch differs from kube-apiserver's "
+                   "when kubectl apply switches overlays: volumes keep their old order, hostPID: false and "
+                   "capabilities.add: [] (dropped from the new overlay) stay (REPORT-controlplane.md)")
+def test_switching_overlays_by_kubectl_apply_merges_alike(k, klocal):
+    overlays = Path(__file__).resolve().parents[2] / "deploy" / "overlays"
+    for kc in (k, klocal):
+        for overlay in ("dev", "dra"):
+            kc("apply", "-k", str(overlays / overlay), "--validate=strict")
+    root = overlays / "dra"
+    diffs = []
+    for a, b in zip(sorted(_applied(klocal, root), key=_key), sorted(_applied(k, root), key=_key), strict=True):
+        diffs += [f"{_key(a)}{d}" for d in differences(_comparable(a), _comparable(b))]
+    assert _split(diffs)[1] == []
 
 
 def _key(o: dict) -> str:
@@ -313,7 +346,13 @@ def test_rendered_objects_are_stored_alike(cp, local, k, klocal):
         for kc in (klocal, k):
             got.append(json.loads(kc("create", "-f", "-", "-o", "json", stdin=text).stdout))
         diffs += [f"{_key(obj)}{d}" for d in differences(stored(got[0]), stored(got[1]))]
-    assert diffs == []
+    defaults, other = _split(diffs)
+    print("\n".join(diffs))
+    # kube-apiserver defaults a firstAvailable subrequest's allocationMode (ExactCount) and count (1)
+    # and a template's spec.metadata ({}); the local server stores them as sent (it validates them as
+    # defaulted): the same claim either way
+    assert all(".firstAvailable[" in d or d.endswith(".spec.metadata: local=\"<absent>\" real={}") for d in defaults)
+    assert other == []
 
 
 # --------------------------------------------------------------------------- doctor, gates as shipped and flipped
