@@ -385,3 +385,34 @@ def test_doctor_says_the_same_on_both(gates, tmp_path):
     assert {c: d for c, (_, d) in local_v.items() if c != "API server"} == \
         {c: d for c, (_, d) in real_v.items() if c != "API server"}
     assert code_l == code_r
+
+
+# --------------------------------------------------------------------------- cordon, by device taints
+
+
+def test_cordon_is_honoured_by_the_real_scheduler(cp, k):
+    """``vgpuctl cordon`` of the node's A100 (device taints: 1.37 keeps them): the real scheduler
+    leaves a pod asking for an A100 vGPU pending; ``uncordon``: it is scheduled there."""
+    with short_tmp("cpc") as base:
+        node = make_node(base / "n", "default", version=(1, 37))
+        if cp.get_object("nodes", node.node) is None:
+            cp.add(node_for(node.node))
+        k("apply", "-f", "-", stdin=render("deviceclasses"))
+        k("apply", "-f", "-", stdin=render("claim-template", "--set", "profile=A100-4C", "--set", "name=a100-c"))
+        with Serving(make_daemon(node, cp, base)):
+            gpu = f"{node.node}/2"  # the A100 40GB
+            out = subprocess.run([*VGPUCTL, "cordon", gpu, "--kubeconfig", str(cp.kubeconfig_path), "--wait", "30"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stdout + out.stderr
+            k("apply", "-f", "-", stdin=yaml.safe_dump(_vgpu_pod("cordoned", "a100-c")))
+            pending = wait_for(lambda: any(
+                c.get("reason") == "Unschedulable" for c in
+                (cp.get_object("pods", "cordoned", "default").get("status") or {}).get("conditions") or []),
+                "the real scheduler's verdict", 60)
+            assert pending and not cp.get_object("pods", "cordoned", "default")["spec"].get("nodeName")
+            out = subprocess.run([*VGPUCTL, "uncordon", gpu, "--kubeconfig", str(cp.kubeconfig_path), "--wait", "30"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stdout + out.stderr
+            wait_for(lambda: cp.get_object("pods", "cordoned", "default")["spec"].get("nodeName") == node.node,
+                     "scheduled after uncordon", 90)
+        k("delete", "pod", "cordoned", "--wait=false")
