@@ -416,3 +416,30 @@ def test_cordon_is_honoured_by_the_real_scheduler(cp, k):
             wait_for(lambda: cp.get_object("pods", "cordoned", "default")["spec"].get("nodeName") == node.node,
                      "scheduled after uncordon", 90)
         k("delete", "pod", "cordoned", "--wait=false")
+
+
+def test_no_execute_cordon_evicts_through_the_real_controller(cp, k):
+    """``vgpuctl cordon --effect NoExecute``: upstream's device-taint-eviction controller deletes
+    the pod holding the GPU's device (no kubelet here: the pod is left terminating)."""
+    with short_tmp("cpx") as base:
+        node = make_node(base / "n", "default", version=(1, 37))
+        if cp.get_object("nodes", node.node) is None:
+            cp.add(node_for(node.node))
+        k("apply", "-f", "-", stdin=render("deviceclasses"))
+        k("apply", "-f", "-", stdin=render("claim-template", "--set", "profile=L40S-8Q", "--set", "name=l40s-x"))
+        with Serving(make_daemon(node, cp, base)):
+            k("apply", "-f", "-", stdin=yaml.safe_dump(_vgpu_pod("evicted", "l40s-x")))
+            wait_for(lambda: cp.get_object("pods", "evicted", "default")["spec"].get("nodeName"), "scheduled", 90)
+            gpu = f"{node.node}/3"  # the L40S
+            kc = ["--kubeconfig", str(cp.kubeconfig_path), "--wait", "30"]
+            out = subprocess.run([*VGPUCTL, "cordon", gpu, "--effect", "NoExecute", *kc],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stdout + out.stderr
+            try:
+                pod = wait_for(lambda: (p := cp.get_object("pods", "evicted", "default")) is None
+                               or p["metadata"].get("deletionTimestamp") and p or None, "evicted", 60)
+                if pod:
+                    reasons = {c["type"]: c.get("reason") for c in pod["status"].get("conditions") or []}
+                    assert reasons.get("DisruptionTarget") == "DeletionByDeviceTaintManager", reasons
+            finally:
+                subprocess.run([*VGPUCTL, "uncordon", gpu, *kc], capture_output=True, text=True, timeout=120)
