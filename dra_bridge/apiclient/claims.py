@@ -51,19 +51,27 @@ class ApiClaimSource:
     def set_device_status(self, namespace: str, name: str, entries: list[dict]) -> None:
         """Write our ``status.devices`` entries (matched by driver, pool and device; other entries,
         other drivers' included, are kept) with the claim's resourceVersion: a claim changed since
-        it was read is read again and the write retried once."""
+        it was read is read again and the write retried once.
+
+        A JSON merge patch of ``status.devices`` only, not a PUT of the status read: kube-apiserver
+        (1.37) refuses a PUT of the very status it served once the scheduler has allocated, with
+        "status.allocation: field cannot be modified once set": the scheduler's protobuf write
+        keeps ``allocationTimestamp``'s nanoseconds, JSON carries whole seconds, and the allocation
+        read back over JSON is no longer equal to the stored one. A merge patch leaves it alone."""
         keys = {(e["driver"], e["pool"], e["device"]) for e in entries}
         for attempt in (1, 2):
             claim = raw(self.api.read_namespaced_resource_claim, name, namespace)
-            status = claim.setdefault("status", {})
+            status = claim.get("status") or {}
             if not (status.get("allocation") or {}).get("devices"):
                 return  # deallocated meanwhile: nothing to say about it
             kept = [e for e in status.get("devices") or []
                     if (e.get("driver"), e.get("pool"), e.get("device")) not in keys]
-            status["devices"] = kept + entries
+            patch = {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
+                     "status": {"devices": kept + entries}}
             try:
-                self.api.replace_namespaced_resource_claim_status(name, namespace, body(claim),
-                                                                  _request_timeout=self.timeout)
+                self.api.patch_namespaced_resource_claim_status(
+                    name, namespace, body(patch), _content_type="application/merge-patch+json",
+                    _request_timeout=self.timeout)
                 return
             except ApiException as exc:
                 if exc.status != 409 or attempt == 2:

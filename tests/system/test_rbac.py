@@ -29,7 +29,7 @@ SCANNED = [path for name, path in sorted(sources().items()) if name in AGENT_MOD
 _UNMAPPABLE = re.compile(r"\b(call_api|DynamicClient|CustomObjectsApi)\b")
 # Authorization-only grants: no client call maps to them; the API server checks them in addition
 # (writing status.devices, 1.36+: DRAResourceClaimGranularStatusAuthorization), named for our driver.
-AUTHORIZATION_ONLY = {("resource.k8s.io", "resourceclaims/driver", "associated-node:update"): "vgpu.kubevirt.io"}
+AUTHORIZATION_ONLY = {("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"): "vgpu.kubevirt.io"}
 Rule = tuple[str, str, str]
 
 

@@ -1,0 +1,445 @@
+"""On a real control plane (issue #31): etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager of Kubernetes 1.37 in one Go process (tests/controlplane/k8s-1.37), with
+Node objects and no kubelet; the kubelet's side is the kubelet model of the other tests, over the
+agent's real sockets.
+
+- ``vgpuctl serve`` publishes its ResourceSlices there, for every preset;
+- DeviceClasses and claim templates rendered by ``vgpuctl render`` go in with real kubectl; the real
+  scheduler allocates a pod's claim (the agent confirms the binding conditions it publishes), the
+  real ResourceClaim controller makes the claim from the template, the plugin prepares it;
+- ``kubectl apply -k deploy/overlays/<each>`` with server validation;
+- the same objects written to the local API server (``vgpuctl sim apiserver``) and to the real one
+  are stored alike;
+- ``vgpuctl doctor`` gives the same verdicts on both, gates as shipped and flipped.
+
+Skipped where Go is absent (failed under ``CI=true``): tests/support/controlplane.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.sim.apiserver import LocalApiServer
+from dra_bridge.sim.kubelet import KubeletClient, node_object
+from mdev_manager.sim import SimIO
+from mdev_manager.sim.hostspec import preset_names
+from tests.support.controlplane import RealControlPlane
+from tests.support.deploy import NAMESPACE, OVERLAYS, kubectl, needs_kubectl
+from tests.support.dra import DRIVER, assert_consistent_pool, make_node, pool_slices, short_tmp
+
+pytestmark = [pytest.mark.go, needs_kubectl]
+
+VGPUCTL = [sys.executable, "-m", "vgpuctl.main"]
+WAIT = 60.0
+# bench-large is the benchmark's 1,000-device host: its publishing is the benchmark's business
+PRESETS = [p for p in preset_names() if p != "bench-large"]
+
+
+def wait_for(pred, what: str, timeout: float = WAIT):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s")
+        time.sleep(0.1)
+
+
+class Kubectl:
+    """Real kubectl on a kubeconfig, with a private HOME (its discovery cache)."""
+
+    def __init__(self, kubeconfig: Path, home: Path):
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(home)}
+
+    def __call__(self, *args: str, stdin: str | None = None, ok: bool = True) -> subprocess.CompletedProcess:
+        p = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, env=self.env, timeout=120)
+        if ok:
+            assert p.returncode == 0, f"kubectl {' '.join(args)}: {p.stderr}"
+        return p
+
+
+def render(*args: str) -> str:
+    return subprocess.run([*VGPUCTL, "render", *args], capture_output=True, text=True, check=True).stdout
+
+
+def node_for(name: str) -> dict:
+    """The Node a kubelet would register: the model's, with what the scheduler reads (allocatable)."""
+    obj = node_object(name, kubelet_version="v1.37.2")
+    obj["status"]["capacity"] = obj["status"]["allocatable"] = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    return obj
+
+
+def make_daemon(node, srv, base: Path) -> Daemon:
+    cfg = ServeConfig(node_name=node.node, kubelet_root=base / "kl", cdi_root=base / "cdi", metrics_port=0,
+                      resync_seconds=3600, health_poll_seconds=0.1)
+    return Daemon(cfg, node.env, SimIO(node.host), srv.api_client())
+
+
+class Serving:
+    """``vgpuctl serve``'s daemon: started (it publishes), its loop in a thread (it confirms binding
+    conditions from its watch); stopped on exit."""
+
+    def __init__(self, daemon: Daemon):
+        import threading
+
+        self.daemon = daemon
+        self.thread = threading.Thread(target=daemon.run, name="daemon-run", daemon=True)
+
+    def __enter__(self) -> Daemon:
+        self.daemon.start()
+        self.thread.start()
+        return self.daemon
+
+    def __exit__(self, *exc: object) -> None:
+        self.daemon.stop()
+        self.thread.join(WAIT)
+
+
+SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+
+
+def stored(obj: dict) -> dict:
+    """What a server kept of an object, less what only a server writes (ids, times)."""
+    out = json.loads(json.dumps(obj))
+    for k in SERVER_FIELDS:
+        out["metadata"].pop(k, None)
+    return out
+
+
+def differences(a, b, path: str = "") -> list[str]:
+    """Where two JSON values differ, as ``path: a != b`` lines."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += differences(a.get(k, "<absent>"), b.get(k, "<absent>"), f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: local={json.dumps(a)[:200]} real={json.dumps(b)[:200]}"]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    """The real control plane with 1.37's default gates, one for the module."""
+    with RealControlPlane() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def local():
+    """The local API server as ``vgpuctl sim apiserver --version 1.37`` serves it."""
+    with LocalApiServer(version="1.37", feature_gates={}) as s:
+        yield s
+
+
+@pytest.fixture
+def k(cp, tmp_path):
+    return Kubectl(cp.kubeconfig_path, tmp_path)
+
+
+@pytest.fixture
+def klocal(local, tmp_path):
+    home = tmp_path / "local-home"
+    home.mkdir()
+    return Kubectl(local.kubeconfig(tmp_path / "local.kubeconfig"), home)
+
+
+# --------------------------------------------------------------------------- the control plane itself
+
+
+def test_the_control_plane_is_kubernetes_1_37_with_its_dra_api(cp, k):
+    version = json.loads(k("version", "-o", "json").stdout)["serverVersion"]
+    assert (version["major"], version["minor"]) == ("1", "37"), version
+    assert version["gitVersion"].startswith("v1.37."), version
+    resources = k("api-resources", "--api-group=resource.k8s.io", "-o", "name").stdout.split()
+    assert {"deviceclasses.resource.k8s.io", "resourceclaims.resource.k8s.io",
+            "resourceclaimtemplates.resource.k8s.io", "resourceslices.resource.k8s.io"} <= set(resources)
+    print(f"control plane: {version['gitVersion']}, ready in {cp.started_in:.1f}s, RSS {cp.rss_kib() // 1024} MiB")
+
+
+# --------------------------------------------------------------------------- serve publishes there
+
+
+def _publish(node, srv, base: Path) -> list[dict]:
+    with Serving(make_daemon(node, srv, base)):
+        slices = pool_slices(srv, node=node.node)
+    return slices
+
+
+def _shape(slices: list[dict]) -> list[str]:
+    return sorted(json.dumps({"labels": s["metadata"].get("labels"), "spec": s["spec"]}, sort_keys=True)
+                  for s in slices)
+
+
+def test_serve_publishes_every_preset_and_both_servers_keep_the_same(cp, local):
+    """Each preset's agent publishes to the real server, then the same node to the local one: the
+    slices each server keeps are the same (the agent picks its shape from what the server keeps)."""
+    found = {}
+    with short_tmp("cp") as base:
+        for preset in PRESETS:
+            node = make_node(base / preset, preset, version=(1, 37))
+            for srv in (cp, local):
+                srv.add(node_for(node.node))
+            real = _publish(node, cp, base / preset / "r")
+            assert real, f"{preset}: nothing published on the real server"
+            assert_consistent_pool(real)
+            mine = _publish(node, local, base / preset / "l")
+            found[preset] = differences(_shape(mine), _shape(real))
+            # no agent serves this node any more: its devices must not be offered to later tests
+            for s in real:
+                cp.remove("resourceslices", s["metadata"]["name"])
+            cp.remove("nodes", node.node)
+    assert found == {p: [] for p in PRESETS}
+
+
+# --------------------------------------------------------------------------- scheduled by the real scheduler
+
+
+def _vgpu_pod(name: str, template: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"restartPolicy": "Never",
+                     "resourceClaims": [{"name": "vgpu", "resourceClaimTemplateName": template}],
+                     "containers": [{"name": "vm", "image": "registry.invalid/virt-launcher",
+                                     "resources": {"claims": [{"name": "vgpu"}]}}]}}
+
+
+def _run_as_kubelet(cp, kubelet: KubeletClient, pod: dict) -> dict:
+    """What the kubelet does for a pod bound to its node: prepare each claim, then report it running."""
+    ns = pod["metadata"]["namespace"]
+    refs = []
+    for st in pod["status"]["resourceClaimStatuses"]:
+        claim = cp.get_object("resourceclaims", st["resourceClaimName"], ns)
+        refs.append((ns, claim["metadata"]["uid"], claim["metadata"]["name"]))
+    answers = kubelet.prepare(refs)
+    assert {u: a["error"] for u, a in answers.items()} == {r[1]: "" for r in refs}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status = {**pod["status"], "phase": "Running", "startTime": now,
+              "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
+                             for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
+              "containerStatuses": [{"name": c["name"], "image": c["image"], "imageID": "", "ready": True,
+                                     "restartCount": 0, "started": True,
+                                     "state": {"running": {"startedAt": now}}}
+                                    for c in pod["spec"]["containers"]]}
+    cp.rest("PUT", cp.path("pods", pod["metadata"]["name"], ns) + "/status", {**pod, "status": status})
+    return answers
+
+
+def test_the_real_scheduler_allocates_rendered_claims_and_the_plugin_prepares(cp, k):
+    with short_tmp("cpe") as base:
+        node = make_node(base / "n", "default", version=(1, 37))
+        if cp.get_object("nodes", node.node) is None:  # the preset test may have made it
+            cp.add(node_for(node.node))
+        k("apply", "-f", "-", stdin=render("deviceclasses"))
+        k("apply", "-f", "-", stdin=render("claim-template", "--set", "profile=A100-4C"))
+        k("apply", "-f", "-", stdin=render("passthrough-pod"))  # its template and its pod
+        k("apply", "-f", "-", stdin=yaml.safe_dump(_vgpu_pod("vm-a100", "vgpu-a100-4c")))
+        with Serving(make_daemon(node, cp, base)):
+            kubelet = KubeletClient(base / "kl").register()
+            try:
+                for name in ("vm-a100", "vfio-gpu"):
+                    pod = wait_for(lambda n=name: (p := cp.get_object("pods", n, "default"))["spec"].get("nodeName")
+                                   and p.get("status", {}).get("resourceClaimStatuses") and p,
+                                   f"pod {name} scheduled", 90)
+                    assert pod["spec"]["nodeName"] == node.node
+                    answers = _run_as_kubelet(cp, kubelet, pod)
+                    (claim_name,) = [s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]]
+                    claim = cp.get_object("resourceclaims", claim_name, "default")
+                    (result,) = claim["status"]["allocation"]["devices"]["results"]
+                    assert (result["driver"], result["pool"]) == (DRIVER, node.node)
+                    (answer,) = answers.values()
+                    assert [d["device_name"] for d in answer["devices"]] == [result["device"]]
+                    # the claim is reserved for the pod and made from the template by the controller
+                    assert [r["name"] for r in claim["status"]["reservedFor"]] == [name]
+                    assert claim["metadata"]["ownerReferences"][0]["name"] == name
+                    if result.get("bindingConditions"):  # confirmed by the agent before the bind
+                        conds = {c["type"]: c["status"] for e in claim["status"].get("devices") or []
+                                 for c in e.get("conditions") or []}
+                        assert all(conds.get(c) == "True" for c in result["bindingConditions"]), conds
+                got = k("get", "pods", "-o", "wide").stdout
+                assert "Running" in got and node.node in got
+            finally:
+                kubelet.close()
+
+
+# --------------------------------------------------------------------------- deploy/ with server validation
+
+
+def _split(diffs: list[str]) -> tuple[list[str], list[str]]:
+    """(fields only kube-apiserver has: its defaults, which the local server does not apply by
+    design, dra_bridge/sim/apiserver/dra_claims.py; every other difference)."""
+    defaults = [d for d in diffs if ': local="<absent>" real=' in d]
+    return defaults, [d for d in diffs if d not in defaults]
+
+
+def _applied(kc: Kubectl, root: Path) -> list[dict]:
+    return json.loads(kc("get", "-k", str(root), "-o", "json").stdout)["items"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_apply_k_each_overlay_with_server_validation_and_both_servers_keep_the_same(overlay, k, klocal):
+    """Each overlay applied (its DaemonSet afresh; strict field validation, the server's) to both servers: what
+    they store differs only by kube-apiserver's defaults."""
+    root = Path(__file__).resolve().parents[2] / "deploy" / "overlays" / overlay
+    for kc in (k, klocal):
+        # afresh: the DaemonSet is what overlays change (deleting the namespace would terminate it)
+        kc("delete", "daemonset", "-n", NAMESPACE, "--all", "--ignore-not-found")
+        kc("apply", "-k", str(root), "--validate=strict")
+    diffs = []
+    for a, b in zip(sorted(_applied(klocal, root), key=_key), sorted(_applied(k, root), key=_key), strict=True):
+        diffs += [f"{_key(a)}{d}" for d in differences(_comparable(a), _comparable(b))]
+    defaults, other = _split(diffs)
+    print("\n".join(diffs))
+    # kube-apiserver omits an empty list and a false bool the client sent (Go's omitempty: the dev
+    # overlay's capabilities.add: [] and hostPID: false); the local server keeps them as sent
+    omitted = {"local=[] real=\"<absent>\"", "local=false real=\"<absent>\""}
+    assert [d for d in other if d.split(": ", 1)[1] not in omitted] == []
+
+
+@pytest.mark.xfail(strict=True, reason="the local server's strategic merge patch differs from kube-apiserver's "
+                   "when kubectl apply switches overlays: volumes keep their old order, hostPID: false and "
+                   "capabilities.add: [] (dropped from the new overlay) stay (REPORT-controlplane.md)")
+def test_switching_overlays_by_kubectl_apply_merges_alike(k, klocal):
+    overlays = Path(__file__).resolve().parents[2] / "deploy" / "overlays"
+    for kc in (k, klocal):
+        for overlay in ("dev", "dra"):
+            kc("apply", "-k", str(overlays / overlay), "--validate=strict")
+    root = overlays / "dra"
+    diffs = []
+    for a, b in zip(sorted(_applied(klocal, root), key=_key), sorted(_applied(k, root), key=_key), strict=True):
+        diffs += [f"{_key(a)}{d}" for d in differences(_comparable(a), _comparable(b))]
+    assert _split(diffs)[1] == []
+
+
+def _key(o: dict) -> str:
+    return f"{o['kind']}/{o['metadata'].get('namespace', '')}/{o['metadata']['name']}"
+
+
+def _comparable(o: dict) -> dict:
+    out = stored(o)
+    out["metadata"].get("annotations", {}).pop("kubectl.kubernetes.io/last-applied-configuration", None)
+    if not out["metadata"].get("annotations"):
+        out["metadata"].pop("annotations", None)
+    if o["kind"] in ("DaemonSet", "Namespace"):  # no kubelet, no controllers for these: status is the server's own
+        out.pop("status", None)
+    return out
+
+
+# --------------------------------------------------------------------------- render's objects on both servers
+
+
+def test_rendered_objects_are_stored_alike(cp, local, k, klocal):
+    docs = (render("deviceclasses") + render("claim-template", "--set", "min_memory=8Gi")
+            + render("claim-template", "--set", "first_available=[A100-4C,L40S-8Q]")
+            + render("claim-template", "--set", "passthrough=true", "--set", "name=pt-compare"))
+    objs = [d for d in yaml.safe_load_all(docs) if d]
+    diffs = []
+    for obj in objs:
+        obj["metadata"]["name"] += "-cmp"
+        text = yaml.safe_dump(obj)
+        got = []
+        for kc in (klocal, k):
+            got.append(json.loads(kc("create", "-f", "-", "-o", "json", stdin=text).stdout))
+        diffs += [f"{_key(obj)}{d}" for d in differences(stored(got[0]), stored(got[1]))]
+    defaults, other = _split(diffs)
+    print("\n".join(diffs))
+    # kube-apiserver defaults a firstAvailable subrequest's allocationMode (ExactCount) and count (1)
+    # and a template's spec.metadata ({}); the local server stores them as sent (it validates them as
+    # defaulted): the same claim either way
+    assert all(".firstAvailable[" in d or d.endswith(".spec.metadata: local=\"<absent>\" real={}") for d in defaults)
+    assert other == []
+
+
+# --------------------------------------------------------------------------- doctor, gates as shipped and flipped
+
+
+GATES = [{}, {"DRADeviceBindingConditions": False}, {"DRADeviceCompatibilityGroups": True}]
+
+
+def _doctor(kubeconfig: Path) -> tuple[int, dict[str, tuple[str, str]]]:
+    p = subprocess.run([*VGPUCTL, "doctor", "--kubeconfig", str(kubeconfig), "-o", "json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.stdout, p.stderr
+    return p.returncode, {f["check"]: (f["status"], f["detail"]) for f in json.loads(p.stdout)}
+
+
+@pytest.mark.parametrize("gates", GATES, ids=lambda g: ",".join(f"{k}={v}" for k, v in g.items()) or "defaults")
+def test_doctor_says_the_same_on_both(gates, tmp_path):
+    """``vgpuctl doctor --kubeconfig`` on a fresh kube-apiserver (alone: the doctor reads the API)
+    and on the local server, with the same gates: the same verdicts, in the same words but for the
+    patch version each reports."""
+    with RealControlPlane(gates, extra=["--no-scheduler", "--no-controller-manager"]) as real, \
+            LocalApiServer(version="1.37", feature_gates=gates) as mine:
+        code_l, local_v = _doctor(mine.kubeconfig(tmp_path / "local.kubeconfig"))
+        code_r, real_v = _doctor(real.kubeconfig_path)
+    assert {c: s for c, (s, _) in local_v.items()} == {c: s for c, (s, _) in real_v.items()}
+    assert {c: d for c, (_, d) in local_v.items() if c != "API server"} == \
+        {c: d for c, (_, d) in real_v.items() if c != "API server"}
+    assert code_l == code_r
+
+
+# --------------------------------------------------------------------------- cordon, by device taints
+
+
+def test_cordon_is_honoured_by_the_real_scheduler(cp, k):
+    """``vgpuctl cordon`` of the node's A100 (device taints: 1.37 keeps them): the real scheduler
+    leaves a pod asking for an A100 vGPU pending; ``uncordon``: it is scheduled there."""
+    with short_tmp("cpc") as base:
+        node = make_node(base / "n", "default", version=(1, 37))
+        if cp.get_object("nodes", node.node) is None:
+            cp.add(node_for(node.node))
+        k("apply", "-f", "-", stdin=render("deviceclasses"))
+        k("apply", "-f", "-", stdin=render("claim-template", "--set", "profile=A100-4C", "--set", "name=a100-c"))
+        with Serving(make_daemon(node, cp, base)):
+            gpu = f"{node.node}/2"  # the A100 40GB
+            out = subprocess.run([*VGPUCTL, "cordon", gpu, "--kubeconfig", str(cp.kubeconfig_path), "--wait", "30"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stdout + out.stderr
+            k("apply", "-f", "-", stdin=yaml.safe_dump(_vgpu_pod("cordoned", "a100-c")))
+            pending = wait_for(lambda: any(
+                c.get("reason") == "Unschedulable" for c in
+                (cp.get_object("pods", "cordoned", "default").get("status") or {}).get("conditions") or []),
+                "the real scheduler's verdict", 60)
+            assert pending and not cp.get_object("pods", "cordoned", "default")["spec"].get("nodeName")
+            out = subprocess.run([*VGPUCTL, "uncordon", gpu, "--kubeconfig", str(cp.kubeconfig_path), "--wait", "30"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stdout + out.stderr
+            wait_for(lambda: cp.get_object("pods", "cordoned", "default")["spec"].get("nodeName") == node.node,
+                     "scheduled after uncordon", 90)
+        k("delete", "pod", "cordoned", "--wait=false")
+
+
+def test_no_execute_cordon_evicts_through_the_real_controller(cp, k):
+    """``vgpuctl cordon --effect NoExecute``: upstream's device-taint-eviction controller deletes
+    the pod holding the GPU's device (no kubelet here: the pod is left terminating)."""
+    with short_tmp("cpx") as base:
+        node = make_node(base / "n", "default", version=(1, 37))
+        if cp.get_object("nodes", node.node) is None:
+            cp.add(node_for(node.node))
+        k("apply", "-f", "-", stdin=render("deviceclasses"))
+        k("apply", "-f", "-", stdin=render("claim-template", "--set", "profile=L40S-8Q", "--set", "name=l40s-x"))
+        with Serving(make_daemon(node, cp, base)):
+            k("apply", "-f", "-", stdin=yaml.safe_dump(_vgpu_pod("evicted", "l40s-x")))
+            wait_for(lambda: cp.get_object("pods", "evicted", "default")["spec"].get("nodeName"), "scheduled", 90)
+            gpu = f"{node.node}/3"  # the L40S
+            kc = ["--kubeconfig", str(cp.kubeconfig_path), "--wait", "30"]
+            out = subprocess.run([*VGPUCTL, "cordon", gpu, "--effect", "NoExecute", *kc],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stdout + out.stderr
+            try:
+                pod = wait_for(lambda: (p := cp.get_object("pods", "evicted", "default")) is None
+                               or p["metadata"].get("deletionTimestamp") and p or None, "evicted", 60)
+                if pod:
+                    reasons = {c["type"]: c.get("reason") for c in pod["status"].get("conditions") or []}
+                    assert reasons.get("DisruptionTarget") == "DeletionByDeviceTaintManager", reasons
+            finally:
+                subprocess.run([*VGPUCTL, "uncordon", gpu, *kc], capture_output=True, text=True, timeout=120)
