@@ -213,7 +213,8 @@ def test_check_4_fails_when_mixed_size_placements_consume_no_slots():
     assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
     d4 = detail(rep, 4)
     assert "L40S-3Q (3 slots) on the mixed-size GPU 0000:19:00.0 did not run beside 1 vGPU(s) of other sizes" in d4
-    assert "gpu-3-vgpu-3gb-at-0 takes slots 0-2 of GPU" in d4 and "which overlap" in d4  # the node refused it: nothing over-committed
+    # the node refused it: nothing over-committed
+    assert "gpu-3-vgpu-3gb-at-0 takes slots 0-2 of GPU" in d4 and "which overlap" in d4
     assert rep.cleanup == []
 
 
