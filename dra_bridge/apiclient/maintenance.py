@@ -155,19 +155,14 @@ class MaintenanceApi:
 
     def migration(self, namespace: str, name: str) -> dict | None:
         """The migration as it is now (None: gone)."""
-        try:
-            obj: dict = self.custom.get_namespaced_custom_object("kubevirt.io", "v1", namespace,
-                                                                 "virtualmachineinstancemigrations", name)
-        except api_exception() as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+        return self._kubevirt_object(namespace, "virtualmachineinstancemigrations", name)
 
     def vmi(self, namespace: str, name: str) -> dict | None:
+        return self._kubevirt_object(namespace, "virtualmachineinstances", name)
+
+    def _kubevirt_object(self, namespace: str, plural: str, name: str) -> dict | None:
         try:
-            obj: dict = self.custom.get_namespaced_custom_object("kubevirt.io", "v1", namespace,
-                                                                 "virtualmachineinstances", name)
+            obj: dict = self.custom.get_namespaced_custom_object("kubevirt.io", "v1", namespace, plural, name)
         except api_exception() as exc:
             if exc.status == 404:
                 return None

@@ -32,13 +32,13 @@ def _layout(*entries) -> dict:
     return {"version": "vgpuctl/v1", "layouts": {"default": list(entries)}}
 
 
-@pytest.fixture
-def agent(tmp_path, request):
+def _agent(tmp_path, request, preset: str):
+    """A local API server, a simulated node of ``preset`` and ``make(layout doc) -> Daemon``."""
     short, cleanup = short_root(tmp_path)
     request.addfinalizer(cleanup)
     srv = LocalApiServer(version="1.36", feature_gates={}).start()
     request.addfinalizer(srv.stop)
-    node = sim_node(tmp_path / "host", "default")
+    node = sim_node(tmp_path / "host", preset)
     set_boot_id(node, str(uuid.uuid4()))
     srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {}}})
     layout_file = tmp_path / "layouts.yaml"
@@ -52,6 +52,11 @@ def agent(tmp_path, request):
         return d
 
     return srv, node, make, layout_file
+
+
+@pytest.fixture
+def agent(tmp_path, request):
+    return _agent(tmp_path, request, "default")
 
 
 def _node_meta(srv, node) -> dict:
@@ -149,20 +154,8 @@ def test_sim_unplug_and_replug(tmp_path):
 
 @pytest.fixture
 def mixed_agent(tmp_path, request):
-    short, cleanup = short_root(tmp_path)
-    request.addfinalizer(cleanup)
-    srv = LocalApiServer(version="1.36", feature_gates={}).start()
-    request.addfinalizer(srv.stop)
-    node = sim_node(tmp_path / "host", "mixed-node")
-    set_boot_id(node, str(uuid.uuid4()))
-    srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {}}})
-    layout_file = tmp_path / "layouts.yaml"
-    layout_file.write_text(yaml.safe_dump(_layout(*({"index": i, "mode": "dra"} for i in range(5)))))
-    cfg = ServeConfig(node_name=node.node, layout_file=layout_file, metrics_port=None, kubelet_root=short / "k",
-                      cdi_root=tmp_path / "cdi", state_label=LABEL_CONFIG_STATE)
-    daemon = Daemon(cfg, node.env, node.io, srv.api_client())
-    daemon._wrap_prepare()
-    return srv, node, daemon
+    srv, node, make, _ = _agent(tmp_path, request, "mixed-node")
+    return srv, node, make(_layout(*({"index": i, "mode": "dra"} for i in range(5))))
 
 
 @pytest.mark.parametrize("gone", ["0000:10:00.0", "0000:13:00.0", "0000:1c:00.0"], ids=["first", "middle", "last"])
