@@ -86,7 +86,7 @@ def _fields(f: ClusterFacts) -> list[Finding]:
                                   "DRADeviceCompatibilityGroups on too (alpha, off by default in 1.37): without "
                                   "it the scheduler ignores every slice that names groups, the node's pool counts "
                                   "as incomplete and none of its GPUs is allocated",
-                           fix="check kube-scheduler's --feature-gates (e.g. kubectl -n kube-system get pods -l "
+                           fix="check kube-scheduler's --feature-gates (e.g. kubectl get pods -A -l "
                                "component=kube-scheduler -o yaml | grep feature-gates) and add "
                                "DRADeviceCompatibilityGroups=true, or turn the gate off on kube-apiserver and restart "
                                "the agents"))
