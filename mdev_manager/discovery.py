@@ -450,8 +450,8 @@ def discover(env: HostEnv | None = None, io: HostIO | None = None, node: str = "
         raise read_failed(exc, env) from exc
 
 
-def _discover(env: HostEnv, io: HostIO, node: str) -> Inventory:
-    dirs = DeviceDirs(env, io)
+def _gpu_functions(env: HostEnv, io: HostIO, dirs: DeviceDirs) -> list[tuple[str, int, dict]]:
+    """The node's GPUs (PFs, not VFs) in PCI order: (address, position, the function's fields)."""
     found: list[tuple[str, int, dict]] = []
     for addr in pci_addresses(env, io):
         d = dirs(addr)
@@ -460,6 +460,23 @@ def _discover(env: HostEnv, io: HostIO, node: str) -> Inventory:
         fields = read_function(env, io, addr, dirs)
         if is_gpu(fields):
             found.append((addr, len(found), fields))
+    return found
+
+
+def gpu_ids(env: HostEnv, io: HostIO) -> list[tuple[str, str]]:
+    """(address, vendor id) of each GPU on the bus, without reading its types, VFs or vGPUs: what the
+    GPU numbering needs (mdev_manager.numbering). A failing read raises as :func:`discover` does."""
+    try:
+        return [(addr, fields["vendor_id"]) for addr, _, fields in _gpu_functions(env, io, DeviceDirs(env, io))]
+    except HostReadError:
+        raise
+    except OSError as exc:
+        raise read_failed(exc, env) from exc
+
+
+def _discover(env: HostEnv, io: HostIO, node: str) -> Inventory:
+    dirs = DeviceDirs(env, io)
+    found = _gpu_functions(env, io, dirs)
     # One thread: sysfs attributes are kernel memory, read without blocking, so threads only
     # fight over the GIL (a pool of 8 took twice as long on a 16-GPU tree; #15).
     gpus = [read_gpu(env, io, *f, dirs=dirs) for f in found]

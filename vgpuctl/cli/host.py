@@ -21,7 +21,7 @@ import yaml
 from dra_bridge.api.nodepaths import DEFAULT_KUBELET_ROOT, NodePaths
 from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from mdev_manager import numbering
-from mdev_manager.discovery import discover, read_failed
+from mdev_manager.discovery import discover, gpu_ids, read_failed
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.models import Usage
@@ -121,9 +121,9 @@ def number_gpus(host: Host, driver: str, *, writes: bool) -> None:
     after one leaves the bus. A command that changes nothing else (``discover``, ``plan``) goes on
     without it where the state directory cannot be written (not root); ``apply`` and ``restore`` fail."""
     try:
-        inv = discover(host.env, host.io, node=host.node)  # first: a host that cannot be read says so, naming sysfs
+        gpus = gpu_ids(host.env, host.io)  # first: a host that cannot be read says so, naming sysfs
         numbering.adopt(host.env, host.io, host.paths(driver).gpu_ids)
-        numbering.record(host.env, host.io, [(g.address, g.vendor_id) for g in inv.gpus])
+        numbering.record(host.env, host.io, gpus)
     except OSError as exc:
         if writes or not (isinstance(exc, PermissionError) or exc.errno == errno.EROFS):
             raise
