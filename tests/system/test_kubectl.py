@@ -9,40 +9,14 @@ and the Node of a simulated node.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
 
 from dra_bridge.sim.apiserver import LocalApiServer
-from tests.support.deploy import DEPLOY, OVERLAYS, build, kubectl, needs_kubectl
+from tests.support.deploy import DEPLOY, OVERLAYS, Kubectl, build, needs_kubectl
 
 pytestmark = needs_kubectl
 DRIVER = "vgpu.kubevirt.io"
-
-
-class Kubectl:
-    """kubectl on a kubeconfig of its own, with a private HOME (its discovery cache)."""
-
-    def __init__(self, kubeconfig, home):
-        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(home)}
-
-    def __call__(self, *args: str, stdin: str | None = None, ok: bool = True) -> subprocess.CompletedProcess:
-        p = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, env=self.env, timeout=120)
-        if ok:
-            assert p.returncode == 0, f"kubectl {' '.join(args)}: {p.stderr}"
-        return p
-
-    def table(self, *args: str) -> list[dict[str, str]]:
-        """The rows of ``kubectl get``, by column header."""
-        lines = self("get", *args).stdout.splitlines()
-        starts = [i for i, ch in enumerate(lines[0]) if ch != " " and (i == 0 or lines[0][i - 1] == " ")]
-        heads = [lines[0][a:b].strip() for a, b in zip(starts, starts[1:] + [None], strict=True)]
-        return [{h: line[a:b].strip() for h, a, b in zip(heads, starts, starts[1:] + [None], strict=True)}
-                for line in lines[1:]]
-
-    def managed(self, *args: str) -> list[dict]:
-        return json.loads(self("get", *args, "-o", "json", "--show-managed-fields").stdout)["metadata"]["managedFields"]
 
 
 @pytest.fixture

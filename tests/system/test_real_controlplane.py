@@ -18,7 +18,6 @@ Skipped where Go is absent (failed under ``CI=true``): tests/support/controlplan
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from dra_bridge.sim.kubelet import KubeletClient, node_object
 from mdev_manager.sim import SimIO
 from mdev_manager.sim.hostspec import preset_names
 from tests.support.controlplane import RealControlPlane
-from tests.support.deploy import NAMESPACE, OVERLAYS, kubectl, needs_kubectl
+from tests.support.deploy import NAMESPACE, OVERLAYS, Kubectl, needs_kubectl
 from tests.support.dra import DRIVER, assert_consistent_pool, make_node, pool_slices, short_tmp
 
 pytestmark = [pytest.mark.go, needs_kubectl]
@@ -53,19 +52,6 @@ def wait_for(pred, what: str, timeout: float = WAIT):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout}s")
         time.sleep(0.1)
-
-
-class Kubectl:
-    """Real kubectl on a kubeconfig, with a private HOME (its discovery cache)."""
-
-    def __init__(self, kubeconfig: Path, home: Path):
-        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(home)}
-
-    def __call__(self, *args: str, stdin: str | None = None, ok: bool = True) -> subprocess.CompletedProcess:
-        p = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, env=self.env, timeout=120)
-        if ok:
-            assert p.returncode == 0, f"kubectl {' '.join(args)}: {p.stderr}"
-        return p
 
 
 def render(*args: str) -> str:
