@@ -142,12 +142,39 @@ HEAVY_AT_START = {"pydantic", "kubernetes", "grpc", "yaml", "rich", "jinja2", "m
                   "kubevirt_templates", "importlib.metadata", "email", "urllib3", "prometheus_client"}
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["-h"], ["apply", "-h"]])
-def test_version_and_help_load_nothing_heavy(argv, tmp_path):
+#: the few modules of ours light enough for a command's ``-h`` (names, version rules, paths; no models)
+LIGHT_OF_OURS = {"dra_bridge", "dra_bridge.api", "dra_bridge.api.compat", "dra_bridge.api.k8sname",
+                 "dra_bridge.api.names", "dra_bridge.api.nodepaths", "dra_bridge.conformance", "mdev_manager",
+                 "mdev_manager.names"}
+
+
+def _every_help() -> list[list[str]]:
+    """``-h`` of vgpuctl, of each command and of each subcommand (``sim reset``, ``render vm``, ...), and of
+    each ``kubectl vgpu`` command."""
+    import argparse
+
+    from vgpuctl.main import COMMANDS, PLUGIN_COMMANDS, build_parser
+
+    argvs = [["--version"], ["-h"]]
+    for name in COMMANDS:
+        argvs.append([name, "-h"])
+        sub = build_parser(name)._subparsers
+        command = next(a for a in (sub._group_actions if sub else []) if isinstance(a, argparse._SubParsersAction))
+        inner = command.choices[name]._subparsers
+        for action in inner._group_actions if inner else []:
+            if isinstance(action, argparse._SubParsersAction):
+                argvs += [[name, s, "-h"] for s in dict.fromkeys(p.prog.split()[-1] for p in action.choices.values())]
+    return argvs + [["plugin", name, "-h"] for name in PLUGIN_COMMANDS]
+
+
+@pytest.mark.parametrize("argv", _every_help(), ids=" ".join)
+def test_version_and_every_help_load_nothing_heavy(argv, tmp_path):
+    """#37.3: ``-h`` of every command loads the argument definitions alone, never the command's work."""
+    call = f"kubectl_plugin({argv[1:]!r})" if argv[0] == "plugin" else f"main({argv!r})"
     code = ("import json, sys\n"
-            "from vgpuctl.main import main\n"
+            "from vgpuctl.main import main, kubectl_plugin\n"
             "try:\n"
-            f"    rc = main({argv!r})\n"
+            f"    rc = {call}\n"
             "except SystemExit as e:  # argparse's --version and -h\n"
             "    rc = e.code\n"
             "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
@@ -156,10 +183,6 @@ def test_version_and_help_load_nothing_heavy(argv, tmp_path):
     report = json.loads(p.stderr.strip().splitlines()[-1])
     assert report["rc"] == 0, p.stderr[-2000:]
     loaded = set(report["modules"])
-    heavy = {m for m in loaded if m in HEAVY_AT_START or m.split(".")[0] in HEAVY_AT_START - {"importlib.metadata"}}
-    if argv[0] == "apply":  # a command's own help loads that command's module, and what it imports
-        assert "vgpuctl.commands.node" in loaded
-        # the node manager's models (pydantic, which reads importlib.metadata for its plugins), no client
-        heavy -= {m for m in heavy if m.split(".")[0] in {"mdev_manager", "dra_bridge", "pydantic", "yaml", "rich",
-                                                           "email", "importlib"}}
-    assert heavy == set()
+    heavy = {m for m in loaded - LIGHT_OF_OURS
+             if m in HEAVY_AT_START or m.split(".")[0] in HEAVY_AT_START - {"importlib.metadata"}}
+    assert heavy == set(), f"vgpuctl {' '.join(argv)} loads {sorted(heavy)}: import them where the command runs"

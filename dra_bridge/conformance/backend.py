@@ -26,7 +26,7 @@ from dra_bridge.api.attributes import (
 from dra_bridge.api.names import DEFAULT_DRIVER, PASSTHROUGH_CLASS, VGPU_CLASS
 from dra_bridge.apiclient.errors import api_exception
 from dra_bridge.apiclient.workloads import WorkloadApi
-from dra_bridge.conformance import healthcheck
+from dra_bridge.conformance import DEFAULT_IMAGE, healthcheck
 from dra_bridge.conformance.report import CheckFailed
 from dra_bridge.scheduling import capacity
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu, devices_by_key
@@ -35,7 +35,6 @@ from dra_bridge.scheduling.selectors import Selectors
 if TYPE_CHECKING:
     from dra_bridge.apiclient.objects import ApiClient
 
-DEFAULT_IMAGE = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1"
 MANAGED = {"app.kubernetes.io/managed-by": "vgpuctl-conformance"}
 CONFIGMAP = "vgpuctl-healthcheck"
 SCRIPT_DIR = "/opt/vgpuctl"

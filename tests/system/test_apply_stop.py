@@ -19,8 +19,8 @@ import pytest
 from mdev_manager import numbering, persist
 from mdev_manager.sim.io import SimIO
 from tests.support.dra import make_node
+from vgpuctl.cli import host as host_module  # the commands import open_host from it when they run
 from vgpuctl.cli.host import Host
-from vgpuctl.commands import node as node_cmd
 from vgpuctl.main import main
 
 LAYOUT = str(Path(__file__).resolve().parents[2] / "examples" / "layout.yaml")
@@ -69,7 +69,7 @@ class SignalAtWrite(SimIO):
 
 
 def _use(monkeypatch, node, io) -> None:
-    monkeypatch.setattr(node_cmd, "open_host", lambda args: Host(env=node.env, io=io, node=node.node,
+    monkeypatch.setattr(host_module, "open_host", lambda args: Host(env=node.env, io=io, node=node.node,
                                                                  kubelet_root=node.root / "kubelet"))
 
 

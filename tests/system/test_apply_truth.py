@@ -24,8 +24,8 @@ from mdev_manager.host.lock import NodeLock
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.io import SimIO
 from tests.support.dra import make_node
+from vgpuctl.cli import host as host_module  # the commands import open_host from it when they run
 from vgpuctl.cli.host import Host
-from vgpuctl.commands import node as node_cmd
 from vgpuctl.main import main
 
 T4 = "0000:10:00.0"
@@ -40,7 +40,7 @@ def _layout(tmp_path: Path, vgpus: dict[str, int], name: str = "layout.yaml") ->
 
 def _use_transport(monkeypatch, node, io) -> None:
     """Run the CLI on ``node`` through ``io`` (a test transport), as --simulate would open it."""
-    monkeypatch.setattr(node_cmd, "open_host", lambda args: Host(env=node.env, io=io, node=node.node,
+    monkeypatch.setattr(host_module, "open_host", lambda args: Host(env=node.env, io=io, node=node.node,
                                                                  kubelet_root=node.root / "kubelet"))
 
 

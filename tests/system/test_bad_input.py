@@ -350,10 +350,10 @@ class FailingIO:
 @pytest.mark.parametrize("err, fix", [(errno.ENOTCONN, "mount it again"), (errno.EIO, "dmesg")])
 @pytest.mark.parametrize("command", [["discover"], ["apply", "-f", str(EXAMPLE_LAYOUT)], ["restore"]])
 def test_a_host_whose_reads_fail(err, fix, command, sim, monkeypatch, capsys):
+    from vgpuctl.cli import host
     from vgpuctl.cli.host import Host
-    from vgpuctl.commands import node
 
-    monkeypatch.setattr(node, "open_host", lambda args: Host(env=sim.env, io=FailingIO(err), node=""))
+    monkeypatch.setattr(host, "open_host", lambda args: Host(env=sim.env, io=FailingIO(err), node=""))
     code, out, err_text = run(capsys, *command)
     assert code == 1 and out == ""  # the host failing is no bad input (#23): 1, the path named
     line = one_line(err_text)
@@ -413,12 +413,12 @@ def test_a_dead_fuse_mount_says_what_to_do(sim, tmp_path):
 
 
 def test_an_unexpected_error_is_one_line_and_debug_shows_it(simdir, monkeypatch, capsys):
-    from vgpuctl.commands import node
+    from mdev_manager import discovery
 
     def boom(*_a, **_kw):
         raise RuntimeError("the host\nfell over")
 
-    monkeypatch.setattr(node, "discover", boom)
+    monkeypatch.setattr(discovery, "discover", boom)  # the command imports it when it runs
     code, _, err = run(capsys, "--simulate", "discover")
     assert code == 1  # not bad input
     assert one_line(err) == ("error: RuntimeError: the host; fell over (an unexpected error; "

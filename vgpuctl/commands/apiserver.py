@@ -14,8 +14,6 @@ import signal
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from dra_bridge.api.compat import DEFAULT_VERSION, VERSION_CHOICES, format_version
@@ -35,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _wait_until_answering(url: str, timeout: float = 10.0) -> None:
+    import urllib.error
+    import urllib.request
+
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -12,17 +12,15 @@ import argparse
 import json
 import sys
 from collections import Counter
-
-import yaml
+from typing import TYPE_CHECKING
 
 from dra_bridge.api.nodepaths import NodePaths
-from dra_bridge.api.quantity import format_quantity, parse_quantity
-from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
-from dra_bridge.scheduling.capacity import CapacityReport, GpuCapacity, compute, from_file
 from vgpuctl.cli import options
 from vgpuctl.cli.extras import require_sim
-from vgpuctl.cli.host import open_host
 from vgpuctl.output.tables import fit, fit_lines, short_model
+
+if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from dra_bridge.scheduling.capacity import CapacityReport, GpuCapacity
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
@@ -47,6 +45,10 @@ EXAMPLE = ("simulated example cluster (the demo's node and made-up workloads), n
 
 
 def run(args) -> int:
+    import yaml
+
+    from dra_bridge.scheduling.capacity import compute, from_file
+
     source = None  # said first when the answer is not about the admin's own cluster
     # $KUBECONFIG set: its cluster, as kubectl (and doctor, gpus, cordon) read it, unless told otherwise
     cluster = options.reads_cluster(args, env=not (args.from_file or args.simulate))
@@ -85,6 +87,8 @@ def simulated_node(args) -> tuple[CapacityReport, str]:
     """The simulated node's own answer: the slices its agent publishes for the node's layout (the one it
     was last made to match; none recorded: every GPU offered), in the shape its server's gates give, as
     ``vgpuctl slices``, with the claims its kubelet plugin has prepared counted as allocated."""
+    from dra_bridge.scheduling.capacity import compute
+    from vgpuctl.cli.host import open_host
     from vgpuctl.commands.slices import node_layouts, node_slices, set_up, shape_for
 
     args.sizes_by_first_allocation, args.file = False, None
@@ -128,6 +132,8 @@ def _not_through_dra(host, layouts) -> list[str]:
 
 def prepared_claims(io, paths: NodePaths) -> list[dict]:
     """The kubelet plugin's prepared claims (its checkpoint, read-only) as allocated ResourceClaims."""
+    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+
     path, driver = paths.checkpoint, paths.driver
     try:
         cp = CheckpointStore(path, io).load()
@@ -143,6 +149,8 @@ def prepared_claims(io, paths: NodePaths) -> list[dict]:
 
 
 def _human(q: str | None) -> str:
+    from dra_bridge.api.quantity import format_quantity, parse_quantity
+
     if q is None:
         return "-"
     return format_quantity(parse_quantity(q), human=True)

@@ -7,22 +7,21 @@ import json
 import os
 import socket
 from datetime import UTC, datetime
-from xml.sax.saxutils import escape, quoteattr
-
-import yaml
+from typing import TYPE_CHECKING
 
 from dra_bridge.api.compat import parse_gates
 from dra_bridge.api.names import PASSTHROUGH_CLASS, VGPU_CLASS
-from dra_bridge.conformance import healthcheck
-from dra_bridge.conformance.backend import DEFAULT_IMAGE, KubeBackend
-from dra_bridge.conformance.checks import run_conformance
-from dra_bridge.conformance.report import ConformanceReport
 from vgpuctl.cli import options
 from vgpuctl.cli.extras import require_sim
 from vgpuctl.output.tables import fit, fit_lines
 
+if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from dra_bridge.conformance.report import ConformanceReport
+
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
+    from dra_bridge.conformance import DEFAULT_IMAGE
+
     options.add_kubeconfig(c, "run against a real cluster")
     c.add_argument("--junit", default="vgpuctl-conformance.xml", metavar="FILE",
                    help="JUnit XML report (default %(default)s; '' for none)")
@@ -46,6 +45,12 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    import yaml
+
+    from dra_bridge.conformance import healthcheck
+    from dra_bridge.conformance.backend import KubeBackend
+    from dra_bridge.conformance.checks import run_conformance
+
     if args.print_healthcheck:
         print(healthcheck.SCRIPT, end="")
         return 0
@@ -134,6 +139,8 @@ def test2json(rep: ConformanceReport, now: datetime | None = None) -> str:
 def junit(rep: ConformanceReport) -> str:
     """JUnit XML (one testsuite, one testcase per check; failed -> <failure>, error -> <error>,
     skipped -> <skipped>; the evidence as <system-out>)."""
+    from xml.sax.saxutils import escape, quoteattr  # loads urllib and email: not at -h
+
     n = len(rep.checks)
     fails = sum(c.status == "failed" for c in rep.checks)
     errors = sum(c.status == "error" for c in rep.checks)

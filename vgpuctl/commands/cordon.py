@@ -25,17 +25,16 @@ import json
 import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
-
-import yaml
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from dra_bridge.api.names import TAINT_KEY_CORDON
-from dra_bridge.pool.cordon import NO_EXECUTE, NO_SCHEDULE, NODE, CordonEntry, format_cordon, parse_cordon
-from dra_bridge.scheduling.gpuview import MigrationOutcome, migration_outcome, plan_drain
 from vgpuctl.cli import options
-from vgpuctl.cli.gpus import Session, gpu_table, holder_rows, resolve, selected, wait_until
 from vgpuctl.output.tables import fit_lines
-from vgpuctl.output.terminal import Terminal
+
+if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from dra_bridge.scheduling.gpuview import MigrationOutcome
+    from vgpuctl.cli.gpus import Session
+    from vgpuctl.output.terminal import Terminal
 
 EXIT_PENDING = 3
 RULE_PREFIX = "vgpuctl-cordon-"
@@ -53,8 +52,10 @@ def _common(p: argparse.ArgumentParser, verb: str) -> None:
 
 
 def add_cordon(p: argparse.ArgumentParser) -> None:
+    from dra_bridge.api.compat import TAINT_EFFECTS
+
     _common(p, "cordon")
-    p.add_argument("--effect", choices=(NO_SCHEDULE, NO_EXECUTE), default=NO_SCHEDULE,
+    p.add_argument("--effect", choices=TAINT_EFFECTS, default=TAINT_EFFECTS[0],
                    help="NoSchedule: no new allocation; NoExecute (where the server keeps taints): the "
                         "cluster's device-taint controller also evicts the pods using the GPU, VMs included")
     p.add_argument("--reason", help="why (shown by kubectl vgpu and in the annotation)")
@@ -67,8 +68,10 @@ def add_uncordon(p: argparse.ArgumentParser) -> None:
 
 
 def add_drain(p: argparse.ArgumentParser) -> None:
+    from dra_bridge.api.compat import TAINT_EFFECTS
+
     _common(p, "drain")
-    p.add_argument("--effect", choices=(NO_SCHEDULE, NO_EXECUTE), default=NO_SCHEDULE,
+    p.add_argument("--effect", choices=TAINT_EFFECTS, default=TAINT_EFFECTS[0],
                    help="the cordon's taint effect (NoExecute: the cluster evicts, VMs included)")
     p.add_argument("--reason", help="why (shown by kubectl vgpu and in the annotation)")
     p.add_argument("--evict", action="store_true",
@@ -101,6 +104,8 @@ def _pools(s: Session, node: str) -> list[str]:
 
 def cordon(s: Session, targets: dict, effect: str, reason: str | None) -> list[str]:
     """Write the cordon; a whole node's also as DeviceTaintRules where served. Returns notes."""
+    from dra_bridge.pool.cordon import NODE, CordonEntry, format_cordon, parse_cordon
+
     notes = []
     since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for node, gpus in targets.items():
@@ -120,6 +125,8 @@ def cordon(s: Session, targets: dict, effect: str, reason: str | None) -> list[s
 
 
 def uncordon(s: Session, targets: dict) -> None:
+    from dra_bridge.pool.cordon import NODE, format_cordon, parse_cordon
+
     for node, gpus in targets.items():
         current = parse_cordon(s.m.node_cordon(node))
         if NODE in current and NODE not in gpus:
@@ -134,6 +141,8 @@ def uncordon(s: Session, targets: dict) -> None:
 
 
 def _targets(args, s: Session):
+    from vgpuctl.cli.gpus import resolve
+
     views = s.views()
     return resolve(args.gpus, args.node, views, s.last.cordons, s.last.nodes)
 
@@ -141,6 +150,8 @@ def _targets(args, s: Session):
 def _effective(s: Session, targets: dict, *, cordoned: bool) -> tuple[bool, list]:
     """Whether the change took effect: every target node's agent published the cordon as written
     (``cordon.applied``), or, cordoning, a DeviceTaintRule covers the GPU already."""
+    from vgpuctl.cli.gpus import selected
+
     views = selected(s.views(list(targets)), targets)
     st = s.last
     acted = all(st.applied.get(n) == st.cordons.get(n) for n in targets)
@@ -152,6 +163,8 @@ def _effective(s: Session, targets: dict, *, cordoned: bool) -> tuple[bool, list
 
 
 def _await(s: Session, targets: dict, seconds: float, term: Terminal, *, cordoned: bool):
+    from vgpuctl.cli.gpus import wait_until
+
     state = {}
 
     def done() -> bool:
@@ -175,6 +188,9 @@ def _verdict(ok: bool, cordoned: bool, seconds: float) -> str:
 
 
 def run_cordon(args) -> int:
+    from vgpuctl.cli.gpus import Session
+    from vgpuctl.output.terminal import Terminal
+
     s = Session.open(args)
     targets = _targets(args, s)
     notes = cordon(s, targets, args.effect, args.reason)
@@ -184,6 +200,9 @@ def run_cordon(args) -> int:
 
 
 def run_uncordon(args) -> int:
+    from vgpuctl.cli.gpus import Session
+    from vgpuctl.output.terminal import Terminal
+
     s = Session.open(args)
     targets = _targets(args, s)
     uncordon(s, targets)
@@ -193,6 +212,12 @@ def run_uncordon(args) -> int:
 
 
 def _report(args, views, notes: list[str], verdict: str, ok: bool) -> None:
+    import yaml
+    from rich.text import Text
+
+    from vgpuctl.cli.gpus import gpu_table
+    from vgpuctl.output.terminal import Terminal
+
     if args.output in ("json", "yaml"):
         data = {"done": ok, "gpus": [v.to_dict() for v in views], "notes": notes, "verdict": verdict}
         print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
@@ -206,6 +231,10 @@ def _report(args, views, notes: list[str], verdict: str, ok: bool) -> None:
 
 
 def run_drain(args) -> int:
+    from dra_bridge.scheduling.gpuview import plan_drain
+    from vgpuctl.cli.gpus import Session, selected, wait_until
+    from vgpuctl.output.terminal import Terminal
+
     s = Session.open(args)
     targets = _targets(args, s)
     term = Terminal()
@@ -253,6 +282,8 @@ class Migrations:
         self.outcomes: dict[str, MigrationOutcome] = {}
 
     def step(self, views) -> None:
+        from dra_bridge.scheduling.gpuview import MigrationOutcome, migration_outcome
+
         for h in (h for v in views for h in v.holders if h.vm):
             vm = h.vm
             if vm in self.outcomes and self.outcomes[vm].result != "running":
@@ -279,6 +310,8 @@ class Migrations:
         return ", ".join(f"{o.vm} migrating ({o.reason})" for o in running[:3])
 
     def finish(self, done: bool) -> list[MigrationOutcome]:
+        from dra_bridge.scheduling.gpuview import MigrationOutcome
+
         out = []
         for vm in sorted(self.outcomes):
             o = self.outcomes[vm]
@@ -309,6 +342,12 @@ class _Status:
 
 def _drain_report(args, first, last, evicted: dict, notes: list[str], done: bool,
                   migrations: list[MigrationOutcome] | None = None) -> int:
+    import yaml
+    from rich.text import Text
+
+    from vgpuctl.cli.gpus import gpu_table, holder_rows
+    from vgpuctl.output.terminal import Terminal
+
     migrations = migrations or []
     if args.output in ("json", "yaml"):
         data = {"drained": done, "gpus": [v.to_dict() for v in last],

@@ -7,14 +7,15 @@ import json
 import sys
 import textwrap
 from fractions import Fraction
-from xml.sax.saxutils import escape
-
-import yaml
+from html import escape  # not xml.sax.saxutils: that loads urllib and email (-h stays light)
+from typing import TYPE_CHECKING
 
 from dra_bridge.api.compat import describe, parse_gates, version_tuple
-from dra_bridge.sim.demo import DemoReport, GpuView, Holder, _human, run_demo
 from vgpuctl.cli import options
 from vgpuctl.output.tables import fit_text, short_model
+
+if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from dra_bridge.sim.demo import DemoReport, GpuView, Holder
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
@@ -25,6 +26,10 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from dra_bridge.sim.demo import run_demo
+
     version_tuple(args.server_version)
     rep = run_demo(args.server_version, feature_gates=parse_gates(args.feature_gates),
                    progress=(lambda m: print(f"  ... {m}", file=sys.stderr, flush=True)) if args.verbose else None)
@@ -74,6 +79,8 @@ def _identity(d: dict) -> str:
 
 
 def text(rep: DemoReport) -> str:
+    from dra_bridge.sim.demo import _human
+
     L: list[str] = []
     models: dict[str, int] = {}
     for g in rep.layout["gpus"]:
@@ -196,6 +203,8 @@ def _legend(y: int) -> list[str]:
 
 def _segment(out: list[str], h: Holder, x: float, y: float, seg: float, bar_h: int, color: str) -> None:
     """One workload's share of a GPU: colour by kind, hatched for pods, labelled with who it is."""
+    from dra_bridge.sim.demo import _human
+
     pod = h.owner == "pod"
     title = f"{h.owner} {h.workload} · {h.profile} · {_human(h.memory)} · {h.host_id or ''}"
     if h.slots and h.kind != "passthrough":
@@ -254,6 +263,8 @@ def svg(rep: DemoReport) -> str:
     """Each GPU's framebuffer (its counter set) as a bar scaled to the largest GPU, one segment per
     workload holding a share: VMs in blue, pods in hatched orange, each labelled; a refused request
     as a dashed red box past the end of the GPU it did not fit on; a legend on top."""
+    from dra_bridge.sim.demo import _human
+
     left, bar_w, bar_h, row_h, top = 280, 620, 36, 86, 112
     biggest = max((g.memory_total or 0) for g in rep.gpus) or 1
     colors = _colors(rep)

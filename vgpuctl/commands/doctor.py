@@ -5,12 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-import yaml
-from rich.text import Text
-
 from vgpuctl.cli import options
 from vgpuctl.output.tables import fit_lines
-from vgpuctl.output.terminal import Terminal
 
 STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
 
@@ -23,8 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     # the kubernetes client is loaded here, not at the top: `vgpuctl doctor -h` stays fast
+    import yaml
+    from rich.text import Text
+
     from dra_bridge.apiclient.clusterfacts import gather
     from dra_bridge.doctor.checks import diagnose, exit_code
+    from vgpuctl.output.terminal import Terminal
 
     findings = diagnose(gather(options.connect(args), args.driver))
     if args.output in ("json", "yaml"):

@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+from typing import TYPE_CHECKING
 
-import yaml
-from rich.text import Text
-
-from dra_bridge.scheduling.gpuview import GpuView
 from vgpuctl.cli import options
-from vgpuctl.cli.gpus import Session, gpu_table, pci, vgpu_rows
 from vgpuctl.output.tables import fit_lines
-from vgpuctl.output.terminal import Terminal
+
+if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from dra_bridge.scheduling.gpuview import GpuView
+    from vgpuctl.output.terminal import Terminal
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _wanted(views: list[GpuView], targets: list[str]) -> list[GpuView]:
+    from vgpuctl.cli.gpus import pci
+
     if not targets:
         return views
     out = []
@@ -52,6 +53,10 @@ def _wanted(views: list[GpuView], targets: list[str]) -> list[GpuView]:
 
 
 def render(views: list[GpuView], fmt: str) -> str:
+    import yaml
+
+    from vgpuctl.cli.gpus import gpu_table, vgpu_rows
+
     if fmt in ("json", "yaml"):
         data = {"apiVersion": "vgpu.kubevirt.io/v1", "kind": "GpuList", "items": [v.to_dict() for v in views]}
         return json.dumps(data, indent=2) if fmt == "json" else yaml.safe_dump(data, sort_keys=False).rstrip()
@@ -66,6 +71,9 @@ def render(views: list[GpuView], fmt: str) -> str:
 
 
 def run(args) -> int:
+    from vgpuctl.cli.gpus import Session
+    from vgpuctl.output.terminal import Terminal
+
     s = Session.open(args)
     nodes = sorted({t.partition("/")[0] for t in args.targets}) or None
 
@@ -83,6 +91,8 @@ def run(args) -> int:
 def _watch(term: Terminal, text, first: str, interval: float, count: int | None) -> int:
     """Print ``text()`` again whenever it changes: redrawn in place on a terminal; in a pipe each
     change is printed after a blank line (with -o json, one document per change, as ``kubectl get -w``)."""
+    from rich.text import Text
+
     pause = threading.Event()
     shown, printed = first, 1
     if term.tty:

@@ -16,18 +16,13 @@ import json
 import re
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-import yaml
-
-from mdev_manager import persist
-from mdev_manager.discovery import discover
-from mdev_manager.models import Inventory, Usage
-from mdev_manager.usage import collect_usage
 from vgpuctl.cli import options
-from vgpuctl.cli.host import open_host, prepared_usage
-from vgpuctl.cli.scope import gpu_address
 from vgpuctl.output.tables import fit, fit_lines
-from vgpuctl.output.text import TypeNames
+
+if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from mdev_manager.models import Inventory, Usage
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,6 +55,8 @@ class VgpuRow:
 
 def rows(inv: Inventory, definitions, records: dict[str, str], usage: Usage) -> list[VgpuRow]:
     """Every active and every defined vGPU, once each, in GPU and id order."""
+    from vgpuctl.output.text import TypeNames
+
     names = TypeNames([inv])
     gpu_of = {g.address: g for g in inv.gpus}
     gpu_of |= {x: g for g in inv.gpus for x in [*(p.address for p in g.parents), *(v.address for v in g.vfs)]}
@@ -128,6 +125,14 @@ def table(found: list[VgpuRow], *, wide: bool) -> str:
 
 
 def run(args) -> int:
+    import yaml
+
+    from mdev_manager import persist
+    from mdev_manager.discovery import discover
+    from mdev_manager.usage import collect_usage
+    from vgpuctl.cli.host import open_host, prepared_usage
+    from vgpuctl.cli.scope import gpu_address
+
     host = open_host(args)
     inv = discover(host.env, host.io, node=host.node)
     definitions, problems = persist.load_definitions(host.env, host.io)

@@ -27,28 +27,19 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING
 
-import yaml
-from rich.text import Text
-
-from dra_bridge.api.names import DEFAULT_DRIVER
-from mdev_manager import applied
-from mdev_manager.config import ConfigError, GpuLayout, load_config
-from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
-from mdev_manager.host.lock import NodeLock, NodeLockBusy
-from mdev_manager.models import Inventory, Usage
-from mdev_manager.plan import NVIDIA
-from mdev_manager.reconcile import Outcome, plan_once, reconcile
-from mdev_manager.restore import restore
 from vgpuctl.cli import options
-from vgpuctl.cli.host import Host, dump, number_gpus, open_host, prepared_usage
-from vgpuctl.cli.scope import scoped
-from vgpuctl.cli.signals import StopSignals
-from vgpuctl.output.summary import summary
-from vgpuctl.output.tables import fit_text
-from vgpuctl.output.terminal import Terminal
-from vgpuctl.output.text import TypeNames, inventory_table, report_text, results_text, steps_text
+
+if TYPE_CHECKING:  # the rest loads in the functions that use it, so `vgpuctl apply -h` stays light
+    from rich.text import Text
+
+    from mdev_manager.config import GpuLayout
+    from mdev_manager.host.env import HostEnv
+    from mdev_manager.models import Inventory, Usage
+    from mdev_manager.reconcile import Outcome
+    from vgpuctl.cli.host import Host
+    from vgpuctl.output.terminal import Terminal
 
 EXIT_FAILED, EXIT_CONVERGING, EXIT_LOCK_BUSY = 1, 3, 75
 
@@ -115,6 +106,8 @@ def add_restore(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ prepared claims, the lock
 
 def _claims_usage(args, host: Host) -> Usage:
+    from vgpuctl.cli.host import prepared_usage
+
     return prepared_usage(host, args.driver)
 
 
@@ -125,6 +118,8 @@ def _command(args) -> str:
 @contextmanager
 def _writer(args, env: HostEnv) -> Iterator[None]:
     """Hold the node lock; waiting, say so on stderr once."""
+    from mdev_manager.host.lock import NodeLock
+
     lock = NodeLock(env, _command(args))
     with lock.hold(wait=not args.no_wait, on_wait=lambda msg: print(msg, file=sys.stderr, flush=True)):
         yield
@@ -134,12 +129,19 @@ def _writer(args, env: HostEnv) -> Iterator[None]:
 
 def no_gpu_message(inv: Inventory, env: HostEnv) -> str | None:
     """On a host with nothing to manage (a laptop, a CI runner), say so and how to try vgpuctl anyway."""
+    from mdev_manager.plan import NVIDIA
+
     if any(g.vendor_id == NVIDIA or g.types for g in inv.gpus):
         return None
     return f"no NVIDIA GPU found under {env.pci_devices}; to try vgpuctl without one, add --simulate"
 
 
 def run_discover(args) -> int:
+    from dra_bridge.api.names import DEFAULT_DRIVER
+    from mdev_manager.discovery import discover
+    from vgpuctl.cli.host import dump, number_gpus, open_host
+    from vgpuctl.output.text import inventory_table
+
     host = open_host(args)
     number_gpus(host, getattr(args, "driver", DEFAULT_DRIVER), writes=False)
     inv = discover(host.env, host.io, node=host.node)
@@ -158,6 +160,10 @@ def run_discover(args) -> int:
 def _no_gpu_guard(host: Host, plan):
     """Run ``plan()``; on a host without a GPU to manage, end with the plain reason instead of
     a layout's complaints about indices (or an empty plan)."""
+    from mdev_manager.config import ConfigError
+    from mdev_manager.discovery import discover
+    from mdev_manager.reconcile import Outcome
+
     try:
         result = plan()
     except ConfigError:
@@ -173,6 +179,16 @@ def _no_gpu_guard(host: Host, plan):
 
 
 def run_apply(args) -> int:
+    from mdev_manager import applied
+    from mdev_manager.config import load_config
+    from mdev_manager.discovery import discover
+    from mdev_manager.host.lock import NodeLockBusy
+    from mdev_manager.reconcile import plan_once, reconcile
+    from vgpuctl.cli.host import dump, number_gpus, open_host
+    from vgpuctl.cli.scope import scoped
+    from vgpuctl.cli.signals import StopSignals
+    from vgpuctl.output.terminal import Terminal
+
     layouts = load_config(args.file, args.layout)  # bad input touches nothing, not even a simulated host
     host = open_host(args)
     number_gpus(host, args.driver, writes=not args.dry_run)  # before any index is read
@@ -216,6 +232,8 @@ def run_apply(args) -> int:
 
 def _stopped(args, out: Outcome, signum: int) -> int:
     """A signal ended the apply before its next write: one line with what was done and what is left."""
+    from vgpuctl.cli.host import dump
+
     if args.output in ("json", "yaml"):
         print(dump(out, args.output))
     half = out.interrupted
@@ -230,6 +248,11 @@ def _stopped(args, out: Outcome, signum: int) -> int:
 def _print_outcome(args, term: Terminal, layouts: list[GpuLayout], before: Inventory, out: Outcome,
                    node: str) -> None:
     """Every step with ``-v``; then one row per GPU, what is blocked and why; the verdict last."""
+    from rich.text import Text
+
+    from vgpuctl.output.summary import summary
+    from vgpuctl.output.text import TypeNames, results_text, steps_text
+
     names = TypeNames([before, out.inventory], show_ids=args.show_ids)
     verbose = args.steps or args.verbose
     if verbose:
@@ -246,6 +269,8 @@ def _print_outcome(args, term: Terminal, layouts: list[GpuLayout], before: Inven
 
 def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
     """The last line, which scripts and the tests read: what was done, whether the node matches."""
+    from rich.text import Text
+
     converging = (f"converging: {len(out.blocked)} device(s) in use keep the node from the layout; "
                   "apply again once they are released")
     if dry_run:
@@ -273,6 +298,17 @@ def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
 
 
 def run_restore(args) -> int:
+    import yaml
+
+    from mdev_manager.discovery import discover
+    from mdev_manager.host.lock import NodeLockBusy
+    from mdev_manager.restore import restore
+    from vgpuctl.cli.host import number_gpus, open_host
+    from vgpuctl.cli.signals import StopSignals
+    from vgpuctl.output.tables import fit_text
+    from vgpuctl.output.terminal import Terminal
+    from vgpuctl.output.text import report_text
+
     host = open_host(args)
     number_gpus(host, args.driver, writes=True)
     env, io = host.env, host.io

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+from typing import TYPE_CHECKING
 
-import yaml
-
-from mdev_manager.nvmlprobe import ProbeRecord, probe
 from vgpuctl.cli import options
-from vgpuctl.cli.host import open_host
+
+if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from mdev_manager.nvmlprobe import ProbeRecord
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from mdev_manager.nvmlprobe import probe
+    from vgpuctl.cli.host import open_host
+
     host = open_host(args)
     rec = probe(host.io.nvml())
     if args.output in ("json", "yaml"):

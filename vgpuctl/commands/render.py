@@ -23,22 +23,20 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, TypedDict
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from dra_bridge.api.names import type_is_mig_backed
-from kubevirt_templates.keys import keys_help
-from kubevirt_templates.profiles import TYPED_KINDS, KnownTypes, check_types
-from kubevirt_templates.render import ALIASES, KINDS, RenderError, canonical_kind, render, render_yaml
-from kubevirt_templates.validate import ENV_SCHEMA, KubeVirtSchema, admission_problems, is_kubevirt, load_schema
-from mdev_manager import catalog
-from mdev_manager.models import Inventory
-from mdev_manager.yamlfile import YamlFileError, load_yaml, parse_yaml
+
+if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from kubevirt_templates.profiles import KnownTypes
+    from kubevirt_templates.validate import KubeVirtSchema
 
 
 def parse_set(assignments: list[str]) -> dict[str, Any]:
     """``a.b=v`` pairs as nested dicts; each value is read as YAML (``2``, ``true``, ``[a, b]``)."""
+    from kubevirt_templates.render import RenderError
+    from mdev_manager.yamlfile import YamlFileError, parse_yaml
+
     out: dict[str, Any] = {}
     for item in assignments:
         key, sep, raw = item.partition("=")
@@ -67,6 +65,9 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_values(files: list[str] | None, sets: list[str] | None) -> dict[str, Any]:
+    from kubevirt_templates.render import RenderError
+    from mdev_manager.yamlfile import YamlFileError, load_yaml
+
     values: dict[str, Any] = {}
     for f in files or []:
         try:
@@ -80,6 +81,9 @@ def load_values(files: list[str] | None, sets: list[str] | None) -> dict[str, An
 
 
 def _inventory_from_file(path: str) -> dict[str, Any]:
+    from kubevirt_templates.render import RenderError
+    from mdev_manager.yamlfile import YamlFileError, load_yaml
+
     try:
         doc = load_yaml(path, what="node inventory", json_first=True)
     except YamlFileError as exc:
@@ -101,6 +105,9 @@ def _simulated_inventory(args: argparse.Namespace) -> dict[str, Any]:
 
 def catalog_types() -> KnownTypes:
     """Every vGPU type of vgpuctl's catalog (the boards it knows)."""
+    from kubevirt_templates.profiles import KnownTypes
+    from mdev_manager import catalog
+
     types = []
     for b in catalog.BOARDS.values():
         for t in b.types:  # MIG-backed ones too: a GPU in MIG mode offers them at its placements
@@ -111,6 +118,11 @@ def catalog_types() -> KnownTypes:
 
 def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes:
     """The vGPU types the inventories' GPUs offer (before a GPU's VFs are enabled: what they will offer)."""
+    from pydantic import ValidationError
+
+    from kubevirt_templates.profiles import KnownTypes
+    from kubevirt_templates.render import RenderError
+    from mdev_manager.models import Inventory
     from mdev_manager.plan import offered_types  # start-up cost (~80 ms): only for the inventories' types
 
     types, mig = [], set()
@@ -140,6 +152,8 @@ class SchemaUnavailable(Exception):
 
 def kubevirt_schema(args: argparse.Namespace) -> KubeVirtSchema | None:
     """The schema to validate against: the cluster's, a file's, or None (not asked for)."""
+    from kubevirt_templates.validate import ENV_SCHEMA, KubeVirtSchema, load_schema
+
     kubeconfig = getattr(args, "kubeconfig", None)
     context = getattr(args, "context", None)
     if kubeconfig is not None or context is not None:
@@ -175,6 +189,8 @@ def kubevirt_schema(args: argparse.Namespace) -> KubeVirtSchema | None:
 def _check_kubevirt(args: argparse.Namespace, objects: list[dict[str, Any]]) -> int:
     """0 when the KubeVirt objects validate (or validation was not asked for), 1 when they do not,
     2 when the schema asked for cannot be had (bad input, as for any unreadable file)."""
+    from kubevirt_templates.validate import ENV_SCHEMA, admission_problems, is_kubevirt
+
     kubevirt = [o for o in objects if is_kubevirt(o)]
     if not kubevirt:
         return 0
@@ -207,6 +223,9 @@ def _check_kubevirt(args: argparse.Namespace, objects: list[dict[str, Any]]) -> 
 def _values(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """The values of ``kind``: files, then --set, the inventories for kubevirt-cr, and every vGPU
     type written as the node (or the catalog) spells it. RenderError lists every problem."""
+    from kubevirt_templates.profiles import TYPED_KINDS, check_types
+    from kubevirt_templates.render import RenderError, render
+
     values = load_values(args.values, args.set)
     inventories = [_inventory_from_file(p) for p in args.inventory or []]
     simulated = bool(getattr(args, "simulate", None))
@@ -234,6 +253,8 @@ def _values(kind: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kubevirt_templates.render import RenderError, canonical_kind, render, render_yaml
+
     _gather(args)
     try:
         kind = canonical_kind(args.kind)
@@ -281,6 +302,8 @@ class _Quiet(TypedDict, total=False):
 def _options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """The options every kind takes, before its name (``prefix`` "pre_": kept apart, as the kind's
     parser would overwrite them) or after it (absent unless given); :func:`_gather` joins them."""
+    from vgpuctl.cli.render_keys import ENV_SCHEMA
+
     quiet: _Quiet = {} if prefix else {"default": argparse.SUPPRESS}
     p.add_argument("-f", "--values", action="append", metavar="FILE", dest=prefix + "values", **quiet,
                    help="values YAML (repeatable; - for stdin)")
@@ -317,21 +340,23 @@ def _gather(args: argparse.Namespace) -> None:
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
     """The ``render`` arguments: one subcommand per kind (the main CLI sets ``func`` to :func:`run`)."""
+    from vgpuctl.cli.render_keys import ALIASES, ENV_SCHEMA, KEYS, KINDS
+
     aliases = {k: [a for a, to in ALIASES.items() if to == k] for k in KINDS}
     r.formatter_class = argparse.RawDescriptionHelpFormatter
     r.description = ("Render KubeVirt and DRA objects as YAML. Values come from -f files and --set KEY=VALUE,\n"
                      "checked before anything is printed: vGPU types against vgpuctl's catalog, or the node's\n"
                      "with --simulate / --inventory; KubeVirt objects also against KubeVirt's admission rules\n"
                      f"and schema (--kubeconfig: the cluster's; --schema or ${ENV_SCHEMA}: a file).")
-    r.epilog = "\n\n".join(f"{kind} keys (--set KEY=VALUE; vgpuctl render {kind} -h):\n{keys_help(model)}"
-                           for kind, (model, _) in KINDS.items())
+    r.epilog = "\n\n".join(f"{kind} keys (--set KEY=VALUE; vgpuctl render {kind} -h):\n{KEYS[kind]}"
+                           for kind in KINDS)
     _options(r, prefix="pre_")
     kinds = r.add_subparsers(dest="kind", metavar="KIND", required=True)
-    for kind, (model, _) in KINDS.items():
+    for kind in KINDS:
         summary = _SUMMARY[kind]
         k = kinds.add_parser(kind, aliases=aliases[kind], help=summary,
                              description=summary[:1].upper() + summary[1:] + ".",
                              formatter_class=argparse.RawDescriptionHelpFormatter,
-                             epilog=f"keys (--set KEY=VALUE, or KEY: VALUE in a -f file):\n{keys_help(model)}\n\n"
+                             epilog=f"keys (--set KEY=VALUE, or KEY: VALUE in a -f file):\n{KEYS[kind]}\n\n"
                                     f"example:\n  {_EXAMPLES[kind]}")
         _options(k)

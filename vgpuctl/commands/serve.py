@@ -9,7 +9,6 @@ from pathlib import Path
 
 from dra_bridge.api.nodepaths import DEFAULT_CDI_ROOT
 from vgpuctl.cli import options
-from vgpuctl.cli.host import open_host
 
 
 def add_arguments(sv: argparse.ArgumentParser) -> None:
@@ -46,6 +45,7 @@ def run(args) -> int:
     from dra_bridge.agent.daemon import Daemon, ServeConfig
     from dra_bridge.agent.observe import setup_logging
     from mdev_manager.config import load_document
+    from vgpuctl.cli.host import open_host
 
     if args.file:
         # a file that is not YAML stops the start; a layout in it that is rejected is reported on

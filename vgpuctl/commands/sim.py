@@ -7,11 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 from vgpuctl.cli import options
-from vgpuctl.cli.host import sim_dir_for
-from vgpuctl.output.terminal import Terminal
 
 #: libfuse's fuse_main() status when its loop ended on SIGINT, SIGTERM or SIGHUP (helper.c), and the others
 FUSE_STOPPED_BY_SIGNAL = 8
@@ -55,6 +51,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    import yaml
+
+    from vgpuctl.cli.host import sim_dir_for
+    from vgpuctl.output.terminal import Terminal
+
     if args.sim_cmd == "apiserver":
         from vgpuctl.commands import apiserver
 

@@ -17,23 +17,19 @@ import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-
-import yaml
+from typing import TYPE_CHECKING
 
 from dra_bridge.api import compat
 from dra_bridge.api.nodepaths import NodePaths
-from dra_bridge.pool.shape import Shape, choose_shape, node_pool
-from dra_bridge.pool.slices import plan_slices
-from mdev_manager import applied, numbering
-from mdev_manager.config import GpuLayout, load_config
-from mdev_manager.discovery import discover
-from mdev_manager.host.env import HostEnv
-from mdev_manager.host.io import HostIO
-from mdev_manager.host.nvml import NvmlTransport
-from mdev_manager.plan import select_gpus
-from mdev_manager.reconcile import plan_once, reconcile
 from vgpuctl.cli import options
-from vgpuctl.cli.host import Host, NotSetUp, numbering_of, open_host, prepared_usage
+
+if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from dra_bridge.pool.shape import Shape
+    from mdev_manager.config import GpuLayout
+    from mdev_manager.host.env import HostEnv
+    from mdev_manager.host.io import HostIO
+    from mdev_manager.host.nvml import NvmlTransport
+    from vgpuctl.cli.host import Host
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -121,6 +117,11 @@ def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape:
                 layouts: list[GpuLayout] | None = None) -> tuple[list[dict], list[str]]:
     """(slices, warnings): what this node's agent publishes in ``shape`` (the agent's own
     :func:`~dra_bridge.pool.shape.node_pool`). Shared with ``capacity``."""
+    from dra_bridge.pool.shape import node_pool
+    from dra_bridge.pool.slices import plan_slices
+    from mdev_manager import numbering
+    from mdev_manager.discovery import discover
+
     inv = discover(env, io, node=node, ids=numbering.load(env, io, paths.gpu_ids))  # read, never written here
     pool = node_pool(inv, layouts, paths.driver, shape)
     plan = plan_slices(pool, driver=paths.driver, node_name=node, pool_name=node, generation=1,
@@ -145,6 +146,8 @@ def _detected(args: argparse.Namespace) -> tuple[tuple[int, int], compat.KeptFie
 def shape_for(args: argparse.Namespace) -> Shape:
     """The shape ``serve`` would publish in: from the cluster (``--kubeconfig``), else from
     ``--server-version`` and ``--feature-gates`` (said on stderr when it is not every size at once)."""
+    from dra_bridge.pool.shape import choose_shape
+
     if options.reads_cluster(args):
         version, kept = _detected(args)
         server = f"the API server (Kubernetes {compat.format_version(version)})"
@@ -164,6 +167,9 @@ def shape_for(args: argparse.Namespace) -> Shape:
 def node_layouts(args: argparse.Namespace, host: Host) -> tuple[list[GpuLayout] | None, str]:
     """The layout the agent works to: ``-f``/``--layout``, else the node's record of the layout it was
     last made to match, else None (every GPU offered); and how to name it."""
+    from mdev_manager import applied
+    from mdev_manager.config import load_config
+
     if args.file:
         return load_config(args.file, args.layout), f"layout {args.layout} of {args.file}"
     rec = applied.load(host.env, host.io)
@@ -177,6 +183,9 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
     on a simulated host, a scratch copy with the layout applied as the agent applies it (nothing
     changes on the host); on a real one :class:`NotSetUp` (a preview without changing it would be a
     guess)."""
+    from mdev_manager.reconcile import plan_once, reconcile
+    from vgpuctl.cli.host import NotSetUp, numbering_of, prepared_usage
+
     if layouts is None:
         yield host
         return
@@ -203,6 +212,9 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
 
 def why_empty(host: Host, layouts: list[GpuLayout] | None, what: str) -> str:
     """Why a node publishes no device, and what layout would make it publish some."""
+    from mdev_manager.discovery import discover
+    from mdev_manager.plan import select_gpus
+
     inv = discover(host.env, host.io, node=host.node)
     if not inv.gpus:
         return "no device to publish: the node has no GPU"
@@ -228,6 +240,10 @@ def why_empty(host: Host, layouts: list[GpuLayout] | None, what: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from vgpuctl.cli.host import open_host
+
     node = args.node_name or os.environ.get("NODE_NAME")
     if not node and not args.simulate:
         raise ValueError("node name: set NODE_NAME or pass --node-name (or use --simulate)")
