@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Literal
 
+from dra_bridge.api import DEFAULT_DRIVER as DEFAULT_DRIVER  # defined there: light for the CLI's -h
 from dra_bridge.api.k8sname import fit_dns_label, is_dns_subdomain
 from mdev_manager.names import is_mig_backed, short_type_name
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 # --------------------------------------------------------------------------- DRA driver
 
-DEFAULT_DRIVER = "vgpu.kubevirt.io"
 #: DeviceClass of every vGPU the driver publishes (attribute ``type == "vgpu"``).
 VGPU_CLASS = "vgpu.kubevirt.io"
 #: DeviceClass of every whole GPU the driver offers for vfio-pci passthrough (``type == "passthrough"``).

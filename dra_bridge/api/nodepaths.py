@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.api import DEFAULT_DRIVER
 
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")

@@ -96,7 +96,7 @@ def add_feature_gates(p: argparse.ArgumentParser) -> None:
 
 
 def add_driver(p: argparse.ArgumentParser, what: str = "DRA driver name") -> None:
-    from dra_bridge.api.names import DEFAULT_DRIVER  # start-up: not for -h
+    from dra_bridge.api import DEFAULT_DRIVER  # the package alone: names.py costs more at -h
 
     p.add_argument("--driver", default=DEFAULT_DRIVER, help=f"{what} (default %(default)s)")
 

@@ -5,21 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from dra_bridge.api.compat import parse_gates
-from dra_bridge.api.names import PASSTHROUGH_CLASS, VGPU_CLASS
 from vgpuctl.cli import options
 from vgpuctl.cli.extras import require_sim
 from vgpuctl.output.tables import fit, fit_lines
 
 if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from datetime import datetime
+
     from dra_bridge.conformance.report import ConformanceReport
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
+    from dra_bridge.api.names import PASSTHROUGH_CLASS, VGPU_CLASS
     from dra_bridge.conformance import DEFAULT_IMAGE
 
     options.add_kubeconfig(c, "run against a real cluster")
@@ -108,6 +108,8 @@ PARENT = "TestVgpuctlConformance"
 def test2json(rep: ConformanceReport, now: datetime | None = None) -> str:
     """The run as Go's ``cmd/test2json`` events (one JSON object per line: Time, Action, Package,
     Test, Elapsed, Output), one subtest per check, so tooling built for ``go test -json`` reads it."""
+    from datetime import UTC, datetime
+
     t = now or datetime.now(UTC)
     stamp = t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     events: list[dict] = [{"Time": stamp, "Action": "start", "Package": PACKAGE},
@@ -139,6 +141,8 @@ def test2json(rep: ConformanceReport, now: datetime | None = None) -> str:
 def junit(rep: ConformanceReport) -> str:
     """JUnit XML (one testsuite, one testcase per check; failed -> <failure>, error -> <error>,
     skipped -> <skipped>; the evidence as <system-out>)."""
+    import socket
+    from datetime import UTC, datetime
     from xml.sax.saxutils import escape, quoteattr  # loads urllib and email: not at -h
 
     n = len(rep.checks)

@@ -27,7 +27,6 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from dra_bridge.api.names import TAINT_KEY_CORDON
 from vgpuctl.cli import options
 from vgpuctl.output.tables import fit_lines
 
@@ -89,6 +88,8 @@ def add_drain(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ the cordon record
 
 def _rule(node: str, pool: str, driver: str, effect: str, since: str) -> dict:
+    from dra_bridge.api.names import TAINT_KEY_CORDON
+
     return {"apiVersion": "", "kind": "DeviceTaintRule",
             "metadata": {"name": f"{RULE_PREFIX}{node}" + ("" if pool == node else f"-{pool}"),
                          "labels": {"app.kubernetes.io/managed-by": "vgpuctl", "vgpu.kubevirt.io/node": node}},

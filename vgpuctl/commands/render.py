@@ -25,8 +25,6 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from dra_bridge.api.names import type_is_mig_backed
-
 if TYPE_CHECKING:  # loaded where used: a command's -h stays light
     from kubevirt_templates.profiles import KnownTypes
     from kubevirt_templates.validate import KubeVirtSchema
@@ -120,6 +118,7 @@ def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes
     """The vGPU types the inventories' GPUs offer (before a GPU's VFs are enabled: what they will offer)."""
     from pydantic import ValidationError
 
+    from dra_bridge.api.names import type_is_mig_backed
     from kubevirt_templates.profiles import KnownTypes
     from kubevirt_templates.render import RenderError
     from mdev_manager.models import Inventory
