@@ -22,6 +22,7 @@ whole resource.k8s.io API).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -136,6 +137,31 @@ def taint_rules_served(version: Any, gates: Mapping[str, bool]) -> bool:
     """Whether a server of ``version`` with ``gates`` (resolved) serves DeviceTaintRule."""
     gate = TAINT_RULE_API[version_tuple(version)][1]
     return bool(gates.get(gate)) and bool(gates.get(DEVICE_TAINTS))
+
+
+# --------------------------------------------------------------------------- upstream bugs
+
+#: kubernetes#140434: the structured allocator keyed its shared-counter caches by pool name alone, so on
+#: one node two drivers' pools of the same name share counter sets: a device of either can be refused, or
+#: allowed, by the other's counters. Fixed by kubernetes#140435 (cherry-picked as #140504). Read in
+#: k8s.io/dynamic-resource-allocation's source (``availableCounters`` in structured/internal/*/allocator_*.go):
+#: v0.35.0-v0.35.10 and v0.36.0-v0.36.3 key it by the pool name, v0.36.4 and v0.37.0 on by ``PoolID`` (driver
+#: and pool); v0.34 kept counter sets per slice. It matters where counters are kept (1.35 with
+#: DRAPartitionableDevices, 1.36 by default).
+POOL_NAME_COUNTERS_BUG = "kubernetes#140434"
+POOL_NAME_COUNTERS_FIXED = ((1, 36, 4), (1, 37, 0))
+
+
+def release(git_version: str | None) -> tuple[int, int, int] | None:
+    """``v1.36.2`` (or ``v1.36.2-gke.1200``, ``v1.36.2+k3s1``) as (1, 36, 2); None when it is no release."""
+    m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", git_version or "")
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def counters_keyed_by_pool_name(git_version: str | None) -> bool:
+    """Whether Kubernetes ``git_version``'s allocator has :data:`POOL_NAME_COUNTERS_BUG` (see there)."""
+    r = release(git_version)
+    return r is not None and (r[:2] == (1, 35) or (r[:2] == (1, 36) and r < POOL_NAME_COUNTERS_FIXED[0]))
 
 
 # ------------------------------------------------------------------ API limits

@@ -13,7 +13,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, Field
 
-from dra_bridge.api.compat import OLDEST
+from dra_bridge.api.compat import OLDEST, counters_keyed_by_pool_name
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_CONFIG, LABEL_CONFIG_STATE
 from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
 from dra_bridge.apiclient.objects import raw
@@ -56,6 +56,9 @@ class ClusterFacts(BaseModel):
     classes_error: str | None = None
     nodes: list[NodeFacts] = []
     nodes_error: str | None = None
+    #: other drivers' pools with counter sets named as one of ours (``driver/pool``), read only where the
+    #: server's allocator keys counters by pool name (compat.counters_keyed_by_pool_name)
+    pool_name_clashes: list[str] = []
 
 
 def _why(exc: BaseException) -> str:
@@ -131,4 +134,23 @@ def gather(api_client: client.ApiClient, driver: str) -> ClusterFacts:
     for name, mine in sorted(per_node.items()):  # slices of a node with no Node object (deleted, or renamed)
         if name and name not in seen:
             facts.nodes.append(NodeFacts(name=name, slices=len(mine), devices=devices(mine), node_object=False))
+    if counters_keyed_by_pool_name(facts.git_version) and facts.kept.counters is not False:
+        try:
+            every = raw(client.ResourceV1Api(api_client).list_resource_slice)["items"]
+        except ApiException as exc:
+            facts.nodes_error = _why(exc)
+            return facts
+        facts.pool_name_clashes = pool_name_clashes(slices, every, driver)
     return facts
+
+
+def pool_name_clashes(ours: list[dict], every: list[dict], driver: str) -> list[str]:
+    """``driver/pool`` of each other driver's pool that publishes counter sets under a pool name of ours."""
+    names = {(s.get("spec") or {}).get("pool", {}).get("name") for s in ours}
+    clashes = set()
+    for s in every:
+        spec = s.get("spec") or {}
+        pool = (spec.get("pool") or {}).get("name")
+        if spec.get("driver") != driver and pool in names and spec.get("sharedCounters"):
+            clashes.add(f"{spec.get('driver')}/{pool}")
+    return sorted(clashes)

@@ -11,7 +11,14 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from dra_bridge.api.compat import COMPATIBILITY_GROUPS_SINCE, OLDEST, format_version
+from dra_bridge.api.compat import (
+    COMPATIBILITY_GROUPS_SINCE,
+    OLDEST,
+    POOL_NAME_COUNTERS_BUG,
+    POOL_NAME_COUNTERS_FIXED,
+    counters_keyed_by_pool_name,
+    format_version,
+)
 from dra_bridge.api.names import (
     AGENT_SELECTOR,
     ANNOTATION_CONFIG_REASON,
@@ -99,6 +106,27 @@ def _fields(f: ClusterFacts) -> list[Finding]:
     out.append(Finding(status="PASS" if k.counters is not False else "WARN", check="published shape",
                        detail=published_shape(f.version, k)))
     return out
+
+
+def _pool_names(f: ClusterFacts) -> list[Finding]:
+    """kubernetes#140434: on 1.35.x and 1.36.0-1.36.3 the allocator shares counter sets between two
+    drivers' pools of one name on a node (both publish their pool under the node's name by convention)."""
+    if f.version is None or f.kept.counters is False or not counters_keyed_by_pool_name(f.git_version):
+        return []
+    fixed = " or ".join(".".join(map(str, r)) for r in POOL_NAME_COUNTERS_FIXED)
+    fix = (f"upgrade kube-scheduler (and the control plane) to Kubernetes {fixed} or later; the allocator of "
+           f"{f.git_version} keys shared counters by pool name alone ({POOL_NAME_COUNTERS_BUG})")
+    if f.pool_name_clashes:
+        return [Finding(status="FAIL", check="pool names",
+                        detail=f"{', '.join(f.pool_name_clashes)} publish counter sets under a pool name of "
+                               f"{f.driver}: this server's scheduler counts their devices and ours against one "
+                               "another's counters, so a GPU can be refused or handed out twice",
+                        fix=fix)]
+    return [Finding(status="WARN", check="pool names",
+                    detail=f"no other driver publishes counters under a pool name of {f.driver} now; one that does "
+                           "(e.g. NVIDIA's DRA driver on the same node, pools named after the node) would share "
+                           "counters with it on this scheduler",
+                    fix=fix)]
 
 
 def published_shape(version: tuple[int, int], k: KeptFields) -> str:
@@ -204,7 +232,7 @@ def _escaped(key: str) -> str:
 
 def diagnose(facts: ClusterFacts) -> list[Finding]:
     """Every finding, in the order an admin fixes things: server, fields, KubeVirt, classes, nodes."""
-    return _server(facts) + _fields(facts) + _kubevirt(facts) + _classes(facts) + _nodes(facts)
+    return _server(facts) + _fields(facts) + _pool_names(facts) + _kubevirt(facts) + _classes(facts) + _nodes(facts)
 
 
 def exit_code(findings: list[Finding]) -> int:

@@ -350,7 +350,7 @@ def _two_drivers_one_pool_name() -> tuple[list[dict], list[dict]]:
 
 @pytest.mark.go
 def test_counters_of_two_drivers_with_one_pool_name_stay_apart(upstream):
-    """kubernetes#140434 (1.36.0-1.36.2 keyed counters by pool name only) is not in the pinned
+    """kubernetes#140434 (1.35.x and 1.36.0-1.36.3 key counters by pool name only) is not in the pinned
     releases: both devices fit on 1.36 and 1.37, as in the model."""
     slices, classes = _two_drivers_one_pool_name()
     c = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

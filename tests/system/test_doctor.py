@@ -105,3 +105,75 @@ def test_the_command(tmp_path):
         js = subprocess.run([sys.executable, "-m", "vgpuctl.main", "doctor", "--kubeconfig", str(kc), "--json"],
                             capture_output=True, text=True, timeout=120)
         assert {f["check"]: f["status"] for f in json.loads(js.stdout)}["shared counters"] == "FAIL"
+
+
+# --------------------------------------------------------------------------- kubernetes#140434
+
+@pytest.mark.parametrize("git_version,affected", [
+    ("v1.34.13", False),  # counter sets kept per slice then
+    ("v1.35.0", True), ("v1.35.10", True),  # the newest 1.35 patch on the module proxy is still affected
+    ("v1.36.0", True), ("v1.36.3", True), ("v1.36.2-gke.1200", True), ("v1.36.3+k3s1", True),
+    ("v1.36.4", False), ("v1.36.6", False), ("v1.37.0", False), ("v1.37.2", False),
+    (None, False), ("unknown", False),
+])
+def test_the_releases_whose_allocator_keys_counters_by_pool_name(git_version, affected):
+    from dra_bridge.api.compat import counters_keyed_by_pool_name
+
+    assert counters_keyed_by_pool_name(git_version) is affected
+
+
+def _slice(driver: str, pool: str, *, counters: bool) -> dict:
+    spec: dict = {"driver": driver, "nodeName": "node-a", "pool": {"name": pool, "generation": 1,
+                                                                      "resourceSliceCount": 1}}
+    if counters:
+        spec["sharedCounters"] = [{"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}}}]
+    else:
+        spec["devices"] = [{"name": "gpu-0"}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{driver}-{pool}-" + ("counters" if counters else "devices")}, "spec": spec}
+
+
+def test_other_drivers_pools_that_share_a_pool_name_with_ours():
+    from dra_bridge.apiclient.clusterfacts import pool_name_clashes
+
+    ours = [_slice(DRIVER, "node-a", counters=True)]
+    every = ours + [_slice("gpu.nvidia.com", "node-a", counters=True),   # the clash
+                    _slice("other.example.com", "node-a", counters=False),  # no counters: nothing shared
+                    _slice("net.example.com", "node-b", counters=True)]     # another pool name
+    assert pool_name_clashes(ours, every, DRIVER) == ["gpu.nvidia.com/node-a"]
+
+
+@pytest.mark.parametrize("git_version,clashes,status", [
+    ("v1.36.2", ["gpu.nvidia.com/node-a"], "FAIL"),
+    ("v1.36.2", [], "WARN"),
+    ("v1.36.4", ["gpu.nvidia.com/node-a"], None),   # fixed: nothing to say
+    ("v1.37.0", [], None),
+])
+def test_doctor_names_the_pool_name_counter_bug_and_its_fixed_releases(git_version, clashes, status):
+    facts = ClusterFacts(driver=DRIVER, version=(1, 36), git_version=git_version, kubevirt=KubeVirtFacts(),
+                         pool_name_clashes=clashes)
+    facts.kept.counters = facts.kept.binding_conditions = True
+    found = by_check(diagnose(facts)).get("pool names")
+    if status is None:
+        assert found is None
+        return
+    assert found.status == status
+    assert "kubernetes#140434" in found.fix and "1.36.4 or 1.37.0" in found.fix
+    if clashes:
+        assert "gpu.nvidia.com/node-a" in found.detail
+    facts.kept.counters = False  # a server without counters shares none
+    assert "pool names" not in by_check(diagnose(facts))
+
+
+def test_the_command_finds_a_clash_on_an_affected_server(tmp_path):
+    """The whole command against a server that says it is 1.36.2: another driver's pool named as ours."""
+    with LocalApiServer(version="1.36.2") as srv:
+        kc = srv.kubeconfig(tmp_path / "kc")
+        api = client.ResourceV1Api(srv.api_client())
+        for s in (_slice(DRIVER, "node-a", counters=True), _slice("gpu.nvidia.com", "node-a", counters=True)):
+            api.create_resource_slice(s)
+        js = subprocess.run([sys.executable, "-m", "vgpuctl.main", "doctor", "--kubeconfig", str(kc), "-o", "json"],
+                            capture_output=True, text=True, timeout=120)
+        found = {f["check"]: f for f in json.loads(js.stdout)}["pool names"]
+        assert found["status"] == "FAIL" and "gpu.nvidia.com/node-a" in found["detail"], found
+        assert js.returncode == 1
