@@ -30,6 +30,7 @@ import pytest
 
 from tests.campaign import known
 from tests.campaign.run import LIBVIRT_EDIT, run
+from tests.support.simnodes import needs_libvirt
 from tests.support.tmp import short_root
 
 SEEDS = (1, 2, 3, 4)
@@ -39,6 +40,8 @@ STEPS = int(os.environ.get("VGPUCTL_CAMPAIGN_STEPS", "100"))
 EPISODE_STEPS = 25
 
 
+@pytest.mark.libvirt  # its libvirt domains are read through libvirt-python, as the node reads them
+@needs_libvirt
 @pytest.mark.parametrize("seed", SEEDS)
 def test_campaign(seed, caplog):
     caplog.set_level(logging.CRITICAL)  # the agent logs every fault it survives; the invariants judge
