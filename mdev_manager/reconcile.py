@@ -86,7 +86,7 @@ def gone_blocked(plan: Plan) -> list[Blocked]:
 def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None,
                node: str, ids: dict[str, Numbered] | None = None) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
     inv = discover(env, io, node=node, ids=ids)
-    usage = collect_usage(env, io, usage_extra)
+    usage = collect_usage(env, io, usage_extra, inv=inv)
     defs, problems = persist.load_definitions(env, io)
     records = persist.load_vendor_vfio(env, io)
     plan = make_plan(inv, layouts, usage, defs, records, passthrough=persist.load_passthrough(env, io),

@@ -5,7 +5,10 @@ virt-launcher pod, or anything else) or, with iommufd, a device's own vfio cdev
 ``/dev/vfio/devices/vfioN`` (which names no group: it is mapped to its mdev or PCI function
 through sysfs), and libvirt domains whose XML references an mdev
 UUID or PCI address (running or merely defined). The DRA bridge adds a third witness,
-kubelet allocations, through ``collect_usage(extra=...)``.
+kubelet allocations, through ``collect_usage(extra=...)``. A libvirt that was asked for
+(``--libvirt-uri``) and cannot be read (libvirt-python missing, libvirtd down) names nothing it
+can be shown not to: every existing vGPU and passed-through GPU counts as named by it
+(:func:`libvirt_unknown`), so a plan keeps them until it can be read.
 
 A held PCI function also holds the functions that answer for it (:func:`_credited`): every other
 function of its IOMMU group (the GPU behind its audio function) and, for a VF, its PF. The planner
@@ -27,7 +30,7 @@ from pydantic import BaseModel
 from mdev_manager.host import procfs
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import CdevHolder, Holder, Usage, add_unique
+from mdev_manager.models import CdevHolder, Holder, Inventory, Usage, add_unique
 from mdev_manager.names import NameError_, check_pci_address
 
 log = logging.getLogger(__name__)
@@ -225,8 +228,22 @@ def _domain_label(name: str, active: bool) -> str:
     return f"libvirt domain {name}" + ("" if active else " (not running)")
 
 
-def collect_usage(env: HostEnv, io: HostIO, extra: Usage | None = None) -> Usage:
-    """One view of device users on this host: open VFIO groups and cdevs, libvirt domains, ``extra``."""
+def libvirt_unknown(inv: Inventory, uri: str) -> Usage:
+    """Every device a plan could remove or change (each vGPU, each GPU on vfio-pci), as named by a
+    libvirt domain: what the unreadable libvirt at ``uri`` may hold cannot be told apart."""
+    who = [f"an unreadable libvirt ({uri}) perhaps"]  # said as "... perhaps references it"
+    mdevs = {v.id.lower(): who for v in inv.all_vgpus() if v.framework == "mdev"}
+    pci = {v.id.lower(): who for v in inv.all_vgpus() if v.framework != "mdev"}
+    pci |= {g.address: who for g in inv.gpus if g.driver == "vfio-pci"}
+    return Usage(mdevs=mdevs, pci=pci)
+
+
+def collect_usage(env: HostEnv, io: HostIO, extra: Usage | None = None, inv: Inventory | None = None) -> Usage:
+    """One view of device users on this host: open VFIO groups and cdevs, libvirt domains, ``extra``.
+
+    ``inv``: the node a plan is made for; where libvirt was asked for and cannot be read, each of its
+    existing devices counts as named by a domain (:func:`libvirt_unknown`): removing a device a domain
+    names because the domains could not be listed breaks the domain for good."""
     warnings: list[str] = []
     if not io.is_dir(env.proc_root):
         msg = f"{env.proc_root} is not readable; open VFIO groups not checked"
@@ -236,8 +253,13 @@ def collect_usage(env: HostEnv, io: HostIO, extra: Usage | None = None) -> Usage
     vfio_devices = _cdev_holders(env, io, held.cdevs, warnings)
     for address, holders in _credited(env, io, held.groups, vfio_devices).items():
         add_unique(vfio_devices, address, holders)
-    lv = libvirt_devices(env.libvirt_uri)
-    if lv.warning:
+    uri = env.libvirt_uri
+    lv = libvirt_devices(uri)
+    if lv.warning and inv is not None and uri is not None:
+        warnings.append(f"{lv.warning}; until libvirt can be read, no existing vGPU or passed-through GPU is "
+                        "removed or changed")
+        extra = libvirt_unknown(inv, uri).merged(extra)
+    elif lv.warning:
         warnings.append(lv.warning)
     usage = Usage(
         vfio_groups=_group_holders(held.groups),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,9 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] in ("tests", "vgpuctl", "mdev_manager", "dra_bridge", "kubevirt_templates"):
             raise
-        print(f"error: the campaign needs the test extra ({exc.name} is not installed): .venv/bin/pip install -e "
-              "'.[test]' (or bash .ci/run, which makes that .venv)", file=sys.stderr)
+        print(f"error: the campaign needs the test extra ({exc.name} is not installed): .venv/bin/pip install -c "
+              ".ci/constraints.txt -e '.[test,libvirt]' (or bash .ci/run, which makes that .venv)", file=sys.stderr)
         return 2
+    if (why := _unpinned()) is not None:
+        print(why, file=sys.stderr)
+        if why.startswith("error:"):
+            return 2
     code = 0
     for s in args.seed or [0]:
         start = time.monotonic()
@@ -52,6 +58,25 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
         print(res.line)
     return code
+
+
+def _unpinned() -> str | None:
+    """What keeps a seed from meaning the steps it means in CI: libvirt-python missing (an error: the
+    campaign's libvirt domains are read through it, as the node reads them), or a hypothesis other
+    than the one .ci/constraints.txt pins (a note: the draws, so the steps, are another sequence)."""
+    import hypothesis
+
+    try:
+        import libvirt  # noqa: F401
+    except ImportError as exc:
+        return (f"error: the campaign needs libvirt-python ({exc}), the libvirt extra: .venv/bin/pip install -c "
+                ".ci/constraints.txt -e '.[test,libvirt]' (or bash .ci/run, which makes that .venv)")
+    pins = Path(__file__).resolve().parents[2] / ".ci" / "constraints.txt"
+    pinned = re.search(r"^hypothesis==(\S+)", pins.read_text(), re.M) if pins.is_file() else None
+    if pinned and pinned[1] != hypothesis.__version__:
+        return (f"note: hypothesis {hypothesis.__version__} is installed, .ci/constraints.txt pins {pinned[1]}: a seed "
+                "draws other steps than in CI")
+    return None
 
 
 if __name__ == "__main__":

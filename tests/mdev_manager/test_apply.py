@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from tests.support.simnodes import (
     copy_sim,
     file_tree,
     layout,
+    libvirt_missing,
     libvirt_node_xml,
     needs_libvirt,
 )
@@ -445,6 +447,46 @@ def test_libvirt_domain_protects_its_mdev_and_pci_device(applied, tmp_path):
     (b,) = [b for b in out.blocked if b.device == pt.address]
     assert "libvirt domain vm1" in b.held_by[0] and "return to nvidia" in b.blocks
     assert io.writes == []
+
+
+def test_unreadable_libvirt_keeps_every_device_a_domain_may_name(applied, tmp_path, monkeypatch):
+    """libvirt asked for (``--libvirt-uri``) but unreadable, here libvirt-python missing as ``pip install
+    '.[test]'`` leaves it (issue 36: campaign seed 11 then removed the L40S VF a defined domain named):
+    the domains cannot be listed, so no vGPU is removed and no passed-through GPU changes form, and
+    the warning says why. Once libvirt can be read, only what a domain names is kept."""
+    inv = applied.discover()
+    t4, pt, l40s = inv.gpus[0], inv.gpus[1], gpu_by_board(inv, "L40S")
+    named = sorted(l40s.vgpus, key=lambda v: v.id)[0]
+    node = tmp_path / "node.xml"
+    node.write_text(libvirt_node_xml({"vm1": ([], [named.id])}))
+    lv = applied.with_env(libvirt_uri=f"test://{node}")
+    doc = example_doc()
+    doc["layouts"]["default"][0]["vgpus"] = {"T4-2Q": 0}
+    doc["layouts"]["default"][1] = {"index": 1, "vgpus": {"T4-2Q": 1}}
+    doc["layouts"]["default"][3]["vgpus"] = {"NVIDIA L40S-12Q": 2}
+    before = {v.id for v in inv.all_vgpus()}
+
+    monkeypatch.setitem(sys.modules, "libvirt", None)  # `import libvirt` raises ImportError
+    io = CountingIO(applied.host)
+    out = reconcile(lv.env, io, parse_config(doc))
+    after = lv.discover()
+    assert {v.id for v in after.all_vgpus()} == before and after.gpu(pt.address).driver == "vfio-pci"
+    assert not [w for w in io.writes if "/sys/" in w]
+    assert any("libvirt-python is not installed" in w and "no existing vGPU or passed-through GPU is removed" in w
+               for w in out.warnings), out.warnings
+    held = {b.device: b.held_by for b in out.blocked}
+    assert named.id in held and t4.vgpus[0].id in held and pt.address in held
+    assert "unreadable libvirt" in held[named.id][0]
+    assert not out.matches
+
+    monkeypatch.undo()
+    if libvirt_missing() is not None:  # libvirt-python missing on this machine: the rest needs it
+        return
+    out = reconcile(lv.env, lv.io, parse_config(doc))
+    after = lv.discover()
+    assert out.warnings == [] and {b.device for b in out.blocked} == {named.id}
+    assert named.id in {v.id for v in after.all_vgpus()} and after.gpu(t4.address).vgpus == []
+    assert after.gpu(pt.address).driver == "nvidia"
 
 
 # --------------------------------------------------------------------------- kernel errors

@@ -6,8 +6,9 @@ threads), claims through the plugin's gRPC server, VMs and libvirt domains, kube
 kills and power cuts mid-operation, reboots, corrupted checkpoints, kernel, disk and API faults
 against one simulated node, and checks the contract's invariants after every step
 (tests/campaign/invariants.py). ``python -m tests.campaign.mutations --ci`` shows these seeds and
-steps catch the in-use, overlap and node-lock mutations on every seed (2026-11-27: in-use at steps
-35, 37 and 65; overlap at step 9; node lock at step 1). A longer run:
+steps catch the in-use, overlap, node-lock and libvirt-holder mutations on every seed (2026-11-27:
+in-use at steps 35, 37 and 65; overlap at step 9; node lock at step 1; 2026-12-07: libvirt holders
+ignored, what a libvirt left unread did in issue 36, at steps 80, 45, 70 and 31). A longer run:
 ``python -m tests.campaign --steps 2000 --seed 1 --seed 2 --seed 3``.
 
 Seed 4 is there for what seeds 1 to 3 never reach (issue 29): the selected layout edited while a
@@ -30,6 +31,7 @@ import pytest
 
 from tests.campaign import known
 from tests.campaign.run import LIBVIRT_EDIT, run
+from tests.support.simnodes import needs_libvirt
 from tests.support.tmp import short_root
 
 SEEDS = (1, 2, 3, 4)
@@ -39,6 +41,8 @@ STEPS = int(os.environ.get("VGPUCTL_CAMPAIGN_STEPS", "100"))
 EPISODE_STEPS = 25
 
 
+@pytest.mark.libvirt  # its libvirt domains are read through libvirt-python, as the node reads them
+@needs_libvirt
 @pytest.mark.parametrize("seed", SEEDS)
 def test_campaign(seed, caplog):
     caplog.set_level(logging.CRITICAL)  # the agent logs every fault it survives; the invariants judge

@@ -153,7 +153,24 @@ def test_the_campaign_without_the_test_extra_says_so_in_one_line():
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == "", p.stderr
     assert p.stderr == ("error: the campaign needs the test extra (hypothesis is not installed): .venv/bin/pip "
-                        "install -e '.[test]' (or bash .ci/run, which makes that .venv)\n")
+                        "install -c .ci/constraints.txt -e '.[test,libvirt]' (or bash .ci/run, which makes that .venv)\n")
+
+
+def test_the_campaign_without_libvirt_python_says_so_in_one_line():
+    """Its libvirt domains are read through libvirt-python, as the node reads them: without it every
+    domain would go unread (issue 36: seed 11 then 'removed' a VF a domain named), so it does not run."""
+    import subprocess
+    import sys
+
+    from tests.support.simnodes import REPO
+
+    code = ("import sys; sys.modules['libvirt'] = None\n"  # as if not installed
+            "from tests.campaign.__main__ import main\nsys.exit(main(['--steps', '1', '--seed', '1']))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    assert p.stderr.startswith("error: the campaign needs libvirt-python (") and p.stderr.count("\n") == 1
+    assert p.stderr.endswith(".venv/bin/pip install -c .ci/constraints.txt -e '.[test,libvirt]' (or bash .ci/run, "
+                             "which makes that .venv)\n")
 
 
 def test_mixed_size_says_what_it_costs_a_dra_gpu_too(tmp_path, capsys):
@@ -167,3 +184,25 @@ def test_mixed_size_says_what_it_costs_a_dra_gpu_too(tmp_path, capsys):
     assert ("note: GPU 0 (0000:10:00.0): in mixed-size mode (NVIDIA's placements) DRA offers fewer of these sizes "
             "than equal-size mode: ") in joined and "L40S-8Q: 4, not 6" in joined
     assert "GPU 4 (0000:1c:00.0): in mixed-size mode" not in joined  # the A40 stays in equal-size mode
+
+
+def test_ci_installs_every_test_tool_at_a_pinned_version():
+    """A campaign seed means one sequence of steps only with one hypothesis (issue 36): .ci/run installs
+    the test and libvirt extras with .ci/constraints.txt, and every package those extras name is pinned
+    there exactly, so a tool added to an extra without a pin fails here."""
+    import re
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from tests.support.simnodes import REPO
+
+    pins = {canonicalize_name(m[1]): m[2] for m in
+            re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)$", (REPO / ".ci/constraints.txt").read_text(), re.M)}
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = {canonicalize_name(Requirement(r).name) for x in ("test", "sim", "libvirt") for r in extras[x]}
+    assert named - {"vgpuctl"} <= set(pins), sorted(named - {"vgpuctl"} - set(pins))
+    assert "hypothesis" in pins
+    assert "-c .ci/constraints.txt -e '.[test,libvirt]'" in (REPO / ".ci/run").read_text()
+    assert ".ci/constraints.txt" in (REPO / "README.md").read_text()
