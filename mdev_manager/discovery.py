@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mdev_manager import catalog, numbering
+from mdev_manager.catalog_mig import MIG_INFERRED
 from mdev_manager.host import pciids
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, override_value, read_attr
@@ -262,6 +263,11 @@ def _merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, ven
         # creatable_vgpu_types lists only what fits now; the board's full list comes from the catalog.
         for spec in board.types:
             merged.setdefault(str(spec.num), _vendor_type(str(spec.num), spec.name, 0))
+    if board:
+        for t in merged.values():  # the board's own entry, where a short name is shared (DC-8C)
+            t.inferred = list(catalog.inferred_of(t.id, board))
+            if t.mig_backed:
+                t.gpu_instance_profile = catalog.gi_profile_of(t.name, board)
     return sorted(merged.values(), key=lambda t: (t.framebuffer_mib or 0, t.name))
 
 
@@ -382,7 +388,8 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
                mixed_size=placements.enabled if placements is not None else infer_mixed_size(fields["vendor_id"], types,
                                                                                              vgpus),
                sriov_num_vfs=_int(read_attr(io, d / "sriov_numvfs")) or 0, vfs=vfs, parents=parents,
-               types=types, vgpus=vgpus, mig=mig, placements=placements, **fields)
+               types=types, vgpus=vgpus, mig=mig, placements=placements,
+               inferred=[*board.inferred, *MIG_INFERRED.get(board.key, ())] if board else [], **fields)
 
 
 NO_GPU_INSTANCE = 4294967295  # a VF's nvidia/gpu_instance_id with no GPU instance chosen (0xFFFFFFFF)

@@ -118,7 +118,8 @@ def check_mig_layout(gpu: Gpu, wanted: list[tuple[VgpuType, int]], where: str, l
     for t, n in mig_types:
         prof = profile_of(gpu.mig, t)
         if prof is None:
-            return [f"{where}.{t.short_name}: {label} has no GPU-instance profile {mig_profile_of(t.name)!r} "
+            profile_name = t.gpu_instance_profile or mig_profile_of(t.name)
+            return [f"{where}.{t.short_name}: {label} has no GPU-instance profile {profile_name!r} "
                     f"for it; its profiles are {', '.join(p.name for p in gpu.mig.profiles)}"]
         need += [prof] * n
         named.append(f"{n} x {t.short_name} ({prof.name})")

@@ -106,7 +106,7 @@ def mig_types(gpu: Gpu, pol: GpuPolicy, warnings: list[str]) -> dict[int, VgpuTy
         prof = gpu.mig.profile(t.gpu_instance_profile or mig_profile_of(t.name) or "")
         if prof is None:
             warnings.append(f"GPU {gpu.address}: {t.short_name} needs GPU-instance profile "
-                            f"{mig_profile_of(t.name)!r}, which NVML does not list; skipped")
+                            f"{t.gpu_instance_profile or mig_profile_of(t.name)!r}, which NVML does not list; skipped")
             continue
         out.setdefault(prof.id, t)
     return out

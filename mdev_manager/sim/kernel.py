@@ -39,7 +39,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mdev_manager.host.env import HostEnv
-from mdev_manager.names import mig_profile_of
 from mdev_manager.sim import slots
 from mdev_manager.sim.nvml import free_instances, mig_record
 from mdev_manager.sim.rules import err, kstrtoul, type_facts
@@ -156,7 +155,7 @@ class SimHost(SysfsTree):
         t = self._type_by_id(gpu, type_id)
         if t is None or not t.mig_backed:
             return None
-        free = free_instances(gpu, mig_profile_of(t.name) or "")
+        free = free_instances(gpu, t.gpu_instance_profile or "")
         if wanted is not None:
             free = [g for g in free if g["id"] == wanted]
         if not free:

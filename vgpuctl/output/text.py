@@ -79,13 +79,26 @@ def inventory_table(inv: Inventory, types: bool = False, wide: bool = False) -> 
         if types:
             rows = [[t.id, t.name, f"{t.framebuffer_mib} MiB" if t.framebuffer_mib else "-",
                      f"{t.available_instances}/{t.max_instances or '?'}", t.framework] for t in g.types]
-            out += ["", f"Types on GPU {g.index} ({g.address}):",
-                    fit(["ID", "NAME", "FRAMEBUFFER", "AVAILABLE", "FRAMEWORK"], rows, fold=("NAME",), wide=wide)]
+            head = ["ID", "NAME", "FRAMEBUFFER", "AVAILABLE", "FRAMEWORK"]
+            if any(t.inferred for t in g.types):  # only boards whose catalog entry infers something
+                head.append("INFERRED")
+                rows = [[*r, ",".join(t.inferred) or "-"] for r, t in zip(rows, g.types, strict=True)]
+            out += ["", f"Types on GPU {g.index} ({g.address}):", fit(head, rows, fold=("NAME",), wide=wide)]
+            if (note := inferred_note(g)):
+                out.append(fit_lines(note))
         else:
             free = ", ".join(f"{t.short_name} {t.available_instances}" for t in offered if t.available_instances)
             line = f"GPU {g.index} can still create: {free or 'nothing'}"
             out.append(line if wide else fit_lines(line))
     return "\n".join(out)
+
+
+def inferred_note(g: Gpu) -> str | None:
+    """Which of the board's facts come from vgpuctl's catalog by inference, not from a source."""
+    if not g.inferred:
+        return None
+    return (f"GPU {g.index}: vgpuctl's catalog infers {', '.join(g.inferred)} of this board (the driver's own "
+            "values win on a real host; vgpuctl nvml-probe compares them)")
 
 
 def _slots_of(g: Gpu, type_id: str, placement: int | None) -> str:
