@@ -148,10 +148,23 @@ def max_in_mixed_mode(board_key: str, framebuffer_mib: int | None) -> int:
     return len(type_placements(board_key, framebuffer_mib))
 
 
+def instance_placements(board_key: str, t: catalog.TypeSpec) -> tuple[int, tuple[int, ...]]:
+    """(slots held, placement ids) of a MIG time-sliced type inside one GPU instance (GB20x): the
+    Blackwell rule over the instance's nominal GiB (the size of its profile's type that takes it
+    whole, ``maxInstancePerGI == 1``: 24, 48 or 96 on the RTX PRO 6000) with the per-instance
+    maximum. ``(0, ())`` for a type that takes its instance whole (B200, H100, ...)."""
+    if not t.max_per_instance or not t.fb_mib:
+        return 0, ()
+    region = max((u.fb_mib or 0) // SLOT_MIB for u in catalog.board(board_key).types
+                 if u.gpu_instance_profile == t.gpu_instance_profile and u.max_per_instance == 1)
+    gib = t.fb_mib // SLOT_MIB
+    return placement_size(gib, region), blackwell(region, {gib: t.max_per_instance})[gib]
+
+
 def boards() -> tuple[str, ...]:
     """The catalog boards with a known table."""
     return KNOWN
 
 
-__all__ = ["BLACKWELL", "KNOWN", "SLOT_MIB", "blackwell", "boards", "halving", "max_in_mixed_mode", "placement_size",
-           "placements", "slot_size", "slots", "type_placements"]
+__all__ = ["BLACKWELL", "KNOWN", "SLOT_MIB", "blackwell", "boards", "halving", "instance_placements", "max_in_mixed_mode",
+           "placement_size", "placements", "slot_size", "slots", "type_placements"]

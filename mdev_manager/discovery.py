@@ -268,6 +268,8 @@ def _merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, ven
             t.inferred = list(catalog.inferred_of(t.id, board))
             if t.mig_backed:
                 t.gpu_instance_profile = catalog.gi_profile_of(t.name, board)
+                known = catalog.known_type(t.name, board)
+                t.max_per_instance = known.max_per_instance if known else None
     return sorted(merged.values(), key=lambda t: (t.framebuffer_mib or 0, t.name))
 
 
@@ -410,14 +412,16 @@ def _mig_state(io: HostIO, addr: str, fields: dict, types: list[VgpuType], vgpus
     by_id = {g.id: g for g in mig.instances}
     for v in vgpus:
         if v.gpu_instance in by_id:
-            by_id[v.gpu_instance].vgpu = v.id
+            gi = by_id[v.gpu_instance]
+            gi.vgpu = gi.vgpu or v.id
+            gi.vgpus.append(v.id)
     profile_of = {t.id: t.gpu_instance_profile for t in types}
     for v in vgpus:
         name = profile_of.get(v.type_id) or mig_profile_of(v.type_name)
         if v.gpu_instance is None and name and (prof := mig.profile(name)):
             gi = next((g for g in mig.instances if g.profile_id == prof.id and g.vgpu is None), None)
             if gi is not None:
-                gi.vgpu, v.gpu_instance = v.id, gi.id
+                gi.vgpu, gi.vgpus, v.gpu_instance = v.id, [v.id], gi.id
     return mig
 
 

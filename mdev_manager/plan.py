@@ -142,7 +142,8 @@ def offered_types(gpu: Gpu) -> list[VgpuType]:
     return [VgpuType(id=str(t.num) if fw == "vendor-vfio" else t.mdev_id(board.driver), name=t.name,
                      short_name=t.short_name, framework=fw, available_instances=t.max_instances,
                      max_instances=t.max_instances, framebuffer_mib=t.fb_mib, mig_backed=t.mig_backed,
-                     gpu_instance_profile=t.gpu_instance_profile, inferred=list(t.inferred))
+                     gpu_instance_profile=t.gpu_instance_profile, inferred=list(t.inferred),
+                     max_per_instance=t.max_per_instance)
             for t in board.types]
 
 

@@ -1,0 +1,74 @@
+"""MIG time-slicing on GB20x (#38.3): several vGPUs of one type inside one GPU instance.
+
+The RTX PRO 6000 Blackwell SE (GB202) supports it (PDB_PROP_GPU_MIG_TIMESLICING_SUPPORTED); B200
+does not: there a MIG-backed vGPU takes its instance whole. Inside an instance the vGPUs sit at
+the Blackwell rule's placements over the instance's GiB with the per-instance maximum
+(../shared/reference/blackwell-vgpu.md §0, §1.4), so nothing over-allocates an instance.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mdev_manager.host.nvml import NVML_ERROR_IN_USE, Mig, NvmlError
+from mdev_manager.sim import HostSpec
+from mdev_manager.sim.hostspec import GpuGroup
+
+GPU = "0000:10:00.0"
+
+
+def host(board: str) -> HostSpec:
+    return HostSpec(name="h", node="h", gpus=[GpuGroup(board=board, vfs_enabled=True)])
+
+
+def creatable(sim, vf: str) -> str:
+    return sim.host.sys.joinpath("bus/pci/devices", vf, "nvidia/creatable_vgpu_types").read_text()
+
+
+def set_type(sim, vf: str, num: int | str) -> None:
+    sim.host.write(sim.env.pci(vf) / "nvidia/current_vgpu_type", f"{num}")
+
+
+def test_several_vgpus_share_one_instance_up_to_its_maximum(make_sim):
+    sim = make_sim(host("RTX-PRO-6000-BSE"))
+    m = Mig(sim.io.nvml())
+    m.set_mode(GPU, True)
+    gi = m.create(GPU, 14, 0, 1)  # 1g.24gb at memory slice 0
+    vfs = [vf.address for vf in sim.discover().gpu(GPU).vfs]
+    assert "DC-1-6Q" in creatable(sim, vfs[0]) and "DC-2-12Q" not in creatable(sim, vfs[0])
+    for vf in vfs[:4]:  # DC-1-6Q: 16 per GPU over 4 instances = 4 per instance
+        set_type(sim, vf, 1553)
+    g = sim.discover().gpu(GPU)
+    assert sorted(v.placement_id for v in g.vgpus) == [0, 6, 12, 18]  # floor(24 j / 4)
+    assert {v.gpu_instance for v in g.vgpus} == {gi}
+    inst = next(i for i in g.mig.instances if i.id == gi)
+    assert sorted(inst.vgpus) == sorted(vfs[:4]) and inst.vgpu in vfs[:4]
+    assert "DC-1-6Q" not in creatable(sim, vfs[4]) and "DC-1-4Q" not in creatable(sim, vfs[4])  # full; one type each
+    t = next(t for t in g.types if t.short_name == "DC-1-6Q")
+    assert t.available_instances == 0 and t.max_per_instance == 4
+    with pytest.raises(OSError):
+        set_type(sim, vfs[4], 1553)
+    with pytest.raises(NvmlError) as e:
+        m.destroy(GPU, gi)
+    assert e.value.code == NVML_ERROR_IN_USE
+    set_type(sim, vfs[1], 0)  # one leaves: its placement is free again, the instance still in use
+    assert "DC-1-6Q" in creatable(sim, vfs[4])
+    set_type(sim, vfs[4], 1553)
+    assert sorted(v.placement_id for v in sim.discover().gpu(GPU).vgpus) == [0, 6, 12, 18]
+    for vf in (vfs[0], vfs[2], vfs[3], vfs[4]):
+        set_type(sim, vf, 0)
+    assert "DC-1-4Q" in creatable(sim, vfs[0])  # empty: any type of the profile again
+    m.destroy(GPU, gi)
+
+
+def test_gb100_boards_keep_one_vgpu_per_instance(make_sim):
+    sim = make_sim(host("B200"))
+    m = Mig(sim.io.nvml())
+    m.set_mode(GPU, True)
+    gi = m.create(GPU, 19, 0, 1)  # 1g.23gb
+    vfs = [vf.address for vf in sim.discover().gpu(GPU).vfs]
+    set_type(sim, vfs[0], 2152)
+    assert "B200X-1-23C" not in creatable(sim, vfs[1])
+    g = sim.discover().gpu(GPU)
+    assert g.vgpus[0].gpu_instance == gi and g.vgpus[0].placement_id is None
+    assert next(t for t in g.types if t.short_name == "B200X-1-23C").max_per_instance is None
