@@ -412,9 +412,9 @@ def _mig_state(io: HostIO, addr: str, fields: dict, types: list[VgpuType], vgpus
     by_id = {g.id: g for g in mig.instances}
     for v in vgpus:
         if v.gpu_instance in by_id:
-            gi = by_id[v.gpu_instance]
-            gi.vgpu = gi.vgpu or v.id
-            gi.vgpus.append(v.id)
+            held = by_id[v.gpu_instance]
+            held.vgpu = held.vgpu or v.id
+            held.vgpus.append(v.id)
     profile_of = {t.id: t.gpu_instance_profile for t in types}
     for v in vgpus:
         name = profile_of.get(v.type_id) or mig_profile_of(v.type_name)

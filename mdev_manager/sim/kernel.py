@@ -160,10 +160,10 @@ class SimHost(SysfsTree):
             if not open_:
                 raise err(errno.EINVAL, f"no GPU instance with room for {t.name}"
                           + (f" with id {wanted}" if wanted else ""))
-            gi, free = open_[0]
-            gi.setdefault("shared", {})[vgpu] = free[0]  # first fit, as in mixed-size mode
-            gi["type"], gi["vgpu"] = str(t.num), gi.get("vgpu") or vgpu
-            return gi["id"]
+            joined, spots = open_[0]
+            joined.setdefault("shared", {})[vgpu] = spots[0]  # first fit, as in mixed-size mode
+            joined["type"], joined["vgpu"] = str(t.num), joined.get("vgpu") or vgpu
+            return int(joined["id"])
         free = free_instances(gpu, t.gpu_instance_profile or "")
         if wanted is not None:
             free = [g for g in free if g["id"] == wanted]
