@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import pytest
 
+from mdev_manager import persist
+from mdev_manager.config import ConfigError
 from mdev_manager.host.nvml import NVML_ERROR_IN_USE, Mig, NvmlError
+from mdev_manager.plan import make_plan
+from mdev_manager.reconcile import reconcile
+from mdev_manager.restore import restore
 from mdev_manager.sim import HostSpec
 from mdev_manager.sim.hostspec import GpuGroup
+from tests.support.simnodes import layout
 
 GPU = "0000:10:00.0"
 
@@ -72,3 +78,64 @@ def test_gb100_boards_keep_one_vgpu_per_instance(make_sim):
     g = sim.discover().gpu(GPU)
     assert g.vgpus[0].gpu_instance == gi and g.vgpus[0].placement_id is None
     assert next(t for t in g.types if t.short_name == "B200X-1-23C").max_per_instance is None
+
+
+# --------------------------------------------------------------------------- the node manager
+
+def _shape(sim) -> list[tuple[str, int, int, list[str]]]:
+    """(profile, start, size, short types of its vGPUs) of each GPU instance."""
+    g = sim.discover().gpu(GPU)
+    names = {v.id: v.type_name.split()[-1] for v in g.vgpus}
+    return sorted((g.mig.profile(i.profile_id).name, i.placement.start, i.placement.size,
+                   sorted(names[v] for v in i.vgpus)) for i in g.mig.instances)
+
+
+SHARED = {"DC-1-6Q": 8, "DC-2-24Q": 2}  # 2 x 1g.24gb with 4 each, 1 x 2g.48gb with 2: all 4 memory slices
+
+
+def test_a_layout_puts_several_vgpus_in_each_instance_and_then_changes_nothing(make_sim):
+    sim = make_sim(host("RTX-PRO-6000-BSE"))
+    out = reconcile(sim.env, sim.io, layout({"index": 0, "vgpus": SHARED}), read_back=True)
+    assert out.matches, out.rounds[-1].plan.skipped
+    assert _shape(sim) == [("1g.24gb", 2, 1, ["DC-1-6Q"] * 4), ("1g.24gb", 3, 1, ["DC-1-6Q"] * 4),
+                           ("2g.48gb", 0, 2, ["DC-2-24Q"] * 2)]  # widest first
+    for i in sim.discover().gpu(GPU).mig.instances:  # the Blackwell rule inside each instance
+        placed = sorted(v.placement_id for v in sim.discover().gpu(GPU).vgpus if v.gpu_instance == i.id)
+        assert placed in ([0, 6, 12, 18], [0, 24])
+    assert reconcile(sim.env, sim.io, layout({"index": 0, "vgpus": SHARED})).changed == 0
+    saved = persist.load_mig(sim.env, sim.io)[GPU]
+    assert sorted(len(e.get("vgpus") or [e["vgpu"]]) for e in saved) == [2, 4, 4]
+
+
+def test_fewer_then_more_vgpus_reuse_the_shared_instances(make_sim):
+    sim = make_sim(host("RTX-PRO-6000-BSE"))
+    assert reconcile(sim.env, sim.io, layout({"index": 0, "vgpus": {"DC-1-6Q": 5}})).matches
+    assert _shape(sim) == [("1g.24gb", 0, 1, ["DC-1-6Q"] * 4), ("1g.24gb", 1, 1, ["DC-1-6Q"])]
+    assert reconcile(sim.env, sim.io, layout({"index": 0, "vgpus": {"DC-1-6Q": 7}})).matches
+    assert _shape(sim) == [("1g.24gb", 0, 1, ["DC-1-6Q"] * 4), ("1g.24gb", 1, 1, ["DC-1-6Q"] * 3)]
+
+
+def test_more_than_the_instances_hold_is_refused_before_any_step(make_sim):
+    sim = make_sim(host("RTX-PRO-6000-BSE"))
+    reconcile(sim.env, sim.io, layout({"index": 0, "vgpus": {"DC-1-6Q": 1}}))  # MIG mode on
+    with pytest.raises(ConfigError, match="do not fit"):
+        make_plan(sim.discover(), layout({"index": 0, "vgpus": {"DC-1-6Q": 12, "DC-2-24Q": 3}}))
+
+
+def test_a_reboot_is_restored_with_every_vgpu_on_its_instance(make_sim):
+    sim = make_sim(host("RTX-PRO-6000-BSE"))
+    reconcile(sim.env, sim.io, layout({"index": 0, "vgpus": SHARED}))
+    before = _shape(sim)
+    sim.host.reboot()
+    assert not sim.discover().gpu(GPU).vgpus
+    reports = restore(sim.env, sim.io)
+    assert all(r.ok for rep in reports for r in rep.results), [r for rep in reports for r in rep.results if not r.ok]
+    assert _shape(sim) == before
+    assert reconcile(sim.env, sim.io, layout({"index": 0, "vgpus": SHARED})).changed == 0
+
+
+def test_b200_takes_one_instance_per_vgpu(make_sim):
+    sim = make_sim(host("B200"))
+    assert reconcile(sim.env, sim.io, layout({"index": 0, "vgpus": {"B200X-3-90C": 1, "B200X-1-23C": 3}})).matches
+    assert _shape(sim) == [("1g.23gb", 4, 1, ["B200X-1-23C"]), ("1g.23gb", 5, 1, ["B200X-1-23C"]),
+                           ("1g.23gb", 6, 1, ["B200X-1-23C"]), ("3g.90gb", 0, 4, ["B200X-3-90C"])]
