@@ -56,7 +56,8 @@ def inventory_table(inv: Inventory, types: bool = False, wide: bool = False) -> 
     if vgpus:
         out += ["", fit(head + (["SLOTS"] if placed else []), vgpus, fold=("TYPE",), wide=wide)]
     mig = [[str(g.index), str(i.id), p.name if (p := g.mig.profile(i.profile_id)) else str(i.profile_id),
-            f"{i.placement.start}:{i.placement.size}", i.vgpu or "-"]
+            f"{i.placement.start}:{i.placement.size}",
+            (i.vgpu or "-") + (f" (+{len(i.vgpus) - 1} sharing it)" if len(i.vgpus) > 1 else "")]
            for g in inv.gpus if g.mig and g.mig.enabled for i in g.mig.instances]
     modes = [f"GPU {g.index}: MIG mode {'on' if g.mig.enabled else 'off'}"
              + (f" (pending {'on' if g.mig.pending else 'off'})" if g.mig.pending != g.mig.enabled else "")
