@@ -139,3 +139,4 @@ def test_b200_takes_one_instance_per_vgpu(make_sim):
     assert reconcile(sim.env, sim.io, layout({"index": 0, "vgpus": {"B200X-3-90C": 1, "B200X-1-23C": 3}})).matches
     assert _shape(sim) == [("1g.23gb", 4, 1, ["B200X-1-23C"]), ("1g.23gb", 5, 1, ["B200X-1-23C"]),
                            ("1g.23gb", 6, 1, ["B200X-1-23C"]), ("3g.90gb", 0, 4, ["B200X-3-90C"])]
+
