@@ -132,3 +132,37 @@ def test_discover_types_shows_what_is_inferred(make_sim):
     types = {t["short_name"]: t for t in gpu["types"]}
     assert types["DC-4Q"]["inferred"] == ["id"] and types["DC-3Q"]["inferred"] == []
     assert types["DC-2-12Q"]["gpu_instance_profile"] == "2g.48gb"
+
+
+@pytest.mark.parametrize("key", ["RTX-PRO-6000-BSE", "B200", "B300", "GB200"])
+def test_nvml_probe_puts_the_driver_beside_the_catalog(make_sim, key):
+    from mdev_manager.nvmlprobe import differences, probe
+
+    sim = make_sim(host(key))
+    rec = probe(sim.io.nvml()).gpus[0]
+    board = catalog.board(key)
+    assert differences(rec, board) == []  # the simulated driver is built from the catalog
+    # a real driver that answers otherwise: each difference named, inferred ones said so
+    rec.vgpu_types[-1].max_instances += 1
+    full = {"RTX-PRO-6000-BSE": 1521, "B200": 9950, "B300": 9952, "GB200": 9951}[key]  # ids the catalog infers
+    renumbered = next(t for t in rec.vgpu_types if t.id == full)
+    renumbered.id = 1600
+    rec.mig.profiles[0]["placements"] = rec.mig.profiles[0]["placements"][:1]
+    got = differences(rec, board)
+    short = renumbered.name.split()[-1]
+    assert any(d.startswith(f"type 1600 {renumbered.name!r}: not in the catalog; the catalog has {short}")
+               and d.endswith("(the catalog's is inferred)") for d in got), got
+    assert any("driver max" in d for d in got) and any("placements" in d and "inferred" in d for d in got), got
+
+
+def test_the_nvml_probe_command_says_whether_the_catalog_agrees(make_sim, capsys):
+    from vgpuctl.main import main
+
+    sim = make_sim(host("RTX-PRO-6000-BSE", "L40S"))
+    assert main(["--simulate", "--sim-dir", str(sim.root), "nvml-probe"]) == 0
+    out = capsys.readouterr().out
+    assert "catalog board RTX-PRO-6000-BSE: agrees with the driver" in out
+    assert main(["--simulate", "--sim-dir", str(sim.root), "nvml-probe", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(g["catalog_board"], g["catalog_differences"]) for g in doc["gpus"]] == [
+        ("RTX-PRO-6000-BSE", []), ("L40S", [])]
