@@ -140,3 +140,13 @@ def test_b200_takes_one_instance_per_vgpu(make_sim):
     assert _shape(sim) == [("1g.23gb", 4, 1, ["B200X-1-23C"]), ("1g.23gb", 5, 1, ["B200X-1-23C"]),
                            ("1g.23gb", 6, 1, ["B200X-1-23C"]), ("3g.90gb", 0, 4, ["B200X-3-90C"])]
 
+
+
+def test_the_record_of_a_shared_instance_round_trips_and_a_corrupt_one_is_skipped(make_sim):
+    sim = make_sim(host("RTX-PRO-6000-BSE"))
+    entry = {"profile": 14, "start": 0, "size": 1, "vgpu": "0000:10:00.4", "vgpus": ["0000:10:00.4", "0000:10:00.5"]}
+    persist.save_mig(sim.env, sim.io, {GPU: [entry]})
+    assert persist.load_mig(sim.env, sim.io) == {GPU: [entry]}
+    text = sim.env.mig_state.read_text().replace('"0000:10:00.5"', '"../../etc"')
+    sim.env.mig_state.write_text(text)
+    assert persist.load_mig(sim.env, sim.io) == {}  # a path in it: the GPU's entries are skipped, not used
