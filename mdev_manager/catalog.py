@@ -10,59 +10,13 @@ Ids marked ``made_up`` are placeholders: the source lists them as unconfirmed.
 from __future__ import annotations
 
 from functools import cache
-from typing import Literal
 
-from pydantic import BaseModel, Field
+from mdev_manager.catalog_blackwell import BLACKWELL
+from mdev_manager.catalog_spec import BoardFramework, BoardSpec, TypeSpec, nv_desc
+from mdev_manager.names import mig_profile_of, short_type_name
 
-from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, short_type_name
-
-BoardFramework = Literal["mdev", "mdev-sriov", "vendor-vfio"]
-
-
-class TypeSpec(BaseModel):
-    num: int | str  # numeric id (nvidia-<num> on mdev, <num> on vendor VFIO) or a full id (i915-GVTg_V5_4)
-    name: str
-    max_instances: int
-    framebuffer_mib: int | None = None
-    description: str | None = None
-
-    @property
-    def fb_mib(self) -> int | None:
-        return self.framebuffer_mib or framebuffer_mib_from_name(self.name)
-
-    @property
-    def short_name(self) -> str:
-        return short_type_name(self.name)
-
-    @property
-    def mig_backed(self) -> bool:
-        return is_mig_backed(self.name)
-
-    def mdev_id(self, driver: str = "nvidia") -> str:
-        return self.num if isinstance(self.num, str) else f"{driver}-{self.num}"
-
-
-class BoardSpec(BaseModel):
-    key: str
-    vendor_id: str
-    device_id: str
-    class_code: str = "0x030200"
-    subsystem_vendor_id: str = "0x10de"
-    subsystem_device_id: str = "0x0000"
-    framebuffer_mib: int
-    framework: BoardFramework
-    sriov_total_vfs: int = 0
-    gpus_per_board: int = 1
-    driver: str = "nvidia"
-    types: list[TypeSpec]
-    made_up_ids: bool = False
-    product_name: str | None = Field(None, description="pci.ids name, for hosts whose pci.ids predates the board")
-
-
-def _nv_desc(t: TypeSpec, heads: int = 4) -> str:
-    """NVIDIA prints the type's limits in ``description`` (seen on A2: max_instance=16)."""
-    fb = t.fb_mib or 0
-    return f"num_heads={heads}, frl_config=45, framebuffer={fb}M, max_resolution=5120x2880, max_instance={t.max_instances}"
+__all__ = ["BOARDS", "BoardFramework", "BoardSpec", "TypeSpec", "board", "gi_profile_of", "inferred_of", "known_type",
+           "match_board"]
 
 
 def _series(board: str, prefix: str, start: int, sizes: list[tuple[int, int]], series: str) -> list[TypeSpec]:
@@ -83,7 +37,7 @@ BOARDS: dict[str, BoardSpec] = {}
 def _add(b: BoardSpec) -> None:
     for t in b.types:
         if t.description is None and b.vendor_id == "0x10de":
-            t.description = _nv_desc(t)
+            t.description = nv_desc(t)
     BOARDS[b.key] = b
 
 
@@ -237,6 +191,9 @@ _add(BoardSpec(
     types=_series("H20", "NVIDIA", 9900, [(4, 24), (6, 16), (8, 12), (12, 8), (16, 6), (24, 4), (32, 3), (48, 2), (96, 1)], "C"),
 ))
 
+for _b in BLACKWELL:
+    _add(_b)
+
 _add(BoardSpec(
     key="UHD630", product_name="CoffeeLake-S GT2 [UHD Graphics 630]", vendor_id="0x8086", device_id="0x3e92",
     class_code="0x030000",
@@ -265,9 +222,35 @@ def _by_name() -> dict[str, TypeSpec]:
     return out
 
 
-def known_type(name: str) -> TypeSpec | None:
-    """The catalog entry for a type by full or short name, for limits the driver does not print."""
+def known_type(name: str, board_spec: BoardSpec | None = None) -> TypeSpec | None:
+    """The catalog entry for a type by full or short name, for limits the driver does not print.
+
+    Short names are not unique across boards (``DC-8C`` is an RTX PRO 6000 and an RTX PRO 4500
+    Server Edition type): given the GPU's board (matched by PCI ids), its own entry wins."""
+    if board_spec is not None:
+        low, short = name.lower(), short_type_name(name).lower()
+        own = next((t for t in board_spec.types if t.name.lower() == low), None) or next(
+            (t for t in board_spec.types if t.short_name.lower() == short), None)
+        if own is not None:
+            return own
     return _by_name().get(name.lower()) or _by_name().get(short_type_name(name).lower())
+
+
+def gi_profile_of(name: str, board_spec: BoardSpec | None = None) -> str | None:
+    """The GPU-instance profile a MIG-backed type lives on: the catalog's word where the name's
+    grammar says otherwise (DC-2-12Q: a 12 GiB vGPU on 2g.48gb), else the grammar (A100-3-20C: 3g.20gb)."""
+    known = known_type(name, board_spec)
+    if known is not None and known.gi_profile:
+        return known.gi_profile
+    return mig_profile_of(name)
+
+
+def inferred_of(type_id: str, board_spec: BoardSpec | None) -> tuple[str, ...]:
+    """What the catalog infers about a board's type (by mdev or vendor-VFIO id), for discover --types."""
+    if board_spec is None:
+        return ()
+    t = next((t for t in board_spec.types if type_id in (str(t.num), t.mdev_id(board_spec.driver))), None)
+    return t.inferred if t else ()
 
 
 def board(key: str) -> BoardSpec:
@@ -280,5 +263,5 @@ def board(key: str) -> BoardSpec:
 def match_board(vendor_id: str, device_id: str, subsystem_device_id: str | None = None) -> BoardSpec | None:
     """The catalog board for a PCI function (subsystem id breaks ties such as A2 / A16)."""
     hits = [b for b in BOARDS.values() if b.vendor_id == vendor_id and b.device_id == device_id]
-    exact = [b for b in hits if b.subsystem_device_id == subsystem_device_id]
+    exact = [b for b in hits if subsystem_device_id in (b.subsystem_device_id, *b.subsystem_aliases)]
     return next(iter(exact or hits), None)

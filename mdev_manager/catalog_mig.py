@@ -95,9 +95,71 @@ _H200: list[Row] = [
     ("7g.141gb", 0, 1, 143360, 132, 8, 7, 0, 7, 1, (0,), 8),
 ]
 
-# Not here: B200 (its 3g/4g/7g rows could not be verified) and RTX PRO 6000 Blackwell (MIG on
-# 12 placement units, and time-sliced vGPUs inside one GPU instance): their boards offer
-# time-sliced types only until their tables are confirmed.
+# Blackwell (../shared/reference/blackwell-vgpu.md). No -lgipp output of any Blackwell board was
+# found: every placement below is inferred (MIG_INFERRED), as are the profile ids, memory sizes and
+# engines the -lgip excerpts cut off. RTX PRO 6000 BSE: -lgip rows 1g.24gb (14, 4, 23.12 GiB on a
+# vGPU host, 46 SMs), +me (21), +gfx (47), +me.all (65); counts from mig-parted; 4 memory slices
+# (4 instances at most, 2 x 2g, 1 x 4g), ids of 2g/4g as on the A30 (the other 4-slice board).
+_RTX_PRO_6000: list[Row] = [
+    ("1g.24gb", 14, 4, 23674, 46, 1, 1, 1, 1, 0, (0, 1, 2, 3), 1),
+    ("1g.24gb+me", 21, 1, 23674, 46, 1, 1, 1, 1, 1, (0, 1, 2, 3), 1),
+    ("1g.24gb+gfx", 47, 4, 23674, 46, 1, 1, 1, 1, 0, (0, 1, 2, 3), 1),
+    ("1g.24gb+me.all", 65, 1, 23674, 46, 1, 1, 1, 1, 1, (0, 1, 2, 3), 1),
+    ("1g.24gb-me", 66, 4, 23674, 46, 1, 0, 0, 0, 0, (0, 1, 2, 3), 1),
+    ("2g.48gb", 5, 2, 47488, 94, 2, 2, 2, 2, 0, (0, 2), 2),
+    ("2g.48gb+gfx", 48, 2, 47488, 94, 2, 2, 2, 2, 0, (0, 2), 2),
+    ("2g.48gb+me.all", 67, 1, 47488, 94, 2, 2, 2, 2, 1, (0, 2), 2),
+    ("2g.48gb-me", 68, 2, 47488, 94, 2, 0, 0, 0, 0, (0, 2), 2),
+    ("4g.96gb", 0, 1, 95000, 188, 4, 4, 4, 4, 1, (0,), 4),
+    ("4g.96gb+gfx", 49, 1, 95000, 188, 4, 4, 4, 4, 1, (0,), 4),
+]
+
+# B200 180GB: -lgip rows 1g.23gb (19, 7, 22 GiB, 18 SMs), +me (20), 1g.45gb (15, 4, 44.25 GiB),
+# 2g.45gb (14, 3) (NVIDIA/mig-parted#166, #187); 3g/4g/7g counts from mig-parted's config, their
+# ids (9/5/0), sizes and the whole geometry inferred from H100/H200 (same ids, counts and ratios).
+_B200: list[Row] = [
+    ("1g.23gb", 19, 7, 22528, 18, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6), 1),
+    ("1g.23gb+me", 20, 1, 22528, 18, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),
+    ("1g.45gb", 15, 4, 45312, 18, 1, 1, 0, 1, 0, (0, 2, 4, 6), 2),
+    ("2g.45gb", 14, 3, 45312, 36, 2, 2, 0, 2, 0, (0, 2, 4), 2),
+    ("3g.90gb", 9, 2, 90880, 54, 3, 3, 0, 3, 0, (0, 4), 4),
+    ("4g.90gb", 5, 1, 90880, 72, 4, 4, 0, 4, 0, (0,), 4),
+    ("7g.180gb", 0, 1, 182272, 148, 8, 7, 0, 7, 1, (0,), 8),
+]
+
+# B300 269GB: profile names and counts from mig-parted's config for 0x318210DE; everything else
+# as the B200's (inferred).
+_B300: list[Row] = [
+    ("1g.34gb", 19, 7, 33792, 18, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6), 1),
+    ("1g.34gb+me", 20, 1, 33792, 18, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),
+    ("1g.67gb", 15, 4, 68096, 18, 1, 1, 0, 1, 0, (0, 2, 4, 6), 2),
+    ("2g.67gb", 14, 3, 68096, 36, 2, 2, 0, 2, 0, (0, 2, 4), 2),
+    ("3g.135gb", 9, 2, 136448, 54, 3, 3, 0, 3, 0, (0, 4), 4),
+    ("4g.135gb", 5, 1, 136448, 72, 4, 4, 0, 4, 0, (0,), 4),
+    ("7g.269gb", 0, 1, 273408, 148, 8, 7, 0, 7, 1, (0,), 8),
+]
+
+# GB200: -lgip of an HGX GB200 (NVIDIA/gpu-operator#1303): 1g.24gb (19, 7), +me (20), 1g.47gb
+# (15, 4), 2g.47gb (14, 3); 3g.93gb, 4g.93gb, 7g.186gb from mig-parted's config (other GB200s name
+# the small ones 1g.23gb: mig-parted#227); the rest as the B200's (inferred).
+_GB200: list[Row] = [
+    ("1g.24gb", 19, 7, 23552, 18, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6), 1),
+    ("1g.24gb+me", 20, 1, 23552, 18, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),
+    ("1g.47gb", 15, 4, 47104, 18, 1, 1, 0, 1, 0, (0, 2, 4, 6), 2),
+    ("2g.47gb", 14, 3, 47104, 36, 2, 2, 0, 2, 0, (0, 2, 4), 2),
+    ("3g.93gb", 9, 2, 94208, 54, 3, 3, 0, 3, 0, (0, 4), 4),
+    ("4g.93gb", 5, 1, 94208, 72, 4, 4, 0, 4, 0, (0,), 4),
+    ("7g.186gb", 0, 1, 189440, 148, 8, 7, 0, 7, 1, (0,), 8),
+]
+
+#: What the Blackwell tables infer (shown by vgpuctl discover --types; NVML's own answers win).
+MIG_INFERRED: dict[str, tuple[str, ...]] = {
+    "RTX-PRO-6000-BSE": ("MIG placements", "MIG profile ids of 2g/4g and -me variants", "MIG engines"),
+    "B200": ("MIG placements", "MIG profile ids of 3g/4g/7g", "MIG engines"),
+    "B300": ("MIG placements", "MIG profile ids", "MIG engines"),
+    "GB200": ("MIG placements", "MIG profile ids of 3g/4g/7g", "MIG engines"),
+}
+
 MIG_TABLES: dict[str, list[Row]] = {
     "A30": _A30,
     "A100-40GB": _A100_40GB,
@@ -105,6 +167,10 @@ MIG_TABLES: dict[str, list[Row]] = {
     "H100-80GB": _H100_80GB,
     "H100-NVL": _H100_NVL,
     "H200": _H200,
+    "RTX-PRO-6000-BSE": _RTX_PRO_6000,
+    "B200": _B200,
+    "B300": _B300,
+    "GB200": _GB200,
 }
 
 #: Memory slices per board: the widest placement's end.

@@ -19,7 +19,13 @@ Left out, on purpose (nothing is guessed):
   proof that a board follows it;
 * 1 GiB types: the driver refuses some placements of some boards' 1 GiB profiles (it depends on the
   framebuffer it reserves per board, which is not published), so they are never placed here;
-* Blackwell's rule (``floor(slots * j / max)``): no Blackwell board is in the catalog.
+
+Blackwell and later (``_kvgpumgrSetHeterogeneousResources_GB100``, ../shared/reference/blackwell-vgpu.md
+§0) follow another rule, :func:`blackwell`: placement id j = floor(slots * j / max) for j < max,
+the same ids and maxima in equal-size and mixed-size mode (no power-of-two loss), and a 2 GiB
+type on a 96-slot GPU holds 3 slots (the driver's special case for the RTX PRO 6000: 32 of them,
+not 48). The same rule places MIG time-sliced vGPUs inside one GPU instance
+(:func:`instance_placements`).
 
 The node manager and the simulated NVML use NVML's own lists at run time; this module is what
 the simulated host's driver knows and what the DRA side publishes before any vGPU exists.
@@ -33,8 +39,10 @@ from mdev_manager import catalog
 
 SLOT_MIB = 1024  # one slot is 1 GiB; a vGPU's placementSize is its framebuffer in GiB
 
-#: Boards whose placements NVIDIA publishes (and the rule reproduces): catalog keys.
-KNOWN = ("L40S", "L40", "L4", "H100-80GB", "H100-NVL", "A100-40GB", "A100D-80GB")
+#: Boards placed by Blackwell's rule, read from the driver's code (no table is published).
+BLACKWELL = ("RTX-PRO-6000-BSE",)
+#: Boards whose placements NVIDIA publishes (and the rule reproduces), and the Blackwell ones: catalog keys.
+KNOWN = ("L40S", "L40", "L4", "H100-80GB", "H100-NVL", "A100-40GB", "A100D-80GB", *BLACKWELL)
 
 _MAX_PARTITIONS = 16  # at most 32 vGPUs per GPU: two per 1/16 partition
 
@@ -69,6 +77,20 @@ def halving(slots: int, maxima: dict[int, int]) -> dict[int, tuple[int, ...]]:
     return {size: tuple(sorted(ids)) for size, ids in out.items()}
 
 
+def placement_size(gib: int, region: int) -> int:
+    """Slots a vGPU of ``gib`` GiB holds on Blackwell (``_kvgpumgrGetplacementSize``): its GiB, but
+    3 for a 2 GiB profile on a 96 GiB region ("only 32 instances of 2GB are supported even
+    though it can accommodate 48")."""
+    return 3 if gib == 2 and region == 96 else gib
+
+
+def blackwell(region: int, maxima: dict[int, int]) -> dict[int, tuple[int, ...]]:
+    """Placement ids per size (GiB -> ids, ascending) on a ``region`` GiB GPU or GPU instance from
+    Blackwell on: ``floor(region * j / max)`` for j < max, ``max`` each size's maximum count (per
+    GPU instance for MIG time-slicing)."""
+    return {size: tuple(region * j // most for j in range(most)) for size, most in maxima.items()}
+
+
 def _sizes(board_key: str) -> dict[int, int]:
     """Each time-sliced framebuffer size (GiB) of a board and its equal-size maximum."""
     maxima: dict[int, int] = {}
@@ -97,7 +119,8 @@ def placements(board_key: str) -> dict[int, tuple[int, ...]] | None:
     whose table is not known (it refuses mixed-size mode). 1 GiB sizes are left out."""
     if board_key not in KNOWN:
         return None
-    table = halving(slots(board_key), _sizes(board_key))
+    rule = blackwell if board_key in BLACKWELL else halving
+    table = rule(slots(board_key), _sizes(board_key))
     return {size: ids for size, ids in sorted(table.items()) if size > 1}
 
 
@@ -110,10 +133,32 @@ def type_placements(board_key: str, framebuffer_mib: int | None) -> tuple[int, .
     return table.get(framebuffer_mib // SLOT_MIB, ())
 
 
+def slot_size(board_key: str, framebuffer_mib: int | None) -> int | None:
+    """Slots a time-sliced vGPU of ``framebuffer_mib`` holds in mixed-size mode (its GiB, but see
+    :func:`placement_size` on Blackwell); None for sizes that are not whole GiB."""
+    if not framebuffer_mib or framebuffer_mib % SLOT_MIB:
+        return None
+    gib = framebuffer_mib // SLOT_MIB
+    return placement_size(gib, slots(board_key)) if board_key in BLACKWELL else gib
+
+
 def max_in_mixed_mode(board_key: str, framebuffer_mib: int | None) -> int:
     """How many vGPUs of a size fit at once in mixed-size mode: one per placement (placements
     of one size never overlap), so the largest power of two not above the equal-size maximum."""
     return len(type_placements(board_key, framebuffer_mib))
+
+
+def instance_placements(board_key: str, t: catalog.TypeSpec) -> tuple[int, tuple[int, ...]]:
+    """(slots held, placement ids) of a MIG time-sliced type inside one GPU instance (GB20x): the
+    Blackwell rule over the instance's nominal GiB (the size of its profile's type that takes it
+    whole, ``maxInstancePerGI == 1``: 24, 48 or 96 on the RTX PRO 6000) with the per-instance
+    maximum. ``(0, ())`` for a type that takes its instance whole (B200, H100, ...)."""
+    if not t.max_per_instance or not t.fb_mib:
+        return 0, ()
+    region = max((u.fb_mib or 0) // SLOT_MIB for u in catalog.board(board_key).types
+                 if u.gpu_instance_profile == t.gpu_instance_profile and u.max_per_instance == 1)
+    gib = t.fb_mib // SLOT_MIB
+    return placement_size(gib, region), blackwell(region, {gib: t.max_per_instance})[gib]
 
 
 def boards() -> tuple[str, ...]:
@@ -121,4 +166,5 @@ def boards() -> tuple[str, ...]:
     return KNOWN
 
 
-__all__ = ["KNOWN", "SLOT_MIB", "boards", "halving", "max_in_mixed_mode", "placements", "slots", "type_placements"]
+__all__ = ["BLACKWELL", "KNOWN", "SLOT_MIB", "blackwell", "boards", "halving", "instance_placements", "max_in_mixed_mode",
+           "placement_size", "placements", "slot_size", "slots", "type_placements"]

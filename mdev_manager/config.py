@@ -108,8 +108,9 @@ _SIZED = re.compile(r"^(?P<board>.+)-(?P<size>\d+)(?P<series>[A-Za-z]\w*)$")
 def did_you_mean_type(ref: object, names: Iterable[str]) -> str:
     """For a vGPU type that does not exist, the closest sensible ones: the same board and series at the
     nearest sizes below and above (``T4-3Q``: ``T4-2Q`` or ``T4-4Q``, never ``T4-8Q``, which only looks
-    alike); else :func:`did_you_mean`."""
-    want = _SIZED.match(str(ref).strip())
+    alike); else :func:`did_you_mean`. A driver's long name is read by its last word (``NVIDIA RTX Pro
+    6000 Blackwell DC-5Q``: ``DC-5Q``)."""
+    want = _SIZED.match(str(ref).strip().split()[-1] if str(ref).strip() else "")
     names = list(names)
     if want:
         sizes = {}

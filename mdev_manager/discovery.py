@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mdev_manager import catalog, numbering
+from mdev_manager.catalog_mig import MIG_INFERRED
 from mdev_manager.host import pciids
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, override_value, read_attr
@@ -262,6 +263,13 @@ def _merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, ven
         # creatable_vgpu_types lists only what fits now; the board's full list comes from the catalog.
         for spec in board.types:
             merged.setdefault(str(spec.num), _vendor_type(str(spec.num), spec.name, 0))
+    if board:
+        for t in merged.values():  # the board's own entry, where a short name is shared (DC-8C)
+            t.inferred = list(catalog.inferred_of(t.id, board))
+            if t.mig_backed:
+                t.gpu_instance_profile = catalog.gi_profile_of(t.name, board)
+                known = catalog.known_type(t.name, board)
+                t.max_per_instance = known.max_per_instance if known else None
     return sorted(merged.values(), key=lambda t: (t.framebuffer_mib or 0, t.name))
 
 
@@ -382,7 +390,8 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
                mixed_size=placements.enabled if placements is not None else infer_mixed_size(fields["vendor_id"], types,
                                                                                              vgpus),
                sriov_num_vfs=_int(read_attr(io, d / "sriov_numvfs")) or 0, vfs=vfs, parents=parents,
-               types=types, vgpus=vgpus, mig=mig, placements=placements, **fields)
+               types=types, vgpus=vgpus, mig=mig, placements=placements,
+               inferred=[*board.inferred, *MIG_INFERRED.get(board.key, ())] if board else [], **fields)
 
 
 NO_GPU_INSTANCE = 4294967295  # a VF's nvidia/gpu_instance_id with no GPU instance chosen (0xFFFFFFFF)
@@ -403,14 +412,16 @@ def _mig_state(io: HostIO, addr: str, fields: dict, types: list[VgpuType], vgpus
     by_id = {g.id: g for g in mig.instances}
     for v in vgpus:
         if v.gpu_instance in by_id:
-            by_id[v.gpu_instance].vgpu = v.id
+            held = by_id[v.gpu_instance]
+            held.vgpu = held.vgpu or v.id
+            held.vgpus.append(v.id)
     profile_of = {t.id: t.gpu_instance_profile for t in types}
     for v in vgpus:
         name = profile_of.get(v.type_id) or mig_profile_of(v.type_name)
         if v.gpu_instance is None and name and (prof := mig.profile(name)):
             gi = next((g for g in mig.instances if g.profile_id == prof.id and g.vgpu is None), None)
             if gi is not None:
-                gi.vgpu, v.gpu_instance = v.id, gi.id
+                gi.vgpu, gi.vgpus, v.gpu_instance = v.id, [v.id], gi.id
     return mig
 
 

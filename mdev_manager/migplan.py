@@ -35,7 +35,7 @@ from mdev_manager.actions import (
     SetVgpuType,
     Skip,
 )
-from mdev_manager.models import Gpu, GpuInstanceProfile, MdevDefinition, MigPlacement, MigState, Usage, VgpuType
+from mdev_manager.models import Gpu, GpuInstanceProfile, MdevDefinition, MigPlacement, MigState, Usage, Vgpu, VgpuType
 from mdev_manager.names import mig_profile_of
 from mdev_manager.vgpusteps import clear_step, empty_gpu, forget_step, split_existing
 
@@ -46,6 +46,13 @@ def profile_of(mig: MigState | None, t: VgpuType) -> GpuInstanceProfile | None:
     """The GPU-instance profile a MIG-backed type takes, as the GPU's NVML lists it."""
     name = t.gpu_instance_profile or mig_profile_of(t.name)
     return mig.profile(name) if mig and name else None
+
+
+def instances_for(t: VgpuType, n: int) -> int:
+    """GPU instances ``n`` vGPUs of ``t`` need: one each, or (MIG time-slicing, GB20x) one per
+    ``max_per_instance`` of them."""
+    share = t.max_per_instance or 1
+    return -(-n // share)
 
 
 def full_profile(mig: MigState) -> GpuInstanceProfile:
@@ -118,9 +125,10 @@ def check_mig_layout(gpu: Gpu, wanted: list[tuple[VgpuType, int]], where: str, l
     for t, n in mig_types:
         prof = profile_of(gpu.mig, t)
         if prof is None:
-            return [f"{where}.{t.short_name}: {label} has no GPU-instance profile {mig_profile_of(t.name)!r} "
+            profile_name = t.gpu_instance_profile or mig_profile_of(t.name)
+            return [f"{where}.{t.short_name}: {label} has no GPU-instance profile {profile_name!r} "
                     f"for it; its profiles are {', '.join(p.name for p in gpu.mig.profiles)}"]
-        need += [prof] * n
+        need += [prof] * instances_for(t, n)
         named.append(f"{n} x {t.short_name} ({prof.name})")
     if place(gpu.mig, [], need) is None:
         detail = " + ".join(named)
@@ -138,15 +146,22 @@ def same_record(a: list[dict], b: list[dict]) -> bool:
     def canon(r: list[dict]) -> list[tuple]:
         profiles = sorted({e["profile"] for e in r})
         return [(p, sorted((e["start"], e["size"]) for e in r if e["profile"] == p),
-                 sorted(str(e.get("vgpu")) for e in r if e["profile"] == p)) for p in profiles]
+                 sorted(str(sorted(e.get("vgpus") or [e.get("vgpu")], key=str)) for e in r if e["profile"] == p))
+                for p in profiles]
     return canon(a) == canon(b)
 
 
-def _record(gpu: Gpu, mig: MigState, holders: dict[int, str]) -> list[dict]:
+def _record(gpu: Gpu, mig: MigState, holders: dict[int, list[str]]) -> list[dict]:
+    """The record of the instances kept: each names its vGPU (``vgpu``), and with MIG time-slicing
+    every vGPU sharing it (``vgpus``), so restore puts each back on it."""
     by_id = {g.id: g for g in mig.instances}
-    return sorted(({"profile": by_id[i].profile_id, "start": by_id[i].placement.start,
-                    "size": by_id[i].placement.size, "vgpu": v} for i, v in holders.items() if i in by_id),
-                  key=lambda e: e["start"])
+    out = []
+    for i, vs in holders.items():
+        if i in by_id and vs:
+            e = {"profile": by_id[i].profile_id, "start": by_id[i].placement.start, "size": by_id[i].placement.size,
+                 "vgpu": vs[0]}
+            out.append({**e, "vgpus": sorted(vs)} if len(vs) > 1 else e)
+    return sorted(out, key=lambda e: e["start"])
 
 
 def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definitions: Iterable[MdevDefinition],
@@ -169,24 +184,36 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     keep, busy, drop = split_existing(plan, gpu.vgpus, wanted, usage, saved_ids, "removed")
     for v in drop:
         plan.actions += [clear_step(gpu, v)] + ([forget_step(gpu, v)] if v.id in saved_ids else [])
-    holding = {v.gpu_instance: v.id for v in keep + busy if v.gpu_instance is not None}
+    holding: dict[int, list[Vgpu]] = {}
+    for v in keep + busy:
+        if v.gpu_instance is not None:
+            holding.setdefault(v.gpu_instance, []).append(v)
     free = [g for g in mig.instances if g.id not in holding]
-    # what each wanted type still needs, served first by free instances of its profile
-    need: list[tuple[VgpuType, GpuInstanceProfile]] = []
+    # what each wanted type still needs: room in the instances its kept vGPUs share (MIG time-slicing),
+    # then whole instances (each with up to max_per_instance vGPUs), served first by free ones of its profile
+    fill: dict[int, tuple[VgpuType, int]] = {}
+    need: list[tuple[VgpuType, GpuInstanceProfile, int]] = []
     for tid, n in sorted(wanted.items()):
         t = types.get(tid)
         prof = profile_of(mig, t) if t else None
         if t is None or prof is None:
             continue
-        need += [(t, prof)] * (n - sum(1 for v in keep if v.type_id == tid))
-    reuse: dict[int, tuple[VgpuType, GpuInstanceProfile]] = {}
-    fresh: list[tuple[VgpuType, GpuInstanceProfile]] = []
-    for t, prof in need:
+        missing, share = n - sum(1 for v in keep if v.type_id == tid), t.max_per_instance or 1
+        for gi_id, vs in sorted(holding.items()):
+            if missing > 0 and share > len(vs) and all(v.type_id == tid for v in vs):
+                add = min(share - len(vs), missing)
+                fill[gi_id], missing = (t, add), missing - add
+        while missing > 0:
+            need.append((t, prof, min(share, missing)))
+            missing -= share
+    reuse: dict[int, tuple[VgpuType, int]] = {}
+    fresh: list[tuple[VgpuType, GpuInstanceProfile, int]] = []
+    for t, prof, count in need:
         gi = next((g for g in free if g.profile_id == prof.id and g.id not in reuse), None)
         if gi is None:
-            fresh.append((t, prof))
+            fresh.append((t, prof, count))
         else:
-            reuse[gi.id] = (t, prof)
+            reuse[gi.id] = (t, count)
     structural = False
     for g in free:
         if g.id not in reuse:
@@ -199,33 +226,36 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
                 if g.id in holding or g.id in reuse]
         taken = [(p, pl) for p, pl in kept if p is not None]
         # a kept instance of a profile NVML did not list: its engines are unknown, so nothing is placed beside it
-        spots = place(mig, taken, [p for _, p in fresh]) if len(taken) == len(kept) else None
+        spots = place(mig, taken, [p for _, p, _ in fresh]) if len(taken) == len(kept) else None
         if spots is None:
             plan.skipped.append(Skip(device=gpu.address, reason=(
-                f"{len(fresh)} GPU instance(s) ({', '.join(p.name for _, p in fresh)}) not created: no placement "
+                f"{len(fresh)} GPU instance(s) ({', '.join(p.name for _, p, _ in fresh)}) not created: no placement "
                 "left beside the GPU instances kept (in use or wanted); they are created once those are released")))
         else:
-            for (_, prof), pl in zip(fresh, spots, strict=False):
+            for (_, prof, _), pl in zip(fresh, spots, strict=False):
                 plan.actions.append(CreateGpuInstance(gpu=gpu.address, profile_id=prof.id, profile=prof.name,
                                                       start=pl.start, size=pl.size))
             structural = True
     if structural:
         return True  # discovered again: the vGPUs are planned on the instances as they are then
     creates = Plan()
-    created = _create_vgpus(creates, gpu, reuse, keep + busy, records, new_uuid)
+    created = _create_vgpus(creates, gpu, {**fill, **reuse}, keep + busy, records, new_uuid)
     kept_ids = {v.id for v in keep}
     # a vGPU kept because it is in use (a VM, a libvirt domain) keeps its definition or record, so it
     # keeps its GPU instance's record too: restore re-creates the instance before the vGPU after a
     # reboot (without it the vGPU is not re-created, and the next apply replaced the definition a
     # defined libvirt domain names; found by the fault campaign, issue 29)
     recorded = kept_ids | {v.id for v in busy if v.id in saved_ids}
-    record = _record(gpu, mig, {**{i: v for i, v in holding.items() if v in recorded}, **created})
+    holders = {i: [v.id for v in vs if v.id in recorded] for i, vs in holding.items()}
+    for i, made in created.items():
+        holders[i] = holders.get(i, []) + made
+    record = _record(gpu, mig, holders)
     if not same_record(record, saved_mig or []):  # before the vGPUs: a crash between leaves a record restore completes
         plan.actions.append(SaveMigRecord(gpu=gpu.address, instances=record))
     plan.actions += creates.actions
     plan.skipped += creates.skipped
     # saved vGPUs the layout no longer has (dormant after a reboot, or replaced): forgotten
-    live = kept_ids | set(created.values()) | {v.id for v in busy} | {v.id for v in drop}
+    live = kept_ids | {m for made in created.values() for m in made} | {v.id for v in busy} | {v.id for v in drop}
     for vf in sorted(vf for vf in records if vf in parents and vf not in live):
         plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
     for d in definitions:
@@ -234,27 +264,29 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     return True
 
 
-def _create_vgpus(plan: Plan, gpu: Gpu, reuse: dict, kept: list, records: dict[str, str],
-                  new_uuid: Callable[[], str]) -> dict[int, str]:
-    """One vGPU on each reused GPU instance, each on a free VF; returns GPU instance -> vGPU id."""
+def _create_vgpus(plan: Plan, gpu: Gpu, reuse: dict[int, tuple[VgpuType, int]], kept: list, records: dict[str, str],
+                  new_uuid: Callable[[], str]) -> dict[int, list[str]]:
+    """``count`` vGPUs on each reused GPU instance (one, but with MIG time-slicing), each on a free
+    VF; returns GPU instance -> the vGPU ids made on it."""
     holding_vfs = {v.parent for v in kept}
     free_vfs = [vf.address for vf in gpu.vfs if vf.address not in holding_vfs]
-    created: dict[int, str] = {}
-    for gi_id, (t, _prof) in sorted(reuse.items()):
-        if not free_vfs:
-            plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: no free VF left"))
-            break
-        vf = free_vfs.pop(0)
-        if t.framework == "vendor-vfio":
-            if records.get(vf) != t.id:
-                plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=t.id))
-            plan.actions.append(SetVgpuType(gpu=gpu.address, vf=vf, type_id=t.id, gpu_instance=gi_id))
-            created[gi_id] = vf
-        else:
-            uid = new_uuid()
-            plan.actions += [SaveDefinition(gpu=gpu.address, parent=vf, uuid=uid, type_id=t.id),
-                             CreateMdev(gpu=gpu.address, parent=vf, uuid=uid, type_id=t.id)]
-            created[gi_id] = uid
+    created: dict[int, list[str]] = {}
+    for gi_id, (t, count) in sorted(reuse.items()):
+        for _ in range(count):
+            if not free_vfs:
+                plan.skipped.append(Skip(device=gpu.address, reason=f"{t.short_name} not created: no free VF left"))
+                return created
+            vf = free_vfs.pop(0)
+            if t.framework == "vendor-vfio":
+                if records.get(vf) != t.id:
+                    plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=t.id))
+                plan.actions.append(SetVgpuType(gpu=gpu.address, vf=vf, type_id=t.id, gpu_instance=gi_id))
+                created.setdefault(gi_id, []).append(vf)
+            else:
+                uid = new_uuid()
+                plan.actions += [SaveDefinition(gpu=gpu.address, parent=vf, uuid=uid, type_id=t.id),
+                                 CreateMdev(gpu=gpu.address, parent=vf, uuid=uid, type_id=t.id)]
+                created.setdefault(gi_id, []).append(uid)
     return created
 
 
@@ -286,7 +318,7 @@ def forget_layout_instances(plan: Plan, gpu: Gpu, saved: list[dict] | None) -> N
         gi = next((i for i in gpu.mig.instances if i.profile_id == e["profile"] and i.placement.start == e["start"]), None)
         if gi is None:
             continue
-        if gi.vgpu is None or gi.vgpu in removed:
+        if gi.vgpu is None or set(gi.vgpus or [gi.vgpu]) <= removed:
             prof = gpu.mig.profile(gi.profile_id)
             plan.actions.append(DestroyGpuInstance(gpu=gpu.address, gpu_instance=gi.id, start=gi.placement.start,
                                                    profile=prof.name if prof else str(gi.profile_id)))

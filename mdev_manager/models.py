@@ -40,6 +40,10 @@ class VgpuType(_Model):
     framebuffer_mib: int | None = None
     mig_backed: bool = False
     gpu_instance_profile: str | None = Field(None, description="MIG-backed: the GPU-instance profile it takes whole (3g.20gb)")
+    max_per_instance: int | None = Field(None, description=(
+        "MIG time-slicing (GB20x): vGPUs of the type one GPU instance holds; None: one, the instance whole"))
+    inferred: list[str] = Field(default_factory=list, description=(
+        "facts about the type that vgpuctl's catalog infers, not the driver's sources (id, max_instances)"))
 
 
 class Vgpu(_Model):
@@ -92,6 +96,8 @@ class GpuInstance(_Model):
     profile_id: int
     placement: MigPlacement
     vgpu: str | None = Field(None, description="the vGPU living on it (VF address or mdev UUID), if any")
+    vgpus: list[str] = Field(default_factory=list, description=(
+        "MIG time-slicing (GB20x): every vGPU sharing it (``vgpu`` is one of them); one at most elsewhere"))
 
 
 class MigState(_Model):
@@ -184,6 +190,9 @@ class Gpu(PciFunction):
     mig: MigState | None = Field(None, description="MIG mode, profiles and GPU instances (NVML); None: not MIG-capable")
     placements: VgpuPlacements | None = Field(None, description=(
         "mixed-size mode and the types' placements (NVML); None: NVML reports no mixed-size mode for the GPU"))
+    inferred: list[str] = Field(default_factory=list, description=(
+        "facts about the board that vgpuctl's catalog infers, not the driver's sources (sriov_total_vfs, "
+        "MIG placements); the driver's own values win on a real host"))
 
     @property
     def model(self) -> str:

@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
+from mdev_manager import catalog, catalog_placements
+from mdev_manager.catalog_mig import MIG_INFERRED, mig_profiles
 from mdev_manager.host.nvml import NvmlError, NvmlTransport
 
 #: The transport calls that only read (everything the probe may call).
@@ -61,6 +63,9 @@ class GpuRecord(BaseModel):
     heterogeneous_mode: int | None = Field(None, description="vGPU mixed-size mode (1 on); None: not supported")
     vgpu_types: list[VgpuTypeRecord] = []
     errors: dict[str, str] = Field({}, description="what NVML refused to answer, by field")
+    catalog_board: str | None = Field(None, description="the catalog's board for the GPU's PCI ids, if any")
+    catalog_differences: list[str] = Field([], description=(
+        "what the driver reports otherwise than the catalog (the driver is right; the catalog fills the simulator)"))
 
 
 class ProbeRecord(BaseModel):
@@ -114,4 +119,54 @@ def probe(transport: NvmlTransport) -> ProbeRecord:
     out.driver_version = _ask(out.errors, "driver_version", t.driver_version)
     for bus_id in _ask(out.errors, "bus_ids", t.bus_ids) or []:
         out.gpus.append(probe_gpu(t, bus_id))
+    return out
+
+
+# ------------------------------------------------------------------ the driver beside the catalog
+# The catalog fills the simulator and the previews made before a GPU's VFs exist; on a real host the
+# driver's answers are used. Where they differ the driver is right, and a difference in a fact the
+# catalog marks inferred (docs/blackwell.md) is how an inference gets checked on real hardware.
+
+def _mark(inferred: bool) -> str:
+    return " (the catalog's is inferred)" if inferred else ""
+
+
+def differences(rec: GpuRecord, board: catalog.BoardSpec) -> list[str]:
+    """One line per fact the driver reports otherwise than the catalog (empty: they agree)."""
+    out: list[str] = []
+    specs = {int(t.num): t for t in board.types if isinstance(t.num, int)}
+    seen = set()
+    for vt in rec.vgpu_types:
+        t = specs.get(vt.id)
+        seen.add(vt.id)
+        if t is None:
+            same = next((s for s in board.types if s.short_name == vt.name.split()[-1]), None)
+            hint = f"; the catalog has {same.short_name} as {same.num}{_mark('id' in same.inferred)}" if same else ""
+            out.append(f"type {vt.id} {vt.name!r}: not in the catalog{hint}")
+            continue
+        if vt.name != t.name:
+            out.append(f"type {vt.id}: driver names it {vt.name!r}, the catalog {t.name!r}")
+        if vt.max_instances != t.max_instances:
+            out.append(f"type {vt.id} ({t.short_name}): driver max {vt.max_instances}, catalog {t.max_instances}"
+                       + _mark("max_instances" in t.inferred))
+        ids = catalog_placements.type_placements(board.key, t.fb_mib) if not t.mig_backed else ()
+        if vt.placements is not None and ids and list(ids) != vt.placements:
+            out.append(f"type {vt.id} ({t.short_name}): driver places it at {vt.placements}, the catalog at {list(ids)}")
+    out += [f"type {n} ({t.short_name}): in the catalog, not reported by the driver{_mark('id' in t.inferred)}"
+            for n, t in sorted(specs.items()) if n not in seen and rec.vgpu_types]
+    if rec.mig is not None and rec.mig.profiles:
+        mig_inferred = bool(MIG_INFERRED.get(board.key))
+        known = {p.id: p for p in mig_profiles(board.key)}
+        for p in rec.mig.profiles:
+            mine = known.get(p["id"])
+            if mine is None:
+                out.append(f"MIG profile {p['id']} {p['name']}: not in the catalog{_mark(mig_inferred)}")
+                continue
+            starts = sorted((pl["start"], pl["size"]) for pl in p.get("placements") or [])
+            ours = sorted((pl.start, pl.size) for pl in mine.placements)
+            for what, theirs, cat in (("name", p["name"], mine.name), ("instances", p["instances"], mine.instances),
+                                      ("placements", starts, ours)):
+                if theirs != cat:
+                    out.append(f"MIG profile {p['id']} {mine.name}: driver {what} {theirs}, catalog {cat}"
+                               + _mark(mig_inferred))
     return out

@@ -233,6 +233,11 @@ def _check_mig_entry(entry: object) -> dict:
         if not isinstance(vgpu, str):
             raise ValueError(f"{entry!r}: vgpu is a VF address or an mdev UUID")
         out["vgpu"] = check_uuid(vgpu) if "-" in vgpu else canonical_pci(vgpu, "vgpu")
+    shared = entry.get("vgpus")  # MIG time-slicing: every vGPU sharing the instance
+    if shared is not None:
+        if not isinstance(shared, list) or not all(isinstance(v, str) for v in shared):
+            raise ValueError(f"{entry!r}: vgpus is a list of VF addresses or mdev UUIDs")
+        out["vgpus"] = [check_uuid(v) if "-" in v else canonical_pci(v, "vgpu") for v in shared]
     return out
 
 

@@ -54,7 +54,8 @@ def slot_map(gpu: Gpu, types: Iterable[VgpuType]) -> VgpuPlacements | None:
             continue  # no placements (type_placements answers none for an unknown size)
         ids = catalog_placements.type_placements(board.key, t.framebuffer_mib)
         if ids:
-            table[t.id] = TypePlacements(size=t.framebuffer_mib // catalog_placements.SLOT_MIB, ids=list(ids))
+            size = catalog_placements.slot_size(board.key, t.framebuffer_mib) or 0
+            table[t.id] = TypePlacements(size=size, ids=list(ids))
     return VgpuPlacements(enabled=bool(gpu.mixed_size), slots=catalog_placements.slots(board.key), types=table)
 
 

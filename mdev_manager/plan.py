@@ -37,7 +37,6 @@ from mdev_manager.actions import (
 from mdev_manager.config import ConfigError, GpuLayout, did_you_mean_type, layout_error
 from mdev_manager.migplan import check_mig_layout, forget_layout_instances, plan_mig, switch_mig_mode
 from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
-from mdev_manager.names import mig_profile_of
 from mdev_manager.placeplan import check_mixed_layout, plan_placed, preview, refused, slot_map, switch_mixed
 from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
 
@@ -143,7 +142,8 @@ def offered_types(gpu: Gpu) -> list[VgpuType]:
     return [VgpuType(id=str(t.num) if fw == "vendor-vfio" else t.mdev_id(board.driver), name=t.name,
                      short_name=t.short_name, framework=fw, available_instances=t.max_instances,
                      max_instances=t.max_instances, framebuffer_mib=t.fb_mib, mig_backed=t.mig_backed,
-                     gpu_instance_profile=mig_profile_of(t.name))
+                     gpu_instance_profile=t.gpu_instance_profile, inferred=list(t.inferred),
+                     max_per_instance=t.max_per_instance)
             for t in board.types]
 
 

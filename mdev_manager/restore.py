@@ -167,8 +167,8 @@ def _plan_instances(plan: Plan, inv: Inventory, saved: dict[str, list[dict]]) ->
             here = next((i for i in g.mig.instances if i.profile_id == e["profile"]
                          and i.placement.start == e["start"] and i.placement.size == e["size"]), None)
             if here is not None:
-                if e.get("vgpu"):
-                    instance_of[e["vgpu"]] = here.id
+                for v in e.get("vgpus") or ([e["vgpu"]] if e.get("vgpu") else []):
+                    instance_of[v] = here.id
                 continue
             taken = [i for i in g.mig.instances if set(i.placement.slices) & set(range(e["start"], e["start"] + e["size"]))]
             if taken:

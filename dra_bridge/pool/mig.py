@@ -91,7 +91,10 @@ def mig_types(gpu: Gpu, pol: GpuPolicy, warnings: list[str]) -> dict[int, VgpuTy
     assert gpu.mig is not None
     refs = pol.vgpu_types
     if refs is None:
-        chosen = [t for t in gpu.types if type_is_mig_backed(t)]
+        # MIG time-slicing (GB20x): a placement's claim gets its instance whole, so the type that
+        # fills it (DC-1-24Q on 1g.24gb, the Q series first) rather than a 2 GB one wasting 22 GB
+        chosen = sorted((t for t in gpu.types if type_is_mig_backed(t)),
+                        key=lambda t: ((t.max_per_instance or 1) > 1, "QCAB".find(type_series(t.name) or "Q")))
     else:
         chosen = []
         for ref in refs:
@@ -106,8 +109,11 @@ def mig_types(gpu: Gpu, pol: GpuPolicy, warnings: list[str]) -> dict[int, VgpuTy
         prof = gpu.mig.profile(t.gpu_instance_profile or mig_profile_of(t.name) or "")
         if prof is None:
             warnings.append(f"GPU {gpu.address}: {t.short_name} needs GPU-instance profile "
-                            f"{mig_profile_of(t.name)!r}, which NVML does not list; skipped")
+                            f"{t.gpu_instance_profile or mig_profile_of(t.name)!r}, which NVML does not list; skipped")
             continue
+        if (t.max_per_instance or 1) > 1 and prof.id not in out:
+            warnings.append(f"GPU {gpu.address}: {t.short_name} is offered one per GPU instance ({prof.name}): "
+                            f"DRA does not yet publish the {t.max_per_instance} an instance can share")
         out.setdefault(prof.id, t)
     return out
 

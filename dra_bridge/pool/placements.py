@@ -44,6 +44,7 @@ A100 40 GB                  27 + 1     20             1 set of 8
 H100 / A100 80 GB           58 + 1     40             1 set of 16 (gaps: 2 sets needed)
 H100 NVL 94 GB              43 + 1     42             1 set of 16 (gaps: 2 sets needed)
 RTX PRO 6000 (8C..48C)      35 + 1     16             1 set of 8
+RTX PRO 6000 (3Q..96, all)  108 + 1    48             1 set of 24
 ==========================  =========  =============  ====================================
 
 Every board fits one set and one devices slice (at most 64 devices consuming counters, 1.35+),

@@ -39,9 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mdev_manager.host.env import HostEnv
-from mdev_manager.names import mig_profile_of
-from mdev_manager.sim import slots
-from mdev_manager.sim.nvml import free_instances, mig_record
+from mdev_manager.sim import instances, slots
 from mdev_manager.sim.rules import err, kstrtoul, type_facts
 from mdev_manager.sim.tree import ADDR, UUID, SysfsTree
 
@@ -151,23 +149,15 @@ class SimHost(SysfsTree):
 
     # ------------------------------------------------------------------ MIG-backed vGPUs
     def _take_instance(self, gpu: dict, type_id: str, vgpu: str, wanted: int | None = None) -> int | None:
-        """A MIG-backed vGPU takes a free GPU instance of its profile whole: the one ``wanted``
-        (vendor VFIO: the VF's ``gpu_instance_id``), else the lowest free one. None for other types."""
+        """The GPU instance a new vGPU of ``type_id`` lives on (:func:`.instances.take`); None for
+        time-sliced types."""
         t = self._type_by_id(gpu, type_id)
-        if t is None or not t.mig_backed:
-            return None
-        free = free_instances(gpu, mig_profile_of(t.name) or "")
-        if wanted is not None:
-            free = [g for g in free if g["id"] == wanted]
-        if not free:
-            raise err(errno.EINVAL, f"no free GPU instance for {t.name}" + (f" with id {wanted}" if wanted else ""))
-        free[0]["vgpu"] = vgpu
-        return free[0]["id"]
+        return None if t is None or not t.mig_backed else instances.take(gpu, t, vgpu, wanted)
 
-    def _release_instance(self, gpu: dict | None, vgpu: str) -> None:
-        for gi in mig_record(gpu)["gis"] if gpu and "mig" in gpu else []:
-            if gi.get("vgpu") == vgpu:
-                gi.pop("vgpu")
+    @staticmethod
+    def _release_instance(gpu: dict | None, vgpu: str) -> None:
+        if gpu:
+            instances.release(gpu, vgpu)
 
     # ------------------------------------------------------------------ placements (mixed-size mode)
     def _first_fit(self, gpu: dict, type_id: str, vgpu: str) -> None:
@@ -230,7 +220,8 @@ class SimHost(SysfsTree):
                 (nv / "gpu_instance_id").write_text(f"{gi}\n")
             self._first_fit(gpu, str(value), vf)
             (nv / "current_vgpu_type").write_text(f"{value}\n")
-            (nv / "placement_id").write_text(slots.read_value(gpu, vf))
+            inside = instances.placement_inside(gpu, vf)
+            (nv / "placement_id").write_text(slots.read_value(gpu, vf) if inside is None else f"{inside}\n")
             (self.dev / "vfio" / str(grp)).touch()
             self._add_cdev(self._fdir(vf))
         self._refresh(gpu)

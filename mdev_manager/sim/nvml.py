@@ -13,7 +13,10 @@ rules and return codes (https://docs.nvidia.com/deploy/nvml-api/group__nvmlMulti
 * a GPU instance a vGPU lives on is not destroyed (``IN_USE``).
 
 MIG-backed vGPU types become creatable on the VFs while a free GPU instance of their profile
-exists (:meth:`free_instances`, read by the kernel model's refresh).
+exists (:meth:`free_instances`, read by the kernel model's refresh). On a board with MIG
+time-slicing (GB20x: the RTX PRO 6000) several vGPUs of one type share a GPU instance, each at a
+placement inside it (:func:`rooms`; the instance's record keeps ``shared``: vGPU -> placement,
+``type``, and ``vgpu``: one of them); an instance is in use while any of them lives on it.
 
 Mixed-size ("heterogeneous") mode (nvml.h, ``nvmlDeviceSetVgpuHeterogeneousMode`` and its
 neighbours; ../shared/reference/heterogeneous-vgpu.md):
@@ -36,7 +39,9 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from mdev_manager import catalog
+from mdev_manager.catalog import TypeSpec
 from mdev_manager.catalog_mig import MEMORY_SLICES, has_mig, mig_profiles
+from mdev_manager.catalog_placements import instance_placements
 from mdev_manager.host.nvml import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_IN_USE,
@@ -79,6 +84,26 @@ def free_instances(gpu: dict, profile_name: str) -> list[dict]:
     mig = mig_record(gpu)
     ids = {p.id for p in mig_profiles(gpu["board"]) if p.name == profile_name}
     return sorted((g for g in mig["gis"] if g["profile"] in ids and not g.get("vgpu")), key=lambda g: g["id"])
+
+
+def rooms(gpu: dict, t: TypeSpec) -> list[tuple[dict, list[int]]]:
+    """MIG time-slicing: the GPU instances of ``t``'s profile a new vGPU of ``t`` may join, each with
+    its free placements, lowest instance id first: empty ones, and those holding ``t`` with room
+    (one type per instance: equal-size inside it). The per-instance maximum is the placements' count."""
+    if not has_mig(gpu["board"]):
+        return []
+    size, ids = instance_placements(gpu["board"], t)
+    prof = {p.id for p in mig_profiles(gpu["board"]) if p.name == t.gpu_instance_profile}
+    out = []
+    for gi in sorted(mig_record(gpu)["gis"], key=lambda g: g["id"]):
+        shared = gi.get("shared") or {}
+        if gi["profile"] not in prof or (gi.get("vgpu") and not shared) or (shared and gi.get("type") != str(t.num)):
+            continue
+        taken = {s for p in shared.values() for s in range(p, p + size)}
+        free = [p for p in ids if taken.isdisjoint(range(p, p + size))]
+        if free:
+            out.append((gi, free))
+    return out
 
 
 def mig_enabled(gpu: dict) -> bool:

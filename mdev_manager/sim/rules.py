@@ -13,8 +13,7 @@ from functools import cache
 
 from mdev_manager import catalog
 from mdev_manager.catalog import TypeSpec
-from mdev_manager.names import mig_profile_of
-from mdev_manager.sim.nvml import free_instances, mig_enabled
+from mdev_manager.sim.nvml import free_instances, mig_enabled, rooms
 from mdev_manager.sim.slots import mixed
 
 
@@ -81,7 +80,9 @@ def remaining(gpu: dict, t: TypeSpec, used: Fraction, sizes: set, fb: int | None
     if mig_enabled(gpu) or t.mig_backed:
         if not (t.mig_backed and mig_enabled(gpu)):
             return 0
-        return len(free_instances(gpu, mig_profile_of(t.name) or ""))
+        if t.max_per_instance:  # MIG time-slicing: the free placements inside the instances
+            return sum(len(free) for _, free in rooms(gpu, t))
+        return len(free_instances(gpu, t.gpu_instance_profile or ""))
     if mixed(gpu):
         return placements_left
     if catalog.board(gpu["board"]).vendor_id == "0x10de" and sizes - {fb}:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import cache
 
 from mdev_manager import catalog
-from mdev_manager.catalog_placements import SLOT_MIB, placements, type_placements
+from mdev_manager.catalog_placements import placements, slot_size, type_placements
 
 NOT_APPLICABLE = "Not Applicable"  # what placement_id reads in equal-size mode (gentlemanautomaton/machina)
 INVALID_PLACEMENT_ID = 0xFFFF  # NVML_INVALID_VGPU_PLACEMENT_ID (nvml.h)
@@ -44,8 +44,7 @@ def mixed(gpu: dict) -> bool:
 
 def size_of(board_key: str, type_id: str) -> int | None:
     """Slots a vGPU of the type holds (its framebuffer in GiB); None for MIG-backed or unknown types."""
-    fb = _framebuffer(board_key).get(type_id)
-    return fb // SLOT_MIB if fb and fb % SLOT_MIB == 0 else None
+    return slot_size(board_key, _framebuffer(board_key).get(type_id))
 
 
 def supported(board_key: str, type_id: str) -> tuple[int, ...]:

@@ -56,7 +56,8 @@ def inventory_table(inv: Inventory, types: bool = False, wide: bool = False) -> 
     if vgpus:
         out += ["", fit(head + (["SLOTS"] if placed else []), vgpus, fold=("TYPE",), wide=wide)]
     mig = [[str(g.index), str(i.id), p.name if (p := g.mig.profile(i.profile_id)) else str(i.profile_id),
-            f"{i.placement.start}:{i.placement.size}", i.vgpu or "-"]
+            f"{i.placement.start}:{i.placement.size}",
+            (i.vgpu or "-") + (f" (+{len(i.vgpus) - 1} sharing it)" if len(i.vgpus) > 1 else "")]
            for g in inv.gpus if g.mig and g.mig.enabled for i in g.mig.instances]
     modes = [f"GPU {g.index}: MIG mode {'on' if g.mig.enabled else 'off'}"
              + (f" (pending {'on' if g.mig.pending else 'off'})" if g.mig.pending != g.mig.enabled else "")
@@ -79,13 +80,26 @@ def inventory_table(inv: Inventory, types: bool = False, wide: bool = False) -> 
         if types:
             rows = [[t.id, t.name, f"{t.framebuffer_mib} MiB" if t.framebuffer_mib else "-",
                      f"{t.available_instances}/{t.max_instances or '?'}", t.framework] for t in g.types]
-            out += ["", f"Types on GPU {g.index} ({g.address}):",
-                    fit(["ID", "NAME", "FRAMEBUFFER", "AVAILABLE", "FRAMEWORK"], rows, fold=("NAME",), wide=wide)]
+            head = ["ID", "NAME", "FRAMEBUFFER", "AVAILABLE", "FRAMEWORK"]
+            if any(t.inferred for t in g.types):  # only boards whose catalog entry infers something
+                head.append("INFERRED")
+                rows = [[*r, ",".join(t.inferred) or "-"] for r, t in zip(rows, g.types, strict=True)]
+            out += ["", f"Types on GPU {g.index} ({g.address}):", fit(head, rows, fold=("NAME",), wide=wide)]
+            if (note := inferred_note(g)):
+                out.append(fit_lines(note))
         else:
             free = ", ".join(f"{t.short_name} {t.available_instances}" for t in offered if t.available_instances)
             line = f"GPU {g.index} can still create: {free or 'nothing'}"
             out.append(line if wide else fit_lines(line))
     return "\n".join(out)
+
+
+def inferred_note(g: Gpu) -> str | None:
+    """Which of the board's facts come from vgpuctl's catalog by inference, not from a source."""
+    if not g.inferred:
+        return None
+    return (f"GPU {g.index}: vgpuctl's catalog infers {', '.join(g.inferred)} of this board (the driver's own "
+            "values win on a real host; vgpuctl nvml-probe compares them)")
 
 
 def _slots_of(g: Gpu, type_id: str, placement: int | None) -> str:
