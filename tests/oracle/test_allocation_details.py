@@ -5,10 +5,13 @@ is absent); its ``upstream`` twin checks that upstream still says so."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from tests.oracle.test_upstream_allocator import TAINT, agree, claim, model_outcome, offered, published
 from tests.support.upstream_allocator import MINORS, chosen, detail
+from tests.system.test_no_overcommit import MIXED_SIZE
 
 #: per minor, recorded from upstream (the results loop and "Populate configs" of Allocate in each
 #: release's structured/internal/incubating): whether a result carries its request's tolerations
@@ -102,3 +105,40 @@ def test_admin_access_in_the_same_pod_upstream(upstream, minor):
     slices = published("t4-node", None, minor, ())
     answer = agree(upstream(minor), minor, None, slices, [], _admin_then_plain(), "sim-t4")
     assert [chosen(a)[0][3] for a in answer["allocations"]] == ["gpu-0-vgpu-1gb-0", "gpu-0-vgpu-1gb-1"]
+
+
+#: a server and scheduler with binding conditions on (1.34 and 1.35 have them off by default)
+BINDING_ON = {"DRAPartitionableDevices": True, "DRADeviceTaints": True, "DRADeviceBindingConditions": True}
+
+
+@pytest.mark.go
+@pytest.mark.parametrize("minor", MINORS)
+def test_binding_conditions_in_the_result_upstream(upstream, minor):
+    """A size slot of mixed-node carries the driver's binding conditions into the result on every
+    minor where the gates are on, in the model as upstream."""
+    gates = BINDING_ON if minor in ("1.34", "1.35") else {}
+    slices = published("mixed-node", MIXED_SIZE, minor, tuple(sorted(gates.items())))
+    answer = agree(upstream(minor), minor, gates or None, slices, [], [claim({"profile": "A40-12Q"}, 0)],
+                   slices[0]["spec"]["nodeName"])
+    (r,) = detail(answer["allocations"][0])["results"]
+    assert (r["bindingConditions"], r["bindingFailureConditions"]) == (
+        ["vgpu.kubevirt.io/SizeAssigned"], ["vgpu.kubevirt.io/SizeConflict"])
+
+
+def test_detail_tells_tolerations_config_and_binding_conditions_apart():
+    """The comparison sees each field it is meant to compare, and only the API defaults are filled."""
+    base = {"devices": {"results": [{"request": "r", "driver": "d", "pool": "p", "device": "x",
+                                     "tolerations": [{"key": "k", "operator": "Exists"}],
+                                     "bindingConditions": ["a"], "bindingFailureConditions": ["b"]}],
+                        "config": [{"source": "FromClaim", "requests": ["r"], "opaque": {"driver": "d"}}]}}
+    changes = [("tolerations", [{"key": "k"}]), ("bindingConditions", ["c"]), ("bindingFailureConditions", [])]
+    for field, value in changes:
+        other = copy.deepcopy(base)
+        other["devices"]["results"][0][field] = value
+        assert detail(other) != detail(base), field
+    other = copy.deepcopy(base)
+    del other["devices"]["config"][0]["requests"]
+    assert detail(other) != detail(base)
+    defaulted = copy.deepcopy(base)
+    defaulted["devices"]["results"][0]["tolerations"] = [{"key": "k", "operator": "Exists", "value": ""}]
+    assert detail(defaulted) == detail(base)
