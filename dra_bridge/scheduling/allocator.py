@@ -31,7 +31,6 @@ from __future__ import annotations
 import bisect
 import json
 import re
-import uuid as uuidlib
 from typing import Any
 
 from dra_bridge.api.quantity import format_quantity
@@ -48,6 +47,7 @@ from dra_bridge.scheduling.pools import (
     read_pools,
 )
 from dra_bridge.scheduling.requests import Choice, Request, parse_requests
+from dra_bridge.scheduling.results import configs, device_result
 from dra_bridge.scheduling.selectors import SelectorError, Selectors
 
 SEARCH_BUDGET = 20000
@@ -286,7 +286,7 @@ class Allocator:
                     d = cands[idx]
                     if req.admin and not d.multi and any(c.device is d for c in chosen + got):
                         continue  # upstream allocatingDeviceForClaim: admin access, once per claim
-                    if d.multi or req.admin or d.key not in st.taken:  # in use is checked first, then selectors
+                    if d.multi or req.admin or (d.key not in st.taken and d.key not in st.admin):  # in use, then selectors
                         self._selector_error(node, req, d)
                     ok, share = self._fits(d, req, st)
                     if not ok:
@@ -412,29 +412,12 @@ class Allocator:
                 continue
             allocations = []
             for claim, chosen in zip(claims, got, strict=False):
-                results = []
                 for ch in chosen:
-                    res: dict[str, Any] = {"request": ch.request.name, "driver": ch.device.driver,
-                                           "pool": ch.device.pool, "device": ch.device.name}
-                    if ch.request.admin:
-                        res["adminAccess"] = True  # holds nothing once allocated (reserve skips it)
-                    else:
+                    if not ch.request.admin:  # admin access holds nothing once allocated
                         self._take(ch.device, self.state, ch.consumed)
                         self._bump(ch.device)
-                    if ch.device.binding:  # as the allocator does with DRADeviceBindingConditions on
-                        res["bindingConditions"] = list(ch.device.binding[0])
-                        res["bindingFailureConditions"] = list(ch.device.binding[1])
-                    if ch.device.multi:
-                        res["shareID"] = str(uuidlib.uuid4())
-                        res["consumedCapacity"] = {k: format_quantity(v) for k, v in (ch.consumed or {}).items()}
-                    results.append(res)
-                devices: dict = {"results": results}
-                # as kube-scheduler does: each chosen request's class config, then the claim's own
-                config = [{"source": "FromClass", "requests": [req.name], **c}
-                          for req in {ch.request.name: ch.request for ch in chosen}.values()
-                          for c in ((self.classes.get(req.device_class) or {}).get("spec") or {}).get("config") or []]
-                config += [{"source": "FromClaim", **c}
-                           for c in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []]
+                devices: dict = {"results": [device_result(ch, self.features) for ch in chosen]}
+                config = configs(claim, chosen, self.classes, self.features)
                 if config:
                     devices["config"] = config
                 allocations.append({"devices": devices,

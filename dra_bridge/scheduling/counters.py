@@ -105,7 +105,7 @@ def fits(d: Device, req: Request, st: State, taints: bool = True) -> tuple[bool,
             return False, None
         if d.key in st.taken:
             return True, share  # counters were consumed by the first share of the device
-    elif d.key in st.taken and not req.admin:  # upstream: admin access skips the in-use check
+    elif not req.admin and (d.key in st.taken or d.key in st.admin):  # upstream deviceInUse; admin skips it
         return False, None
     elif req.capacity and capacity_share(d, req, st) is None:
         return False, None  # the scheduler checks capacity requests against every device
@@ -126,7 +126,8 @@ def fits(d: Device, req: Request, st: State, taints: bool = True) -> tuple[bool,
 def take(d: Device, st: State, share: dict[str, Amount] | None, mark: bool = True) -> bool:
     """Account ``d`` in ``st``; True when its counters were consumed (undo with :func:`untake`).
     Upstream: the state ``allocateDevice`` updates (allocating devices, counters, capacity);
-    ``mark=False`` for admin access: its counters are reserved, the device is not marked in use."""
+    ``mark=False`` for admin access: its counters are reserved, the device is in use only for the
+    rest of this attempt (``st.admin``, upstream ``allocatingDevices``)."""
     if d.multi:
         bucket = st.shared.setdefault(d.key, {})
         for k, v in (share or {}).items():
@@ -135,6 +136,8 @@ def take(d: Device, st: State, share: dict[str, Amount] | None, mark: bool = Tru
             return False
     if mark:
         st.taken.add(d.key)
+    elif not d.multi:
+        st.admin[d.key] = st.admin.get(d.key, 0) + 1
     for key, amounts, groups, _ in d.cons:
         used = st.used.get(key)
         if used is None:
@@ -157,6 +160,10 @@ def untake(d: Device, st: State, share: dict[str, Amount] | None, counted: bool,
         del st.shared[d.key]
     if mark:
         st.taken.discard(d.key)
+    elif not d.multi:
+        st.admin[d.key] -= 1
+        if not st.admin[d.key]:
+            del st.admin[d.key]
     for key, amounts, _groups, _ in d.cons:
         used = st.used[key]
         for cname, v in amounts:

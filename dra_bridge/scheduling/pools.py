@@ -81,16 +81,22 @@ class Features:
     compatibility_groups: bool = True  # DRADeviceCompatibilityGroups
     device_taints: bool = True  # DRADeviceTaints
     binding_conditions: bool = True  # DRADeviceBindingConditions and DRAResourceClaimDeviceStatus
+    # what the release's Allocate writes into a result (no gate; see scheduling/results.py)
+    tolerations_in_results: bool = True  # 1.35+: each result carries its request's tolerations
+    config_once: bool = True  # 1.37+: a claim config added once, "requests" cleared where it names all
 
     @classmethod
-    def from_gates(cls, gates: Mapping[str, bool]) -> Features:
-        """From resolved gates (name -> on); a gate not named counts as on."""
+    def from_gates(cls, gates: Mapping[str, bool], version: tuple[int, int] | None = None) -> Features:
+        """From resolved gates (name -> on); a gate not named counts as on. ``version``: the
+        scheduler's minor (None: the newest behaviour)."""
         def on(name: str) -> bool:
             return bool(gates.get(name, True))
         return cls(partitionable_devices=on("DRAPartitionableDevices"),
                    compatibility_groups=on("DRADeviceCompatibilityGroups"),
                    device_taints=on("DRADeviceTaints"),
-                   binding_conditions=on("DRADeviceBindingConditions") and on("DRAResourceClaimDeviceStatus"))
+                   binding_conditions=on("DRADeviceBindingConditions") and on("DRAResourceClaimDeviceStatus"),
+                   tolerations_in_results=version is None or version >= (1, 35),
+                   config_once=version is None or version >= (1, 37))
 
 
 ALL_FEATURES = Features()
@@ -228,6 +234,9 @@ class State:
         self.used: dict[tuple[str, str, str], dict[str, Amount]] = {}  # (driver, pool, set) -> counter -> used
         self.groups: dict[tuple[str, str, str], list[Sequence[str]]] = {}  # (driver, pool, set) -> group lists in use
         self.shared: dict[tuple[str, str, str], dict[str, Amount]] = {}  # device key -> capacity -> consumed
+        # devices taken with admin access by the attempt being searched: in use for its other
+        # requests (upstream ``allocatingDevices``, which ``deviceInUse`` checks), held by nothing after
+        self.admin: dict[tuple[str, str, str], int] = {}
 
     def copy(self) -> State:
         c = State()
@@ -235,6 +244,7 @@ class State:
         c.used = {k: dict(v) for k, v in self.used.items()}
         c.groups = {k: [list(g) for g in v] for k, v in self.groups.items()}
         c.shared = {k: dict(v) for k, v in self.shared.items()}
+        c.admin = dict(self.admin)
         return c
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dra_bridge.scheduling.allocator import CLAIM_LIMIT
-from tests.oracle.test_upstream_allocator import GROUPS, LAYOUT, published
+from tests.oracle.test_upstream_allocator import GROUPS, LAYOUT, OPTED_IN, published
 from tests.support.simnodes import REPO
 from tests.support.upstream_allocator import MINORS, require
 
@@ -34,7 +34,39 @@ def upstream_limits(minor: str) -> dict[str, int]:
     return json.loads(out)["limits"]
 
 
+def problems_1_34(slices: list[dict], lim: dict[str, int]) -> list[str]:
+    """1.34's limits, summed over counter sets (types.go of k8s.io/api v0.34: ResourceSliceMaxSharedCounters,
+    ResourceSliceMaxCountersPerDevice, ResourceSliceMaxDeviceCountersPerSlice)."""
+    out = []
+    for s in slices:
+        spec, name = s["spec"], s["metadata"]["name"]
+        devices = spec.get("devices") or []
+        if len(devices) > lim["ResourceSliceMaxDevices"]:
+            out.append(f"{name}: {len(devices)} devices")
+        shared = sum(len(cs.get("counters") or {}) for cs in spec.get("sharedCounters") or [])
+        if shared > lim["ResourceSliceMaxSharedCounters"]:
+            out.append(f"{name}: {shared} shared counters")
+        per_slice = 0
+        for d in devices:
+            consumed = sum(len(c.get("counters") or {}) for c in d.get("consumesCounters") or [])
+            per_slice += consumed
+            if consumed > lim["ResourceSliceMaxCountersPerDevice"]:
+                out.append(f"{name}/{d['name']}: consumes {consumed} counters")
+            fields = len(d.get("attributes") or {}) + len(d.get("capacity") or {})
+            if fields > lim["ResourceSliceMaxAttributesAndCapacitiesPerDevice"]:
+                out.append(f"{name}/{d['name']}: {fields} attributes and capacities")
+            if len(d.get("taints") or []) > lim["DeviceTaintsMaxLength"]:
+                out.append(f"{name}/{d['name']}: {len(d['taints'])} taints")
+            if len(d.get("bindingConditions") or []) > lim["BindingConditionsMaxSize"]:
+                out.append(f"{name}/{d['name']}: {len(d['bindingConditions'])} binding conditions")
+        if per_slice > lim["ResourceSliceMaxDeviceCountersPerSlice"]:
+            out.append(f"{name}: its devices consume {per_slice} counters")
+    return out
+
+
 def problems(slices: list[dict], lim: dict[str, int]) -> list[str]:
+    if "ResourceSliceMaxSharedCounters" in lim:
+        return problems_1_34(slices, lim)
     out = []
     for s in slices:
         spec, name = s["spec"], s["metadata"]["name"]
@@ -71,9 +103,32 @@ def test_the_largest_presets_publish_within_upstream_limits(minor, preset, layou
     lim = upstream_limits(minor)
     assert CLAIM_LIMIT == lim["AllocationResultsMaxSize"]
     gates = [()] + ([tuple(GROUPS.items())] if minor == "1.37" else [])
+    if minor in ("1.34", "1.35"):  # a server that keeps counters, taints and binding conditions too
+        gates.append(tuple(sorted(OPTED_IN.items())))
     for server in gates:
         slices = published(preset, layout, minor, server)
         assert problems(slices, lim) == []
-        if preset == "bench-large":  # full slices: the agent splits at the limit, not below it
+        advanced = any(d.get("taints") or d.get("consumesCounters") for s in slices for d in s["spec"].get("devices") or [])
+        if preset == "bench-large" and advanced and minor != "1.34":
+            # full slices: the agent splits at the limit, not below it
             sizes = [len(s["spec"].get("devices") or []) for s in slices]
             assert max(sizes) == lim["ResourceSliceMaxDevicesWithAdvancedFeatures"], sizes
+
+
+def test_1_34_limits_sum_counters_over_sets():
+    """1.34 limits counters summed over a slice's sets and a device's consumptions; 1.35 per set:
+    two sets of 20 counters break 1.34's 32 but not 1.35's 32 per set."""
+    counters = {f"c{i}": {"value": "1"} for i in range(20)}
+    one = {"metadata": {"name": "s"}, "spec": {
+        "sharedCounters": [{"name": "a", "counters": counters}, {"name": "b", "counters": counters}],
+        "devices": [{"name": "d", "consumesCounters": [{"counterSet": "a", "counters": counters},
+                                                       {"counterSet": "b", "counters": counters}]}]}}
+    v134 = {"ResourceSliceMaxDevices": 128, "ResourceSliceMaxSharedCounters": 32, "ResourceSliceMaxCountersPerDevice": 32,
+            "ResourceSliceMaxDeviceCountersPerSlice": 1024, "ResourceSliceMaxAttributesAndCapacitiesPerDevice": 32,
+            "DeviceTaintsMaxLength": 4, "BindingConditionsMaxSize": 4}
+    v135 = {"ResourceSliceMaxDevices": 128, "ResourceSliceMaxDevicesWithAdvancedFeatures": 64,
+            "ResourceSliceMaxCounterSets": 8, "ResourceSliceMaxCountersPerCounterSet": 32,
+            "ResourceSliceMaxDeviceCounterConsumptionsPerDevice": 2, "ResourceSliceMaxAttributesAndCapacitiesPerDevice": 32,
+            "DeviceTaintsMaxLength": 16, "BindingConditionsMaxSize": 4}
+    assert problems([one], v134) == ["s: 40 shared counters", "s/d: consumes 40 counters"]
+    assert problems([one], v135) == []

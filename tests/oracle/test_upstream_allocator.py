@@ -36,14 +36,22 @@ from dra_bridge.scheduling.objects import dev_attr
 from dra_bridge.scheduling.pools import Features
 from dra_bridge.scheduling.selectors import CelSelectors
 from kubevirt_templates.render import render
-from tests.support.upstream_allocator import UpstreamAllocator, chosen, require
+from tests.support.upstream_allocator import MINORS, UpstreamAllocator, chosen, detail, running
 from tests.system.test_no_overcommit import LAYOUT, MIXED_SIZE
 
 D = "vgpu.kubevirt.io"
 CLASSES = render("deviceclasses", {})
 GROUPS = {"DRADeviceCompatibilityGroups": True}
+#: the gates 1.34 and 1.35 have off by default, on: what a cluster that opted in keeps and schedules
+OPTED_IN = {"DRAPartitionableDevices": True, "DRADeviceTaints": True, "DRADeviceBindingConditions": True}
 #: (preset, layout, minor, the API server's gates): what the agent publishes there
 PUBLISHED = [
+    ("t4-node", None, "1.34", {}),
+    ("mig-node", LAYOUT, "1.34", {}),  # counters, taints and binding conditions dropped by the server
+    ("mixed-node", MIXED_SIZE, "1.34", OPTED_IN),  # 1.34's layout: counters beside the devices
+    ("default", None, "1.35", {}),
+    ("mixed-node", MIXED_SIZE, "1.35", {}),
+    ("mig-node", LAYOUT, "1.35", OPTED_IN),
     ("t4-node", None, "1.36", {}),
     ("a16-node", None, "1.37", {}),
     ("default", None, "1.37", {}),  # T4 mdev, A100 SR-IOV, L40S vendor VFIO
@@ -54,7 +62,12 @@ PUBLISHED = [
 ]
 #: the scheduler's gates flipped from the minor's defaults (None: the defaults)
 FLIPS = [None, {"DRADeviceTaints": False}, {"DRADeviceBindingConditions": False},
-         {"DRAPartitionableDevices": False}, GROUPS, {"DRADeviceCompatibilityGroups": False}]
+         {"DRAPartitionableDevices": False}, GROUPS, {"DRADeviceCompatibilityGroups": False}, OPTED_IN]
+#: Minors whose allocator searches a pool's slices in the order they are listed (the informer's,
+#: not fixed) and pools in Go map order: GatherPools sorts neither before 1.36. The model keeps
+#: 1.36's order (pools by ID, slices by name), one of the orders these minors may take; the
+#: streams list slices by name for them (recorded in test_slice_order_upstream_1_34_1_35_listing).
+UNSORTED = ("1.34", "1.35")
 TAINT = {"key": "example.com/maintenance", "value": "gpu", "effect": "NoSchedule"}
 #: tolerations a claim may carry for it: none, by key, by key and value (right, wrong), by effect only
 TOLERATIONS = [None, [{"key": TAINT["key"], "operator": "Exists"}],
@@ -118,8 +131,11 @@ def cordon(slices: list[dict], gpus: set[int], effect: str = "NoSchedule") -> li
 
 
 def model_outcome(minor: str, gates: dict | None, slices: list[dict], allocated: list[dict], claims: list[dict],
-                  node: str) -> tuple:
-    features = Features.from_gates(compat.resolve(compat.version_tuple(minor), gates or {}))
+                  node: str, full: bool = False) -> tuple:
+    """("allocated", per claim its devices, or with ``full`` its whole :func:`detail`), ("no fit",) or
+    ("error",), from the model with ``minor``'s scheduler and ``gates`` flipped."""
+    v = compat.version_tuple(minor)
+    features = Features.from_gates(compat.resolve(v, gates or {}), v)
     alloc = Allocator(slices, CLASSES, CelSelectors(), features=features)
     for c in allocated:
         alloc.reserve(c)
@@ -129,39 +145,27 @@ def model_outcome(minor: str, gates: dict | None, slices: list[dict], allocated:
         return ("error",)
     except Unsatisfiable:
         return ("no fit",)
-    return ("allocated", [chosen(a) for a in allocations])
+    return ("allocated", [detail(a) if full else chosen(a) for a in allocations])
 
 
-def upstream_outcome(answer: dict) -> tuple:
+def upstream_outcome(answer: dict, full: bool = False) -> tuple:
     if answer["status"] == "allocated":
-        return ("allocated", [chosen(a) for a in answer["allocations"]])
+        return ("allocated", [detail(a) if full else chosen(a) for a in answer["allocations"]])
     if answer["status"] == "unschedulable" or answer.get("perNode"):
         return ("no fit",)  # nil, nil or an error for this node only: the node is not feasible
     return ("error",)
 
 
-@functools.cache
-def _oracle(minor: str) -> UpstreamAllocator:
-    return UpstreamAllocator(minor, require(minor))
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    """A running upstream allocator per minor (skipped where Go is absent, never under CI)."""
-    for minor in ("1.36", "1.37"):
-        require(minor)
-    yield _oracle
-    for minor in ("1.36", "1.37"):
-        if os.environ.get("VGPUCTL_ORACLE_COUNT"):
-            print(f"\nupstream {minor}: {_oracle(minor).requests} requests compared")
-        _oracle(minor).close()
+#: one running upstream allocator per minor, shared by the tests (the fixture ``upstream`` of
+#: tests/oracle/conftest.py checks they can run and closes them)
+_oracle = running
 
 
 def agree(up: UpstreamAllocator, minor: str, gates: dict | None, slices: list[dict], allocated: list[dict],
           claims: list[dict], node: str) -> dict:
     answer = up.allocate(slices=slices, classes=CLASSES, claims=claims, node=node, allocated=allocated, gates=gates)
-    ours = model_outcome(minor, gates, slices, allocated, claims, node)
-    assert ours == upstream_outcome(answer), (answer.get("error"), answer["features"])
+    ours = model_outcome(minor, gates, slices, allocated, claims, node, full=True)
+    assert ours == upstream_outcome(answer, full=True), (answer.get("error"), answer["features"])
     return answer
 
 
@@ -177,10 +181,17 @@ def test_model_and_upstream_agree_on_streams_of_allocations(upstream, data, whic
     slices = published(preset, layout, minor, tuple(sorted(server.items())))
     node = slices[0]["spec"]["nodeName"]
     slices = cordon(slices, cordoned, effect)
-    order.shuffle(slices)  # the scheduler searches in its own order, not the listing's
+    order.shuffle(slices)  # from 1.36 the scheduler searches in its own order, not the listing's
+    if minor in UNSORTED:
+        slices.sort(key=lambda s: s["metadata"]["name"])  # the one order the model and they share
     if flip and set(flip) - set(_oracle(minor).gates()):
         flip = None  # a gate this minor does not have
     kinds = offered(slices)
+    # distinctAttribute needs DRAConsumableCapacity: with it off (1.34 and 1.35 by default) the API
+    # server drops the field and refuses the claim (sim/apiserver/dropfields.py), so the scheduler
+    # never sees one; 1.34's allocator does not keep it across requests (recorded below)
+    consumable = compat.resolve(compat.version_tuple(minor), flip or {}).get("DRAConsumableCapacity", False)
+    pairs = [None, None, "matchAttribute"] + (["distinctAttribute"] if consumable and minor != "1.34" else [])
     allocated: list[dict] = []
     for i in range(data.draw(st.integers(1, 10), label="steps")):
         if allocated and data.draw(st.integers(0, 3), label="release?") == 0:
@@ -189,7 +200,7 @@ def test_model_and_upstream_agree_on_streams_of_allocations(upstream, data, whic
         pod = []
         for k in range(data.draw(st.integers(1, 2), label="claims of the pod")):
             values = data.draw(st.sampled_from(kinds), label="claim")
-            pair = data.draw(st.sampled_from([None, None, "matchAttribute", "distinctAttribute"]), label="pair")
+            pair = data.draw(st.sampled_from(pairs), label="pair")
             c = claim(values, 10 * i + k, pair)
             if data.draw(st.integers(0, 5), label="admin access?") == 0:
                 for r in c["spec"]["devices"]["requests"]:
@@ -208,13 +219,15 @@ def test_model_and_upstream_agree_on_streams_of_allocations(upstream, data, whic
 
 @pytest.mark.go
 def test_a_pod_with_two_claims_and_every_minor_default(upstream):
-    """A pod's claims are allocated together: a whole GPU and a vGPU of another GPU, on each minor."""
-    for minor in ("1.36", "1.37"):
+    """A pod's claims are allocated together: a whole GPU and a vGPU of another GPU, on each minor
+    (1.34 and 1.35 keep no counters by default: the agent publishes fixed vGPUs there, no whole
+    GPU, so two vGPUs of different types)."""
+    for minor in MINORS:
         slices = published("mig-node", LAYOUT, minor, ())
         node = slices[0]["spec"]["nodeName"]
         kinds = offered(slices)
-        whole = next(k for k in kinds if k.get("passthrough"))
-        vgpu = next(k for k in kinds if k.get("profile"))
+        whole = next((k for k in kinds if k.get("passthrough")), kinds[0])
+        vgpu = next(k for k in kinds if k.get("profile") and k != whole)
         answer = agree(_oracle(minor), minor, None, slices, [], [claim(whole, 0), claim(vgpu, 1)], node)
         assert answer["status"] == "allocated"
 
@@ -292,6 +305,39 @@ def test_distinct_attribute_upstream_1_36_keeps_values_per_request(upstream):
         assert len(set(gpus)) == len(gpus) == 3, gpus  # the model: three GPUs
 
 
+@pytest.mark.go
+@pytest.mark.parametrize("minor", MINORS[1:])
+def test_slice_order_upstream_1_34_1_35_listing(upstream, minor):
+    """Where upstream differs between minors: 1.34 and 1.35 take a pool's slices as listed, so
+    listing them in reverse changes which device a vGPU claim gets; from 1.36, and in the model,
+    it does not. Recorded, not copied into the model (a real scheduler's listing order is not fixed).
+    1.34 is left out: with its default gates the agent publishes each pool as one slice."""
+    slices = sorted(published("default", None, minor, ()), key=lambda s: s["metadata"]["name"])
+    c = claim({"profile": "T4-1A"}, 0)
+    node = slices[0]["spec"]["nodeName"]
+    picks = [chosen(_oracle(minor).allocate(slices=ordered, classes=CLASSES, claims=[c], node=node)
+                    ["allocations"][0]) for ordered in (slices, slices[::-1])]
+    assert (picks[0] != picks[1]) == (minor in UNSORTED), picks
+    assert model_outcome(minor, None, slices[::-1], [], [c], node) == ("allocated", [picks[0]])
+
+
+@pytest.mark.go
+def test_distinct_attribute_upstream_1_34_ignores_it_across_requests(upstream):
+    """Where upstream is wrong: 1.34 (v0.34.13), even with DRAConsumableCapacity on, puts two
+    single-device requests under one distinctAttribute on one GPU; 1.35 (and the model) use two
+    GPUs. With 1.34's default gates the API server drops the field and refuses such a claim.
+    Recorded, not copied into the model."""
+    c = claim({"profile": "T4-1Q"}, 0, "distinctAttribute")
+    on = {"DRAConsumableCapacity": True}
+    for minor in ("1.34", "1.35"):
+        slices = published("t4-node", None, minor, ())
+        answer = _oracle(minor).allocate(slices=slices, classes=CLASSES, claims=[c], node="sim-t4", gates=on)
+        gpus = {r["device"].split("-vgpu")[0] for r in answer["allocations"][0]["devices"]["results"]}
+        assert len(gpus) == (1 if minor == "1.34" else 2), (minor, gpus)
+        ours = model_outcome(minor, on, slices, [], [c], "sim-t4")
+        assert len({dev.split("-vgpu")[0] for _, _, _, dev in ours[1][0]}) == 2
+
+
 def _grouped_pool() -> list[dict]:
     """One counter set, three devices with two compatibility groups each, pairwise compatible
     but with no group common to all three (x,y / y,z / x,z)."""
@@ -362,3 +408,4 @@ def test_counters_of_two_drivers_with_one_pool_name_stay_apart(upstream):
         alloc = Allocator(slices, classes, CelSelectors())
         _, got = alloc.allocate([c], node="n1")
         assert chosen(got[0]) == chosen(answer["allocations"][0])
+

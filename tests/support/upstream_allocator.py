@@ -17,6 +17,7 @@ so a test pays the process start once, not per case.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = REPO / "tests" / "oracle" / "allocator"
 BUILD = REPO / "build" / "oracle"
-MINORS = ("1.36", "1.37")
+MINORS = ("1.34", "1.35", "1.36", "1.37")
 
 
 def in_ci() -> bool:
@@ -144,10 +145,40 @@ class UpstreamAllocator:
         return json.loads(line)
 
 
+@functools.cache
+def running(minor: str) -> UpstreamAllocator:
+    """One :class:`UpstreamAllocator` per minor for a test session (started on first use)."""
+    return UpstreamAllocator(minor, require(minor))
+
+
 def chosen(allocation: dict) -> list[tuple[str, str, str, str]]:
     """(request, driver, pool, device) of each result of an AllocationResult, in order."""
     return [(r["request"], r["driver"], r["pool"], r["device"])
             for r in ((allocation.get("devices") or {}).get("results") or [])]
+
+
+def _toleration(t: dict) -> dict:
+    # the API server's defaults (SetDefaults_DeviceToleration: operator Equal), then Go's omitempty
+    return {"key": t.get("key") or "", "operator": t.get("operator") or "Equal", "value": t.get("value") or "",
+            "effect": t.get("effect") or "", "tolerationSeconds": t.get("tolerationSeconds")}
+
+
+def detail(allocation: dict) -> dict:
+    """What an AllocationResult hands the driver, in a form the model's and upstream's compare in:
+    per result the device, admin access, tolerations, binding (failure) conditions, whether it is a
+    share and what it consumes; the config (source, requests, opaque); the node selector. A share's
+    ID is random on both sides: only its presence counts."""
+    devices = allocation.get("devices") or {}
+    results = [{"request": r["request"], "driver": r["driver"], "pool": r["pool"], "device": r["device"],
+                "adminAccess": bool(r.get("adminAccess")),
+                "tolerations": [_toleration(t) for t in r.get("tolerations") or []],
+                "bindingConditions": r.get("bindingConditions") or [],
+                "bindingFailureConditions": r.get("bindingFailureConditions") or [],
+                "shared": bool(r.get("shareID")), "consumedCapacity": r.get("consumedCapacity") or {}}
+               for r in devices.get("results") or []]
+    config = [{"source": c["source"], "requests": c.get("requests") or [], "opaque": c.get("opaque")}
+              for c in devices.get("config") or []]
+    return {"results": results, "config": config, "nodeSelector": allocation.get("nodeSelector")}
 
 
 class UpstreamScheduler:

@@ -2,10 +2,9 @@ module vgpuctl.local/oracle/allocator/k8s136
 
 go 1.26.0
 
-require (
-	k8s.io/api v0.36.6 // indirect
-	k8s.io/dynamic-resource-allocation v0.36.6 // indirect
-)
+require k8s.io/api v0.36.6
+
+require k8s.io/dynamic-resource-allocation v0.36.6
 
 require (
 	cel.dev/expr v0.25.1 // indirect

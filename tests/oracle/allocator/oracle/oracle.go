@@ -6,8 +6,9 @@
 //
 // The code here only wires inputs to the upstream API: which upstream release
 // runs is decided by the go.mod of the small main package per Kubernetes
-// minor (../k8s-1.36, ../k8s-1.37), which also names the feature gates that
-// minor's kube-scheduler enables by default.
+// minor (../k8s-1.34 .. ../k8s-1.37), which also names the feature gates that
+// minor's kube-scheduler enables by default and the validation limits of its
+// k8s.io/api (constants that not every release has).
 package oracle
 
 import (
@@ -71,22 +72,24 @@ type Answer struct {
 }
 
 // gateFields maps each Kubernetes feature gate the allocator acts on to the
-// structured.Features field it sets. DeviceBindingAndStatus needs both
-// DRADeviceBindingConditions and DRAResourceClaimDeviceStatus, as in
-// kube-scheduler.
-var gateFields = map[string]string{
-	"DRAAdminAccess":               "AdminAccess",
-	"DRADeviceCompatibilityGroups": "CompatibilityGroups",
-	"DRAConsumableCapacity":        "ConsumableCapacity",
-	"DRADerivedAttributes":         "DerivedAttributes",
-	"DRADeviceBindingConditions":   "DeviceBindingAndStatus",
-	"DRAResourceClaimDeviceStatus": "DeviceBindingAndStatus",
-	"DRADeviceTaints":              "DeviceTaints",
-	"DRAFractionalCapacityRange":   "FractionalCapacityRange",
-	"DRAListTypeAttributes":        "ListTypeAttributes",
-	"DRAOptionalNodeOperations":    "OptionalNodeOperations",
-	"DRAPartitionableDevices":      "PartitionableDevices",
-	"DRAPrioritizedList":           "PrioritizedList",
+// structured.Features field it sets, the first of the candidates that this
+// release's Features has: 1.34 has DeviceBinding and DeviceStatus apart, 1.35
+// on one DeviceBindingAndStatus that needs both DRADeviceBindingConditions and
+// DRAResourceClaimDeviceStatus, as kube-scheduler sets it (each release's
+// structured/internal/types.go, Features.Set).
+var gateFields = map[string][]string{
+	"DRAAdminAccess":               {"AdminAccess"},
+	"DRADeviceCompatibilityGroups": {"CompatibilityGroups"},
+	"DRAConsumableCapacity":        {"ConsumableCapacity"},
+	"DRADerivedAttributes":         {"DerivedAttributes"},
+	"DRADeviceBindingConditions":   {"DeviceBindingAndStatus", "DeviceBinding"},
+	"DRAResourceClaimDeviceStatus": {"DeviceBindingAndStatus", "DeviceStatus"},
+	"DRADeviceTaints":              {"DeviceTaints"},
+	"DRAFractionalCapacityRange":   {"FractionalCapacityRange"},
+	"DRAListTypeAttributes":        {"ListTypeAttributes"},
+	"DRAOptionalNodeOperations":    {"OptionalNodeOperations"},
+	"DRAPartitionableDevices":      {"PartitionableDevices"},
+	"DRAPrioritizedList":           {"PrioritizedList"},
 }
 
 // features turns the gates (defaults overridden by flips) into the
@@ -108,13 +111,19 @@ func features(defaults, flips map[string]bool) (structured.Features, error) {
 	v := reflect.ValueOf(&f).Elem()
 	set := map[string]bool{}
 	for name, on := range gates {
-		field, ok := gateFields[name]
+		candidates, ok := gateFields[name]
 		if !ok {
 			return f, fmt.Errorf("feature gate %q has no allocator feature", name)
 		}
-		fv := v.FieldByName(field)
+		var fv reflect.Value
+		field := ""
+		for _, field = range candidates {
+			if fv = v.FieldByName(field); fv.IsValid() {
+				break
+			}
+		}
 		if !fv.IsValid() {
-			return f, fmt.Errorf("feature gate %q: structured.Features has no field %s in this release", name, field)
+			return f, fmt.Errorf("feature gate %q: structured.Features has none of %v in this release", name, candidates)
 		}
 		if prev, seen := set[field]; seen {
 			on = on && prev
@@ -240,9 +249,9 @@ func (c classes) Get(name string) (*resourceapi.DeviceClass, error) {
 var celCaches = map[cel.Features]*cel.Cache{}
 
 // Run answers one request.
-func Run(ctx context.Context, defaults map[string]bool, version string, req *Request) Answer {
+func Run(ctx context.Context, m Minor, version string, req *Request) Answer {
 	out := Answer{ID: req.ID, Version: version}
-	f, err := features(defaults, req.Gates)
+	f, err := features(m.Defaults, req.Gates)
 	out.Features = featureMap(f)
 	if err != nil {
 		out.Status, out.Error = "error", "oracle: "+err.Error()
@@ -281,16 +290,33 @@ func Run(ctx context.Context, defaults map[string]bool, version string, req *Req
 		}
 	}
 	out.Status, out.Error = "error", err.Error()
-	out.PerNode = errors.Is(err, structured.ErrFailedAllocationOnNode)
+	out.PerNode = m.PerNode != nil && errors.Is(err, m.PerNode)
 	return out
+}
+
+// Minor is what differs between the per-minor programs beyond the linked
+// release: kept in each main package because the names it refers to are not in
+// every release.
+type Minor struct {
+	// Defaults are the gates the allocator acts on, as this minor's
+	// kube-scheduler has them by default.
+	Defaults map[string]bool
+	// Limits are the validation limits of the linked k8s.io/api resource/v1.
+	Limits map[string]int
+	// PerNode is structured.ErrFailedAllocationOnNode (1.35+): an error that
+	// wraps it is about this node only. Nil on 1.34, where every Allocate
+	// error fails the whole scheduling attempt.
+	PerNode error
 }
 
 // Main serves requests from stdin until it closes: one JSON Request per line
 // in, one JSON Answer per line out (flushed after each). With the argument
 // "gates" it prints this minor's default gates instead, with "limits" the
-// validation limits of the linked k8s.io/api. Answers name the
+// validation limits of the linked k8s.io/api (given by the main package: their
+// names and meaning differ between minors). Answers name the
 // k8s.io/dynamic-resource-allocation release linked in.
-func Main(defaults map[string]bool) {
+func Main(m Minor) {
+	defaults := m.Defaults
 	version := "unknown"
 	if info, ok := debug.ReadBuildInfo(); ok {
 		for _, dep := range info.Deps {
@@ -318,18 +344,18 @@ func Main(defaults map[string]bool) {
 		return
 	}
 	if len(os.Args) > 1 && os.Args[1] == "limits" {
-		if err := json.NewEncoder(os.Stdout).Encode(map[string]any{"version": version, "limits": limits()}); err != nil {
+		if err := json.NewEncoder(os.Stdout).Encode(map[string]any{"version": version, "limits": m.Limits}); err != nil {
 			os.Exit(1)
 		}
 		return
 	}
-	if err := serve(context.Background(), os.Stdin, os.Stdout, defaults, version); err != nil {
+	if err := serve(context.Background(), os.Stdin, os.Stdout, m, version); err != nil {
 		fmt.Fprintln(os.Stderr, "oracle:", err)
 		os.Exit(1)
 	}
 }
 
-func serve(ctx context.Context, in io.Reader, out io.Writer, defaults map[string]bool, version string) error {
+func serve(ctx context.Context, in io.Reader, out io.Writer, m Minor, version string) error {
 	reader := bufio.NewReaderSize(in, 1<<20)
 	writer := bufio.NewWriter(out)
 	enc := json.NewEncoder(writer)
@@ -341,7 +367,7 @@ func serve(ctx context.Context, in io.Reader, out io.Writer, defaults map[string
 			if jerr := json.Unmarshal(line, &req); jerr != nil {
 				answer = Answer{Status: "error", Error: "oracle: bad request: " + jerr.Error(), Version: version}
 			} else {
-				answer = Run(ctx, defaults, version, &req)
+				answer = Run(ctx, m, version, &req)
 			}
 			if werr := enc.Encode(answer); werr != nil {
 				return werr
@@ -366,20 +392,4 @@ func isBlank(b []byte) bool {
 		}
 	}
 	return true
-}
-
-// limits are the validation limits of the linked k8s.io/api resource/v1 that
-// what the node agent publishes, and what a claim gets, must stay within.
-func limits() map[string]int {
-	return map[string]int{
-		"AllocationResultsMaxSize":                           resourceapi.AllocationResultsMaxSize,
-		"BindingConditionsMaxSize":                           resourceapi.BindingConditionsMaxSize,
-		"DeviceTaintsMaxLength":                              resourceapi.DeviceTaintsMaxLength,
-		"ResourceSliceMaxAttributesAndCapacitiesPerDevice":   resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice,
-		"ResourceSliceMaxCounterSets":                        resourceapi.ResourceSliceMaxCounterSets,
-		"ResourceSliceMaxCountersPerCounterSet":              resourceapi.ResourceSliceMaxCountersPerCounterSet,
-		"ResourceSliceMaxDeviceCounterConsumptionsPerDevice": resourceapi.ResourceSliceMaxDeviceCounterConsumptionsPerDevice,
-		"ResourceSliceMaxDevices":                            resourceapi.ResourceSliceMaxDevices,
-		"ResourceSliceMaxDevicesWithAdvancedFeatures":        resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures,
-	}
 }
