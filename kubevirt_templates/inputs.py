@@ -105,7 +105,8 @@ class DeviceClassesInput(DraNames):
     (``vgpu-t4-2q``): its slots, and the opaque VgpuConfig that makes a slot that type, so a
     claim that names the class needs no selector and no config of its own."""
 
-    profiles: list[Profile] = Field([], description="vGPU types to give a DeviceClass each (short names, e.g. T4-2Q)")
+    profiles: list[Profile] = Field([], description="vGPU types to give a DeviceClass each (short names, e.g. T4-2Q; "
+                                    "a GPU-instance profile such as 1g.5gb too)")
     products: list[Product] = Field([], description="GPU products to give a whole-GPU DeviceClass each (pci.ids "
                                     "names, e.g. 'TU104GL [Tesla T4]')")
     extended_resources: bool = Field(False, description=(
@@ -134,7 +135,8 @@ class ClaimTemplateInput(DraNames):
                                   "(vgpu-a100-4c, vgpu-min-8gi, ...)")
     namespace: DnsLabel = Field("default", description="namespace of the template")
     profile: Profile | None = Field(None, description="select a vGPU of this type (short name, e.g. A100-4C; "
-                                    "checked against the catalog or the node)")
+                                    "checked against the catalog or the node), or by any profile a device publishes: "
+                                    "a GPU-instance profile (1g.5gb) its MIG placements, a GPU model that whole GPU")
     min_memory: Quantity | None = Field(None, description="select any vGPU with at least this framebuffer, e.g. 8Gi")
     first_available: list[str] | None = Field(None, description="select the first available of these vGPU types, "
                                               f"in order of preference (at most {MAX_FIRST_AVAILABLE})")

@@ -34,6 +34,7 @@ from kubevirt_templates.keys import explain
 from kubevirt_templates.names import pci_vendor_selector
 from mdev_manager import catalog
 from mdev_manager.models import VgpuType
+from mdev_manager.names import is_instance_profile
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -90,8 +91,18 @@ def class_expression(driver: str, kind: str) -> str:
 
 def profile_expression(driver: str, profile: str) -> str:
     """Devices that can be a vGPU of type ``profile``: a size slot its type shares with the other
-    series of its size, or a MIG placement (``vgpuTypes``: the short names, space-separated)."""
+    series of its size, or a MIG placement (``vgpuTypes``: the short names, space-separated).
+    A GPU-instance profile (``1g.5gb``, what a MIG-backed vGPU publishes as its ``profile``)
+    selects the placements of that profile, whatever vGPU type they carry."""
+    if is_instance_profile(profile):
+        return f"device.attributes[{cel_string(driver)}].profile == {cel_string(profile)}"
     return f"device.attributes[{cel_string(driver)}].vgpuTypes.contains({cel_string(' ' + profile + ' ')})"
+
+
+def profile_type(profile: str) -> str | None:
+    """The vGPU type a claim for ``profile`` asks prepare to make (its VgpuConfig): the type itself;
+    none for a GPU-instance profile, whose placement makes the one MIG-backed type it carries."""
+    return None if is_instance_profile(profile) else profile
 
 
 def vgpu_config(driver: str, requests: list[str], profile: str | None, *, resource: str | None = None) -> dict[str, Any]:
@@ -136,7 +147,7 @@ def render_deviceclasses(v: DeviceClassesInput) -> list[dict[str, Any]]:
         res = resource_name_for_type(classic_type_name(p, "profiles"), v.resource_domain) if ext else None
         classes.append({"name": fit_dns_label("vgpu-", p, ""),
                         "selectors": [class_expression(v.driver, "vgpu"), profile_expression(v.driver, p)],
-                        "config": _config(v.driver, vgpu_type=p, resource=res), "extended": res})
+                        "config": _config(v.driver, vgpu_type=profile_type(p), resource=res), "extended": res})
     for product in dict.fromkeys(v.products):
         res = resource_name_for_pci(product, v.resource_domain) if ext else None
         classes.append({"name": fit_dns_label("gpu-passthrough-", product, ""),
@@ -182,7 +193,7 @@ def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
         t["selectors"] = [product_expression(v.driver, v.product)]
     elif v.profile:
         t["selectors"] = [profile_expression(v.driver, v.profile)]
-        t["config"] = [vgpu_config(v.driver, [t["request"]], v.profile)]
+        t["config"] = [vgpu_config(v.driver, [t["request"]], v.profile)] if profile_type(v.profile) else []
     elif v.min_memory:
         t["selectors"] = [min_memory_expression(v.driver, v.min_memory)]
     elif v.gpu_memory or v.gpu_fraction:
@@ -195,7 +206,8 @@ def _template_context(v: ClaimTemplateInput) -> dict[str, Any]:
             {"name": n, "device_class": v.vgpu_class, "selectors": [profile_expression(v.driver, p)]}
             for n, p in zip(names, v.first_available, strict=False)
         ]
-        t["config"] = [vgpu_config(v.driver, [f"{t['request']}/{n}"], p) for n, p in zip(names, v.first_available, strict=False)]
+        t["config"] = [vgpu_config(v.driver, [f"{t['request']}/{n}"], p)
+                       for n, p in zip(names, v.first_available, strict=False) if profile_type(p)]
     return t
 
 

@@ -90,6 +90,15 @@ def type_series(name: str) -> str | None:
     return m.group("series") if m else None
 
 
+#: NVIDIA's GPU-instance profile names (``1g.5gb``, ``1g.10gb+me``, ``7g.80gb``, ``4g.40gb-me``).
+_INSTANCE_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me|\+me\.all|-me|\+gfx)?$")
+
+
+def is_instance_profile(name: str) -> bool:
+    """A GPU-instance profile's name, never a vGPU type's (those start with their board)."""
+    return bool(_INSTANCE_PROFILE.match(name))
+
+
 def mig_profile_of(name: str) -> str | None:
     """The GPU-instance profile a MIG-backed type occupies, from its name: ``A100-3-20C`` ->
     ``3g.20gb``, ``A100-1-5CME`` -> ``1g.5gb+me`` (NVIDIA's vGPU user guide names each MIG-backed

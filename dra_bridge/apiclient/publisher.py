@@ -4,7 +4,11 @@
 * Same slices and one of them changed or missing (deleted behind our back): only that slice is
   replaced or re-created, in place, at the same pool generation (one write is atomic, so the pool
   is old or new, never mixed).
-* Slice count changed, or several slices changed: the generation is bumped and every slice
+* A GPU that comes or goes (whole devices and counter sets gained or lost, every other one as
+  last published): its slices are emptied or filled in place, one write at a time, at the same
+  generation and slice count, so the scheduler never loses sight of a GPU that did not change
+  (:mod:`dra_bridge.pool.keep`; an emptied slice stays, for the next GPU to fill).
+* Slice count changed otherwise, or several slices changed: the generation is bumped and every slice
   rewritten; slices that no longer belong (this driver and node, including other pools)
   are deleted last. The scheduler ignores the older generation and
   treats the new one as incomplete until ``resourceSliceCount`` slices of it are visible,
@@ -41,6 +45,8 @@ from dra_bridge.apiclient.kept import KeptFields, observe
 from dra_bridge.apiclient.objects import raw, watch_events
 from dra_bridge.apiclient.slicemirror import Known, SliceMirror, content_digest
 from dra_bridge.pool.devices import Pool
+from dra_bridge.pool.keep import in_place, write_order
+from dra_bridge.pool.slicecheck import check_pool_slices
 from dra_bridge.pool.slices import build_slices
 
 log = logging.getLogger(__name__)
@@ -106,6 +112,19 @@ def server_version(api_client, timeout: float | None = None) -> tuple[int, int]:
     return int(info.major), int("".join(ch for ch in info.minor if ch.isdigit()))
 
 
+def comes_or_goes(last: Pool | None, pool: Pool) -> bool:
+    """Whether ``pool`` differs from ``last`` only by whole devices and counter sets gained or lost
+    (a GPU off the bus, or back), every one in both unchanged."""
+    if last is None:
+        return False
+    old_d, new_d = {d.name: d for d in last.devices}, {d.name: d for d in pool.devices}
+    old_c, new_c = {c.name: c for c in last.counter_sets}, {c.name: c for c in pool.counter_sets}
+    if old_d.keys() == new_d.keys() and old_c.keys() == new_c.keys():
+        return False
+    return all(old_d[n] == new_d[n] for n in old_d.keys() & new_d.keys()) and \
+        all(old_c[n] == new_c[n] for n in old_c.keys() & new_c.keys())
+
+
 class Publisher:
     """Publishes a :class:`Pool` as this node's ResourceSlices (see the module docstring).
 
@@ -143,6 +162,7 @@ class Publisher:
         self._sent: dict[str, tuple[str, str]] = {}
         self.kept = KeptFields()
         self._seen: frozenset | None = None  # the mirror as our last sync left it
+        self._last: Pool | None = None  # the pool our last complete sync published
 
     @property
     def version(self) -> tuple[int, int]:
@@ -240,15 +260,22 @@ class Publisher:
         return self.watch and self.mirror.synced and self._seen is not None and self._mirror_key() == self._seen
 
     def sync(self, pool: Pool) -> SyncResult:
-        result = self._sync(pool)
+        last, self._last = self._last, None  # unknown until this sync completes
+        current = self.is_current()
+        result = self._sync(pool, last if current else None)
         self._seen = self._mirror_key() if self.watch and self.mirror.synced else None
+        self._last = pool
         return result
 
-    def _sync(self, pool: Pool) -> SyncResult:
+    def _sync(self, pool: Pool, last: Pool | None = None) -> SyncResult:
         everything = self.known(all_pools=True)
         have = {n: k for n, k in everything.items() if k.pool == self.pool_name}
         generation = max((k.generation for k in have.values()), default=0)
         want = self.desired(pool, generation)
+        if set(everything) == set(have):
+            kept = self._in_place(have, want, generation, comes_or_goes(last, pool))
+            if kept is not None:
+                return kept
         digests = {s["metadata"]["name"]: content_digest(s) for s in want}  # each built slice hashed once
         # one slice changed or missing: written in place at the same generation (one write is atomic);
         # in-place writes of several would show a mix of old and new as one pool
@@ -276,6 +303,27 @@ class Publisher:
         if result.writes:
             log.info("published pool %s generation %s: %s", self.pool_name, result.generation, result.model_dump())
         return result
+
+    def _in_place(self, have: dict[str, Known], want: list[dict], generation: int, membership: bool) -> SyncResult | None:
+        """The sync done in place (:mod:`dra_bridge.pool.keep`): nothing to write, one slice (one
+        atomic write), or, where only whole GPUs came or went (``membership``), a write per slice in an
+        order that keeps every other GPU visible; None when the generation must be bumped instead."""
+        held = {n: k.held for n, k in have.items()}
+        bodies = in_place(held, want)
+        if bodies is None or check_pool_slices(list(bodies.values()), self.version):
+            return None  # (a plan the server would refuse is a bug here: the generation is bumped instead)
+        changed = [n for n, b in bodies.items() if self._differs(n, have[n], content_digest(b), generation)]
+        if len(changed) > 1 and not membership:  # content changes in several slices: never shown mixed
+            return None
+        order = write_order(held, bodies, changed) if len(changed) > 1 else changed
+        if order is None:
+            return None
+        for name in order:
+            self._replace(name, bodies[name])
+        if order:
+            log.info("published pool %s generation %s in place: %d slices rewritten", self.pool_name, generation,
+                     len(order))
+        return SyncResult(updated=len(order), generation=generation)
 
     def _create(self, name: str, body: dict) -> None:
         def attempt() -> bool:

@@ -20,8 +20,10 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from dra_bridge.pool.keep import Held
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +52,19 @@ def content_digest(obj: dict) -> str:
 
 @dataclass(frozen=True)
 class Known:
-    """One slice as the server holds it."""
+    """One slice as the server holds it (``held``: what it holds, by name, for in-place changes)."""
 
     digest: str
     generation: int
     pool: str | None
     resource_version: str | None
+    held: Held = field(default_factory=Held, compare=False)
 
     @classmethod
     def of(cls, obj: dict) -> Known:
         spec_pool = (obj.get("spec") or {}).get("pool") or {}
         return cls(content_digest(obj), int(spec_pool.get("generation") or 0), spec_pool.get("name"),
-                   (obj.get("metadata") or {}).get("resourceVersion"))
+                   (obj.get("metadata") or {}).get("resourceVersion"), Held.of(obj))
 
 
 def _older(a: str | None, b: str | None) -> bool:

@@ -708,8 +708,10 @@ def test_cli_kubevirt_cr_from_inventory_files(tmp_path, capsys):
     assert rc == 0, err
     (kv,) = list(yaml.safe_load_all(out))
     assert "mediatedDevices" not in kv["spec"]["configuration"]["permittedHostDevices"]
-    rc, out, err = _run(["render", "deviceclasses", "--inventory", str(inv)], capsys)
-    assert rc == 2 and "deviceclasses names no vGPU type" in err
+    rc, out, err = _run(["render", "passthrough-pod", "--inventory", str(inv)], capsys)
+    assert rc == 2 and "passthrough-pod names no vGPU type" in err
+    rc, out, err = _run(["render", "deviceclasses", "--inventory", str(inv), "--set", "profiles=[A16-2Q]"], capsys)
+    assert rc == 2 and "profiles.A16-2Q: 'A16-2Q' is not a vGPU type of the given nodes" in err  # checked too
 
 
 RENDER_VM = ["render", "vm", "--set", "name=v", "--set", "gpus.T4-1Q=1"]

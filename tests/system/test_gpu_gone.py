@@ -186,3 +186,31 @@ def test_a_gpu_leaving_from_anywhere_in_the_numbering_is_withdrawn_and_set_up_ag
     device = next(d.name for d in daemon._pool.devices if d.gpu == gone and d.kind == "vgpu")
     ref = add_claim(srv, "vm-back", [("gpu", device)], node=node.node)
     assert daemon.driver.prepare([ref])[ref.uid].error is None
+
+
+@pytest.mark.parametrize("gone", ["0000:13:00.0", "0000:10:00.0"], ids=["middle", "first"])
+def test_the_other_gpus_stay_allocatable_through_every_write_of_the_resync(mixed_agent, gone):
+    """Issue #36.6: after the L4 in the middle of mixed-node (index-based dra layout) leaves, the
+    resync that withdraws it never shows the scheduler a pool without the other GPUs' devices (a
+    generation bump did: its new generation is incomplete until the last slice is written). The
+    server's slices are read after every write the agent makes."""
+    from tests.dra_bridge.test_publisher import Recorder
+    from tests.dra_bridge.test_publisher_keep import assert_kept_through_every_write, devices_of, scheduler_view
+
+    srv, node, daemon = mixed_agent
+    daemon.resync()
+    mine = f"gpu-{discover(node.env, node.io).gpu(gone).index}-"
+    before = pool_slices(srv, node=node.node)
+    others = {d for d in published_devices(before) if not d.startswith(mine)}
+    kept = devices_of(before, others)
+    daemon.publisher.api = rec = Recorder(daemon.publisher.api, srv, node.node)
+    node.host.unplug(gone)
+    daemon.resync()
+    assert rec.states, "the resync withdrew nothing"
+    assert_kept_through_every_write(rec.states, kept, "unplug")
+    assert set(scheduler_view(pool_slices(srv, node=node.node)) or {}) == others
+    rec.states.clear()
+    node.host.replug(gone)
+    daemon.resync()
+    assert_kept_through_every_write(rec.states, kept, "replug")
+    assert published_devices(pool_slices(srv, node=node.node)) == published_devices(before)

@@ -110,8 +110,10 @@ def catalog_types() -> KnownTypes:
     for b in catalog.BOARDS.values():
         for t in b.types:  # MIG-backed ones too: a GPU in MIG mode offers them at its placements
             types.append((str(t.num) if b.framework == "vendor-vfio" else t.mdev_id(b.driver), t.name))
+    products = tuple(sorted({b.product_name for b in catalog.BOARDS.values() if b.product_name}))
     return KnownTypes(tuple(types), source=f"vgpuctl's catalog (boards {', '.join(sorted(catalog.BOARDS))})",
-                      listing="for a node's own types give its inventory: --inventory FILE or --simulate")
+                      listing="for a node's own types give its inventory: --inventory FILE or --simulate",
+                      products=products)
 
 
 def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes:
@@ -124,7 +126,7 @@ def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes
     from mdev_manager.models import Inventory
     from mdev_manager.plan import offered_types  # start-up cost (~80 ms): only for the inventories' types
 
-    types, mig = [], set()
+    types, mig, products = [], set(), set()
     for doc in inventories:
         try:
             inv = Inventory.model_validate(doc)
@@ -133,6 +135,7 @@ def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes
             raise RenderError(f"--inventory: {where or 'the document'} is not as `vgpuctl discover -o yaml` "
                               "writes it; give that command's output") from None
         for gpu in inv.gpus:
+            products.add(gpu.model)  # what its whole-GPU device publishes as profile and productName
             for t in offered_types(gpu):
                 if type_is_mig_backed(t) and gpu.mig is None:  # no MIG on that GPU (NVML says)
                     mig.add(t.short_name.lower())
@@ -142,7 +145,8 @@ def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes
         where, listing = "the simulated node", "list them: vgpuctl --simulate discover --types"
     else:
         where, listing = "the given nodes", "list them: vgpuctl discover --types, on the node"
-    return KnownTypes(tuple(types), source=where, listing=listing, mig_backed=frozenset(mig))
+    return KnownTypes(tuple(types), source=where, listing=listing, mig_backed=frozenset(mig),
+                      products=tuple(sorted(products)))
 
 
 class SchemaUnavailable(Exception):
