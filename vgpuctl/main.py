@@ -73,7 +73,8 @@ COMMANDS: dict[str, Command] = {
     "sim": Command("vgpuctl.commands.sim", "simulated hosts and the local Kubernetes API server"),
     "cordon": Command("vgpuctl.commands.cordon", "take a GPU (NODE/GPU) or a node's GPUs out of new allocations",
                       "Through DRA device taints where the API server keeps them, else by withdrawing the GPU's "
-                      "free devices; what runs there keeps running. Exit 3 while the node agent has not "
+                      "free devices; what runs there keeps running (with --effect NoExecute and taints, the "
+                      "cluster evicts what does not tolerate it). Exit 3 while the node agent has not "
                       "republished the GPUs."),
     "drain": Command("vgpuctl.commands.cordon", "cordon a GPU or node, then wait for its holders to go",
                      "Lists the claims, pods and VMs holding the GPUs (with the VMs' live-migration state), "
