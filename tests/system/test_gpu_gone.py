@@ -186,3 +186,27 @@ def test_a_gpu_leaving_from_anywhere_in_the_numbering_is_withdrawn_and_set_up_ag
     device = next(d.name for d in daemon._pool.devices if d.gpu == gone and d.kind == "vgpu")
     ref = add_claim(srv, "vm-back", [("gpu", device)], node=node.node)
     assert daemon.driver.prepare([ref])[ref.uid].error is None
+
+
+def test_restore_says_which_saved_vgpus_it_could_not_restore_and_exits_3(capsys):
+    """Issue #36: after a reboot with the A100 off the bus, restore brings back the rest and names
+    the A100's 6 saved vGPUs it could not (exit 3, as apply while it converges), not "restored", exit 0;
+    once the GPU is back, they are restored and it exits 0."""
+    from tests.support.simnodes import EXAMPLE_LAYOUT
+
+    assert main(["--simulate", "apply", "-f", str(EXAMPLE_LAYOUT)]) == 0
+    assert main(["--simulate", "sim", "reboot"]) == 0
+    assert main(["--simulate", "sim", "unplug", A100]) == 0
+    capsys.readouterr()
+    code = main(["--simulate", "restore"])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "6 saved vGPUs on bus 0000:16 not restored: their parent device is not on this node" in " ".join(out.split())
+    assert out.splitlines()[-1] == "12 devices restored; some saved ones are not (above)", out
+    code = main(["--simulate", "restore", "-o", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 3 and not doc["ok"] and len(doc["notRestored"]) == 1 and "6 saved vGPUs" in doc["notRestored"][0]
+    assert main(["--simulate", "sim", "replug", A100]) == 0
+    capsys.readouterr()
+    assert main(["--simulate", "restore"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "6 devices restored"

@@ -40,7 +40,7 @@ from mdev_manager.host.lock import NodeLock, NodeLockBusy
 from mdev_manager.models import Inventory, Usage
 from mdev_manager.plan import NVIDIA
 from mdev_manager.reconcile import Outcome, plan_once, reconcile
-from mdev_manager.restore import restore
+from mdev_manager.restore import restore, unrestored
 from vgpuctl.cli import options
 from vgpuctl.cli.host import Host, dump, number_gpus, open_host, prepared_usage
 from vgpuctl.cli.scope import scoped
@@ -109,6 +109,9 @@ def add_plan(p: argparse.ArgumentParser) -> None:
 def add_restore(p: argparse.ArgumentParser) -> None:
     _add_claims_arguments(p)
     options.add_output(p, wide=True, what="; json and yaml hold every step and result")
+    p.epilog = ("exit status: 0 everything saved is back (or left to the prepared claims holding it); 1 steps "
+                "failed; 3 saved devices not restored, each said with why (a GPU off the bus, a GPU in use); "
+                f"{EXIT_LOCK_BUSY} the node lock is held (--no-wait); 130/143 stopped by SIGINT/SIGTERM")
     p.set_defaults(func=run_restore)
 
 
@@ -285,6 +288,7 @@ def run_restore(args) -> int:
             with Terminal().progress("restoring", 0) as on_step:  # a bar on a terminal once it takes a while
                 reports = restore(env, io, usage, stop=signals.pending, on_step=on_step)
             after = len(discover(env, io).all_vgpus())
+            left = [] if signals.signum else unrestored(env, io, usage)
     except NodeLockBusy as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_LOCK_BUSY
@@ -292,13 +296,17 @@ def run_restore(args) -> int:
         print(f"{signals.pending()}: stopped after restoring {after - before} device(s); `vgpuctl restore` again "
               "finishes it", file=sys.stderr)
         return 128 + signals.signum
-    code = 0 if all(not r.failed for r in reports) else 1
+    code = EXIT_FAILED if any(r.failed for r in reports) else EXIT_CONVERGING if left else 0
     if args.output in ("json", "yaml"):
-        data = {"restored": after - before, "ok": code == 0, "rounds": [r.model_dump(mode="json") for r in reports]}
+        data = {"restored": after - before, "ok": code == 0, "notRestored": left,
+                "rounds": [r.model_dump(mode="json") for r in reports]}
         print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
         return code
     for r in reports:
         print(fit_text(report_text(r)) if args.output == "table" else report_text(r))  # -o wide: whole lines
+    for line in left:
+        print(fit_text(line) if args.output == "table" else line)
     # count vGPUs, not steps: enabling a GPU's VFs is a step but no device
-    print(f"{after - before} devices restored")
+    n = after - before
+    print(f"{n} device{'' if n == 1 else 's'} restored" + ("; some saved ones are not (above)" if left else ""))
     return code
