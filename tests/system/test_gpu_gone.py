@@ -136,6 +136,9 @@ def test_the_cli_says_a_gpu_left_the_bus(agent, tmp_path, monkeypatch, capsys):
     code = main([*argv, *apply])
     text = capsys.readouterr().out
     assert code == 3 and "left the bus" in text
+    # the verdict counts the GPU as off the bus, not as a device in use to be released (issue #36)
+    assert text.splitlines()[-1].endswith("converging: 1 GPU off the bus keeps the node from the layout; apply "
+                                          "again once the GPU is back"), text
     assert main([*argv, "sim", "replug", T4B]) == 0
     capsys.readouterr()
     assert main([*argv, *apply]) == 0

@@ -247,10 +247,22 @@ def _print_outcome(args, term: Terminal, layouts: list[GpuLayout], before: Inven
     term.print(_verdict(args.dry_run, out, verbose))
 
 
+def _converging(blocked) -> str:
+    """What keeps the node from the layout, devices in use and GPUs off the bus apart, and when to apply again."""
+    used = sum(1 for b in blocked if not b.gone)
+    gone = len(blocked) - used
+    what = [f"{used} device{'s' if used != 1 else ''} in use" if used else "",
+            f"{gone} GPU{'s' if gone != 1 else ''} off the bus" if gone else ""]
+    when = ["the device is released" if used == 1 else "they are released" if used else "",
+            "the GPU is back" if gone == 1 else "the GPUs are back" if gone else ""]
+    keep = "keeps" if used + gone == 1 else "keep"
+    return (f"converging: {' and '.join(w for w in what if w)} {keep} the node from the layout; apply again once "
+            f"{' and '.join(w for w in when if w)}")
+
+
 def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
     """The last line, which scripts and the tests read: what was done, whether the node matches."""
-    converging = (f"converging: {len(out.blocked)} device(s) in use keep the node from the layout; "
-                  "apply again once they are released")
+    converging = _converging(out.blocked)
     if dry_run:
         steps = sum(len(r.plan.actions) for r in out.rounds)
         if steps:
@@ -259,20 +271,21 @@ def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
         return Text("nothing to change; " + (converging if out.blocked else "node matches the layout"),
                     style="yellow" if out.blocked else "green")
     results = [x for r in out.rounds if r.report for x in r.report.results]
+    changes = f"{out.changed} change{'' if out.changed == 1 else 's'}"
     failed = sum(1 for x in results if not x.ok and not x.skipped)
     skipped = sum(1 for x in results if x.skipped)
     if failed or skipped:  # what the read-back still wants includes their work: never called "reported done"
-        return Text(f"{out.changed} changes; {failed} step(s) failed" + (f", {skipped} skipped after them" if skipped
+        return Text(f"{changes}; {failed} step(s) failed" + (f", {skipped} skipped after them" if skipped
                     else "") + "; apply again once the cause is fixed", style="bold red")
     if out.unapplied:
-        return Text(f"{out.changed} changes; read back, the node still needs {len(out.unapplied)} step(s) the "
+        return Text(f"{changes}; read back, the node still needs {len(out.unapplied)} step(s) the "
                     f"apply reported done: {'; '.join(out.unapplied[:3])}" + (" ..." if len(out.unapplied) > 3 else ""),
                     style="bold red")
     if not out.ok:
-        return Text(f"{out.changed} changes; some steps failed", style="bold red")
+        return Text(f"{changes}; some steps failed", style="bold red")
     if out.blocked:
-        return Text(f"{out.changed} changes; {converging}", style="bold yellow")
-    return Text(f"{out.changed} changes; node matches the layout", style="bold green")
+        return Text(f"{changes}; {converging}", style="bold yellow")
+    return Text(f"{changes}; node matches the layout", style="bold green")
 
 
 def run_restore(args) -> int:

@@ -40,7 +40,9 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                                          "the taint after its quiet period without a fault.")
     health.add_argument("address", help="the GPU's PCI address")
     health.add_argument("fault", choices=("xid", "ecc", "lost", "hang"), help="the fault")
-    health.add_argument("--xid", type=int, default=79, help="the Xid number of an xid fault (default %(default)s)")
+    health.add_argument("--xid", type=int, default=79,
+                        help="the Xid number of an xid fault to raise (default %(default)s; --clear clears every "
+                             "queued Xid)")
     health.add_argument("--clear", action="store_true", help="clear the fault instead of raising it")
     for sp in (pr, m, reset, reboot, unplug, replug, health):
         options.add_host_options(sp, suppress=True)
@@ -77,6 +79,11 @@ def run(args) -> int:
             print(f"{name:14} " + ", ".join(f"{g.count} x {g.board}" for g in spec.gpus))
         return 0
     if args.sim_cmd == "mount":
+        if not Path(args.dir).is_dir():  # libfuse would say only "invalid option arguments"
+            raise ValueError(f"sim mount: the mount point {args.dir} is not a directory; name an empty one"
+                             if Path(args.dir).exists() else
+                             f"sim mount: the mount point {args.dir} does not exist; create it first "
+                             f"(mkdir -p {args.dir})")
         from mdev_manager.sim.fuse import mount
 
         root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.host)
@@ -121,8 +128,11 @@ def run(args) -> int:
             sim_node(root, ref, reuse=True).host.health(args.address, args.fault, xid=args.xid, clear=args.clear)
         except OSError as exc:
             raise ValueError(f"sim health {args.address}: {exc.strerror}") from None
-        what = f"Xid {args.xid}" if args.fault == "xid" else args.fault
-        print(f"GPU {args.address} of simulated host {ref}: {what} {'cleared' if args.clear else 'raised'}")
+        if args.fault == "xid" and args.clear:  # clearing drops every queued Xid, whichever --xid says
+            what = "every queued Xid cleared"
+        else:
+            what = f"{f'Xid {args.xid}' if args.fault == 'xid' else args.fault} {'cleared' if args.clear else 'raised'}"
+        print(f"GPU {args.address} of simulated host {ref}: {what}")
     if args.sim_cmd == "unplug":
         print(f"GPU {args.address} left the bus of simulated host {ref}: its functions, VFs and vGPUs are gone")
     elif args.sim_cmd == "replug":
