@@ -64,7 +64,9 @@ COMMANDS: dict[str, Command] = {
     "conformance": Command("vgpuctl.commands.conformance",
                            "run the KAR-0003/KAR-0004 conformance checks (simulated cluster by default)",
                            "Five checks of GPU sharing through DRA; against the simulated cluster unless "
-                           "--kubeconfig is given. Prints a table and writes JUnit XML."),
+                           "--kubeconfig or --context is given or $KUBECONFIG is set: then against that cluster, "
+                           "where it creates a namespace for its workloads and deletes it at the end. Prints a "
+                           "table and writes JUnit XML."),
     "doctor": Command("vgpuctl.commands.doctor", "check a cluster for the DRA bridge: PASS / WARN / FAIL with fixes",
                       "Reads the API server (its version, and which DRA fields it keeps, found by a dry-run "
                       "ResourceSlice), KubeVirt's CR, the DeviceClasses and each GPU node's agent state. Exit 0 "

@@ -23,7 +23,7 @@ from vgpuctl.output.tables import fit, fit_lines
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
-    options.add_kubeconfig(c, "run against a real cluster")
+    options.add_kubeconfig(c, "run against a real cluster (so does a set $KUBECONFIG alone)")
     c.add_argument("--junit", default="vgpuctl-conformance.xml", metavar="FILE",
                    help="JUnit XML report (default %(default)s; '' for none)")
     options.add_output(c)
