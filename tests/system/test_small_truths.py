@@ -148,12 +148,14 @@ def test_the_campaign_without_the_test_extra_says_so_in_one_line():
 
     from tests.support.simnodes import REPO
 
-    code = ("import sys; sys.modules['hypothesis'] = None\n"  # as if not installed
-            "from tests.campaign.__main__ import main\nsys.exit(main(['--steps', '1', '--seed', '1']))")
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and p.stdout == "", p.stderr
-    assert p.stderr == ("error: the campaign needs the test extra (hypothesis is not installed): .venv/bin/pip "
-                        "install -e '.[test]' (or bash .ci/run, which makes that .venv)\n")
+    for module, argv in (("tests.campaign.__main__", "['--steps', '1', '--seed', '1']"),
+                         ("tests.campaign.mutations", "['--only', 'a']")):  # issue #36: 22 "not caught", exit 1
+        code = ("import sys; sys.modules['hypothesis'] = None\n"  # as if not installed
+                f"from {module} import main\nsys.exit(main({argv}))")
+        p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and p.stdout == "", (module, p.stdout, p.stderr)
+        assert p.stderr == ("error: the campaign needs the test extra (hypothesis is not installed): .venv/bin/pip "
+                            "install -e '.[test]' (or bash .ci/run, which makes that .venv)\n"), module
 
 
 def test_mixed_size_says_what_it_costs_a_dra_gpu_too(tmp_path, capsys):
