@@ -156,7 +156,12 @@ def _reset(args, ref: str, root: Path) -> int:
             SimHost.remove(root)
             stop_here()
             with Terminal().progress(f"building simulated host {ref}", gpus) as on_gpu:  # a terminal only
-                sim_node(root, spec, on_gpu=lambda: (on_gpu(None), stop_here()))
+
+                def built_one() -> None:
+                    on_gpu(None)
+                    stop_here()
+
+                sim_node(root, spec, on_gpu=built_one)
         except KeyboardInterrupt:  # marked incomplete until its last write: no command uses it half-built
             print(incomplete, file=sys.stderr)
             raise
