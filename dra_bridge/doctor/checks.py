@@ -165,9 +165,9 @@ def _nodes(f: ClusterFacts) -> list[Finding]:
                                detail=f"the API server has no Node object {n.name!r} (deleted, renamed, or never "
                                       f"registered), yet {n.slices} slices, {n.devices} devices of {f.driver} name "
                                       "it: the scheduler cannot use them",
-                               fix=f"where an agent runs for it, set its NODE_NAME to its Node's name (`kubectl get "
-                                   f"nodes`); where none runs any more, `kubectl delete resourceslices "
-                                   f"--field-selector spec.nodeName={n.name}`"))
+                               fix=f"where no agent runs for it any more, `kubectl delete resourceslices "
+                                   f"--field-selector spec.nodeName={n.name}`; where one does, set its NODE_NAME "
+                                   "to its Node's name, as kubectl get nodes lists it"))
             continue
         state = n.state or "unlabelled"
         status = _STATE_STATUS.get(n.state or "", "WARN")
