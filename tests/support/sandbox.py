@@ -32,9 +32,14 @@ def enter() -> bool:
     root = Path(tempfile.mkdtemp(prefix="vgpuctl-tests-home-"))
     home = root / "home"
     (home / ".local/state").mkdir(parents=True)
-    # Python's per-user packages stay found with HOME moved (a `pip install --user` of the test extra)
+    real = Path.home()
+    # what the tools the tests run keep under the home stays theirs: Python's per-user packages (a
+    # `pip install --user` of the test extra), pip's cache and configuration (an index mirror), found
+    # through their XDG variables; vgpuctl reads neither
     os.environ.setdefault("PYTHONUSERBASE", site.getuserbase())
-    os.environ[REAL_HOME] = str(Path.home())
+    os.environ.setdefault("XDG_CACHE_HOME", str(real / ".cache"))
+    os.environ.setdefault("XDG_CONFIG_HOME", str(real / ".config"))
+    os.environ[REAL_HOME] = str(real)
     os.environ[ROOT] = str(root)
     os.environ["HOME"] = str(home)
     os.environ["XDG_STATE_HOME"] = str(home / ".local/state")
