@@ -312,7 +312,8 @@ class KubeVirtCrInput(_Input):
     include_mig_backed: bool = Field(False, description="also permit MIG-backed vGPU types (need MIG on the GPU)")
     vgpu_live_migration: bool = Field(False, description=(
         "enable KubeVirt's vGPU live migration (VGPULiveMigration, alpha in 1.9, with TargetSideMigrationHooks): "
-        "mdev vGPUs of the device-plugin path only, one per VM; DRA-allocated devices cannot migrate yet (VEP 10)"))
+        "mdev vGPUs of the device-plugin path only, one per VM; DRA-allocated devices cannot migrate yet (VEP 10). "
+        "Without inventories the patch leaves permittedHostDevices as the CR has them"))
     extra_feature_gates: list[str] = Field(default_factory=list, description="gates already enabled that must stay")
     resource_domain: ResourceDomain = Field(RESOURCE_DOMAIN, description="the device plugin's resource prefix")
 
@@ -331,7 +332,9 @@ class KubeVirtCrInput(_Input):
         if self.vgpu_live_migration and not self.classic:
             raise ValueError("vgpu_live_migration: KubeVirt migrates vGPUs of the device-plugin path (classic) only; "
                              "DRA-allocated devices cannot migrate yet (KubeVirt VEP 10): set classic: true")
-        if self.classic and not self.inventories:
+        # turning live migration on in a CR already set up (a merge patch: without inventories it carries
+        # no permittedHostDevices and keeps the CR's own) needs no inventory; setting classic up does
+        if self.classic and not self.inventories and not self.vgpu_live_migration:
             raise ValueError(
                 "inventories: classic resources are generated from the GPU nodes' inventories; pass "
                 "`vgpuctl discover -o yaml` output (or --simulate), or set classic: false"

@@ -184,8 +184,9 @@ class _UnknownType(str):
         return self
 
 
-def _once_per_field(problems: list[str]) -> list[str]:
-    """An unknown type selected on several GPUs, in one line: the GPUs grouped by what they offer."""
+def _once_per_field(problems: list[str], selects: dict[str, int] | None = None) -> list[str]:
+    """An unknown type selected on several GPUs, in one line: the GPUs grouped by what they offer.
+    ``selects``: how many GPUs each entry (its ``vgpus`` field) selects, to say how many of them lack it."""
     groups: dict[tuple[str, str], list[_UnknownType]] = {}
     for p in problems:
         if isinstance(p, _UnknownType):
@@ -206,8 +207,11 @@ def _once_per_field(problems: list[str]) -> list[str]:
             by_offer.setdefault(q.offers, []).append(q.gpu)
         parts = [f"GPU {', '.join(str(g.index) for g in gpus)} ({', '.join(dict.fromkeys(g.model for g in gpus))}) "
                  f"offer{'s' if len(gpus) == 1 else ''} {offers}" for offers, gpus in by_offer.items()]
-        out.append(f"{p.field}: none of the {len(group)} GPUs this entry selects offers vGPU type {p.ref!r}: "
-                   + "; ".join(parts))
+        total = (selects or {}).get(p.field[:-len(p.ref) - 1], len(group))
+        lack = (f"none of the {len(group)} GPUs this entry selects offers" if total <= len(group) else
+                f"{len(group)} of the {total} GPUs this entry selects offer no")
+        out.append(f"{p.field}: {lack} vGPU type {p.ref!r}" + (f" (the other {total - len(group)} do)"
+                                                                if total > len(group) else "") + ": " + "; ".join(parts))
     return out
 
 
@@ -301,7 +305,9 @@ def make_plan(
     chosen, problems, waiting = _select(inv, layouts)
     wanted: dict[str, dict[str, int]] = {}
     gpus: dict[str, Gpu] = {}
+    selects: dict[str, int] = {}  # an entry's vgpus field -> how many GPUs it selects
     for i, entry in enumerate(layouts):
+        selects[entry.at(i, "vgpus")] = sum(1 for e in chosen.values() if e is entry)
         for addr, e in chosen.items():
             if e is not entry:
                 continue
@@ -318,7 +324,7 @@ def make_plan(
             except ConfigError as exc:
                 problems += exc.problems
     if problems:
-        raise layout_error(_once_per_field(problems), layouts)  # named as the file writes them
+        raise layout_error(_once_per_field(problems, selects), layouts)  # named as the file writes them
     plan = Plan(waiting=waiting)
     for addr, entry in chosen.items():
         gpu = gpus[addr]

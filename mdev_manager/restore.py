@@ -96,8 +96,6 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
             if steps is not None:
                 create: Action = CreateMdev(gpu=gpu_of[d.parent], parent=d.parent, uuid=d.uuid, type_id=d.mdev_type)
                 (first if steps else then).append([create, *steps])
-        elif d.start == "auto" and d.parent not in present:
-            plan.notes.append(f"definition {d.uuid}: parent {d.parent} is not on this node")
     for vf, tid in sorted(records.items()):
         if vf in present and vendor_active.get(vf) is None:
             steps = _placed(inv.gpu(gpu_of[vf]), vf, vf, tid, placements, ready, plan)
@@ -105,7 +103,20 @@ def plan_restore(inv: Inventory, defs: list[MdevDefinition], records: dict[str, 
                 create = SetVgpuType(gpu=gpu_of[vf], vf=vf, type_id=tid, gpu_instance=instance_of.get(vf))
                 (first if steps else then).append([create, *steps])
     plan.actions += [a for group in first + then for a in group]
+    _note_absent(plan, [d.parent for d in defs if d.start == "auto" or d.uuid in recorded] + list(records), present)
     return plan
+
+
+def _note_absent(plan: Plan, parents: list[str], present: set[str]) -> None:
+    """One note per bus whose saved vGPUs have no parent here (a GPU off the bus, or its VFs gone)."""
+    by_bus: dict[str, list[str]] = {}
+    for p in parents:
+        if p not in present:
+            by_bus.setdefault(_bus(p), []).append(p)
+    for bus, gone in sorted(by_bus.items()):
+        shown = ", ".join(sorted(set(gone))[:3]) + (" ..." if len(set(gone)) > 3 else "")
+        plan.notes.append(f"{len(gone)} saved vGPU{'s' if len(gone) != 1 else ''} on bus {bus} not restored: "
+                          f"their parent device is not on this node ({shown}); restore again once the GPU is back")
 
 
 def _plan_mixed_modes(plan: Plan, inv: Inventory, placements: dict[str, dict]) -> set[str]:
@@ -264,11 +275,7 @@ def restore(env: HostEnv, io: HostIO, usage: Usage | None = None,
     """
     reports = []
     for _ in range(4):
-        defs, _problems = persist.load_definitions(env, io)
-        passthrough = persist.load_passthrough(env, io)
-        holders = collect_usage(env.with_(libvirt_uri=None), io, usage) if passthrough else usage
-        plan = plan_restore(discover(env, io), defs, persist.load_vendor_vfio(env, io), usage,
-                            passthrough, holders, persist.load_mig(env, io), persist.load_placements(env, io))
+        plan = _plan(env, io, usage)
         if not plan.actions:
             break
         reports.append(Executor(env, io, on_step, stop=stop).run(plan))  # on_step: a progress bar
@@ -277,3 +284,23 @@ def restore(env: HostEnv, io: HostIO, usage: Usage | None = None,
         if not plan.structural():
             break
     return reports
+
+
+def _plan(env: HostEnv, io: HostIO, usage: Usage | None) -> Plan:
+    """The restore plan for what the node holds now and what is saved."""
+    defs, _problems = persist.load_definitions(env, io)
+    passthrough = persist.load_passthrough(env, io)
+    holders = collect_usage(env.with_(libvirt_uri=None), io, usage) if passthrough else usage
+    return plan_restore(discover(env, io), defs, persist.load_vendor_vfio(env, io), usage,
+                        passthrough, holders, persist.load_mig(env, io), persist.load_placements(env, io))
+
+
+def unrestored(env: HostEnv, io: HostIO, usage: Usage | None = None) -> list[str]:
+    """After :func:`restore`: what is saved but still not back, and why (one line each); empty when
+    everything is. A device a prepared claim holds is not counted: it is the kubelet plugin's to
+    re-create. ``vgpuctl restore`` says these and exits 3, as apply does while it converges."""
+    plan = _plan(env, io, usage)
+    defs, _problems = persist.load_definitions(env, io)
+    claimed = Plan()
+    _not_claimed(claimed, defs, persist.load_vendor_vfio(env, io), usage or Usage())
+    return [n for n in plan.notes if n not in claimed.notes] + [f"not restored: {a.describe()}" for a in plan.actions]

@@ -7,21 +7,41 @@ its own directory. The builders themselves live in :mod:`tests.support.simnodes`
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from mdev_manager.sim import HostSpec
-from tests.support import tmp
+from tests.support import sandbox, tmp
 from tests.support.simnodes import Holder, Sim, SimHolder, build_sim
+
+_SANDBOX = pytest.StashKey[bool]()
 
 
 def pytest_configure(config):
-    """Temporary files on tmpfs where /tmp is a disk (tests/support/tmp.py says why); xdist's
-    workers inherit ``TMPDIR`` and pytest's base temporary directory from the controller."""
+    """Temporary files on tmpfs where /tmp is a disk (tests/support/tmp.py says why), and a home of
+    the tests' own (tests/support/sandbox.py); xdist's workers inherit ``TMPDIR``, pytest's base
+    temporary directory and that home from the controller."""
     root = tmp.fast_root()
     if root is not None:
         tmp.use(root)
+    config.stash[_SANDBOX] = sandbox.enter()  # the tests' own home (tests/support/sandbox.py)
+
+
+def pytest_unconfigure(config):
+    if config.stash.get(_SANDBOX, False):
+        sandbox.leave()
+
+
+@pytest.fixture(autouse=True)
+def _own_simulated_hosts(tmp_path_factory, monkeypatch):
+    """Each test's ``vgpuctl --simulate PRESET`` (in process or in a subprocess) builds its hosts
+    afresh in a directory of its own: no test sees a layout another test, or the user, applied."""
+    d = tmp_path_factory.mktemp("sims")
+    monkeypatch.setenv("VGPUCTL_SIM_DIR", str(d))
+    yield
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="session")

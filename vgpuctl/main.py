@@ -64,7 +64,9 @@ COMMANDS: dict[str, Command] = {
     "conformance": Command("vgpuctl.commands.conformance",
                            "run the KAR-0003/KAR-0004 conformance checks (simulated cluster by default)",
                            "Five checks of GPU sharing through DRA; against the simulated cluster unless "
-                           "--kubeconfig is given. Prints a table and writes JUnit XML."),
+                           "--kubeconfig or --context is given or $KUBECONFIG is set: then against that cluster, "
+                           "where it creates a namespace for its workloads and deletes it at the end. Prints a "
+                           "table and writes JUnit XML."),
     "doctor": Command("vgpuctl.commands.doctor", "check a cluster for the DRA bridge: PASS / WARN / FAIL with fixes",
                       "Reads the API server (its version, and which DRA fields it keeps, found by a dry-run "
                       "ResourceSlice), KubeVirt's CR, the DeviceClasses and each GPU node's agent state. Exit 0 "
@@ -73,7 +75,8 @@ COMMANDS: dict[str, Command] = {
     "sim": Command("vgpuctl.commands.sim", "simulated hosts and the local Kubernetes API server"),
     "cordon": Command("vgpuctl.commands.cordon", "take a GPU (NODE/GPU) or a node's GPUs out of new allocations",
                       "Through DRA device taints where the API server keeps them, else by withdrawing the GPU's "
-                      "free devices; what runs there keeps running. Exit 3 while the node agent has not "
+                      "free devices; what runs there keeps running (with --effect NoExecute and taints, the "
+                      "cluster evicts what does not tolerate it). Exit 3 while the node agent has not "
                       "republished the GPUs."),
     "drain": Command("vgpuctl.commands.cordon", "cordon a GPU or node, then wait for its holders to go",
                      "Lists the claims, pods and VMs holding the GPUs (with the VMs' live-migration state), "

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from dra_bridge.api.compat import KeptFields
 from dra_bridge.api.names import ANNOTATION_CORDON, ANNOTATION_CORDON_APPLIED
-from dra_bridge.apiclient.errors import brief
+from dra_bridge.apiclient.errors import brief, report_level
 from dra_bridge.apiclient.nodes import set_node_annotation
 from dra_bridge.pool.cordon import Cordon, cordoned_pool, parse_cordon
 from dra_bridge.pool.model import Pool
@@ -93,7 +93,8 @@ class NodeCordon:
                 set_node_annotation(self.api_client, self.node, ANNOTATION_CORDON_APPLIED, self._text)
                 self._acked = self._text
             except Exception as exc:  # noqa: BLE001 - a report: the publish stands; cordon waits and says so
-                log.info("could not annotate node %s with %s (%s)", self.node, ANNOTATION_CORDON_APPLIED, brief(exc))
+                log.log(report_level(exc), "could not annotate node %s with %s (%s)", self.node,
+                        ANNOTATION_CORDON_APPLIED, brief(exc))
         return result
 
     def stop(self) -> None:

@@ -39,7 +39,7 @@ from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_VGPU_HOST_DRIVE
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.claims import ApiClaimSource
 from dra_bridge.apiclient.claimwatch import ClaimCache
-from dra_bridge.apiclient.errors import brief
+from dra_bridge.apiclient.errors import brief, report_level
 from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
 from dra_bridge.apiclient.nodes import node_metadata, set_node_annotation, set_node_label
 from dra_bridge.apiclient.publisher import Publisher
@@ -230,8 +230,8 @@ class Daemon:
                 set_node_label(self.api_client, self.cfg.node_name, LABEL_VGPU_HOST_DRIVER, version)
             except Exception as exc:  # noqa: BLE001 - a label is a report: publishing goes on (tried again at a restart
                 # or when the version changes, so an idle resync makes no request)
-                log.info("could not label node %s with %s (%s)", self.cfg.node_name, LABEL_VGPU_HOST_DRIVER,
-                         one_line(exc))
+                log.log(report_level(exc), "could not label node %s with %s (%s)", self.cfg.node_name,
+                        LABEL_VGPU_HOST_DRIVER, one_line(exc))
         self._driver_label = version
 
     def _free_vgpus(self, inv: Inventory, pool, layouts: list[GpuLayout] | None,
@@ -274,8 +274,8 @@ class Daemon:
                 set_node_annotation(self.api_client, self.cfg.node_name, ANNOTATION_DRA_FIELDS, text)
                 self._kept_annotated = text
             except Exception as exc:  # noqa: BLE001 - the annotation is a report; the publish goes on
-                log.info("could not annotate node %s with %s (%s)", self.cfg.node_name, ANNOTATION_DRA_FIELDS,
-                         brief(exc))
+                log.log(report_level(exc), "could not annotate node %s with %s (%s)", self.cfg.node_name,
+                        ANNOTATION_DRA_FIELDS, brief(exc))
 
     def shape(self) -> Shape:
         """The pool's shape for this server, from what it keeps (:func:`~dra_bridge.pool.shape.choose_shape`,
@@ -432,7 +432,7 @@ class Daemon:
             self.resync()
         except Exception as exc:  # logged in resync; the kubelet must still reach the plugin (unprepare)
             log.warning("first resync failed (%s); serving the kubelet plugin anyway, next try in %ss",
-                        exc, self.cfg.resync_seconds)
+                        one_line(exc), self.cfg.resync_seconds)
             if self.inventory is None:
                 self.inventory = discover(self.env, self.io, node=self.cfg.node_name)
         if self.device_plugins is not None:

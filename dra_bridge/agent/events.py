@@ -72,7 +72,8 @@ def layout_event(layout: str, *, changed: int, failed: str | None = None, blocke
     elif blocked:
         event = LayoutEvent(BLOCKED, blocked)
     elif changed:
-        event = LayoutEvent(APPLIED, f"layout {layout} applied with {changed} changes; the node matches it")
+        event = LayoutEvent(APPLIED, f"layout {layout} applied with {changed} change{'' if changed == 1 else 's'}; "
+                                     "the node matches it")
     elif previous is not None and previous.warning:
         why = "; the devices in use were released" if previous.reason == BLOCKED else ""
         event = LayoutEvent(APPLIED, f"layout {layout}: the node matches it{why}")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dra_bridge.api.names import ANNOTATION_HEALTH
-from dra_bridge.apiclient.errors import brief
+from dra_bridge.apiclient.errors import brief, report_level
 from dra_bridge.apiclient.events import record_node_event
 from dra_bridge.apiclient.nodes import set_node_annotation
 from dra_bridge.pool.health import GPU_LOST, UNMONITORED, XID, Change, HealthTracker, Problem, problems_text
@@ -104,11 +104,13 @@ class GpuHealthWatch:
                 record_node_event(self.api_client, self.node, HEALTHY if c.healthy else UNHEALTHY, c.message(),
                                   warning=not c.healthy)
             except Exception as exc:  # noqa: BLE001 - an Event is a report: the publish does not wait on it
-                log.info("could not record a health event on node %s (%s)", self.node, brief(exc))
+                log.log(report_level(exc), "could not record a health event on node %s (%s)", self.node,
+                        brief(exc))
         text = problems_text(self.tracker.unhealthy())
         if self.api_client is not None and text != self._annotated:
             self._annotated = text  # tried once per change: an idle poll makes no request
             try:
                 set_node_annotation(self.api_client, self.node, ANNOTATION_HEALTH, text)
             except Exception as exc:  # noqa: BLE001 - a report: the taints are what the scheduler acts on
-                log.info("could not annotate node %s with its GPUs' health (%s)", self.node, brief(exc))
+                log.log(report_level(exc), "could not annotate node %s with its GPUs' health (%s)", self.node,
+                        brief(exc))

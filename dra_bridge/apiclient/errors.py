@@ -43,11 +43,38 @@ def brief(exc: BaseException) -> str:
     the response headers and body), ``str(exc)`` for anything else."""
     if not isinstance(exc, api_exception()):
         return str(exc)
+    node = missing_node(exc)
+    if node is not None:
+        return f"the API server has no Node object {node!r} (404 Not Found)"
+    status = _status(exc)
+    message = status.get("message")
+    return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+
+
+def report_level(exc: BaseException) -> int:
+    """The log level of a failed report on the Node (a label, an annotation, an Event): INFO, as the
+    report is tried again; WARNING where the Node object itself is missing, which the admin must fix."""
+    import logging
+
+    return logging.WARNING if missing_node(exc) is not None else logging.INFO
+
+
+def missing_node(exc: BaseException) -> str | None:
+    """The node's name when ``exc`` is the API server's 404 for a Node object, else ``None``."""
+    if status_of(exc) != 404:
+        return None
+    details = _status(exc).get("details")
+    if isinstance(details, dict) and details.get("kind") == "nodes" and not details.get("group"):
+        return str(details.get("name") or "")
+    return None
+
+
+def _status(exc: Any) -> dict:
+    """The Status object an API error's body holds (``{}`` where it holds none)."""
     import json
 
     try:
         status = json.loads(exc.body or "")
     except (TypeError, ValueError):
-        status = {}
-    message = status.get("message") if isinstance(status, dict) else None
-    return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+        return {}
+    return status if isinstance(status, dict) else {}

@@ -24,7 +24,7 @@ from dra_bridge.api.attributes import (
     ATTR_TYPE,
 )
 from dra_bridge.api.names import DEFAULT_DRIVER, PASSTHROUGH_CLASS, VGPU_CLASS
-from dra_bridge.apiclient.errors import api_exception
+from dra_bridge.apiclient.errors import api_exception, brief
 from dra_bridge.apiclient.workloads import WorkloadApi
 from dra_bridge.conformance import DEFAULT_IMAGE, healthcheck
 from dra_bridge.conformance.report import CheckFailed
@@ -280,20 +280,31 @@ class KubeBackend:
         declared it unschedulable (``expect="Pending"``; then it is watched for ``settle`` seconds to
         stay so). A timeout leaves ``phase="Timeout"``."""
         deadline = time.monotonic() + self.timeout
+        unread: str | None = None  # why the running pod's health check was not read yet
         while True:
             self.refresh(r)
             if r.phase == "Running":
-                if self._read_health(r):
+                unread = self._read_health(r)
+                if unread is None:
                     return r
             elif r.phase == "Failed":
                 return r
             elif r.phase == "Pending" and r.reason and not r.bound_node and expect == "Pending":
                 return self.confirm_pending(r)
             if time.monotonic() > deadline:
-                r.phase, r.reason = "Timeout", f"not {expect} after {self.timeout:.0f}s" + (
-                    f" (last: {r.reason})" if r.reason else "") + f"; {self._hint(r)}"
+                r.reason = (self._unread(r, unread) if r.phase == "Running" and unread else
+                            f"not {expect} after {self.timeout:.0f}s" + (f" (last: {r.reason})" if r.reason else "")
+                            + f"; {self._hint(r)}")
+                r.phase = "Timeout"
                 return r
             time.sleep(self.poll)
+
+    def _unread(self, r: Run, why: str) -> str:
+        """A pod that runs but whose log gave no health check result: the log is what is missing."""
+        logs = f"kubectl -n {self.namespace} logs {r.name}"
+        return (f"Running on node {r.bound_node}, but no health check result in its log after {self.timeout:.0f}s "
+                f"({why}): the API server reads pod logs from the node's kubelet; check that it serves them "
+                f"({logs})")
 
     def _hint(self, r: Run) -> str:
         """Where to look for a workload that timed out, from how far it got."""
@@ -315,15 +326,16 @@ class KubeBackend:
                 return r
         return r
 
-    def _read_health(self, r: Run) -> bool:
+    def _read_health(self, r: Run) -> str | None:
+        """Read the pod's health check from its log: ``None`` once read, else why not (one line)."""
         try:
             text = self.api.pod_log(r.name, self.namespace)
-        except Exception:
-            return False
+        except Exception as exc:  # noqa: BLE001 - not served (yet): said if it stays so
+            return f"reading it failed: {' '.join(brief(exc).split()) or type(exc).__name__}"
         if "RESULT:" not in text:
-            return False
+            return "the log has no RESULT line yet" if text.strip() else "the log is empty"
         r.health = healthcheck.parse(text)
-        return True
+        return None
 
     def stop(self, r: Run, *, wait: bool = True) -> None:
         """Delete the workload's pod (already gone is fine); with ``wait``, until it and its claims are gone."""

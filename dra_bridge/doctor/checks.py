@@ -190,11 +190,12 @@ def _nodes(f: ClusterFacts) -> list[Finding]:
     for n in f.nodes:
         if not n.node_object:
             out.append(Finding(status="WARN", check=f"node {n.name}",
-                               detail=f"{n.slices} slices, {n.devices} devices of {f.driver} name a node the API "
-                                      "server has no Node object for (deleted or renamed): the scheduler cannot use "
-                                      "them, and the agent that wrote them no longer runs there",
-                               fix=f"`kubectl delete resourceslices --field-selector spec.nodeName={n.name}` once no "
-                                   "agent runs there (the agent re-creates its slices if it does)"))
+                               detail=f"the API server has no Node object {n.name!r} (deleted, renamed, or never "
+                                      f"registered), yet {n.slices} slices, {n.devices} devices of {f.driver} name "
+                                      "it: the scheduler cannot use them",
+                               fix=f"where no agent runs for it any more, `kubectl delete resourceslices "
+                                   f"--field-selector spec.nodeName={n.name}`; where one does, set its NODE_NAME "
+                                   "to its Node's name, as kubectl get nodes lists it"))
             continue
         state = n.state or "unlabelled"
         status = _STATE_STATUS.get(n.state or "", "WARN")

@@ -12,6 +12,7 @@ other sizes do not appear at all), devices already taken, and incomplete pools (
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
@@ -37,6 +38,16 @@ from mdev_manager.yamlfile import load_yaml
 
 CAPACITY_CLASS = "vgpuctl-capacity-probe"
 WHOLE_GPU = "whole GPU"
+
+
+def camel_keys(value: object) -> object:
+    """``value`` with every dict key in camelCase (``free_devices`` -> ``freeDevices``), as Kubernetes
+    objects spell fields: what the CLI's ``-o json`` of a GPU report uses everywhere."""
+    if isinstance(value, dict):
+        return {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), k): camel_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [camel_keys(v) for v in value]
+    return value
 
 
 @dataclass
@@ -74,8 +85,12 @@ class CapacityReport:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"gpus": [g.to_dict() for g in self.gpus], "incomplete_pools": self.incomplete_pools,
-                "notes": self.notes}
+        """As ``kubectl vgpu -o json`` writes a GPU: camelCase keys (``freeDevices``, ``counterSet``)."""
+        out = camel_keys({"gpus": [g.to_dict() for g in self.gpus], "incomplete_pools": self.incomplete_pools,
+                          "notes": self.notes})
+        assert isinstance(out, dict)
+        return out
+
 
     def gpu(self, node: str | None, index_or_address: int | str | None) -> GpuCapacity | None:
         return next((g for g in self.gpus if (node is None or g.node == node)

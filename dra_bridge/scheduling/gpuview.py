@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from dra_bridge.api.attributes import ATTR_MIG_BACKED, ATTR_PLACEMENT_SIZE, ATTR_PLACEMENT_START, ATTR_TYPE
 from dra_bridge.api.names import DEFAULT_DRIVER, LABEL_VM_NAME, TAINT_KEY_CORDON
 from dra_bridge.pool.cordon import NODE, CordonEntry, entry_for, parse_cordon
-from dra_bridge.scheduling.capacity import ProfileFit, compute
+from dra_bridge.scheduling.capacity import ProfileFit, camel_keys, compute
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu, devices_by_key
 from dra_bridge.scheduling.taints import selects, tainted_slices
 
@@ -53,20 +53,12 @@ class GpuView:
 
     def to_dict(self) -> dict:
         """As a Kubernetes-style object's fields: camelCase keys (``cordonHow``, ``freeDevices``)."""
-        out = _camel(asdict(self))
+        out = camel_keys(asdict(self))
         assert isinstance(out, dict)
         return out
 
     def name(self) -> str:
         return f"{self.node}/{self.index if self.index is not None else self.address}"
-
-
-def _camel(value: object) -> object:
-    if isinstance(value, dict):
-        return {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), k): _camel(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_camel(v) for v in value]
-    return value
 
 
 def _ns_name(meta: dict) -> str:

@@ -10,6 +10,19 @@ import time
 from pathlib import Path
 
 
+def missing_test_extra() -> str | None:
+    """The one-line error when the campaign cannot run here (hypothesis and the simulators: the test
+    extra), else None. The mutations command says the same before it copies anything."""
+    try:
+        import tests.campaign.run  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] in ("tests", "vgpuctl", "mdev_manager", "dra_bridge", "kubevirt_templates"):
+            raise
+        return (f"error: the campaign needs the test extra ({exc.name} is not installed): .venv/bin/pip install -c "
+                ".ci/constraints.txt -e '.[test,libvirt]' (or bash .ci/run, which makes that .venv)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.campaign", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -22,18 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.episode_steps < 1:
         p.error("--steps and --episode-steps must be at least 1")
     logging.basicConfig(level=logging.WARNING if args.verbose else logging.CRITICAL, format="%(name)s: %(message)s")
-    try:
-        from tests.campaign.run import run  # hypothesis and the simulators: the test extra
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] in ("tests", "vgpuctl", "mdev_manager", "dra_bridge", "kubevirt_templates"):
-            raise
-        print(f"error: the campaign needs the test extra ({exc.name} is not installed): .venv/bin/pip install -c "
-              ".ci/constraints.txt -e '.[test,libvirt]' (or bash .ci/run, which makes that .venv)", file=sys.stderr)
+    missing = missing_test_extra()
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
     if (why := _unpinned()) is not None:
         print(why, file=sys.stderr)
         if why.startswith("error:"):
             return 2
+    from tests.campaign.run import run
     code = 0
     for s in args.seed or [0]:
         start = time.monotonic()

@@ -181,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scratch copies (their paths are printed)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the run without a mutation")
     args = ap.parse_args(argv)
+    from tests.campaign.__main__ import missing_test_extra
+
+    missing = missing_test_extra()  # else every campaign run fails alike and each mutation reads "not caught"
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
 
     seeds, steps, episode_steps = [args.seed], args.steps, args.episode_steps
     if args.ci:

@@ -897,7 +897,7 @@ class Concurrent:
                 if not (died and a.name.split(":")[1] in ("resync", "bind", "select")):
                     problems.append(f"{a.name} failed: {type(a.error).__name__}: {str(a.error)[:300]}")
         for label, (kind, code, err) in codes.items():
-            ok = (0, 3) if kind == "apply" else (0,)
+            ok = (0, 3) if kind in ("apply", "restore") else (0,)  # 3: converging, said why
             if code not in ok:
                 problems.append(f"{label}: vgpuctl {kind} exited {code} beside the agent: {err.strip()[-400:]}")
         if died:

@@ -107,6 +107,22 @@ def test_nodes_filter_and_other_drivers():
     assert capacity.compute(slices, [], driver="other.example.com", selectors=CelSelectors()).gpus == []
 
 
+def test_capacity_json_spells_its_keys_as_kubectl_vgpu_does(tmp_path, capsys):
+    """Issue #36: ``capacity -o json`` and ``kubectl vgpu -o json`` both camelCase (was ``free_devices``)."""
+    f = tmp_path / "objs.json"
+    f.write_text(json.dumps({"kind": "List", "items": t4_slices(groups=True) + [claim("a", "gpu-0-vgpu-t4-8q-1")]}))
+    assert main(["capacity", "--from", str(f), "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+
+    def keys(value) -> set[str]:
+        if isinstance(value, dict):
+            return set(value) | {k for v in value.values() for k in keys(v)}
+        return {k for v in value for k in keys(v)} if isinstance(value, list) else set()
+
+    found = keys(doc)
+    assert {"incompletePools", "counterSet", "freeDevices"} <= found and not [k for k in found if "_" in k], found
+
+
 def test_from_objects_reads_kubectl_lists(tmp_path):
     doc = {"apiVersion": "v1", "kind": "List", "items": t4_slices(groups=True) + [claim("a", "gpu-0-vgpu-t4-4q-0")]}
     f = tmp_path / "objs.yaml"

@@ -295,6 +295,32 @@ def test_missing_device_classes_is_an_error_not_a_pass(tmp_path):
     assert not rep.ok
 
 
+class _RunningWithoutLogs:
+    """The API a cluster answers where pods run but no kubelet serves their logs (issue #36)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def read_pod(self, name, namespace):
+        return {"spec": {"nodeName": "gpu-1"}, "status": {"phase": "Running"}}
+
+    def pod_log(self, name, namespace):
+        if isinstance(self.log, Exception):
+            raise self.log
+        return self.log
+
+
+@pytest.mark.parametrize("log, why", [(RuntimeError("no kubelet\nanswers"), "reading it failed: no kubelet answers"),
+                                      ("", "the log is empty")])
+def test_a_running_pod_whose_log_is_not_served_is_said_to_run(log, why):
+    backend = KubeBackend(None, timeout=0, poll=0)
+    backend.api = _RunningWithoutLogs(log)
+    r = backend.wait(Run(name="w", template="t"))
+    assert r.phase == "Timeout" and r.reason.startswith("Running on node gpu-1, but no health check result"), r.reason
+    assert why in r.reason and "kubectl -n" in r.reason and "logs w" in r.reason, r.reason
+    assert "not Running" not in r.reason and "\n" not in r.reason
+
+
 # --------------------------------------------------------------------------- the health-check script
 
 

@@ -486,6 +486,23 @@ def test_kubevirt_cr_turns_on_vgpu_live_migration_for_the_device_plugin_path_onl
     assert "vgpu_live_migration" in str(exc.value) and "cannot migrate yet" in str(exc.value)
 
 
+def test_the_documented_live_migration_command_renders_a_patch_that_keeps_permitted_host_devices(capsys):
+    """README: ``vgpuctl render kubevirt-cr --set vgpu_live_migration=true`` (issue #36; was exit 2 without
+    --inventory): the gates and mdev management off, no permittedHostDevices (the merge patch keeps the CR's)."""
+    from vgpuctl.main import main
+
+    assert main(["render", "kubevirt-cr", "--set", "vgpu_live_migration=true"]) == 0
+    out, err = capsys.readouterr()
+    (kv,) = yaml.safe_load_all(out)
+    cfg = kv["spec"]["configuration"]
+    assert cfg["developerConfiguration"]["featureGates"] == ["GPU", "HostDevices", "VGPULiveMigration",
+                                                             "TargetSideMigrationHooks"]
+    assert cfg["mediatedDevicesConfiguration"] == {"enabled": False} and "permittedHostDevices" not in cfg
+    assert "note: no inventories: permittedHostDevices left out" in err
+    assert main(["render", "kubevirt-cr"]) == 2  # setting the classic path up still needs the inventories
+    assert "inventories:" in capsys.readouterr().err
+
+
 def test_resource_names_match_nvidias_device_plugin():
     assert resource_name_for_type("GRID T4-1Q") == "nvidia.com/GRID_T4-1Q"
     assert resource_name_for_type("NVIDIA A100-4C") == "nvidia.com/NVIDIA_A100-4C"

@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ from dra_bridge.scheduling.objects import dev_attr
 from dra_bridge.scheduling.pools import Features
 from dra_bridge.scheduling.selectors import CelSelectors
 from kubevirt_templates.render import render
+from tests.support import sandbox
 from tests.support.upstream_allocator import MINORS, UpstreamAllocator, chosen, detail, running
 from tests.system.test_no_overcommit import LAYOUT, MIXED_SIZE
 
@@ -78,7 +80,8 @@ TOLERATIONS = [None, [{"key": TAINT["key"], "operator": "Exists"}],
 
 @functools.cache
 def published(preset: str, layout: str | None, minor: str, gates: tuple[tuple[str, bool], ...]) -> list[dict]:
-    """The slices the node agent publishes for ``preset`` on a server of ``minor`` with ``gates``."""
+    """The slices the node agent publishes for ``preset`` on a server of ``minor`` with ``gates``
+    (on this module's own hosts, each built once: ``slices`` changes nothing on them)."""
     cmd = [sys.executable, "-m", "vgpuctl", "--simulate", preset, "slices", "-o", "json", "--server-version", minor]
     if layout:
         path = Path(subprocess.run(["mktemp", "--suffix=.yaml"], capture_output=True, text=True,
@@ -87,8 +90,16 @@ def published(preset: str, layout: str | None, minor: str, gates: tuple[tuple[st
         cmd += ["-f", str(path), "--layout", "mixed"]
     if gates:
         cmd += ["--feature-gates", ",".join(f"{k}={str(v).lower()}" for k, v in gates)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    env = {**os.environ, "VGPUCTL_SIM_DIR": _hosts()}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     return json.loads(out)["items"]
+
+
+@functools.cache
+def _hosts() -> str:
+    """This process's simulated hosts for :func:`published` (in the tests' own home, which goes with
+    the session: tests/support/sandbox.py)."""
+    return tempfile.mkdtemp(prefix="published-", dir=os.environ.get(sandbox.ROOT))
 
 
 def offered(slices: list[dict]) -> list[dict]:

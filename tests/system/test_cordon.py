@@ -174,6 +174,16 @@ def test_no_execute_lets_the_clusters_device_taint_controller_evict_and_a_tolera
         assert code == 0, out
 
 
+def test_cordon_says_what_its_effect_does_to_what_runs_there(capsys):
+    """NoSchedule keeps what runs; NoExecute, where the server keeps taints, has the cluster evict (issue #36)."""
+    with SimCluster(version="1.37", health=False) as c, agent_running(c):
+        code, out = vg(capsys, c, "cordon", f"{c.node}/0")
+        assert code == 0 and "what runs there keeps running" in out, out
+        code, out = vg(capsys, c, "cordon", f"{c.node}/1", "--effect", "NoExecute")
+        assert code == 0 and "NoExecute" in out, out
+        assert "keeps running" not in out and "the cluster evicts the pods and VMs" in " ".join(out.split()), out
+
+
 @pytest.mark.parametrize("args, message", [
     (["cordon"], "name a GPU"), (["cordon", "sim-node-1/7"], "node 'sim-node-1' publishes no such GPU; its GPUs: 0"),
     (["cordon", "0"], "which node?"), (["uncordon", "--node", "nowhere"], "node 'nowhere' not found")])

@@ -270,3 +270,17 @@ def test_restore_takes_o_json(tmp_path, capsys):
     assert doc["ok"] is True and doc["restored"] == 18 and doc["rounds"][0]["results"][0]["ok"] is True
     code, out, _ = run(capsys, [*sim, "restore", "-o", "json"])
     assert code == 0 and json.loads(out)["restored"] == 0
+
+
+def test_the_help_says_where_the_numbering_is_and_what_sends_conformance_to_a_cluster():
+    """Issue #36: the GPU numbering moved to the node's state (an earlier release's under the kubelet
+    directory is only adopted), and $KUBECONFIG alone sends conformance to a real cluster."""
+    for path, p in VGPUCTL:
+        opts = _options(p)
+        if "--kubelet-root" in opts:
+            text = " ".join(opts["--kubelet-root"].help.split())
+            assert "checkpoint and GPU numbering in" not in text and "/var/lib/vgpuctl/gpu-ids.json" in text, path
+    ((_, conf),) = [(path, p) for path, p in VGPUCTL if path == ("conformance",)]
+    text = " ".join(conf.format_help().split())
+    assert "unless --kubeconfig or --context is given or $KUBECONFIG is set" in text, text
+    assert "creates a namespace" in text

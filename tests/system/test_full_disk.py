@@ -95,6 +95,19 @@ def test_gpus_never_numbered_on_a_full_disk_is_one_line_naming_the_numbering(tmp
     assert node.inventory() == before
 
 
+def test_discover_and_plan_still_read_on_a_full_disk(tmp_path, monkeypatch, capsys):
+    """Issue #36: a read-only command lists the GPUs though it cannot save their numbering (exit 0, one
+    warning naming the numbering and the cause); apply still refuses (the test above)."""
+    node = make_node(tmp_path, prepare_gpus=False)
+    _use(monkeypatch, node, FullDisk(node.host, node.env))
+    for argv in (["discover"], ["plan", "-f", LAYOUT]):
+        assert main(argv) == 0, argv
+        out, err = capsys.readouterr()
+        (line,) = err.strip().splitlines()
+        assert line.startswith("warning: the GPU numbering was not saved (No space left on device"), line
+        assert str(node.env.gpu_ids) in line and out, (out, err)
+
+
 def _results(doc: dict) -> list[dict]:
     return [r for rnd in doc["rounds"] if rnd["report"] for r in rnd["report"]["results"]]
 

@@ -136,6 +136,9 @@ def test_the_cli_says_a_gpu_left_the_bus(agent, tmp_path, monkeypatch, capsys):
     code = main([*argv, *apply])
     text = capsys.readouterr().out
     assert code == 3 and "left the bus" in text
+    # the verdict counts the GPU as off the bus, not as a device in use to be released (issue #36)
+    assert text.splitlines()[-1].endswith("converging: 1 GPU off the bus keeps the node from the layout; apply "
+                                          "again once the GPU is back"), text
     assert main([*argv, "sim", "replug", T4B]) == 0
     capsys.readouterr()
     assert main([*argv, *apply]) == 0
@@ -214,3 +217,27 @@ def test_the_other_gpus_stay_allocatable_through_every_write_of_the_resync(mixed
     daemon.resync()
     assert_kept_through_every_write(rec.states, kept, "replug")
     assert published_devices(pool_slices(srv, node=node.node)) == published_devices(before)
+
+
+def test_restore_says_which_saved_vgpus_it_could_not_restore_and_exits_3(capsys):
+    """Issue #36: after a reboot with the A100 off the bus, restore brings back the rest and names
+    the A100's 6 saved vGPUs it could not (exit 3, as apply while it converges), not "restored", exit 0;
+    once the GPU is back, they are restored and it exits 0."""
+    from tests.support.simnodes import EXAMPLE_LAYOUT
+
+    assert main(["--simulate", "apply", "-f", str(EXAMPLE_LAYOUT)]) == 0
+    assert main(["--simulate", "sim", "reboot"]) == 0
+    assert main(["--simulate", "sim", "unplug", A100]) == 0
+    capsys.readouterr()
+    code = main(["--simulate", "restore"])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "6 saved vGPUs on bus 0000:16 not restored: their parent device is not on this node" in " ".join(out.split())
+    assert out.splitlines()[-1] == "12 devices restored; some saved ones are not (above)", out
+    code = main(["--simulate", "restore", "-o", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 3 and not doc["ok"] and len(doc["notRestored"]) == 1 and "6 saved vGPUs" in doc["notRestored"][0]
+    assert main(["--simulate", "sim", "replug", A100]) == 0
+    capsys.readouterr()
+    assert main(["--simulate", "restore"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "6 devices restored"

@@ -103,7 +103,7 @@ def test_converging_apply_names_the_blocking_device_and_its_holder(simdir, capsy
         code, out, err = run(capsys, "--simulate", "t4-node", "apply", "-f", str(other))
         assert code == 3, (out, err)
         lines = out.splitlines()
-        assert lines[-1].startswith("14 changes; converging: 1 device(s) in use")
+        assert lines[-1].startswith("14 changes; converging: 1 device in use keeps")
         (line,) = [ln for ln in lines if ln.strip().startswith(held.id)]
         assert f"pid {holder.pid} (qemu-kvm)" in line
         assert_golden("apply_converging.txt", out, tmp_path)

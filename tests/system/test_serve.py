@@ -39,6 +39,7 @@ from tests.support.dra import (
     strip_server_fields,
 )
 from tests.support.kubelet.fake_kubelet import DraClient, FakeKubelet
+from tests.support.simnodes import EXAMPLE_LAYOUT
 
 WAIT = 30.0
 
@@ -557,3 +558,27 @@ def test_the_running_agent_answers_binding_conditions_from_a_watch(base):
                     break
                 time.sleep(0.1)
             assert sizes == {"8Gi"}
+
+
+def test_an_agent_whose_node_object_is_missing_is_told_so_in_one_line(node, base, caplog):
+    """No Node object of the agent's name (issue #36): the agent's log says the Node object is missing,
+    one line each at WARNING (not the client's headers and body, not at INFO); ``doctor`` says the same
+    of its slices instead of claiming the agent no longer runs there."""
+    from dra_bridge.apiclient.clusterfacts import gather
+    from dra_bridge.doctor.checks import diagnose
+
+    caplog.set_level("INFO")
+    with LocalApiServer(version="1.37") as srv:
+        with running(make_daemon(node, srv, base)):
+            pool_slices(srv, node=node.node)  # published: the agent runs
+            found = {f.check: f for f in diagnose(gather(srv.api_client(), DRIVER))}
+        daemon = make_daemon(node, srv, base, layout_label="vgpu.kubevirt.io/config",
+                             layout_file=EXAMPLE_LAYOUT)
+        with running(daemon):
+            pass
+    mine = found[f"node {node.node}"]
+    assert mine.status == "WARN" and f"no Node object '{node.node}'" in mine.detail, mine
+    assert "no longer runs" not in mine.detail and "NODE_NAME" in mine.fix, mine
+    said = [r for r in caplog.records if node.node in r.getMessage() and "404" in r.getMessage()]
+    assert said and all(f"no Node object '{node.node}'" in r.getMessage() for r in said), said
+    assert all(r.levelname in ("WARNING", "ERROR") and "\n" not in r.getMessage() for r in said), said

@@ -129,3 +129,32 @@ def test_sim_mount_ends_cleanly_on_ctrl_c(tmp_path):
     assert out == "" and err.splitlines() == [f"mounting {tmp_path}/sims/default/sys on {mnt} (Ctrl-C to unmount)",
                                               f"unmounted {mnt}"]
     assert not Path(mnt / "bus").exists()  # unmounted
+
+
+#: ``sim reset`` of the default preset in a subprocess that sends itself SIGNAL once the first GPU is built
+_SIGNAL_AFTER_FIRST_GPU = """
+import os, signal, sys
+from mdev_manager.sim.tree import SysfsTree
+from vgpuctl.main import main
+populate = SysfsTree._populate
+def signalled(self, spec, on_gpu):
+    def first():
+        on_gpu()
+        os.kill(os.getpid(), signal.{sig})  # delivered here; the handler runs before the next bytecode
+    populate(self, spec, first)
+SysfsTree._populate = signalled
+sys.exit(main(["--simulate", "default", "--sim-dir", sys.argv[1], "sim", "reset"]))
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_sim_reset_is_said_and_exits_as_the_signal(tmp_path, sig):
+    """Issue #36: SIGTERM during ``sim reset`` killed it with no message, and a SIGINT landing where Python
+    drops a KeyboardInterrupt (a finalizer) was once ignored. A handler remembers either, the build stops
+    at the next GPU, one line says so, exit 128 + the signal's number."""
+    root = tmp_path / "host"
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_AFTER_FIRST_GPU.format(sig=sig), str(root)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 128 + getattr(signal, sig), (p.returncode, p.stderr)
+    assert p.stdout == "" and p.stderr == (f"{sig}: interrupted: simulated host default at {root} is incomplete; "
+                                           f"run vgpuctl --simulate default --sim-dir {root} sim reset again\n")

@@ -148,12 +148,15 @@ def test_the_campaign_without_the_test_extra_says_so_in_one_line():
 
     from tests.support.simnodes import REPO
 
-    code = ("import sys; sys.modules['hypothesis'] = None\n"  # as if not installed
-            "from tests.campaign.__main__ import main\nsys.exit(main(['--steps', '1', '--seed', '1']))")
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and p.stdout == "", p.stderr
-    assert p.stderr == ("error: the campaign needs the test extra (hypothesis is not installed): .venv/bin/pip "
-                        "install -c .ci/constraints.txt -e '.[test,libvirt]' (or bash .ci/run, which makes that .venv)\n")
+    for module, argv in (("tests.campaign.__main__", "['--steps', '1', '--seed', '1']"),
+                         ("tests.campaign.mutations", "['--only', 'a']")):  # issue #36: 22 "not caught", exit 1
+        code = ("import sys; sys.modules['hypothesis'] = None\n"  # as if not installed
+                f"from {module} import main\nsys.exit(main({argv}))")
+        p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and p.stdout == "", (module, p.stdout, p.stderr)
+        assert p.stderr == ("error: the campaign needs the test extra (hypothesis is not installed): .venv/bin/pip "
+                            "install -c .ci/constraints.txt -e '.[test,libvirt]' (or bash .ci/run, which makes "
+                            "that .venv)\n"), module
 
 
 def test_the_campaign_without_libvirt_python_says_so_in_one_line():
@@ -206,3 +209,48 @@ def test_ci_installs_every_test_tool_at_a_pinned_version():
     assert "hypothesis" in pins
     assert "-c .ci/constraints.txt -e '.[test,libvirt]'" in (REPO / ".ci/run").read_text()
     assert ".ci/constraints.txt" in (REPO / "README.md").read_text()
+
+
+# --------------------------------------------------------------------------- issue 36, point 7
+
+
+def test_one_change_and_one_warning_are_said_in_the_singular(tmp_path, capsys, monkeypatch):
+    f = _layout(tmp_path, {"version": "vgpuctl/v1", "layouts": {"default": [{"index": 0, "mode": "passthrough"}]}})
+    code, out, _ = run(capsys, "--simulate", "apply", "-f", f)
+    assert code == 0 and out.splitlines()[-1] == "1 change; node matches the layout", out
+
+    from dra_bridge.apiclient import clusterfacts
+    from dra_bridge.doctor import checks
+    from vgpuctl.cli import options
+
+    monkeypatch.setattr(options, "connect", lambda args: None)
+    monkeypatch.setattr(clusterfacts, "gather", lambda api, driver: None)
+    monkeypatch.setattr(checks, "diagnose", lambda facts: [checks.Finding(status="PASS", check="a", detail="ok"),
+                                                           checks.Finding(status="WARN", check="b", detail="hm")])
+    code, out, _ = run(capsys, "doctor", "--kubeconfig", str(tmp_path / "unused"))
+    assert code == 0 and out.splitlines()[-1] == "1 passed, 1 warning, 0 failed", out
+
+
+def test_an_entry_selecting_gpus_some_of_which_lack_a_type_says_how_many_do(tmp_path, capsys):
+    """``all: true`` with T4-2Q on the default preset selects 4 GPUs, both T4 offer it (was: "none of the 2")."""
+    f = _layout(tmp_path, {"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "vgpu",
+                                                                             "vgpus": {"T4-2Q": 2}}]}})
+    code, out, err = run(capsys, "--simulate", "plan", "-f", f)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert "2 of the 4 GPUs this entry selects offer no vGPU type 'T4-2Q' (the other 2 do): GPU 2 (" in err, err
+    assert "none of" not in err
+
+
+def test_sim_health_clear_says_it_cleared_every_queued_xid(capsys):
+    gpu = "0000:10:00.0"
+    assert run(capsys, "--simulate", "sim", "health", gpu, "xid", "--xid", "48")[1].rstrip().endswith("Xid 48 raised")
+    code, out, _ = run(capsys, "--simulate", "sim", "health", gpu, "xid", "--clear")
+    assert code == 0 and out.rstrip().endswith(": every queued Xid cleared") and "79" not in out, out
+
+
+def test_sim_mount_on_a_missing_directory_names_it_and_the_fix(tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    code, out, err = run(capsys, "sim", "mount", "default", str(missing))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: sim mount: the mount point {missing} does not exist; create it first "
+                          f"(mkdir -p {missing})"), err

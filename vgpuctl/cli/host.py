@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -119,14 +120,18 @@ def number_gpus(host: Host, driver: str, *, writes: bool) -> None:
     """Number the GPUs on the bus that the node's numbering lacks, and save it: whichever command sees
     a GPU first numbers it, so an ``index:`` of a layout names the same GPU for every command even
     after one leaves the bus. A command that changes nothing else (``discover``, ``plan``) goes on
-    without it where the state directory cannot be written (not root); ``apply`` and ``restore`` fail."""
+    without it where the state cannot be written (not root, a read-only or full disk: a read-only
+    command must still read), saying why unless it is a permission; ``apply`` and ``restore`` fail."""
+    gpus = gpu_ids(host.env, host.io)  # first: a host that cannot be read says so, naming sysfs
     try:
-        gpus = gpu_ids(host.env, host.io)  # first: a host that cannot be read says so, naming sysfs
         numbering.adopt(host.env, host.io, host.paths(driver).gpu_ids)
         numbering.record(host.env, host.io, gpus)
     except OSError as exc:
-        if writes or not (isinstance(exc, PermissionError) or exc.errno == errno.EROFS):
+        if writes:
             raise
+        if not (isinstance(exc, PermissionError) or exc.errno == errno.EROFS):
+            print(f"warning: the GPU numbering was not saved ({exc.strerror or exc}: "
+                  f"{exc.filename or host.env.gpu_ids}); a new GPU's index is kept once a command saves it", file=sys.stderr)
 
 
 def sim_dir_for(ref: str) -> Path:

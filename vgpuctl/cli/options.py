@@ -104,8 +104,10 @@ def add_driver(p: argparse.ArgumentParser, what: str = "DRA driver name") -> Non
 def add_kubelet_root(p: argparse.ArgumentParser, what: str = "") -> None:
     p.add_argument("--kubelet-root", default=None, metavar="DIR",
                    help="kubelet directory" + (f" ({what})" if what else "") + "; the DRA driver keeps its "
-                        "checkpoint and GPU numbering in <DIR>/plugins/<driver>/ (default /var/lib/kubelet; with "
-                        "--simulate, <simulated host dir>/kubelet, where vgpuctl --simulate serve keeps them)")
+                        "checkpoint of prepared claims in <DIR>/plugins/<driver>/ (default /var/lib/kubelet; with "
+                        "--simulate, <simulated host dir>/kubelet, where vgpuctl --simulate serve keeps it). The GPU "
+                        "numbering is the node's, in /var/lib/vgpuctl/gpu-ids.json; an earlier release's "
+                        "<DIR>/plugins/<driver>/gpu-ids.json counts where the node has none")
 
 
 def add_node_name(p: argparse.ArgumentParser) -> None:

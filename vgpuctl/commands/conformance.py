@@ -22,7 +22,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     from dra_bridge.api.names import PASSTHROUGH_CLASS, VGPU_CLASS
     from dra_bridge.conformance import DEFAULT_IMAGE
 
-    options.add_kubeconfig(c, "run against a real cluster")
+    options.add_kubeconfig(c, "run against a real cluster (so does a set $KUBECONFIG alone)")
     c.add_argument("--junit", default="vgpuctl-conformance.xml", metavar="FILE",
                    help="JUnit XML report (default %(default)s; '' for none)")
     options.add_output(c)

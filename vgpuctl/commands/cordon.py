@@ -177,9 +177,16 @@ def _await(s: Session, targets: dict, seconds: float, term: Terminal, *, cordone
     return state["ok"], state["views"]
 
 
-def _verdict(ok: bool, cordoned: bool, seconds: float) -> str:
+def _verdict(ok: bool, cordoned: bool, seconds: float, views=()) -> str:
+    from dra_bridge.pool.cordon import NO_EXECUTE
+
     if ok:
-        return ("cordoned: no new allocation on these GPUs; what runs there keeps running" if cordoned else
+        # a NoExecute taint (the agent's, or a DeviceTaintRule) is what kube-controller-manager evicts for;
+        # a withdrawal (the server keeps no taints) only holds back the free devices
+        evicts = any(v.cordon == NO_EXECUTE and v.cordon_how in ("taint", "rule") for v in views)
+        return ("cordoned: no new allocation on these GPUs; the cluster evicts the pods and VMs whose claims "
+                "use them and do not tolerate the NoExecute taint" if cordoned and evicts else
+                "cordoned: no new allocation on these GPUs; what runs there keeps running" if cordoned else
                 "uncordoned: the GPUs take allocations again")
     if cordoned:
         return (f"recorded, but the node agent has not republished the GPUs within {seconds:g}s (is vgpuctl serve "
@@ -196,7 +203,7 @@ def run_cordon(args) -> int:
     targets = _targets(args, s)
     notes = cordon(s, targets, args.effect, args.reason)
     ok, views = _await(s, targets, args.wait, Terminal(), cordoned=True)
-    _report(args, views, notes, _verdict(ok, True, args.wait), ok)
+    _report(args, views, notes, _verdict(ok, True, args.wait, views), ok)
     return 0 if ok else EXIT_PENDING
 
 

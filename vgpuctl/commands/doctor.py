@@ -41,5 +41,6 @@ def run(args) -> int:
         if f.fix and f.status != "PASS":
             term.print(Text(fit_lines(f"      {'':{width}}  fix: {f.fix}", indent=" " * (width + 13))))
     counts = {s: sum(1 for f in findings if f.status == s) for s in STYLE}
-    term.print(Text(f"{counts['PASS']} passed, {counts['WARN']} warnings, {counts['FAIL']} failed"))
+    warns = counts["WARN"]
+    term.print(Text(f"{counts['PASS']} passed, {warns} warning{'' if warns == 1 else 's'}, {counts['FAIL']} failed"))
     return exit_code(findings)

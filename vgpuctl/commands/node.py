@@ -100,6 +100,9 @@ def add_plan(p: argparse.ArgumentParser) -> None:
 def add_restore(p: argparse.ArgumentParser) -> None:
     _add_claims_arguments(p)
     options.add_output(p, wide=True, what="; json and yaml hold every step and result")
+    p.epilog = ("exit status: 0 everything saved is back (or left to the prepared claims holding it); 1 steps "
+                "failed; 3 saved devices not restored, each said with why (a GPU off the bus, a GPU in use); "
+                f"{EXIT_LOCK_BUSY} the node lock is held (--no-wait); 130/143 stopped by SIGINT/SIGTERM")
     p.set_defaults(func=run_restore)
 
 
@@ -267,12 +270,24 @@ def _print_outcome(args, term: Terminal, layouts: list[GpuLayout], before: Inven
     term.print(_verdict(args.dry_run, out, verbose))
 
 
+def _converging(blocked) -> str:
+    """What keeps the node from the layout, devices in use and GPUs off the bus apart, and when to apply again."""
+    used = sum(1 for b in blocked if not b.gone)
+    gone = len(blocked) - used
+    what = [f"{used} device{'s' if used != 1 else ''} in use" if used else "",
+            f"{gone} GPU{'s' if gone != 1 else ''} off the bus" if gone else ""]
+    when = ["the device is released" if used == 1 else "they are released" if used else "",
+            "the GPU is back" if gone == 1 else "the GPUs are back" if gone else ""]
+    keep = "keeps" if used + gone == 1 else "keep"
+    return (f"converging: {' and '.join(w for w in what if w)} {keep} the node from the layout; apply again once "
+            f"{' and '.join(w for w in when if w)}")
+
+
 def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
     """The last line, which scripts and the tests read: what was done, whether the node matches."""
     from rich.text import Text
 
-    converging = (f"converging: {len(out.blocked)} device(s) in use keep the node from the layout; "
-                  "apply again once they are released")
+    converging = _converging(out.blocked)
     if dry_run:
         steps = sum(len(r.plan.actions) for r in out.rounds)
         if steps:
@@ -281,20 +296,21 @@ def _verdict(dry_run: bool, out: Outcome, verbose: bool) -> Text:
         return Text("nothing to change; " + (converging if out.blocked else "node matches the layout"),
                     style="yellow" if out.blocked else "green")
     results = [x for r in out.rounds if r.report for x in r.report.results]
+    changes = f"{out.changed} change{'' if out.changed == 1 else 's'}"
     failed = sum(1 for x in results if not x.ok and not x.skipped)
     skipped = sum(1 for x in results if x.skipped)
     if failed or skipped:  # what the read-back still wants includes their work: never called "reported done"
-        return Text(f"{out.changed} changes; {failed} step(s) failed" + (f", {skipped} skipped after them" if skipped
+        return Text(f"{changes}; {failed} step(s) failed" + (f", {skipped} skipped after them" if skipped
                     else "") + "; apply again once the cause is fixed", style="bold red")
     if out.unapplied:
-        return Text(f"{out.changed} changes; read back, the node still needs {len(out.unapplied)} step(s) the "
+        return Text(f"{changes}; read back, the node still needs {len(out.unapplied)} step(s) the "
                     f"apply reported done: {'; '.join(out.unapplied[:3])}" + (" ..." if len(out.unapplied) > 3 else ""),
                     style="bold red")
     if not out.ok:
-        return Text(f"{out.changed} changes; some steps failed", style="bold red")
+        return Text(f"{changes}; some steps failed", style="bold red")
     if out.blocked:
-        return Text(f"{out.changed} changes; {converging}", style="bold yellow")
-    return Text(f"{out.changed} changes; node matches the layout", style="bold green")
+        return Text(f"{changes}; {converging}", style="bold yellow")
+    return Text(f"{changes}; node matches the layout", style="bold green")
 
 
 def run_restore(args) -> int:
@@ -302,7 +318,7 @@ def run_restore(args) -> int:
 
     from mdev_manager.discovery import discover
     from mdev_manager.host.lock import NodeLockBusy
-    from mdev_manager.restore import restore
+    from mdev_manager.restore import restore, unrestored
     from vgpuctl.cli.host import number_gpus, open_host
     from vgpuctl.cli.signals import StopSignals
     from vgpuctl.output.tables import fit_text
@@ -321,6 +337,7 @@ def run_restore(args) -> int:
             with Terminal().progress("restoring", 0) as on_step:  # a bar on a terminal once it takes a while
                 reports = restore(env, io, usage, stop=signals.pending, on_step=on_step)
             after = len(discover(env, io).all_vgpus())
+            left = [] if signals.signum else unrestored(env, io, usage)
     except NodeLockBusy as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_LOCK_BUSY
@@ -328,13 +345,17 @@ def run_restore(args) -> int:
         print(f"{signals.pending()}: stopped after restoring {after - before} device(s); `vgpuctl restore` again "
               "finishes it", file=sys.stderr)
         return 128 + signals.signum
-    code = 0 if all(not r.failed for r in reports) else 1
+    code = EXIT_FAILED if any(r.failed for r in reports) else EXIT_CONVERGING if left else 0
     if args.output in ("json", "yaml"):
-        data = {"restored": after - before, "ok": code == 0, "rounds": [r.model_dump(mode="json") for r in reports]}
+        data = {"restored": after - before, "ok": code == 0, "notRestored": left,
+                "rounds": [r.model_dump(mode="json") for r in reports]}
         print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
         return code
     for r in reports:
         print(fit_text(report_text(r)) if args.output == "table" else report_text(r))  # -o wide: whole lines
+    for line in left:
+        print(fit_text(line) if args.output == "table" else line)
     # count vGPUs, not steps: enabling a GPU's VFs is a step but no device
-    print(f"{after - before} devices restored")
+    n = after - before
+    print(f"{n} device{'' if n == 1 else 's'} restored" + ("; some saved ones are not (above)" if left else ""))
     return code

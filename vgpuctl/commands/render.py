@@ -261,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
     _gather(args)
     try:
         kind = canonical_kind(args.kind)
-        objects = render(kind, _values(kind, args))
+        values = _values(kind, args)
+        objects = render(kind, values)
     except RenderError as exc:
         if len(exc.problems) == 1:
             print(f"error: cannot render {args.kind}: {exc.problems[0]}", file=sys.stderr)
@@ -273,6 +274,9 @@ def run(args: argparse.Namespace) -> int:
     status = _check_kubevirt(args, objects)
     if status:
         return status
+    if kind == "kubevirt-cr" and not values.get("inventories") and values.get("classic", True):
+        print("note: no inventories: permittedHostDevices left out; the merge patch keeps the CR's own "
+              "(--inventory FILE or --simulate generates them)", file=sys.stderr)
     output = getattr(args, "output", None) or getattr(args, "pre_output", None) or "yaml"
     if output == "json":  # several objects, as kubectl prints them: a v1 List
         doc = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}

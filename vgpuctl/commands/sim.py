@@ -36,7 +36,9 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                                          "the taint after its quiet period without a fault.")
     health.add_argument("address", help="the GPU's PCI address")
     health.add_argument("fault", choices=("xid", "ecc", "lost", "hang"), help="the fault")
-    health.add_argument("--xid", type=int, default=79, help="the Xid number of an xid fault (default %(default)s)")
+    health.add_argument("--xid", type=int, default=79,
+                        help="the Xid number of an xid fault to raise (default %(default)s; --clear clears every "
+                             "queued Xid)")
     health.add_argument("--clear", action="store_true", help="clear the fault instead of raising it")
     for sp in (pr, m, reset, reboot, unplug, replug, health):
         options.add_host_options(sp, suppress=True)
@@ -54,16 +56,13 @@ def run(args) -> int:
     import yaml
 
     from vgpuctl.cli.host import sim_dir_for
-    from vgpuctl.output.terminal import Terminal
 
     if args.sim_cmd == "apiserver":
         from vgpuctl.commands import apiserver
 
         return apiserver.run(args)
 
-    from mdev_manager import catalog
     from mdev_manager.sim import load_host, preset_names
-    from mdev_manager.sim.kernel import SimHost
     from mdev_manager.sim.node import sim_node
     from vgpuctl.cli.simhost import whole_sim_node
 
@@ -78,6 +77,11 @@ def run(args) -> int:
             print(f"{name:14} " + ", ".join(f"{g.count} x {g.board}" for g in spec.gpus))
         return 0
     if args.sim_cmd == "mount":
+        if not Path(args.dir).is_dir():  # libfuse would say only "invalid option arguments"
+            raise ValueError(f"sim mount: the mount point {args.dir} is not a directory; name an empty one"
+                             if Path(args.dir).exists() else
+                             f"sim mount: the mount point {args.dir} does not exist; create it first "
+                             f"(mkdir -p {args.dir})")
         from mdev_manager.sim.fuse import mount
 
         root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.host)
@@ -96,18 +100,7 @@ def run(args) -> int:
     ref = args.simulate or "default"
     root = Path(args.sim_dir) if args.sim_dir else sim_dir_for(ref)
     if args.sim_cmd == "reset":
-        spec = load_host(ref)
-        gpus = sum(g.count * catalog.board(g.board).gpus_per_board for g in spec.gpus)
-        try:
-            SimHost.remove(root)
-            with Terminal().progress(f"building simulated host {ref}", gpus) as on_gpu:  # a terminal only
-                sim_node(root, spec, on_gpu=lambda: on_gpu(None))
-        except KeyboardInterrupt:  # marked incomplete until its last write: no command uses it half-built
-            where = f" --sim-dir {args.sim_dir}" if args.sim_dir else ""
-            print(f"interrupted: simulated host {ref} at {root} is incomplete; run vgpuctl --simulate {ref}{where} "
-                  "sim reset again", file=sys.stderr)
-            raise
-        print(f"simulated host {ref} reset at {root}")
+        return _reset(args, ref, root)
     elif args.sim_cmd == "reboot":
         whole_sim_node(root, ref, args.sim_dir).host.reboot()
         print(f"simulated host {ref} rebooted: VFs and vGPUs are gone, definitions stay")
@@ -122,10 +115,63 @@ def run(args) -> int:
             sim_node(root, ref, reuse=True).host.health(args.address, args.fault, xid=args.xid, clear=args.clear)
         except OSError as exc:
             raise ValueError(f"sim health {args.address}: {exc.strerror}") from None
-        what = f"Xid {args.xid}" if args.fault == "xid" else args.fault
-        print(f"GPU {args.address} of simulated host {ref}: {what} {'cleared' if args.clear else 'raised'}")
+        if args.fault == "xid" and args.clear:  # clearing drops every queued Xid, whichever --xid says
+            what = "every queued Xid cleared"
+        else:
+            what = f"{f'Xid {args.xid}' if args.fault == 'xid' else args.fault} {'cleared' if args.clear else 'raised'}"
+        print(f"GPU {args.address} of simulated host {ref}: {what}")
     if args.sim_cmd == "unplug":
         print(f"GPU {args.address} left the bus of simulated host {ref}: its functions, VFs and vGPUs are gone")
     elif args.sim_cmd == "replug":
         print(f"GPU {args.address} is back on the bus of simulated host {ref}, cold (no VFs, no vGPUs)")
+    return 0
+
+
+class _Stopped(BaseException):
+    """SIGINT or SIGTERM arrived during ``sim reset``: raised at the next GPU (past any ``except Exception``)."""
+
+
+def _reset(args, ref: str, root: Path) -> int:
+    """Rebuild the simulated host. SIGINT and SIGTERM are taken as apply takes them (vgpuctl.cli.signals):
+    remembered by a handler that cannot be lost wherever the signal lands, acted on between two GPUs,
+    said in one line, exit 128 + the signal's number."""
+    from mdev_manager import catalog
+    from mdev_manager.sim import load_host
+    from mdev_manager.sim.kernel import SimHost
+    from mdev_manager.sim.node import sim_node
+    from vgpuctl.cli.signals import StopSignals
+    from vgpuctl.output.terminal import Terminal
+
+    spec = load_host(ref)
+    gpus = sum(g.count * catalog.board(g.board).gpus_per_board for g in spec.gpus)
+    where = f" --sim-dir {args.sim_dir}" if args.sim_dir else ""
+    incomplete = (f"interrupted: simulated host {ref} at {root} is incomplete; run vgpuctl --simulate {ref}{where} "
+                  "sim reset again")
+    with StopSignals() as signals:
+
+        def stop_here() -> None:
+            if signals.signum:
+                raise _Stopped
+
+        try:
+            SimHost.remove(root)
+            stop_here()
+            with Terminal().progress(f"building simulated host {ref}", gpus) as on_gpu:  # a terminal only
+
+                def built_one() -> None:
+                    on_gpu(None)
+                    stop_here()
+
+                sim_node(root, spec, on_gpu=built_one)
+        except KeyboardInterrupt:  # marked incomplete until its last write: no command uses it half-built
+            print(incomplete, file=sys.stderr)
+            raise
+        except _Stopped:
+            print(f"{signals.pending()}: {incomplete}", file=sys.stderr)
+            return 128 + signals.signum
+    if signals.signum:  # after the last GPU: the host is whole
+        print(f"{signals.pending()}: it came after the last write; simulated host {ref} is whole, reset at {root}",
+              file=sys.stderr)
+        return 128 + signals.signum
+    print(f"simulated host {ref} reset at {root}")
     return 0

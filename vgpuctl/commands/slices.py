@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", default="default", help="named layout in the file (default %(default)s)")
     options.add_node_name(p)
     options.add_driver(p)
-    options.add_kubelet_root(p, "read only: where the node agent keeps its GPU numbering")
+    options.add_kubelet_root(p, "read only: an earlier release's GPU numbering")
     p.add_argument("--sizes-by-first-allocation", action="store_true",
                    help="as serve's option of that name: the shape it publishes where the server keeps counters "
                         "but neither compatibility groups nor binding conditions")
