@@ -21,6 +21,7 @@ validation error (422, cause FieldValueForbidden), not a 403: both count as refu
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import threading
 from pathlib import Path
@@ -134,19 +135,48 @@ def _allocated_claim(cp, name: str, node_name: str, device: str) -> dict:
     return cp.rest("PUT", cp.path("resourceclaims", name, "default") + "/status", claim)
 
 
-def _patch_device_status(api, claim: dict) -> int:
-    """A merge patch of ``status.devices`` (the agent's kind of write) as ``api``: the HTTP status."""
+_writes = itertools.count()
+
+
+def _patch_device_status(api, claim: dict) -> tuple[int, str]:
+    """A merge patch of ``status.devices`` (the agent's kind of write; a new condition message each
+    time, so each one changes the driver's entry) as ``api``: the HTTP status and the message."""
     (r,) = claim["status"]["allocation"]["devices"]["results"]
     body = {"status": {"devices": [{"driver": r["driver"], "pool": r["pool"], "device": r["device"],
                                     "conditions": [{"type": "Checked", "status": "True", "reason": "Test",
-                                                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]}}
+                                                    "message": f"write {next(_writes)}",
+                                                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]}}
     path = f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{claim['metadata']['name']}/status"
     m, url, headers, data, _ = api.param_serialize(
         "PATCH", path, header_params={"Content-Type": "application/merge-patch+json",
                                       "Accept": "application/json"}, body=body, auth_settings=["BearerToken"])
-    r = api.call_api(m, url, headers, data)
-    r.read()
-    return r.status
+    resp = api.call_api(m, url, headers, data)
+    payload = resp.read()
+    return resp.status, (json.loads(payload).get("message", "") if resp.status >= 400 else "")
+
+
+DRIVER_STATUS = 'resource="resourceclaims/driver"'
+
+
+def _without(role: dict, resource: str) -> dict:
+    out = json.loads(json.dumps(role))
+    out["rules"] = [r for r in out["rules"] if resource not in r["resources"]]
+    assert len(out["rules"]) == len(role["rules"]) - 1, resource
+    return out
+
+
+def _each_claim_status_grant_is_needed(k, api, claim: dict) -> dict[str, int]:
+    """deploy/'s ClusterRole less one of its two claim-status rules: the agent's write is refused
+    (the RBAC authorizer sees the change through its informer: waited for); restored, admitted."""
+    role = one(build("dra"), "ClusterRole")
+    refused = {}
+    for resource in ("resourceclaims/status", "resourceclaims/driver"):
+        k("apply", "-f", "-", stdin=json.dumps(_without(role, resource)))
+        refused[resource] = wait_for(lambda: (c := _patch_device_status(api, claim)[0]) != 200 and c,
+                                     f"the write refused without {resource}")
+        k("apply", "-f", "-", stdin=json.dumps(role))
+        wait_for(lambda: _patch_device_status(api, claim)[0] == 200, "the write admitted again")
+    return refused
 
 
 def test_the_agent_as_its_own_service_account_on_the_real_api_server(cp, k, tmp_path):
@@ -225,11 +255,15 @@ def test_the_agent_as_its_own_service_account_on_the_real_api_server(cp, k, tmp_
         unbound = k("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration", "1h").stdout.strip()
         plain = api_client_from(str(kubeconfig_with_token(cp.kubeconfig_path, unbound, tmp_path / "plain.kubeconfig")))
         try:
-            assert _patch_device_status(plain, mine) == 422
-            assert _patch_device_status(api.api_client, theirs) == 422
-            assert _patch_device_status(api.api_client, mine) == 200
+            code, why = _patch_device_status(plain, mine)
+            assert code == 422 and DRIVER_STATUS in why, why
+            code, why = _patch_device_status(api.api_client, theirs)
+            assert code == 422 and DRIVER_STATUS in why, why
+            assert _patch_device_status(api.api_client, mine) == (200, "")
+            # both of deploy/'s claim-status rules are needed: plain RBAC on the subresource (403),
+            # the driver's associated-node:patch (refused by the status strategy: 422)
+            assert _each_claim_status_grant_is_needed(k, api.api_client, mine) == {
+                "resourceclaims/status": 403, "resourceclaims/driver": 422}
         finally:
             plain.close()
             api.api_client.close()
-        refusals = [s for s in api.refused() if "rbac-theirs" in s[1]]
-        assert refusals and 'resource="resourceclaims/driver"' in json.loads(refusals[0][3])["message"], refusals
