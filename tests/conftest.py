@@ -121,6 +121,7 @@ def holder(request, hold):
 #: that the workers end together instead of one finishing a campaign alone; order only, nothing skips.
 LONG_FIRST = (
     "tests/system/test_campaign.py",
+    "tests/system/test_real_rbac.py",  # one test: a control plane, the DaemonSet's pod, a claim (~35 s)
     "tests/system/test_output.py::test_apply_on_the_largest_preset_fits_one_screen",
     "tests/mdev_manager/test_crash.py",
     "tests/system/test_no_overcommit.py",

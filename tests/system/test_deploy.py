@@ -16,6 +16,7 @@ from dra_bridge.api.names import (
     ANNOTATION_CORDON_APPLIED,
     LABEL_CONFIG,
     LABEL_CONFIG_STATE,
+    LABEL_VGPU_HOST_DRIVER,
     NVIDIA_LABEL_CONFIG,
     NVIDIA_LABEL_CONFIG_STATE,
 )
@@ -165,6 +166,11 @@ def test_admission_policies_confine_the_agent_to_its_node():
     ok = _node("node-a", {**base, LABEL_CONFIG_STATE: "success"})
     assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=ok, old=old) == []
     assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=old, old=ok) == []  # removing the state
+    # the host driver's version (#39.6: kube-apiserver refused it before, found by tests/system/test_real_rbac.py)
+    driver = _node("node-a", {**base, LABEL_VGPU_HOST_DRIVER: "580.95.02"})
+    assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=driver, old=old) == []
+    assert _admit(npol, user=user, node="node-a", op="UPDATE",
+                  obj=_node("node-a", {**base, LABEL_VGPU_HOST_DRIVER: "580.105.06"}), old=driver) == []
     assert _admit(npol, user=user, node="node-b", op="UPDATE", obj=ok, old=old)  # another node
     assert _admit(npol, user=user, node="node-a", op="UPDATE", obj=_node("node-a", {**base, LABEL_CONFIG: "x"}), old=old)
     assert _admit(npol, user=user, node="node-a", op="UPDATE",
