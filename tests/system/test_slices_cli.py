@@ -208,3 +208,26 @@ def test_a_mig_node_publishes_memory_slice_counters_consumed_by_its_placements(s
     assert {k for k in used["counters"] if k.startswith("memory-slice-")} == {f"memory-slice-{k}" for k in range(4)}
     assert dev["attributes"]["profile"] == {"string": "4g.40gb"}
     assert len([n for n in devices if n.startswith("gpu-2-mig-")]) == 25  # NVIDIA's placements of an H100
+
+
+def test_a_preview_without_kernel_steps_runs_over_the_overlay(simdir, capsys, tmp_path):
+    """A node that differs from the layout only in what the agent records (a lost definition): the
+    agent's rounds run over a copy-on-write view of the host, not a copy of it (issue #37, point 6);
+    the host stays byte-identical and the slices are those published once the agent applied it."""
+    from tests.mdev_manager.test_overlay import snapshot
+
+    layout = tmp_path / "layout.yaml"
+    layout.write_text(yaml.safe_dump({"version": "vgpuctl/v1", "layouts": {"default": [
+        {"index": 0, "mode": "vgpu", "vgpus": {"T4-2Q": 4}}, {"index": 1, "mode": "dra", "passthrough": True}]}}))
+    assert main(["--simulate", "default", "apply", "-f", str(layout)]) == 0
+    defs = simdir / "default/etc/mdevctl.d/0000:10:00.0"
+    lost = sorted(p for p in defs.iterdir() if p.is_file())[0]
+    lost.unlink()
+    capsys.readouterr()
+    before = snapshot(simdir / "default")
+    code, shown, err = slices(capsys, "-f", str(layout), "-o", "json")
+    assert code == 0 and "scratch copy" not in err, err
+    assert snapshot(simdir / "default") == before and not lost.exists()
+    assert main(["--simulate", "default", "apply", "-f", str(layout)]) == 0 and lost.exists()
+    capsys.readouterr()
+    assert slices(capsys, "-f", str(layout), "-o", "json")[1] == shown

@@ -15,8 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from dra_bridge.api import compat
@@ -28,7 +27,6 @@ if TYPE_CHECKING:  # loaded where used: a command's -h stays light
     from mdev_manager.config import GpuLayout
     from mdev_manager.host.env import HostEnv
     from mdev_manager.host.io import HostIO
-    from mdev_manager.host.nvml import NvmlTransport
     from vgpuctl.cli.host import Host
 
 
@@ -48,69 +46,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes-by-first-allocation", action="store_true",
                    help="as serve's option of that name: the shape it publishes where the server keeps counters "
                         "but neither compatibility groups nor binding conditions")
-
-
-class _ReadOnly:
-    """The host IO for the GPU numbering: reads go through, writes are discarded (nothing written)."""
-
-    def __init__(self, io: HostIO) -> None:
-        self._io = io
-
-    # ---- reads: the host's
-    def read(self, path: Path) -> str:
-        return self._io.read(path)
-
-    def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]:
-        return self._io.read_attrs(directory, names)
-
-    def read_children(self, directory: Path, names: list[str]) -> dict[str, dict[str, str | None]]:
-        return self._io.read_children(directory, names)
-
-    def reusing_dirs(self) -> AbstractContextManager:
-        return self._io.reusing_dirs()
-
-    def listdir(self, path: Path) -> list[str]:
-        return self._io.listdir(path)
-
-    def readlink(self, path: Path) -> str:
-        return self._io.readlink(path)
-
-    def exists(self, path: Path) -> bool:
-        return self._io.exists(path)
-
-    def is_dir(self, path: Path) -> bool:
-        return self._io.is_dir(path)
-
-    def realpath(self, path: Path) -> Path:
-        return self._io.realpath(path)
-
-    def stat(self, path: Path) -> os.stat_result:
-        return self._io.stat(path)
-
-    def nvml(self) -> NvmlTransport:
-        return self._io.nvml()
-
-    # ---- writes: discarded
-    def write(self, path: Path, data: str) -> None:
-        pass
-
-    def write_atomic(self, path: Path, data: str, durable: bool = True) -> None:
-        pass
-
-    def remove(self, path: Path) -> None:
-        pass
-
-    def rename(self, src: Path, dst: Path) -> None:
-        pass
-
-    def sync(self) -> None:
-        pass
-
-    def makedirs(self, path: Path) -> None:
-        pass
-
-    def rmdir(self, path: Path) -> None:
-        pass
 
 
 def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape: Shape,
@@ -179,10 +114,11 @@ def node_layouts(args: argparse.Namespace, host: Host) -> tuple[list[GpuLayout] 
 
 @contextmanager
 def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) -> Iterator[Host]:
-    """The node as the agent makes it before it publishes: ``host`` when it matches ``layouts``; else,
-    on a simulated host, a scratch copy with the layout applied as the agent applies it (nothing
-    changes on the host); on a real one :class:`NotSetUp` (a preview without changing it would be a
-    guess)."""
+    """The node as the agent makes it before it publishes: ``host`` when it matches ``layouts``; else the
+    host behind a copy-on-write overlay with the layout applied there by the agent's rounds, where no
+    step needs the kernel's answer (records, saved definitions); else, on a simulated host, a scratch
+    copy with the layout applied as the agent applies it (nothing changes on the host); on a real one
+    :class:`NotSetUp` (a preview of the kernel's answer would be a guess)."""
     from mdev_manager.reconcile import plan_once, reconcile
     from vgpuctl.cli.host import NotSetUp, numbering_of, prepared_usage
 
@@ -194,6 +130,11 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
     if not plan.actions:
         yield host
         return
+    if not plan.structural():  # no step that changes what a GPU offers: the agent's rounds run over a
+        preview = _over_overlay(host, layouts, usage, driver)  # copy-on-write view, where no step needs the kernel
+        if preview is not None:
+            yield preview
+            return
     if host.scratch is None:
         raise NotSetUp(f"the node does not match {what} yet ({len(plan.actions)} steps: {plan.actions[0].describe()}"
                        f"{', ...' if len(plan.actions) > 1 else ''}); the node agent applies it before it publishes, "
@@ -208,6 +149,21 @@ def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) 
             raise NotSetUp(f"applying {what} on a scratch copy of the simulated node failed; vgpuctl --simulate "
                            "apply shows why")
         yield copy
+
+
+def _over_overlay(host: Host, layouts: list[GpuLayout], usage, driver: str) -> Host | None:
+    """The host seen through a copy-on-write overlay (:class:`~mdev_manager.host.overlay.OverlayIO`) with the
+    layout applied there by the agent's own rounds; None where a step needs the kernel's answer."""
+    from dataclasses import replace
+
+    from mdev_manager.host.overlay import OverlayIO
+    from mdev_manager.reconcile import reconcile
+    from vgpuctl.cli.host import numbering_of
+
+    overlay = OverlayIO(host.io, kernel_roots=(host.env.sys_root, host.env.dev_root))
+    out = reconcile(host.env, overlay, layouts, usage_extra=usage, node=host.node, final_inventory=False,
+                    ids=numbering_of(host, driver))
+    return replace(host, io=overlay, scratch=None) if out.ok and not overlay.refused else None
 
 
 def why_empty(host: Host, layouts: list[GpuLayout] | None, what: str) -> str:
@@ -259,7 +215,10 @@ def run(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     doc = {"apiVersion": "v1", "kind": "List", "items": slices}
-    print(json.dumps(doc, indent=2) if args.output == "json" else yaml.safe_dump(doc, sort_keys=False), end="")
+    # libyaml's emitter where PyYAML has it: the same text, 4x faster on a MIG node's 300 kB of slices
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    print(json.dumps(doc, indent=2) if args.output == "json" else yaml.dump(doc, Dumper=dumper, sort_keys=False),
+          end="")
     if args.output == "json":
         print()
     return 0
