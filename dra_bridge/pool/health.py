@@ -4,10 +4,10 @@ What the agent's watch saw on a GPU (:class:`Problem`: a critical Xid, ECC page 
 a reset, the GPU lost, a GPU that stops answering; for a GPU on vfio-pci what the kernel shows:
 :mod:`dra_bridge.pool.pcihealth`) becomes a device taint under the driver's own domain, named as NVIDIA's
 DRA driver names them (``<driver>/xid``, ``/gpu-lost``, ``/unmonitored``; the kernel's own ``/aer``,
-``/pci-link``, ``/pci-reset``), effect ``NoSchedule``: escalating to ``NoExecute`` is the admin's, through a DeviceTaintRule). On a
-server that drops device taints the GPU's free devices are withdrawn instead, as a cordon does.
-A device a prepared claim holds stays published either way: health never removes or rebinds a
-device in use.
+``/pci-link``, ``/pci-reset``), effect ``NoSchedule`` (escalating to ``NoExecute`` is the admin's,
+through a DeviceTaintRule). On a server that drops device taints the GPU's free devices are withdrawn
+instead, as a cordon does. A device a prepared claim holds stays published either way: health never
+removes or rebinds a device in use.
 
 Hysteresis (:class:`HealthTracker`): a GPU turns unhealthy at the first problem seen, and healthy
 again only after ``quiet`` seconds without one, so a flapping GPU does not flap the slices. NVIDIA's

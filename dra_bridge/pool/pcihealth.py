@@ -139,8 +139,9 @@ def pci_problems(reading: PciReading, seen: PciSeen | None) -> tuple[list[Proble
     if speed == 0.0:
         found.append(Problem(PCI_LINK, "the PCIe link is down (link speed Unknown)"))
     elif width is not None and base is not None and width < base:
+        speed_text = (reading.current_link_speed or "?").strip()
         found.append(Problem(PCI_LINK, f"the PCIe link dropped to x{width} from x{base}"
-                                       f" (max x{reading.max_link_width or '?'}, speed {(reading.current_link_speed or '?').strip()})"))
+                                       f" (max x{reading.max_link_width or '?'}, speed {speed_text})"))
     resets = seen.resets if seen.resets is not None else reading.reset_method
     if resets is not None and resets.strip() and reading.reset_method is not None and not reading.reset_method.strip():
         found.append(Problem(PCI_RESET, f"the kernel lists no reset method for it any more (was: {resets.strip()}): "
