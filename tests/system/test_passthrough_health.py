@@ -9,6 +9,7 @@ cannot be read is ``unmonitored``; a GPU on NVIDIA's driver is not touched by an
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
@@ -88,7 +89,7 @@ def _events(srv, node) -> list[tuple[str, str]]:
     ("reset-failed", "pci-reset", None, False),
 ])
 def test_each_kernel_fault_taints_the_passed_through_gpu_and_lifts_after_the_quiet_period(agent, fault, key,
-                                                                                         value, event):
+                                                                                         value, event, capsys):
     srv, node, daemon, clock = agent
     before = _taints(srv, daemon, T4A)
     assert before and not any(before.values())
@@ -106,6 +107,10 @@ def test_each_kernel_fault_taints_the_passed_through_gpu_and_lifts_after_the_qui
     assert reason == "GpuUnhealthy" and T4A in message
     annotation = srv.get_object("nodes", node.node)["metadata"]["annotations"][ANNOTATION_HEALTH]
     assert annotation.startswith(f"{T4A}: {key}")
+    capsys.readouterr()  # kubectl vgpu's HEALTH column names it, from the taints
+    assert main(["gpus", "--kubeconfig", str(srv.kubeconfig(node.root / "kubeconfig")), "-o", "json"]) == 0
+    listed = {g["address"]: g["health"] for g in json.loads(capsys.readouterr().out)["items"]}
+    assert listed[T4A].startswith(key) and listed[T4B] is None
 
     if not event:  # a condition stays while it lasts
         clock.now += 10 * QUIET
