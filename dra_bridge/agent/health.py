@@ -7,8 +7,11 @@ NVML_ERROR_GPU_IS_LOST), a GPU whose NVML calls fail otherwise (``unmonitored``)
 Node (``GpuUnhealthy`` Warning, ``GpuHealthy`` Normal) and the node annotation ``vgpu.kubevirt.io/health``
 (``kubectl vgpu`` shows it); the kubelet's health service (KEP-4680) says the same per device.
 
-Not watched: a GPU bound to vfio-pci (passed through; NVML does not see it). Its presence on the bus is
-what the kubelet plugin's health reports for it, and a GPU that leaves the bus is withdrawn by discovery.
+A GPU bound to vfio-pci (passed through) NVML does not see: for it the watch reads what the kernel shows
+in sysfs (:func:`read_pci`: PCI config space, AER counters, link width and speed, reset methods) and
+:func:`~dra_bridge.pool.pcihealth.pci_problems` decides (``gpu-lost``, ``aer``, ``pci-link``,
+``pci-reset``, ``unmonitored``), through the same tracker, Events and annotation. A GPU that leaves the
+bus is withdrawn by discovery.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from dra_bridge.apiclient.errors import brief, report_level
 from dra_bridge.apiclient.events import record_node_event
 from dra_bridge.apiclient.nodes import set_node_annotation
 from dra_bridge.pool.health import GPU_LOST, UNMONITORED, XID, Change, HealthTracker, Problem, problems_text
+from dra_bridge.pool.pcihealth import CONFIG_HEAD, TEXT_FILES, PciReading, PciSeen, pci_problems
+from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.host.nvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
@@ -63,26 +68,48 @@ def read_problems(io: HostIO, address: str) -> list[Problem] | None:
         return [Problem(UNMONITORED, f"its health cannot be read ({e})")]
 
 
+def read_pci(io: HostIO, env: HostEnv, address: str) -> PciReading:
+    """The sysfs files the kernel keeps on the GPU's PCI function (None for each missing or unreadable)."""
+    directory = env.pci(address)
+    try:
+        config: bytes | None = io.read_bytes(directory / "config", CONFIG_HEAD)
+    except OSError:
+        config = None
+    text = io.read_attrs(directory, list(TEXT_FILES))
+    return PciReading(config or None, *(text.get(n) for n in TEXT_FILES))
+
+
 class GpuHealthWatch:
-    def __init__(self, io: HostIO, api_client: Any, node: str, quiet: float):  # the kubernetes ApiClient, or None
+    def __init__(self, io: HostIO, api_client: Any, node: str, quiet: float, env: HostEnv | None = None):
+        # api_client: the kubernetes ApiClient, or None; env: the host's paths (None: the real host's)
         self.io = io
+        self.env = env or HostEnv()
         self.api_client = api_client
         self.node = node
         self.tracker = HealthTracker(quiet)
         self.clock: Callable[[], float] = time.monotonic  # tests swap it, to step over the quiet period
         self._annotated: str | None = ""  # as on the node; "": not known yet (a restart clears a stale one)
+        self._pci: dict[str, PciSeen] = {}  # GPU on vfio-pci -> what its last reads showed (AER counters, link)
 
     def poll(self, inv: Inventory | None, now: float | None = None) -> list[Change]:
-        """Look at each GPU on NVIDIA's driver once; the changes of published health, each said once."""
+        """Look at each GPU on NVIDIA's driver (NVML) or on vfio-pci (sysfs) once; the changes of published
+        health, each said once."""
         if inv is None:
             return []
         now = self.clock() if now is None else now
         changes = []
         self.tracker.forget(set(dict(self.tracker.unhealthy())) - {g.address for g in inv.gpus})
+        passed = {g.address for g in inv.gpus if g.driver == "vfio-pci"}
+        self._pci = {a: s for a, s in self._pci.items() if a in passed}  # rebound or gone: seen afresh
+        problems: list[Problem] | None
         for gpu in inv.gpus:
-            if gpu.vendor_id != "0x10de" or gpu.driver != "nvidia":
+            if gpu.driver == "vfio-pci":
+                problems, self._pci[gpu.address] = pci_problems(read_pci(self.io, self.env, gpu.address),
+                                                                self._pci.get(gpu.address))
+            elif gpu.vendor_id == "0x10de" and gpu.driver == "nvidia":
+                problems = read_problems(self.io, gpu.address)
+            else:
                 continue
-            problems = read_problems(self.io, gpu.address)
             if problems is None:
                 continue
             change = self.tracker.observe(gpu.address, problems, now)

@@ -1,12 +1,13 @@
 """A sick GPU steps aside by itself, and comes back by itself (issue #33). Pure, no I/O.
 
 What the agent's watch saw on a GPU (:class:`Problem`: a critical Xid, ECC page retirement pending
-a reset, the GPU lost, a GPU that stops answering) becomes a device taint under the driver's own
-domain, named as NVIDIA's DRA driver names them (``<driver>/xid``, ``/gpu-lost``, ``/unmonitored``,
-effect ``NoSchedule``: escalating to ``NoExecute`` is the admin's, through a DeviceTaintRule). On a
-server that drops device taints the GPU's free devices are withdrawn instead, as a cordon does.
-A device a prepared claim holds stays published either way: health never removes or rebinds a
-device in use.
+a reset, the GPU lost, a GPU that stops answering; for a GPU on vfio-pci what the kernel shows:
+:mod:`dra_bridge.pool.pcihealth`) becomes a device taint under the driver's own domain, named as NVIDIA's
+DRA driver names them (``<driver>/xid``, ``/gpu-lost``, ``/unmonitored``; the kernel's own ``/aer``,
+``/pci-link``, ``/pci-reset``), effect ``NoSchedule`` (escalating to ``NoExecute`` is the admin's,
+through a DeviceTaintRule). On a server that drops device taints the GPU's free devices are withdrawn
+instead, as a cordon does. A device a prepared claim holds stays published either way: health never
+removes or rebinds a device in use.
 
 Hysteresis (:class:`HealthTracker`): a GPU turns unhealthy at the first problem seen, and healthy
 again only after ``quiet`` seconds without one, so a flapping GPU does not flap the slices. NVIDIA's
@@ -22,7 +23,8 @@ from dataclasses import dataclass, field
 from dra_bridge.pool.model import Pool
 
 XID, GPU_LOST, UNMONITORED = "xid", "gpu-lost", "unmonitored"
-KINDS = (XID, GPU_LOST, UNMONITORED)
+#: every kind a taint names: NVML's, and the kernel's for a passed-through GPU (pcihealth.AER, PCI_LINK, PCI_RESET)
+KINDS = (XID, GPU_LOST, UNMONITORED, "aer", "pci-link", "pci-reset")
 NO_SCHEDULE = "NoSchedule"
 #: the quiet period after the last problem before a GPU counts as healthy again (serve --health-quiet-seconds)
 DEFAULT_QUIET_SECONDS = 300.0

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from dra_bridge.api.attributes import ATTR_MIG_BACKED, ATTR_PLACEMENT_SIZE, ATTR_PLACEMENT_START, ATTR_TYPE
 from dra_bridge.api.names import DEFAULT_DRIVER, LABEL_VM_NAME, TAINT_KEY_CORDON
 from dra_bridge.pool.cordon import NODE, CordonEntry, entry_for, parse_cordon
+from dra_bridge.pool.health import KINDS
 from dra_bridge.scheduling.capacity import ProfileFit, camel_keys, compute
 from dra_bridge.scheduling.objects import dev_attr, dev_gpu, devices_by_key
 from dra_bridge.scheduling.taints import selects, tainted_slices
@@ -149,7 +150,7 @@ def build_views(slices: list[dict], claims: list[dict], pods: Sequence[dict] = (
     return sorted(views, key=lambda v: (v.node or "", v.index if v.index is not None else 1 << 30, v.address or ""))
 
 
-HEALTH_KINDS = ("xid", "gpu-lost", "unmonitored")
+HEALTH_KINDS = KINDS  # the agent's health taints (dra_bridge.pool.health)
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 

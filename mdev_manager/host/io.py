@@ -28,6 +28,7 @@ _STALE = (errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ENODEV)
 
 class HostIO(Protocol):
     def read(self, path: Path) -> str: ...
+    def read_bytes(self, path: Path, size: int) -> bytes: ...
     def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]: ...
     def read_children(self, directory: Path, names: list[str]) -> dict[str, dict[str, str | None]]: ...
     def reusing_dirs(self) -> contextlib.AbstractContextManager: ...
@@ -74,6 +75,11 @@ class RealIO:
     def read(self, path: Path) -> str:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
+
+    def read_bytes(self, path: Path, size: int) -> bytes:
+        """The first ``size`` bytes of a binary file (a PCI function's ``config``: its header, raw)."""
+        with open(path, "rb") as f:
+            return f.read(size)
 
     def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]:
         """Several attributes of one directory, stripped; None for those missing or unreadable.

@@ -120,6 +120,17 @@ class OverlayIO:
             raise self._missing(key)
         return self._base.read(path)
 
+    def read_bytes(self, path: Path, size: int) -> bytes:
+        """Binary files (a PCI function's ``config``) are the kernel's: never written here, read through."""
+        key = self._key(path)
+        if key in self._files:
+            return self._files[key].encode()[:size]
+        if key in self._dirs:
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), key)
+        if not self._base_visible(key):
+            raise self._missing(key)
+        return self._base.read_bytes(path, size)
+
     def read_attrs(self, directory: Path, names: list[str]) -> dict[str, str | None]:
         key = self._key(directory)
         if not self._touched_below(key) and self._base_visible(key):

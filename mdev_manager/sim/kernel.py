@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mdev_manager.host.env import HostEnv
-from mdev_manager.sim import instances, slots
+from mdev_manager.sim import instances, pcihealth, slots
 from mdev_manager.sim.rules import err, kstrtoul, type_facts
 from mdev_manager.sim.tree import ADDR, UUID, SysfsTree
 
@@ -429,7 +429,9 @@ class SimHost(SysfsTree):
     #: pending a reset, the GPU lost (every health call fails NVML_ERROR_GPU_IS_LOST), a GPU that stops
     #: answering (NVML_ERROR_TIMEOUT). Only the health calls see them: the simulator's MIG and placement
     #: calls answer as before (a real lost GPU fails those too).
-    HEALTH = ("xid", "ecc", "lost", "hang")
+    #: And as the kernel shows it in sysfs, for a GPU on vfio-pci NVML does not see (:mod:`.pcihealth`):
+    #: an AER error counted, the link narrower, config space reading all ones, no reset method left.
+    HEALTH = ("xid", "ecc", "lost", "hang", *pcihealth.FAULTS)
 
     def health(self, pf: str, kind: str, *, xid: int = 79, clear: bool = False) -> None:
         """Raise (or ``clear``) a health fault of ``kind`` on the GPU at ``pf``; an Xid is an event, queued
@@ -440,6 +442,8 @@ class SimHost(SysfsTree):
             gpu = next((g for g in self.state["gpus"] if g["pf"] == pf.lower()), None)
             if gpu is None:
                 raise err(errno.ENODEV, f"no GPU at {pf}")
+            if kind in pcihealth.FAULTS:
+                return pcihealth.fault(self._fdir(gpu["pf"]), kind, clear=clear)
             h = gpu.setdefault("health", {"xids": [], "ecc": False, "lost": False, "hang": False})
             if kind == "xid":
                 h["xids"] = [] if clear else [*h["xids"], int(xid)]

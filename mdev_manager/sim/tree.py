@@ -29,7 +29,7 @@ from typing import Any, Self
 
 from mdev_manager import catalog
 from mdev_manager.catalog import BoardSpec, TypeSpec
-from mdev_manager.sim import slots
+from mdev_manager.sim import pcihealth, slots
 from mdev_manager.sim.hostspec import HostSpec
 from mdev_manager.sim.procs import SimProcs, holding
 from mdev_manager.sim.rules import framebuffer, remaining, type_facts, type_index, vf_address
@@ -184,6 +184,8 @@ class SysfsTree:
                             ("subsystem_vendor", svendor), ("subsystem_device", sdevice),
                             ("numa_node", str(-1 if numa is None else numa)), ("driver_override", "(null)")):
             (fdir / name).write_text(value + "\n")
+        if physfn is None:  # a GPU's (or its audio's) function: config space, AER counters, link, resets
+            pcihealth.add_files(fdir, vendor, device, cls_)
         self._link(self.sys / "bus/pci/devices" / addr, fdir)
         self._link(fdir / "iommu_group", self.sys / f"kernel/iommu_groups/{grp}")
         self._link(self.sys / f"kernel/iommu_groups/{grp}/devices/{addr}", fdir)

@@ -29,13 +29,18 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     unplug.add_argument("address", help="the GPU's PCI address, e.g. 0000:13:00.0")
     replug = ssub.add_parser("replug", help="a GPU that left the bus comes back (a PCI rescan), cold")
     replug.add_argument("address", help="the GPU's PCI address")
-    health = ssub.add_parser("health", help="raise or clear a GPU health fault NVML reports (Xid, ECC, lost, hang)",
+    health = ssub.add_parser("health", help="raise or clear a GPU health fault NVML or the kernel reports "
+                                            "(Xid, ECC, lost, hang; AER, link, fell off, reset)",
                              description="What the node agent's health watch sees through NVML: a critical Xid "
                                          "event, ECC page retirement pending a reset, the GPU lost, a GPU that "
-                                         "stops answering. The agent taints the GPU's devices at once and lifts "
-                                         "the taint after its quiet period without a fault.")
+                                         "stops answering; and, for a GPU on vfio-pci, in the kernel's sysfs: an "
+                                         "uncorrectable AER error counted (aer-fatal, aer-nonfatal), the PCIe link "
+                                         "narrower (link), config space reading all ones (fell-off), no reset "
+                                         "method left (reset-failed). The agent taints the GPU's devices at once "
+                                         "and lifts the taint after its quiet period without a fault.")
     health.add_argument("address", help="the GPU's PCI address")
-    health.add_argument("fault", choices=("xid", "ecc", "lost", "hang"), help="the fault")
+    health.add_argument("fault", choices=("xid", "ecc", "lost", "hang", "aer-fatal", "aer-nonfatal", "link", "fell-off",
+                                          "reset-failed"), help="the fault")
     health.add_argument("--xid", type=int, default=79,
                         help="the Xid number of an xid fault to raise (default %(default)s; --clear clears every "
                              "queued Xid)")
