@@ -9,9 +9,13 @@ GPU is republished with that size only, so retries do not pick another), allocat
 get ``SizeAssigned=True``, any other size ``SizeConflict=True``, which makes the scheduler drop
 that allocation and try again. A conflicting mix therefore never reaches prepare.
 
-:func:`decide` is pure: allocated claims, the pool and the sizes already on the host in, the
-condition per pending device and each GPU's size out. The agent writes them
-(``resourceclaims/status``, ``status.devices[].conditions``) and republishes.
+:func:`decide` is pure: allocated claims, the pool, the sizes on the host (discovered, and held
+by prepared claims) and the agent's own confirmations in, the condition per pending device and
+each GPU's size out. :class:`SizeBinder` writes them (``resourceclaims/status``,
+``status.devices[].conditions``) on the claim as it was decided from, remembers what it confirmed,
+and the agent republishes. A confirmed allocation is never refused later, whatever a lagging watch
+shows (#36.2); a resync recomputes the sizes with the host it discovered, so a GPU emptied is
+offered whole at once, not at the next claim change (#36.3).
 """
 
 from __future__ import annotations
