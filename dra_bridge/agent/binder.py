@@ -262,7 +262,9 @@ def _results(claim: dict) -> list[dict]:
 def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
     """The agent's binding rounds: while ``active()``, one LIST, then each change of the watched
     claims (``cache``: a :class:`~dra_bridge.apiclient.claimwatch.ClaimCache`), or a minute without one,
-    is a round of ``bind(claims)``; otherwise it looks again every ``retry_seconds``."""
+    is a round of ``bind(claims)``; otherwise it looks again every ``retry_seconds``. A round that
+    failed (a verdict not written, a republish that failed) is tried again after ``retry_seconds``,
+    not at the next change: the scheduler is waiting for it."""
     import logging
 
     try:
@@ -277,6 +279,7 @@ def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
             except Exception as exc:  # noqa: BLE001 - the scheduler waits; the next round tries again
                 logging.getLogger(__name__).warning("binding conditions: %s", exc)
                 stop.wait(retry_seconds)
+                continue
             cache.wait(60.0)
     finally:
         cache.stop()

@@ -127,3 +127,36 @@ def test_a_gpu_freed_after_the_round_that_saw_its_claim_go_is_offered_whole_by_t
     assert list(gpu_sizes(c, 1)) == ["2Gi"]
     c.daemon.resync(force=False)  # the next periodic resync (a prepare or unprepare makes it run)
     assert len(gpu_sizes(c, 1)) == 5
+
+
+def test_a_failed_binding_round_is_tried_again_without_waiting_for_a_claim_change():
+    """A round whose verdict write or republish failed leaves the scheduler waiting: the loop tries
+    again after its retry interval, not at the next claim change (up to a minute later)."""
+    import threading
+
+    from dra_bridge.agent.binder import bind_loop
+
+    stop = threading.Event()
+    calls: list[str] = []
+
+    class Cache:
+        synced = True
+
+        def claims(self):
+            return []
+
+        def wait(self, timeout):
+            calls.append("wait")
+            stop.set()  # the test ends at the first wait for a change
+            return False
+
+        def stop(self):
+            pass
+
+    def bind(claims):
+        calls.append("bind")
+        if calls.count("bind") == 1:
+            raise OSError("API server unavailable")
+
+    bind_loop(Cache(), active=lambda: True, bind=bind, stop=stop, retry_seconds=0)
+    assert calls == ["bind", "bind", "wait"]
