@@ -9,13 +9,18 @@ GPU is republished with that size only, so retries do not pick another), allocat
 get ``SizeAssigned=True``, any other size ``SizeConflict=True``, which makes the scheduler drop
 that allocation and try again. A conflicting mix therefore never reaches prepare.
 
-:func:`decide` is pure: allocated claims, the pool and the sizes already on the host in, the
-condition per pending device and each GPU's size out. The agent writes them
-(``resourceclaims/status``, ``status.devices[].conditions``) and republishes.
+:func:`decide` is pure: allocated claims, the pool, the sizes on the host (discovered, and held
+by prepared claims) and the agent's own confirmations in, the condition per pending device and
+each GPU's size out. :class:`SizeBinder` writes them (``resourceclaims/status``,
+``status.devices[].conditions``) on the claim as it was decided from, remembers what it confirmed,
+and the agent republishes. A confirmed allocation is never refused later, whatever a lagging watch
+shows (#36.2); a resync recomputes the sizes with the host it discovered, so a GPU emptied is
+offered whole at once, not at the next claim change (#36.3).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -33,6 +38,7 @@ class Verdict:
     ok: bool  # SizeAssigned (True) or SizeConflict (False)
     size_mib: int | None
     message: str
+    uid: str = ""  # the claim's: what the agent remembers a confirmation by
 
 
 def _size_mib(pool: Pool, device: str) -> tuple[str, int | None] | None:
@@ -51,23 +57,46 @@ def _status(claim: dict, driver: str, pool_name: str, device: str) -> dict[str, 
     return {}
 
 
+def _allocation_key(claim: dict) -> tuple[str, str, str, str]:
+    """First come, first served: when the scheduler allocated (``allocationTimestamp``), then the
+    claim's age and name, so every round orders the same allocations alike."""
+    meta = claim.get("metadata") or {}
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    return (alloc.get("allocationTimestamp") or "", meta.get("creationTimestamp") or "",
+            meta.get("namespace") or "", meta.get("name") or "")
+
+
 def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, driver: str,
-           pool_name: str) -> tuple[list[Verdict], dict[str, int]]:
+           pool_name: str, confirmed: dict[tuple[str, str], tuple[str, int]] | None = None,
+           ) -> tuple[list[Verdict], dict[str, int]]:
     """(verdicts for the allocations waiting on our binding conditions, each GPU's size).
 
-    A GPU's size: that of the vGPUs on the host, else of allocations already confirmed, else of
-    the first waiting allocation (oldest claim first). A waiting allocation of another size, or of
-    a device no longer published, is a conflict."""
-    assigned: dict[str, int] = {g: next(iter(s)) for g, s in host_sizes.items() if len(s) == 1}
-    waiting: list[tuple[tuple, str, str, str, str, int | None]] = []
+    One decision per GPU over everything that holds it: the vGPUs on the host and the claims
+    prepared there (``host_sizes``), the allocations this agent confirmed (``confirmed``: (claim
+    uid, device) -> (GPU, MiB), remembered because the claims read may not show our write yet),
+    those the claims read show confirmed or bound without conditions, and then the waiting ones,
+    first come first (:func:`_allocation_key`). A GPU's size is the first of these; a waiting
+    allocation of another size, on a GPU that holds two sizes, or of a device no longer published,
+    is a conflict. A confirmed allocation is never decided again, so a verdict never flips."""
+    confirmed = confirmed or {}
+    assigned: dict[str, int] = {}
+    mixed = {g for g, s in host_sizes.items() if len(s) > 1}  # not ours to settle: nothing more goes there
+    for g, s in host_sizes.items():
+        assigned[g] = min(s)
+    waiting: list[tuple[tuple, str, str, str, str, int | None, str]] = []
     for claim in claims:
         meta = claim.get("metadata") or {}
         results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
         for r in results:
             if r.get("driver") != driver or r.get("pool") != pool_name:
                 continue
-            sized = _size_mib(pool, r.get("device", ""))
-            state = _status(claim, driver, pool_name, r.get("device", ""))
+            device = r.get("device", "")
+            known = confirmed.get((meta.get("uid") or "", device))
+            if known is not None:
+                assigned.setdefault(*known)
+                continue
+            sized = _size_mib(pool, device)
+            state = _status(claim, driver, pool_name, device)
             # bound without conditions, or already confirmed: its size is the GPU's
             if not r.get("bindingConditions") or state.get(f"{driver}/{SIZE_ASSIGNED}") == "True":
                 if sized and sized[1] is not None:
@@ -75,21 +104,25 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
                 continue
             if state.get(f"{driver}/{SIZE_CONFLICT}") == "True":
                 continue  # the scheduler drops it
-            key = (meta.get("creationTimestamp") or "", meta.get("namespace") or "", meta.get("name") or "")
             gpu, size = sized if sized else ("", None)
-            waiting.append((key, meta.get("namespace", ""), meta.get("name", ""), r["device"], gpu, size))
+            waiting.append((_allocation_key(claim), meta.get("namespace", ""), meta.get("name", ""), device, gpu,
+                            size, meta.get("uid") or ""))
     verdicts = []
-    for _, ns, name, device, gpu, size in sorted(waiting):
+    for _, ns, name, device, gpu, size, uid in sorted(waiting):
         if not gpu:
             verdicts.append(Verdict(ns, name, device, gpu, False, None,
-                                    f"device {device} is no longer offered on this node"))
+                                    f"device {device} is no longer offered on this node", uid))
+            continue
+        if gpu in mixed:
+            verdicts.append(Verdict(ns, name, device, gpu, False, size,
+                                    f"GPU {gpu} holds vGPUs of {len(host_sizes[gpu])} sizes; none is added", uid))
             continue
         have = assigned.setdefault(gpu, size) if size is not None else assigned.get(gpu)
         if size is not None and have == size:
-            verdicts.append(Verdict(ns, name, device, gpu, True, size, f"GPU {gpu} runs {size} MiB vGPUs"))
+            verdicts.append(Verdict(ns, name, device, gpu, True, size, f"GPU {gpu} runs {size} MiB vGPUs", uid))
         else:
             verdicts.append(Verdict(ns, name, device, gpu, False, size,
-                                    f"GPU {gpu} runs {have} MiB vGPUs (equal-size mode); {device} is {size} MiB"))
+                                    f"GPU {gpu} runs {have} MiB vGPUs (equal-size mode); {device} is {size} MiB", uid))
     return verdicts, assigned
 
 
@@ -120,52 +153,118 @@ def status_entries(verdicts: list[Verdict], *, driver: str, pool_name: str, now:
     return out
 
 
-def host_sizes(inventory) -> dict[str, set[int]]:
-    """GPU -> framebuffer sizes (MiB) of the time-sliced vGPUs on it now."""
+def host_sizes(inventory, prepared=()) -> dict[str, set[int]]:
+    """GPU -> framebuffer sizes (MiB) of the time-sliced vGPUs on it now: those the last discovery
+    saw, and those the claims in the kubelet plugin's checkpoint (``prepared``: its records) hold,
+    which are current where the discovery is not (a prepare since, a claim deleted before its
+    unprepare)."""
     out: dict[str, set[int]] = {}
+    fb_of: dict[str, dict[str, int]] = {}
     for g in inventory.gpus if inventory is not None else []:
-        fb = {t.id: t.framebuffer_mib for t in g.types if not t.mig_backed}
+        fb = {t.id: t.framebuffer_mib for t in g.types if not t.mig_backed and t.framebuffer_mib}
+        fb_of[g.address] = fb
         sizes = {fb[v.type_id] for v in g.vgpus if fb.get(v.type_id)}
         if sizes:
             out[g.address] = sizes
+    for rec in prepared:
+        for d in rec.devices:
+            mib = fb_of.get(d.gpu, {}).get(d.type_id or "")
+            if d.kind == "vgpu" and mib and d.gi_profile is None:
+                out.setdefault(d.gpu, set()).add(mib)
     return out
 
 
 class SizeBinder:
     """The agent's side of the binding conditions: decide, write the claims' device conditions, and
-    remember each GPU's size for the next publish (:meth:`policy`)."""
+    remember each GPU's size for the next publish (:meth:`policy`).
+
+    Rounds (:meth:`bind`, one thread) and resyncs (:meth:`observe_host`, another) share one lock,
+    held across a round's writes, so each GPU's size is one decision at a time. A verdict is written
+    with the resourceVersion of the claim it was decided from: a claim changed since (our own earlier
+    verdict, the scheduler's deallocation) is left for the round its watch event brings, never
+    overwritten. What was confirmed is remembered until the claims read no longer hold it."""
 
     def __init__(self, driver: str, pool_name: str):
         self.driver = driver
         self.pool_name = pool_name
         self.assigned: dict[str, int] = {}
+        self.confirmed: dict[tuple[str, str], tuple[str, int]] = {}  # (claim uid, device) -> (GPU, MiB)
+        self._allocated: list[dict] = []  # the claims the last round saw
+        self.failed: Exception | None = None  # the last round's first failed write (the others were made)
+        self._lock = threading.Lock()
 
     def policy(self, policy: PoolPolicy) -> PoolPolicy:
-        return with_assigned(policy, self.assigned)
+        with self._lock:
+            return with_assigned(policy, self.assigned)
 
-    def bind(self, claims, pool: Pool, inventory, allocated: list[dict] | None = None) -> tuple[list[Verdict], bool]:
+    def observe_host(self, pool: Pool, held: dict[str, set[int]]) -> bool:
+        """A resync saw the host (``held``: :func:`host_sizes`): each GPU's size again over the claims
+        the last round saw, so a GPU freed since is offered whole by this very resync rather than at
+        the next claim change. Writes nothing. Returns whether a size changed."""
+        with self._lock:
+            _, assigned = decide(self._allocated, pool, held, driver=self.driver, pool_name=self.pool_name,
+                                 confirmed=self.confirmed)
+            changed = assigned != self.assigned
+            self.assigned = assigned
+            return changed
+
+    def bind(self, claims, pool: Pool, held: dict[str, set[int]],
+             allocated: list[dict] | None = None) -> tuple[list[Verdict], bool]:
         """One round: (verdicts written, whether a GPU's size changed, so the pool must be republished).
         ``claims``: an :class:`~dra_bridge.apiclient.claims.ApiClaimSource` (the writes, and the LIST when
-        ``allocated``, the claims a watch keeps, is not given)."""
+        ``allocated``, the claims a watch keeps, is not given); ``held``: :func:`host_sizes`."""
         import datetime
 
         if allocated is None:
             allocated = claims.allocated(self.driver, self.pool_name)
-        verdicts, assigned = decide(allocated, pool, host_sizes(inventory), driver=self.driver,
-                                    pool_name=self.pool_name)
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        for (ns, name), entries in status_entries(verdicts, driver=self.driver, pool_name=self.pool_name,
-                                                  now=now).items():
-            claims.set_device_status(ns, name, entries)
-        changed = assigned != self.assigned
-        self.assigned = assigned
-        return verdicts, changed
+        ours = [c for c in allocated if any(r.get("driver") == self.driver and r.get("pool") == self.pool_name
+                                            for r in _results(c))]
+        with self._lock:
+            live = {((c.get("metadata") or {}).get("uid") or "", r.get("device", "")) for c in ours
+                    for r in _results(c)}
+            self.confirmed = {k: v for k, v in self.confirmed.items() if k in live}
+            self._allocated = ours
+            verdicts, assigned = decide(ours, pool, held, driver=self.driver, pool_name=self.pool_name,
+                                        confirmed=self.confirmed)
+            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            versions = {_name(c): (c.get("metadata") or {}).get("resourceVersion") for c in ours}
+            by_claim: dict[tuple[str, str], list[Verdict]] = {}
+            for v in verdicts:
+                by_claim.setdefault((v.namespace, v.claim), []).append(v)
+            written: list[Verdict] = []
+            self.failed = None
+            for key, entries in status_entries(verdicts, driver=self.driver, pool_name=self.pool_name,
+                                               now=now).items():
+                try:
+                    if not claims.set_device_status(*key, entries, resource_version=versions.get(key)):
+                        continue  # changed since it was read: its watch event brings another round
+                except Exception as exc:  # noqa: BLE001 - the others are still answered; the caller raises it
+                    self.failed = self.failed or exc
+                    continue
+                for v in by_claim[key]:
+                    written.append(v)
+                    if v.ok and v.size_mib is not None:
+                        self.confirmed[(v.uid, v.device)] = (v.gpu, v.size_mib)
+            changed = assigned != self.assigned
+            self.assigned = assigned
+        return written, changed
+
+
+def _name(claim: dict) -> tuple[str, str]:
+    meta = claim.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+def _results(claim: dict) -> list[dict]:
+    return (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
 
 
 def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
     """The agent's binding rounds: while ``active()``, one LIST, then each change of the watched
     claims (``cache``: a :class:`~dra_bridge.apiclient.claimwatch.ClaimCache`), or a minute without one,
-    is a round of ``bind(claims)``; otherwise it looks again every ``retry_seconds``."""
+    is a round of ``bind(claims)``; otherwise it looks again every ``retry_seconds``. A round that
+    failed (a verdict not written, a republish that failed) is tried again after ``retry_seconds``,
+    not at the next change: the scheduler is waiting for it."""
     import logging
 
     try:
@@ -180,6 +279,7 @@ def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
             except Exception as exc:  # noqa: BLE001 - the scheduler waits; the next round tries again
                 logging.getLogger(__name__).warning("binding conditions: %s", exc)
                 stop.wait(retry_seconds)
+                continue
             cache.wait(60.0)
     finally:
         cache.stop()

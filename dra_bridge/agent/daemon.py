@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from dra_bridge.agent.binder import SizeBinder, bind_loop
+from dra_bridge.agent.binder import SizeBinder, bind_loop, host_sizes
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
 from dra_bridge.agent.cordon import NodeCordon
@@ -120,14 +120,15 @@ class Daemon:
     def _resync_key(self, claims_changed: int | None = None) -> tuple:
         """What a resync's outcome depends on, cheaply: the host's fingerprint, the layout's name and
         file content, the claims prepared (a count of prepares and unprepares), the fields the server keeps,
-        the node's cordon (from a watch)."""
+        the node's cordon (from a watch), the GPU sizes the binding rounds settled (a republish that
+        failed is made again)."""
         name = self.cfg.layout
         if self.cfg.layout_label:
             name = node_metadata(self.api_client, self.cfg.node_name)[0].get(self.cfg.layout_label, name)
         digest = content_digest(self.cfg.layout_file) if self.cfg.layout_file else None
         claims = self._claims_changed if claims_changed is None else claims_changed
         return (fingerprint(self.env, self.io), name, digest, claims, self.kept, self.cordon.key(),
-                self.health.tracker.key())
+                self.health.tracker.key(), tuple(sorted(self.binder.assigned.items())))
 
     def _unchanged(self) -> bool:
         """Nothing a resync depends on changed since the last complete one, which is recent enough."""
@@ -178,6 +179,8 @@ class Daemon:
                 self.device_plugins.refresh(inv)
             self._check_fields()
             shape = self.shape()
+            if shape.binding:  # a GPU freed since the last binding round is offered whole now
+                self.binder.observe_host(self._pool, host_sizes(inv, list(self.driver.cp.claims.values())))
             pool = node_pool(inv, layouts, self.cfg.driver, shape,
                              narrow=self.binder.policy, policy=policy)
             if not shape.counters and pool.warnings != self._safe_warned:  # said once per change
@@ -290,12 +293,16 @@ class Daemon:
         if not self.shape().binding:
             return 0
         with self._bind_lock:
-            verdicts, changed = self.binder.bind(self.driver.claims, self._pool, self.inventory, claims)
+            records = list(self.driver.cp.claims.values())  # the claims prepared now: current where a discovery is not
+            verdicts, changed = self.binder.bind(self.driver.claims, self._pool, host_sizes(self.inventory, records),
+                                                 claims)
             for v in verdicts:
                 (log.info if v.ok else log.warning)("claim %s/%s device %s: %s", v.namespace, v.claim, v.device,
                                                     v.message)
             if changed:
                 self.resync()
+            if self.binder.failed is not None:
+                raise self.binder.failed  # the loop says so and tries again
             return len(verdicts)
 
     def _bind_loop(self) -> None:

@@ -48,10 +48,13 @@ class ApiClaimSource:
                 out.append(claim)
         return out
 
-    def set_device_status(self, namespace: str, name: str, entries: list[dict]) -> None:
+    def set_device_status(self, namespace: str, name: str, entries: list[dict], *,
+                          resource_version: str | None = None) -> bool:
         """Write our ``status.devices`` entries (matched by driver, pool and device; other entries,
-        other drivers' included, are kept) with the claim's resourceVersion: a claim changed since
-        it was read is read again and the write retried once.
+        other drivers' included, are kept) on the claim as it is at ``resource_version`` (the claim a
+        decision was made from; None: as read now). Returns False, writing nothing, when the claim
+        changed since (409) or was deallocated: a verdict decided from an older claim must not
+        replace one written since (the binder's rounds may read a watch that lags its own writes).
 
         A JSON merge patch of ``status.devices`` only, not a PUT of the status read: kube-apiserver
         (1.37) refuses a PUT of the very status it served once the scheduler has allocated, with
@@ -59,23 +62,25 @@ class ApiClaimSource:
         keeps ``allocationTimestamp``'s nanoseconds, JSON carries whole seconds, and the allocation
         read back over JSON is no longer equal to the stored one. A merge patch leaves it alone."""
         keys = {(e["driver"], e["pool"], e["device"]) for e in entries}
-        for attempt in (1, 2):
-            claim = raw(self.api.read_namespaced_resource_claim, name, namespace)
-            status = claim.get("status") or {}
-            if not (status.get("allocation") or {}).get("devices"):
-                return  # deallocated meanwhile: nothing to say about it
-            kept = [e for e in status.get("devices") or []
-                    if (e.get("driver"), e.get("pool"), e.get("device")) not in keys]
-            patch = {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
-                     "status": {"devices": kept + entries}}
-            try:
-                self.api.patch_namespaced_resource_claim_status(
-                    name, namespace, body(patch), _content_type="application/merge-patch+json",
-                    _request_timeout=self.timeout)
-                return
-            except ApiException as exc:
-                if exc.status != 409 or attempt == 2:
-                    raise
+        claim = raw(self.api.read_namespaced_resource_claim, name, namespace)
+        version = claim["metadata"]["resourceVersion"]
+        status = claim.get("status") or {}
+        if resource_version is not None and version != resource_version:
+            return False
+        if not (status.get("allocation") or {}).get("devices"):
+            return False  # deallocated meanwhile: nothing to say about it
+        kept = [e for e in status.get("devices") or []
+                if (e.get("driver"), e.get("pool"), e.get("device")) not in keys]
+        patch = {"metadata": {"resourceVersion": version}, "status": {"devices": kept + entries}}
+        try:
+            self.api.patch_namespaced_resource_claim_status(
+                name, namespace, body(patch), _content_type="application/merge-patch+json",
+                _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        return True
 
 
 def list_all_claims(api: client.ResourceV1Api, timeout: float) -> dict[str, Any]:

@@ -1,0 +1,162 @@
+"""The agent's binding verdicts are one decision per GPU that never flips, over every claim that
+holds the GPU (issue #36.2), and a GPU freed is offered whole within one resync (#36.3).
+
+Kubernetes 1.37 defaults on the ``default`` preset (T4 GPU 1 is 0000:13:00.0): binding conditions,
+no compatibility groups. Each case drives the agent's own calls in the order the race took: a
+binding round that reads claims from a watch behind the agent's own writes, a claim deleted before
+its unprepare, a resync that discovers a GPU emptied after the round that saw its claim go.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from dra_bridge.apiclient.objects import body, raw
+from dra_bridge.sim.cluster import SimCluster
+from kubevirt_templates.render import render
+from tests.system.test_binding_conditions import DRIVER, LAYOUT, gpu_sizes, on_gpu
+
+GPU1 = "0000:13:00.0"
+
+
+@pytest.fixture
+def cluster():
+    with SimCluster(version="1.37", feature_gates={}, layout=LAYOUT, layout_name="all", health=False) as c:
+        assert c.daemon.shape().binding == "conditions"
+        yield c
+
+
+def make_claim(c: SimCluster, name: str, profile: str, gpu_index: int) -> dict:
+    """A ResourceClaim named ``name`` for ``profile`` on GPU ``gpu_index``."""
+    (t,) = render("claim-template", {"profile": profile, "name": "t"})
+    spec = copy.deepcopy(t["spec"]["spec"])
+    spec["devices"]["requests"][0]["exactly"]["selectors"].append(
+        {"cel": {"expression": f'device.attributes["{DRIVER}"].gpuIndex == {gpu_index}'}})
+    obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": name, "namespace": c.namespace}, "spec": spec}
+    c.resource.create_namespaced_resource_claim(c.namespace, body(obj))
+    return raw(c.resource.read_namespaced_resource_claim, name, c.namespace)
+
+
+def write_allocation(c: SimCluster, claim: dict, allocation: dict) -> dict:
+    """The scheduler's write of ``allocation``; the claim as stored after it."""
+    name = claim["metadata"]["name"]
+    c.resource.patch_namespaced_resource_claim_status(name, c.namespace, {"status": {"allocation": allocation}})
+    return raw(c.resource.read_namespaced_resource_claim, name, c.namespace)
+
+
+def conditions(c: SimCluster, name: str) -> dict[str, str]:
+    stored = raw(c.resource.read_namespaced_resource_claim, name, c.namespace)
+    (entry,) = (stored.get("status") or {}).get("devices") or [{}]
+    return {x["type"].split("/")[1]: x["status"] for x in entry.get("conditions") or []}
+
+
+def test_a_confirmed_size_is_never_refused_by_a_round_that_reads_a_stale_claim(cluster, monkeypatch):
+    """Two sizes allocated on GPU 1 from one snapshot; the 2 GiB one is confirmed first, and the
+    republish that should narrow GPU 1 to 2 GiB fails (a discovery error: the API, the node lock,
+    sysfs). The next round reads the claims from a watch that has not yet seen the confirmation, and
+    the 1 GiB claim is older. Before #36.2 that round confirmed the 1 GiB claim and refused the 2 GiB
+    one it had confirmed already (which the scheduler may have bound: both reached prepare), and the
+    periodic resync did not retry the republish (nothing it keyed on had changed)."""
+    import dra_bridge.agent.daemon as daemon_module
+
+    c = cluster
+    one = make_claim(c, "a-one", "T4-1Q", 1)  # older, and first by name
+    two = make_claim(c, "b-two", "T4-2Q", 1)
+    alloc = c.allocator()  # one snapshot: GPU 1 offers every size
+    _, (a_two,) = alloc.allocate([two])
+    _, (a_one,) = alloc.allocate([one])
+    assert {r["device"] for a in (a_one, a_two) for r in a["devices"]["results"]} == \
+        {"gpu-1-vgpu-1gb-0", "gpu-1-vgpu-2gb-0"}
+    two_waiting = write_allocation(c, two, a_two)
+    real = daemon_module.discover
+
+    def failing(*a, **kw):
+        monkeypatch.setattr(daemon_module, "discover", real)  # once
+        raise OSError("sysfs read failed")
+
+    monkeypatch.setattr(daemon_module, "discover", failing)
+    with pytest.raises(OSError):
+        c.daemon.bind([two_waiting])  # confirmed; the republish fails
+    assert conditions(c, "b-two") == {"SizeAssigned": "True", "SizeConflict": "False"}
+    one_waiting = write_allocation(c, one, a_one)
+    c.daemon.bind([two_waiting, one_waiting])  # the watch has b-two as it was before its verdict
+    assert conditions(c, "b-two") == {"SizeAssigned": "True", "SizeConflict": "False"}  # never flipped
+    assert conditions(c, "a-one") == {"SizeAssigned": "False", "SizeConflict": "True"}
+    c.daemon.resync(force=False)  # the periodic resync: the size settled since the last publish counts
+    assert list(gpu_sizes(c, 1)) == ["2Gi"]
+
+
+def test_a_claim_deleted_before_its_unprepare_still_holds_its_gpus_size(cluster):
+    """A force-deleted pod: its claim goes before the kubelet unprepares it. The vGPU it holds keeps
+    the GPU's size (the checkpoint says so before any discovery does), so a 1 GiB claim on GPU 1 is
+    not allocated there. Once the kubelet unprepares, the next resync offers the GPU whole."""
+    c = cluster
+    x = c.launch(on_gpu("T4-2Q", 1, 1), name="x")
+    assert x.phase == "Running", x.reason
+    assert not c.daemon.inventory.gpu(GPU1).vgpus  # the last discovery was before the prepare
+    for name, _ in x.claims:
+        c.resource.delete_namespaced_resource_claim(name, c.namespace)
+    c.daemon.bind()  # the round the claim's deletion brings
+    assert list(gpu_sizes(c, 1)) == ["2Gi"]
+    y = c.submit(on_gpu("T4-1Q", 1, 2), name="y")
+    assert not c.schedule(y) and "no device matches" in (y.reason or "")
+    # the kubelet unprepares; the next resync sees GPU 1 empty and offers it whole
+    assert not any(c.kubelet.unprepare(x.claim_refs()).values())
+    c.daemon.resync(force=False)
+    assert len(gpu_sizes(c, 1)) == 5
+    assert c.schedule(y) and c.run(y), y.reason
+    assert [v.type_name for v in c.inventory().gpu(GPU1).vgpus] == ["GRID T4-1Q"]
+
+
+def test_a_gpu_freed_after_the_round_that_saw_its_claim_go_is_offered_whole_by_the_next_resync(cluster):
+    """#36.3: the periodic resync after a prepare sees the vGPU; the claim is unprepared and deleted;
+    the watch's round after the deletion still reads that discovery (the GPU holds 2 GiB); the next
+    resync discovers the GPU empty. Before the fix it republished the GPU narrowed to 2 GiB, and
+    only the binding loop's next round, a minute later without another claim change, offered it
+    whole: other sizes were unschedulable meanwhile."""
+    c = cluster
+    x = c.launch(on_gpu("T4-2Q", 1, 1), name="x")
+    assert x.phase == "Running", x.reason
+    c.daemon.resync(force=False)  # the periodic resync after the prepare
+    assert c.daemon.inventory.gpu(GPU1).vgpus
+    c.release(x)  # the kubelet unprepares, the claim is deleted
+    c.daemon.bind()  # the watch's round: the last discovery still shows the vGPU
+    assert list(gpu_sizes(c, 1)) == ["2Gi"]
+    c.daemon.resync(force=False)  # the next periodic resync (a prepare or unprepare makes it run)
+    assert len(gpu_sizes(c, 1)) == 5
+
+
+def test_a_failed_binding_round_is_tried_again_without_waiting_for_a_claim_change():
+    """A round whose verdict write or republish failed leaves the scheduler waiting: the loop tries
+    again after its retry interval, not at the next claim change (up to a minute later)."""
+    import threading
+
+    from dra_bridge.agent.binder import bind_loop
+
+    stop = threading.Event()
+    calls: list[str] = []
+
+    class Cache:
+        synced = True
+
+        def claims(self):
+            return []
+
+        def wait(self, timeout):
+            calls.append("wait")
+            stop.set()  # the test ends at the first wait for a change
+            return False
+
+        def stop(self):
+            pass
+
+    def bind(claims):
+        calls.append("bind")
+        if calls.count("bind") == 1:
+            raise OSError("API server unavailable")
+
+    bind_loop(Cache(), active=lambda: True, bind=bind, stop=stop, retry_seconds=0)
+    assert calls == ["bind", "bind", "wait"]
