@@ -425,7 +425,8 @@ class SimCluster:
 
     def host_problems(self, w: Workload) -> list[str]:
         """What the simulated host contradicts: every vGPU the workload got exists on the GPU the
-        slice named (a mixed-size device's at its placement); every whole GPU is bound to vfio-pci; every device node exists."""
+        slice named (a mixed-size device's at its placement, a MIG-backed one's on a GPU instance at
+        its placement); every whole GPU is bound to vfio-pci; every device node exists."""
         inv = self.inventory()
         vgpus = {v.id: v for v in inv.all_vgpus()}
         out = []
@@ -439,6 +440,13 @@ class SimCluster:
                 elif d.slots is not None and v.placement_id != d.slots[0]:
                     out.append(f"{w.name}: vGPU {d.host_id} sits at placement {v.placement_id}, the slice said "
                                f"{d.slots[0]} ({d.device})")
+                elif d.instance is not None:
+                    g = inv.gpu(v.gpu)
+                    gi = next((i for i in g.mig.instances if i.id == v.gpu_instance), None) if g and g.mig else None
+                    at = (gi.placement.start, gi.placement.size) if gi else None
+                    if at != d.instance:
+                        out.append(f"{w.name}: vGPU {d.host_id} lives on a GPU instance at {at}, the slice said "
+                                   f"{d.instance} ({d.device})")
             else:
                 g = inv.gpu(d.gpu or "")
                 if g is None or g.driver != "vfio-pci":

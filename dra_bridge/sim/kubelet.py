@@ -159,6 +159,9 @@ def workload_devices(claims: list[tuple[str, str]], answers: dict[str, dict], pu
     the CDI specs, and the host identity the KEP-5304 metadata gives the workload."""
     out = []
     for cname, uid in claims:
+        # the runtime gives the container every CDI id of the claim: a request's metadata file
+        # (KEP-5304) comes with its first device's ids but names all of the request's devices
+        mounts = [m for d in answers[uid]["devices"] for m in resolve_cdi(cdi_root, d["cdi_device_ids"]).mounts]
         for d in answers[uid]["devices"]:
             dev = published.get((driver, d["pool_name"], d["device_name"]), {})
             cs = (dev.get("consumesCounters") or [{}])[0].get("counterSet")
@@ -170,10 +173,14 @@ def workload_devices(claims: list[tuple[str, str]], answers: dict[str, dict], pu
                                 profile=dev_attr(dev, "profile"), memory=dev_memory(dev), counter_set=cs,
                                 node=dev.get("_node"), iommu_group=groups[0] if groups else None,
                                 device_nodes=edits.device_nodes, cdi_ids=d["cdi_device_ids"])
-            if dev_attr(dev, "placementStart") is not None and not dev_attr(dev, "migBacked"):
-                wd.slots = (dev_attr(dev, "placementStart"), dev_attr(dev, "placementSize"))  # mixed-size
+            if dev_attr(dev, "placementStart") is not None:
+                where = (dev_attr(dev, "placementStart"), dev_attr(dev, "placementSize"))
+                if dev_attr(dev, "migBacked"):
+                    wd.instance = where
+                else:
+                    wd.slots = where  # mixed-size
             wd.env = list(edits.env)
-            for m in edits.mounts:
+            for m in mounts:
                 wd.host_id = wd.host_id or _metadata_id(Path(m["hostPath"]), d["device_name"])
             out.append(wd)
     _classic_ids(out)

@@ -8,25 +8,16 @@ import json
 import subprocess
 
 import pytest
-import yaml
 
 from dra_bridge.scheduling.allocator import CLAIM_LIMIT
 from tests.oracle.test_upstream_allocator import GROUPS, LAYOUT, OPTED_IN, published
-from tests.support.simnodes import REPO
 from tests.support.upstream_allocator import MINORS, require
-
-
-def example_dra(name: str) -> str:
-    """An example layout's ``dra`` layout, named as ``published`` reads it (``mixed``)."""
-    doc = yaml.safe_load((REPO / "examples" / name).read_text())
-    return yaml.safe_dump({"version": doc["version"], "layouts": {"mixed": doc["layouts"]["dra"]}})
-
+from tests.system.test_no_overcommit import B200, RTXPRO
 
 #: (preset, layout): the most devices (bench-large: 16 x L40S, 1,744 devices) and the most counters
 #: and consumptions per device (MIG-backed, time-sliced and whole GPUs on one node); the Blackwell
 #: nodes (#38): 4 x RTX PRO 6000 (equal-size, mixed-size on 96 slots, MIG, whole) and 8 x B200 in MIG mode
-LARGEST = [("bench-large", None), ("mig-node", LAYOUT), ("rtxpro-node", example_dra("rtxpro-layout.yaml")),
-           ("b200-node", example_dra("b200-layout.yaml"))]
+LARGEST = [("bench-large", None), ("mig-node", LAYOUT), ("rtxpro-node", RTXPRO), ("b200-node", B200)]
 
 
 def upstream_limits(minor: str) -> dict[str, int]:

@@ -39,7 +39,7 @@ from dra_bridge.scheduling.selectors import CelSelectors
 from kubevirt_templates.render import render
 from tests.support import sandbox
 from tests.support.upstream_allocator import MINORS, UpstreamAllocator, chosen, detail, running
-from tests.system.test_no_overcommit import LAYOUT, MIXED_SIZE
+from tests.system.test_no_overcommit import B200, LAYOUT, MIXED_SIZE, RTXPRO
 
 D = "vgpu.kubevirt.io"
 CLASSES = render("deviceclasses", {})
@@ -61,6 +61,8 @@ PUBLISHED = [
     ("mig-node", LAYOUT, "1.37", GROUPS),
     ("mixed-node", MIXED_SIZE, "1.36", {}),
     ("mixed-node", MIXED_SIZE, "1.37", GROUPS),  # mixed-size placements apart by groups
+    ("rtxpro-node", RTXPRO, "1.36", {}),  # Blackwell (#38): 96 slots, GB20x instances, whole GPUs
+    ("b200-node", B200, "1.37", GROUPS),  # 8 x B200 in MIG mode
 ]
 #: the scheduler's gates flipped from the minor's defaults (None: the defaults)
 FLIPS = [None, {"DRADeviceTaints": False}, {"DRADeviceBindingConditions": False},
