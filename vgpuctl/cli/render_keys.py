@@ -46,12 +46,12 @@ KEYS = {
         '  vgpus=true|false          permit vGPU types (mediatedDevices; vendor-VFIO types as pciHostDevices) (default: true)\n'
         '  types=[A,B]               only these vGPU types (id, full or short name); unset: all\n'
         '  include_mig_backed=true|false  also permit MIG-backed vGPU types (need MIG on the GPU) (default: false)\n'
-        "  vgpu_live_migration=true|false  enable KubeVirt's vGPU live migration (VGPULiveMigration, alpha in 1.9, with TargetSideMigrationHooks): mdev vGPUs of the device-plugin path only, one per VM; DRA-allocated devices cannot migrate yet (VEP 10) (default: false)\n"
+        "  vgpu_live_migration=true|false  enable KubeVirt's vGPU live migration (VGPULiveMigration, alpha in 1.9, with TargetSideMigrationHooks): mdev vGPUs of the device-plugin path only, one per VM; DRA-allocated devices cannot migrate yet (VEP 10). Without inventories the patch leaves permittedHostDevices as the CR has them (default: false)\n"
         '  extra_feature_gates=[A,B]  gates already enabled that must stay (default: none)\n'
         "  resource_domain           the device plugin's resource prefix (default: nvidia.com)"
     ),
     'deviceclasses': (
-        '  profiles=[A,B]            vGPU types to give a DeviceClass each (short names, e.g. T4-2Q) (default: none)\n'
+        '  profiles=[A,B]            vGPU types to give a DeviceClass each (short names, e.g. T4-2Q; a GPU-instance profile such as 1g.5gb too) (default: none)\n'
         "  products=[A,B]            GPU products to give a whole-GPU DeviceClass each (pci.ids names, e.g. 'TU104GL [Tesla T4]') (default: none)\n"
         '  extended_resources=true|false  map each per-type and per-product class to the classic resource name (KEP-5004 extendedResourceName, Kubernetes 1.36+: nvidia.com/GRID_T4-2Q, nvidia.com/TU104GL_TESLA_T4) and the whole-GPU class to vfio_resource; VMs with gpus[].deviceName and pods asking for those resources are then served by DRA, on the same counters (default: false)\n'
         "  resource_domain           the classic resources' prefix (default: nvidia.com)\n"
@@ -63,7 +63,7 @@ KEYS = {
     'claim-template': (
         "  name                      the template's name; unset: from the selection (vgpu-a100-4c, vgpu-min-8gi, ...)\n"
         '  namespace                 namespace of the template (default: default)\n'
-        '  profile                   select a vGPU of this type (short name, e.g. A100-4C; checked against the catalog or the node) (default: unset)\n'
+        '  profile                   select a vGPU of this type (short name, e.g. A100-4C; checked against the catalog or the node), or by any profile a device publishes: a GPU-instance profile (1g.5gb) its MIG placements, a GPU model that whole GPU (default: unset)\n'
         '  min_memory                select any vGPU with at least this framebuffer, e.g. 8Gi (default: unset)\n'
         '  first_available=[A,B]     select the first available of these vGPU types, in order of preference (at most 8) (default: unset)\n'
         "  gpu_memory=N              KAI Scheduler's gpu-memory: MiB of framebuffer; the smallest vGPU with at least that much, by firstAvailable over the sizes in ascending order (the hypervisor enforces it, unlike a fraction of a shared GPU) (default: unset)\n"
