@@ -223,6 +223,10 @@ STRUCTURAL = (EnableVfs, DisableVfs, BindDriver, SetMigMode, CreateGpuInstance, 
 class Skip(BaseModel):
     device: str
     reason: str
+    # a saved vGPU with no device that a workload names and the plan cannot re-create now: who
+    # names it (it stays saved; the node is blocked on it) and its GPU
+    held_by: list[str] = []
+    gpu: str = ""
 
 
 class Plan(BaseModel):

@@ -27,6 +27,9 @@ def blocked_by_use(inv: Inventory, layouts: list[GpuLayout], plan: Plan, usage: 
     vgpus = {v.id: v for v in inv.all_vgpus()}
     out = []
     for s in plan.skipped:
+        if s.held_by and s.device not in vgpus:  # a saved vGPU without a device that a domain names
+            out.append(Blocked(device=s.device, gpu=s.gpu, held_by=s.held_by, blocks=s.reason))
+            continue
         v = vgpus.get(s.device)
         if v is not None and (users := vgpu_users(v, usage)):
             if modes.get(v.gpu) == "passthrough":

@@ -37,7 +37,7 @@ from mdev_manager.actions import (
 )
 from mdev_manager.models import Gpu, GpuInstanceProfile, MdevDefinition, MigPlacement, MigState, Usage, Vgpu, VgpuType
 from mdev_manager.names import mig_profile_of
-from mdev_manager.vgpusteps import clear_step, empty_gpu, forget_step, split_existing
+from mdev_manager.vgpusteps import clear_step, empty_gpu, forget_step, kept_for_its_domain, split_existing
 
 ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")
 
@@ -257,9 +257,10 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     # saved vGPUs the layout no longer has (dormant after a reboot, or replaced): forgotten
     live = kept_ids | {m for made in created.values() for m in made} | {v.id for v in busy} | {v.id for v in drop}
     for vf in sorted(vf for vf in records if vf in parents and vf not in live):
-        plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
+        if not kept_for_its_domain(plan, gpu, vf, usage, mdev=False):
+            plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
     for d in definitions:
-        if d.parent in parents and d.uuid not in live:
+        if d.parent in parents and d.uuid not in live and not kept_for_its_domain(plan, gpu, d.uuid, usage, mdev=True):
             plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
     return True
 

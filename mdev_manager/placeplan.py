@@ -37,7 +37,7 @@ from mdev_manager.actions import (
 )
 from mdev_manager.config import GpuLayout
 from mdev_manager.models import Gpu, MdevDefinition, TypePlacements, Usage, Vgpu, VgpuPlacements, VgpuType
-from mdev_manager.vgpusteps import clear_step, empty_gpu, forget_step, split_existing
+from mdev_manager.vgpusteps import clear_step, dormant_users, empty_gpu, forget_step, kept_for_its_domain, split_existing
 
 
 def slot_map(gpu: Gpu, types: Iterable[VgpuType]) -> VgpuPlacements | None:
@@ -292,6 +292,8 @@ def plan_placed(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, defi
     # dormant saved vGPUs (no device: after a reboot, or a crash) are re-used for their type first
     present = {v.id for v in gpu.vgpus}
     dormant = {k: (d.mdev_type if isinstance(d, MdevDefinition) else d) for k, d in mine.items() if k not in present}
+    # one a domain names is re-used for its own type only: its VF takes no other vGPU
+    named = {defs[k].parent if mdev else k for k in dormant if dormant_users(k, usage, mdev=mdev)}
     holding = {v.parent for v in gpu.vgpus if v not in drop} | claimed_vfs
     free = [p for p in parents if p not in holding] if (gpu.framework != "mdev") else list(parents)
     recorded = (saved or {}).get("vgpus", {})
@@ -304,8 +306,8 @@ def plan_placed(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, defi
                 dormant.pop(reuse)
                 parent = defs[reuse].parent if mdev else reuse
                 devices.append((reuse, parent, False))
-            elif free:
-                parent = free[0]
+            elif spare := [p for p in free if gpu.framework == "mdev" or p not in named]:
+                parent = spare[0]
                 devices.append((new_uuid() if mdev else parent, parent, True))
             else:
                 plan.skipped.append(Skip(device=gpu.address, reason=f"{types[tid].short_name if tid in types else tid} "
@@ -332,6 +334,8 @@ def plan_placed(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, defi
         creates.append(SetPlacement(gpu=gpu.address, vgpu=vid, parent=parent, type_id=tid, placement=p, size=size))
         placed[vid] = p
     for k in dormant:
+        if kept_for_its_domain(plan, gpu, k, usage, mdev=mdev):
+            continue
         removals.append(RemoveDefinition(gpu=gpu.address, parent=defs[k].parent, uuid=k) if mdev
                         else SaveVendorRecord(gpu=gpu.address, vf=k, type_id=None))
     plan.actions += removals + saves

@@ -38,7 +38,14 @@ from mdev_manager.config import ConfigError, GpuLayout, did_you_mean_type, layou
 from mdev_manager.migplan import check_mig_layout, forget_layout_instances, plan_mig, switch_mig_mode
 from mdev_manager.models import Gpu, Inventory, MdevDefinition, Usage, Vgpu, VgpuType, held_types, occupancy
 from mdev_manager.placeplan import check_mixed_layout, plan_placed, preview, refused, slot_map, switch_mixed
-from mdev_manager.vgpusteps import clear_step, forget_step, split_existing, vgpu_users
+from mdev_manager.vgpusteps import (
+    clear_step,
+    dormant_users,
+    forget_step,
+    kept_for_its_domain,
+    split_existing,
+    vgpu_users,
+)
 
 NVIDIA = "0x10de"
 
@@ -438,10 +445,10 @@ def _plan_dra(plan: Plan, gpu: Gpu, usage: Usage, definitions: Sequence[MdevDefi
         else:
             plan.actions += [clear_step(gpu, v), forget_step(gpu, v)]
     for d in defs.values():
-        if d.uuid not in present:
+        if d.uuid not in present and not kept_for_its_domain(plan, gpu, d.uuid, usage, mdev=True):
             plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
     for vf in sorted(recs):
-        if vf not in present:
+        if vf not in present and not kept_for_its_domain(plan, gpu, vf, usage, mdev=False):
             plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
 
 
@@ -519,11 +526,12 @@ class _Room:
             return False
         return True
 
-    def to_create(self, plan: Plan, wanted: dict[str, int], keep: list[Vgpu]) -> Iterable[tuple[VgpuType, int]]:
-        """(type, how many more) per wanted type, in type order; sizes the GPU cannot mix are skipped."""
+    def to_create(self, plan: Plan, wanted: dict[str, int], have: list[str]) -> Iterable[tuple[VgpuType, int]]:
+        """(type, how many more) per wanted type (``have``: the type ids kept), in type order; sizes the
+        GPU cannot mix are skipped."""
         for tid, want in sorted(wanted.items()):
             t = self.types.get(tid)
-            need = want - sum(1 for v in keep if v.type_id == tid)
+            need = want - have.count(tid)
             if need > 0 and t is not None and self.size_allows(plan, t, need):
                 yield t, need
 
@@ -536,6 +544,33 @@ class _Room:
     def add(self, t: VgpuType) -> None:
         self.used += occupancy([(t, 1)])
         self.sizes.add(t.framebuffer_mib)
+
+    def revive(self, plan: Plan, key: str, type_id: str, parent: str, free: list[str], users: list[str],
+               wanted: dict[str, int], have: list[str]) -> bool:
+        """Room for a saved vGPU without a device that ``users`` name, as it was saved (type, parent):
+        True when it is re-created (counted in ``have``). Otherwise, or when the layout has no room
+        for it, a Skip naming them: its record stays and the node is blocked on it
+        (:func:`mdev_manager.blocked.blocked_by_use`), never told it matches."""
+        t = self.types.get(type_id)
+        other = self.sizes - {t.framebuffer_mib} if t else set()
+        if t is None:
+            why = f"{parent} offers no vGPU type {type_id} now"
+        elif parent not in free:
+            why = f"{parent} holds another vGPU"
+        elif self.equal_size and other:
+            why = f"the GPU keeps vGPUs of another framebuffer size ({_sizes(other)}) and is in equal-size mode"
+        elif t.max_instances and self.used + occupancy([(t, 1)]) > 1:
+            why = "the GPU is full"
+        else:
+            self.add(t)
+            have.append(type_id)
+            if have.count(type_id) > wanted.get(type_id, 0):
+                plan.skipped.append(Skip(device=key, gpu=self.gpu.address, held_by=users, reason=(
+                    f"its removal: the layout has no room for this {t.short_name}, re-created as saved")))
+            return True
+        plan.skipped.append(Skip(device=key, gpu=self.gpu.address, held_by=users, reason=(
+            f"re-creating it as saved ({why}): its saved record is kept, not forgotten")))
+        return False
 
 
 def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
@@ -564,7 +599,15 @@ def _plan_mdev(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage,
     free = [p for p in parents if not per_vf or p not in busy_parents]
     dormant = [d for d in defs.values() if d.uuid not in active]
     room = _Room(gpu, types, kept)
-    for t, need in room.to_create(plan, wanted, keep):
+    have = [v.type_id for v in keep]
+    for d in [d for d in dormant if dormant_users(d.uuid, usage, mdev=True)]:
+        dormant.remove(d)  # a domain's: re-created as saved, or kept saved; never forgotten or re-used
+        if room.revive(plan, d.uuid, d.mdev_type, d.parent, free, dormant_users(d.uuid, usage, mdev=True),
+                       wanted, have):
+            creates.append(CreateMdev(gpu=gpu.address, parent=d.parent, uuid=d.uuid, type_id=d.mdev_type))
+        if per_vf and d.parent in free:
+            free.remove(d.parent)
+    for t, need in room.to_create(plan, wanted, have):
         tid = t.id
         for _ in range(need):
             if not room.fits(plan, t):
@@ -612,7 +655,15 @@ def _plan_vendor(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, rec
     free = [vf for vf in vfs if vf not in holding]
     dormant = {vf: tid for vf, tid in mine.items() if vf not in {v.id for v in gpu.vgpus}}
     room = _Room(gpu, types, kept)
-    for t, need in room.to_create(plan, wanted, keep):
+    have = [v.type_id for v in keep]
+    for vf, tid in sorted(dormant.items()):
+        if users := dormant_users(vf, usage, mdev=False):
+            del dormant[vf]  # a domain's: its type set again as saved, or kept saved; never another type
+            if room.revive(plan, vf, tid, vf, free, users, wanted, have):
+                creates.append(SetVgpuType(gpu=gpu.address, vf=vf, type_id=tid))
+            if vf in free:
+                free.remove(vf)
+    for t, need in room.to_create(plan, wanted, have):
         tid = t.id
         for _ in range(need):
             if not room.fits(plan, t):

@@ -16,6 +16,27 @@ def vgpu_users(v: Vgpu, usage: Usage) -> list[str]:
     return usage.pci_users(v.id, v.iommu_group)
 
 
+def dormant_users(key: str, usage: Usage, *, mdev: bool) -> list[str]:
+    """Who names a saved vGPU that has no device now (a reboot, a restore that failed): a libvirt
+    domain, running or merely defined, whose XML names its UUID or VF. Such a saved vGPU is the
+    domain's: re-created as it was, never forgotten nor its VF given another type, or the domain
+    cannot start again. A DRA claim's is left to the claim's own rules."""
+    if usage.claims_of(key):
+        return []
+    return usage.mdev_users(key) if mdev else usage.pci_users(key)
+
+
+def kept_for_its_domain(plan: Plan, gpu: Gpu, key: str, usage: Usage, *, mdev: bool) -> bool:
+    """Where a planner would forget a saved vGPU that has no device: True (and a Skip naming who
+    names it, so the node is blocked on it) when a domain names it; its record then stays."""
+    users = dormant_users(key, usage, mdev=mdev)
+    if users:
+        plan.skipped.append(Skip(device=key, gpu=gpu.address, held_by=users, reason=(
+            "re-creating it as saved (the layout has no room for it on this GPU): its saved record is kept, "
+            "not forgotten")))
+    return bool(users)
+
+
 def clear_step(gpu: Gpu, v: Vgpu) -> RemoveMdev | SetVgpuType:
     """The step that removes vGPU ``v`` from the host (an mdev, or a VF's vendor-VFIO type)."""
     if v.framework == "mdev":

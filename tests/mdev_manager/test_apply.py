@@ -489,6 +489,35 @@ def test_unreadable_libvirt_keeps_every_device_a_domain_may_name(applied, tmp_pa
     assert after.gpu(pt.address).driver == "nvidia"
 
 
+@pytest.mark.libvirt
+@needs_libvirt
+def test_apply_after_a_reboot_brings_back_what_a_domain_names_though_the_layout_changed(applied, tmp_path):
+    """After a reboot whose restore did not run (or failed), apply with a layout of other sizes: the
+    saved T4 mdev and L40S VF record a libvirt domain names come back as they were saved (UUID,
+    parent, type), their saved state is not forgotten, and the node is blocked on them naming the
+    domain. Before, the planner forgot both and gave the VF another type (issue 36, point 1)."""
+    inv = applied.discover()
+    t4, l40s = inv.gpus[0], gpu_by_board(inv, "L40S")
+    mdev = sorted(t4.vgpus, key=lambda v: v.id)[0]
+    vf = sorted(l40s.vgpus, key=lambda v: v.id)[0]
+    node = tmp_path / "node.xml"
+    node.write_text(libvirt_node_xml({"vm1": ([mdev.id], [vf.id])}))
+    lv = applied.with_env(libvirt_uri=f"test://{node}")
+    applied.host.reboot()
+    doc = example_doc()
+    doc["layouts"]["default"][0]["vgpus"] = {"T4-4Q": 2}
+    doc["layouts"]["default"][3]["vgpus"] = {"NVIDIA L40S-12Q": 2}
+    out = apply(lv, parse_config(doc))
+    after = {v.id: v for v in lv.discover().all_vgpus()}
+    assert (after[mdev.id].parent, after[mdev.id].type_id) == (mdev.parent, mdev.type_id)
+    assert after[vf.id].type_id == vf.type_id
+    assert (mdev.parent, mdev.id, mdev.type_id) in {(d.parent, d.uuid, d.mdev_type) for d in lv.definitions()}
+    assert lv.records()[vf.id] == vf.type_id
+    held = {b.device: b.held_by for b in out.blocked}
+    assert "libvirt domain vm1" in held[mdev.id][0] and "libvirt domain vm1" in held[vf.id][0]
+    assert not out.matches
+
+
 # --------------------------------------------------------------------------- kernel errors
 @pytest.mark.parametrize("code", [errno.EBUSY, errno.EINVAL, errno.ENOSPC, errno.EEXIST, errno.EIO])
 def test_kernel_errors_are_reported_per_device_and_nothing_correct_is_undone(applied, code):

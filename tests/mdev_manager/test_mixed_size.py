@@ -317,3 +317,25 @@ def test_the_search_answers_large_hopeless_mixes_quickly():
     assert place(smap, (), ["4"] * 16) is not None
     assert place(smap, (), ["6"] * 8 + ["4"] * 8 + ["11"] * 1) is None
     assert place(smap, set(range(0, 47)), ["47"]) == [47]
+
+
+def test_a_dormant_vgpu_a_domain_names_keeps_its_record_and_vf_in_mixed_size_mode(make_sim):
+    """A saved VF record without its vGPU (its type cleared: a reboot whose restore failed) that a
+    libvirt domain names is not forgotten when the layout changes, nor its VF given another type;
+    the node is blocked on it, naming the domain."""
+    from mdev_manager.blocked import blocked_by_use
+    from mdev_manager.executor import Executor
+    from mdev_manager.models import Usage
+    from mdev_manager.plan import make_plan
+
+    sim = make_sim(spec("L40S"))
+    assert apply(sim, {"index": 0, "mixedSize": True, "vgpus": {"L40S-8Q": 4}}).ok
+    vf = sorted(slots_of(sim, L40S))[0]
+    Executor(sim.env, sim.io).set_vgpu_type(vf, "0")
+    usage = Usage(pci={vf: ["libvirt domain vm1 (not running)"]})
+    inv, layouts = sim.discover(), layout({"index": 0, "mixedSize": True, "vgpus": {"L40S-4Q": 2}})
+    plan = make_plan(inv, layouts, usage=usage, vendor_records=persist.load_vendor_vfio(sim.env, sim.io),
+                     placement_records=persist.load_placements(sim.env, sim.io))
+    assert vf not in {getattr(a, "vf", None) for a in plan.actions}
+    (b,) = blocked_by_use(inv, layouts, plan, usage)
+    assert b.device == vf and "libvirt domain vm1" in b.held_by[0]

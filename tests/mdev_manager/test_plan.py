@@ -548,3 +548,80 @@ def test_a_vf_a_claim_holds_is_not_the_layouts(sim, l40s):
     # in dra mode the same record goes too
     plan = make_plan(inv, layout({"pciAddress": gpu.address, "mode": "dra"}), usage=usage, vendor_records=records)
     assert of(plan, SaveVendorRecord) == [SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None)]
+
+
+# --------------------------------------------------------------------------- saved vGPUs a domain names
+def test_a_dormant_definition_a_domain_names_is_recreated_as_saved_not_forgotten(sim, t4):
+    """A saved definition whose mdev is gone (a reboot whose restore failed) that a libvirt domain
+    names, running or merely defined, is the domain's: the next plan re-creates it as saved (its
+    UUID, parent and type) and counts it, even when the layout now wants another type. Forgetting it
+    left the domain naming an mdev that would never come back."""
+    t2q, named, unnamed = tid("T4", "T4-2Q"), str(uuidlib.uuid4()), str(uuidlib.uuid4())
+    defs = defs_for(t4.address, t2q, [named, unnamed])
+    usage = Usage(mdevs={named: ["libvirt domain vm1 (not running)"]})
+    plan = make_plan(sim.discover(), layout({"index": 0, "vgpus": {"T4-4Q": 2}}), usage=usage, definitions=defs,
+                     new_uuid=uuids())
+    assert CreateMdev(gpu=t4.address, parent=t4.address, uuid=named, type_id=t2q) in plan.actions
+    assert [a.uuid for a in of(plan, RemoveDefinition)] == [unnamed]  # nobody names this one: forgotten
+    assert not of(plan, SaveDefinition)
+    # not the layout's type: the node is not told it matches, it is blocked on the domain's vGPU
+    (b,) = blocked_by_use(sim.discover(), layout({"index": 0, "vgpus": {"T4-4Q": 2}}), plan, usage)
+    assert b.device == named and "libvirt domain vm1" in b.held_by[0] and "no room for this T4-2Q" in b.blocks
+    # the layout wants its type: it counts towards the layout, nothing is made twice
+    plan = make_plan(sim.discover(), layout({"index": 0, "vgpus": {"T4-2Q": 1}}), usage=usage, definitions=defs,
+                     new_uuid=uuids())
+    assert [c.uuid for c in of(plan, CreateMdev)] == [named] and not plan.skipped
+
+
+def test_a_dormant_definition_a_domain_names_that_cannot_be_recreated_is_kept_and_blocks(sim, t4):
+    """Where the saved vGPU cannot come back now (here: an in-use vGPU of another size on an
+    equal-size GPU), its definition stays and the node is blocked on it, naming the domain."""
+    t2q = tid("T4", "T4-2Q")
+    (used,) = create(sim, t4.address, tid("T4", "T4-4Q"))
+    named = str(uuidlib.uuid4())
+    inv = sim.discover()
+    layouts = layout({"index": 0, "vgpus": {"T4-4Q": 1}})
+    usage = Usage(mdevs={named: ["libvirt domain vm1 (not running)"], used: ["libvirt domain vm2"]})
+    plan = make_plan(inv, layouts, usage=usage, definitions=defs_for(t4.address, t2q, [named]), new_uuid=uuids())
+    assert named not in touched(plan)
+    (b,) = blocked_by_use(inv, layouts, plan, usage)
+    assert b.device == named and b.gpu == t4.address and "libvirt domain vm1" in b.held_by[0]
+    assert "another framebuffer size" in b.blocks
+
+
+def test_a_dormant_vendor_record_a_domain_names_keeps_its_vf_and_type(sim, l40s):
+    """A saved VF record whose type is gone that a domain names: the VF gets its saved type again,
+    never another type of the layout's, and the record is not forgotten; where that type cannot come
+    back now the record stays, the VF stays empty and the node is blocked on it."""
+    q8, vf = tid("L40S", "L40S-8Q", vendor=True), l40s.vfs[0].address
+    usage = Usage(pci={vf: ["libvirt domain vm1 (not running)"]})
+    sel = {"pciAddress": l40s.address}
+    plan = make_plan(sim.discover(), layout({**sel, "vgpus": {"L40S-8Q": 2}}), usage=usage, vendor_records={vf: q8})
+    assert SetVgpuType(gpu=l40s.address, vf=vf, type_id=q8) in plan.actions and len(of(plan, SetVgpuType)) == 2
+    assert [r.vf for r in of(plan, SaveVendorRecord)] != [] and vf not in {r.vf for r in of(plan, SaveVendorRecord)}
+    # the layout wants another size: the domain's VF keeps its type, nothing else goes on it
+    plan = make_plan(sim.discover(), layout({**sel, "vgpus": {"L40S-4Q": 2}}), usage=usage, vendor_records={vf: q8})
+    assert [a for a in plan.actions if getattr(a, "vf", None) == vf] == [SetVgpuType(gpu=l40s.address, vf=vf, type_id=q8)]
+    # another size in use on the GPU: the domain's VF cannot take 8Q now; kept saved, blocked
+    q4 = tid("L40S", "L40S-4Q", vendor=True)
+    Executor(sim.env, sim.io).set_vgpu_type(l40s.vfs[1].address, q4)
+    inv = sim.discover()
+    usage.pci[l40s.vfs[1].address] = ["libvirt domain vm2"]
+    layouts = layout({**sel, "vgpus": {"L40S-4Q": 1}})
+    plan = make_plan(inv, layouts, usage=usage, vendor_records={vf: q8, l40s.vfs[1].address: q4})
+    assert vf not in touched(plan)
+    (b,) = blocked_by_use(inv, layouts, plan, usage)
+    assert b.device == vf and "libvirt domain vm1" in b.held_by[0]
+
+
+def test_a_gpu_turned_dra_keeps_the_saved_vgpu_a_domain_names(sim, t4):
+    """Turned ``dra``, a GPU sheds the layout's saved vGPUs, but not a dormant one a domain names:
+    its definition stays and the node is blocked on it, naming the domain."""
+    named = str(uuidlib.uuid4())
+    inv = sim.discover()
+    layouts = layout({"index": 0, "mode": "dra"})
+    usage = Usage(mdevs={named: ["libvirt domain vm1 (not running)"]})
+    plan = make_plan(inv, layouts, usage=usage, definitions=defs_for(t4.address, tid("T4", "T4-2Q"), [named]))
+    assert named not in touched(plan)
+    (b,) = blocked_by_use(inv, layouts, plan, usage)
+    assert b.device == named and "libvirt domain vm1" in b.held_by[0]
