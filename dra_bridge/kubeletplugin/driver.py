@@ -427,6 +427,11 @@ class Driver:
                 except OSError as exc:
                     out[ref.uid] = f"claim {ref.namespace}/{ref.name}: {exc}"
                     continue
+                # the files' removal durable before the record goes: after a power cut a claim's metadata
+                # file could come back without its record, and a rebuild from the files (a corrupted
+                # checkpoint, the API unreachable) took it for a prepared claim holding the device another
+                # claim has since (found by the campaign, issue 36)
+                self.io.sync()
                 del self.cp.claims[ref.uid]
                 self.store.save(self.cp)
                 out[ref.uid] = None
