@@ -375,6 +375,38 @@ def test_restart_answers_from_the_checkpoint(srv, node, paths):
     assert node.mdevs() == set() and plugin_files(paths) == set()
 
 
+
+class SyncRecordingIO(RecordingIO):
+    """RecordingIO that also records removals and syncs (what makes a removal durable)."""
+
+    def remove(self, path):
+        self.log.append(("remove", str(path)))
+        super().remove(path)
+
+    def sync(self):
+        self.log.append(("sync", ""))
+        super().sync()
+
+
+def test_unprepare_makes_the_files_removal_durable_before_the_checkpoint_forgets_the_claim(srv, node, paths):
+    """Issue 36 (the campaign, seed 1): after a power cut a removed claim's metadata file came back without
+    its record, and a rebuild from the files took it for a prepared claim holding a device another claim
+    had since. The removals are synced before the checkpoint that forgets the claim is written."""
+    pool = node.build_pool()
+    dev_name = devices_of(pool, "0000:10:00.0", "vgpu")[0]
+    ref = add_claim(srv, "vm-durable", [("vgpu", dev_name)], node=node.node)
+    io = SyncRecordingIO(node.host)
+    drv = make_driver(node, paths, srv.api_client(), pool, io=io)
+    prepare_ok(drv, ref)
+    io.log.clear()
+    assert drv.unprepare([ref]) == {ref.uid: None}
+    removed = [i for i, (op, p) in enumerate(io.log) if op == "remove" and p.startswith(str(paths.metadata_dir))]
+    forgets = [i for i, (op, p) in enumerate(io.log) if op == "atomic" and p == str(paths.checkpoint)]
+    assert removed and forgets, io.log
+    synced = [i for i, (op, _) in enumerate(io.log) if op == "sync"]
+    assert any(max(removed) < i < forgets[-1] for i in synced), f"no sync between the removals and the checkpoint: {io.log}"
+
+
 # --------------------------------------------------------------------------- crash between create and checkpoint
 
 
