@@ -429,3 +429,46 @@ def test_no_execute_cordon_evicts_through_the_real_controller(cp, k):
                     assert reasons.get("DisruptionTarget") == "DeletionByDeviceTaintManager", reasons
             finally:
                 subprocess.run([*VGPUCTL, "uncordon", gpu, *kc], capture_output=True, text=True, timeout=120)
+
+
+# --------------------------------------------------------------------------- opaque config over JSON
+
+
+def test_a_claim_with_an_opaque_config_made_by_our_client_takes_the_agents_status_write(cp):
+    """kube-apiserver keeps an opaque config's parameters byte for byte and copies them into the
+    allocation; a status write over JSON re-encodes them compactly, so parameters that came with the
+    Kubernetes client's default ``", "`` / ``": "`` spacing made every later status write fail (422
+    "status.allocation: field cannot be modified once set"): the agent could not confirm a binding
+    condition on a claim whose template ``vgpuctl conformance`` had made. Our client sends compact JSON."""
+    from kubernetes import client as k8s
+
+    from dra_bridge.apiclient.claims import ApiClaimSource
+    from dra_bridge.apiclient.client import connect
+
+    api = connect(str(cp.kubeconfig_path))
+    resource = k8s.ResourceV1Api(api)
+    opaque = {"driver": DRIVER, "parameters": {"apiVersion": "vgpu.kubevirt.io/v1alpha1", "kind": "VgpuConfig",
+                                                "vgpuType": "T4-2Q"}}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "opaque-config", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "vgpu", "exactly": {"deviceClassName": "vgpu.kubevirt.io"}}],
+                                  "config": [{"requests": ["vgpu"], "opaque": opaque}]}}}
+    resource.create_namespaced_resource_claim("default", claim)
+    try:
+        made = api.sanitize_for_serialization(resource.read_namespaced_resource_claim("opaque-config", "default"))
+        made["status"] = {"allocation": {  # as the scheduler writes it: the claim's config copied in
+            "devices": {"results": [{"request": "vgpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0-vgpu-2gb-0",
+                                     "bindingConditions": ["vgpu.kubevirt.io/size"],
+                                     "bindingFailureConditions": ["vgpu.kubevirt.io/size-refused"]}],
+                        "config": [{"source": "FromClaim", "requests": ["vgpu"], "opaque": opaque}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}
+        resource.replace_namespaced_resource_claim_status("opaque-config", "default", made)
+        entry = {"driver": DRIVER, "pool": "n1", "device": "gpu-0-vgpu-2gb-0",
+                 "conditions": [{"type": "vgpu.kubevirt.io/size", "status": "True", "reason": "SizeConfirmed",
+                                 "message": "2 GiB", "lastTransitionTime": "2026-12-07T00:00:00Z"}]}
+        assert ApiClaimSource(api).set_device_status("default", "opaque-config", [entry])
+        got = resource.read_namespaced_resource_claim("opaque-config", "default").status.devices
+        assert [c.type for c in got[0].conditions] == ["vgpu.kubevirt.io/size"]
+    finally:
+        resource.delete_namespaced_resource_claim("opaque-config", "default")
