@@ -48,7 +48,9 @@ def owner(io: HostIO, path: Path | str) -> str | None:
 def write_metadata(io: HostIO, paths: NodePaths, path: Path, doc: dict, request: str) -> None:
     """Write a claim's metadata file. Taking it over from an earlier claim of the same name also
     removes that claim's CDI device for it: a container of the old claim started now would mount
-    this claim's file (its vGPU); it gets an unresolvable CDI id instead."""
+    this claim's file (its vGPU); it gets an unresolvable CDI id instead. A take-over is written
+    durably: lost in a power cut, the file would name the earlier uid again while the checkpoint
+    records this claim prepared, and this claim would be refused as if the earlier one were newer."""
     before, uid = owner(io, path), doc["metadata"]["uid"]
     if before is not None and before != uid:
         try:
@@ -58,7 +60,7 @@ def write_metadata(io: HostIO, paths: NodePaths, path: Path, doc: dict, request:
         log.info("claim %s/%s (uid %s) takes over %s from uid %s, an earlier claim of the same name (its "
                  "metadata CDI device removed)", doc["metadata"]["namespace"], doc["metadata"]["name"], uid, path,
                  before)
-    metadata.write(io, path, doc)
+    metadata.write(io, path, doc, durable=before not in (None, uid))
 
 
 def files_of(paths: NodePaths, rec: ClaimRecord) -> tuple[list[str], list[str]]:

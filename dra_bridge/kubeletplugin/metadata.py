@@ -73,9 +73,9 @@ def document(claim: dict, request: str, devices: list[dict]) -> dict:
     return doc
 
 
-def write(io: HostIO, path: Path, doc: dict) -> None:
+def write(io: HostIO, path: Path, doc: dict, durable: bool = False) -> None:
     """A stream of JSON objects, one per metadata version, each followed by a newline."""
-    io.write_atomic(path, json.dumps(doc) + "\n", durable=False)
+    io.write_atomic(path, json.dumps(doc) + "\n", durable=durable)
     path.chmod(0o644)
 
 

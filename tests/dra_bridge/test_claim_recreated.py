@@ -15,9 +15,10 @@ import pytest
 
 from dra_bridge.kubeletplugin import cdi, metadata
 from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
+from mdev_manager.reconcile import reconcile
 from mdev_manager.sim import SimIO
 from tests.dra_bridge.test_checkpoint import check_resolves
-from tests.support.dra import DRIVER, DictClaims, claim_object, devices_of, make_driver, read_metadata_stream
+from tests.support.dra import DRA_LAYOUT, DRIVER, DictClaims, claim_object, devices_of, make_driver, read_metadata_stream
 
 T4 = "0000:10:00.0"
 OLD = "6f1c1c2e-0000-4000-8000-00000000c001"
@@ -217,3 +218,66 @@ def test_a_rebuilt_checkpoint_gives_the_shared_file_to_the_uid_it_names(node, pa
     check_resolves(paths, rebuilt.prepare([new])[NEW])
     assert rebuilt.unprepare([new]) == {NEW: None}
     assert node.mdevs() == set() and list(paths.cdi_root.iterdir()) == []
+
+
+class PageCacheIO(SimIO):
+    """Writes not yet made durable (no ``durable`` write, no sync) are lost at ``power_loss``."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self.pending: dict[Path, bytes | None] = {}
+
+    def _before(self, path) -> None:
+        path = Path(path)
+        if path not in self.pending:
+            self.pending[path] = path.read_bytes() if path.is_file() else None
+
+    def write_atomic(self, path, data, durable=True):
+        if not durable:
+            self._before(path)
+        super().write_atomic(path, data, durable=durable)
+        if durable:
+            self.pending.pop(Path(path), None)
+
+    def remove(self, path):
+        self._before(path)
+        super().remove(path)
+
+    def sync(self):
+        self.pending.clear()
+        super().sync()
+
+    def power_loss(self) -> None:
+        for path, old in self.pending.items():
+            if old is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(old)
+        self.pending.clear()
+
+
+def test_a_power_cut_after_the_new_claims_prepare_keeps_its_metadata_file(node, paths):
+    """The new claim's prepare was answered (its checkpoint record durable), then the power failed:
+    its take-over of the shared metadata file must not be lost with the page cache, or after the
+    reboot the file names the old uid again and the new claim is refused as if the old one were
+    newer (while the old pod lingers)."""
+    io = PageCacheIO(node.host)
+    pool = node.build_pool()
+    claims = DictClaims()
+    devs = devices_of(pool, T4, "vgpu")
+    old = claims.add(claim_object("vm-gpu", [("gpu", devs[0])], node=node.node), uid=OLD)
+    drv = make_driver(node, paths, claims, pool, io=io)
+    assert drv.prepare([old])[OLD].error is None
+    io.sync()  # the old claim's files long written back
+    new = claims.add(claim_object("vm-gpu", [("gpu", devs[1])], node=node.node), uid=NEW)
+    assert drv.prepare([new])[NEW].error is None
+    io.power_loss()
+    node.host.reboot()
+    shutil.rmtree(paths.cdi_root)
+    assert reconcile(node.env, node.io, DRA_LAYOUT, node=node.node).ok
+    drv = make_driver(node, paths, claims, node.build_pool(), io=io)
+    drv.recover()
+    answer = drv.prepare([new])[NEW]
+    assert answer.error is None, answer.error
+    assert owner_and_vgpu(paths)[0] == NEW
