@@ -26,6 +26,7 @@ from dra_bridge.api.compat import (
     MAX_SELECTORS,
 )
 from dra_bridge.sim.apiserver.errors import FieldError
+from dra_bridge.sim.apiserver.rawjson import sent_as
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -233,9 +234,33 @@ def claim_status(status: dict) -> list[FieldError]:
     return errors
 
 
+def _same(new: Any, old: Any, key: str = "") -> bool:
+    """``apiequality.Semantic.DeepEqual`` as it treats an allocation: nil and empty alike, an opaque
+    config's ``parameters`` (a ``runtime.RawExtension``) compared as the bytes sent and stored."""
+    if key == "parameters" and isinstance(new, dict) and isinstance(old, dict):
+        return sent_as(new) == sent_as(old)
+    if isinstance(new, dict) and isinstance(old, dict):
+        return all(_same(new.get(k), old.get(k), k) for k in set(new) | set(old))
+    if isinstance(new, list) and isinstance(old, list):
+        return len(new) == len(old) and all(_same(a, b) for a, b in zip(new, old, strict=True))
+    if new in (None, [], {}) and old in (None, [], {}):
+        return True
+    return bool(new == old)
+
+
+def allocation_update(status: dict, old_status: dict) -> list[FieldError]:
+    """A set allocation may be cleared but not changed (``+k8s:update=NoModify``, declarative
+    validation in 1.37: hence the wording, not ``field is immutable``)."""
+    new, old = status.get("allocation"), old_status.get("allocation")
+    if new is None or old is None or _same(new, old):
+        return []
+    return [invalid("status.allocation", None, "field cannot be modified once set")]
+
+
 def validate_resource_claim(obj: dict, old: dict | None, minor: int) -> list[FieldError]:
     spec_errors = claim_spec(obj.get("spec") or {}, "spec") if old is None else []
-    return spec_errors + claim_status(obj.get("status") or {})
+    update_errors = allocation_update(obj.get("status") or {}, old.get("status") or {}) if old is not None else []
+    return spec_errors + claim_status(obj.get("status") or {}) + update_errors
 
 
 def validate_resource_claim_template(obj: dict, old: dict | None, minor: int) -> list[FieldError]:

@@ -71,9 +71,9 @@ def sort_key(obj: dict) -> tuple[str, str]:
 def prune_unknown(obj: Any, schema: dict, resolve: Callable[[dict], dict], path: str, dropped: list[str]) -> Any:
     """Drop fields the schema does not know (fieldValidation=Ignore/Warn), recording them."""
     schema = resolve(schema)
-    if isinstance(obj, dict):
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
+    props = schema.get("properties")
+    extra = schema.get("additionalProperties")
+    if isinstance(obj, dict) and (isinstance(props, dict) or isinstance(extra, dict) or extra is False):
         out = {}
         for k, v in obj.items():
             sub_path = f"{path}.{k}" if path else k
