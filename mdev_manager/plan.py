@@ -43,6 +43,7 @@ from mdev_manager.vgpusteps import (
     dormant_users,
     forget_step,
     kept_for_its_domain,
+    named_dormant,
     split_existing,
     vgpu_users,
 )
@@ -468,12 +469,25 @@ def _plan_passthrough_record(plan: Plan, gpu: Gpu, mode: str, saved: dict[str, s
 
 def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions: Sequence[MdevDefinition],
                       records: dict[str, str]) -> None:
+    parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
+    if gpu.sriov_total_vfs and not gpu.vfs:
+        # VFs gone (a reboot): their saved vGPUs sit on the PF's bus, as restore assumes; forget
+        # them too, or restore would enable VFs on the passed-through GPU and re-create them
+        bus = gpu.address.rsplit(":", 1)[0]
+        parents |= {p for p in [d.parent for d in definitions] + list(records) if p.rsplit(":", 1)[0] == bus}
     busy = [v for v in gpu.vgpus if vgpu_users(v, usage)]
-    if busy:  # nothing changes under a workload: the GPU is passed through once they are released
+    # a saved vGPU without a device that a domain names is the domain's: kept saved, and the GPU not
+    # rebound under it (the domain could never start again)
+    named = named_dormant(gpu, parents, definitions, records, usage)
+    if busy or named:  # nothing changes under a workload: the GPU is passed through once they are released
         for v in busy:
             plan.skipped.append(Skip(device=v.id, reason=f"in use ({'; '.join(vgpu_users(v, usage))})"))
-        plan.skipped.append(Skip(device=gpu.address, reason=(
-            f"passed through once its {len(busy)} vGPU(s) in use are released")))
+        for key, (_, users) in named.items():
+            plan.skipped.append(Skip(device=key, gpu=gpu.address, held_by=users, reason=(
+                f"passing GPU {gpu.address} through: the layout wants the whole GPU; this saved vGPU stays saved, "
+                "not forgotten")))
+        held = [f"{len(busy)} vGPU(s) in use"] * bool(busy) + [f"{len(named)} saved vGPU(s) a domain names"] * bool(named)
+        plan.skipped.append(Skip(device=gpu.address, reason=f"passed through once its {' and '.join(held)} are released"))
         return
     drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
     if any(d != "vfio-pci" for d in drivers.values()) and (users := group_users(gpu, usage)):
@@ -482,12 +496,6 @@ def _plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions: Sequence[
         plan.skipped.append(Skip(device=gpu.address, reason=f"passed through once released ({'; '.join(users)})"))
         return
     plan.actions += [clear_step(gpu, v) for v in gpu.vgpus]
-    parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
-    if gpu.sriov_total_vfs and not gpu.vfs:
-        # VFs gone (a reboot): their saved vGPUs sit on the PF's bus, as restore assumes; forget
-        # them too, or restore would enable VFs on the passed-through GPU and re-create them
-        bus = gpu.address.rsplit(":", 1)[0]
-        parents |= {p for p in [d.parent for d in definitions] + list(records) if p.rsplit(":", 1)[0] == bus}
     for d in definitions:
         if d.parent in parents:
             plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))

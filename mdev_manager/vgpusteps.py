@@ -37,6 +37,22 @@ def kept_for_its_domain(plan: Plan, gpu: Gpu, key: str, usage: Usage, *, mdev: b
     return bool(users)
 
 
+def named_dormant(gpu: Gpu, parents: set[str], definitions: Iterable[MdevDefinition], records: dict[str, str],
+                  usage: Usage) -> dict[str, tuple[str, list[str]]]:
+    """The saved vGPUs on ``parents`` without a device that a domain names (:func:`dormant_users`):
+    definition UUID or VF -> (the parent it takes, who names it). A planner that would change the
+    GPU under them (pass it through, put a new vGPU on that parent) holds them instead."""
+    present = {v.id for v in gpu.vgpus}
+    out: dict[str, tuple[str, list[str]]] = {}
+    for d in definitions:
+        if d.parent in parents and d.uuid not in present and (users := dormant_users(d.uuid, usage, mdev=True)):
+            out[d.uuid] = (d.parent, users)
+    for vf in sorted(records):
+        if vf in parents and vf not in present and (users := dormant_users(vf, usage, mdev=False)):
+            out[vf] = (vf, users)
+    return out
+
+
 def clear_step(gpu: Gpu, v: Vgpu) -> RemoveMdev | SetVgpuType:
     """The step that removes vGPU ``v`` from the host (an mdev, or a VF's vendor-VFIO type)."""
     if v.framework == "mdev":
