@@ -176,7 +176,8 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
              new_uuid: Callable[[], str] = lambda: str(uuidlib.uuid4())) -> bool:
     """Steps taking a MIG-capable GPU to ``wanted`` (type id -> count): MIG-backed types put it in
     MIG mode; time-sliced ones take it out (both only while nothing is in use). False when the GPU
-    stays out of MIG mode: its time-sliced vGPUs are :mod:`.plan`'s."""
+    stays out of MIG mode: its time-sliced vGPUs are
+    :mod:`.equalplan`'s or :mod:`.placeplan`'s."""
     mig = gpu.mig
     assert mig is not None
     types = {t.id: t for t in gpu.types}

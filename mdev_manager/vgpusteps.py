@@ -1,5 +1,6 @@
-"""The vGPU steps both planners share (time-sliced in :mod:`.plan`, MIG-backed in :mod:`.migplan`):
-who uses a vGPU, the steps that remove or forget one, and which existing vGPUs a layout keeps."""
+"""The vGPU steps the planners share (time-sliced in :mod:`.equalplan` and :mod:`.placeplan`, MIG-backed
+in :mod:`.migplan`, GPU-wide in :mod:`.modeplan`): who uses a vGPU, the steps that remove or forget one,
+and which existing vGPUs a layout keeps."""
 
 from __future__ import annotations
 
