@@ -11,7 +11,10 @@ from collections import defaultdict
 from mdev_manager.actions import Plan
 from mdev_manager.config import GpuLayout
 from mdev_manager.models import Blocked, Inventory, Usage
-from mdev_manager.plan import group_users, native_driver, select_gpus, vgpu_users
+from mdev_manager.modeplan import group_users
+from mdev_manager.offers import native_driver
+from mdev_manager.selection import select_gpus
+from mdev_manager.vgpusteps import vgpu_users
 
 
 def blocked_by_use(inv: Inventory, layouts: list[GpuLayout], plan: Plan, usage: Usage) -> list[Blocked]:

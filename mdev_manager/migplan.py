@@ -37,7 +37,14 @@ from mdev_manager.actions import (
 )
 from mdev_manager.models import Gpu, GpuInstanceProfile, MdevDefinition, MigPlacement, MigState, Usage, Vgpu, VgpuType
 from mdev_manager.names import mig_profile_of
-from mdev_manager.vgpusteps import clear_step, empty_gpu, forget_step, kept_for_its_domain, split_existing
+from mdev_manager.vgpusteps import (
+    clear_step,
+    empty_gpu,
+    forget_step,
+    kept_for_its_domain,
+    named_dormant,
+    split_existing,
+)
 
 ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")
 
@@ -169,7 +176,8 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
              new_uuid: Callable[[], str] = lambda: str(uuidlib.uuid4())) -> bool:
     """Steps taking a MIG-capable GPU to ``wanted`` (type id -> count): MIG-backed types put it in
     MIG mode; time-sliced ones take it out (both only while nothing is in use). False when the GPU
-    stays out of MIG mode: its time-sliced vGPUs are :mod:`.plan`'s."""
+    stays out of MIG mode: its time-sliced vGPUs are
+    :mod:`.equalplan`'s or :mod:`.placeplan`'s."""
     mig = gpu.mig
     assert mig is not None
     types = {t.id: t for t in gpu.types}
@@ -188,7 +196,12 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     for v in keep + busy:
         if v.gpu_instance is not None:
             holding.setdefault(v.gpu_instance, []).append(v)
-    free = [g for g in mig.instances if g.id not in holding]
+    # saved vGPUs without a device that a domain names (a reboot whose restore failed): their VFs and
+    # the placements their GPU instances are recorded at take nothing new, so restore brings them back
+    named = named_dormant(gpu, parents, definitions, records, usage)
+    held = _held_entries(mig, saved_mig or [], set(named), holding)
+    held_ids = {g.id for g in mig.instances for e in held if (g.profile_id, g.placement.start) == (e["profile"], e["start"])}
+    free = [g for g in mig.instances if g.id not in holding and g.id not in held_ids]
     # what each wanted type still needs: room in the instances its kept vGPUs share (MIG time-slicing),
     # then whole instances (each with up to max_per_instance vGPUs), served first by free ones of its profile
     fill: dict[int, tuple[VgpuType, int]] = {}
@@ -223,7 +236,9 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
             structural = True
     if fresh:
         kept = [(mig.profile(g.profile_id), g.placement) for g in mig.instances
-                if g.id in holding or g.id in reuse]
+                if g.id in holding or g.id in reuse or g.id in held_ids]
+        kept += [(mig.profile(e["profile"]), MigPlacement(start=e["start"], size=e["size"])) for e in held
+                 if not any((g.profile_id, g.placement.start) == (e["profile"], e["start"]) for g in mig.instances)]
         taken = [(p, pl) for p, pl in kept if p is not None]
         # a kept instance of a profile NVML did not list: its engines are unknown, so nothing is placed beside it
         spots = place(mig, taken, [p for _, p, _ in fresh]) if len(taken) == len(kept) else None
@@ -239,7 +254,8 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     if structural:
         return True  # discovered again: the vGPUs are planned on the instances as they are then
     creates = Plan()
-    created = _create_vgpus(creates, gpu, {**fill, **reuse}, keep + busy, records, new_uuid)
+    created = _create_vgpus(creates, gpu, {**fill, **reuse}, keep + busy, records, new_uuid,
+                            {parent for parent, _ in named.values()})
     kept_ids = {v.id for v in keep}
     # a vGPU kept because it is in use (a VM, a libvirt domain) keeps its definition or record, so it
     # keeps its GPU instance's record too: restore re-creates the instance before the vGPU after a
@@ -249,7 +265,7 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     holders = {i: [v.id for v in vs if v.id in recorded] for i, vs in holding.items()}
     for i, made in created.items():
         holders[i] = holders.get(i, []) + made
-    record = _record(gpu, mig, holders)
+    record = sorted(_record(gpu, mig, holders) + held, key=lambda e: e["start"])
     if not same_record(record, saved_mig or []):  # before the vGPUs: a crash between leaves a record restore completes
         plan.actions.append(SaveMigRecord(gpu=gpu.address, instances=record))
     plan.actions += creates.actions
@@ -265,11 +281,21 @@ def plan_mig(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, definit
     return True
 
 
+def _held_entries(mig: MigState, saved: list[dict], named: set[str], holding: dict[int, list[Vgpu]]) -> list[dict]:
+    """The saved record's instances of the dormant vGPUs ``named`` (see :func:`plan_mig`), kept in the
+    record and their placements held; one whose placement an instance holding a kept vGPU now overlaps
+    cannot come back there and is not held."""
+    busy = {s for g in mig.instances if g.id in holding for s in g.placement.slices}
+    return [e for e in saved if named & set(e.get("vgpus") or [e.get("vgpu")])
+            and not busy & set(range(e["start"], e["start"] + e["size"]))]
+
+
 def _create_vgpus(plan: Plan, gpu: Gpu, reuse: dict[int, tuple[VgpuType, int]], kept: list, records: dict[str, str],
-                  new_uuid: Callable[[], str]) -> dict[int, list[str]]:
+                  new_uuid: Callable[[], str], held_vfs: Iterable[str] = ()) -> dict[int, list[str]]:
     """``count`` vGPUs on each reused GPU instance (one, but with MIG time-slicing), each on a free
-    VF; returns GPU instance -> the vGPU ids made on it."""
-    holding_vfs = {v.parent for v in kept}
+    VF (not one of ``held_vfs``: a saved vGPU a domain names takes it); returns GPU instance -> the
+    vGPU ids made on it."""
+    holding_vfs = {v.parent for v in kept} | set(held_vfs)
     free_vfs = [vf.address for vf in gpu.vfs if vf.address not in holding_vfs]
     created: dict[int, list[str]] = {}
     for gi_id, (t, count) in sorted(reuse.items()):

@@ -265,7 +265,7 @@ def plan_placed(plan: Plan, gpu: Gpu, wanted: dict[str, int], usage: Usage, defi
     saves: list[Action] = []
     creates: list[Action] = []
     claimed_vfs = set() if mdev else {vf for vf in vfs if usage.claims_of(vf)}
-    for vf in sorted(claimed_vfs & set(mine)):  # a claim's VF is not the layout's (see plan._plan_vendor)
+    for vf in sorted(claimed_vfs & set(mine)):  # a claim's VF is not the layout's (see equalplan.plan_vendor)
         removals.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
         del mine[vf]
     existing = [v for v in gpu.vgpus if v.framework == ("mdev" if mdev else "vendor-vfio")]

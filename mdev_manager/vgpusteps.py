@@ -1,5 +1,6 @@
-"""The vGPU steps both planners share (time-sliced in :mod:`.plan`, MIG-backed in :mod:`.migplan`):
-who uses a vGPU, the steps that remove or forget one, and which existing vGPUs a layout keeps."""
+"""The vGPU steps the planners share (time-sliced in :mod:`.equalplan` and :mod:`.placeplan`, MIG-backed
+in :mod:`.migplan`, GPU-wide in :mod:`.modeplan`): who uses a vGPU, the steps that remove or forget one,
+and which existing vGPUs a layout keeps."""
 
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ def kept_for_its_domain(plan: Plan, gpu: Gpu, key: str, usage: Usage, *, mdev: b
             "re-creating it as saved (the layout has no room for it on this GPU): its saved record is kept, "
             "not forgotten")))
     return bool(users)
+
+
+def named_dormant(gpu: Gpu, parents: set[str], definitions: Iterable[MdevDefinition], records: dict[str, str],
+                  usage: Usage) -> dict[str, tuple[str, list[str]]]:
+    """The saved vGPUs on ``parents`` without a device that a domain names (:func:`dormant_users`):
+    definition UUID or VF -> (the parent it takes, who names it). A planner that would change the
+    GPU under them (pass it through, put a new vGPU on that parent) holds them instead."""
+    present = {v.id for v in gpu.vgpus}
+    out: dict[str, tuple[str, list[str]]] = {}
+    for d in definitions:
+        if d.parent in parents and d.uuid not in present and (users := dormant_users(d.uuid, usage, mdev=True)):
+            out[d.uuid] = (d.parent, users)
+    for vf in sorted(records):
+        if vf in parents and vf not in present and (users := dormant_users(vf, usage, mdev=False)):
+            out[vf] = (vf, users)
+    return out
 
 
 def clear_step(gpu: Gpu, v: Vgpu) -> RemoveMdev | SetVgpuType:

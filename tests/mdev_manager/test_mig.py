@@ -24,7 +24,7 @@ from mdev_manager.host.nvml import (
     NvmlError,
 )
 from mdev_manager.migplan import place, same_record
-from mdev_manager.models import MigState
+from mdev_manager.models import MigState, Usage
 from mdev_manager.plan import make_plan
 from mdev_manager.reconcile import reconcile
 from mdev_manager.restore import restore
@@ -363,3 +363,33 @@ def test_the_discover_command_shows_mig_mode_and_gpu_instances(mig):
     text = inventory_table(mig.discover())
     assert "GPU 2: MIG mode on" in text and "GPU 3:" not in text.split("MIG mode")[-1].split("\n")[0]
     assert any(line.split()[:4] == ["2", "1", "3g.40gb", "0:4"] for line in text.splitlines())
+
+
+def test_a_dormant_mig_backed_vgpu_a_domain_names_keeps_its_vf_and_its_placement(mig):
+    """After a reboot whose restore did not run, apply with a layout of other MIG-backed types: the VF
+    of a saved vGPU a libvirt domain names (defined, not running) takes no new vGPU, the placement of
+    its GPU instance takes no new instance, its vendor record and GPU-instance record stay, and the
+    node is blocked on it naming the domain; a later restore brings it back as it was. Before, the new
+    1-5C went onto the domain's VF and its record was overwritten (issue 36, point 1)."""
+    both = layout({"pciAddress": A100_VFIO, "vgpus": {"A100-2-10C": 1, "A100-1-5C": 1}})
+    assert reconcile(mig.env, mig.io, both).matches
+    (held,) = [v for v in mig.discover().gpu(A100_VFIO).vgpus if v.type_name.endswith("A100-2-10C")]
+    (entry,) = [e for e in persist.load_mig(mig.env, mig.io)[A100_VFIO] if e["vgpu"] == held.id]
+    usage = Usage(pci={held.id: ["libvirt domain vm1 (not running)"]})
+    mig.host.reboot()
+    assert not mig.discover().gpu(A100_VFIO).vgpus
+
+    out = reconcile(mig.env, mig.io, layout({"pciAddress": A100_VFIO, "vgpus": {"A100-1-5C": 2}}), usage_extra=usage)
+    g = mig.discover().gpu(A100_VFIO)
+    assert held.id not in {v.id for v in g.vgpus} and types_on(mig, A100_VFIO) == ["A100-1-5C"] * 2
+    taken = {s for i in g.mig.instances for s in i.placement.slices}
+    assert not taken & set(range(entry["start"], entry["start"] + entry["size"]))
+    assert persist.load_vendor_vfio(mig.env, mig.io)[held.id] == held.type_id
+    assert entry in persist.load_mig(mig.env, mig.io)[A100_VFIO]
+    (b,) = out.blocked
+    assert b.device == held.id and b.gpu == A100_VFIO and "libvirt domain vm1" in b.held_by[0] and not out.matches
+
+    mig.host.reboot()
+    restore(mig.env, mig.io)
+    back = {v.id: v for v in mig.discover().gpu(A100_VFIO).vgpus}
+    assert back[held.id].type_id == held.type_id and len(back) == 3

@@ -625,3 +625,30 @@ def test_a_gpu_turned_dra_keeps_the_saved_vgpu_a_domain_names(sim, t4):
     assert named not in touched(plan)
     (b,) = blocked_by_use(inv, layouts, plan, usage)
     assert b.device == named and "libvirt domain vm1" in b.held_by[0]
+
+
+def test_passthrough_keeps_the_saved_vgpus_a_domain_names_and_waits(sim, t4, l40s):
+    """A GPU the layout passes through, with a saved vGPU without a device (a reboot whose restore
+    failed) that a libvirt domain names: nothing of the GPU is removed or rebound (its definition or
+    record stays, no VF disable, no vfio-pci), and the node is blocked on it naming the domain. Before,
+    the planner forgot it and bound the GPU to vfio-pci under the domain (issue 36, point 1)."""
+    named, unnamed = str(uuidlib.uuid4()), str(uuidlib.uuid4())
+    defs = defs_for(t4.address, tid("T4", "T4-2Q"), [named, unnamed])
+    q8, vf = tid("L40S", "L40S-8Q", vendor=True), l40s.vfs[0].address
+    records = {vf: q8, l40s.vfs[1].address: q8}
+    usage = Usage(mdevs={named: ["libvirt domain vm1 (not running)"]}, pci={vf: ["libvirt domain vm2 (not running)"]})
+    inv = sim.discover()
+    layouts = layout({"index": 0, "mode": "passthrough"}, {"pciAddress": l40s.address, "mode": "passthrough"})
+    plan = make_plan(inv, layouts, usage=usage, definitions=defs, vendor_records=records)
+    assert [a for a in plan.actions if getattr(a, "gpu", None) in (t4.address, l40s.address)] == []
+    blocked = {b.device: b for b in blocked_by_use(inv, layouts, plan, usage)}
+    assert sorted(blocked) == sorted([named, vf])
+    assert blocked[named].gpu == t4.address and "libvirt domain vm1" in blocked[named].held_by[0]
+    assert blocked[vf].gpu == l40s.address and "libvirt domain vm2" in blocked[vf].held_by[0]
+    assert all("through" in b.blocks for b in blocked.values())
+    reasons = {s.device: s.reason for s in plan.skipped}
+    assert "passed through once" in reasons[t4.address] and "passed through once" in reasons[l40s.address]
+    # no domain names them: forgotten, and the GPUs passed through
+    plan = make_plan(inv, layouts, definitions=defs, vendor_records=records)
+    assert sorted(a.uuid for a in of(plan, RemoveDefinition)) == sorted([named, unnamed])
+    assert {a.vf for a in of(plan, SaveVendorRecord)} == set(records) and of(plan, DisableVfs) and of(plan, BindDriver)
