@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from vgpuctl import __version__
 from vgpuctl.cli.extras import require_sim
 from vgpuctl.cli.options import HOST_VALUED, add_host_options, check_host_options
+from vgpuctl.cli.signals import take_interrupts
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -303,6 +304,7 @@ def _needs_sim(command: str | None, argv: list[str]) -> bool:
 def main(argv: list[str] | None = None, *, prog: str = "vgpuctl", commands: dict[str, Command] = COMMANDS,
          description: str = DESCRIPTION) -> int:
     """The CLI (``prog`` and ``commands``: the kubectl plugin's own, :mod:`vgpuctl.commands.kubectl_plugin`)."""
+    take_interrupts()  # first: a SIGINT is taken the same way from here on (vgpuctl.cli.signals)
     argv = _fix_simulate(sys.argv[1:] if argv is None else argv, commands)  # before _command_of reads it
     debug = "--debug" in argv  # known before parsing, which may fail too
     try:

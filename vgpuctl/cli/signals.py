@@ -9,7 +9,22 @@ and exits 128 + the signal's number, as a shell reports a process the signal end
 from __future__ import annotations
 
 import signal
+import threading
 from types import FrameType
+
+
+def take_interrupts() -> None:
+    """SIGINT ends vgpuctl as Ctrl-C does in a terminal, also when a shell started it in the background.
+
+    A non-interactive shell starts ``cmd &`` with SIGINT ignored, and Python then never raises
+    ``KeyboardInterrupt``; :class:`StopSignals` installs its own handler all the same, so a SIGINT was
+    lost before a command's first write and taken after it (issue #36.7: once ignored 0.5 s into
+    ``sim reset``, taken in 33 other tries). Called first thing by every entry point: from there on a
+    SIGINT is taken the same way wherever it lands. One that arrives while the interpreter itself
+    starts, before any of vgpuctl runs, is still discarded by the kernel: scripts stop vgpuctl with
+    SIGTERM, which nothing ignores."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class StopSignals:
