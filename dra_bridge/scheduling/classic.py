@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from dra_bridge.api.names import DEFAULT_RESOURCE_PREFIX, LABEL_VGPU_HOST_DRIVER, LABEL_VM_NAME
 from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.scheduling.capacity import camel_keys
-from dra_bridge.scheduling.gpuview import migration_state
+from dra_bridge.scheduling.gpuview import GpuView, Holder, migration_state
 
 ENDED = ("Succeeded", "Failed")
 
@@ -179,10 +179,12 @@ class VmTargets:
 
 
 def migration_targets(cnodes: Sequence[ClassicNode], *, only: Iterable[str] | None = None,
-                      prefix: str = DEFAULT_RESOURCE_PREFIX) -> list[VmTargets]:
+                      draining: Iterable[str] = (), prefix: str = DEFAULT_RESOURCE_PREFIX) -> list[VmTargets]:
     """For each VM whose virt-launcher pod holds classic devices (on the nodes ``only`` names, or on
-    any), every other node with whether it can take the VM and why not."""
+    any), every other node with whether it can take the VM and why not (a node in ``draining`` is
+    being emptied itself: no target)."""
     wanted = set(only) if only is not None else None
+    leaving = set(draining)
     out = []
     for src in cnodes:
         if wanted is not None and src.node not in wanted:
@@ -194,10 +196,29 @@ def migration_targets(cnodes: Sequence[ClassicNode], *, only: Iterable[str] | No
                 vt = VmTargets(vm=h.vm, node=src.node, resource=r.name, migration=h.migration)
                 for dst in cnodes:
                     if dst.node != src.node:
-                        vt.targets[dst.node] = target_problem(r.name, h.count, src, dst, prefix)
+                        vt.targets[dst.node] = ("being drained too" if dst.node in leaving else
+                                                target_problem(r.name, h.count, src, dst, prefix))
                 out.append(vt)
     return sorted(out, key=lambda v: (v.vm, v.node))
 
 
-__all__ = ["ClassicHolder", "ClassicNode", "ClassicResource", "VmTargets", "classic_nodes", "migration_targets",
+def classic_views(cnodes: Sequence[ClassicNode], nodes: Iterable[str], prefix: str = DEFAULT_RESOURCE_PREFIX
+                  ) -> list[GpuView]:
+    """A node's classic holders as one :class:`GpuView` (``NODE/device-plugin``), so a drain waits for
+    them and migrates their VMs as it does a GPU's: from the API alone a device-plugin vGPU is not
+    attributed to its GPU (the kubelet keeps that), so they count for a whole node's drain."""
+    wanted = set(nodes)
+    out = []
+    for cn in cnodes:
+        if cn.node not in wanted:
+            continue
+        holders = [Holder(claim="-", device=r.name, profile=short(r.name, prefix), pods=[h.pod], phase=h.phase,
+                          vm=h.vm, migration=h.migration) for r in cn.resources.values() for h in r.holders]
+        if holders:
+            out.append(GpuView(node=cn.node, index=None, address=None, product=None, kinds=["device-plugin"],
+                               devices=sum(r.allocatable for r in cn.resources.values()), holders=holders))
+    return out
+
+
+__all__ = ["classic_views", "ClassicHolder", "ClassicNode", "ClassicResource", "VmTargets", "classic_nodes", "migration_targets",
            "pod_requests", "target_problem"]

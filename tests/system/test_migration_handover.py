@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +27,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_bridge.scheduling.classic import classic_nodes
+from dra_bridge.scheduling.classic import ClassicResource, classic_nodes
 from dra_bridge.sim.apiserver import LocalApiServer
 from dra_bridge.sim.cluster import _resource_types
 from tests.support.dpnodes import AdmissionError, DpNode, make_dp_node
 from tests.support.tmp import short_root
+from vgpuctl.main import main
 
 RES = "nvidia.com/GRID_T4-8Q"
 TYPE = "GRID T4-8Q"
@@ -160,7 +162,7 @@ def check(c: Cluster, start: dict[str, set[str]]) -> dict[str, dict[str, list[st
         used = set(flat)
         assert n.kubelet.free(RES) == sorted(set(vgpus) - used)
         # what the scheduler sees: allocatable less the pods' requests
-        r = api_view[name].resources[RES]
+        r = api_view[name].resources.get(RES) or ClassicResource(RES, 0)
         assert (r.allocatable, r.used, r.free) == (len(vgpus), len(used), len(vgpus) - len(used))
         # the agent's own count: a vGPU a pod holds (before its QEMU opens it too) or a QEMU holds is not free
         free = n.agent_free()
@@ -248,3 +250,120 @@ def test_a_full_target_refuses_the_target_pod_and_the_source_keeps_its_vgpu():
             start_pod(c, "node-b", launcher_pod("vm-a", "virt-launcher-vm-a-tgt", "node-b", migration="m"))
         c.rest("DELETE", f"/api/v1/namespaces/{NS}/pods/virt-launcher-vm-a-tgt")
         assert check(c, start) == before
+
+
+# ------------------------------------------------------------------ non-targets: kubectl vgpu, drain --migrate
+
+LAYOUT_4Q = yaml.safe_dump({"version": "vgpuctl/v1", "layouts": {"default": [
+    {"index": 0, "mode": "vgpu", "vgpus": {"T4-4Q": 4}}]}})
+OTHER_DRIVER = "580.105.06"
+
+
+def vg(capsys, c: Cluster, *args: str, plugin: bool = False) -> tuple[int, str]:
+    """``vgpuctl ARGS`` (``kubectl vgpu ARGS``) against the cluster, in this process; lines fit 80 columns."""
+    from vgpuctl.main import kubectl_plugin
+
+    argv = [*args, "--kubeconfig", c.kubeconfig()]
+    code = kubectl_plugin(argv) if plugin else main(argv)
+    out, err = capsys.readouterr()
+    if "wide" not in args and "json" not in args:
+        assert all(len(line) <= 80 for line in out.splitlines()), out
+    return code, out + err
+
+
+def _vm_on_a(c: Cluster) -> None:
+    c.rest("POST", f"/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstances", vmi("vm-a", "node-a"))
+    start_pod(c, "node-a", launcher_pod("vm-a", "virt-launcher-vm-a", "node-a"))
+    for n in c.nodes.values():
+        n.kubelet.sync_node_status()
+
+
+def test_kubectl_vgpu_shows_why_a_node_cannot_take_the_vm(capsys):
+    """node-b has the type but another host driver, node-c the driver but not the type: neither is a
+    target, each says why; the agents' driver labels are what is compared."""
+    with cluster(("node-a", LAYOUT, None), ("node-b", LAYOUT, OTHER_DRIVER), ("node-c", LAYOUT_4Q, None)) as c:
+        _vm_on_a(c)
+        labels = {n["metadata"]["name"]: n["metadata"]["labels"].get("vgpu-host-driver-version.kubevirt.io/nvidia")
+                  for n in c.rest("GET", "/api/v1/nodes")["items"]}
+        assert labels == {"node-a": DRIVER, "node-b": OTHER_DRIVER, "node-c": DRIVER}
+        code, out = vg(capsys, c, plugin=True)
+        assert code == 0, out
+        flat = " ".join(out.split())
+        assert "node-a 580.95.02 GRID_T4-8Q 4 1 3 1 VM" in flat, out
+        assert "node-b 580.105.06 GRID_T4-8Q 4 0 4 -" in flat and "node-c 580.95.02 GRID_T4-4Q 4 0 4 -" in flat, out
+        assert ("VM default/vm-a (GRID_T4-8Q on node-a): no node can take it: node-b: host driver 580.105.06, "
+                "node-a has 580.95.02; node-c: offers no GRID_T4-8Q") in flat, out
+        code, out = vg(capsys, c, "-o", "json", plugin=True)
+        doc = json.loads(out)
+        assert doc["liveMigration"] == [{"vm": "default/vm-a", "node": "node-a", "resource": RES,
+                                         "migration": "migratable", "targets": [], "notTargets": {
+                                             "node-b": "host driver 580.105.06, node-a has 580.95.02",
+                                             "node-c": "offers no GRID_T4-8Q"}}]
+        # a node with the driver and the type, free: a target
+        c.node("node-b").sim.host.upgrade_driver(DRIVER)
+        c.node("node-b").agent_free()  # its next resync labels the node again
+        code, out = vg(capsys, c, plugin=True)
+        assert "VM default/vm-a (GRID_T4-8Q on node-a): can move to node-b; not to node-c: offers no" in \
+            " ".join(out.split()), out
+
+
+def test_drain_migrate_refuses_before_anything_moves_when_no_node_can_take_a_vm(capsys):
+    with cluster(("node-a", LAYOUT, None), ("node-b", LAYOUT, OTHER_DRIVER), ("node-c", LAYOUT_4Q, None)) as c:
+        _vm_on_a(c)
+        code, out = vg(capsys, c, "drain", "--node", "node-a", "--migrate", "--timeout", "5")
+        assert code == 3, out
+        flat = " ".join(out.split())
+        assert "VM default/vm-a (GRID_T4-8Q on node-a): no node can take it: node-b: host driver 580.105.06" in flat
+        assert "nothing was cordoned or migrated" in flat, out
+        migs = c.rest("GET", f"/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstancemigrations")["items"]
+        assert migs == []
+        node_a = c.rest("GET", "/api/v1/nodes/node-a")["metadata"]
+        assert "vgpu.kubevirt.io/cordon" not in (node_a.get("annotations") or {})
+        code, out = vg(capsys, c, "drain", "--node", "node-a", "--migrate", "-o", "json")
+        assert code == 3 and json.loads(out)["refused"]["default/vm-a"]["notTargets"]["node-c"] == \
+            "offers no GRID_T4-8Q"
+
+
+def _until(what: str, cond, seconds: float = 30.0):
+    pause = threading.Event()
+    for _ in range(int(seconds / 0.05)):
+        got = cond()
+        if got:
+            return got
+        pause.wait(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_drain_migrate_moves_a_device_plugin_vm_to_the_node_that_can_take_it(capsys):
+    """The whole handover under ``drain --node --migrate``: one migration object, the test playing
+    KubeVirt (target pod and QEMU on node-b, the source's QEMU and pod gone), the drain done once the
+    source pod is gone and reporting the VM migrated to node-b; node-c (no T4-8Q) was never a choice."""
+    with cluster(("node-a", LAYOUT, None), ("node-b", LAYOUT, None), ("node-c", LAYOUT_4Q, None)) as c:
+        start = {name: {v.id for v in n.inventory().all_vgpus() if v.type_name == TYPE} for name, n in c.nodes.items()}
+        _vm_on_a(c)
+        result: dict = {}
+        drain = threading.Thread(target=lambda: result.update(code=main(
+            ["drain", "--node", "node-a", "--migrate", "--wait", "0", "--timeout", "60", "-o", "json",
+             "--kubeconfig", c.kubeconfig()])), daemon=True)
+        drain.start()
+        mig_path = f"/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstancemigrations"
+        (mig,) = _until("the migration object", lambda: c.rest("GET", mig_path)["items"])
+        assert mig["spec"]["vmiName"] == "vm-a"
+        c.rest("PATCH", f"{mig_path}/{mig['metadata']['name']}/status", {"status": {"phase": "Running"}}, patch=True)
+        answer = start_pod(c, "node-b", launcher_pod("vm-a", "virt-launcher-vm-a-tgt", "node-b",
+                                                     migration=mig["metadata"]["uid"]))
+        c.node("node-a").stop_qemu(f"{NS}/virt-launcher-vm-a")
+        delete_pod(c, "node-a", "virt-launcher-vm-a")
+        c.rest("PATCH", f"/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstances/vm-a/status", {"status": {
+            "nodeName": "node-b", "migrationState": {"targetNode": "node-b", "completed": True}}}, patch=True)
+        c.rest("PATCH", f"{mig_path}/{mig['metadata']['name']}/status", {"status": {
+            "phase": "Succeeded", "migrationState": {"targetNode": "node-b"}}}, patch=True)
+        drain.join(90)
+        out = capsys.readouterr().out
+        report = json.loads(out[out.index("{"):out.rindex("}") + 1])
+        assert result["code"] == 0 and report["drained"], out
+        assert report["migrations"] == {"default/vm-a": {"result": "migrated", "node": "node-b"}}
+        assert [h["vm"] for h in report["heldBefore"]] == ["default/vm-a"]
+        assert len(c.rest("GET", mig_path)["items"]) == 1
+        assert check(c, start) == {"node-a": {}, "node-b": {"default/virt-launcher-vm-a-tgt": answer["ids"]},
+                                   "node-c": {}}
