@@ -13,6 +13,7 @@ QEMU is a simulated process holding the vfio group ``Allocate`` handed out.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +138,7 @@ class DpNode:
     api_client: Any
     layout_file: Path
     daemon: Daemon | None = None
+    loop: threading.Thread | None = None  # the agent's own loop (Daemon.run), where a test runs it
     qemus: dict[str, int] = field(default_factory=dict)  # pod (ns/name) -> QEMU pid
 
     def start_agent(self) -> Daemon:
@@ -150,11 +152,21 @@ class DpNode:
         self.kubelet.wait_for(lambda: bool(lists) and all(len(lists.get(r, [])) > n for r, n in before.items()))
         return self.daemon
 
+    def run_loop(self) -> None:
+        """The agent's own loop (``Daemon.run``): it resyncs when its Node's cordon changes."""
+        assert self.daemon is not None
+        self.loop = threading.Thread(target=self.daemon.run, name=f"agent-{self.name}", daemon=True)
+        self.loop.start()
+
     def stop_agent(self) -> None:
         """SIGTERM: the agent's servers stop and their sockets go; the devices stay."""
         if self.daemon is not None:
             self.daemon.stop()
-            self.daemon._shutdown()
+            if self.loop is not None:  # its loop shuts the servers down on its way out
+                self.loop.join(30)
+                self.loop = None
+            else:
+                self.daemon._shutdown()
             self.daemon = None
 
     def restart_agent(self) -> None:

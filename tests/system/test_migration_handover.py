@@ -341,9 +341,10 @@ def test_drain_migrate_moves_a_device_plugin_vm_to_the_node_that_can_take_it(cap
     with cluster(("node-a", LAYOUT, None), ("node-b", LAYOUT, None), ("node-c", LAYOUT_4Q, None)) as c:
         start = {name: {v.id for v in n.inventory().all_vgpus() if v.type_name == TYPE} for name, n in c.nodes.items()}
         _vm_on_a(c)
+        c.node("node-a").run_loop()  # the agent acts on the cordon
         result: dict = {}
         drain = threading.Thread(target=lambda: result.update(code=main(
-            ["drain", "--node", "node-a", "--migrate", "--wait", "0", "--timeout", "60", "-o", "json",
+            ["drain", "--node", "node-a", "--migrate", "--timeout", "60", "-o", "json",
              "--kubeconfig", c.kubeconfig()])), daemon=True)
         drain.start()
         mig_path = f"/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstancemigrations"
@@ -362,8 +363,23 @@ def test_drain_migrate_moves_a_device_plugin_vm_to_the_node_that_can_take_it(cap
         out = capsys.readouterr().out
         report = json.loads(out[out.index("{"):out.rindex("}") + 1])
         assert result["code"] == 0 and report["drained"], out
+        assert not [n for n in report["notes"] if "not republished" in n], out  # the agent acted on the cordon
         assert report["migrations"] == {"default/vm-a": {"result": "migrated", "node": "node-b"}}
         assert [h["vm"] for h in report["heldBefore"]] == ["default/vm-a"]
         assert len(c.rest("GET", mig_path)["items"]) == 1
         assert check(c, start) == {"node-a": {}, "node-b": {"default/virt-launcher-vm-a-tgt": answer["ids"]},
                                    "node-c": {}}
+
+
+def test_a_gpu_drain_says_the_nodes_device_plugin_pods_are_not_attributed_to_it(capsys):
+    """From the API a device-plugin vGPU is not tied to a GPU: a drain of one GPU (here a DRA GPU of the
+    same node) does not wait for them, and says so, with the whole node's drain that includes them."""
+    mixed = yaml.safe_dump({"version": "vgpuctl/v1", "layouts": {"default": [
+        {"index": 0, "mode": "vgpu", "vgpus": {"T4-8Q": 2}}, {"index": 2, "mode": "dra"}]}})
+    with cluster(("node-a", mixed, None), ("node-b", LAYOUT, None)) as c:
+        _vm_on_a(c)
+        code, out = vg(capsys, c, "drain", "node-a/2", "--migrate", "--wait", "0", "--timeout", "0")
+        assert code == 0, out
+        assert ("note: node-a: 1 pod(s) hold device-plugin devices not attributed to a GPU; not waited for "
+                "(vgpuctl drain --node node-a includes them)") in " ".join(out.split()), out
+        assert c.rest("GET", f"/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstancemigrations")["items"] == []

@@ -261,6 +261,7 @@ def run_drain(args) -> int:
     ok, _ = _await(s, targets, args.wait, term, cordoned=True)
     if not ok:
         notes.append(_verdict(False, True, args.wait))
+    notes += _unattributed(s, [n for n in targets if n not in whole])
 
     def views_now():
         views = selected(s.views(list(targets)), targets)
@@ -305,6 +306,15 @@ def _without_target(s: Session, whole: list[str], draining: list[str]) -> list:
     s.views(draining)  # the cluster's state as it is now
     return [t for t in migration_targets(s.classic(), only=whole, draining=draining)
             if t.migration == "migratable" and not t.possible]
+
+
+def _unattributed(s: Session, nodes: list[str]) -> list[str]:
+    """A GPU's drain on a node whose pods also hold device-plugin vGPUs: which GPU those are on is the
+    kubelet's to know, not the API's, so they are not waited for; said, with the way to include them."""
+    from dra_bridge.scheduling.classic import classic_views
+
+    return [f"{v.node}: {len(v.holders)} pod(s) hold device-plugin devices not attributed to a GPU; not waited "
+            f"for (vgpuctl drain --node {v.node} includes them)" for v in classic_views(s.classic(), nodes)]
 
 
 def _refusal_report(args, stuck: list) -> int:
