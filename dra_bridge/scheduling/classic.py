@@ -161,6 +161,7 @@ class VmTargets:
     resource: str
     migration: str | None
     targets: dict[str, str | None] = field(default_factory=dict)  # node -> why not (None: a target)
+    count: int = 1  # how many of ``resource`` the VM's pod holds
 
     @property
     def possible(self) -> list[str]:
@@ -193,13 +194,36 @@ def migration_targets(cnodes: Sequence[ClassicNode], *, only: Iterable[str] | No
             for h in r.holders:
                 if h.vm is None:
                     continue
-                vt = VmTargets(vm=h.vm, node=src.node, resource=r.name, migration=h.migration)
+                vt = VmTargets(vm=h.vm, node=src.node, resource=r.name, migration=h.migration, count=h.count)
                 for dst in cnodes:
                     if dst.node != src.node:
                         vt.targets[dst.node] = ("being drained too" if dst.node in leaving else
                                                 target_problem(r.name, h.count, src, dst, prefix))
                 out.append(vt)
     return sorted(out, key=lambda v: (v.vm, v.node))
+
+
+def drain_targets(cnodes: Sequence[ClassicNode], nodes: Iterable[str], prefix: str = DEFAULT_RESOURCE_PREFIX
+                  ) -> list[VmTargets]:
+    """:func:`migration_targets` of the LiveMigratable VMs on ``nodes``, all leaving together: each VM in
+    turn takes its vGPUs on the possible target with the most left free, so two VMs never count on one
+    free vGPU; a target whose free ones the VMs before took is said so."""
+    nodes = list(nodes)
+    by_name = {c.node: c for c in cnodes}
+    taken: dict[tuple[str, str], int] = {}
+    out = [t for t in migration_targets(cnodes, only=nodes, draining=nodes, prefix=prefix) if t.migration == "migratable"]
+    for t in out:
+        def left(n: str, t: VmTargets = t) -> int:
+            return by_name[n].resources[t.resource].free - taken.get((n, t.resource), 0)
+
+        fits = [n for n in t.possible if left(n) >= t.count]
+        for n in t.possible:
+            if n not in fits:
+                t.targets[n] = f"its free {short(t.resource, prefix)} go to the VMs drained before this one"
+        if fits:
+            best = min(fits, key=lambda n: (-left(n), n))
+            taken[(best, t.resource)] = taken.get((best, t.resource), 0) + t.count
+    return out
 
 
 def classic_views(cnodes: Sequence[ClassicNode], nodes: Iterable[str], prefix: str = DEFAULT_RESOURCE_PREFIX
@@ -220,5 +244,5 @@ def classic_views(cnodes: Sequence[ClassicNode], nodes: Iterable[str], prefix: s
     return out
 
 
-__all__ = ["classic_views", "ClassicHolder", "ClassicNode", "ClassicResource", "VmTargets", "classic_nodes", "migration_targets",
-           "pod_requests", "target_problem"]
+__all__ = ["ClassicHolder", "ClassicNode", "ClassicResource", "VmTargets", "classic_nodes", "classic_views",
+           "drain_targets", "migration_targets", "pod_requests", "target_problem"]

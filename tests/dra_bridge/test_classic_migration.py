@@ -3,7 +3,7 @@ sums per node and resource, and which nodes a VM holding a device-plugin vGPU ca
 
 from __future__ import annotations
 
-from dra_bridge.scheduling.classic import classic_nodes, classic_views, migration_targets, pod_requests
+from dra_bridge.scheduling.classic import classic_nodes, classic_views, drain_targets, migration_targets, pod_requests
 
 RES = "nvidia.com/GRID_T4-8Q"
 LABEL = "vgpu-host-driver-version.kubevirt.io/nvidia"
@@ -88,3 +88,15 @@ def test_a_nodes_classic_holders_are_one_view_for_a_whole_node_drain():
     assert (v.name(), v.devices, v.kinds) == ("a/device-plugin", 4, ["device-plugin"])
     assert [(h.pods, h.vm, h.migration, h.profile) for h in v.holders] == [
         (["ns/l"], "ns/vm1", "not migratable", "GRID_T4-8Q"), (["ns/w"], None, None, "GRID_T4-8Q")]
+
+
+def test_vms_drained_together_never_count_on_one_free_vgpu():
+    """Three VMs leave src; b has 1 free, c has 1: the third VM has no target left, and says why; a VM
+    KubeVirt does not call migratable is not planned (drain reports it not migratable)."""
+    nodes = [node("src", GRID_T4_8Q=4), node("b", GRID_T4_8Q=2), node("c", GRID_T4_8Q=1)]
+    pods = [pod(f"l{i}", "src", vm=f"vm{i}") for i in range(4)] + [pod("x", "b")]
+    plan = drain_targets(classic_nodes(nodes, pods, [vmi("vm0"), vmi("vm1"), vmi("vm2"), vmi("vm3", False)]), ["src"])
+    assert [(t.vm, t.possible) for t in plan] == [("ns/vm0", ["b", "c"]), ("ns/vm1", ["c"]), ("ns/vm2", [])]
+    assert plan[1].targets["b"] == "its free GRID_T4-8Q go to the VMs drained before this one"
+    assert plan[2].targets == {"b": "its free GRID_T4-8Q go to the VMs drained before this one",
+                               "c": "its free GRID_T4-8Q go to the VMs drained before this one"}

@@ -253,7 +253,7 @@ def run_drain(args) -> int:
     # a whole node's drain takes its device-plugin holders too (not attributed to a GPU from the API)
     whole = [n for n, gpus in targets.items() if NODE in gpus]
     if args.migrate:
-        stuck = _without_target(s, whole, list(targets))
+        stuck = _without_target(s, whole, list(targets))  # before anything is written
         if stuck:
             return _refusal_report(args, stuck)
     term = Terminal()
@@ -297,15 +297,14 @@ def run_drain(args) -> int:
     return _drain_report(args, first, state["views"], evicted, notes, done, outcomes)
 
 
-def _without_target(s: Session, whole: list[str], draining: list[str]) -> list:
+def _without_target(s: Session, whole: list[str], nodes: list[str]) -> list:
     """The LiveMigratable VMs holding device-plugin vGPUs on the nodes drained whole that no other node
-    can take (:func:`~dra_bridge.scheduling.classic.migration_targets`): a drain that would strand them
-    is refused before anything is cordoned or migrated."""
-    from dra_bridge.scheduling.classic import migration_targets
+    can take, the VMs leaving together (:func:`~dra_bridge.scheduling.classic.drain_targets`): a drain
+    that would strand them is refused before anything is cordoned or migrated."""
+    from dra_bridge.scheduling.classic import drain_targets
 
-    s.views(draining)  # the cluster's state as it is now
-    return [t for t in migration_targets(s.classic(), only=whole, draining=draining)
-            if t.migration == "migratable" and not t.possible]
+    s.views(nodes)  # the cluster's state as it is now
+    return [t for t in drain_targets(s.classic(), whole) if not t.possible]
 
 
 def _unattributed(s: Session, nodes: list[str]) -> list[str]:
