@@ -305,6 +305,13 @@ def test_kubectl_vgpu_shows_why_a_node_cannot_take_the_vm(capsys):
         code, out = vg(capsys, c, plugin=True)
         assert "VM default/vm-a (GRID_T4-8Q on node-a): can move to node-b; not to node-c: offers no" in \
             " ".join(out.split()), out
+        # node-c's layout turns to T4-8Q: its agent creates them and its plugin advertises them
+        c.node("node-c").layout_file.write_text(LAYOUT)
+        c.node("node-c").agent_free()
+        c.node("node-c").kubelet.wait_for_devices(RES, lambda devs: len(devs) == 4)
+        c.node("node-c").kubelet.sync_node_status()
+        code, out = vg(capsys, c, plugin=True)
+        assert "VM default/vm-a (GRID_T4-8Q on node-a): can move to node-b, node-c" in " ".join(out.split()), out
 
 
 def test_drain_migrate_refuses_before_anything_moves_when_no_node_can_take_a_vm(capsys):
