@@ -33,6 +33,7 @@ class ClusterState:
     applied: dict[str, str] = field(default_factory=dict)  # node -> the cordon its agent published
     healths: dict[str, str] = field(default_factory=dict)  # node -> its agent's health annotation
     nodes: list[str] = field(default_factory=list)
+    node_objects: list[dict] = field(default_factory=list)  # the Nodes (labels, allocatable: the classic path)
 
 
 def migration_object(namespace: str, vmi: str) -> dict:
@@ -67,7 +68,8 @@ class MaintenanceApi:
         st.pods = raw(self.core.list_pod_for_all_namespaces)["items"]
         st.vmis = self.vmis()
         st.rules = self.taint_rules()
-        for n in raw(self.core.list_node)["items"]:
+        st.node_objects = raw(self.core.list_node)["items"]
+        for n in st.node_objects:
             meta = n.get("metadata") or {}
             st.nodes.append(meta.get("name", ""))
             notes = meta.get("annotations") or {}

@@ -59,7 +59,8 @@ class GpuView:
         return out
 
     def name(self) -> str:
-        return f"{self.node}/{self.index if self.index is not None else self.address}"
+        """``NODE/INDEX``; ``NODE/device-plugin`` for a node's classic devices (not attributed to a GPU)."""
+        return f"{self.node}/{self.index if self.index is not None else self.address or 'device-plugin'}"
 
 
 def _ns_name(meta: dict) -> str:

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from dra_bridge.apiclient.maintenance import ClusterState, MaintenanceApi
 from dra_bridge.pool.cordon import NODE, parse_cordon
+from dra_bridge.scheduling.classic import ClassicNode, VmTargets, classic_nodes, short
 from dra_bridge.scheduling.gpuview import GpuView, build_views
 from vgpuctl.cli import options
-from vgpuctl.output.tables import fit, short_model
+from vgpuctl.output.tables import fit, fit_lines, short_model
 
 _SHORT_PCI = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
@@ -52,6 +53,13 @@ class Session:
             for v in views:
                 v.holders = [h for h in v.holders if h.claim.startswith(f"{self.namespace}/")]
         return views
+
+
+    def classic(self, nodes: list[str] | None = None) -> list[ClassicNode]:
+        """The device-plugin side of the state the last views came from (``nodes``: only theirs)."""
+        st = self.last or self.m.state()
+        out = classic_nodes(st.node_objects, st.pods, st.vmis)
+        return [c for c in out if not nodes or c.node in nodes]
 
 
 def pci(ref: str) -> str:
@@ -175,18 +183,23 @@ def _index(v: GpuView) -> str:
     return "-" if v.index is None else str(v.index)
 
 
+def _key(h) -> tuple:
+    """A holder as drain follows it: its claim and device; a classic holder (no claim) by its pods."""
+    return (h.claim, h.device) + (tuple(h.pods) if h.claim == "-" else ())
+
+
 def holder_rows(first: list[GpuView], last: list[GpuView] | None = None, evicted: dict | None = None, *,
                 wide: bool = False) -> str:
     """One row per holder of ``first`` (its claim, pod or VM, what became of it by ``last``: still
     holding with its phase or the VM's migration state, evicted, or gone)."""
-    now = {(h.claim, h.device): h for v in (last if last is not None else first) for h in v.holders}
+    now = {_key(h): h for v in (last if last is not None else first) for h in v.holders}
     evicted = evicted or {}
     rows = []
     for v in first:
         for h in v.holders:
             ns = h.claim.split("/", 1)[0]
             who = f"VM {h.vm}" if h.vm else ("pod " + ", ".join(h.pods) if h.pods else "(no pod)")
-            cur = now.get((h.claim, h.device))
+            cur = now.get(_key(h))
             out = [p for p in h.pods if p in evicted]
             if cur is None:
                 state = "evicted, gone" if out and all(evicted[p] is None for p in out) else "gone"
@@ -199,3 +212,27 @@ def holder_rows(first: list[GpuView], last: list[GpuView] | None = None, evicted
                         else [v.name(), who, claim, state])
     header = ["GPU", "PROFILE", "CLAIM", "HOLDER", "STATE"] if wide else ["GPU", "HOLDER", "CLAIM", "STATE"]
     return fit(header, rows, wide=wide, fold=("GPU", "HOLDER", "CLAIM", "STATE"))
+
+
+def classic_table(cnodes: list[ClassicNode]) -> str:
+    """One row per node and classic resource: the host driver the node's agent labelled, the kubelet's
+    allocatable, what pods ask of it, what is free (the scheduler's sums) and who holds it."""
+    rows = []
+    for c in cnodes:
+        for r in c.resources.values() or [None]:
+            if r is None:
+                rows.append([c.node, c.driver_version or "?", "-", "0", "0", "0", "-"])
+                continue
+            vms = sum(1 for h in r.holders if h.vm)
+            pods = len(r.holders) - vms
+            who = ", ".join(([f"{vms} VM"] if vms else []) + ([f"{pods} pod"] if pods else [])) or "-"
+            rows.append([c.node + (" (cordoned)" if c.unschedulable else ""), c.driver_version or "?", short(r.name),
+                         str(r.allocatable), str(r.used), str(r.free), who])
+    return fit(["NODE", "DRIVER", "DEVICE PLUGIN", "TOTAL", "USED", "FREE", "HOLDERS"], rows,
+               fold=("NODE", "DEVICE PLUGIN", "HOLDERS"))
+
+
+def migration_lines(targets: list[VmTargets]) -> str:
+    """Per VM holding a device-plugin vGPU: the nodes it can live-migrate to, and why not the others."""
+    return "\n".join(fit_lines(t.text() + ("" if t.migration in (None, "migratable") else f" [{t.migration}]"))
+                     for t in targets)

@@ -14,6 +14,9 @@ and waits for them to go (``--timeout``, progress on a terminal). It evicts pods
 when the VM can live-migrate, which KubeVirt answers with a migration) or through ``--effect
 NoExecute`` (the cluster's device-taint controller evicts, VMs included). It never touches a device
 on the node: a vGPU in use stays. Exit 0 once nothing holds the GPUs, 3 when holders remain.
+``--migrate`` creates a VirtualMachineInstanceMigration per LiveMigratable VM and reports each; a whole
+node's drain counts its device-plugin pods as holders too, and is refused before anything is cordoned
+when a VM there has no node to go to (:mod:`dra_bridge.scheduling.classic` says why per node).
 
 ``uncordon`` removes the GPUs from the annotation (and the node's rule): they take allocations again.
 """
@@ -239,24 +242,38 @@ def _report(args, views, notes: list[str], verdict: str, ok: bool) -> None:
 
 
 def run_drain(args) -> int:
+    from dra_bridge.pool.cordon import NODE
+    from dra_bridge.scheduling.classic import classic_views
     from dra_bridge.scheduling.gpuview import plan_drain
     from vgpuctl.cli.gpus import Session, selected, wait_until
     from vgpuctl.output.terminal import Terminal
 
     s = Session.open(args)
     targets = _targets(args, s)
+    # a whole node's drain takes its device-plugin holders too (not attributed to a GPU from the API)
+    whole = [n for n, gpus in targets.items() if NODE in gpus]
+    if args.migrate:
+        stuck = _without_target(s, whole, list(targets))  # before anything is written
+        if stuck:
+            return _refusal_report(args, stuck)
     term = Terminal()
     notes = cordon(s, targets, args.effect, args.reason)
     ok, _ = _await(s, targets, args.wait, term, cordoned=True)
     if not ok:
         notes.append(_verdict(False, True, args.wait))
-    first = selected(s.views(list(targets)), targets)
+    notes += _unattributed(s, [n for n in targets if n not in whole])
+
+    def views_now():
+        views = selected(s.views(list(targets)), targets)
+        return views + classic_views(s.classic(), whole)
+
+    first = views_now()
     evicted: dict[str, str | None] = {}
     state = {"views": first}
     migrations = Migrations(s) if args.migrate else None
 
     def drained() -> bool:
-        views = selected(s.views(list(targets)), targets)
+        views = views_now()
         if migrations is not None:
             migrations.step(views)
         plan = plan_drain(views, evict=args.evict, migrate=args.migrate)
@@ -278,6 +295,45 @@ def run_drain(args) -> int:
         done = wait_until(drained, args.timeout, progress, every=1.0)
     outcomes = migrations.finish(done) if migrations is not None else []
     return _drain_report(args, first, state["views"], evicted, notes, done, outcomes)
+
+
+def _without_target(s: Session, whole: list[str], nodes: list[str]) -> list:
+    """The LiveMigratable VMs holding device-plugin vGPUs on the nodes drained whole that no other node
+    can take, the VMs leaving together (:func:`~dra_bridge.scheduling.classic.drain_targets`): a drain
+    that would strand them is refused before anything is cordoned or migrated."""
+    from dra_bridge.scheduling.classic import drain_targets
+
+    s.views(nodes)  # the cluster's state as it is now
+    return [t for t in drain_targets(s.classic(), whole) if not t.possible]
+
+
+def _unattributed(s: Session, nodes: list[str]) -> list[str]:
+    """A GPU's drain on a node whose pods also hold device-plugin vGPUs: which GPU those are on is the
+    kubelet's to know, not the API's, so they are not waited for; said, with the way to include them."""
+    from dra_bridge.scheduling.classic import classic_views
+
+    return [f"{v.node}: {len(v.holders)} pod(s) hold device-plugin devices not attributed to a GPU; not waited "
+            f"for (vgpuctl drain --node {v.node} includes them)" for v in classic_views(s.classic(), nodes)]
+
+
+def _refusal_report(args, stuck: list) -> int:
+    import yaml
+
+    from vgpuctl.output.terminal import Terminal
+
+    verdict = (f"not drained: {len(stuck)} VM(s) could not live-migrate to any node; nothing was cordoned or "
+               "migrated (kubectl vgpu shows each node's reason)")
+    if args.output in ("json", "yaml"):
+        data = {"drained": False, "refused": {t.vm: t.to_dict() for t in stuck}, "verdict": verdict}
+        print(json.dumps(data, indent=2) if args.output == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
+        return EXIT_PENDING
+    from rich.text import Text
+
+    term = Terminal()
+    for t in stuck:
+        term.print(Text(fit_lines(t.text()), style="yellow"))
+    term.print(Text(fit_lines(verdict), style="yellow"))
+    return EXIT_PENDING
 
 
 class Migrations:

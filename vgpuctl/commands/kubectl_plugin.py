@@ -6,7 +6,10 @@ flags (nor any environment beyond its own), so ``--kubeconfig``, ``--context`` a
 here, with the same meaning (and ``$KUBECONFIG``). One row per GPU: what it publishes, whether it is
 cordoned, who holds it and how many more of each profile fit (the scheduler model's answer,
 :mod:`dra_bridge.scheduling.capacity`); then one row per vGPU held, with its placement, claim and
-pod or VM. ``--watch`` prints it again whenever it changes (a terminal redraws it in place).
+pod or VM. Device-plugin (classic) resources follow, one row per node and resource (host driver,
+total, used, free, holders), and per VM holding one of their vGPUs the nodes it can live-migrate to
+and why not the others (:mod:`dra_bridge.scheduling.classic`). ``--watch`` prints it again whenever
+it changes (a terminal redraws it in place).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from vgpuctl.cli import options
 from vgpuctl.output.tables import fit_lines
 
 if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from dra_bridge.scheduling.classic import ClassicNode
     from dra_bridge.scheduling.gpuview import GpuView
     from vgpuctl.output.terminal import Terminal
 
@@ -52,22 +56,39 @@ def _wanted(views: list[GpuView], targets: list[str]) -> list[GpuView]:
     return out
 
 
-def render(views: list[GpuView], fmt: str) -> str:
+def render(views: list[GpuView], fmt: str, classic: list[ClassicNode] | None = None,
+           nodes: list[str] | None = None) -> str:
+    """The GPUs the driver publishes; then the device-plugin (classic) resources per node (``classic``;
+    ``nodes``: only theirs) and, per VM holding one of their vGPUs, the nodes it can live-migrate to and
+    why not the others."""
     import yaml
 
-    from vgpuctl.cli.gpus import gpu_table, vgpu_rows
+    from dra_bridge.scheduling.classic import migration_targets
+    from vgpuctl.cli.gpus import classic_table, gpu_table, migration_lines, vgpu_rows
 
+    targets = migration_targets(classic or [], only=nodes)
+    classic = [c for c in classic or [] if c.resources and (not nodes or c.node in nodes)]
     if fmt in ("json", "yaml"):
-        data = {"apiVersion": "vgpu.kubevirt.io/v1", "kind": "GpuList", "items": [v.to_dict() for v in views]}
+        data: dict = {"apiVersion": "vgpu.kubevirt.io/v1", "kind": "GpuList", "items": [v.to_dict() for v in views]}
+        if classic:
+            data["devicePlugin"] = [c.to_dict() for c in classic]
+            data["liveMigration"] = [t.to_dict() for t in targets]
         return json.dumps(data, indent=2) if fmt == "json" else yaml.safe_dump(data, sort_keys=False).rstrip()
-    if not views:
+    if not views and not classic:
         return "No GPUs published by this driver."
     wide = fmt == "wide"
-    out = gpu_table(views, wide=wide)
-    if any(v.holders for v in views):
-        out += "\n\n" + vgpu_rows(views, wide=wide)
-    notes = [f"{v.name()}: cordoned ({v.cordon_how}): {v.reason}" for v in views if v.cordon and v.reason]
-    return out + "".join("\n" + fit_lines(n) for n in notes)
+    parts = []
+    if views:
+        out = gpu_table(views, wide=wide)
+        if any(v.holders for v in views):
+            out += "\n\n" + vgpu_rows(views, wide=wide)
+        notes = [f"{v.name()}: cordoned ({v.cordon_how}): {v.reason}" for v in views if v.cordon and v.reason]
+        parts.append(out + "".join("\n" + fit_lines(n) for n in notes))
+    if classic:
+        parts.append(classic_table(classic))
+    if targets:
+        parts.append("Live migration (device plugin):\n" + migration_lines(targets))
+    return "\n\n".join(parts)
 
 
 def run(args) -> int:
@@ -78,7 +99,9 @@ def run(args) -> int:
     nodes = sorted({t.partition("/")[0] for t in args.targets}) or None
 
     def text() -> str:
-        return render(_wanted(s.views(nodes), args.targets), args.output)
+        views = _wanted(s.views(nodes), args.targets)
+        # every node's classic side: a VM's migration targets are the other nodes
+        return render(views, args.output, s.classic(), nodes)
 
     first = text()
     term = Terminal()
