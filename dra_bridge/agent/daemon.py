@@ -44,6 +44,7 @@ from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_k
 from dra_bridge.apiclient.nodes import node_metadata, set_node_annotation, set_node_label
 from dra_bridge.apiclient.publisher import Publisher
 from dra_bridge.kubeletplugin.driver import Driver
+from dra_bridge.pool.cordon import withheld_classic
 from dra_bridge.pool.devices import Pool, PoolPolicy
 from dra_bridge.pool.health import healthy_pool
 from dra_bridge.pool.policy import policy_from_layout
@@ -176,7 +177,7 @@ class Daemon:
                 # a GPU offered through DRA is never also advertised by the device plugin
                 self._dp_exclude = set(policy.gpus) | (
                     {g.address for g in inv.gpus} if policy.others is not None else set())
-                self.device_plugins.refresh(inv)
+                self.device_plugins.refresh(inv, withheld=self._classic_cordon)
             self._check_fields()
             shape = self.shape()
             if shape.binding:  # a GPU freed since the last binding round is offered whole now
@@ -210,6 +211,16 @@ class Daemon:
         if rejected is not None:
             raise rejected
         return result.model_dump()
+
+    def _classic_cordon(self, gpus: list[tuple[str, list[str]]]) -> tuple[dict[str, str], dict[str, str]]:
+        """A cordon on the device-plugin path: a cordoned GPU's free devices are advertised Unhealthy, so
+        the kubelet admits no new pod on them (what pods hold, from PodResources, stays; where that cannot
+        be read every device of the GPU is withheld: a cordon must hold)."""
+        cordon = self.cordon.current()
+        if not cordon or self.device_plugins is None:
+            return {}, {}
+        usage = self.device_plugins.usage()
+        return withheld_classic(gpus, cordon, () if usage.warnings else [*usage.mdevs, *usage.pci])
 
     def _label_driver_version(self, inv: Inventory) -> None:
         """The node's ``vgpu-host-driver-version.kubevirt.io/nvidia`` label: the host driver's version as

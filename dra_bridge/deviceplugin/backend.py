@@ -100,6 +100,8 @@ class VgpuResource:
         self.host_dev_root = Path(host_dev_root) if host_dev_root is not None else env.dev_root
         self._lock = threading.Lock()
         self._devices: dict[str, DeviceInfo] = {}
+        self._withheld: dict[str, str] = {}  # device id -> why it is advertised Unhealthy (a cordon)
+        self._cordoned: dict[str, str] = {}  # GPU address -> why Allocate refuses its devices
         self._seen = threading.local()
         self.allocations: list[list[str]] = []  # observability / tests
         self.set_devices(devices)
@@ -112,6 +114,16 @@ class VgpuResource:
         with self._lock:
             self._devices = {d.id: d for d in devices}
         self.watcher.bump()
+
+    def set_withheld(self, cordoned: dict[str, str], devices: dict[str, str]) -> None:
+        """A cordon (:func:`dra_bridge.pool.cordon.withheld_classic`): ``devices`` advertised Unhealthy,
+        and every device of a ``cordoned`` GPU refused by Allocate, also one freed since the devices
+        were chosen (so no new pod lands there between two resyncs); a change wakes ListAndWatch."""
+        with self._lock:
+            changed = (self._cordoned, self._withheld) != (cordoned, devices)
+            self._cordoned, self._withheld = dict(cordoned), dict(devices)
+        if changed:
+            self.watcher.bump()
 
     def device_infos(self) -> list[DeviceInfo]:
         with self._lock:
@@ -129,6 +141,8 @@ class VgpuResource:
     def problem(self, info: DeviceInfo) -> str | None:
         """Why ``info`` is unhealthy now; None when healthy."""
         io, env = self.io, self.env
+        if why := self._withheld.get(info.id):
+            return why
         if not io.is_dir(env.pci(info.gpu)):
             return f"GPU {info.gpu} is not on the PCI bus"
         if not io.is_dir(self._sysfs_dir(info)):
@@ -177,7 +191,7 @@ class VgpuResource:
         groups: set[int] = set()
         iommufd = self.io.exists(self.env.iommufd)
         for info in infos:
-            why = self.problem(info)
+            why = self._cordoned.get(info.gpu) or self.problem(info)
             if why is not None:
                 raise RuntimeError(f"{info.id} is unhealthy: {why}")
             group = self.iommu_group(info)

@@ -216,8 +216,12 @@ class DevicePluginManager:
             self._started = True
         return self
 
-    def refresh(self, inventory: Inventory | None = None) -> RefreshResult:
-        """Re-read the inventory: start plugins for new resources, stop those gone, update devices."""
+    def refresh(self, inventory: Inventory | None = None,
+                withheld: Callable[[list[tuple[str, list[str]]]], tuple[dict[str, str], dict[str, str]]] | None = None,
+                ) -> RefreshResult:
+        """Re-read the inventory: start plugins for new resources, stop those gone, update devices.
+        ``withheld``: given each GPU and the ids of its advertised devices, the cordoned GPUs and the
+        devices to advertise Unhealthy, each with why (:func:`dra_bridge.pool.cordon.withheld_classic`)."""
         inv = self._inventory(inventory)
         excl = self._exclude(inv) if callable(self._exclude) else (self._exclude or ())
         specs, warnings = compute_resources(inv, self.prefix, excl)
@@ -246,6 +250,18 @@ class DevicePluginManager:
                 if name in result.removed:
                     result.removed.remove(name)
                     result.updated.append(name)
+        if withheld is not None:
+            per_gpu: dict[str, list[str]] = {}
+            for spec in specs.values():
+                for d in spec.devices:
+                    per_gpu.setdefault(d.gpu, []).append(d.id)
+            cordoned, devices = withheld(sorted(per_gpu.items()))
+            with self._lock:
+                backends = list(self._backends.values())
+            for backend in backends:
+                infos = backend.device_infos()
+                backend.set_withheld({d.gpu: cordoned[d.gpu] for d in infos if d.gpu in cordoned},
+                                     {d.id: devices[d.id] for d in infos if d.id in devices})
         for name in result.added:
             log.info("device plugin: new resource %s", name)
         for name in result.removed:

@@ -128,3 +128,22 @@ def cordoned_pool(pool: Pool, cordon: Mapping[str, CordonEntry], *, taints: bool
         else:
             effect.withdrawn[d.gpu] = effect.withdrawn.get(d.gpu, 0) + 1
     return pool.model_copy(update={"devices": devices}), effect
+
+
+def withheld_classic(gpus: Iterable[tuple[str, Iterable[str]]], cordon: Mapping[str, CordonEntry],
+                     in_use: Iterable[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
+    """The device plugin's side of a cordon (``gpus``: each GPU's address and its advertised devices' ids):
+    the cordoned GPUs, address -> why, and of their devices the free ones, id -> why. The kubelet counts
+    an Unhealthy device out of the Node's allocatable, so no new pod is admitted on it, while a pod that
+    holds one (named in ``in_use``) keeps it, as a held DRA device stays published."""
+    held = {i.lower() for i in in_use}
+    cordoned: dict[str, str] = {}
+    devices: dict[str, str] = {}
+    for gpu, ids in gpus:
+        entry = entry_for(cordon, gpu)
+        if entry is None:
+            continue
+        why = f"GPU {gpu} is cordoned ({entry.effect}{': ' + entry.reason if entry.reason else ''}): no new pods"
+        cordoned[gpu] = why
+        devices.update({i: why for i in ids if i.lower() not in held})
+    return cordoned, devices

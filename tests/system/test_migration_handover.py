@@ -374,6 +374,13 @@ def test_drain_migrate_moves_a_device_plugin_vm_to_the_node_that_can_take_it(cap
         assert report["migrations"] == {"default/vm-a": {"result": "migrated", "node": "node-b"}}
         assert [h["vm"] for h in report["heldBefore"]] == ["default/vm-a"]
         assert len(c.rest("GET", mig_path)["items"]) == 1
+        # drained, node-a admits no new pod: its free vGPUs are withheld (Unhealthy) until uncordoned
+        a = c.node("node-a")
+        a.daemon.resync()
+        a.kubelet.wait_for(lambda: a.kubelet.healthy(RES) == [])
+        vg(capsys, c, "uncordon", "--node", "node-a", "--wait", "0")
+        a.daemon.resync()
+        a.kubelet.wait_for(lambda: set(a.kubelet.healthy(RES)) == start["node-a"])
         assert check(c, start) == {"node-a": {}, "node-b": {"default/virt-launcher-vm-a-tgt": answer["ids"]},
                                    "node-c": {}}
 
@@ -390,3 +397,33 @@ def test_a_gpu_drain_says_the_nodes_device_plugin_pods_are_not_attributed_to_it(
         assert ("note: node-a: 1 pod(s) hold device-plugin devices not attributed to a GPU; not waited for "
                 "(vgpuctl drain --node node-a includes them)") in " ".join(out.split()), out
         assert c.rest("GET", f"/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstancemigrations")["items"] == []
+
+
+def test_a_cordon_withholds_the_free_device_plugin_vgpus_and_keeps_the_held_one(capsys):
+    """``vgpuctl cordon --node NODE`` on the device-plugin path (what ``drain --node`` sets): every free vGPU is
+    advertised Unhealthy (out of the Node's allocatable, so the kubelet admits no new pod on it), the VM
+    keeps its vGPU, ``Allocate`` refuses any device of a cordoned GPU; ``uncordon`` gives them back. (A
+    GPU alone cannot be named there: the cordon finds GPUs in the DRA slices, which this path has not.)"""
+    with cluster(("node-a", LAYOUT, None)) as c:
+        _vm_on_a(c)
+        node = c.node("node-a")
+        (vm_dev,) = node.kubelet.allocated()[f"{NS}/virt-launcher-vm-a"][RES]
+        every = {v.id for v in node.inventory().all_vgpus() if v.type_name == TYPE}
+        assert len(every) == 4 and set(node.kubelet.healthy(RES)) == every
+        code, out = vg(capsys, c, "cordon", "--node", "node-a", "--wait", "0")
+        assert code == 0, out
+        node.daemon.resync()
+        node.kubelet.wait_for(lambda: node.kubelet.healthy(RES) == [vm_dev])
+        node.kubelet.sync_node_status()
+        assert c.rest("GET", "/api/v1/nodes/node-a")["status"]["allocatable"][RES] == "1"
+        assert node.kubelet.allocated()[f"{NS}/virt-launcher-vm-a"][RES] == [vm_dev]  # the VM keeps it
+        with node.kubelet.device_plugin(RES) as plugin, pytest.raises(Exception, match="cordoned"):
+            plugin.allocate([sorted(every - {vm_dev})[:1]])
+        with pytest.raises(AdmissionError):
+            start_pod(c, "node-a", launcher_pod("vm-b", "virt-launcher-vm-b", "node-a"))
+        code, out = vg(capsys, c, "uncordon", "--node", "node-a", "--wait", "0")
+        assert code in (0, 3) and "recorded" in out, out  # 3: not yet republished (no wait asked)
+        node.daemon.resync()
+        node.kubelet.wait_for(lambda: set(node.kubelet.healthy(RES)) == every)
+        answer = start_pod(c, "node-a", launcher_pod("vm-c", "virt-launcher-vm-c", "node-a"))
+        assert answer["ids"][0] in every - {vm_dev}
