@@ -362,6 +362,19 @@ def parse_gates(text: str | None) -> dict[str, bool]:
     return out
 
 
+#: Gates that need others on (``defaultKubernetesFeatureGateDependencies``, pkg/features/kube_features.go of
+#: v1.37.2; ``DynamicResourceAllocation`` left out: always on here), checked from 1.35, when
+#: component-base's ``featuregate`` began refusing an enabled gate whose dependency is disabled.
+DEPENDS_ON: dict[str, tuple[str, ...]] = {
+    "DRADeviceBindingConditions": (DEVICE_STATUS,),
+    COMPATIBILITY_GROUPS: (PARTITIONABLE,),
+    DEVICE_TAINT_RULES: (DEVICE_TAINTS,),
+    "DRAFractionalCapacityRange": ("DRAConsumableCapacity",),
+    "DRAPartitionableDevicesType": (PARTITIONABLE, "DRAResourcePoolStatus"),
+}
+DEPENDENCIES_SINCE = (1, 35)
+
+
 def resolve(version: Any, overrides: Mapping[str, bool] | None = None) -> dict[str, bool]:
     """The gates of ``version``: its defaults, then ``AllAlpha`` / ``AllBeta``, then ``overrides``.
 
@@ -396,6 +409,12 @@ def resolve(version: Any, overrides: Mapping[str, bool] | None = None) -> dict[s
             raise FeatureGateError(f"cannot set feature gate {name} to {str(value).lower()}, "
                                    f"feature is locked to {str(stage.default).lower()}")
         gates[name] = value
+    if v >= DEPENDENCIES_SINCE:
+        for name, deps in sorted(DEPENDS_ON.items()):
+            off = [d for d in deps if d in gates and not gates[d]]
+            if gates.get(name) and off:
+                raise FeatureGateError(f"{name} is enabled, but depends on features that are disabled: "
+                                       f"[{' '.join(off)}]")
     return gates
 
 

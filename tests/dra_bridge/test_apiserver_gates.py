@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -238,3 +239,23 @@ def test_drop_rules_directly():
     assert paths == ["spec.sharedCounters", "spec.devices[0].consumesCounters"]
     # a gate the version does not have is not the server's to drop: the schema refuses the field
     assert drop_disabled(devices_slice(groups=["a"]), None, defaults("1.36")) == []
+
+
+@pytest.mark.parametrize("version, gates, refused", [
+    ("1.37", {"DRADeviceTaints": False}, "DRADeviceTaintRules is enabled, but depends on features that are "
+                                         "disabled: [DRADeviceTaints]"),
+    ("1.37", {"DRAPartitionableDevices": False, "DRADeviceCompatibilityGroups": True},
+     "DRADeviceCompatibilityGroups is enabled, but depends on features that are disabled: [DRAPartitionableDevices]"),
+    ("1.37", {"DRADeviceTaints": False, "DRADeviceTaintRules": False}, None),
+    ("1.34", {"DRAResourceClaimDeviceStatus": False, "DRADeviceBindingConditions": True}, None),  # no check yet
+])
+def test_a_gate_whose_dependency_is_off_is_refused_as_kube_apiserver_refuses_it(version, gates, refused):
+    """kube-apiserver 1.37.2 exits on ``--feature-gates DRADeviceTaints=false`` ("DRADeviceTaintRules is
+    enabled, but depends on features that are disabled: [DRADeviceTaints]", seen on the real control
+    plane); the local server took it and served a combination no cluster runs."""
+    if refused is None:
+        assert resolve(version, gates)
+    else:
+        with pytest.raises(FeatureGateError, match=re.escape(refused)):
+            resolve(version, gates)
+

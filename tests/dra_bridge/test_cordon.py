@@ -110,7 +110,7 @@ def test_a_device_taint_rule_taints_what_it_selects_as_if_the_driver_had(pool):
 
 @pytest.mark.parametrize("version, gates, kept", [
     ("1.34", {}, False), ("1.35", {}, False), ("1.35", {"DRADeviceTaints": True}, True), ("1.36", {}, True),
-    ("1.37", {}, True), ("1.37", {"DRADeviceTaints": False}, False)])
+    ("1.37", {}, True), ("1.37", {"DRADeviceTaints": False, "DRADeviceTaintRules": False}, False)])
 def test_which_servers_keep_device_taints_is_found_by_a_dry_run(version, gates, kept):
     with LocalApiServer(version=version, feature_gates=gates) as srv:
         assert probe_kept(srv.api_client(), compat.version_tuple(version)).taints is kept

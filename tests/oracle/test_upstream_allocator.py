@@ -64,8 +64,9 @@ PUBLISHED = [
     ("rtxpro-node", RTXPRO, "1.36", {}),  # Blackwell (#38): 96 slots, GB20x instances, whole GPUs
     ("b200-node", B200, "1.37", GROUPS),  # 8 x B200 in MIG mode
 ]
-#: the scheduler's gates flipped from the minor's defaults (None: the defaults)
-FLIPS = [None, {"DRADeviceTaints": False}, {"DRADeviceBindingConditions": False},
+#: the scheduler's gates flipped from the minor's defaults (None: the defaults); taints off takes the rules
+#: off too (kube-apiserver refuses DRADeviceTaintRules on without DRADeviceTaints)
+FLIPS = [None, {"DRADeviceTaints": False, "DRADeviceTaintRules": False}, {"DRADeviceBindingConditions": False},
          {"DRAPartitionableDevices": False}, GROUPS, {"DRADeviceCompatibilityGroups": False}, OPTED_IN]
 #: Minors whose allocator searches a pool's slices in the order they are listed (the informer's,
 #: not fixed) and pools in Go map order: GatherPools sorts neither before 1.36. The model keeps

@@ -107,6 +107,9 @@ def test_version_defaults_keep_counters_on_1_36(tmp_path):
     ("NoSuchGate=true", "unknown gate 'NoSuchGate'"),
     ("DRADeviceCompatibilityGroups=true", "no such gate"),  # a 1.37 gate on a 1.36 server
     ("DRAAdminAccess=false", "locked to true"),
+    # component-base's featuregate since 1.35, as the real control plane says it
+    ("DRADeviceTaintRules=true,DRADeviceTaints=false",
+     "DRADeviceTaintRules is enabled, but depends on features that are disabled: [DRADeviceTaints]"),
 ])
 def test_bad_feature_gates_are_refused(tmp_path, gates, message):
     out = subprocess.run([*COMMAND, "--kubeconfig-out", str(tmp_path / "kc"), "--version", "1.36",
