@@ -118,7 +118,7 @@ class SimulatedNode:
         self.preset = preset
         self.node = node_name or load_host(preset).node
         self._tmp = None if base else tempfile.mkdtemp(prefix="vgpuctl-up-")  # short: unix socket paths
-        self.base = Path(base or self._tmp)
+        self.base = Path(base) if base else Path(str(self._tmp))
         self.node_side_cmd = list(node_side or NODE_SIDE)
         self.resync = resync
         self.layout = layout
@@ -239,8 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"building {cpmod.BINARY} (Go; minutes the first time)", flush=True)
         cpmod.build()
     stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        """Before ``ready``: interrupt the start (its clean-up runs); after: end the wait."""
+        if not ready.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    ready = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     gates = dict((k, v.lower() == "true") for k, _, v in (g.partition("=") for g in args.feature_gates.split(",") if g))
     cp = cpmod.RealControlPlane(gates)
     node: SimulatedNode | None = None
@@ -255,16 +263,21 @@ def main(argv: list[str] | None = None) -> int:
               f"{node.node_side.pid if node.node_side else '?'}; logs in {node.base}", flush=True)
         print(f"kubeconfig: {cp.kubeconfig_path}", flush=True)
         print(f"ready: export KUBECONFIG={cp.kubeconfig_path}; Ctrl-C stops it all", flush=True)
+        ready.set()
         while not stop.wait(0.5):
-            gone = [what for what, p in (("control plane", cp.proc), ("vgpuctl serve", node.serve),
-                                         ("node side", node.node_side)) if p is not None and p.poll() is not None]
-            if gone:
-                print(f"error: {', '.join(gone)} exited; stopping (logs in {node.base})", file=sys.stderr)
-                return 1
+            for what, p, log in (("control plane", cp.proc, cp.log_path), ("vgpuctl serve", node.serve, node.serve_log),
+                                 ("node side", node.node_side, node.node_side_log)):
+                if p is not None and p.poll() is not None:
+                    print(f"error: {what} exited ({p.returncode}); stopping. Its log: {tail(log)}", file=sys.stderr)
+                    return 1
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted while starting; stopping", file=sys.stderr)
+        return 130
     finally:
+        ready.set()  # a second Ctrl-C no longer interrupts the clean-up
         if node is not None:
             node.stop()
         cp.stop()

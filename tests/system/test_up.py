@@ -84,3 +84,26 @@ def test_up_brings_up_a_joined_node_and_ctrl_c_stops_it_all(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait(10)
+
+
+def test_ctrl_c_while_it_starts_stops_what_it_started(tmp_path):
+    """SIGINT once the control plane is up, while the node is still starting: everything it
+    started stops, and it exits 130."""
+    cpmod.binary()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = tmp_path / "up.log"
+    with open(log, "wb") as err:
+        up = subprocess.Popen([sys.executable, "-m", "tests.controlplane.up"], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=err)
+    try:
+        wait_line(up, "control plane:", 300, "tests.controlplane.up", log)
+        children = descendants(up.pid)
+        assert children  # the control plane at least; the node's processes may be starting
+        up.send_signal(signal.SIGINT)
+        assert up.wait(60) == 130, log.read_text()
+        assert [p for p in children | descendants(up.pid) if alive(p)] == []
+        assert "interrupted while starting" in log.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(10)
