@@ -120,6 +120,7 @@ def holder(request, hold):
 #: Tests of several seconds each (node id prefixes, longest first). Under xdist they start first, so
 #: that the workers end together instead of one finishing a campaign alone; order only, nothing skips.
 LONG_FIRST = (
+    "tests/system/test_e2e_serve.py",  # one control plane, seven tests, nodes as processes (~6 min)
     "tests/system/test_campaign.py",
     "tests/system/test_real_rbac.py",  # one test: a control plane, the DaemonSet's pod, a claim (~35 s)
     "tests/system/test_output.py::test_apply_on_the_largest_preset_fits_one_screen",
@@ -140,6 +141,7 @@ LONG_FIRST = (
 #: ``--dist loadgroup`` the tests using one go to the same worker, which builds it once.
 SHARED_FIXTURES = {
     "tests/dra_bridge/test_conformance.py": "passing",
+    "tests/system/test_e2e_serve.py": "cp",
     "tests/system/test_demo.py": "report",
 }
 

@@ -197,7 +197,8 @@ class KubeBackend:
             "containers": [{
                 "name": "check", "image": self.image,
                 "command": ["sh", "-c", f"sh {SCRIPT_DIR}/healthcheck.sh; echo '{DONE}'; exec sleep 86400"],
-                "resources": {"limits": {resource: "1"}} if resource else {"claims": [{"name": "gpu"}]},
+                # a pod with no claim names none (kube-apiserver refuses a claim the pod does not have)
+                "resources": {"limits": {resource: "1"}} if resource else {"claims": [{"name": "gpu"}]} if template else {},
                 "volumeMounts": [{"name": "healthcheck", "mountPath": SCRIPT_DIR, "readOnly": True}],
                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]}
         if node:
@@ -276,21 +277,28 @@ class KubeBackend:
         return out
 
     def wait(self, r: Run, *, expect: str = "Running") -> Run:
-        """Until the pod runs and its health check reported (``expect="Running"``), or the scheduler
+        """Until the pod runs and its health check reported (``expect="Running"``), the scheduler bound
+        it with its claims allocated (``expect="Scheduled"``; running counts too), or the scheduler
         declared it unschedulable (``expect="Pending"``; then it is watched for ``settle`` seconds to
         stay so). A timeout leaves ``phase="Timeout"``."""
         deadline = time.monotonic() + self.timeout
         unread: str | None = None  # why the running pod's health check was not read yet
         while True:
             self.refresh(r)
+            if r.phase == "Running" and expect == "Scheduled" and r.devices:
+                return r
             if r.phase == "Running":
                 unread = self._read_health(r)
                 if unread is None:
                     return r
             elif r.phase == "Failed":
                 return r
-            elif r.phase == "Pending" and r.reason and not r.bound_node and expect == "Pending":
-                return self.confirm_pending(r)
+            elif expect == "Scheduled" and r.bound_node and r.claims:
+                r.devices = self._devices(r.claims)  # the scheduler's allocation, written before the bind
+                if r.devices:
+                    return r
+            elif r.phase == "Pending" and r.reason and not r.bound_node and expect in ("Pending", "Scheduled"):
+                return self.confirm_pending(r) if expect == "Pending" else r
             if time.monotonic() > deadline:
                 r.reason = (self._unread(r, unread) if r.phase == "Running" and unread else
                             f"not {expect} after {self.timeout:.0f}s" + (f" (last: {r.reason})" if r.reason else "")
@@ -338,8 +346,11 @@ class KubeBackend:
         return None
 
     def stop(self, r: Run, *, wait: bool = True) -> None:
-        """Delete the workload's pod (already gone is fine); with ``wait``, until it and its claims are gone."""
-        self.api.delete_pod(r.name, self.namespace, grace_period_seconds=0)
+        """Delete the workload's pod (already gone is fine); with ``wait``, until it and its claims are gone.
+        Gracefully (its 1 s): the kubelet unprepares the claims before the pod goes, and only then are
+        they deallocated; a forced delete lets the scheduler give a device to the next claim while
+        the node still holds it for the last one, whose prepare then fails until the kubelet catches up."""
+        self.api.delete_pod(r.name, self.namespace)
         if wait:
             deadline = time.monotonic() + self.timeout
             while time.monotonic() < deadline:

@@ -160,9 +160,29 @@ class Conformance:
         fits, _, _, g, p = min(cands, key=lambda c: c[:3])
         self.target = Target(node=g.node, gpu=g.gpu, index=g.index, product=g.product, counter_set=g.counter_set,
                              profile=p.profile, fits=fits, published=p.published)
+        allocated = self._scheduled(res, fits)
         return (f"GPU {g.index} {g.gpu} ({g.product}) on node {g.node} publishes {p.published} {p.profile} devices "
-                f"consuming counter set {g.counter_set}; the scheduler model allocates {fits} of them at once; "
-                + self._allocatable(res, g.node))
+                f"consuming counter set {g.counter_set}; the cluster's scheduler allocates {fits} of them at once "
+                f"({allocated}); " + self._allocatable(res, g.node))
+
+    def _scheduled(self, res: CheckResult, fits: int) -> str:
+        """The cluster's own scheduler, not a model, shows the logical GPUs allocatable: ``fits``
+        workloads of the chosen profile on the chosen GPU, created at once, are each bound with a
+        device of that GPU allocated to its claim (check 2 then watches them run)."""
+        t = self.chosen
+        runs = [self.b.create(f"logical-{i}-{random_suffix()}", self.tmpl_vgpu, t.node) for i in range(fits)]
+        self.check2_runs = runs
+        for r in runs:
+            self.b.wait(r, expect="Scheduled")
+            res.evidence.append(f"{r.name}: " + (f"bound to {r.bound_node}, claim {', '.join(r.claims)} allocated "
+                                                 f"{', '.join(d['device'] + ' on ' + str(d['gpu']) for d in r.devices)}"
+                                                 if r.bound_node and r.devices else f"{r.phase} ({r.reason})"))
+        off = [r for r in runs if not r.bound_node or not r.devices]  # on which GPU: check 2's to judge
+        if off:
+            raise CheckFailed(f"the cluster's scheduler allocated {fits - len(off)} of the {fits} {t.profile} logical "
+                              f"GPUs of GPU {t.gpu} the slices offer: " + "; ".join(r.line() for r in off))
+        devices = [d["device"] for r in runs for d in r.devices]
+        return f"pods {', '.join(r.name for r in runs)} bound, their claims allocated {', '.join(devices)}"
 
     def _allocatable(self, res: CheckResult, node: str | None) -> str:
         """KAR-0003's first step: the node's Allocatable lists the statically configured shared GPUs
@@ -194,8 +214,7 @@ class Conformance:
 
     def check2(self, res: CheckResult) -> str:
         t = self.chosen
-        runs = [self.b.create(f"logical-{i}-{random_suffix()}", self.tmpl_vgpu, t.node) for i in range(t.fits)]
-        self.check2_runs = runs
+        runs = self.check2_runs  # check 1's, which the scheduler allocated
         problems = []
         for r in runs:
             self.b.wait(r)

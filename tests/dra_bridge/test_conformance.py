@@ -44,6 +44,10 @@ def test_all_checks_pass_on_the_simulated_cluster(passing):
     assert statuses(passing) == {n: "passed" for n in range(1, 6)}, passing.to_dict()
     assert passing.ok and passing.cleanup == []
     assert "publishes 2 T4-8" in detail(passing, 1) and "allocates 2 of them at once" in detail(passing, 1)
+    # check 1's evidence is what the cluster's scheduler did with workloads, not what a model says
+    assert "the cluster's scheduler allocates 2 of them at once (pods logical-0-" in detail(passing, 1)
+    bound = [e for e in next(c.evidence for c in passing.checks if c.number == 1) if ": bound to sim-node-1" in e]
+    assert len(bound) == 2 and all("claim logical-" in e and " on 0000:10:00.0" in e for e in bound), bound
     assert "Allocatable lists none: its logical GPUs are DRA devices (KAR-0003's Allocatable step)" in detail(passing, 1)
     assert "all on GPU 0000:10:00.0 (by the slices, inside the workloads, and on the host)" in detail(passing, 2)
     d3 = detail(passing, 3)
@@ -474,3 +478,32 @@ def test_json_events_are_go_test2json():
                         ("fail", "TestVgpuctlConformance"), ("fail", None)]
     out = "".join(e.get("Output", "") for e in events if e.get("Test") == "TestVgpuctlConformance/1_One_GPU__several")
     assert "=== RUN" in out and "    evidence\n" in out and "--- PASS" in out
+
+
+class _FakeApi:
+    """The calls KubeBackend makes to delete a pod, recorded."""
+
+    def __init__(self) -> None:
+        self.deleted: list[tuple] = []
+
+    def delete_pod(self, name: str, namespace: str, **kw) -> bool:
+        self.deleted.append((name, namespace, kw))
+        return True
+
+
+def test_a_pod_without_a_claim_names_no_claim_and_pods_are_deleted_gracefully():
+    """kube-apiserver refuses a container naming a claim its pod does not have (422: check 4's pod
+    without a claim never ran on 1.37.2); and a pod deleted with grace period 0 lets the scheduler
+    give its device to the next claim before the kubelet unprepared it (the whole GPU's prepare
+    was refused on the real control plane): pods go with their own grace period."""
+    from dra_bridge.conformance.backend import KubeBackend, Run
+
+    b = KubeBackend.__new__(KubeBackend)
+    b.namespace, b.image, b.runs = "ns", "img", []
+    bare = b.pod_body("no-claim", None, "n1")
+    assert bare["spec"]["resourceClaims"] == [] and bare["spec"]["containers"][0]["resources"] == {}
+    with_claim = b.pod_body("p", "tmpl", "n1")["spec"]["containers"][0]["resources"]
+    assert with_claim == {"claims": [{"name": "gpu"}]}
+    b.api = _FakeApi()
+    b.stop(Run(name="p", template="tmpl"), wait=False)
+    assert b.api.deleted == [("p", "ns", {})]

@@ -1,7 +1,8 @@
 """On a real control plane (issue #31): etcd, kube-apiserver, kube-scheduler and
 kube-controller-manager of Kubernetes 1.37 in one Go process (tests/controlplane/k8s-1.37), with
 Node objects and no kubelet; the kubelet's side is the kubelet model of the other tests, over the
-agent's real sockets.
+agent's real sockets, or (the pods the scheduler binds) the node side of tests/controlplane/nodeside.py
+beside ``vgpuctl serve`` as processes, as in test_e2e_serve.py: no test writes a pod's phase.
 
 - ``vgpuctl serve`` publishes its ResourceSlices there, for every preset;
 - DeviceClasses and claim templates rendered by ``vgpuctl render`` go in with real kubectl; the real
@@ -28,9 +29,11 @@ import yaml
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.sim.apiserver import LocalApiServer
-from dra_bridge.sim.kubelet import KubeletClient, node_object
+from dra_bridge.sim.kubelet import node_object
+from mdev_manager.discovery import discover
 from mdev_manager.sim import SimIO
 from mdev_manager.sim.hostspec import preset_names
+from mdev_manager.sim.node import sim_node
 from tests.support.controlplane import RealControlPlane
 from tests.support.deploy import NAMESPACE, OVERLAYS, Kubectl, needs_kubectl
 from tests.support.dra import DRIVER, assert_consistent_pool, make_node, pool_slices, short_tmp
@@ -199,62 +202,40 @@ def _vgpu_pod(name: str, template: str) -> dict:
                                      "resources": {"claims": [{"name": "vgpu"}]}}]}}
 
 
-def _run_as_kubelet(cp, kubelet: KubeletClient, pod: dict) -> dict:
-    """What the kubelet does for a pod bound to its node: prepare each claim, then report it running."""
-    ns = pod["metadata"]["namespace"]
-    refs = []
-    for st in pod["status"]["resourceClaimStatuses"]:
-        claim = cp.get_object("resourceclaims", st["resourceClaimName"], ns)
-        refs.append((ns, claim["metadata"]["uid"], claim["metadata"]["name"]))
-    answers = kubelet.prepare(refs)
-    assert {u: a["error"] for u, a in answers.items()} == {r[1]: "" for r in refs}
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    status = {**pod["status"], "phase": "Running", "startTime": now,
-              "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
-                             for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
-              "containerStatuses": [{"name": c["name"], "image": c["image"], "imageID": "", "ready": True,
-                                     "restartCount": 0, "started": True,
-                                     "state": {"running": {"startedAt": now}}}
-                                    for c in pod["spec"]["containers"]]}
-    cp.rest("PUT", cp.path("pods", pod["metadata"]["name"], ns) + "/status", {**pod, "status": status})
-    return answers
-
-
 def test_the_real_scheduler_allocates_rendered_claims_and_the_plugin_prepares(cp, k):
+    """Rendered objects applied with kubectl; ``vgpuctl serve`` and the node side as processes (the
+    node side, not this test, prepares each bound pod's claim and sets the pod Running)."""
+    from tests.controlplane.up import SimulatedNode
+
     with short_tmp("cpe") as base:
-        node = make_node(base / "n", "default", version=(1, 37))
-        if cp.get_object("nodes", node.node) is None:  # the preset test may have made it
-            cp.add(node_for(node.node))
         k("apply", "-f", "-", stdin=render("deviceclasses"))
         k("apply", "-f", "-", stdin=render("claim-template", "--set", "profile=A100-4C"))
         k("apply", "-f", "-", stdin=render("passthrough-pod"))  # its template and its pod
         k("apply", "-f", "-", stdin=yaml.safe_dump(_vgpu_pod("vm-a100", "vgpu-a100-4c")))
-        with Serving(make_daemon(node, cp, base)):
-            kubelet = KubeletClient(base / "kl").register()
-            try:
-                for name in ("vm-a100", "vfio-gpu"):
-                    pod = wait_for(lambda n=name: (p := cp.get_object("pods", n, "default"))["spec"].get("nodeName")
-                                   and p.get("status", {}).get("resourceClaimStatuses") and p,
-                                   f"pod {name} scheduled", 90)
-                    assert pod["spec"]["nodeName"] == node.node
-                    answers = _run_as_kubelet(cp, kubelet, pod)
-                    (claim_name,) = [s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]]
-                    claim = cp.get_object("resourceclaims", claim_name, "default")
-                    (result,) = claim["status"]["allocation"]["devices"]["results"]
-                    assert (result["driver"], result["pool"]) == (DRIVER, node.node)
-                    (answer,) = answers.values()
-                    assert [d["device_name"] for d in answer["devices"]] == [result["device"]]
-                    # the claim is reserved for the pod and made from the template by the controller
-                    assert [r["name"] for r in claim["status"]["reservedFor"]] == [name]
-                    assert claim["metadata"]["ownerReferences"][0]["name"] == name
-                    if result.get("bindingConditions"):  # confirmed by the agent before the bind
-                        conds = {c["type"]: c["status"] for e in claim["status"].get("devices") or []
-                                 for c in e.get("conditions") or []}
-                        assert all(conds.get(c) == "True" for c in result["bindingConditions"]), conds
-                got = k("get", "pods", "-o", "wide").stdout
-                assert "Running" in got and node.node in got
-            finally:
-                kubelet.close()
+        with SimulatedNode(cp.kubeconfig_path, "default", base / "n") as node:
+            for name in ("vm-a100", "vfio-gpu"):
+                pod = wait_for(lambda n=name: (p := cp.get_object("pods", n, "default")) and
+                               (p.get("status") or {}).get("phase") == "Running" and p, f"pod {name} Running", 120)
+                assert pod["spec"]["nodeName"] == node.node
+                (claim_name,) = [s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]]
+                claim = cp.get_object("resourceclaims", claim_name, "default")
+                (result,) = claim["status"]["allocation"]["devices"]["results"]
+                assert (result["driver"], result["pool"]) == (DRIVER, node.node)
+                # the claim is reserved for the pod and made from the template by the controller
+                assert [r["name"] for r in claim["status"]["reservedFor"]] == [name]
+                assert claim["metadata"]["ownerReferences"][0]["name"] == name
+                if result.get("bindingConditions"):  # confirmed by the agent before the bind
+                    conds = {c["type"]: c["status"] for e in claim["status"].get("devices") or []
+                             for c in e.get("conditions") or []}
+                    assert all(conds.get(c) == "True" for c in result["bindingConditions"]), conds
+            # what the plugin prepared is on the host: the A100's vGPU, the whole GPU on vfio-pci
+            sim = sim_node(node.host_dir, None)
+            inv = discover(sim.env, sim.io, node=node.node)
+            assert [v.type_name.split()[-1] for v in inv.all_vgpus()] == ["A100-4C"], inv.all_vgpus()
+            assert sum(g.driver == "vfio-pci" for g in inv.gpus) >= 1
+            got = k("get", "pods", "-o", "wide").stdout
+            assert "Running" in got and node.node in got
+            k("delete", "pods", "vm-a100", "vfio-gpu", "--timeout=60s")  # confirmed by the node side
 
 
 # --------------------------------------------------------------------------- deploy/ with server validation
@@ -422,13 +403,23 @@ def test_no_execute_cordon_evicts_through_the_real_controller(cp, k):
                                  capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
             try:
-                pod = wait_for(lambda: (p := cp.get_object("pods", "evicted", "default")) is None
-                               or p["metadata"].get("deletionTimestamp") and p or None, "evicted", 60)
-                if pod:
-                    reasons = {c["type"]: c.get("reason") for c in pod["status"].get("conditions") or []}
+                seen: list[dict] = []
+                wait_for(lambda: evicted(cp, "evicted", seen), "evicted", 60)
+                if seen:  # seen terminating (a pod deleted outright is only seen gone)
+                    reasons = {c["type"]: c.get("reason") for c in seen[-1]["status"].get("conditions") or []}
                     assert reasons.get("DisruptionTarget") == "DeletionByDeviceTaintManager", reasons
             finally:
                 subprocess.run([*VGPUCTL, "uncordon", gpu, *kc], capture_output=True, text=True, timeout=120)
+
+
+def evicted(cp, name: str, seen: list[dict]) -> bool:
+    """The pod is deleted or terminating; a terminating look at it is appended to ``seen``. (A pod
+    deleted outright, as a node side that confirms the deletion leaves it, is just gone: an earlier
+    form of this wait returned True then, and the test read ``True["status"]``: TypeError.)"""
+    p = cp.get_object("pods", name, "default")
+    if p is not None and p["metadata"].get("deletionTimestamp"):
+        seen.append(p)
+    return p is None or bool(p["metadata"].get("deletionTimestamp"))
 
 
 # --------------------------------------------------------------------------- opaque config over JSON
