@@ -205,8 +205,13 @@ def _vgpu_pod(name: str, template: str) -> dict:
 def test_the_real_scheduler_allocates_rendered_claims_and_the_plugin_prepares(cp, k):
     """Rendered objects applied with kubectl; ``vgpuctl serve`` and the node side as processes (the
     node side, not this test, prepares each bound pod's claim and sets the pod Running)."""
-    from tests.controlplane.up import SimulatedNode
+    import shutil
 
+    from tests.controlplane.up import SimulatedNode
+    from tests.support.controlplane import unavailable
+
+    if shutil.which("openssl") is None:
+        unavailable("openssl not installed: the node side makes its kubelet certificate with it (apt install openssl)")
     with short_tmp("cpe") as base:
         k("apply", "-f", "-", stdin=render("deviceclasses"))
         k("apply", "-f", "-", stdin=render("claim-template", "--set", "profile=A100-4C"))
