@@ -311,7 +311,7 @@ def test_drain_migrate_runs_end_to_end_with_kubevirts_objects(cp, tmp_path):
                           for r in c["status"]["allocation"]["devices"]["results"]}
                 assert len(on_gpu) == 3, on_gpu
 
-                out = vgpuctl(cp, "drain", gpu, "--migrate", "--timeout", "15", "--wait", "30")
+                out = vgpuctl(cp, "drain", gpu, "--migrate", "--timeout", "20", "--wait", "30")
                 print(out.stdout)
                 text = " ".join(out.stdout.split())
                 assert out.returncode == 3, out.stdout + out.stderr  # the VMs that did not move still hold it
