@@ -123,6 +123,7 @@ LONG_FIRST = (
     "tests/system/test_e2e_serve.py",  # one control plane, seven tests, nodes as processes (~6 min)
     "tests/system/test_campaign.py",
     "tests/system/test_real_rbac.py",  # one test: a control plane, the DaemonSet's pod, a claim (~35 s)
+    "tests/system/test_real_kubevirt.py",  # a control plane with KubeVirt's CRDs; drain --migrate (~3 min)
     "tests/system/test_output.py::test_apply_on_the_largest_preset_fits_one_screen",
     "tests/mdev_manager/test_crash.py",
     "tests/system/test_no_overcommit.py",
@@ -143,6 +144,7 @@ SHARED_FIXTURES = {
     "tests/dra_bridge/test_conformance.py": "passing",
     "tests/system/test_e2e_serve.py": "cp",
     "tests/system/test_demo.py": "report",
+    "tests/system/test_real_kubevirt.py": "cp",
 }
 
 
