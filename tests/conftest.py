@@ -122,6 +122,7 @@ def holder(request, hold):
 LONG_FIRST = (
     "tests/system/test_campaign.py",
     "tests/system/test_real_rbac.py",  # one test: a control plane, the DaemonSet's pod, a claim (~35 s)
+    "tests/system/test_real_kubelet_dra.py",  # a control plane, vgpuctl serve, the kubelet's DRA manager (~50 s)
     "tests/system/test_output.py::test_apply_on_the_largest_preset_fits_one_screen",
     "tests/mdev_manager/test_crash.py",
     "tests/system/test_no_overcommit.py",
@@ -141,6 +142,7 @@ LONG_FIRST = (
 SHARED_FIXTURES = {
     "tests/dra_bridge/test_conformance.py": "passing",
     "tests/system/test_demo.py": "report",
+    "tests/system/test_real_kubelet_dra.py": "node",
 }
 
 

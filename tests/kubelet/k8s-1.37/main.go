@@ -178,11 +178,11 @@ func run(ctx context.Context, kubeconfig, nodeName, rootDir string) error {
 
 	// The pods the checkpoint names, read by the kubelet's own checkpoint code before the manager
 	// loads the same file into its claim info cache.
-	checkpointed, err := checkpointPods(rootDir)
+	inCheckpoint, err := checkpointPods(rootDir)
 	if err != nil {
 		return err
 	}
-	o.emit("checkpoint", map[string]any{"pods": checkpointed})
+	o.emit("checkpoint", map[string]any{"pods": inCheckpoint})
 
 	manager, err := dra.NewManager(logger, client, rootDir)
 	if err != nil {
@@ -226,15 +226,22 @@ func run(ctx context.Context, kubeconfig, nodeName, rootDir string) error {
 		return ctx.Err()
 	}
 	o.emit("ready", map[string]any{"node": nodeName, "rootDir": rootDir})
-	go n.sweep(ctx, handler.registered, checkpointed)
+	go n.sweep(ctx, handler.registered, inCheckpoint)
 	go wait.UntilWithContext(ctx, n.work, time.Second)
 	<-ctx.Done()
 	logger.Info("stopping: the checkpoint stays")
 	return nil
 }
 
-// checkpointPods: pod UID -> namespace, for every pod the DRA manager's checkpoint references.
-func checkpointPods(rootDir string) (map[string]string, error) {
+// checkpointed is what the DRA manager's checkpoint holds for one pod.
+type checkpointed struct {
+	Namespace string   `json:"namespace"`
+	Claims    []string `json:"claims"` // ResourceClaim UIDs
+}
+
+// checkpointPods: pod UID -> what the checkpoint holds for it, read by the kubelet's own
+// checkpoint code (pkg/kubelet/cm/dra/state) from the file the manager loads.
+func checkpointPods(rootDir string) (map[string]*checkpointed, error) {
 	cp, err := state.NewCheckpointer(rootDir, checkpointName)
 	if err != nil {
 		return nil, fmt.Errorf("DRA checkpoint in %s: %w", rootDir, err)
@@ -247,11 +254,17 @@ func checkpointPods(rootDir string) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	pods := map[string]string{}
+	pods := map[string]*checkpointed{}
 	for _, c := range list {
 		for uid := range c.PodUIDs {
-			pods[uid] = c.Namespace
+			if pods[uid] == nil {
+				pods[uid] = &checkpointed{Namespace: c.Namespace}
+			}
+			pods[uid].Claims = append(pods[uid].Claims, string(c.ClaimUID))
 		}
+	}
+	for _, p := range pods {
+		sort.Strings(p.Claims)
 	}
 	return pods, nil
 }
@@ -323,7 +336,7 @@ func (n *node) sync(ctx context.Context, k string) error {
 	gone := n.gone[k]
 	n.mu.Unlock()
 	for _, pod := range gone {
-		if err := n.unprepare(ctx, pod, "deleted"); err != nil {
+		if err := n.unprepare(ctx, pod, "deleted", nil); err != nil {
 			return err
 		}
 		n.mu.Lock()
@@ -340,12 +353,12 @@ func (n *node) sync(ctx context.Context, k string) error {
 	pod := obj.(*v1.Pod)
 	switch {
 	case pod.DeletionTimestamp != nil:
-		if err := n.unprepare(ctx, pod, "terminating"); err != nil {
+		if err := n.unprepare(ctx, pod, "terminating", nil); err != nil {
 			return err
 		}
 		return n.finalDelete(ctx, pod)
 	case pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed:
-		return n.unprepare(ctx, pod, "finished")
+		return n.unprepare(ctx, pod, "finished", nil)
 	default:
 		return n.prepare(ctx, pod)
 	}
@@ -436,11 +449,15 @@ func setCondition(st *v1.PodStatus, t v1.PodConditionType, now metav1.Time) {
 	st.Conditions = append(st.Conditions, v1.PodCondition{Type: t, Status: v1.ConditionTrue, LastTransitionTime: now})
 }
 
-func (n *node) unprepare(ctx context.Context, pod *v1.Pod, why string) error {
+// unprepare: UnprepareResources for a pod; claims (UIDs) are for the report, taken from the
+// manager's cache where the pod given carries its spec.
+func (n *node) unprepare(ctx context.Context, pod *v1.Pod, why string, claims []string) error {
 	if !n.manager.PodMightNeedToUnprepareResources(pod.UID) {
 		return nil // nothing prepared for it (or already unprepared)
 	}
-	claims := n.claimUIDs(pod)
+	if claims == nil {
+		claims = n.claimUIDs(pod)
+	}
 	if err := n.manager.UnprepareResources(ctx, pod); err != nil {
 		n.out.emit("unprepare-failed", map[string]any{"pod": key(pod), "uid": pod.UID, "error": err.Error()})
 		return err
@@ -464,7 +481,7 @@ func (n *node) finalDelete(ctx context.Context, pod *v1.Pod) error {
 // sweep: the pods the checkpoint names that are no longer on the node are unprepared once the
 // driver has registered (the claim names come from the manager's cache, read from the checkpoint:
 // the pod given here carries only its UID and namespace).
-func (n *node) sweep(ctx context.Context, registered <-chan struct{}, checkpointed map[string]string) {
+func (n *node) sweep(ctx context.Context, registered <-chan struct{}, inCheckpoint map[string]*checkpointed) {
 	select {
 	case <-ctx.Done():
 		return
@@ -474,14 +491,14 @@ func (n *node) sweep(ctx context.Context, registered <-chan struct{}, checkpoint
 	for _, obj := range n.pods.List() {
 		present[obj.(*v1.Pod).UID] = true
 	}
-	for uid, ns := range checkpointed {
+	for uid, held := range inCheckpoint {
 		if present[types.UID(uid)] {
 			continue
 		}
-		pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid), Namespace: ns}}
+		pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid), Namespace: held.Namespace}}
 		backoff := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Cap: 5 * time.Second, Steps: 1 << 20}
 		err := wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
-			return n.unprepare(ctx, pod, "gone while stopped") == nil, nil
+			return n.unprepare(ctx, pod, "gone while stopped", held.Claims) == nil, nil
 		})
 		if err != nil && !errors.Is(err, context.Canceled) {
 			n.logger.Error(err, "unpreparing a pod from the checkpoint", "podUID", uid)
