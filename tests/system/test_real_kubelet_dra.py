@@ -10,8 +10,9 @@ socket, keeping its claim info cache and checkpoint as a kubelet does.
 Stood in for, there being no container runtime (kubelet-dra's header says how): the pod workers
 (a pod bound to the node is prepared; one deleted, unprepared), the runtime (containers count as
 started once prepared: the pod is written Running by the node side, with the CDI IDs a runtime would get
-printed), the status manager's final delete of a terminated pod, and the kubelet's pod clean-up
-after a restart (the manager's own reconcile loop does the same every 60 s and runs too).
+printed), the status manager's final delete of a terminated pod, and, after a restart, the first
+round of the manager's own reconcile loop (every 60 s in v1.37.2, its first before the driver has
+registered): the pods the checkpoint names that are gone are unprepared once the driver registers.
 
 Skipped where Go is absent (failed under ``CI=true``).
 """
@@ -194,9 +195,11 @@ def test_a_restart_rereads_the_checkpoint_and_unprepares_a_pod_deleted_while_it_
     assert (gone["why"], gone["claims"]) == ("gone while stopped", lost_event["claims"])
     left = {v.id for v in node.vgpus()} - before
     assert len(left) == 1 and left < set(made)  # the lost pod's vGPU removed, the kept pod's there
-    # the pod still bound is prepared again from the checkpoint: the same devices, the same CDI IDs
+    # the pod still bound is prepared again (the manager restores its entries unprepared and calls
+    # NodePrepareResources again): the agent answers the same devices, the same CDI IDs, no new vGPU
     again = node.kubelet.event("prepared", "the pod still bound, after the restart", uid=kept_uid)
     assert (again["claims"], again["cdi"]) == (kept_event["claims"], kept_event["cdi"])
+    assert {v.id for v in node.vgpus()} - before == left
     assert [c["ClaimUID"] for c in node.checkpoint()["ClaimInfoStateList"]] == kept_event["claims"]
 
     # the node goes on: a new pod is placed (the agent published again what the restart wiped) and prepared

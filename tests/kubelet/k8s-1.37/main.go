@@ -25,10 +25,13 @@
 //     the pod's status is written Running (the kubelet's status manager writes the phase);
 //   - the status manager's final delete: a pod with a deletionTimestamp is deleted with grace
 //     period 0 (UID precondition) once the manager holds nothing for it;
-//   - the kubelet's HandlePodCleanups after a restart: the pods named in the checkpoint that are
-//     no longer on the node are unprepared as soon as the driver has registered and the pod
-//     informer has synced. The DRA manager's own reconcile loop does the same every 60 s (not
-//     configurable in v1.37.2); it runs too, as a backstop.
+//   - after a restart, the pods the checkpoint names that are no longer bound here are unprepared
+//     (UnprepareResources with a pod carrying only its UID and namespace: the claims come from the
+//     manager's cache, loaded from the checkpoint) once the driver has registered and the pod
+//     informer has synced. In the kubelet, the DRA manager's reconcile loop does this; it runs here
+//     too, but v1.37.2 runs it every 60 s (not configurable) and its first round, at start, comes
+//     before any driver has registered. A pod still bound is prepared again: the manager marks
+//     the entries it restores unprepared and calls NodePrepareResources again, as the kubelet does.
 //
 // It prints one JSON object per line on stdout, for the tests to wait on: {"event": "ready"},
 // {"event": "registered"}, {"event": "prepared"}, {"event": "prepare-failed"}, {"event": "unprepared"},
