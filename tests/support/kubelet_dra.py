@@ -84,16 +84,16 @@ class KubeletDra:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
                     raise AssertionError(f"kubelet-dra: {what}: not within {timeout}s; events {self.events[-8:]}; "
-                                         f"log: {self.log_tail()}")
+                                         f"log: {self.log_tail()}; its pod worker: {self.worker_stack()}")
                 chunk = os.read(self.proc.stdout.fileno(), 65536)
                 if not chunk:
                     rc = self.proc.wait(10)
                     raise AssertionError(f"kubelet-dra exited ({rc}) waiting for {what}: {self.log_tail()}")
                 self._buf += chunk
                 *lines, self._buf = self._buf.split(b"\n")
-                for line in lines:
-                    e = json.loads(line)
-                    self.events.append(e)
+                new = [json.loads(line) for line in lines]
+                self.events += new  # every one kept: a later wait may be for one after the match
+                for e in new:
                     if pred(e):
                         return e
         finally:
@@ -103,6 +103,22 @@ class KubeletDra:
         """The first ``kind`` event whose fields equal ``match``."""
         return self.wait(lambda e: e["event"] == kind and all(e.get(k) == v for k, v in match.items()),
                          what or f"{kind} {match}", timeout)
+
+    def worker_stack(self) -> str:
+        """SIGQUIT (Go prints every goroutine's stack and exits): the stacks of its own code."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            return "(exited)"
+        size = self.log_path.stat().st_size
+        self.proc.send_signal(signal.SIGQUIT)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            return "(no dump)"
+        with open(self.log_path, "rb") as f:
+            f.seek(size)
+            dump = f.read().decode(errors="replace")
+        return "\n\n".join(g for g in dump.split("\n\n") if "main." in g)[-6000:]
 
     def log_tail(self, n: int = 3000) -> str:
         try:

@@ -84,6 +84,9 @@ import (
 // (draManagerStateFileName in pkg/kubelet/cm/dra/manager.go, unexported).
 const checkpointName = "dra_manager_state"
 
+// requestTimeout bounds each write of the node side: one that hangs is retried, not waited on.
+const requestTimeout = 30 * time.Second
+
 // out prints the events the tests wait on, one JSON object per line.
 type out struct {
 	mu  sync.Mutex
@@ -326,6 +329,7 @@ func (n *node) work(ctx context.Context) {
 		}
 		err := n.sync(ctx, k)
 		if err != nil && ctx.Err() == nil {
+			n.logger.Info("Pod sync failed, will retry", "pod", k, "err", err)
 			n.queue.AddRateLimited(k)
 		} else {
 			n.queue.Forget(k)
@@ -359,6 +363,7 @@ func (n *node) sync(ctx context.Context, k string) error {
 		if err := n.unprepare(ctx, pod, "terminating", nil); err != nil {
 			return err
 		}
+		n.logger.V(2).Info("Deleting the terminated pod", "pod", k, "podUID", pod.UID)
 		return n.finalDelete(ctx, pod)
 	case pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed:
 		return n.unprepare(ctx, pod, "finished", nil)
@@ -436,6 +441,8 @@ func (n *node) setRunning(ctx context.Context, pod *v1.Pod) error {
 			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}}})
 	}
 	n.manager.UpdateAllocatedResourcesStatus(n.logger, pod, st)
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
 	_, err := n.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
 	return err
 }
@@ -472,8 +479,11 @@ func (n *node) unprepare(ctx context.Context, pod *v1.Pod, why string, claims []
 // finalDelete: the status manager's delete of a terminated pod (grace period 0, UID precondition).
 func (n *node) finalDelete(ctx context.Context, pod *v1.Pod) error {
 	zero := int64(0)
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
 	err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+	n.logger.V(2).Info("Deleted the terminated pod", "pod", key(pod), "podUID", pod.UID, "err", err)
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return err
 	}
