@@ -156,6 +156,12 @@ def test_a_pod_the_scheduler_placed_is_prepared_by_the_kubelets_manager_and_unpr
     # the CDI IDs the runtime would get, from the manager's cache, each resolving in the CDI files written
     ids = event["cdi"]["vm"]
     assert ids and all(cdi_device(node.cdi_root, i) for i in ids)
+    # the device's health in the container's status: the agent's health stream, through the kubelet's
+    # own client and cache (it streams from registration on, before any pod is placed)
+    (status,) = pod["status"]["containerStatuses"]
+    (health,) = status["allocatedResourcesStatus"]
+    assert health["name"] == "claim:vgpu"
+    assert [(r["resourceID"] in ids, r["health"]) for r in health["resources"]] == [(True, "Healthy")]
     # the manager's checkpoint holds the claim for the pod, with the device the scheduler allocated
     (held,) = [c for c in node.checkpoint()["ClaimInfoStateList"] if c["ClaimUID"] == claim["metadata"]["uid"]]
     assert list(held["PodUIDs"]) == [pod["metadata"]["uid"]]
