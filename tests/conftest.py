@@ -124,6 +124,7 @@ LONG_FIRST = (
     "tests/system/test_campaign.py",
     "tests/system/test_real_rbac.py",  # one test: a control plane, the DaemonSet's pod, a claim (~35 s)
     "tests/system/test_real_kubevirt.py",  # a control plane with KubeVirt's CRDs; drain --migrate (~3 min)
+    "tests/system/test_real_kubelet_dra.py",  # a control plane, vgpuctl serve, the kubelet's DRA manager (~50 s)
     "tests/system/test_output.py::test_apply_on_the_largest_preset_fits_one_screen",
     "tests/mdev_manager/test_crash.py",
     "tests/system/test_no_overcommit.py",
@@ -145,6 +146,7 @@ SHARED_FIXTURES = {
     "tests/system/test_e2e_serve.py": "cp",
     "tests/system/test_demo.py": "report",
     "tests/system/test_real_kubevirt.py": "cp",
+    "tests/system/test_real_kubelet_dra.py": "node",
 }
 
 
