@@ -57,9 +57,7 @@ def overlap(ref: ClaimRef, results: list[dict], pool_name: str, pool: Pool,
             elif gpu and gpu == h.gpu and h.kind == "passthrough":
                 why = f"device {name} is on GPU {gpu}, which is passed through whole as {h.name} to {h.who}"
             elif gpu and gpu == h.gpu and span and h.span and _clash(span, h.span):
-                theirs = _what(h.span) if span[3] else f"{h.span[1]}-{h.span[2] - 1}"
-                why = (f"device {name} takes {_what(span)} of GPU {gpu}, which overlap{'s' if span[3] else ''} "
-                       f"{theirs} of {h.name} {'in' if h.mine else 'prepared for'} {h.who}")
+                why = f"device {name} takes {_what(span, h.span, gpu)} of {h.name} {'in' if h.mine else 'prepared for'} {h.who}"
             else:
                 continue
             if h.mine:
@@ -86,10 +84,14 @@ def _clash(a: _Span, b: _Span) -> bool:
     return ia[2] < ib[2] + ib[3] and ib[2] < ia[2] + ia[3]
 
 
-def _what(span: _Span) -> str:
-    inside = span[3]
-    where = f"{span[0]} {span[1]}-{span[2] - 1}"
-    return f"placement {inside[2]} inside the GPU instance at {where}" if inside else where
+def _what(span: _Span, theirs: _Span, gpu: str) -> str:
+    """What ``span`` takes that ``theirs`` holds: a placement inside one shared instance, else the ranges."""
+    a, b = span[3], theirs[3]
+    if a and b and span[1:3] == theirs[1:3]:
+        other = f"placement {b[2]}" if a[1] == b[1] else f"type {b[1]} at placement {b[2]}"
+        return (f"placement {a[2]} inside the GPU instance at {span[0]} {span[1]}-{span[2] - 1} of GPU {gpu}, which "
+                f"overlaps {other} inside it")
+    return f"{span[0]} {span[1]}-{span[2] - 1} of GPU {gpu}, which overlap {theirs[1]}-{theirs[2] - 1}"
 
 
 @dataclass(frozen=True)

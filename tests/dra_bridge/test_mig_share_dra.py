@@ -171,3 +171,36 @@ def test_after_a_reboot_the_sharing_claims_find_their_instance_and_placements_ag
     assert instances(node) == before
     assert drv.unprepare(refs) == {r.uid: None for r in refs}
     assert instances(node) == {}
+
+
+def test_overlap_lets_claims_share_an_instance_only_at_disjoint_placements_of_one_type(node):
+    """The refusal prepare runs first, from the records (a claim of an earlier boot holds its
+    placement too): one instance, one type, placements apart; anything else on its slices clashes."""
+    from dra_bridge.kubeletplugin.overlap import overlap
+    from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
+    from dra_bridge.rpc.types import ClaimRef
+
+    U1 = str(uuid.uuid4())
+    pool = pool_of(node)
+    six = pool.device("gpu-0-mig-1g24gb-14-0-at-6").type_id
+
+    def held(name, type_id, gi_profile, gi_start, gi_size, at, size):
+        return {U1: ClaimRecord(uid=U1, namespace="default", name="a", devices=[PreparedDeviceRecord(
+            request="gpu", pool="p", device=name, kind="vgpu", gpu=GPU, type_id=type_id, gi_profile=gi_profile,
+            gi_start=gi_start, gi_size=gi_size, placement=at, placement_size=size)])}
+
+    def asks(device):
+        return overlap(ClaimRef(uid=str(uuid.uuid4()), namespace="default", name="b"), [{"pool": "p", "device": device}], "p",
+                       pool, claims)
+
+    claims = held("gpu-0-mig-1g24gb-14-0-at-6", six, 14, 0, 1, 6, 6)
+    assert asks("gpu-0-mig-1g24gb-14-0-at-12") is None  # same instance and type, placements apart
+    assert asks("gpu-0-mig-1g24gb-14-1-at-6") is None  # another instance
+    assert "overlap 0-0" in asks("gpu-0-mig-2g48gb-5-0-at-0")  # an instance over it
+    claims = held("gpu-0-mig-1g24gb-14-0-at-12", "1558", 14, 0, 1, 12, 12)  # a DC-1-12Q there (an earlier pool)
+    why = asks("gpu-0-mig-1g24gb-14-0-at-18")
+    assert "placement 18 inside the GPU instance at memory slices 0-0 of GPU 0000:10:00.0, which overlaps type 1558 at "\
+        "placement 12 inside it of gpu-0-mig-1g24gb-14-0-at-12 prepared for claim default/a" in why, why
+    claims = held("gpu-0-mig-1g24gb-14-0-at-0", six, 14, 0, 1, 0, 12)  # overlapping placements inside
+    assert "placement 6 inside the GPU instance at memory slices 0-0 of GPU 0000:10:00.0, which overlaps placement 0 "\
+        "inside it" in asks("gpu-0-mig-1g24gb-14-0-at-6")
