@@ -35,7 +35,6 @@ from dra_bridge.scheduling import capacity
 from dra_bridge.scheduling.selectors import Selectors
 from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.workloads import DEMO_LAYOUT, Workload
-from mdev_manager.models import Gpu
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,8 @@ def _gpu_views(c: SimCluster, owners: dict[str, Workload], frameworks: dict[str,
                                        else dev.slots if dev else None,
                                        instance=dev.instance if dev else None, inside=dev.inside if dev else None))
         if view.memory_total is None and view.slices_total:  # shared instances: no memory counter (migshare)
-            mig = (inv.gpu(g.gpu or "") or Gpu.model_construct(mig=None)).mig
+            found = inv.gpu(g.gpu or "")
+            mig = found.mig if found else None
             view.memory_total = max((p.memory_mib for p in mig.profiles), default=0) * 2**20 if mig else None
             view.memory_used = sum(h.memory or 0 for h in view.holders)
         view.left = [{"profile": p.profile, "fits": p.fits, "of": p.published, "memory": p.memory}
