@@ -273,12 +273,15 @@ def test_demo_after_a_plain_install(tmp_path):
     assert p.stdout.split()[:2] == ["CelSelectors", "True"], p.stdout
 
 
-def test_cli_demo_rtxpro_node_shares_a_gpu_instance(capsys):
+def test_cli_demo_rtxpro_node_shares_a_gpu_instance(tmp_path, capsys):
     """`vgpuctl demo --preset rtxpro-node` (#38.5): a VM and a pod each get a DC-1-6Q vGPU in one GB20x
     GPU instance (MIG time-slicing), at two placements inside it, both made on the simulated host
     where the slices said; the second VM asking for the one whole GPU is refused; all torn down."""
-    assert main(["demo", "--preset", "rtxpro-node", "--json"]) == 0
+    svg = tmp_path / "gpus.svg"
+    assert main(["demo", "--preset", "rtxpro-node", "--json", "--svg", str(svg)]) == 0
     rep = json.loads(capsys.readouterr().out)
+    titles = [t.text for t in ET.parse(svg).iter(SVG + "title")]
+    assert any(t.startswith("VM vm-mig") for t in titles) and any(t.startswith("pod pod-mig") for t in titles)
     assert rep["ok"], rep["problems"]
     assert rep["preset"] == "rtxpro-node" and rep["host_problems"] == []
     phases = {w["name"]: w["phase"] for w in rep["workloads"]}
