@@ -204,3 +204,18 @@ def test_overlap_lets_claims_share_an_instance_only_at_disjoint_placements_of_on
     claims = held("gpu-0-mig-1g24gb-14-0-at-0", six, 14, 0, 1, 0, 12)  # overlapping placements inside
     assert "placement 6 inside the GPU instance at memory slices 0-0 of GPU 0000:10:00.0, which overlaps placement 0 "\
         "inside it" in asks("gpu-0-mig-1g24gb-14-0-at-6")
+
+
+def test_an_instance_holds_one_type_so_one_sharing_type_per_profile_is_offered(node):
+    pool = pool_of(node, PoolPolicy(gpus={GPU: GpuPolicy(vgpu_types=["DC-1-6Q", "DC-1-12Q"])}))
+    assert {d.attributes["vgpuType"]["string"] for d in pool.devices if d.gpu == GPU and d.kind == "vgpu"} == {"DC-1-6Q"}
+    assert any("DC-1-12Q not offered: DC-1-6Q is offered on 1g.24gb" in w for w in pool.warnings), pool.warnings
+
+
+def test_a_dual_mode_gpu_offers_each_instance_whole(node):
+    """migMode: auto keeps both modes' counters on one set: no room for the grid, so instances whole."""
+    pol = PoolPolicy(gpus={GPU: GpuPolicy(vgpu_types=["DC-1-6Q", "DC-24Q"], mig_auto=True)})
+    pool = pool_of(node, pol, version=(1, 37))
+    mig = [d for d in pool.devices if d.gpu == GPU and d.placement is not None]
+    assert mig and not any(d.inside for d in mig)
+    assert any("migMode: auto keeps both modes' counters" in w for w in pool.warnings), pool.warnings
