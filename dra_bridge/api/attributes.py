@@ -20,6 +20,7 @@ ATTR_MIG_BACKED = "migBacked"
 ATTR_MIG_ENABLED = "migEnabled"
 ATTR_PLACEMENT_START = "placementStart"  # MIG memory slice, or mixed-size vGPU slot (GiB)
 ATTR_PLACEMENT_SIZE = "placementSize"
+ATTR_VGPU_PLACEMENT = "vgpuPlacement"  # MIG time-slicing: the vGPU's placement id inside its GPU instance
 
 # the physical GPU it is on
 ATTR_PRODUCT_NAME = "productName"

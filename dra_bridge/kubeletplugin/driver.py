@@ -313,7 +313,7 @@ class Driver:
                 try:
                     if dev.placement is not None:
                         rec = plan_mig_vgpu(gpu, rec, dev.placement, dev.gpu_instance_profile, taken,
-                                            prefer.get(dev.name), avoid or set())
+                                            prefer.get(dev.name), avoid or set(), dev.inside)
                     else:
                         rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
                     if dev.slots is not None:  # mixed-size: made at the device's placement

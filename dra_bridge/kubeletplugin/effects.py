@@ -18,7 +18,7 @@ from mdev_manager.discovery import read_function, read_gpu
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name
-from mdev_manager.host.nvml import NVML_ERROR_NOT_FOUND, Mig, NvmlError
+from mdev_manager.host.nvml import NVML_ERROR_IN_USE, NVML_ERROR_NOT_FOUND, Mig, NvmlError
 from mdev_manager.models import Gpu, MigPlacement
 from mdev_manager.plan import native_driver
 
@@ -81,11 +81,19 @@ def switch_mig_mode(ex: Executor, gpu: Gpu, enable: bool) -> None:
 
 def create_instance(ex: Executor, rec: PreparedDeviceRecord) -> None:
     """A MIG-backed vGPU's GPU instance, at the allocated placement (NVML
-    ``nvmlDeviceCreateGpuInstanceWithPlacement``); its id goes into the record."""
+    ``nvmlDeviceCreateGpuInstanceWithPlacement``); its id goes into the record. A vGPU that shares
+    its instance (``placement`` inside it) joins the instance there, if another vGPU made it already."""
     if rec.gi_profile is None or rec.gpu_instance is not None:
         return
+    mig = Mig(ex.io.nvml())
     try:
-        rec.gpu_instance = Mig(ex.io.nvml()).create(rec.gpu, rec.gi_profile, rec.gi_start, rec.gi_size)
+        if rec.placement is not None:
+            there = [gi["id"] for gi in (mig.state(rec.gpu) or {}).get("instances", [])
+                     if gi["profile_id"] == rec.gi_profile and gi["placement"]["start"] == rec.gi_start]
+            if there:
+                rec.gpu_instance = there[0]
+                return
+        rec.gpu_instance = mig.create(rec.gpu, rec.gi_profile, rec.gi_start, rec.gi_size)
     except NvmlError as exc:
         raise PrepareError(f"GPU {rec.gpu}: GPU instance (profile {rec.gi_profile}) at memory slices "
                            f"{rec.gi_start}-{rec.gi_start + rec.gi_size - 1} not created: {exc}") from None
@@ -110,7 +118,9 @@ def remove_vgpu(ex: Executor, env: HostEnv, io: HostIO, rec: PreparedDeviceRecor
 
 def remove_instance(ex: Executor, rec: PreparedDeviceRecord) -> None:
     """The GPU instance prepare made, once no vGPU lives on it (NVML refuses it otherwise): found by
-    its placement, so a crash before its id was recorded, or a reboot, leaves nothing behind."""
+    its placement, so a crash before its id was recorded, or a reboot, leaves nothing behind. An
+    instance this vGPU shared (MIG time-slicing) stays while another vGPU lives on it: the last to
+    leave removes it."""
     if rec.gi_profile is None:
         return
     mig = Mig(ex.io.nvml())
@@ -118,22 +128,43 @@ def remove_instance(ex: Executor, rec: PreparedDeviceRecord) -> None:
         state = mig.state(rec.gpu)
         for gi in (state or {}).get("instances", []):
             if gi["profile_id"] == rec.gi_profile and gi["placement"]["start"] == rec.gi_start:
-                mig.destroy(rec.gpu, gi["id"])
+                try:
+                    mig.destroy(rec.gpu, gi["id"])
+                except NvmlError as exc:
+                    if exc.code != NVML_ERROR_IN_USE or rec.placement is None:
+                        raise
+                    log.info("GPU %s: GPU instance %s kept: another vGPU lives on it", rec.gpu, gi["id"])
     except NvmlError as exc:
         if exc.code != NVML_ERROR_NOT_FOUND:
             raise OSError(errno.EBUSY, f"GPU instance at slice {rec.gi_start} of {rec.gpu}: {exc}") from None
 
 
 def plan_mig_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, placement: MigPlacement, profile_id: int, taken: set[str],
-                  prefer: PreparedDeviceRecord | None = None, avoid: set[str] = frozenset()) -> PreparedDeviceRecord:
-    """A MIG-backed vGPU: its GPU instance at the allocated placement, then the vGPU on a free VF."""
+                  prefer: PreparedDeviceRecord | None = None, avoid: set[str] = frozenset(),
+                  inside: MigPlacement | None = None) -> PreparedDeviceRecord:
+    """A MIG-backed vGPU: its GPU instance at the allocated placement, then the vGPU on a free VF.
+    ``inside``: the vGPU shares its instance (MIG time-slicing) at that placement inside it; an
+    instance there of its profile holding only vGPUs of its type, that placement free, is joined."""
     if gpu.mig is None or not gpu.mig.enabled:
         raise PrepareError(f"GPU {gpu.address} is not in MIG mode; {rec.device} cannot be made")
     slices = set(placement.slices)
-    clash = next((g for g in gpu.mig.instances if slices & set(g.placement.slices)), None)
-    if clash is not None:
-        raise PrepareError(f"GPU {gpu.address}: memory slices {placement.start}-{placement.start + placement.size - 1} "
-                           f"are held by GPU instance {clash.id}" + (f" ({clash.vgpu})" if clash.vgpu else ""))
+    for g in gpu.mig.instances:
+        if not slices & set(g.placement.slices):
+            continue
+        if inside is None or (g.profile_id, g.placement) != (profile_id, placement):
+            raise PrepareError(f"GPU {gpu.address}: memory slices {placement.start}-{placement.start + placement.size - 1} "
+                               f"are held by GPU instance {g.id}" + (f" ({g.vgpu})" if g.vgpu else ""))
+        on = [v for v in gpu.vgpus if v.id in (g.vgpus or [g.vgpu]) or v.gpu_instance == g.id]
+        other = next((v for v in on if v.type_id != rec.type_id), None)
+        if other is not None:
+            raise PrepareError(f"GPU {gpu.address}: GPU instance {g.id} holds {other.type_name} ({other.id}); "
+                               f"{rec.device} is another type")
+        end = inside.start + inside.size
+        held = next((v for v in on if v.placement_id is not None and v.placement_id < end
+                     and inside.start < v.placement_id + inside.size), None)
+        if held is not None:
+            raise PrepareError(f"GPU {gpu.address}: placement {inside.start} inside GPU instance {g.id} is held by "
+                               f"vGPU {held.id}")
     busy = {v.parent for v in gpu.vgpus} | taken
     first = prefer.parent if prefer else None
     vfs = sorted((vf.address for vf in gpu.vfs if vf.address not in busy),
@@ -151,7 +182,9 @@ def plan_mig_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, placement: MigPlacement, 
         vgpu_id = str(uuidlib.uuid4())
     return rec.model_copy(update={"framework": framework, "parent": parent, "vgpu_id": vgpu_id,
                                   "gi_profile": profile_id, "gi_start": placement.start,
-                                  "gi_size": placement.size, "gpu_instance": None})
+                                  "gi_size": placement.size, "gpu_instance": None,
+                                  "placement": inside.start if inside else None,
+                                  "placement_size": inside.size if inside else None})
 
 
 def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str],

@@ -36,7 +36,9 @@ def overlap(ref: ClaimRef, results: list[dict], pool_name: str, pool: Pool,
     * "the same device" is physical: a passed-through GPU and a vGPU on it (or the GPU's
       passthrough device under another name) clash; both kinds of record name their GPU; so do
       two placements whose slots (mixed-size) or memory slices (MIG) overlap, read from the
-      records, so a claim of an earlier boot keeps its placement before it is re-created;
+      records, so a claim of an earlier boot keeps its placement before it is re-created; two vGPUs
+      sharing one GPU instance (MIG time-slicing: the same profile, placement and type) clash only
+      where their placements inside it overlap;
     * the claim's own record is not another claim (a repeated prepare answers before this runs);
       one device twice within the claim is refused too.
     """
@@ -54,10 +56,8 @@ def overlap(ref: ClaimRef, results: list[dict], pool_name: str, pool: Pool,
                 why = f"device {name} is the whole GPU {gpu}, which holds vGPUs: {h.name} of {h.who}"
             elif gpu and gpu == h.gpu and h.kind == "passthrough":
                 why = f"device {name} is on GPU {gpu}, which is passed through whole as {h.name} to {h.who}"
-            elif gpu and gpu == h.gpu and span and h.span and span[0] == h.span[0] and \
-                    span[1] < h.span[2] and h.span[1] < span[2]:
-                why = (f"device {name} takes {span[0]} {span[1]}-{span[2] - 1} of GPU {gpu}, which overlap "
-                       f"{h.span[1]}-{h.span[2] - 1} of {h.name} {'in' if h.mine else 'prepared for'} {h.who}")
+            elif gpu and gpu == h.gpu and span and h.span and _clash(span, h.span):
+                why = f"device {name} takes {_what(span, h.span, gpu)} of {h.name} {'in' if h.mine else 'prepared for'} {h.who}"
             else:
                 continue
             if h.mine:
@@ -68,8 +68,30 @@ def overlap(ref: ClaimRef, results: list[dict], pool_name: str, pool: Pool,
     return None
 
 
+#: where a sharing vGPU sits inside its GPU instance: (GI profile id, type id, placement id, slots)
+_Inside = tuple[int | None, str | None, int, int]
 #: what a placement is a range of: a mixed-size vGPU's slots, a MIG-backed vGPU's memory slices
-_Span = tuple[str, int, int]
+#: (and its placement inside a shared instance)
+_Span = tuple[str, int, int, _Inside | None]
+
+
+def _clash(a: _Span, b: _Span) -> bool:
+    if a[0] != b[0] or not (a[1] < b[2] and b[1] < a[2]):
+        return False
+    ia, ib = a[3], b[3]
+    if ia is None or ib is None or a[1:3] != b[1:3] or ia[:2] != ib[:2]:
+        return True  # overlapping instances, or one instance of two profiles or types
+    return ia[2] < ib[2] + ib[3] and ib[2] < ia[2] + ia[3]
+
+
+def _what(span: _Span, theirs: _Span, gpu: str) -> str:
+    """What ``span`` takes that ``theirs`` holds: a placement inside one shared instance, else the ranges."""
+    a, b = span[3], theirs[3]
+    if a and b and span[1:3] == theirs[1:3]:
+        other = f"placement {b[2]}" if a[1] == b[1] else f"type {b[1]} at placement {b[2]}"
+        return (f"placement {a[2]} inside the GPU instance at {span[0]} {span[1]}-{span[2] - 1} of GPU {gpu}, which "
+                f"overlaps {other} inside it")
+    return f"{span[0]} {span[1]}-{span[2] - 1} of GPU {gpu}, which overlap {theirs[1]}-{theirs[2] - 1}"
 
 
 @dataclass(frozen=True)
@@ -87,10 +109,11 @@ def _record_span(d: PreparedDeviceRecord) -> _Span | None:
     """The range a prepared device keeps on its GPU, from its record: a claim of an earlier boot
     holds it too, though its vGPU is not made again yet (else the first claim the kubelet retries
     after a reboot could take another's placement)."""
-    if d.placement is not None:
-        return ("slots", d.placement, d.placement + (d.placement_size or 1))
     if d.gi_start is not None:
-        return ("memory slices", d.gi_start, d.gi_start + (d.gi_size or 1))
+        inside = (d.gi_profile, d.type_id, d.placement, d.placement_size or 1) if d.placement is not None else None
+        return ("memory slices", d.gi_start, d.gi_start + (d.gi_size or 1), inside)
+    if d.placement is not None:
+        return ("slots", d.placement, d.placement + (d.placement_size or 1), None)
     return None
 
 
@@ -98,7 +121,8 @@ def _device_span(dev: PoolDevice | None) -> _Span | None:
     if dev is None:
         return None
     if dev.slots is not None:
-        return ("slots", dev.slots.start, dev.slots.start + dev.slots.size)
+        return ("slots", dev.slots.start, dev.slots.start + dev.slots.size, None)
     if dev.placement is not None:
-        return ("memory slices", dev.placement.start, dev.placement.start + dev.placement.size)
+        inside = (dev.gpu_instance_profile, dev.type_id, dev.inside.start, dev.inside.size) if dev.inside else None
+        return ("memory slices", dev.placement.start, dev.placement.start + dev.placement.size, inside)
     return None

@@ -253,8 +253,8 @@ def _published(device: str, published: Pool | None, obs: Observed) -> tuple[str 
     if m.group(2) == "passthrough":
         return "passthrough", address, None
     gpu = obs.inventory.gpu(address)
-    if m.group(2).startswith("mig-"):  # gpu-<n>-mig-<profile>-<profile id>-<start>: the profile's type
-        pid = re.search(r"-(\d+)-\d+$", m.group(2))
+    if m.group(2).startswith("mig-"):  # gpu-<n>-mig-<profile>-<profile id>-<start>[-at-<id>]: the profile's type
+        pid = re.search(r"-(\d+)-\d+(?:-at-\d+)?$", m.group(2))
         prof = gpu.mig.profile(int(pid.group(1))) if gpu and gpu.mig and pid else None
         types = [t.id for t in (gpu.types if gpu else []) if prof and t.gpu_instance_profile == prof.name]
         return "vgpu", address, types[0] if len(types) == 1 else None

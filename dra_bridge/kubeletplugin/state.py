@@ -37,7 +37,8 @@ class PreparedDeviceRecord(BaseModel):
     gi_start: int | None = None
     gi_size: int | None = None
     gpu_instance: int | None = None
-    # mixed-size mode: the placement the vGPU is moved to after its (first-fit) create, and its slots
+    # mixed-size mode: the placement the vGPU is moved to after its (first-fit) create, and its slots;
+    # MIG time-slicing (gi_* set): its placement inside the GPU instance it shares
     placement: int | None = None
     placement_size: int | None = None
 

@@ -187,7 +187,7 @@ def _add_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: bool, pcie_
     if pol.mig_auto and groups_supported and gpu.mig is not None and gpu.mig.profiles:
         sliced, mig = Pool(), Pool()  # both modes, merged onto one counter set (dualmode.py)
         _add_time_sliced(sliced, gpu, time_sliced_policy(gpu, pol), True, pcie_root)
-        add_mig_gpu(mig, in_mig_mode(gpu), mig_policy(gpu, pol), _common_attributes(gpu, pcie_root))
+        add_mig_gpu(mig, in_mig_mode(gpu), mig_policy(gpu, pol), _common_attributes(gpu, pcie_root), share=False)
         merge_modes(pool, gpu, sliced, mig)
         return
     if gpu.mig is not None and gpu.mig.enabled:

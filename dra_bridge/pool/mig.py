@@ -12,7 +12,11 @@ engines (a second ``+me``), or the whole GPU beside any placement are thus never
 together: exactly NVML's placement rules (checked exhaustively in the tests).
 
 The vGPU a placement's claim gets is the MIG-backed type of that profile (``A100-3-20C`` on
-``3g.20gb``; NVIDIA's user guide names each after the profile it takes whole). Pure.
+``3g.20gb``; NVIDIA's user guide names each after the profile it takes whole). Where the layout
+names a type several of which share an instance (MIG time-slicing, GB20x: ``DC-1-6Q``, 4 per
+``1g.24gb``), each placement offers one device per vGPU placement inside the instance
+(``gpu-2-mig-1g24gb-14-1-at-6``) on the grid of :mod:`.migshare` instead of the memory-slice and
+engine counters, where that grid fits a counter set. Pure.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from dra_bridge.api.attributes import (
     ATTR_TYPE_ID,
     ATTR_TYPE_NAME,
     ATTR_UUID,
+    ATTR_VGPU_PLACEMENT,
     ATTR_VGPU_TYPE,
     ATTR_VGPU_TYPES,
 )
 from dra_bridge.api.names import counter_set_name, mig_device_name, passthrough_device_name, type_is_mig_backed
+from dra_bridge.pool.migshare import Grid, share_grid
 from dra_bridge.pool.model import (
     ATTR_PCI_BUS_ID,
     AttrValue,
@@ -48,7 +54,7 @@ from dra_bridge.pool.model import (
     attr_string,
     format_mib,
 )
-from mdev_manager.models import Gpu, GpuInstanceProfile, MigState, VgpuType
+from mdev_manager.models import Gpu, GpuInstanceProfile, MigPlacement, MigState, VgpuType
 from mdev_manager.names import mig_profile_of, type_series
 
 #: NVIDIA's counter names for a profile's engines (camelToDNSName of NVML's field names), and the
@@ -87,7 +93,7 @@ def profile_consumption(prof: GpuInstanceProfile, start: int, size: int) -> dict
 
 def mig_types(gpu: Gpu, pol: GpuPolicy, warnings: list[str]) -> dict[int, VgpuType]:
     """GPU-instance profile id -> the MIG-backed type its placements offer (the policy's order
-    first; ``None`` in the policy: every MIG-backed type the GPU offers)."""
+    first; ``None`` in the policy: every MIG-backed type the GPU offers, the one filling its instance first)."""
     assert gpu.mig is not None
     refs = pol.vgpu_types
     if refs is None:
@@ -111,25 +117,30 @@ def mig_types(gpu: Gpu, pol: GpuPolicy, warnings: list[str]) -> dict[int, VgpuTy
             warnings.append(f"GPU {gpu.address}: {t.short_name} needs GPU-instance profile "
                             f"{t.gpu_instance_profile or mig_profile_of(t.name)!r}, which NVML does not list; skipped")
             continue
-        if (t.max_per_instance or 1) > 1 and prof.id not in out:
-            warnings.append(f"GPU {gpu.address}: {t.short_name} is offered one per GPU instance ({prof.name}): "
-                            f"DRA does not yet publish the {t.max_per_instance} an instance can share")
+        if prof.id in out and (t.max_per_instance or 1) > 1:
+            warnings.append(f"GPU {gpu.address}: {t.short_name} not offered: {out[prof.id].short_name} is offered on "
+                            f"{prof.name} (an instance holds one type)")
         out.setdefault(prof.id, t)
     return out
 
 
-def add_mig_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, common: dict[str, AttrValue]) -> None:
-    """The counter set and devices of a GPU in MIG mode (see the module docstring)."""
+def add_mig_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, common: dict[str, AttrValue], *, share: bool = True) -> None:
+    """The counter set and devices of a GPU in MIG mode (see the module docstring); ``share``:
+    instances may be shared (not on a dual-mode GPU, whose counters hold both modes')."""
     mig = gpu.mig
     assert mig is not None and mig.enabled
     if not mig.profiles:
         pool.warnings.append(f"GPU {gpu.address}: in MIG mode but NVML lists no GPU-instance profile; not offered")
         return
     cs = counter_set_name(gpu.index)
-    counters = gpu_counters(mig)
     offered = mig_types(gpu, pol, pool.warnings)
     if not offered and not pol.passthrough:
         return
+    grid = share_grid(gpu, offered, pool.warnings) if share else None
+    if not share and any((t.max_per_instance or 1) > 1 for t in offered.values()):
+        pool.warnings.append(f"GPU {gpu.address}: offered one vGPU per GPU instance (migMode: auto keeps both modes' "
+                             "counters; instances are shared with migMode: true)")
+    counters: dict[str, int | str] = dict(grid.counters) if grid else gpu_counters(mig)
     pool.counter_sets.append(CounterSet(name=cs, counters=counters))
     full = full_profile(mig)
     if pol.passthrough:
@@ -166,9 +177,29 @@ def add_mig_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, common: dict[str, AttrValu
         cap = {"memory": format_mib(prof.memory_mib),
                **{cap_name: str(getattr(prof, field)) for _, cap_name, field in ENGINE_COUNTERS}}
         for pl in prof.placements:
-            pool.devices.append(PoolDevice(
+            base = PoolDevice(
                 name=mig_device_name(gpu.index, prof.name, prof.id, pl.start), kind="vgpu", gpu=gpu.address,
                 type_id=t.id, gpu_instance_profile=prof.id, placement=pl, profile_instances=prof.instances,
                 attributes={**attrs, ATTR_PLACEMENT_START: attr_int(pl.start), ATTR_PLACEMENT_SIZE: attr_int(pl.size)},
                 capacity=dict(cap),
-                consumes=[Consumption(counter_set=cs, counters=profile_consumption(prof, pl.start, pl.size))]))
+                consumes=[Consumption(counter_set=cs, counters=profile_consumption(prof, pl.start, pl.size))])
+            pool.devices += shared_devices(base, grid, prof, t) if grid else [base]
+
+
+def shared_devices(base: PoolDevice, grid: Grid, prof: GpuInstanceProfile, t: VgpuType) -> list[PoolDevice]:
+    """An instance placement's devices on the grid: one per vGPU placement inside the instance
+    (``-at-<placement id>``), or the instance whole where its type takes it whole."""
+    assert base.placement is not None
+    inside = grid.inside.get(prof.id) or []
+    if not inside:
+        return [base.model_copy(update={"consumes": [Consumption(counter_set=base.consumes[0].counter_set,
+                                                                 counters=grid.cells(prof, base.placement, 0))]})]
+    out = []
+    for q, at in enumerate(inside):
+        cap = {**base.capacity, "memory": format_mib(t.framebuffer_mib or 0)}
+        out.append(base.model_copy(deep=True, update={
+            "name": f"{base.name}-at-{at.start}", "inside": MigPlacement(start=at.start, size=at.size), "capacity": cap,
+            "attributes": {**base.attributes, ATTR_VGPU_PLACEMENT: attr_int(at.start)},
+            "consumes": [Consumption(counter_set=base.consumes[0].counter_set,
+                                     counters=grid.cells(prof, base.placement, q))]}))
+    return out

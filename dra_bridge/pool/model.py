@@ -138,6 +138,8 @@ class PoolDevice(_Model):
     gpu_instance_profile: int | None = Field(None, description="MIG-backed: the NVML profile id of its GPU instance")
     placement: MigPlacement | None = Field(None, description="MIG-backed: where its GPU instance is created")
     profile_instances: int | None = Field(None, description="MIG-backed: most instances of its profile per GPU")
+    inside: MigPlacement | None = Field(None, description=(
+        "MIG time-slicing (GB20x): its vGPU's placement inside the GPU instance (placement id, slots)"))
     slots: MigPlacement | None = Field(None, description=(
         "mixed-size mode: the 1 GiB slots it holds (start = the placement id prepare moves its vGPU to)"))
     binding_conditions: list[str] = Field(default_factory=list, description=(

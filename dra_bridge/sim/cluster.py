@@ -426,7 +426,8 @@ class SimCluster:
     def host_problems(self, w: Workload) -> list[str]:
         """What the simulated host contradicts: every vGPU the workload got exists on the GPU the
         slice named (a mixed-size device's at its placement, a MIG-backed one's on a GPU instance at
-        its placement); every whole GPU is bound to vfio-pci; every device node exists."""
+        its placement, and at its placement inside a shared instance); every whole GPU is bound to
+        vfio-pci; every device node exists."""
         inv = self.inventory()
         vgpus = {v.id: v for v in inv.all_vgpus()}
         out = []
@@ -447,6 +448,9 @@ class SimCluster:
                     if at != d.instance:
                         out.append(f"{w.name}: vGPU {d.host_id} lives on a GPU instance at {at}, the slice said "
                                    f"{d.instance} ({d.device})")
+                    elif d.inside is not None and v.placement_id != d.inside:
+                        out.append(f"{w.name}: vGPU {d.host_id} sits at placement {v.placement_id} inside its GPU "
+                                   f"instance, the slice said {d.inside} ({d.device})")
             else:
                 g = inv.gpu(d.gpu or "")
                 if g is None or g.driver != "vfio-pci":

@@ -16,6 +16,11 @@ plugin over its real sockets (the vGPUs appear on the simulated host, which is c
 the shipped health check on the device nodes they got. Then everything is torn down and the host
 is checked to be clean again. The report shows, per physical GPU, who holds what and what is left,
 and why the extra workload was refused.
+
+``preset="rtxpro-node"`` runs the same on four RTX PRO 6000 Blackwell Server Edition (#38) in the dra
+layout of ``examples/rtxpro-layout.yaml``: time-sliced, mixed-size, MIG with several vGPUs per GPU
+instance (MIG time-slicing), and whole; a VM and a pod share one GPU instance, each vGPU at its own
+placement inside it, and a second VM asking for the one GPU offered whole is refused.
 """
 
 from __future__ import annotations
@@ -58,10 +63,54 @@ WORKLOADS: tuple[DemoWorkload, ...] = (
 )
 
 
-def demo_device_classes() -> dict:
+#: examples/rtxpro-layout.yaml's dra layout (a test keeps them equal): GPU 2 in MIG mode offers DC-1-6Q
+#: (4 per 1g.24gb instance) and DC-2-24Q (2 per 2g.48gb), GPU 3 is offered whole
+RTXPRO_LAYOUT = """\
+version: vgpuctl/v1
+layouts:
+  dra:
+    - index: 0
+      mode: dra
+    - index: 1
+      mode: dra
+      mixedSize: true
+    - index: 2
+      mode: dra
+      migMode: true
+      vgpus: {DC-1-6Q: 16, DC-2-24Q: 4}
+    - index: 3
+      mode: dra
+      passthrough: true
+"""
+RTXPRO_WHOLE = "GB202GL [RTX PRO 6000 Blackwell Server Edition]"
+
+RTXPRO_WORKLOADS: tuple[DemoWorkload, ...] = (
+    DemoWorkload("vm-mig", "VM: DC-1-6Q in a GPU instance", "vm", {"gpus": {"DC-1-6Q": 1}}),
+    DemoWorkload("pod-mig", "pod: DC-1-6Q, same instance", "pod", {"profile": "DC-1-6Q"}),  # shares vm-mig's GI
+    DemoWorkload("vm-mig-2g", "VM: DC-2-24Q in a GPU instance", "vm", {"gpus": {"DC-2-24Q": 1}}),
+    DemoWorkload("vm-sliced", "VM: DC-8Q vGPU (time-sliced)", "vm", {"gpus": {"DC-8Q": 1}}),
+    DemoWorkload("pod-sliced", "pod: DC-8Q vGPU", "pod", {"profile": "DC-8Q"}),
+    DemoWorkload("vm-whole", "VM: a whole RTX PRO 6000", "vm", {"passthrough": RTXPRO_WHOLE}),
+    DemoWorkload("vm-whole-b", "VM: a whole RTX PRO 6000", "vm", {"passthrough": RTXPRO_WHOLE}, expect="Pending"),
+)
+
+
+@dataclass(frozen=True)
+class DemoPreset:
+    layout: str
+    layout_name: str
+    workloads: tuple[DemoWorkload, ...]
+    shares_instance: bool = False  # a VM and a pod must share one GPU instance (MIG time-slicing)
+
+
+PRESETS = {"default": DemoPreset(DEMO_LAYOUT, "demo", WORKLOADS),
+           "rtxpro-node": DemoPreset(RTXPRO_LAYOUT, "dra", RTXPRO_WORKLOADS, shares_instance=True)}
+
+
+def demo_device_classes(workloads: tuple[DemoWorkload, ...] = WORKLOADS) -> dict:
     """The ``render deviceclasses`` values of the demo's cluster: a class per classic VM's type,
     mapped to its classic resource name."""
-    classic = sorted({p for w in WORKLOADS if w.kind == "classic-vm" for p in w.values["gpus"]})
+    classic = sorted({p for w in workloads if w.kind == "classic-vm" for p in w.values["gpus"]})
     return {"profiles": classic, "extended_resources": True}
 
 
@@ -92,6 +141,8 @@ class Holder:
     iommu_group: int | None
     classic: bool = False  # asked by a classic resource name (deviceName); found through MDEV_/PCI_RESOURCE_<R>
     slots: tuple[int, int] | None = None  # mixed-size mode: (first slot, slots) the vGPU holds
+    instance: tuple[int, int] | None = None  # MIG-backed: its GPU instance's memory slices (start, size)
+    inside: int | None = None  # MIG time-slicing: its placement inside the instance
 
 
 @dataclass
@@ -125,6 +176,7 @@ class DemoReport:
     gpus: list[GpuView] = field(default_factory=list)
     refused: list[dict] = field(default_factory=list)
     shared: list[dict] = field(default_factory=list)  # GPUs whose counters VMs and pods hold together
+    shared_instances: list[dict] = field(default_factory=list)  # GPU instances VMs and pods hold together
     host_problems: list[str] = field(default_factory=list)
     teardown: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -152,6 +204,7 @@ def _gpu_views(c: SimCluster, owners: dict[str, Workload], frameworks: dict[str,
     """Per physical GPU: the counters (from the slices), who holds what (claims -> workloads, and
     the host identity the workload got), and what more fits (the capacity module)."""
     report = capacity.compute(c.slices(), c.claims(), driver=c.driver, selectors=c.selectors)
+    inv = c.inventory()
     out = []
     for g in report.gpus:
         # a GPU in mixed-size mode counts 1 GiB slots (pool/placements.py): they add up to its memory
@@ -164,8 +217,8 @@ def _gpu_views(c: SimCluster, owners: dict[str, Workload], frameworks: dict[str,
                        slots_total=slots,
                        vgpus_total=int(g.totals["vgpus"]) if "vgpus" in g.totals else None,
                        vgpus_used=int(g.used.get("vgpus", 0) or 0),
-                       slices_total=sum(1 for k in g.totals if k.startswith("memory-slice-")),
-                       slices_used=sum(1 for k, v in g.used.items() if k.startswith("memory-slice-") and v not in ("0", 0)))
+                       slices_total=len(_slices(g.totals)),
+                       slices_used=len(_slices({k: v for k, v in g.used.items() if v not in ("0", 0)})))
         for h in g.holders:
             claim = h["claim"].split("/", 1)[-1]
             w = owners.get(claim)
@@ -177,10 +230,38 @@ def _gpu_views(c: SimCluster, owners: dict[str, Workload], frameworks: dict[str,
                                        iommu_group=dev.iommu_group if dev else None,
                                        classic=bool(dev and dev.env),
                                        slots=(0, slots) if slots and dev and dev.kind == "passthrough"
-                                       else dev.slots if dev else None))
+                                       else dev.slots if dev else None,
+                                       instance=dev.instance if dev else None, inside=dev.inside if dev else None))
+        if view.memory_total is None and view.slices_total:  # shared instances: no memory counter (migshare)
+            found = inv.gpu(g.gpu or "")
+            mig = found.mig if found else None
+            view.memory_total = max((p.memory_mib for p in mig.profiles), default=0) * 2**20 if mig else None
+            view.memory_used = sum(h.memory or 0 for h in view.holders)
         view.left = [{"profile": p.profile, "fits": p.fits, "of": p.published, "memory": p.memory}
                      for p in g.profiles]
         out.append(view)
+    return out
+
+
+def _slices(counters: dict) -> set[str]:
+    """The memory slices a GPU in MIG mode counts: ``memory-slice-<k>``, or the cells of slice k
+    where its instances are shared (``memory-slice-<k>-<cell>``, pool/migshare.py)."""
+    return {k.split("-")[2] for k in counters if k.startswith("memory-slice-")}
+
+
+def shared_instances(gpus: list[GpuView]) -> list[dict]:
+    """The GPU instances a VM and a pod both have a vGPU in (MIG time-slicing), with where each sits."""
+    out = []
+    for g in gpus:
+        by_gi: dict[tuple[int, int], list[Holder]] = {}
+        for h in g.holders:
+            if h.instance is not None and h.inside is not None:
+                by_gi.setdefault(h.instance, []).append(h)
+        for (start, size), hs in sorted(by_gi.items()):
+            if {h.owner for h in hs} >= {"VM", "pod"}:
+                out.append({"gpu": g.index, "address": g.address, "slices": [start, size],
+                            "holders": [{"workload": h.workload, "owner": h.owner, "profile": h.profile,
+                                         "placement": h.inside, "device": h.device} for h in hs]})
     return out
 
 
@@ -225,20 +306,24 @@ def _refusal_detail(w: Workload, gpus: list[GpuView], profile: str) -> list[str]
 
 
 def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = None,
-             selectors: Selectors | None = None, progress: Callable[[str], None] | None = None) -> DemoReport:
+             selectors: Selectors | None = None, progress: Callable[[str], None] | None = None,
+             preset: str = "default") -> DemoReport:
     """Run the demo end to end on a server of ``version`` with ``feature_gates`` over that version's
-    defaults (as a real kube-apiserver of it runs); ``progress(str)`` is called as steps complete."""
+    defaults (as a real kube-apiserver of it runs); ``progress(str)`` is called as steps complete;
+    ``preset``: the simulated node (:data:`PRESETS`)."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
-    with SimCluster(version=version, selectors=selectors, device_classes=demo_device_classes(),
-                    feature_gates=dict(feature_gates or {})) as c:
+    spec_of = PRESETS[preset]
+    with SimCluster(version=version, selectors=selectors, device_classes=demo_device_classes(spec_of.workloads),
+                    feature_gates=dict(feature_gates or {}), preset=preset, layout=spec_of.layout,
+                    layout_name=spec_of.layout_name) as c:
         assert c.srv is not None and c.kubelet is not None and c.daemon is not None and c.base is not None  # started
         inv = c.inventory()
         rep = DemoReport(node=c.node, preset=c.preset, kubernetes=c.srv.git_version,
                          cel=type(c.selectors).__name__, feature_gates=dict(c.srv.feature_gates))
         rep.layout = {"name": c.layout_name, "gpus": [
             {"index": g.index, "address": g.address, "model": g.model, "framework": g.framework,
-             "vfs": g.sriov_num_vfs} for g in inv.gpus], "text": DEMO_LAYOUT}
+             "vfs": g.sriov_num_vfs} for g in inv.gpus], "text": spec_of.layout}
         slices = c.slices()
         rep.slices = {"count": len(slices),
                       "devices": sum(len(s["spec"].get("devices") or []) for s in slices),
@@ -248,7 +333,7 @@ def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = N
         say("node and DRA bridge up")
         owners: dict[str, Workload] = {}
         launched: list[tuple[DemoWorkload, Workload]] = []
-        for spec in WORKLOADS:
+        for spec in spec_of.workloads:
             w = c.launch(render_workload(spec), name=spec.name)
             for claim, _ in w.claims:
                 owners[claim] = w
@@ -265,6 +350,9 @@ def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = N
         rep.shared = shared_gpus(rep.gpus)
         if not rep.shared:
             rep.problems.append("no GPU is shared by a VM and a pod")
+        rep.shared_instances = shared_instances(rep.gpus)
+        if spec_of.shares_instance and not rep.shared_instances:
+            rep.problems.append("no GPU instance is shared by a VM and a pod")
         classic_vms = {w.name for spec, w in launched if spec.kind == "classic-vm"}
         if classic_vms and not any(set(g["classic_vms"]) & classic_vms and set(g["vms"]) - classic_vms
                                    for g in rep.shared):
@@ -274,9 +362,11 @@ def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = N
             d["what"] = spec.what
             rep.workloads.append(d)
             if w.phase == "Pending":
-                profile = next(iter(spec.values.get("gpus", {}) or {}), None) or spec.values.get("profile") or "?"
-                rep.refused.append({"workload": w.name, "owner": _owner(w), "asked": profile, "reason": w.reason,
-                                    "per_gpu": _refusal_detail(w, rep.gpus, profile)})
+                whole = "passthrough" in spec.values
+                profile = "whole GPU" if whole else (
+                    next(iter(spec.values.get("gpus", {}) or {}), None) or spec.values.get("profile") or "?")
+                rep.refused.append({"workload": w.name, "owner": _owner(w), "asked": profile, "whole": whole,
+                                    "reason": w.reason, "per_gpu": _refusal_detail(w, rep.gpus, profile)})
         # ---- teardown
         before = {v.id for v in c.inventory().all_vgpus()}
         passed_through = [d.gpu for _, w in launched for d in w.devices if d.kind == "passthrough"]

@@ -177,6 +177,7 @@ def workload_devices(claims: list[tuple[str, str]], answers: dict[str, dict], pu
                 where = (dev_attr(dev, "placementStart"), dev_attr(dev, "placementSize"))
                 if dev_attr(dev, "migBacked"):
                     wd.instance = where
+                    wd.inside = dev_attr(dev, "vgpuPlacement")  # MIG time-slicing: its placement inside
                 else:
                     wd.slots = where  # mixed-size
             wd.env = list(edits.env)

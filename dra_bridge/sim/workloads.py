@@ -94,6 +94,7 @@ class WorkloadDevice:
     env: list[str] = field(default_factory=list)  # NAME=value from the CDI edits (virt-launcher's resource variables)
     slots: tuple[int, int] | None = None  # mixed-size: (placementStart, placementSize) of the device
     instance: tuple[int, int] | None = None  # MIG-backed: the GPU-instance placement (start, size) of the device
+    inside: int | None = None  # MIG time-slicing: the vGPU's placement id inside its GPU instance
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("claim", "request", "pool", "device", "kind", "gpu", "profile",

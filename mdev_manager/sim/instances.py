@@ -3,7 +3,9 @@
 A MIG-backed vGPU takes a free GPU instance of its profile whole (the GPU instance record's
 ``vgpu``), except on a board with MIG time-slicing (GB20x, the RTX PRO 6000): there several vGPUs
 of one type share an instance, each at the first free placement inside it (:func:`.nvml.rooms`;
-the record's ``shared``: vGPU -> placement, and ``type``). The instance is in use, and NVML
+the record's ``shared``: vGPU -> placement, and ``type``), and writing its ``placement_id`` moves
+it to another free placement of its type inside the instance (:func:`move`: assumed to work as in
+mixed-size mode; the facts are silent). The instance is in use, and NVML
 refuses to destroy it, while any vGPU lives on it (its ``vgpu`` is then one of them).
 """
 
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import errno
 
+from mdev_manager import catalog
 from mdev_manager.catalog import TypeSpec
+from mdev_manager.catalog_placements import instance_placements
 from mdev_manager.sim.nvml import free_instances, mig_record, rooms
 from mdev_manager.sim.rules import err
 
@@ -55,3 +59,20 @@ def placement_inside(gpu: dict, vgpu: str) -> int | None:
         if vgpu in (gi.get("shared") or {}):
             return int(gi["shared"][vgpu])
     return None
+
+
+def move(gpu: dict, vgpu: str, value: int) -> bool:
+    """Move a MIG time-sliced vGPU to placement ``value`` inside its instance; False when it shares
+    no instance; ValueError when ``value`` is not one of its type's placements or is held."""
+    for gi in mig_record(gpu)["gis"] if "mig" in gpu else []:
+        shared = gi.get("shared") or {}
+        if vgpu not in shared:
+            continue
+        t = next(t for t in catalog.board(gpu["board"]).types if str(t.num) == gi.get("type"))
+        size, ids = instance_placements(gpu["board"], t)
+        held = {s for other, p in shared.items() if other != vgpu for s in range(p, p + size)}
+        if value not in ids or not held.isdisjoint(range(value, value + size)):
+            raise ValueError(f"placement {value} of {t.name} is not free inside GPU instance {gi['id']}")
+        shared[vgpu] = value
+        return True
+    return False

@@ -177,6 +177,16 @@ class SimHost(SysfsTree):
         tid = next((t for _, v, t in existing if v == vgpu), None)
         if tid is None:
             raise err(errno.ENODEV, f"{vgpu} holds no vGPU")
+        if instances.placement_inside(gpu, vgpu) is not None:  # MIG time-slicing: inside its instance
+            if self._vgpu_busy(owner, vgpu):
+                raise err(errno.EBUSY, f"vGPU {vgpu} is in use")
+            try:
+                instances.move(gpu, vgpu, value)
+            except ValueError as exc:
+                raise err(PLACEMENT_ERRNO, str(exc)) from None
+            path.write_text(f"{value}\n")
+            self._refresh(gpu)
+            return
         if not slots.mixed(gpu) or vgpu not in gpu.get("placements", {}):
             raise err(PLACEMENT_ERRNO, f"{vgpu}: the GPU is in equal-size mode; placements apply in mixed-size mode")
         if self._vgpu_busy(owner, vgpu):

@@ -43,3 +43,34 @@ def test_its_cost_is_the_product_of_the_maxima_per_slice():
     assert grid_size(slices, PLACEMENTS, {"1g.24gb": 4, "2g.48gb": 2, "4g.96gb": 3}) == 4 * 4 * 2 * 3
     two = {k: v for k, v in PLACEMENTS.items() if k != "4g.96gb"}
     assert grid_size(slices, two, {"1g.24gb": 4, "2g.48gb": 2}) == 32  # DC-1-6Q and DC-2-24Q: one set of 32
+
+
+def test_engines_are_implied_by_the_plain_profiles_placements_not_beside_a_plus_me():
+    """Why the grid may leave the engine counters out: every set of non-overlapping plain instances is
+    within the GPU's engines; a +me profile (one per GPU, an OFA engine the 4g instance also needs) is not."""
+    from dra_bridge.pool.migshare import engines_implied
+
+    profiles = {p.name: p for p in mig_profiles(RTX)}
+    full = profiles["4g.96gb"]
+    assert engines_implied([profiles[n] for n in ("1g.24gb", "2g.48gb", "4g.96gb")], full)
+    assert not engines_implied([profiles["1g.24gb+me"]], full)  # four placements, one instance at most
+    assert not engines_implied([profiles["1g.24gb+me"], profiles["1g.24gb+me.all"]], full)
+
+
+def test_vgpus_sit_inside_their_instance_by_the_blackwell_rule():
+    """floor(region * j / k) over the instance's nominal GiB (the type taking it whole), as the
+    driver's _kvgpumgrSetHeterogeneousResources_GB100 with maxInstancePerGI."""
+    from dra_bridge.pool.migshare import inside_placements
+    from mdev_manager.models import Gpu, VgpuType
+
+    def t(name, fb, k, prof):
+        return VgpuType(id=name, name=name, short_name=name, framework="vendor-vfio", framebuffer_mib=fb * 1024,
+                        mig_backed=True, gpu_instance_profile=prof, max_per_instance=k)
+
+    types = [t("DC-1-2Q", 2, 12, "1g.24gb"), t("DC-1-24Q", 24, 1, "1g.24gb"), t("DC-4-32Q", 32, 3, "4g.96gb"),
+             t("DC-4-96Q", 96, 1, "4g.96gb"), t("DC-2-12Q", 12, 4, "2g.48gb")]
+    gpu = Gpu.model_construct(types=types)
+    assert [(p.start, p.size) for p in inside_placements(gpu, types[0])] == [(j * 2, 2) for j in range(12)]
+    assert [(p.start, p.size) for p in inside_placements(gpu, types[2])] == [(0, 32), (32, 32), (64, 32)]
+    assert inside_placements(gpu, types[1]) == []  # takes its instance whole
+    assert inside_placements(gpu, types[4]) == []  # no type tells the 2g instance's size: not offered shared

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,21 @@ from tests.system.test_no_overcommit import B200, RTXPRO
 #: (preset, layout): the most devices (bench-large: 16 x L40S, 1,744 devices) and the most counters
 #: and consumptions per device (MIG-backed, time-sliced and whole GPUs on one node); the Blackwell
 #: nodes (#38): 4 x RTX PRO 6000 (equal-size, mixed-size on 96 slots, MIG, whole) and 8 x B200 in MIG mode
-LARGEST = [("bench-large", None), ("mig-node", LAYOUT), ("rtxpro-node", RTXPRO), ("b200-node", B200)]
+#: 8 x RTX PRO 6000 in MIG mode, every GPU's instances shared by DC-1-6Q and DC-2-24Q and the GPU whole
+#: beside them: one counter set of 32 (the grid, dra_bridge/pool/migshare.py) and 21 devices per GPU
+RTXPRO8 = """\
+version: vgpuctl/v1
+layouts:
+  mixed:
+    - all: true
+      mode: dra
+      migMode: true
+      passthrough: true
+      vgpus: {DC-1-6Q: 16, DC-2-24Q: 4}
+"""
+SHARED8 = str(Path(__file__).with_name("rtxpro8-node.yaml"))
+LARGEST = [("bench-large", None), ("mig-node", LAYOUT), ("rtxpro-node", RTXPRO), ("b200-node", B200),
+           (SHARED8, RTXPRO8)]
 
 
 def upstream_limits(minor: str) -> dict[str, int]:
@@ -89,7 +104,7 @@ def problems(slices: list[dict], lim: dict[str, int]) -> list[str]:
 
 @pytest.mark.go
 @pytest.mark.parametrize("minor", MINORS)
-@pytest.mark.parametrize("preset,layout", LARGEST, ids=[p for p, _ in LARGEST])
+@pytest.mark.parametrize("preset,layout", LARGEST, ids=[Path(p).stem for p, _ in LARGEST])
 def test_the_largest_presets_publish_within_upstream_limits(minor, preset, layout):
     lim = upstream_limits(minor)
     assert CLAIM_LIMIT == lim["AllocationResultsMaxSize"]
@@ -99,6 +114,10 @@ def test_the_largest_presets_publish_within_upstream_limits(minor, preset, layou
     for server in gates:
         slices = published(preset, layout, minor, server)
         assert problems(slices, lim) == []
+        sets = [cs for sl in slices for cs in sl["spec"].get("sharedCounters") or []]
+        if preset == SHARED8 and sets:  # where counters are kept: the shared instances, not their fallback
+            assert len(sets) == 8 and all(len(cs["counters"]) == 32 for cs in sets)
+            assert sum(1 for sl in slices for d in sl["spec"].get("devices") or [] if "-at-" in d["name"]) == 8 * 20
         advanced = any(d.get("taints") or d.get("consumesCounters") for s in slices for d in s["spec"].get("devices") or [])
         if preset == "bench-large" and advanced and minor != "1.34":
             # full slices: the agent splits at the limit, not below it

@@ -273,6 +273,58 @@ def test_demo_after_a_plain_install(tmp_path):
     assert p.stdout.split()[:2] == ["CelSelectors", "True"], p.stdout
 
 
+def test_cli_demo_rtxpro_node_shares_a_gpu_instance(tmp_path, capsys):
+    """`vgpuctl demo --preset rtxpro-node` (#38.5): a VM and a pod each get a DC-1-6Q vGPU in one GB20x
+    GPU instance (MIG time-slicing), at two placements inside it, both made on the simulated host
+    where the slices said; the second VM asking for the one whole GPU is refused; all torn down."""
+    svg = tmp_path / "gpus.svg"
+    assert main(["demo", "--preset", "rtxpro-node", "--json", "--svg", str(svg)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    titles = [t.text for t in ET.parse(svg).iter(SVG + "title")]
+    assert any(t.startswith("VM vm-mig") for t in titles) and any(t.startswith("pod pod-mig") for t in titles)
+    assert rep["ok"], rep["problems"]
+    assert rep["preset"] == "rtxpro-node" and rep["host_problems"] == []
+    phases = {w["name"]: w["phase"] for w in rep["workloads"]}
+    assert phases.pop("vm-whole-b") == "Pending" and set(phases.values()) == {"Running"}
+    (gi,) = rep["shared_instances"]
+    assert gi["gpu"] == 2 and gi["slices"][1] == 1
+    held = {h["workload"]: (h["owner"], h["placement"]) for h in gi["holders"]}
+    assert held.keys() == {"vm-mig", "pod-mig"} and held["vm-mig"][0] == "VM" and held["pod-mig"][0] == "pod"
+    assert held["vm-mig"][1] != held["pod-mig"][1] and {p for _, p in held.values()} <= {0, 6, 12, 18}
+    hosts = {w["name"]: w["devices"][0]["host_id"] for w in rep["workloads"] if w["devices"]}
+    assert hosts["vm-mig"] != hosts["pod-mig"]  # two vGPUs (two VFs), one instance
+    (r,) = rep["refused"]
+    assert r["workload"] == "vm-whole-b" and r["whole"]
+    assert rep["teardown"]["vgpus_left"] == [] and rep["teardown"]["still_on_vfio"] == []
+
+
+def test_demo_presets_and_the_example_layout_agree():
+    import yaml
+
+    assert tuple(demo.PRESETS) == demo_cli.DEMO_PRESETS
+    example = yaml.safe_load((REPO / "examples" / "rtxpro-layout.yaml").read_text())["layouts"]["dra"]
+    assert yaml.safe_load(demo.RTXPRO_LAYOUT)["layouts"]["dra"] == example
+
+
+def test_demo_text_names_the_shared_gpu_instance():
+    rep = demo.DemoReport(node="n", preset="rtxpro-node", kubernetes="v1.36.0", cel="CelSelectors",
+                          layout={"name": "dra", "gpus": []}, slices={"count": 0, "devices": 0, "counter_sets": 0,
+                                                                      "generation": 1, "plugin_socket": "/s"},
+                          workloads=[{"name": "vm-mig", "what": "VM", "phase": "Running", "devices": []}],
+                          teardown={"workloads": 0, "vgpus_removed": 0, "gpus_returned": [], "vgpus_left": [],
+                                    "still_on_vfio": []})
+    h = [demo.Holder("vm-mig", "VM", "vgpu", "1g.24gb", 6 * GiB, "d0", "0000:16:00.4", 1, instance=(1, 1), inside=0),
+         demo.Holder("pod-mig", "pod", "vgpu", "1g.24gb", 6 * GiB, "d1", "0000:16:00.5", 2, instance=(1, 1), inside=6)]
+    rep.gpus = [demo.GpuView(index=2, address="0000:16:00.0", model="GB202GL [RTX PRO 6000 Blackwell Server Edition]",
+                             framework="vendor-vfio", counter_set="gpu-2-counter-set", memory_total=92 * GiB,
+                             memory_used=12 * GiB, vgpus_total=None, vgpus_used=0, slices_total=4, slices_used=1,
+                             holders=h)]
+    rep.shared_instances = demo.shared_instances(rep.gpus)
+    out = " ".join(demo_cli.text(rep).split())
+    assert "VF 0000:16:00.5, GPU instance at slice 1, placement 6 inside it" in out
+    assert "one GPU instance (1g.24gb, memory slices 1-1) shared: VM vm-mig at 0 and pod pod-mig at 6" in out
+
+
 # --------------------------------------------------------------------------- selectors
 
 

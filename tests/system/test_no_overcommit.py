@@ -95,14 +95,18 @@ def test_every_allocation_the_scheduler_makes_is_prepared(version, gates, preset
 #: defaults, and everything kept on 1.37; the Blackwell nodes (#38) on both, with churn (workloads
 #: stopping, so instances and placements are made again; claims for two devices)
 GROUPS = {"DRADeviceCompatibilityGroups": True}
+#: the RTX PRO 6000 in MIG mode of rtxpro-node's dra layout: its instances shared by DC-1-6Q (4 per
+#: 1g.24gb) and DC-2-24Q (2 per 2g.48gb), and the GPU whole beside them (#38.1)
+SHARED = ("DC-1-6Q", "DC-2-24Q", "RTX PRO 6000 Blackwell Server Edition")
 UPSTREAM_SHAPES = [("1.36", {}, "mig-node", LAYOUT, False), ("1.37", GROUPS, "mixed-node", MIXED_SIZE, False),
                    ("1.36", {}, "rtxpro-node", RTXPRO, True), ("1.37", GROUPS, "rtxpro-node", RTXPRO, True),
-                   ("1.36", {}, "b200-node", B200, True), ("1.37", GROUPS, "b200-node", B200, True)]
+                   ("1.36", {}, "b200-node", B200, True), ("1.37", GROUPS, "b200-node", B200, True),
+                   ("1.36", {}, "rtxpro-node", RTXPRO, SHARED), ("1.37", GROUPS, "rtxpro-node", RTXPRO, SHARED)]
 
 
 @pytest.mark.go
 @pytest.mark.parametrize("version,gates,preset,layout,churn", UPSTREAM_SHAPES,
-                         ids=[f"{v}-{p}" for v, _, p, _, _ in UPSTREAM_SHAPES])
+                         ids=[f"{v}-{p}{'-shared' if isinstance(c, tuple) else ''}" for v, _, p, _, c in UPSTREAM_SHAPES])
 def test_every_allocation_the_real_allocator_makes_is_prepared(version, gates, preset, layout, churn):
     """The same guarantee with the scheduler's allocations made by k8s.io/dynamic-resource-allocation
     (tests/oracle) instead of the model."""
@@ -120,18 +124,22 @@ def test_every_allocation_the_real_allocator_makes_is_prepared(version, gates, p
         assert up.requests > 0
 
 
-def fill_and_check(version, gates, preset, layout, scheduler=None, churn=False):
+def fill_and_check(version, gates, preset, layout, scheduler=None, churn: bool | tuple[str, ...] = False):
     """Launch random workloads until the node is full; every allocation made is prepared. With
     ``churn`` workloads also stop at random (unprepare, then their devices are allocated again) and a
     claim may ask for two devices; what runs is checked against the host after every step, and once
-    everything has stopped no vGPU and no GPU instance is left."""
-    rng = random.Random(f"{version}{sorted(gates.items())}{'' if preset == 'mig-node' else preset}")
+    everything has stopped no vGPU and no GPU instance is left. ``churn`` as a tuple of types and
+    products: with churn, workloads ask for those only, and some GPU instance must have held several
+    vGPUs at once (MIG time-slicing)."""
+    only = churn if isinstance(churn, tuple) else None
+    rng = random.Random(f"{version}{sorted(gates.items())}{'' if preset == 'mig-node' else preset}{only or ''}")
     with SimCluster(version=version, feature_gates=gates, layout=layout, layout_name="mixed", preset=preset,
                     health=False) as c:
         if scheduler is not None:
             c.allocator = lambda: scheduler(c)  # the scheduler's allocator, in place of the model
-        choices = offered(c)
+        choices = [x for x in offered(c) if only is None or x[1] in only]
         assert choices, "nothing published"
+        most_shared = 0
         counters_kept = any(s["spec"].get("sharedCounters") for s in c.slices())
         running, pending, failed, stopped = [], 0, [], 0
         for i in range(40):
@@ -151,10 +159,13 @@ def fill_and_check(version, gates, preset, layout, scheduler=None, churn=False):
             else:
                 failed.append(f"{kind} {what} x{count}: {w.phase}: {w.reason}")
             if churn:
-                assert held(running) == {v.id for v in c.inventory().all_vgpus()}, f"step {i}"
+                inv = c.inventory()
+                assert held(running) == {v.id for v in inv.all_vgpus()}, f"step {i}"
+                most_shared = max([most_shared] + [len(gi.vgpus) for g in inv.gpus if g.mig for gi in g.mig.instances])
         assert failed == []  # no allocation reached prepare that the node could not make
         assert running and pending  # the GPUs filled up and the scheduler said no, rather than prepare
         assert stopped or not churn
+        assert most_shared >= 2 or only is None, "no GPU instance was shared"
         if preset == "mixed-node":  # sizes side by side on a GPU where counters keep them apart, one size where not
             sizes: dict[str | None, set[int]] = {}
             for w in running:

@@ -21,8 +21,16 @@ if TYPE_CHECKING:  # loaded where used: a command's -h stays light
 def add_arguments(d: argparse.ArgumentParser) -> None:
     options.add_output(d)
     d.add_argument("--svg", metavar="FILE", help="also write a picture of each GPU's occupancy")
+    d.add_argument("--preset", choices=DEMO_PRESETS, default="default",
+                   help="the simulated node: default (T4s, an A100 in MIG mode, an L40S in mixed-size mode), or "
+                   "rtxpro-node (4 x RTX PRO 6000 Blackwell: time-sliced, mixed-size, MIG with a VM and a pod "
+                   "sharing one GPU instance, whole) (default: default)")
     options.add_server_version(d, "the in-process API server (its DRA features and slice layout)")
     options.add_feature_gates(d)
+
+
+#: dra_bridge.sim.demo.PRESETS' names (not imported here: -h stays light)
+DEMO_PRESETS = ("default", "rtxpro-node")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_bridge.sim.demo import run_demo
 
     version_tuple(args.server_version)
-    rep = run_demo(args.server_version, feature_gates=parse_gates(args.feature_gates),
+    rep = run_demo(args.server_version, feature_gates=parse_gates(args.feature_gates), preset=args.preset,
                    progress=(lambda m: print(f"  ... {m}", file=sys.stderr, flush=True)) if args.verbose else None)
     if args.svg:
         with open(args.svg, "w") as f:
@@ -131,7 +139,13 @@ def text(rep: DemoReport) -> str:
                 who += " (by deviceName, through its resource variable)"
             if h.slots and h.kind != "passthrough":  # mixed-size: where it sits
                 who += f", slots {h.slots[0]}-{h.slots[0] + h.slots[1] - 1}"
+            if h.instance is not None and h.inside is not None:  # MIG time-slicing: where inside its instance
+                who += f", GPU instance at slice {h.instance[0]}, placement {h.inside} inside it"
             L.append(f"        {h.owner:<3} {h.workload:<{width}}  {h.profile:<10} {_human(h.memory):>7}  {who}")
+        for gi in (x for x in rep.shared_instances if x["gpu"] == g.index):
+            held = " and ".join(f"{h['owner']} {h['workload']} at {h['placement']}" for h in gi["holders"])
+            L.append(f"        one GPU instance ({gi['holders'][0]['profile']}, memory slices {gi['slices'][0]}-"
+                     f"{sum(gi['slices']) - 1}) shared: {held}, each its own vGPU")
         shared = next((x for x in rep.shared if x["gpu"] == g.index), None)
         if shared:
             L.append(f"        one counter set ({shared['counter_set']}): VM {', '.join(shared['vms'])} and pod "
@@ -141,7 +155,8 @@ def text(rep: DemoReport) -> str:
     if rep.refused:
         L.append("[5] refused")
         for r in rep.refused:
-            L.append(f"    {r.get('owner', '')} {r['workload']} asked for a {r['asked']} vGPU and stays Pending. "
+            asked = "a whole GPU" if r.get("whole") else f"a {r['asked']} vGPU"
+            L.append(f"    {r.get('owner', '')} {r['workload']} asked for {asked} and stays Pending. "
                      f"Scheduler: {r['reason']}")
             L += [f"        {line}" for line in r["per_gpu"]]
     t = rep.teardown
