@@ -267,6 +267,9 @@ def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
     not at the next change: the scheduler is waiting for it."""
     import logging
 
+    from dra_bridge.apiclient.errors import brief
+
+    said = ""  # the last failure logged: the same one again each retry goes to debug
     try:
         while not stop.is_set():
             if not active():
@@ -277,9 +280,13 @@ def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
                     cache.list_and_watch()
                 bind(cache.claims())
             except Exception as exc:  # noqa: BLE001 - the scheduler waits; the next round tries again
-                logging.getLogger(__name__).warning("binding conditions: %s", exc)
+                line = brief(exc)
+                logging.getLogger(__name__).log(logging.DEBUG if line == said else logging.WARNING,
+                                                "binding conditions: %s", line)
+                said = line
                 stop.wait(retry_seconds)
                 continue
+            said = ""
             cache.wait(60.0)
     finally:
         cache.stop()

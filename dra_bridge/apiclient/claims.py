@@ -77,10 +77,31 @@ class ApiClaimSource:
                 name, namespace, body(patch), _content_type="application/merge-patch+json",
                 _request_timeout=self.timeout)
         except ApiException as exc:
+            said = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+            if exc.status == 422 and "field cannot be modified once set" in said:
+                raise UnwritableClaimStatus(namespace, name) from None
             if exc.status != 409:
                 raise
             return False
         return True
+
+
+class UnwritableClaimStatus(RuntimeError):
+    """kube-apiserver refuses every status write of this claim over JSON.
+
+    An opaque config's ``parameters`` are stored as the bytes first sent (protobuf storage) and an
+    allocation is compared byte for byte, while a JSON write (any patch, or a PUT) carries them
+    compacted: parameters first sent with spaces (Python's ``json.dumps`` default) or in another key
+    order make every later JSON status write "modify" the allocation (seen on 1.37.2; only protobuf
+    clients, kube-scheduler and the kubelet, are spared). Nothing the agent sends can change that."""
+
+    def __init__(self, namespace: str, name: str):
+        super().__init__(
+            f"claim {namespace}/{name}: the API server refuses every status write over JSON (422 "
+            "'status.allocation: field cannot be modified once set'): the opaque config parameters it copied "
+            "from the claim's template or DeviceClass were sent with spaces or another key order and are kept "
+            "byte for byte; create those with kubectl (or compact JSON) and re-create the claim")
+        self.claim = f"{namespace}/{name}"
 
 
 def list_all_claims(api: client.ResourceV1Api, timeout: float) -> dict[str, Any]:

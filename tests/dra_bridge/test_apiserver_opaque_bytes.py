@@ -125,3 +125,42 @@ def test_our_client_confirms_a_binding_condition_on_such_a_claim(srv):
     assert ApiClaimSource(srv.api_client()).set_device_status("default", "opaque-config", [entry])
     code, read = send(srv, "GET", f"{PATH}/opaque-config")
     assert read["status"]["devices"][0]["conditions"][0]["type"] == "vgpu.kubevirt.io/size"
+
+
+def patch(srv, text: str, ctype: str) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    try:
+        conn.request("PATCH", f"{PATH}/opaque-config/status", body=text.encode(),
+                     headers={"Content-Type": ctype, "Accept": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("ctype", ["application/merge-patch+json", "application/strategic-merge-patch+json"])
+@pytest.mark.parametrize("first, taken", [(COMPACT, True), (SPACED, False)])
+def test_a_status_patch_is_taken_only_where_the_parameters_were_stored_compact(srv, ctype, first, taken):
+    """A patch merges into the stored object encoded again (compacted): parameters first sent with
+    spaces then differ from what is stored, and no JSON status write is ever taken again, as
+    kube-apiserver 1.37.2 answers to every kind of patch and to a PUT (an upstream limitation)."""
+    allocate(srv, make_claim(srv, first), first)
+    entries = add_device_status({"status": {}})["status"]["devices"]
+    code, out = patch(srv, json.dumps({"status": {"devices": entries}}, **COMPACT), ctype)
+    assert (code == 200) == taken, out
+    if not taken:
+        assert "field cannot be modified once set" in out["message"]
+
+
+def test_the_agent_names_a_claim_whose_status_no_json_write_can_change(srv):
+    """What the agent says when the server refuses it for that reason: the claim, why, and the fix, in
+    one line (not the raw API error with its headers, every second)."""
+    from dra_bridge.apiclient.claims import ApiClaimSource, UnwritableClaimStatus
+
+    allocate(srv, make_claim(srv, SPACED), SPACED)
+    entry = add_device_status({"status": {}})["status"]["devices"][0]
+    with pytest.raises(UnwritableClaimStatus) as caught:
+        ApiClaimSource(srv.api_client()).set_device_status("default", "opaque-config", [entry])
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith("claim default/opaque-config: ")
+    assert "byte for byte" in text and "kubectl" in text

@@ -468,3 +468,44 @@ def test_a_claim_with_an_opaque_config_made_by_our_client_takes_the_agents_statu
         assert [c.type for c in got[0].conditions] == ["vgpu.kubevirt.io/size"]
     finally:
         resource.delete_namespaced_resource_claim("opaque-config", "default")
+
+
+def test_parameters_first_sent_spaced_make_every_json_status_write_fail_and_the_agent_says_why(cp):
+    """The other side of the test above, on kube-apiserver 1.37.2 itself (the local server models it:
+    tests/dra_bridge/test_apiserver_opaque_bytes.py): a claim whose opaque parameters were first sent
+    with spaces takes no status write over JSON, a merge patch of ``status.devices`` alone included;
+    the agent's client names the claim, the cause and the fix in one line."""
+    from dra_bridge.apiclient.claims import ApiClaimSource, UnwritableClaimStatus
+    from dra_bridge.apiclient.client import connect
+
+    api = connect(str(cp.kubeconfig_path))
+    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+    opaque = {"driver": DRIVER, "parameters": {"apiVersion": "vgpu.kubevirt.io/v1alpha1", "kind": "VgpuConfig",
+                                                "vgpuType": "T4-2Q"}}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "spaced-config", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "vgpu", "exactly": {"deviceClassName": "vgpu.kubevirt.io"}}],
+                                  "config": [{"requests": ["vgpu"], "opaque": opaque}]}}}
+
+    def send(method: str, url: str, obj: dict) -> int:
+        """The bytes as ``json.dumps`` spaces them, through the client's own connection pool."""
+        m, full, headers, _, _ = api.param_serialize(method, url, header_params={
+            "Content-Type": "application/json", "Accept": "application/json"}, auth_settings=["BearerToken"])
+        return api.rest_client.pool_manager.request(m, full, headers=headers, body=json.dumps(obj).encode()).status
+
+    assert send("POST", path, claim) == 201
+    try:
+        made = cp.rest("GET", f"{path}/spaced-config")
+        made["status"] = {"allocation": {
+            "devices": {"results": [{"request": "vgpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0-vgpu-2gb-0"}],
+                        "config": [{"source": "FromClaim", "requests": ["vgpu"], "opaque": opaque}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}
+        assert send("PUT", f"{path}/spaced-config/status", made) == 200  # the same bytes: taken
+        entry = {"driver": DRIVER, "pool": "n1", "device": "gpu-0-vgpu-2gb-0",
+                 "conditions": [{"type": "vgpu.kubevirt.io/size", "status": "True", "reason": "SizeConfirmed",
+                                 "message": "2 GiB", "lastTransitionTime": "2026-12-07T00:00:00Z"}]}
+        with pytest.raises(UnwritableClaimStatus, match="byte for byte"):
+            ApiClaimSource(api).set_device_status("default", "spaced-config", [entry])
+    finally:
+        cp.rest("DELETE", f"{path}/spaced-config")

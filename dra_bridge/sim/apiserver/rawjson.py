@@ -60,3 +60,16 @@ def sent_as(value: Any) -> str:
     """The bytes a client sent for ``value`` (its text when it was decoded by :func:`loads`)."""
     raw = getattr(value, "raw", None)
     return raw if isinstance(raw, str) and raw else go_compact(value)
+
+
+#: the kinds whose objects carry opaque configs (``runtime.RawExtension`` parameters)
+WITH_OPAQUE = frozenset({"ResourceClaim", "ResourceClaimTemplate", "DeviceClass"})
+
+
+def reencoded(kind: str, obj: Any) -> Any:
+    """``obj`` as the server has it after a patch or an apply: kube-apiserver merges on the stored
+    object encoded again as JSON, so the parameters are compacted, no longer the bytes first sent (a
+    claim whose parameters were stored spaced then takes no JSON status write at all: seen on 1.37.2
+    with a merge, strategic, JSON or apply patch, and a PUT)."""
+    return json.loads(json.dumps(obj)) if kind in WITH_OPAQUE else obj
+

@@ -27,6 +27,7 @@ from dra_bridge.sim.apiserver import managedfields as mf
 from dra_bridge.sim.apiserver.errors import ApiError, FieldError
 from dra_bridge.sim.apiserver.featuregates import drop_disabled
 from dra_bridge.sim.apiserver.patch import APPLY_PATCH, apply_patch
+from dra_bridge.sim.apiserver.rawjson import reencoded
 from dra_bridge.sim.apiserver.resources import ResourceType, field_value
 from dra_bridge.sim.apiserver.selectors import field_matcher, label_matcher
 from dra_bridge.sim.apiserver.validation import kind_schema, resolver, validate_object
@@ -353,8 +354,8 @@ class Store:
         with self.lock:
             old = self.get_stored(rt, namespace, name)
             schema = kind_schema(self.version, rt.kind, rt.api_version, True)
-            patched = apply_patch(copy.deepcopy(old), body, content_type, schema,
-                                  resolver(self.version))
+            patched = reencoded(rt.kind, apply_patch(copy.deepcopy(old), body, content_type, schema,
+                                                     resolver(self.version)))
             if not isinstance(patched, dict):
                 raise E.bad_request("the patch must produce a JSON object")
             wanted_rv = ((body.get("metadata") or {}).get("resourceVersion")
@@ -382,6 +383,7 @@ class Store:
                 raise E.not_found(rt.plural, rt.group, name)
             merged, entries = mf.apply(self.fields(rt), copy.deepcopy(live) if live else None, config, manager,
                                        rt.api_version, sub, force, now())
+            merged = reencoded(rt.kind, merged)
             if live is None:
                 return self.create(rt, namespace, merged, query, warnings, managed_fields=entries), True
             return self.update(rt, namespace, name, merged, query, sub, warnings, managed_fields=entries), False
