@@ -33,6 +33,7 @@ from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
 from dra_bridge.agent.cordon import NodeCordon
 from dra_bridge.agent.events import LayoutEvents, blocked_reason, failed_steps_text, one_line, unapplied_text
+from dra_bridge.agent.gpustate import GpuStates
 from dra_bridge.agent.health import GpuHealthWatch
 from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_VGPU_HOST_DRIVER
@@ -84,6 +85,7 @@ class Daemon:
         self.node_lock = NodeLock(env, f"vgpuctl serve (node agent of {cfg.node_name})")
         self._pool = Pool()
         self.inventory: Inventory | None = None
+        self.gpu_states = GpuStates(env, self.io, cfg.node_name)  # each GPU's state, read again where it changed
         self.driver = Driver(env=env, paths=self.paths, pool_name=cfg.node_name, claims=ApiClaimSource(api_client),
                              pool=lambda: self._pool, io=self.io)
         self.plugin = KubeletPlugin(cfg.driver, self.driver, cfg.kubelet_root,
@@ -93,6 +95,7 @@ class Daemon:
         self._claims_changed = 0  # bumped by every prepare and unprepare
         self._last_key: tuple | None = None  # what the last complete resync saw (see _unchanged)
         self._last_full = 0.0
+        self._last_check = 0.0  # the last safety-net check (every GPU in MIG mode read again)
         self._safe_warned: list[str] = []
         self._probed_at: float | None = None
         self._kept_annotated: str | None = None
@@ -102,6 +105,7 @@ class Daemon:
         self._bind_lock = threading.Lock()
         self.health = GpuHealthWatch(self.io, api_client, cfg.node_name, cfg.health_quiet_seconds, self.env)
         self.driver.gpu_health = self.health.messages  # the kubelet's health service says it per device
+        self.driver.touched = self._touched  # a claim's GPUs are read again, not the whole node
         self._driver_label: str | None = None  # the host driver version last labelled ("": none to read)
         # the node's GPU numbering, which device names carry (an earlier release kept it in the data dir)
         numbering.adopt(self.env, self.io, self.paths.gpu_ids)
@@ -147,12 +151,16 @@ class Daemon:
                 self.metrics.resyncs.labels("unchanged").inc()
                 return {"unchanged": True}
             claims = self._claims_changed  # a prepare during the resync makes the next one run
+            now = time.monotonic()
+            check = now - self._last_check >= (self.cfg.full_resync_seconds or 10 * self.cfg.resync_seconds)
             with self.metrics.resync_seconds.time():
-                result = self._resync()
+                result = self._resync(check)
+            if check:
+                self._last_check = now
             self._last_key, self._last_full = self._resync_key(claims), time.monotonic()
             return result
 
-    def _resync(self) -> dict:
+    def _resync(self, check: bool = False) -> dict:
         rejected: ConfigError | None = None
         seen: Usage | None = None  # who used what when the layout was applied (None: not applied)
         try:
@@ -166,7 +174,7 @@ class Daemon:
                 rejected, layouts = exc, self._last_good
                 if layouts is None:
                     raise
-            inv = discover(self.env, self.io, node=self.cfg.node_name)
+            inv = self.gpu_states.current(check=check)  # only the GPUs that changed are read again
             numbering.record(self.env, self.io, [(g.address, g.vendor_id) for g in inv.gpus])
             self._label_driver_version(inv)
             policy = policy_from_layout(inv, layouts)
@@ -368,6 +376,7 @@ class Daemon:
             out = reconcile(self.env, self.io, layouts, dry_run=True, usage_extra=self._usage(),
                             node=self.cfg.node_name, final_inventory=False)
             if any(r.plan.actions for r in out.rounds):
+                self.gpu_states.invalidate()  # the layout's steps change GPUs: the next read is whole
                 with self.node_lock.hold():
                     out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
                                     final_inventory=False, read_back=True)
@@ -476,6 +485,14 @@ class Daemon:
 
         self.driver.prepare = prepare
         self.driver.unprepare = unprepare
+
+    def _touched(self, gpus: set[str] | None) -> None:
+        """A prepare or unprepare changed these GPUs (None: it cannot say which): the next resync reads
+        them again, and only them."""
+        if gpus is None:
+            self.gpu_states.invalidate()
+        else:
+            self.gpu_states.touched(gpus)
 
     def _watch_udev(self) -> None:
         """Wake the loop on PCI / mdev uevents; without udev the periodic resync covers it."""

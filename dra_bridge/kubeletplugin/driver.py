@@ -88,6 +88,8 @@ class Driver:
         self._lock = threading.Lock()
         #: GPU -> why it is unhealthy, from the agent's health watch (None: presence on the bus only)
         self.gpu_health: Callable[[], Mapping[str, str]] | None = None
+        #: told the GPUs a prepare or unprepare changed, after its effects (None: not known, every GPU)
+        self.touched: Callable[[set[str] | None], None] | None = None
         self.cp: Checkpoint = self._load()
 
     # ------------------------------------------------------------ start-up
@@ -162,13 +164,25 @@ class Driver:
         with self._lock:
             boot = self.boot_id()
             for ref in creation_order(claims, self.cp.claims):
+                before = self._gpus_of(ref.uid)
                 try:
                     out[ref.uid] = PrepareResult(devices=self._prepare_one(ref, boot))
                 except PrepareError as exc:
                     out[ref.uid] = PrepareResult(error=str(exc))
                 except OSError as exc:
                     out[ref.uid] = PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {exc}")
+                self._tell(None if out[ref.uid].error else before | self._gpus_of(ref.uid))
         return out
+
+    def _gpus_of(self, uid: str) -> set[str]:
+        rec = self.cp.claims.get(uid)
+        return {d.gpu for d in rec.devices} if rec else set()
+
+    def _tell(self, gpus: set[str] | None) -> None:
+        """The agent's per-GPU state reads these GPUs again (a failed prepare: every GPU, its undo may
+        have changed any GPU it reached)."""
+        if self.touched is not None and gpus != set():
+            self.touched(gpus)
 
     def _answer(self, rec: ClaimRecord) -> list[PreparedDevice]:
         return [PreparedDevice(request_names=[d.request], pool_name=d.pool, device_name=d.device,
@@ -419,23 +433,28 @@ class Driver:
                     out[ref.uid] = None  # unknown claims are a no-op
                     continue
                 _fill_identity(rec, ref)
-                if rec.state != "unpreparing":  # intent first: a crash half-way is finished by recover()
-                    rec.state = "unpreparing"
-                    self.store.save(self.cp)
                 try:
-                    self._undo(rec, boot)
-                except OSError as exc:
-                    out[ref.uid] = f"claim {ref.namespace}/{ref.name}: {exc}"
-                    continue
-                # the files' removal durable before the record goes: after a power cut a claim's metadata
-                # file could come back without its record, and a rebuild from the files (a corrupted
-                # checkpoint, the API unreachable) took it for a prepared claim holding the device another
-                # claim has since (found by the campaign, issue 36)
-                self.io.sync()
-                del self.cp.claims[ref.uid]
-                self.store.save(self.cp)
-                out[ref.uid] = None
+                    out[ref.uid] = self._unprepare_one(ref, rec, boot)
+                finally:
+                    self._tell({d.gpu for d in rec.devices})
         return out
+
+    def _unprepare_one(self, ref: ClaimRef, rec: ClaimRecord, boot: str | None) -> str | None:
+        if rec.state != "unpreparing":  # intent first: a crash half-way is finished by recover()
+            rec.state = "unpreparing"
+            self.store.save(self.cp)
+        try:
+            self._undo(rec, boot)
+        except OSError as exc:
+            return f"claim {ref.namespace}/{ref.name}: {exc}"
+        # the files' removal durable before the record goes: after a power cut a claim's metadata
+        # file could come back without its record, and a rebuild from the files (a corrupted
+        # checkpoint, the API unreachable) took it for a prepared claim holding the device another
+        # claim has since (found by the campaign, issue 36)
+        self.io.sync()
+        del self.cp.claims[ref.uid]
+        self.store.save(self.cp)
+        return None
 
     def _recorded_vfs(self, uid: str) -> set[str]:
         """The VFs other claims' records name as their vGPUs' parents, whatever their boot: a claim
