@@ -88,11 +88,13 @@ class Daemon:
         self.gpu_states = GpuStates(env, self.io, cfg.node_name)  # each GPU's state, read again where it changed
         self.driver = Driver(env=env, paths=self.paths, pool_name=cfg.node_name, claims=ApiClaimSource(api_client),
                              pool=lambda: self._pool, io=self.io)
+        # not serialised: the driver holds each claim's GPUs' locks, so claims on other GPUs go on meanwhile
         self.plugin = KubeletPlugin(cfg.driver, self.driver, cfg.kubelet_root,
-                                    health_poll_interval=cfg.health_poll_seconds)
+                                    health_poll_interval=cfg.health_poll_seconds, serialize=False)
         self.probes: ProbeServer | None = None
         self.kept = KeptFields()  # which DRA fields the server keeps (probe, then every write's answer)
         self._claims_changed = 0  # bumped by every prepare and unprepare
+        self._claims_lock = threading.Lock()  # (prepares of claims on different GPUs run at once)
         self._last_key: tuple | None = None  # what the last complete resync saw (see _unchanged)
         self._last_full = 0.0
         self._last_check = 0.0  # the last safety-net check (every GPU in MIG mode read again)
@@ -188,7 +190,7 @@ class Daemon:
             self._check_fields()
             shape = self.shape()
             if shape.binding:  # a GPU freed since the last binding round is offered whole now
-                self.binder.observe_host(self._pool, host_sizes(inv, list(self.driver.cp.claims.values())))
+                self.binder.observe_host(self._pool, host_sizes(inv, self.driver.records()))
             pool = node_pool(inv, layouts, self.cfg.driver, shape,
                              narrow=self.binder.policy, policy=policy)
             if not shape.counters and pool.warnings != self._safe_warned:  # said once per change
@@ -196,7 +198,7 @@ class Daemon:
                     log.warning("%s", warning)
                 self._safe_warned = list(pool.warnings)
             self._pool, self.inventory = pool, inv
-            held = {d.device for rec in self.driver.cp.claims.values() for d in rec.devices}  # stays published
+            held = {d.device for rec in self.driver.records() for d in rec.devices}  # stays published
             self.health.poll(inv)
             healthy, _sick = healthy_pool(pool, self.health.tracker, self.cfg.driver, taints=self.kept.taints is True,
                                           in_use=held)
@@ -213,7 +215,7 @@ class Daemon:
                 self.metrics.api_writes.labels(verb).inc(n)
         for kind in ("vgpu", "passthrough"):
             self.metrics.devices.labels(kind).set(sum(1 for d in pool.devices if d.kind == kind))
-        self.metrics.set_node(inv, pool, self.driver.cp.claims)
+        self.metrics.set_node(inv, pool, {r.uid: r for r in self.driver.records()})
         self.metrics.set_free_vgpus(self._free_vgpus(inv, pool, layouts, seen))
         if rejected is not None:
             raise rejected
@@ -301,7 +303,7 @@ class Daemon:
         if not self.shape().binding:
             return 0
         with self._bind_lock:
-            records = list(self.driver.cp.claims.values())  # the claims prepared now: current where a discovery is not
+            records = self.driver.records()  # the claims prepared now: current where a discovery is not
             verdicts, changed = self.binder.bind(self.driver.claims, self._pool, host_sizes(self.inventory, records),
                                                  claims)
             for v in verdicts:
@@ -463,18 +465,20 @@ class Daemon:
 
     def _wrap_prepare(self) -> None:
         """Time every prepare for the histogram without the driver knowing about metrics; prepare
-        and unprepare write to the host, so they hold the node lock."""
+        and unprepare write to the host, so they hold the node lock, shared: each holds only its claim's
+        GPUs' locks (:mod:`dra_bridge.kubeletplugin.gpulocks`), so claims on other GPUs are prepared
+        meanwhile, and a hand-run ``vgpuctl apply`` (or the agent's reconcile) waits for all of them."""
         inner, inner_unprepare = self.driver.prepare, self.driver.unprepare
 
         def unprepare(claims):
-            with self.node_lock.hold():
-                self._claims_changed += 1
+            with self.node_lock.hold(shared=True):  # beside other claims' calls, each under its GPUs' locks
+                self._claim_changed()
                 return inner_unprepare(claims)
 
         def prepare(claims):
             t0 = time.perf_counter()
-            with self.node_lock.hold():
-                self._claims_changed += 1
+            with self.node_lock.hold(shared=True):
+                self._claim_changed()
                 out = inner(claims)
             per = (time.perf_counter() - t0) / max(1, len(claims))
             for _uid, res in out.items():
@@ -485,6 +489,10 @@ class Daemon:
 
         self.driver.prepare = prepare
         self.driver.unprepare = unprepare
+
+    def _claim_changed(self) -> None:
+        with self._claims_lock:
+            self._claims_changed += 1
 
     def _touched(self, gpus: set[str] | None) -> None:
         """A prepare or unprepare changed these GPUs (None: it cannot say which): the next resync reads

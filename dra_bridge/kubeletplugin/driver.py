@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import cdi, claimfiles, metadata, recovery
-from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, serialize
 from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.effects import (
@@ -49,6 +49,7 @@ from dra_bridge.kubeletplugin.effects import (
     remove_vgpu,
     switch_mig_mode,
 )
+from dra_bridge.kubeletplugin.gpulocks import GpuLocks
 from dra_bridge.kubeletplugin.overlap import overlap
 from dra_bridge.kubeletplugin.paths import (
     UnsafeName,
@@ -85,7 +86,9 @@ class Driver:
         self.pool = pool
         self.ex = Executor(env, self.io)
         self.store = CheckpointStore(paths.checkpoint, self.io)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the checkpoint in memory: each change, and each read of all records
+        self._save_lock = threading.Lock()  # saves in order: the file always ends as the latest snapshot
+        self.gpu_locks = GpuLocks()  # a claim's prepare and unprepare hold its GPUs' locks (.gpulocks)
         #: GPU -> why it is unhealthy, from the agent's health watch (None: presence on the bus only)
         self.gpu_health: Callable[[], Mapping[str, str]] | None = None
         #: told the GPUs a prepare or unprepare changed, after its effects (None: not known, every GPU)
@@ -152,27 +155,73 @@ class Driver:
                         log.warning("claim %s: left %s by a crash, not undone yet (%s); its devices stay "
                                     "in use until the kubelet's next prepare or unprepare", _who(rec), rec.state, exc)
                         continue
-                    del self.cp.claims[uid]
+                    self._drop(uid)
                     undone.append(uid)
             if undone:
-                self.store.save(self.cp)
+                self._save()
         return undone
 
     # ------------------------------------------------------------ prepare
     def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        """Each claim under its GPUs' locks only (:mod:`.gpulocks`): claims on other GPUs are prepared
+        meanwhile by other calls."""
         out = {}
-        with self._lock:
-            boot = self.boot_id()
-            for ref in creation_order(claims, self.cp.claims):
+        boot = self.boot_id()
+        for ref in creation_order(claims, {r.uid: r for r in self.records()}):
+            keys, claim = self._lock_keys(ref)
+            with self.gpu_locks.hold(keys):
                 before = self._gpus_of(ref.uid)
                 try:
-                    out[ref.uid] = PrepareResult(devices=self._prepare_one(ref, boot))
+                    out[ref.uid] = PrepareResult(devices=self._prepare_one(ref, boot, claim))
                 except PrepareError as exc:
                     out[ref.uid] = PrepareResult(error=str(exc))
                 except OSError as exc:
                     out[ref.uid] = PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {exc}")
                 self._tell(None if out[ref.uid].error else before | self._gpus_of(ref.uid))
         return out
+
+    def _lock_keys(self, ref: ClaimRef) -> tuple[set[str], dict | None]:
+        """The locks a claim's prepare holds: its name's, the GPUs its record names and those of the
+        devices allocated to it (the claim is read for them once, here, before any lock is waited for);
+        and the claim as read (None: not read, or unreadable: the prepare reads it and says why)."""
+        keys = {f"claim:{ref.namespace}/{ref.name}"}
+        rec = self.cp.claims.get(ref.uid)
+        if rec is not None:
+            keys |= {d.gpu for d in rec.devices}
+            if rec.state == "prepared":
+                return keys, None
+        try:
+            claim = self.claims.get(ref.namespace, ref.name)
+            pool = self.pool()
+            for r in allocation_results(claim):
+                dev = pool.device(r.get("device", "")) if r.get("driver") == self.paths.driver else None
+                if dev is not None:
+                    keys.add(dev.gpu)
+        except Exception:  # noqa: BLE001 - said by the prepare, which reads it again
+            return keys, None
+        return keys, claim
+
+    # ------------------------------------------------------------ the checkpoint in memory and on disk
+    def records(self) -> list[ClaimRecord]:
+        """Every claim's record now (a copy of the list: other GPUs' prepares change it meanwhile)."""
+        with self._lock:
+            return list(self.cp.claims.values())
+
+    def _put(self, rec: ClaimRecord) -> None:
+        with self._lock:
+            self.cp.claims[rec.uid] = rec
+
+    def _drop(self, uid: str) -> None:
+        with self._lock:
+            del self.cp.claims[uid]
+
+    def _save(self) -> None:
+        """Write the checkpoint: the snapshot is taken under the lock of the records, the file written
+        (fsync) outside it, so other GPUs' prepares change their records meanwhile."""
+        with self._save_lock:
+            with self._lock:
+                text = serialize(self.cp)
+            self.store.write(text)
 
     def _gpus_of(self, uid: str) -> set[str]:
         rec = self.cp.claims.get(uid)
@@ -188,7 +237,7 @@ class Driver:
         return [PreparedDevice(request_names=[d.request], pool_name=d.pool, device_name=d.device,
                                cdi_device_ids=d.cdi_ids) for d in rec.devices]
 
-    def _prepare_one(self, ref: ClaimRef, boot: str | None) -> list[PreparedDevice]:
+    def _prepare_one(self, ref: ClaimRef, boot: str | None, claim: dict | None = None) -> list[PreparedDevice]:
         _check_ref(ref)  # before anything is read, made or written
         known = self.cp.claims.get(ref.uid)
         if known and known.state == "prepared":
@@ -199,7 +248,8 @@ class Driver:
                                    f"now describes uid {taken[0][1]}, a claim of the same name made since; not "
                                    "answering with another claim's device: unprepare this one (delete its pod)")
             if not self._of_this_boot(known, boot):
-                return self._recreate(ref, known, boot, f"in an earlier boot ({known.boot_id or 'boot not recorded'})")
+                return self._recreate(ref, known, boot, f"in an earlier boot ({known.boot_id or 'boot not recorded'})",
+                                      claim)
             # the answer must name devices that exist: one removed behind the plugin's back (by
             # hand, by a tool that ignores claims) is made again, or the kubelet is told why not
             gone = [d.device for d in known.devices if not device_present(self.env, self.io, d)]
@@ -207,12 +257,12 @@ class Driver:
                 if self._files_missing(known):
                     self._rewrite_files(ref, known)
                 return self._answer(known)
-            return self._recreate(ref, known, boot, f"in this boot but {', '.join(gone)} vanished since")
+            return self._recreate(ref, known, boot, f"in this boot but {', '.join(gone)} vanished since", claim)
         if known:  # a previous attempt failed or crashed half-way: start clean
             self._undo(known, boot)
-            del self.cp.claims[ref.uid]
-            self.store.save(self.cp)
-        return self._prepare_new(ref, boot)
+            self._drop(ref.uid)
+            self._save()
+        return self._prepare_new(ref, boot, claim=claim)
 
     def _of_this_boot(self, rec: ClaimRecord, boot: str | None) -> bool:
         """True when the record's devices are this boot's; a record of unknown boot (version 1, or
@@ -222,11 +272,12 @@ class Driver:
             return True
         if rec.boot_id is None and rec.devices and all(device_present(self.env, self.io, d) for d in rec.devices):
             rec.boot_id = boot
-            self.store.save(self.cp)
+            self._save()
             return True
         return False
 
-    def _recreate(self, ref: ClaimRef, old: ClaimRecord, boot: str | None, when: str) -> list[PreparedDevice]:
+    def _recreate(self, ref: ClaimRef, old: ClaimRecord, boot: str | None, when: str,
+                  claim: dict | None = None) -> list[PreparedDevice]:
         """A claim whose devices are gone (a reboot, a removal behind our back): make them again
         before answering. Only when none of them is left: one that exists may be a VM's."""
         where = f"claim {ref.namespace}/{ref.name}"
@@ -236,12 +287,12 @@ class Driver:
         if back:
             raise PrepareError(f"{where} was prepared {when} and its devices {', '.join(back)} exist: not "
                                "re-creating over them; unprepare the claim (delete its pod) to start clean")
-        del self.cp.claims[ref.uid]
+        self._drop(ref.uid)
         try:
-            devices = self._prepare_new(ref, boot, prefer={d.device: d for d in old.devices})
+            devices = self._prepare_new(ref, boot, prefer={d.device: d for d in old.devices}, claim=claim)
         except (PrepareError, OSError) as exc:
-            self.cp.claims[ref.uid] = old  # kept: the next prepare tries again with the same ids
-            self.store.save(self.cp)
+            self._put(old)  # kept: the next prepare tries again with the same ids
+            self._save()
             raise PrepareError(f"{exc} (re-creating the devices it was prepared with {when})") from None
         new = self.cp.claims[ref.uid]
         same = sum(1 for d in new.devices if d.vgpu_id and d.vgpu_id == getattr(
@@ -251,9 +302,10 @@ class Driver:
         return devices
 
     def _prepare_new(self, ref: ClaimRef, boot: str | None,
-                     prefer: dict[str, PreparedDeviceRecord] | None = None) -> list[PreparedDevice]:
+                     prefer: dict[str, PreparedDeviceRecord] | None = None, claim: dict | None = None
+                     ) -> list[PreparedDevice]:
         try:
-            claim = self.claims.get(ref.namespace, ref.name)
+            claim = claim or self.claims.get(ref.namespace, ref.name)
         except Exception as exc:  # API errors become the claim's error
             raise PrepareError(f"claim {ref.namespace}/{ref.name}: cannot read it from the API server: {exc}") from None
         if claim["metadata"].get("uid") != ref.uid:
@@ -264,22 +316,23 @@ class Driver:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} has no devices allocated from {self.paths.driver}")
         _check_results(ref, claim, results)
         pool = self.pool()
-        clash = overlap(ref, results, self.pool_name, pool, self.cp.claims)  # under the lock, before any write
+        clash = overlap(ref, results, self.pool_name, pool,  # under its GPUs' locks, before any write
+                        {r.uid: r for r in self.records()})
         if clash:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}) refused, nothing prepared: {clash}")
         records, gpus = self._plan(ref, results, pool, prefer or {}, claim)
         rec = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=records, boot_id=boot)
-        self.cp.claims[ref.uid] = rec
-        self.store.save(self.cp)  # intent first: a crash from here on is undone by recover()
+        self._put(rec)
+        self._save()  # intent first: a crash from here on is undone by recover()
         try:
             self._apply(rec, claim, gpus)
         except (OSError, ValueError, PrepareError) as exc:
             self._undo(rec, boot)
-            del self.cp.claims[ref.uid]
-            self.store.save(self.cp)
+            self._drop(ref.uid)
+            self._save()
             raise PrepareError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
         rec.state = "prepared"
-        self.store.save(self.cp)
+        self._save()
         return self._answer(rec)
 
     def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool, prefer: dict[str, PreparedDeviceRecord],
@@ -296,6 +349,9 @@ class Driver:
             dev = pool.device(r.get("device", ""))
             if dev is None:
                 raise PrepareError(f"{where}: device {r.get('device')} no longer exists on this node")
+            if not self.gpu_locks.holds(dev.gpu):  # its GPU's lock was taken for another pool: never unlocked
+                raise PrepareError(f"{where}: device {dev.name} moved to GPU {dev.gpu} while the claim waited; "
+                                   "the kubelet's next try prepares it")
             type_id = dev.type_id
             if dev.kind == "vgpu" and dev.type_choices:  # a size slot: the claim's config picks the type
                 try:
@@ -343,14 +399,14 @@ class Driver:
             if d.kind == "vgpu":
                 if d.gi_profile is not None:
                     create_instance(self.ex, d)
-                    self.store.save(self.cp)  # the instance's id, before its vGPU (crash safety)
+                    self._save()  # the instance's id, before its vGPU (crash safety)
                 create_vgpu(self.ex, gpus[(d.gpu, d.type_id)], d)
                 place_vgpu(self.ex, d)
             else:
                 gpu = gpus[d.gpu]
                 d.rebound = passthrough_moves(gpu)
                 d.vfs_disabled = gpu.sriov_num_vfs
-                self.store.save(self.cp)  # what to give back, on disk before the first bind (crash safety)
+                self._save()  # what to give back, on disk before the first bind (crash safety)
                 bind_passthrough(self.ex, gpu)
         self._write_files(rec, claim)
 
@@ -419,16 +475,18 @@ class Driver:
             raise PrepareError(f"{where}: its CDI specs are gone and the claim cannot be read to write them again: "
                                f"{exc}") from None
         self._write_files(rec, claim)
-        self.store.save(self.cp)
+        self._save()
         log.info("%s: prepared, its devices present; wrote its CDI specs and metadata again", where)
 
     # ------------------------------------------------------------ unprepare
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
-        with self._lock:
-            boot = self.boot_id()
-            for ref in claims:
-                rec = self.cp.claims.get(ref.uid)
+        boot = self.boot_id()
+        for ref in claims:
+            rec = self.cp.claims.get(ref.uid)
+            keys = {f"claim:{ref.namespace}/{ref.name}"} | ({d.gpu for d in rec.devices} if rec else set())
+            with self.gpu_locks.hold(keys):
+                rec = self.cp.claims.get(ref.uid)  # again under the locks: another call may have finished it
                 if rec is None:
                     out[ref.uid] = None  # unknown claims are a no-op
                     continue
@@ -442,7 +500,7 @@ class Driver:
     def _unprepare_one(self, ref: ClaimRef, rec: ClaimRecord, boot: str | None) -> str | None:
         if rec.state != "unpreparing":  # intent first: a crash half-way is finished by recover()
             rec.state = "unpreparing"
-            self.store.save(self.cp)
+            self._save()
         try:
             self._undo(rec, boot)
         except OSError as exc:
@@ -452,20 +510,20 @@ class Driver:
         # checkpoint, the API unreachable) took it for a prepared claim holding the device another
         # claim has since (found by the campaign, issue 36)
         self.io.sync()
-        del self.cp.claims[ref.uid]
-        self.store.save(self.cp)
+        self._drop(ref.uid)
+        self._save()
         return None
 
     def _recorded_vfs(self, uid: str) -> set[str]:
         """The VFs other claims' records name as their vGPUs' parents, whatever their boot: a claim
         prepared before a reboot gets its own VF back whichever claim the kubelet retries first (a
         PF that parents many mdevs is no one's)."""
-        return {d.parent for other in self.cp.claims.values() if other.uid != uid
+        return {d.parent for other in self.records() if other.uid != uid
                 for d in other.devices if d.kind == "vgpu" and d.parent and d.parent != d.gpu}
 
     def _held_elsewhere(self, uid: str, boot: str | None) -> set[str]:
         """vGPU ids and GPUs that another claim of this boot (or of unknown boot) holds."""
-        return {d.vgpu_id or d.gpu for other in self.cp.claims.values()
+        return {d.vgpu_id or d.gpu for other in self.records()
                 if other.uid != uid and _may_be_live(other, boot) for d in other.devices}
 
     def _undo(self, rec: ClaimRecord, boot: str | None) -> None:
@@ -484,12 +542,13 @@ class Driver:
                 elif d.kind == "passthrough" and (d.rebound or d.vfs_disabled):
                     release_passthrough(self.ex, read_one_gpu(self.env, self.io, d.gpu), d)
         # files by uid: a metadata file a re-created claim of the same name wrote stays (claimfiles)
-        claimfiles.remove(self.io, self.paths, rec, self.cp.claims.values())
+        claimfiles.remove(self.io, self.paths, rec, self.records())
 
     # ------------------------------------------------------------ for the node manager and health
     def usage(self) -> Usage:
         """Devices held by prepared claims count as in use for the node manager."""
-        return self.cp.usage()
+        with self._lock:
+            return self.cp.usage()
 
     def health(self) -> list[DeviceHealthRecord]:
         """A device is as healthy as its GPU: present on the PCI bus, and without a problem the agent's

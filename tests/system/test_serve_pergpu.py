@@ -1,15 +1,20 @@
 """The agent keeps each GPU's state and reads again only what changed (#37.1): a prepare or
 unprepare makes the next resync read the claim's GPUs, not the node; a change made by hand is
-read where its fingerprint shows it; an unchanged slice is not written again."""
+read where its fingerprint shows it; an unchanged slice is not written again. Claims on different
+GPUs are prepared side by side (#37.2): one GPU's hung operation stalls no other GPU's prepare,
+a hand-run apply is still kept out, and one device is never given to two claims."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
 from dra_bridge.sim.apiserver import LocalApiServer
+from mdev_manager.host.lock import NodeLock, NodeLockBusy
 from mdev_manager.sim import SimIO
 from tests.support.dra import add_claim, make_node, short_tmp
 
@@ -98,3 +103,88 @@ def test_a_prepare_that_changes_no_slice_writes_none(srv, base):
     daemon.resync(force=False)
     assert daemon.gpu_states.reads["whole"] == 1
     assert [w for w in srv.writes if w.resource == "resourceslices"] == []
+
+
+class GateIO(SimIO):
+    """The simulated host's transport, holding the first vGPU creation on one GPU's functions until
+    released: one GPU's slow operation."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self.functions: set[str] = set()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def write(self, path, data):
+        if Path(path).name == "create" and any(f in str(path) for f in self.functions) and not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(60), "the gated write was never released"
+        return super().write(path, data)
+
+
+def in_thread(fn) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("out", fn()), daemon=True)
+    t.start()
+    return t, box
+
+
+def gated_agent(srv, base: Path):
+    node = make_node(base, "default")
+    cfg = ServeConfig(node_name=node.node, kubelet_root=base / "kl", cdi_root=base / "cdi", metrics_port=None,
+                      resync_seconds=3600, health_poll_seconds=3600, full_resync_seconds=3600)
+    io = GateIO(node.host)
+    daemon = Daemon(cfg, node.env, io, srv.api_client())
+    daemon._wrap_prepare()  # as start() wires it: under the node lock, shared
+    daemon.resync()
+    return node, daemon, io
+
+
+def test_a_gpu_whose_vgpu_creation_hangs_does_not_stall_a_prepare_on_another_gpu(srv, base):
+    node, daemon, io = gated_agent(srv, base)
+    devs = [d for d in daemon._pool.devices if d.kind == "vgpu"]
+    a = devs[0]
+    b = next(d for d in devs if d.gpu != a.gpu)
+    gpu_a = daemon.inventory.gpu(a.gpu)
+    io.functions = {gpu_a.address, *(vf.address for vf in gpu_a.vfs)}
+    ref_a = add_claim(srv, "on-a", [("vgpu", a.name)], node=node.node)
+    ref_b = add_claim(srv, "on-b", [("vgpu", b.name)], node=node.node)
+
+    ta, out_a = in_thread(lambda: daemon.driver.prepare([ref_a]))
+    assert io.entered.wait(30), "the prepare on GPU A never reached its vGPU's creation"
+    tb, out_b = in_thread(lambda: daemon.driver.prepare([ref_b]))
+    tb.join(60)
+    assert not tb.is_alive(), "the prepare on GPU B waited for GPU A's hung creation"
+    assert out_b["out"][ref_b.uid].error is None
+    assert ta.is_alive() and not io.release.is_set()
+    # a hand-run vgpuctl apply is still kept out while A's prepare is in flight
+    with pytest.raises(NodeLockBusy):
+        with NodeLock(node.env, "vgpuctl apply").hold(wait=False):
+            pass
+    io.release.set()
+    ta.join(60)
+    assert out_a["out"][ref_a.uid].error is None
+    on_disk = CheckpointStore(daemon.paths.checkpoint, daemon.io).load()
+    assert {u: r.state for u, r in on_disk.claims.items()} == {ref_a.uid: "prepared", ref_b.uid: "prepared"}
+    vgpus = [d.vgpu_id for r in on_disk.claims.values() for d in r.devices]
+    assert len(set(vgpus)) == 2 and all(vgpus)
+
+
+def test_two_claims_given_one_device_at_once_prepare_one(srv, base):
+    """The scheduler can allocate one device twice: the second prepare waits for the first on the GPU's
+    lock, then finds the device held and is refused, nothing made."""
+    node, daemon, io = gated_agent(srv, base)
+    dev = next(d for d in daemon._pool.devices if d.kind == "vgpu")
+    gpu = daemon.inventory.gpu(dev.gpu)
+    io.functions = {gpu.address, *(vf.address for vf in gpu.vfs)}
+    first = add_claim(srv, "first", [("vgpu", dev.name)], node=node.node)
+    second = add_claim(srv, "second", [("vgpu", dev.name)], node=node.node)
+    t1, out1 = in_thread(lambda: daemon.driver.prepare([first]))
+    assert io.entered.wait(30)
+    t2, out2 = in_thread(lambda: daemon.driver.prepare([second]))
+    io.release.set()
+    t1.join(60)
+    t2.join(60)
+    assert out1["out"][first.uid].error is None
+    assert "refused, nothing prepared" in (out2["out"][second.uid].error or "")
+    assert list(daemon.driver.cp.claims) == [first.uid]
+    assert len([v for v in node.inventory().all_vgpus() if v.gpu == dev.gpu]) == 1
