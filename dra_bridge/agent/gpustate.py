@@ -29,7 +29,7 @@ from mdev_manager.discovery import discover, read_function, read_gpu
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.fingerprint import gpu_prints, host_marks
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Inventory
+from mdev_manager.models import Gpu, Inventory
 
 
 def owners(inv: Inventory) -> dict[str, str]:
@@ -104,6 +104,6 @@ class GpuStates:
         self.inventory = inv
         return inv
 
-    def _read_gpu(self, address: str, index: int):
+    def _read_gpu(self, address: str, index: int) -> Gpu:
         self.reads["gpu"] += 1
         return read_gpu(self.env, self.io, address, index, read_function(self.env, self.io, address))

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
-from dra_bridge.kubeletplugin import cdi, claimfiles, metadata, recovery
+from dra_bridge.kubeletplugin import claimfiles, recovery, refcheck, specs
 from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, serialize
 from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
@@ -51,25 +51,15 @@ from dra_bridge.kubeletplugin.effects import (
 )
 from dra_bridge.kubeletplugin.gpulocks import GpuLocks
 from dra_bridge.kubeletplugin.overlap import overlap
-from dra_bridge.kubeletplugin.paths import (
-    UnsafeName,
-    check_label,
-    check_name,
-    check_namespace,
-    check_request,
-    check_uid,
-)
-from dra_bridge.kubeletplugin.resourceenv import resource_env
 from dra_bridge.kubeletplugin.state import Checkpoint, ClaimRecord, PreparedDeviceRecord
 from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.dualmode import offers_both_modes
 from dra_bridge.pool.mixed import slot_sizes
 from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from mdev_manager import persist
-from mdev_manager.discovery import read_function
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
-from mdev_manager.host.io import HostIO, RealIO, link_name, read_attr
+from mdev_manager.host.io import HostIO, RealIO, read_attr
 from mdev_manager.models import Usage
 
 log = logging.getLogger(__name__)
@@ -126,7 +116,7 @@ class Driver:
             saved = ""
         except OSError as exc:
             saved = f"; the rebuilt checkpoint is not saved ({exc.strerror or exc})"
-        found = ", ".join(f"{_who(r)} ({_n(len(r.devices), 'device')}{_rebuilt_how(r)})"
+        found = ", ".join(f"{refcheck.who(r)} ({refcheck.n(len(r.devices), 'device')}{refcheck.rebuilt_how(r)})"
                           for r in out.claims.values()) or "none"
         if obs.api is None:
             sources = f"the CDI specs, metadata files and devices on the node (not the API server: {obs.api_error})"
@@ -153,7 +143,7 @@ class Driver:
                         self._undo(rec, boot)
                     except OSError as exc:  # e.g. EBUSY: a VM holds the device; never forced
                         log.warning("claim %s: left %s by a crash, not undone yet (%s); its devices stay "
-                                    "in use until the kubelet's next prepare or unprepare", _who(rec), rec.state, exc)
+                                    "in use until the kubelet's next prepare or unprepare", refcheck.who(rec), rec.state, exc)
                         continue
                     self._drop(uid)
                     undone.append(uid)
@@ -238,10 +228,10 @@ class Driver:
                                cdi_device_ids=d.cdi_ids) for d in rec.devices]
 
     def _prepare_one(self, ref: ClaimRef, boot: str | None, claim: dict | None = None) -> list[PreparedDevice]:
-        _check_ref(ref)  # before anything is read, made or written
+        refcheck.check_ref(ref)  # before anything is read, made or written
         known = self.cp.claims.get(ref.uid)
         if known and known.state == "prepared":
-            _fill_identity(known, ref)
+            refcheck.fill_identity(known, ref)
             taken = claimfiles.taken_over(self.io, self.paths, known)
             if taken:  # a container started now would mount the newer claim's device metadata
                 raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}): its metadata file {taken[0][0]} "
@@ -298,7 +288,7 @@ class Driver:
         same = sum(1 for d in new.devices if d.vgpu_id and d.vgpu_id == getattr(
             next((o for o in old.devices if o.device == d.device), None), "vgpu_id", None))
         log.info("%s: prepared %s; re-created %s (%s with the same id as before) and rewrote its CDI specs "
-                 "and metadata", where, when, _n(len(new.devices), "device"), _n(same, "vGPU"))
+                 "and metadata", where, when, refcheck.n(len(new.devices), "device"), refcheck.n(same, "vGPU"))
         return devices
 
     def _prepare_new(self, ref: ClaimRef, boot: str | None,
@@ -314,7 +304,7 @@ class Driver:
         results = [r for r in allocation_results(claim) if r.get("driver") == self.paths.driver]
         if not results:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} has no devices allocated from {self.paths.driver}")
-        _check_results(ref, claim, results)
+        refcheck.check_results(ref, claim, results)
         pool = self.pool()
         clash = overlap(ref, results, self.pool_name, pool,  # under its GPUs' locks, before any write
                         {r.uid: r for r in self.records()})
@@ -410,52 +400,8 @@ class Driver:
                 bind_passthrough(self.ex, gpu)
         self._write_files(rec, claim)
 
-    def _vfio(self, d: PreparedDeviceRecord) -> tuple[int | None, str | None, dict]:
-        """(IOMMU group, vfio cdev name, metadata attributes) of a prepared device, as the host shows it."""
-        if d.kind == "vgpu":
-            link = self.env.mdev_devices / d.vgpu_id if d.framework == "mdev" else self.env.pci(d.vgpu_id)
-            group = link_name(self.io, link / "iommu_group")
-            cdevs = self.io.listdir(link / "vfio-dev")  # with iommufd: the vGPU's own vfio cdev
-            attrs = {"mdevUUID": {"string": d.vgpu_id}} if d.framework == "mdev" else \
-                {"resource.kubernetes.io/pciBusID": {"string": d.vgpu_id}}
-            return (int(group) if group and group.isdigit() else None), (cdevs[0] if cdevs else None), attrs
-        fn = read_function(self.env, self.io, d.gpu)  # the GPU's own group and cdev: no need to read its VFs
-        return fn["iommu_group"], fn["vfio_dev"], {"resource.kubernetes.io/pciBusID": {"string": d.gpu}}
-
     def _write_files(self, rec: ClaimRecord, claim: dict) -> None:
-        """The claim's CDI spec, metadata files and their CDI specs, from its devices on the host;
-        only for the claim the API server holds under that name now (the metadata path is shared
-        by name: the newest claim owns it, see :mod:`.claimfiles`)."""
-        if claim["metadata"].get("uid") != rec.uid:
-            raise PrepareError(f"claim {rec.namespace}/{rec.name} is now uid {claim['metadata'].get('uid')}, not "
-                               f"{rec.uid}: no files are written for the claim it replaced")
-        cdi_devices: dict[str, list[dict]] = {}
-        by_request: dict[str, list[dict]] = {}
-        rec.cdi_files, rec.metadata_files = [], []
-        for d in rec.devices:
-            d.iommu_group, vfio_dev, attrs = self._vfio(d)
-            cdi_devices[d.device] = cdi.vfio_nodes(self.env, d.iommu_group, vfio_dev, self.io.exists(self.env.iommufd))
-            d.cdi_ids = [cdi.cdi_id(self.paths.driver, rec.uid, d.device)]
-            by_request.setdefault(d.request, []).append(
-                {"driver": self.paths.driver, "pool": d.pool, "name": d.device, "attributes": attrs})
-        spec_file = cdi.spec_path(self.paths.cdi_root, self.paths.driver, rec.uid)
-        cdi.write_spec(self.io, spec_file, cdi.claim_spec(self.paths.driver, rec.uid, cdi_devices,
-                                                          resource_env(rec, claim, self.paths.driver)))
-        rec.cdi_files.append(str(spec_file))
-        for request, devices in by_request.items():
-            host = metadata.host_file(self.paths.metadata_dir, rec.namespace, rec.name, request)
-            claimfiles.write_metadata(self.io, self.paths, host, metadata.document(claim, request, devices), request)
-            rec.metadata_files.append(str(host))
-            spec, mid = metadata.cdi_spec(self.paths.driver, rec.uid, request, host,
-                                          metadata.container_path(self.paths.driver, claim, request))
-            mpath = metadata.cdi_path(self.paths.cdi_root, self.paths.driver, rec.uid, request)
-            cdi.write_spec(self.io, mpath, spec)
-            rec.cdi_files.append(str(mpath))
-            # On the request's first device only, as the upstream helper injects it
-            # (k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go, NodePrepareResources:
-            # "Inject metadata CDI device IDs into the first device per request"): the runtime
-            # bind-mounts the file once per container, not once per device.
-            next(d for d in rec.devices if d.request == request).cdi_ids.append(mid)
+        specs.write_files(self.env, self.io, self.paths, rec, claim)
 
     def _files_missing(self, rec: ClaimRecord) -> bool:
         """A prepared claim whose answer would name CDI devices that resolve to nothing."""
@@ -490,7 +436,7 @@ class Driver:
                 if rec is None:
                     out[ref.uid] = None  # unknown claims are a no-op
                     continue
-                _fill_identity(rec, ref)
+                refcheck.fill_identity(rec, ref)
                 try:
                     out[ref.uid] = self._unprepare_one(ref, rec, boot)
                 finally:
@@ -524,7 +470,7 @@ class Driver:
     def _held_elsewhere(self, uid: str, boot: str | None) -> set[str]:
         """vGPU ids and GPUs that another claim of this boot (or of unknown boot) holds."""
         return {d.vgpu_id or d.gpu for other in self.records()
-                if other.uid != uid and _may_be_live(other, boot) for d in other.devices}
+                if other.uid != uid and refcheck.may_be_live(other, boot) for d in other.devices}
 
     def _undo(self, rec: ClaimRecord, boot: str | None) -> None:
         """Remove what prepare made; tolerant of parts that were never made.
@@ -532,7 +478,7 @@ class Driver:
         The kernel is touched only for a record of this boot (or of unknown boot, where removal
         goes by what the host shows), and never for a device another claim's record holds.
         """
-        if _may_be_live(rec, boot):
+        if refcheck.may_be_live(rec, boot):
             held = self._held_elsewhere(rec.uid, boot)
             for d in rec.devices:
                 if (d.vgpu_id or d.gpu) in held:
@@ -569,58 +515,3 @@ class Driver:
                 healthy, message = True, f"GPU {dev.gpu} present"
             out.append(DeviceHealthRecord(pool=self.pool_name, device=dev.name, healthy=healthy, message=message))
         return out
-
-
-# --------------------------------------------------------------------------- checks (pure)
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _may_be_live(rec: ClaimRecord, boot: str | None) -> bool:
-    """False only for a record known to come from another boot: its devices died with it."""
-    return boot is None or rec.boot_id is None or rec.boot_id == boot
-
-
-def _rebuilt_how(rec: ClaimRecord) -> str:
-    if not rec.cdi_files and not rec.metadata_files:
-        return ", no files: held from its allocation"
-    return "" if rec.boot_id else ", to re-create"
-
-
-def _who(rec: ClaimRecord) -> str:
-    return f"{rec.namespace}/{rec.name}" if rec.namespace else f"uid {rec.uid}"
-
-
-def _fill_identity(rec: ClaimRecord, ref: ClaimRef) -> None:
-    """A record rebuilt from a CDI spec alone learns its namespace and name from the kubelet (checked)."""
-    if rec.namespace:
-        return
-    try:
-        rec.namespace, rec.name = check_namespace(ref.namespace), check_name(ref.name)
-    except UnsafeName:
-        pass
-
-
-def _check_ref(ref: ClaimRef) -> None:
-    """The kubelet's claim identity becomes checkpoint keys and paths: check it first."""
-    try:
-        check_namespace(ref.namespace)
-        check_name(ref.name)
-        check_uid(ref.uid)
-    except UnsafeName as exc:
-        raise PrepareError(f"claim {ref.namespace!r}/{ref.name!r} (uid {ref.uid!r}) refused: {exc}; "
-                           "nothing was prepared") from None
-
-
-def _check_results(ref: ClaimRef, claim: dict, results: list[dict]) -> None:
-    """Request and device names and the pod's claim name become paths or CDI names: check them
-    all before the first device is made."""
-    try:
-        for r in results:
-            check_request(r.get("request"))
-            check_label(r.get("device"), f"device of request {r.get('request')!r}")
-        metadata.pod_claim_name(claim)
-    except UnsafeName as exc:
-        raise PrepareError(f"claim {ref.namespace}/{ref.name} refused: {exc}; nothing was prepared") from None

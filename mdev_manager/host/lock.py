@@ -95,9 +95,10 @@ class NodeLock:
         """Hold the lock for the block (``shared``: beside the process's other shared holders). Not
         waiting, a held lock raises :class:`NodeLockBusy`; waiting, ``on_wait`` is told once whom the
         caller waits for."""
-        if not shared and getattr(self._mine, "n", 0):
+        mine: int = getattr(self._mine, "n", 0)
+        if not shared and mine:
             raise RuntimeError("this thread holds the node lock shared: taking it exclusively would wait for itself")
-        nested = shared and getattr(self._mine, "n", 0) > 0  # never queued behind a waiting exclusive holder
+        nested = shared and mine > 0  # never queued behind a waiting exclusive holder
         if not nested and not self._thread_lock.acquire(blocking=wait):
             raise NodeLockBusy(self.path, f"another thread of this process (pid {os.getpid()})")
         if nested or (shared and self._depth == 0):  # (inside this thread's exclusive hold it is one more re-entry)
