@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-ALL = ["cli", "discovery", "agent", "prepare", "size", "race", "node", "dra", "allocator", "packing"]
+ALL = ["cli", "discovery", "agent", "prepare", "storm", "size", "race", "node", "dra", "allocator", "packing"]
 
 
 def parser() -> argparse.ArgumentParser:

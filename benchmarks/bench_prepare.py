@@ -4,8 +4,9 @@ The largest preset (16 L40S x 32 VFs, mdev on VFs: 23 types per VF) in ``dra`` m
 (``Daemon.start()``: kubelet plugin on its unix socket, publisher on the local API server) and a
 kubelet model registering it and calling ``NodePrepareResources`` / ``NodeUnprepareResources``
 for one-vGPU claims, one claim at a time, spread over the GPUs: once with no resync running, once
-while the agent's own loop resyncs every second (each prepare changes the node, so those are full
-resyncs, a second of Python on this preset sharing the GIL with the gRPC worker).
+while the agent's own loop resyncs every second (each prepare changes the node, so each resync runs:
+it reads again the GPUs the prepares touched, not the whole node, docs/agent-state.md; before #37 it
+was a whole discovery, a second of Python on this preset sharing the GIL with the gRPC worker).
 Reported: p50 / p99 of prepare and of unprepare; beside them the simulated kernel's own share
 (the time spent in its model of ``create`` / ``remove`` writes, measured in the transport) and
 the p99 without it: what a real kernel's sysfs write would replace. Bound: 20 ms p99.
@@ -118,6 +119,6 @@ def measure(resync_seconds: float, what: str) -> list[str]:
         row("prepare p99 without the simulated kernel", f"{bare99:.1f} ms", f"{BOUND_MS:.0f} ms", None,
             "what a real sysfs write replaces"),
         row("unprepare p50 / p99", f"{percentile(unprep, 50) * 1000:.1f} / {percentile(unprep, 99) * 1000:.1f} ms",
-            "-", None, f"{resyncs:.0f} full resyncs ran meanwhile"),
+            "-", None, f"{resyncs:.0f} resyncs ran meanwhile"),
     ]
     return lines

@@ -20,7 +20,6 @@ the free vGPUs per GPU and profile (:mod:`.capacity`).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import signal
@@ -32,10 +31,12 @@ from dra_bridge.agent.binder import SizeBinder, bind_loop, host_sizes
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
 from dra_bridge.agent.cordon import NodeCordon
-from dra_bridge.agent.events import LayoutEvents, blocked_reason, failed_steps_text, one_line, unapplied_text
+from dra_bridge.agent.events import LayoutEvents, one_line
+from dra_bridge.agent.gpustate import GpuStates
 from dra_bridge.agent.health import GpuHealthWatch
+from dra_bridge.agent.layoutsync import LayoutSync, content_digest
 from dra_bridge.agent.observe import Metrics, ProbeServer
-from dra_bridge.api.names import ANNOTATION_CONFIG_REASON, LABEL_VGPU_HOST_DRIVER
+from dra_bridge.api.names import LABEL_VGPU_HOST_DRIVER
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.claims import ApiClaimSource
 from dra_bridge.apiclient.claimwatch import ClaimCache
@@ -50,8 +51,8 @@ from dra_bridge.pool.health import healthy_pool
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.pool.shape import Shape, choose_shape, node_pool
 from dra_bridge.rpc.dra_grpc import KubeletPlugin
-from mdev_manager import applied, numbering
-from mdev_manager.config import ConfigError, GpuLayout, load_config
+from mdev_manager import numbering
+from mdev_manager.config import ConfigError, GpuLayout
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.fingerprint import fingerprint
@@ -59,14 +60,13 @@ from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.host.lock import NodeLock
 from mdev_manager.models import Inventory, Usage
 from mdev_manager.plan import select_gpus
-from mdev_manager.reconcile import Outcome, reconcile
 from mdev_manager.restore import restore
 from mdev_manager.usage import collect_usage
 
 log = logging.getLogger(__name__)
 
 
-class Daemon:
+class Daemon(LayoutSync):
     def __init__(self, cfg: ServeConfig, env: HostEnv, io: HostIO | None = None, api_client=None):
         self.cfg = cfg
         self.env = env
@@ -85,15 +85,19 @@ class Daemon:
         self.node_lock = NodeLock(env, f"vgpuctl serve (node agent of {cfg.node_name})")
         self._pool = Pool()
         self.inventory: Inventory | None = None
+        self.gpu_states = GpuStates(env, self.io, cfg.node_name)  # each GPU's state, read again where it changed
         self.driver = Driver(env=env, paths=self.paths, pool_name=cfg.node_name, claims=ApiClaimSource(api_client),
                              pool=lambda: self._pool, io=self.io)
+        # not serialised: the driver holds each claim's GPUs' locks, so claims on other GPUs go on meanwhile
         self.plugin = KubeletPlugin(cfg.driver, self.driver, cfg.kubelet_root,
-                                    health_poll_interval=cfg.health_poll_seconds)
+                                    health_poll_interval=cfg.health_poll_seconds, serialize=False)
         self.probes: ProbeServer | None = None
         self.kept = KeptFields()  # which DRA fields the server keeps (probe, then every write's answer)
         self._claims_changed = 0  # bumped by every prepare and unprepare
+        self._claims_lock = threading.Lock()  # (prepares of claims on different GPUs run at once)
         self._last_key: tuple | None = None  # what the last complete resync saw (see _unchanged)
         self._last_full = 0.0
+        self._last_check = 0.0  # the last safety-net check (every GPU in MIG mode read again)
         self._safe_warned: list[str] = []
         self._probed_at: float | None = None
         self._kept_annotated: str | None = None
@@ -103,6 +107,7 @@ class Daemon:
         self._bind_lock = threading.Lock()
         self.health = GpuHealthWatch(self.io, api_client, cfg.node_name, cfg.health_quiet_seconds, self.env)
         self.driver.gpu_health = self.health.messages  # the kubelet's health service says it per device
+        self.driver.touched = self._touched  # a claim's GPUs are read again, not the whole node
         self._driver_label: str | None = None  # the host driver version last labelled ("": none to read)
         # the node's GPU numbering, which device names carry (an earlier release kept it in the data dir)
         numbering.adopt(self.env, self.io, self.paths.gpu_ids)
@@ -148,12 +153,16 @@ class Daemon:
                 self.metrics.resyncs.labels("unchanged").inc()
                 return {"unchanged": True}
             claims = self._claims_changed  # a prepare during the resync makes the next one run
+            now = time.monotonic()
+            check = now - self._last_check >= (self.cfg.full_resync_seconds or 10 * self.cfg.resync_seconds)
             with self.metrics.resync_seconds.time():
-                result = self._resync()
+                result = self._resync(check)
+            if check:
+                self._last_check = now
             self._last_key, self._last_full = self._resync_key(claims), time.monotonic()
             return result
 
-    def _resync(self) -> dict:
+    def _resync(self, check: bool = False) -> dict:
         rejected: ConfigError | None = None
         seen: Usage | None = None  # who used what when the layout was applied (None: not applied)
         try:
@@ -167,7 +176,7 @@ class Daemon:
                 rejected, layouts = exc, self._last_good
                 if layouts is None:
                     raise
-            inv = discover(self.env, self.io, node=self.cfg.node_name)
+            inv = self.gpu_states.current(check=check)  # only the GPUs that changed are read again
             numbering.record(self.env, self.io, [(g.address, g.vendor_id) for g in inv.gpus])
             self._label_driver_version(inv)
             policy = policy_from_layout(inv, layouts)
@@ -181,7 +190,7 @@ class Daemon:
             self._check_fields()
             shape = self.shape()
             if shape.binding:  # a GPU freed since the last binding round is offered whole now
-                self.binder.observe_host(self._pool, host_sizes(inv, list(self.driver.cp.claims.values())))
+                self.binder.observe_host(self._pool, host_sizes(inv, self.driver.records()))
             pool = node_pool(inv, layouts, self.cfg.driver, shape,
                              narrow=self.binder.policy, policy=policy)
             if not shape.counters and pool.warnings != self._safe_warned:  # said once per change
@@ -189,7 +198,7 @@ class Daemon:
                     log.warning("%s", warning)
                 self._safe_warned = list(pool.warnings)
             self._pool, self.inventory = pool, inv
-            held = {d.device for rec in self.driver.cp.claims.values() for d in rec.devices}  # stays published
+            held = {d.device for rec in self.driver.records() for d in rec.devices}  # stays published
             self.health.poll(inv)
             healthy, _sick = healthy_pool(pool, self.health.tracker, self.cfg.driver, taints=self.kept.taints is True,
                                           in_use=held)
@@ -206,7 +215,7 @@ class Daemon:
                 self.metrics.api_writes.labels(verb).inc(n)
         for kind in ("vgpu", "passthrough"):
             self.metrics.devices.labels(kind).set(sum(1 for d in pool.devices if d.kind == kind))
-        self.metrics.set_node(inv, pool, self.driver.cp.claims)
+        self.metrics.set_node(inv, pool, {r.uid: r for r in self.driver.records()})
         self.metrics.set_free_vgpus(self._free_vgpus(inv, pool, layouts, seen))
         if rejected is not None:
             raise rejected
@@ -304,7 +313,7 @@ class Daemon:
         if not self.shape().binding:
             return 0
         with self._bind_lock:
-            records = list(self.driver.cp.claims.values())  # the claims prepared now: current where a discovery is not
+            records = self.driver.records()  # the claims prepared now: current where a discovery is not
             verdicts, changed = self.binder.bind(self.driver.claims, self._pool, host_sizes(self.inventory, records),
                                                  claims)
             for v in verdicts:
@@ -320,112 +329,6 @@ class Daemon:
         self.claim_cache = ClaimCache(self.api_client)
         bind_loop(self.claim_cache, active=lambda: bool(self.shape().binding), bind=self.bind, stop=self._stop,
                   retry_seconds=self.cfg.bind_seconds)
-
-    # ------------------------------------------------------------ layout selection by node label
-    def _usage(self):
-        usage = self.driver.usage()
-        if self.device_plugins is not None:
-            usage = usage.merged(self.device_plugins.usage())
-        return usage
-
-    def _set_state(self, labels: dict[str, str], state: str) -> None:
-        """The layout state: always in the metrics, on the node label when one is configured."""
-        self.metrics.set_layout_state(state)
-        if not self.cfg.state_label or labels.get(self.cfg.state_label) == state:
-            return
-        set_node_label(self.api_client, self.cfg.node_name, self.cfg.state_label, state)
-        labels[self.cfg.state_label] = state
-
-    def _current_layouts(self) -> list[GpuLayout] | None:
-        """The layout named by the node label (vgpu-device-manager style), else the configured one;
-        read again when the name or the file's content changed."""
-        if not self.cfg.layout_file:
-            return None
-        name = self.cfg.layout
-        self._labels, self._annotations = {}, None
-        if self.cfg.layout_label or self.cfg.state_label:
-            self._labels, self._annotations = node_metadata(self.api_client, self.cfg.node_name)
-            name = self._labels.get(self.cfg.layout_label or "", name) if self.cfg.layout_label else name
-        digest = content_digest(self.cfg.layout_file)
-        if (name, digest) == self._failed:
-            raise ConfigError(f"layout {name!r} was rejected; fix it or label the node with another layout")
-        edited = digest is not None and digest != self._digest  # unreadable (mid-swap): keep the last one
-        if name != self._applied_layout or self.layouts is None or edited:
-            if edited and name == self._applied_layout and self.layouts is not None:
-                log.info("layout file %s changed; reading layout %s again", self.cfg.layout_file, name)
-            self._set_state(self._labels, "pending")
-            try:
-                self.layouts = load_config(self.cfg.layout_file, name)
-            except ConfigError as exc:
-                self._reject(name, digest, exc)
-                raise
-            self._layout_name, self._digest = name, digest
-        return self.layouts
-
-    def _reject(self, name: str, digest: str | None, exc: ConfigError) -> None:
-        """A layout that cannot be applied as written: failed until the label or the file changes."""
-        self._set_state(self._labels, "failed")
-        self._failed = (name, digest)
-        self.layouts = None
-        log.error("layout %s rejected: %s", name, exc)
-        self.events.report(name, failed=f"layout {name} rejected: {exc}")
-
-    def _apply_layout(self, layouts: list[GpuLayout]) -> Usage:
-        """Reconcile the node to ``layouts``; returns who used what as the apply saw it."""
-        try:
-            # plan without the node lock first: a node that matches its layout (almost every resync)
-            # is left alone without making a prepare wait for a whole discovery; when there is
-            # something to do, the lock is taken and the node discovered and planned again under it
-            out = reconcile(self.env, self.io, layouts, dry_run=True, usage_extra=self._usage(),
-                            node=self.cfg.node_name, final_inventory=False)
-            if any(r.plan.actions for r in out.rounds):
-                with self.node_lock.hold():
-                    out = reconcile(self.env, self.io, layouts, usage_extra=self._usage(), node=self.cfg.node_name,
-                                    final_inventory=False, read_back=True)
-        except ConfigError as exc:
-            self._reject(self._layout_name, self._digest, exc)
-            raise
-        self._applied_layout = self._layout_name
-        self._last_good = layouts
-        if self._recorded != (self._layout_name, self._digest):
-            try:  # what the node is for, for vgpuctl slices and capacity on the node (a report: never fatal)
-                applied.record(self.env, self.io, layouts, name=self._layout_name,
-                               source=str(self.cfg.layout_file) if self.cfg.layout_file else None, by="vgpuctl serve")
-                self._recorded = (self._layout_name, self._digest)
-            except OSError as exc:
-                log.warning("could not record the applied layout: %s", exc)
-        self._failed = None
-        self._report(out)
-        return out.usage
-
-    def _report(self, out: Outcome) -> None:
-        """State label and metric, reason annotation, and an Event when there is news."""
-        failed = [f for r in out.rounds for f in (r.report.failed if r.report else [])]
-        for f in failed:
-            log.warning("layout step failed: %s: %s %s", f.step, f.error, f.message)
-        for step in out.unapplied:
-            log.warning("layout step without effect (the node read back after the apply still needs it): %s", step)
-        reason = blocked_reason(self._layout_name, out.blocked) if out.ok and out.blocked else None
-        if reason:
-            log.warning("%s", reason)
-        self._set_state(self._labels, "failed" if not out.ok else "pending" if reason else "success")
-        if self.cfg.state_label:
-            self._set_reason(reason)
-        self.events.report(self._layout_name, changed=out.changed, blocked=reason,
-                           failed=failed_steps_text(self._layout_name, failed) if failed else
-                           unapplied_text(self._layout_name, out.unapplied) if out.unapplied else None)
-
-    def _set_reason(self, reason: str | None) -> None:
-        """The annotation explaining ``pending``; removed once the node matches (one patch per change)."""
-        current = (self._annotations or {}).get(ANNOTATION_CONFIG_REASON)
-        if current == reason:
-            return
-        set_node_annotation(self.api_client, self.cfg.node_name, ANNOTATION_CONFIG_REASON, reason)
-        if self._annotations is not None:
-            if reason is None:
-                self._annotations.pop(ANNOTATION_CONFIG_REASON, None)
-            else:
-                self._annotations[ANNOTATION_CONFIG_REASON] = reason
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> Daemon:
@@ -465,18 +368,20 @@ class Daemon:
 
     def _wrap_prepare(self) -> None:
         """Time every prepare for the histogram without the driver knowing about metrics; prepare
-        and unprepare write to the host, so they hold the node lock."""
+        and unprepare write to the host, so they hold the node lock, shared: each holds only its claim's
+        GPUs' locks (:mod:`dra_bridge.kubeletplugin.gpulocks`), so claims on other GPUs are prepared
+        meanwhile, and a hand-run ``vgpuctl apply`` (or the agent's reconcile) waits for all of them."""
         inner, inner_unprepare = self.driver.prepare, self.driver.unprepare
 
         def unprepare(claims):
-            with self.node_lock.hold():
-                self._claims_changed += 1
+            with self.node_lock.hold(shared=True):  # beside other claims' calls, each under its GPUs' locks
+                self._claim_changed()
                 return inner_unprepare(claims)
 
         def prepare(claims):
             t0 = time.perf_counter()
-            with self.node_lock.hold():
-                self._claims_changed += 1
+            with self.node_lock.hold(shared=True):
+                self._claim_changed()
                 out = inner(claims)
             per = (time.perf_counter() - t0) / max(1, len(claims))
             for _uid, res in out.items():
@@ -487,6 +392,18 @@ class Daemon:
 
         self.driver.prepare = prepare
         self.driver.unprepare = unprepare
+
+    def _claim_changed(self) -> None:
+        with self._claims_lock:
+            self._claims_changed += 1
+
+    def _touched(self, gpus: set[str] | None) -> None:
+        """A prepare or unprepare changed these GPUs (None: it cannot say which): the next resync reads
+        them again, and only them."""
+        if gpus is None:
+            self.gpu_states.invalidate()
+        else:
+            self.gpu_states.touched(gpus)
 
     def _watch_udev(self) -> None:
         """Wake the loop on PCI / mdev uevents; without udev the periodic resync covers it."""
@@ -540,10 +457,3 @@ class Daemon:
         self.cordon.stop()
         log.info("stopped; sockets removed, devices left in place")
 
-
-def content_digest(path: Path) -> str | None:
-    """sha256 of the file's content, read through every symlink (a ConfigMap's ``..data``); None if unreadable."""
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None

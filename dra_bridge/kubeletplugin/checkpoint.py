@@ -122,7 +122,11 @@ class CheckpointStore:
         return parse(text)
 
     def save(self, cp: Checkpoint) -> None:
-        self.io.write_atomic(self.path, serialize(cp))
+        self.write(serialize(cp))
+
+    def write(self, text: str) -> None:
+        """Write a checkpoint already serialised (:func:`serialize`)."""
+        self.io.write_atomic(self.path, text)
 
     def quarantine(self) -> Path:
         """Move the file (or directory) aside as ``<name>.corrupt-<UTC time>``, kept for inspection."""

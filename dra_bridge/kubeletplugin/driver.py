@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
-from dra_bridge.kubeletplugin import cdi, claimfiles, metadata, recovery
-from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+from dra_bridge.kubeletplugin import claimfiles, recovery, refcheck, specs
+from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, serialize
 from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.effects import (
@@ -49,26 +49,17 @@ from dra_bridge.kubeletplugin.effects import (
     remove_vgpu,
     switch_mig_mode,
 )
+from dra_bridge.kubeletplugin.gpulocks import GpuLocks
 from dra_bridge.kubeletplugin.overlap import overlap
-from dra_bridge.kubeletplugin.paths import (
-    UnsafeName,
-    check_label,
-    check_name,
-    check_namespace,
-    check_request,
-    check_uid,
-)
-from dra_bridge.kubeletplugin.resourceenv import resource_env
 from dra_bridge.kubeletplugin.state import Checkpoint, ClaimRecord, PreparedDeviceRecord
 from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.dualmode import offers_both_modes
 from dra_bridge.pool.mixed import slot_sizes
 from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from mdev_manager import persist
-from mdev_manager.discovery import read_function
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
-from mdev_manager.host.io import HostIO, RealIO, link_name, read_attr
+from mdev_manager.host.io import HostIO, RealIO, read_attr
 from mdev_manager.models import Usage
 
 log = logging.getLogger(__name__)
@@ -85,9 +76,13 @@ class Driver:
         self.pool = pool
         self.ex = Executor(env, self.io)
         self.store = CheckpointStore(paths.checkpoint, self.io)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the checkpoint in memory: each change, and each read of all records
+        self._save_lock = threading.Lock()  # saves in order: the file always ends as the latest snapshot
+        self.gpu_locks = GpuLocks()  # a claim's prepare and unprepare hold its GPUs' locks (.gpulocks)
         #: GPU -> why it is unhealthy, from the agent's health watch (None: presence on the bus only)
         self.gpu_health: Callable[[], Mapping[str, str]] | None = None
+        #: told the GPUs a prepare or unprepare changed, after its effects (None: not known, every GPU)
+        self.touched: Callable[[set[str] | None], None] | None = None
         self.cp: Checkpoint = self._load()
 
     # ------------------------------------------------------------ start-up
@@ -121,7 +116,7 @@ class Driver:
             saved = ""
         except OSError as exc:
             saved = f"; the rebuilt checkpoint is not saved ({exc.strerror or exc})"
-        found = ", ".join(f"{_who(r)} ({_n(len(r.devices), 'device')}{_rebuilt_how(r)})"
+        found = ", ".join(f"{refcheck.who(r)} ({refcheck.n(len(r.devices), 'device')}{refcheck.rebuilt_how(r)})"
                           for r in out.claims.values()) or "none"
         if obs.api is None:
             sources = f"the CDI specs, metadata files and devices on the node (not the API server: {obs.api_error})"
@@ -148,44 +143,103 @@ class Driver:
                         self._undo(rec, boot)
                     except OSError as exc:  # e.g. EBUSY: a VM holds the device; never forced
                         log.warning("claim %s: left %s by a crash, not undone yet (%s); its devices stay "
-                                    "in use until the kubelet's next prepare or unprepare", _who(rec), rec.state, exc)
+                                    "in use until the kubelet's next prepare or unprepare", refcheck.who(rec), rec.state, exc)
                         continue
-                    del self.cp.claims[uid]
+                    self._drop(uid)
                     undone.append(uid)
             if undone:
-                self.store.save(self.cp)
+                self._save()
         return undone
 
     # ------------------------------------------------------------ prepare
     def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        """Each claim under its GPUs' locks only (:mod:`.gpulocks`): claims on other GPUs are prepared
+        meanwhile by other calls."""
         out = {}
-        with self._lock:
-            boot = self.boot_id()
-            for ref in creation_order(claims, self.cp.claims):
+        boot = self.boot_id()
+        for ref in creation_order(claims, {r.uid: r for r in self.records()}):
+            keys, claim = self._lock_keys(ref)
+            with self.gpu_locks.hold(keys):
+                before = self._gpus_of(ref.uid)
                 try:
-                    out[ref.uid] = PrepareResult(devices=self._prepare_one(ref, boot))
+                    out[ref.uid] = PrepareResult(devices=self._prepare_one(ref, boot, claim))
                 except PrepareError as exc:
                     out[ref.uid] = PrepareResult(error=str(exc))
                 except OSError as exc:
                     out[ref.uid] = PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {exc}")
+                self._tell(None if out[ref.uid].error else before | self._gpus_of(ref.uid))
         return out
+
+    def _lock_keys(self, ref: ClaimRef) -> tuple[set[str], dict | None]:
+        """The locks a claim's prepare holds: its name's, the GPUs its record names and those of the
+        devices allocated to it (the claim is read for them once, here, before any lock is waited for);
+        and the claim as read (None: not read, or unreadable: the prepare reads it and says why)."""
+        keys = {f"claim:{ref.namespace}/{ref.name}"}
+        rec = self.cp.claims.get(ref.uid)
+        if rec is not None:
+            keys |= {d.gpu for d in rec.devices}
+            if rec.state == "prepared":
+                return keys, None
+        try:
+            claim = self.claims.get(ref.namespace, ref.name)
+            pool = self.pool()
+            for r in allocation_results(claim):
+                dev = pool.device(r.get("device", "")) if r.get("driver") == self.paths.driver else None
+                if dev is not None:
+                    keys.add(dev.gpu)
+        except Exception:  # noqa: BLE001 - said by the prepare, which reads it again
+            return keys, None
+        return keys, claim
+
+    # ------------------------------------------------------------ the checkpoint in memory and on disk
+    def records(self) -> list[ClaimRecord]:
+        """Every claim's record now (a copy of the list: other GPUs' prepares change it meanwhile)."""
+        with self._lock:
+            return list(self.cp.claims.values())
+
+    def _put(self, rec: ClaimRecord) -> None:
+        with self._lock:
+            self.cp.claims[rec.uid] = rec
+
+    def _drop(self, uid: str) -> None:
+        with self._lock:
+            del self.cp.claims[uid]
+
+    def _save(self) -> None:
+        """Write the checkpoint: the snapshot is taken under the lock of the records, the file written
+        (fsync) outside it, so other GPUs' prepares change their records meanwhile."""
+        with self._save_lock:
+            with self._lock:
+                text = serialize(self.cp)
+            self.store.write(text)
+
+    def _gpus_of(self, uid: str) -> set[str]:
+        rec = self.cp.claims.get(uid)
+        return {d.gpu for d in rec.devices} if rec else set()
+
+    def _tell(self, gpus: set[str] | None) -> None:
+        """The agent's per-GPU state reads these GPUs again (a failed prepare: every GPU, its undo may
+        have changed any GPU it reached)."""
+        if self.touched is not None and gpus != set():
+            self.touched(gpus)
 
     def _answer(self, rec: ClaimRecord) -> list[PreparedDevice]:
         return [PreparedDevice(request_names=[d.request], pool_name=d.pool, device_name=d.device,
                                cdi_device_ids=d.cdi_ids) for d in rec.devices]
 
-    def _prepare_one(self, ref: ClaimRef, boot: str | None) -> list[PreparedDevice]:
-        _check_ref(ref)  # before anything is read, made or written
+    def _prepare_one(self, ref: ClaimRef, boot: str | None, claim: dict | None = None) -> list[PreparedDevice]:
+        refcheck.check_ref(ref)  # before anything is read, made or written
         known = self.cp.claims.get(ref.uid)
         if known and known.state == "prepared":
-            _fill_identity(known, ref)
+            refcheck.fill_identity(known, ref)
             taken = claimfiles.taken_over(self.io, self.paths, known)
             if taken:  # a container started now would mount the newer claim's device metadata
                 raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}): its metadata file {taken[0][0]} "
                                    f"now describes uid {taken[0][1]}, a claim of the same name made since; not "
                                    "answering with another claim's device: unprepare this one (delete its pod)")
             if not self._of_this_boot(known, boot):
-                return self._recreate(ref, known, boot, f"in an earlier boot ({known.boot_id or 'boot not recorded'})")
+                return self._recreate(ref, known, boot, f"in an earlier boot ({known.boot_id or 'boot not recorded'})",
+                                      claim)
             # the answer must name devices that exist: one removed behind the plugin's back (by
             # hand, by a tool that ignores claims) is made again, or the kubelet is told why not
             gone = [d.device for d in known.devices if not device_present(self.env, self.io, d)]
@@ -193,12 +247,12 @@ class Driver:
                 if self._files_missing(known):
                     self._rewrite_files(ref, known)
                 return self._answer(known)
-            return self._recreate(ref, known, boot, f"in this boot but {', '.join(gone)} vanished since")
+            return self._recreate(ref, known, boot, f"in this boot but {', '.join(gone)} vanished since", claim)
         if known:  # a previous attempt failed or crashed half-way: start clean
             self._undo(known, boot)
-            del self.cp.claims[ref.uid]
-            self.store.save(self.cp)
-        return self._prepare_new(ref, boot)
+            self._drop(ref.uid)
+            self._save()
+        return self._prepare_new(ref, boot, claim=claim)
 
     def _of_this_boot(self, rec: ClaimRecord, boot: str | None) -> bool:
         """True when the record's devices are this boot's; a record of unknown boot (version 1, or
@@ -208,11 +262,12 @@ class Driver:
             return True
         if rec.boot_id is None and rec.devices and all(device_present(self.env, self.io, d) for d in rec.devices):
             rec.boot_id = boot
-            self.store.save(self.cp)
+            self._save()
             return True
         return False
 
-    def _recreate(self, ref: ClaimRef, old: ClaimRecord, boot: str | None, when: str) -> list[PreparedDevice]:
+    def _recreate(self, ref: ClaimRef, old: ClaimRecord, boot: str | None, when: str,
+                  claim: dict | None = None) -> list[PreparedDevice]:
         """A claim whose devices are gone (a reboot, a removal behind our back): make them again
         before answering. Only when none of them is left: one that exists may be a VM's."""
         where = f"claim {ref.namespace}/{ref.name}"
@@ -222,24 +277,25 @@ class Driver:
         if back:
             raise PrepareError(f"{where} was prepared {when} and its devices {', '.join(back)} exist: not "
                                "re-creating over them; unprepare the claim (delete its pod) to start clean")
-        del self.cp.claims[ref.uid]
+        self._drop(ref.uid)
         try:
-            devices = self._prepare_new(ref, boot, prefer={d.device: d for d in old.devices})
+            devices = self._prepare_new(ref, boot, prefer={d.device: d for d in old.devices}, claim=claim)
         except (PrepareError, OSError) as exc:
-            self.cp.claims[ref.uid] = old  # kept: the next prepare tries again with the same ids
-            self.store.save(self.cp)
+            self._put(old)  # kept: the next prepare tries again with the same ids
+            self._save()
             raise PrepareError(f"{exc} (re-creating the devices it was prepared with {when})") from None
         new = self.cp.claims[ref.uid]
         same = sum(1 for d in new.devices if d.vgpu_id and d.vgpu_id == getattr(
             next((o for o in old.devices if o.device == d.device), None), "vgpu_id", None))
         log.info("%s: prepared %s; re-created %s (%s with the same id as before) and rewrote its CDI specs "
-                 "and metadata", where, when, _n(len(new.devices), "device"), _n(same, "vGPU"))
+                 "and metadata", where, when, refcheck.n(len(new.devices), "device"), refcheck.n(same, "vGPU"))
         return devices
 
     def _prepare_new(self, ref: ClaimRef, boot: str | None,
-                     prefer: dict[str, PreparedDeviceRecord] | None = None) -> list[PreparedDevice]:
+                     prefer: dict[str, PreparedDeviceRecord] | None = None, claim: dict | None = None
+                     ) -> list[PreparedDevice]:
         try:
-            claim = self.claims.get(ref.namespace, ref.name)
+            claim = claim or self.claims.get(ref.namespace, ref.name)
         except Exception as exc:  # API errors become the claim's error
             raise PrepareError(f"claim {ref.namespace}/{ref.name}: cannot read it from the API server: {exc}") from None
         if claim["metadata"].get("uid") != ref.uid:
@@ -248,24 +304,25 @@ class Driver:
         results = [r for r in allocation_results(claim) if r.get("driver") == self.paths.driver]
         if not results:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} has no devices allocated from {self.paths.driver}")
-        _check_results(ref, claim, results)
+        refcheck.check_results(ref, claim, results)
         pool = self.pool()
-        clash = overlap(ref, results, self.pool_name, pool, self.cp.claims)  # under the lock, before any write
+        clash = overlap(ref, results, self.pool_name, pool,  # under its GPUs' locks, before any write
+                        {r.uid: r for r in self.records()})
         if clash:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}) refused, nothing prepared: {clash}")
         records, gpus = self._plan(ref, results, pool, prefer or {}, claim)
         rec = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=records, boot_id=boot)
-        self.cp.claims[ref.uid] = rec
-        self.store.save(self.cp)  # intent first: a crash from here on is undone by recover()
+        self._put(rec)
+        self._save()  # intent first: a crash from here on is undone by recover()
         try:
             self._apply(rec, claim, gpus)
         except (OSError, ValueError, PrepareError) as exc:
             self._undo(rec, boot)
-            del self.cp.claims[ref.uid]
-            self.store.save(self.cp)
+            self._drop(ref.uid)
+            self._save()
             raise PrepareError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
         rec.state = "prepared"
-        self.store.save(self.cp)
+        self._save()
         return self._answer(rec)
 
     def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool, prefer: dict[str, PreparedDeviceRecord],
@@ -282,6 +339,9 @@ class Driver:
             dev = pool.device(r.get("device", ""))
             if dev is None:
                 raise PrepareError(f"{where}: device {r.get('device')} no longer exists on this node")
+            if not self.gpu_locks.holds(dev.gpu):  # its GPU's lock was taken for another pool: never unlocked
+                raise PrepareError(f"{where}: device {dev.name} moved to GPU {dev.gpu} while the claim waited; "
+                                   "the kubelet's next try prepares it")
             type_id = dev.type_id
             if dev.kind == "vgpu" and dev.type_choices:  # a size slot: the claim's config picks the type
                 try:
@@ -329,63 +389,19 @@ class Driver:
             if d.kind == "vgpu":
                 if d.gi_profile is not None:
                     create_instance(self.ex, d)
-                    self.store.save(self.cp)  # the instance's id, before its vGPU (crash safety)
+                    self._save()  # the instance's id, before its vGPU (crash safety)
                 create_vgpu(self.ex, gpus[(d.gpu, d.type_id)], d)
                 place_vgpu(self.ex, d)
             else:
                 gpu = gpus[d.gpu]
                 d.rebound = passthrough_moves(gpu)
                 d.vfs_disabled = gpu.sriov_num_vfs
-                self.store.save(self.cp)  # what to give back, on disk before the first bind (crash safety)
+                self._save()  # what to give back, on disk before the first bind (crash safety)
                 bind_passthrough(self.ex, gpu)
         self._write_files(rec, claim)
 
-    def _vfio(self, d: PreparedDeviceRecord) -> tuple[int | None, str | None, dict]:
-        """(IOMMU group, vfio cdev name, metadata attributes) of a prepared device, as the host shows it."""
-        if d.kind == "vgpu":
-            link = self.env.mdev_devices / d.vgpu_id if d.framework == "mdev" else self.env.pci(d.vgpu_id)
-            group = link_name(self.io, link / "iommu_group")
-            cdevs = self.io.listdir(link / "vfio-dev")  # with iommufd: the vGPU's own vfio cdev
-            attrs = {"mdevUUID": {"string": d.vgpu_id}} if d.framework == "mdev" else \
-                {"resource.kubernetes.io/pciBusID": {"string": d.vgpu_id}}
-            return (int(group) if group and group.isdigit() else None), (cdevs[0] if cdevs else None), attrs
-        fn = read_function(self.env, self.io, d.gpu)  # the GPU's own group and cdev: no need to read its VFs
-        return fn["iommu_group"], fn["vfio_dev"], {"resource.kubernetes.io/pciBusID": {"string": d.gpu}}
-
     def _write_files(self, rec: ClaimRecord, claim: dict) -> None:
-        """The claim's CDI spec, metadata files and their CDI specs, from its devices on the host;
-        only for the claim the API server holds under that name now (the metadata path is shared
-        by name: the newest claim owns it, see :mod:`.claimfiles`)."""
-        if claim["metadata"].get("uid") != rec.uid:
-            raise PrepareError(f"claim {rec.namespace}/{rec.name} is now uid {claim['metadata'].get('uid')}, not "
-                               f"{rec.uid}: no files are written for the claim it replaced")
-        cdi_devices: dict[str, list[dict]] = {}
-        by_request: dict[str, list[dict]] = {}
-        rec.cdi_files, rec.metadata_files = [], []
-        for d in rec.devices:
-            d.iommu_group, vfio_dev, attrs = self._vfio(d)
-            cdi_devices[d.device] = cdi.vfio_nodes(self.env, d.iommu_group, vfio_dev, self.io.exists(self.env.iommufd))
-            d.cdi_ids = [cdi.cdi_id(self.paths.driver, rec.uid, d.device)]
-            by_request.setdefault(d.request, []).append(
-                {"driver": self.paths.driver, "pool": d.pool, "name": d.device, "attributes": attrs})
-        spec_file = cdi.spec_path(self.paths.cdi_root, self.paths.driver, rec.uid)
-        cdi.write_spec(self.io, spec_file, cdi.claim_spec(self.paths.driver, rec.uid, cdi_devices,
-                                                          resource_env(rec, claim, self.paths.driver)))
-        rec.cdi_files.append(str(spec_file))
-        for request, devices in by_request.items():
-            host = metadata.host_file(self.paths.metadata_dir, rec.namespace, rec.name, request)
-            claimfiles.write_metadata(self.io, self.paths, host, metadata.document(claim, request, devices), request)
-            rec.metadata_files.append(str(host))
-            spec, mid = metadata.cdi_spec(self.paths.driver, rec.uid, request, host,
-                                          metadata.container_path(self.paths.driver, claim, request))
-            mpath = metadata.cdi_path(self.paths.cdi_root, self.paths.driver, rec.uid, request)
-            cdi.write_spec(self.io, mpath, spec)
-            rec.cdi_files.append(str(mpath))
-            # On the request's first device only, as the upstream helper injects it
-            # (k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go, NodePrepareResources:
-            # "Inject metadata CDI device IDs into the first device per request"): the runtime
-            # bind-mounts the file once per container, not once per device.
-            next(d for d in rec.devices if d.request == request).cdi_ids.append(mid)
+        specs.write_files(self.env, self.io, self.paths, rec, claim)
 
     def _files_missing(self, rec: ClaimRecord) -> bool:
         """A prepared claim whose answer would name CDI devices that resolve to nothing."""
@@ -405,49 +421,56 @@ class Driver:
             raise PrepareError(f"{where}: its CDI specs are gone and the claim cannot be read to write them again: "
                                f"{exc}") from None
         self._write_files(rec, claim)
-        self.store.save(self.cp)
+        self._save()
         log.info("%s: prepared, its devices present; wrote its CDI specs and metadata again", where)
 
     # ------------------------------------------------------------ unprepare
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
-        with self._lock:
-            boot = self.boot_id()
-            for ref in claims:
-                rec = self.cp.claims.get(ref.uid)
+        boot = self.boot_id()
+        for ref in claims:
+            rec = self.cp.claims.get(ref.uid)
+            keys = {f"claim:{ref.namespace}/{ref.name}"} | ({d.gpu for d in rec.devices} if rec else set())
+            with self.gpu_locks.hold(keys):
+                rec = self.cp.claims.get(ref.uid)  # again under the locks: another call may have finished it
                 if rec is None:
                     out[ref.uid] = None  # unknown claims are a no-op
                     continue
-                _fill_identity(rec, ref)
-                if rec.state != "unpreparing":  # intent first: a crash half-way is finished by recover()
-                    rec.state = "unpreparing"
-                    self.store.save(self.cp)
+                refcheck.fill_identity(rec, ref)
                 try:
-                    self._undo(rec, boot)
-                except OSError as exc:
-                    out[ref.uid] = f"claim {ref.namespace}/{ref.name}: {exc}"
-                    continue
-                # the files' removal durable before the record goes: after a power cut a claim's metadata
-                # file could come back without its record, and a rebuild from the files (a corrupted
-                # checkpoint, the API unreachable) took it for a prepared claim holding the device another
-                # claim has since (found by the campaign, issue 36)
-                self.io.sync()
-                del self.cp.claims[ref.uid]
-                self.store.save(self.cp)
-                out[ref.uid] = None
+                    out[ref.uid] = self._unprepare_one(ref, rec, boot)
+                finally:
+                    self._tell({d.gpu for d in rec.devices})
         return out
+
+    def _unprepare_one(self, ref: ClaimRef, rec: ClaimRecord, boot: str | None) -> str | None:
+        if rec.state != "unpreparing":  # intent first: a crash half-way is finished by recover()
+            rec.state = "unpreparing"
+            self._save()
+        try:
+            self._undo(rec, boot)
+        except OSError as exc:
+            return f"claim {ref.namespace}/{ref.name}: {exc}"
+        # the files' removal durable before the record goes: after a power cut a claim's metadata
+        # file could come back without its record, and a rebuild from the files (a corrupted
+        # checkpoint, the API unreachable) took it for a prepared claim holding the device another
+        # claim has since (found by the campaign, issue 36)
+        self.io.sync()
+        self._drop(ref.uid)
+        self._save()
+        return None
 
     def _recorded_vfs(self, uid: str) -> set[str]:
         """The VFs other claims' records name as their vGPUs' parents, whatever their boot: a claim
         prepared before a reboot gets its own VF back whichever claim the kubelet retries first (a
         PF that parents many mdevs is no one's)."""
-        return {d.parent for other in self.cp.claims.values() if other.uid != uid
+        return {d.parent for other in self.records() if other.uid != uid
                 for d in other.devices if d.kind == "vgpu" and d.parent and d.parent != d.gpu}
 
     def _held_elsewhere(self, uid: str, boot: str | None) -> set[str]:
         """vGPU ids and GPUs that another claim of this boot (or of unknown boot) holds."""
-        return {d.vgpu_id or d.gpu for other in self.cp.claims.values()
-                if other.uid != uid and _may_be_live(other, boot) for d in other.devices}
+        return {d.vgpu_id or d.gpu for other in self.records()
+                if other.uid != uid and refcheck.may_be_live(other, boot) for d in other.devices}
 
     def _undo(self, rec: ClaimRecord, boot: str | None) -> None:
         """Remove what prepare made; tolerant of parts that were never made.
@@ -455,7 +478,7 @@ class Driver:
         The kernel is touched only for a record of this boot (or of unknown boot, where removal
         goes by what the host shows), and never for a device another claim's record holds.
         """
-        if _may_be_live(rec, boot):
+        if refcheck.may_be_live(rec, boot):
             held = self._held_elsewhere(rec.uid, boot)
             for d in rec.devices:
                 if (d.vgpu_id or d.gpu) in held:
@@ -465,12 +488,13 @@ class Driver:
                 elif d.kind == "passthrough" and (d.rebound or d.vfs_disabled):
                     release_passthrough(self.ex, read_one_gpu(self.env, self.io, d.gpu), d)
         # files by uid: a metadata file a re-created claim of the same name wrote stays (claimfiles)
-        claimfiles.remove(self.io, self.paths, rec, self.cp.claims.values())
+        claimfiles.remove(self.io, self.paths, rec, self.records())
 
     # ------------------------------------------------------------ for the node manager and health
     def usage(self) -> Usage:
         """Devices held by prepared claims count as in use for the node manager."""
-        return self.cp.usage()
+        with self._lock:
+            return self.cp.usage()
 
     def health(self) -> list[DeviceHealthRecord]:
         """A device is as healthy as its GPU: present on the PCI bus, and without a problem the agent's
@@ -491,58 +515,3 @@ class Driver:
                 healthy, message = True, f"GPU {dev.gpu} present"
             out.append(DeviceHealthRecord(pool=self.pool_name, device=dev.name, healthy=healthy, message=message))
         return out
-
-
-# --------------------------------------------------------------------------- checks (pure)
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _may_be_live(rec: ClaimRecord, boot: str | None) -> bool:
-    """False only for a record known to come from another boot: its devices died with it."""
-    return boot is None or rec.boot_id is None or rec.boot_id == boot
-
-
-def _rebuilt_how(rec: ClaimRecord) -> str:
-    if not rec.cdi_files and not rec.metadata_files:
-        return ", no files: held from its allocation"
-    return "" if rec.boot_id else ", to re-create"
-
-
-def _who(rec: ClaimRecord) -> str:
-    return f"{rec.namespace}/{rec.name}" if rec.namespace else f"uid {rec.uid}"
-
-
-def _fill_identity(rec: ClaimRecord, ref: ClaimRef) -> None:
-    """A record rebuilt from a CDI spec alone learns its namespace and name from the kubelet (checked)."""
-    if rec.namespace:
-        return
-    try:
-        rec.namespace, rec.name = check_namespace(ref.namespace), check_name(ref.name)
-    except UnsafeName:
-        pass
-
-
-def _check_ref(ref: ClaimRef) -> None:
-    """The kubelet's claim identity becomes checkpoint keys and paths: check it first."""
-    try:
-        check_namespace(ref.namespace)
-        check_name(ref.name)
-        check_uid(ref.uid)
-    except UnsafeName as exc:
-        raise PrepareError(f"claim {ref.namespace!r}/{ref.name!r} (uid {ref.uid!r}) refused: {exc}; "
-                           "nothing was prepared") from None
-
-
-def _check_results(ref: ClaimRef, claim: dict, results: list[dict]) -> None:
-    """Request and device names and the pod's claim name become paths or CDI names: check them
-    all before the first device is made."""
-    try:
-        for r in results:
-            check_request(r.get("request"))
-            check_label(r.get("device"), f"device of request {r.get('request')!r}")
-        metadata.pod_claim_name(claim)
-    except UnsafeName as exc:
-        raise PrepareError(f"claim {ref.namespace}/{ref.name} refused: {exc}; nothing was prepared") from None

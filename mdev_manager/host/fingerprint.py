@@ -13,6 +13,7 @@ by hand (``mdevctl start``, a rebind) is seen at the next resync, not the next f
 from __future__ import annotations
 
 import hashlib
+import os
 
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
@@ -32,3 +33,44 @@ def fingerprint(env: HostEnv, io: HostIO) -> str:
         if attrs["nvidia/current_vgpu_type"] not in (None, "0") or attrs["sriov_numvfs"] not in (None, "0"):
             add(addr, attrs["nvidia/current_vgpu_type"], attrs["sriov_numvfs"])
     return h.hexdigest()
+
+
+
+def host_marks(env: HostEnv, io: HostIO, mdev_parent: dict[str, str]) -> list[tuple[str, ...]]:
+    """The same reads as :func:`fingerprint`, each mark ``(function, what...)`` naming the PCI
+    function it is about, so :func:`gpu_prints` can tell them apart per GPU. ``mdev_parent``
+    caches each mdev's parent (its sysfs link names it and never changes while the mdev exists)."""
+    marks: list[tuple[str, ...]] = [(addr, "present") for addr in sorted(io.listdir(env.pci_devices))]
+    for driver in sorted(io.listdir(env.pci_drivers)):
+        marks += [(d, "driver", driver) for d in sorted(io.listdir(env.pci_drivers / driver)) if ":" in d]
+    names = sorted(io.listdir(env.mdev_devices))
+    for gone in set(mdev_parent) - set(names):
+        del mdev_parent[gone]
+    for uuid in names:
+        if uuid not in mdev_parent:
+            try:
+                mdev_parent[uuid] = os.path.basename(os.path.dirname(io.readlink(env.mdev_devices / uuid)))
+            except OSError:  # not a link (a hand-made tree), or gone meanwhile: no GPU's
+                mdev_parent[uuid] = ""
+        marks.append((mdev_parent[uuid], "mdev", uuid))
+    for addr, attrs in sorted(io.read_children(env.pci_devices, ["nvidia/current_vgpu_type", "sriov_numvfs"]).items()):
+        if attrs["nvidia/current_vgpu_type"] not in (None, "0") or attrs["sriov_numvfs"] not in (None, "0"):
+            marks.append((addr, str(attrs["nvidia/current_vgpu_type"]), str(attrs["sriov_numvfs"])))
+    return marks
+
+
+def gpu_prints(marks: list[tuple[str, ...]], owner: dict[str, str]) -> tuple[dict[str, str], str]:
+    """Each GPU's fingerprint from :func:`host_marks`, ``owner`` mapping each PCI function (a GPU,
+    its VFs, its IOMMU group's members) to its GPU; and one of every mark no GPU owns (functions that
+    came, mdevs on them). A GPU whose fingerprint is unchanged needs no second read; a changed rest
+    means functions no GPU accounts for (a new GPU, VFs of an unknown one): read the whole node."""
+    parts: dict[str, list[tuple[str, ...]]] = {g: [] for g in set(owner.values())}
+    rest: list[tuple[str, ...]] = []
+    for mark in marks:
+        gpu = owner.get(mark[0])
+        (parts[gpu] if gpu is not None else rest).append(mark)
+
+    def digest(items: list[tuple[str, ...]]) -> str:
+        return hashlib.sha256(repr(items).encode()).hexdigest()
+
+    return {g: digest(p) for g, p in parts.items()}, digest(rest)

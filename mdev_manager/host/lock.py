@@ -15,9 +15,13 @@ HostIO has no way to hold an open descriptor (its calls open and close per call)
 state root is a plain directory on real and simulated hosts alike (a simulated host keeps it
 below its root), so ``flock`` means the same on both.
 
-Within one process (the agent runs reconcile and the kubelet plugin side by side) the lock
-is re-entrant per thread and other threads queue on a ``threading.RLock`` first, so the file
-is locked once, however many of the process's writers are waiting.
+Within one process (the agent runs reconcile and the kubelet plugin side by side) the lock is
+re-entrant per thread and the file is locked once, however many of the process's writers hold it.
+A writer that changes only some GPUs, each under its own lock (the kubelet plugin's prepare and
+unprepare: :mod:`dra_bridge.kubeletplugin.gpulocks`), holds it ``shared``: several of them run at
+once, and the file stays locked while any of them runs, so a hand-run ``vgpuctl apply`` still waits
+for all of them, and they for it. An exclusive holder (reconcile, restore) waits for every shared
+one of the process and they for it.
 """
 
 from __future__ import annotations
@@ -78,29 +82,78 @@ class NodeLock:
     def __init__(self, env: HostEnv, command: str = ""):
         self.path = lock_path(env)
         self.command = command or "vgpuctl"
-        self._thread_lock = threading.RLock()
+        self._thread_lock = threading.RLock()  # an exclusive holder's, for all its hold; a shared one's to enter
         self._depth = 0
+        self._shared = 0  # shared holds of this process
+        self._mine = threading.local()  # this thread's shared holds
+        self._state = threading.Condition(threading.Lock())  # guards the counts and the descriptor
         self._fd: int | None = None
 
     @contextmanager
     def hold(self, *, wait: bool = True, on_wait: Callable[[str], None] | None = None,
-             command: str | None = None) -> Iterator[None]:
-        """Hold the lock for the block. Not waiting, a held lock raises :class:`NodeLockBusy`;
-        waiting, ``on_wait`` is told once whom the caller waits for."""
-        if not self._thread_lock.acquire(blocking=wait):
+             command: str | None = None, shared: bool = False) -> Iterator[None]:
+        """Hold the lock for the block (``shared``: beside the process's other shared holders). Not
+        waiting, a held lock raises :class:`NodeLockBusy`; waiting, ``on_wait`` is told once whom the
+        caller waits for."""
+        mine: int = getattr(self._mine, "n", 0)
+        if not shared and mine:
+            raise RuntimeError("this thread holds the node lock shared: taking it exclusively would wait for itself")
+        nested = shared and mine > 0  # never queued behind a waiting exclusive holder
+        if not nested and not self._thread_lock.acquire(blocking=wait):
             raise NodeLockBusy(self.path, f"another thread of this process (pid {os.getpid()})")
+        if nested or (shared and self._depth == 0):  # (inside this thread's exclusive hold it is one more re-entry)
+            if nested:
+                with self._state:
+                    self._shared += 1
+            else:
+                try:
+                    self._take_file(wait, on_wait, command)
+                    with self._state:
+                        self._shared += 1
+                finally:
+                    self._thread_lock.release()  # entered: the next shared holder may enter beside it
+            self._mine.n = getattr(self._mine, "n", 0) + 1
+            try:
+                yield
+            finally:
+                self._mine.n -= 1
+                with self._state:
+                    self._shared -= 1
+                    self._release_if_idle()
+                    self._state.notify_all()
+            return
         try:
             if self._depth == 0:
-                self._fd = self._take(wait, on_wait, command or self.command)
+                self._wait_shared(wait)
+                self._take_file(wait, on_wait, command)
             self._depth += 1
             try:
                 yield
             finally:
                 self._depth -= 1
                 if self._depth == 0:
-                    self._release()
+                    with self._state:
+                        self._release_if_idle()
         finally:
             self._thread_lock.release()
+
+    def _wait_shared(self, wait: bool) -> None:
+        """An exclusive holder (holding the thread lock: no new shared one enters) waits for the shared
+        ones in flight to leave."""
+        with self._state:
+            while self._shared:
+                if not wait:
+                    raise NodeLockBusy(self.path, f"another thread of this process (pid {os.getpid()})")
+                self._state.wait()
+
+    def _take_file(self, wait: bool, on_wait: Callable[[str], None] | None, command: str | None) -> None:
+        with self._state:
+            if self._fd is None:
+                self._fd = self._take(wait, on_wait, command or self.command)
+
+    def _release_if_idle(self) -> None:
+        if self._shared == 0 and self._depth == 0:
+            self._release()
 
     def _take(self, wait: bool, on_wait: Callable[[str], None] | None, command: str) -> int:
         os.makedirs(self.path.parent, exist_ok=True)

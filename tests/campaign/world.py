@@ -44,7 +44,7 @@ from mdev_manager.sim import HostSpec
 from mdev_manager.sim.kernel import SimHost
 from mdev_manager.sim.node import SimNode, sim_node
 from tests.campaign.faults import Disk, FaultIO, Killed
-from tests.campaign.sched import Aborted, SchedLock, SchedNodeLock, Scheduler, Stderr
+from tests.campaign.sched import Aborted, SchedLock, SchedNodeLock, SchedRLock, Scheduler, Stderr
 from tests.support.kubelet import protos
 from tests.support.kubelet.fake_kubelet import DraClient
 from vgpuctl.main import main as vgpuctl
@@ -205,7 +205,8 @@ class World:
         s = self.sched
         daemon._lock = SchedLock(s, "agent: resync lock")
         daemon._bind_lock = SchedLock(s, "agent: bind lock")
-        daemon.driver._lock = SchedLock(s, "plugin: driver lock")
+        daemon.driver._lock = SchedRLock(s, "plugin: driver lock")
+        # one driver call at a time here: the scheduler does not see the GPU locks and the shared node lock
         daemon.plugin._driver_lock = SchedLock(s, "plugin: gRPC lock")
         daemon.node_lock = SchedNodeLock(self.env, daemon.node_lock.command, s)
         daemon.publisher.sleep = lambda _s: None  # backoff and Retry-After: the order matters, not the wait

@@ -80,11 +80,10 @@ class AgentThreads:
         return self._real_discover(*args, **kwargs)
 
     def __enter__(self) -> AgentThreads:
-        import dra_bridge.agent.daemon as daemon_module
-
-        self._real_discover = daemon_module.discover
+        states = self.daemon.gpu_states  # the agent's reads of the host, whole or per GPU
+        self._real_discover = states.current
         if self._discovery_faults:
-            daemon_module.discover = self._discover  # type: ignore[assignment]
+            states.current = self._discover  # type: ignore[method-assign]
         for t in self.threads:
             t.start()
         return self
@@ -96,9 +95,7 @@ class AgentThreads:
             self.daemon.claim_cache.changed.set()
         for t in self.threads:
             t.join(timeout=30)
-        import dra_bridge.agent.daemon as daemon_module
-
-        daemon_module.discover = self._real_discover  # type: ignore[assignment]
+        self.daemon.gpu_states.current = self._real_discover  # type: ignore[method-assign]
         self.daemon._stop.clear()  # the cluster goes on (another stream, its own stop)
 
 

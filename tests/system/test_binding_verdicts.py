@@ -60,8 +60,6 @@ def test_a_confirmed_size_is_never_refused_by_a_round_that_reads_a_stale_claim(c
     the 1 GiB claim is older. Before #36.2 that round confirmed the 1 GiB claim and refused the 2 GiB
     one it had confirmed already (which the scheduler may have bound: both reached prepare), and the
     periodic resync did not retry the republish (nothing it keyed on had changed)."""
-    import dra_bridge.agent.daemon as daemon_module
-
     c = cluster
     one = make_claim(c, "a-one", "T4-1Q", 1)  # older, and first by name
     two = make_claim(c, "b-two", "T4-2Q", 1)
@@ -71,13 +69,14 @@ def test_a_confirmed_size_is_never_refused_by_a_round_that_reads_a_stale_claim(c
     assert {r["device"] for a in (a_one, a_two) for r in a["devices"]["results"]} == \
         {"gpu-1-vgpu-1gb-0", "gpu-1-vgpu-2gb-0"}
     two_waiting = write_allocation(c, two, a_two)
-    real = daemon_module.discover
+    states = c.daemon.gpu_states  # the agent's reads of the host (whole or per GPU)
+    real = states.current
 
     def failing(*a, **kw):
-        monkeypatch.setattr(daemon_module, "discover", real)  # once
+        monkeypatch.setattr(states, "current", real)  # once
         raise OSError("sysfs read failed")
 
-    monkeypatch.setattr(daemon_module, "discover", failing)
+    monkeypatch.setattr(states, "current", failing)
     with pytest.raises(OSError):
         c.daemon.bind([two_waiting])  # confirmed; the republish fails
     assert conditions(c, "b-two") == {"SizeAssigned": "True", "SizeConflict": "False"}

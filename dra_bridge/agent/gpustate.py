@@ -1,0 +1,109 @@
+"""Each GPU's state, kept in memory between resyncs, read again only where something changed (#37).
+
+Reading the whole node (every GPU's functions, VFs, types, vGPUs, GPU instances) costs about a
+second of Python on a 16-GPU node with 512 VFs, so a resync must not do it because one claim was
+prepared. :class:`GpuStates` keeps the inventory of the last read and, at each resync:
+
+* reads again the GPUs a prepare or unprepare touched (:meth:`GpuStates.touched`, called by the
+  kubelet plugin after its effects, under that GPU's lock);
+* reads the cheap per-GPU fingerprints (:func:`~mdev_manager.host.fingerprint.host_marks`: the PCI
+  functions present, their drivers, the mdevs, the vendor-VFIO types, ``sriov_numvfs``) and reads
+  again each GPU whose fingerprint changed (a hand-made ``mdevctl start``, a rebind);
+* reads the whole node only at the first read, after a layout apply changed the node
+  (:meth:`GpuStates.invalidate`), or when a function no known GPU owns came or went (a new GPU,
+  a GPU's new VFs seen before the GPU was read again);
+* on the periodic safety-net check (``check=True``), also reads again each GPU in MIG mode: its
+  GPU instances live in the driver (NVML), not in sysfs, so no fingerprint shows them.
+
+The marks are read before the GPUs, so a change made while a GPU is read shows in the next
+comparison; a GPU marked touched while it is read stays marked for the next resync.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable
+
+from mdev_manager.discovery import discover, read_function, read_gpu
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.fingerprint import gpu_prints, host_marks
+from mdev_manager.host.io import HostIO
+from mdev_manager.models import Gpu, Inventory
+
+
+def owners(inv: Inventory) -> dict[str, str]:
+    """Each PCI function a GPU accounts for (itself, its VFs, its IOMMU group's members) -> the GPU."""
+    out: dict[str, str] = {}
+    for g in inv.gpus:
+        out[g.address] = g.address
+        for vf in g.vfs:
+            out[vf.address] = g.address
+        for m in g.iommu_group_members:
+            out.setdefault(m, g.address)
+    return out
+
+
+class GpuStates:
+    """The node's inventory, kept and read again per GPU (see the module's docstring)."""
+
+    def __init__(self, env: HostEnv, io: HostIO, node: str):
+        self.env, self.io, self.node = env, io, node
+        self.inventory: Inventory | None = None
+        self.reads: Counter[str] = Counter()  # "whole" and "gpu" reads made (tests and the benchmark)
+        self._lock = threading.Lock()
+        self._touched: set[str] = set()
+        self._whole = True
+        self._prints: dict[str, str] = {}
+        self._rest: str | None = None
+        self._mdev_parent: dict[str, str] = {}
+
+    def touched(self, gpus: Iterable[str]) -> None:
+        """A prepare's or unprepare's effects changed these GPUs: read them again at the next resync."""
+        with self._lock:
+            self._touched.update(gpus)
+
+    def invalidate(self) -> None:
+        """Read the whole node at the next resync (a layout apply changed it)."""
+        with self._lock:
+            self._whole = True
+
+    def current(self, check: bool = False) -> Inventory:
+        """The inventory now, reading only what changed; ``check``: the periodic safety net (GPUs in
+        MIG mode are read again too). A failed read leaves what it would have read for the next call."""
+        with self._lock:
+            touched, self._touched = self._touched, set()
+            whole, self._whole = self._whole, False
+        try:
+            return self._read(touched, whole, check)
+        except BaseException:
+            with self._lock:
+                self._touched |= touched
+                self._whole = self._whole or whole or self.inventory is None
+            raise
+
+    def _read(self, touched: set[str], whole: bool, check: bool) -> Inventory:
+        marks = host_marks(self.env, self.io, self._mdev_parent)
+        inv = self.inventory
+        present = {m[0] for m in marks if m[1] == "present"}
+        if not whole and inv is not None and all(g.address in present for g in inv.gpus):
+            prints, rest = gpu_prints(marks, owners(inv))
+            if rest == self._rest and set(prints) == {g.address for g in inv.gpus}:
+                again = (touched & set(prints)) | {a for a, p in prints.items() if p != self._prints.get(a)}
+                if check:
+                    again |= {g.address for g in inv.gpus if g.mig is not None and g.mig.enabled}
+                gpus = [self._read_gpu(g.address, g.index) if g.address in again else g for g in inv.gpus]
+                new = inv.model_copy(update={"gpus": gpus})
+                prints, rest = gpu_prints(marks, owners(new))  # a GPU read again may own other functions now
+                if rest == self._rest:
+                    self.inventory, self._prints = new, prints
+                    return new
+        inv = discover(self.env, self.io, node=self.node)
+        self.reads["whole"] += 1
+        self._prints, self._rest = gpu_prints(marks, owners(inv))
+        self.inventory = inv
+        return inv
+
+    def _read_gpu(self, address: str, index: int) -> Gpu:
+        self.reads["gpu"] += 1
+        return read_gpu(self.env, self.io, address, index, read_function(self.env, self.io, address))
