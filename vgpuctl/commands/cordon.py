@@ -423,9 +423,10 @@ def _drain_report(args, first, last, evicted: dict, notes: list[str], done: bool
         return 0 if done else EXIT_PENDING
     term = Terminal()
     wide = args.output == "wide"
-    term.print(Text(gpu_table(last, wide=wide)))
+    if last:  # a node drained for its device-plugin pods alone has no DRA GPU to show
+        term.print(Text(gpu_table(last, wide=wide) + "\n"))
     if any(v.holders for v in first):
-        term.print(Text("\nHolders:\n" + holder_rows(first, last, evicted, wide=wide)))
+        term.print(Text("Holders:\n" + holder_rows(first, last, evicted, wide=wide)))
     for pod, refusal in evicted.items():
         term.print(Text(fit_lines(f"evicted pod {pod} (policy/v1 Eviction)" if refusal is None
                                   else f"eviction of {pod} refused: {refusal}")))
