@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from dra_bridge.agent.binder import SizeBinder, bind_loop, host_sizes
+from dra_bridge.agent.binder import SizeBinder, bind_loop, host_sizes, prepared_devices
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
 from dra_bridge.agent.cordon import NodeCordon
@@ -295,7 +295,7 @@ class Daemon:
         with self._bind_lock:
             records = list(self.driver.cp.claims.values())  # the claims prepared now: current where a discovery is not
             verdicts, changed = self.binder.bind(self.driver.claims, self._pool, host_sizes(self.inventory, records),
-                                                 claims)
+                                                 claims, prepared_devices(records, self.cfg.node_name))
             for v in verdicts:
                 (log.info if v.ok else log.warning)("claim %s/%s device %s: %s", v.namespace, v.claim, v.device,
                                                     v.message)
@@ -460,7 +460,10 @@ class Daemon:
         def unprepare(claims):
             with self.node_lock.hold():
                 self._claims_changed += 1
-                return inner_unprepare(claims)
+                out = inner_unprepare(claims)
+            if self.claim_cache is not None:  # an allocation withheld for a device it freed is answered now
+                self.claim_cache.changed.set()
+            return out
 
         def prepare(claims):
             t0 = time.perf_counter()
