@@ -167,6 +167,9 @@ class Daemon:
                 if layouts is None:
                     raise
             inv = discover(self.env, self.io, node=self.cfg.node_name)
+            if inferred_mixed(inv):  # maybe a read torn by a prepare: read again with the host still
+                with self.node_lock.hold():
+                    inv = discover(self.env, self.io, node=self.cfg.node_name)
             numbering.record(self.env, self.io, [(g.address, g.vendor_id) for g in inv.gpus])
             self._label_driver_version(inv)
             policy = policy_from_layout(inv, layouts)
@@ -531,6 +534,16 @@ class Daemon:
         self.publisher.close()
         self.cordon.stop()
         log.info("stopped; sockets removed, devices left in place")
+
+
+def inferred_mixed(inv: Inventory) -> bool:
+    """Whether a GPU's mixed-size mode was inferred from sysfs (no NVML mode for it) as on. The
+    inference (a GPU holding a vGPU while another size still reads available) is only as good as
+    one consistent read: a discovery without the node lock, concurrent with a prepare, can see the
+    new vGPU and the other sizes' availability from before it, and an equal-size GPU then published
+    every size unnarrowed, without binding conditions, beside a vGPU of one size (#36.2: a slot the
+    next resync withdrew before its prepare)."""
+    return any(g.mixed_size and g.placements is None for g in inv.gpus)
 
 
 def content_digest(path: Path) -> str | None:

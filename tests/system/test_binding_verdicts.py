@@ -215,3 +215,28 @@ def test_an_unprepare_wakes_the_binding_loop(cluster):
     assert not c.daemon.claim_cache.changed.is_set()
     c.release(x)
     assert c.daemon.claim_cache.changed.is_set()
+
+
+def test_a_discovery_torn_by_a_prepare_does_not_publish_every_size_of_a_gpu_holding_a_vgpu(cluster, monkeypatch):
+    """A discovery without the node lock, concurrent with a prepare, saw GPU 1's new 2 GiB vGPU and
+    the other sizes still available: a T4 (no NVML mode) is then inferred to be in mixed-size mode,
+    and that resync published every size of GPU 1 without binding conditions. The scheduler gave a
+    1 GiB slot there; the next resync narrowed GPU 1 to 2 GiB again and the slot was gone at its
+    prepare ("no longer exists on this node"; a stream under load, seed 15). A read that infers
+    mixed-size mode is made again under the node lock, which the prepare holds."""
+    import dra_bridge.agent.daemon as daemon_module
+
+    c = cluster
+    x = c.launch(on_gpu("T4-2Q", 1, 1), name="x")
+    assert x.phase == "Running", x.reason
+    real = daemon_module.discover
+
+    def torn(*a, **kw):  # once: the GPU's vGPU with the availability read before it was made
+        monkeypatch.setattr(daemon_module, "discover", real)
+        inv = real(*a, **kw)
+        gpus = [g.model_copy(update={"mixed_size": True}) if g.address == GPU1 else g for g in inv.gpus]
+        return inv.model_copy(update={"gpus": gpus})
+
+    monkeypatch.setattr(daemon_module, "discover", torn)
+    c.daemon.resync()
+    assert list(gpu_sizes(c, 1)) == ["2Gi"]
