@@ -68,7 +68,7 @@ def _allocation_key(claim: dict) -> tuple[str, str, str, str]:
 
 def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, driver: str,
            pool_name: str, confirmed: dict[tuple[str, str], tuple[str, int]] | None = None,
-           ) -> tuple[list[Verdict], dict[str, int]]:
+           prepared: dict[str, str] | None = None) -> tuple[list[Verdict], dict[str, int]]:
     """(verdicts for the allocations waiting on our binding conditions, each GPU's size).
 
     One decision per GPU over everything that holds it: the vGPUs on the host and the claims
@@ -77,8 +77,15 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
     those the claims read show confirmed or bound without conditions, and then the waiting ones,
     first come first (:func:`_allocation_key`). A GPU's size is the first of these; a waiting
     allocation of another size, on a GPU that holds two sizes, or of a device no longer published,
-    is a conflict. A confirmed allocation is never decided again, so a verdict never flips."""
+    is a conflict. A confirmed allocation is never decided again, so a verdict never flips.
+
+    An allocation that would be confirmed while its device is still prepared for another claim
+    (``prepared``: device -> claim uid, the kubelet plugin's checkpoint: a pod force-deleted before
+    its unprepare, whose device the scheduler gave away) gets no verdict yet: confirmed now it
+    would be refused at prepare, where the pod is stuck. Its size still holds the GPU; the round
+    after that claim's unprepare confirms it (the scheduler waits up to its binding timeout)."""
     confirmed = confirmed or {}
+    prepared = prepared or {}
     assigned: dict[str, int] = {}
     mixed = {g for g, s in host_sizes.items() if len(s) > 1}  # not ours to settle: nothing more goes there
     for g, s in host_sizes.items():
@@ -119,6 +126,8 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
             continue
         have = assigned.setdefault(gpu, size) if size is not None else assigned.get(gpu)
         if size is not None and have == size:
+            if prepared.get(device, uid) != uid:
+                continue  # withheld: still prepared for another claim
             verdicts.append(Verdict(ns, name, device, gpu, True, size, f"GPU {gpu} runs {size} MiB vGPUs", uid))
         else:
             verdicts.append(Verdict(ns, name, device, gpu, False, size,
@@ -174,6 +183,12 @@ def host_sizes(inventory, prepared=()) -> dict[str, set[int]]:
     return out
 
 
+def prepared_devices(records, pool_name: str) -> dict[str, str]:
+    """Device -> the uid of the claim prepared with it, of this node's pool, from the kubelet
+    plugin's checkpoint records (every state: a ``preparing`` record may have made its vGPU)."""
+    return {d.device: rec.uid for rec in records for d in rec.devices if d.pool == pool_name}
+
+
 class SizeBinder:
     """The agent's side of the binding conditions: decide, write the claims' device conditions, and
     remember each GPU's size for the next publish (:meth:`policy`).
@@ -209,10 +224,13 @@ class SizeBinder:
             return changed
 
     def bind(self, claims, pool: Pool, held: dict[str, set[int]],
-             allocated: list[dict] | None = None) -> tuple[list[Verdict], bool]:
+             allocated: list[dict] | None = None, prepared: dict[str, str] | None = None,
+             ) -> tuple[list[Verdict], bool]:
         """One round: (verdicts written, whether a GPU's size changed, so the pool must be republished).
         ``claims``: an :class:`~dra_bridge.apiclient.claims.ApiClaimSource` (the writes, and the LIST when
-        ``allocated``, the claims a watch keeps, is not given); ``held``: :func:`host_sizes`."""
+        ``allocated``, the claims a watch keeps, is not given); ``held``: :func:`host_sizes`;
+        ``prepared``: :func:`prepared_devices` (an allocation of a device still prepared for another
+        claim waits)."""
         import datetime
 
         if allocated is None:
@@ -225,7 +243,7 @@ class SizeBinder:
             self.confirmed = {k: v for k, v in self.confirmed.items() if k in live}
             self._allocated = ours
             verdicts, assigned = decide(ours, pool, held, driver=self.driver, pool_name=self.pool_name,
-                                        confirmed=self.confirmed)
+                                        confirmed=self.confirmed, prepared=prepared)
             now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             versions = {_name(c): (c.get("metadata") or {}).get("resourceVersion") for c in ours}
             by_claim: dict[tuple[str, str], list[Verdict]] = {}
@@ -292,4 +310,5 @@ def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
         cache.stop()
 
 
-__all__ = ["SizeBinder", "bind_loop", "Verdict", "decide", "host_sizes", "status_entries", "with_assigned"]
+__all__ = ["SizeBinder", "bind_loop", "Verdict", "decide", "host_sizes", "prepared_devices", "status_entries",
+           "with_assigned"]

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from dra_bridge.agent.binder import SizeBinder, bind_loop, host_sizes
+from dra_bridge.agent.binder import SizeBinder, bind_loop, host_sizes, prepared_devices
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
 from dra_bridge.agent.cordon import NodeCordon
@@ -177,6 +177,10 @@ class Daemon(LayoutSync):
                 if layouts is None:
                     raise
             inv = self.gpu_states.current(check=check)  # only the GPUs that changed are read again
+            if inferred_mixed(inv):  # maybe a read torn by a prepare: read those again with the host still
+                self.gpu_states.touched(g.address for g in inv.gpus if g.mixed_size and g.placements is None)
+                with self.node_lock.hold():
+                    inv = self.gpu_states.current(check=check)
             numbering.record(self.env, self.io, [(g.address, g.vendor_id) for g in inv.gpus])
             self._label_driver_version(inv)
             policy = policy_from_layout(inv, layouts)
@@ -315,7 +319,7 @@ class Daemon(LayoutSync):
         with self._bind_lock:
             records = self.driver.records()  # the claims prepared now: current where a discovery is not
             verdicts, changed = self.binder.bind(self.driver.claims, self._pool, host_sizes(self.inventory, records),
-                                                 claims)
+                                                 claims, prepared_devices(records, self.cfg.node_name))
             for v in verdicts:
                 (log.info if v.ok else log.warning)("claim %s/%s device %s: %s", v.namespace, v.claim, v.device,
                                                     v.message)
@@ -376,7 +380,10 @@ class Daemon(LayoutSync):
         def unprepare(claims):
             with self.node_lock.hold(shared=True):  # beside other claims' calls, each under its GPUs' locks
                 self._claim_changed()
-                return inner_unprepare(claims)
+                out = inner_unprepare(claims)
+            if self.claim_cache is not None:  # an allocation withheld for a device it freed is answered now
+                self.claim_cache.changed.set()
+            return out
 
         def prepare(claims):
             t0 = time.perf_counter()
@@ -456,4 +463,14 @@ class Daemon(LayoutSync):
         self.publisher.close()
         self.cordon.stop()
         log.info("stopped; sockets removed, devices left in place")
+
+
+def inferred_mixed(inv: Inventory) -> bool:
+    """Whether a GPU's mixed-size mode was inferred from sysfs (no NVML mode for it) as on. The
+    inference (a GPU holding a vGPU while another size still reads available) is only as good as
+    one consistent read: a discovery without the node lock, concurrent with a prepare, can see the
+    new vGPU and the other sizes' availability from before it, and an equal-size GPU then published
+    every size unnarrowed, without binding conditions, beside a vGPU of one size (#36.2: a slot the
+    next resync withdrew before its prepare)."""
+    return any(g.mixed_size and g.placements is None for g in inv.gpus)
 

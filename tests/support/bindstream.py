@@ -7,10 +7,12 @@ the slices (the scheduler's allocations running ahead of its binding cycles) wit
 allocator (the model, or Kubernetes' own through ``tests/oracle``), writes each allocation and, as
 PreBind does, waits for the agent's verdict: a confirmed pod is bound and prepared through the
 kubelet's gRPC, a refused one deallocated. Some pods are force-deleted: their claims go before the
-kubelet unprepares them, at the end of the step. What a stream must show: no prepare refused for a
-claim the agent confirmed, never two sizes on one GPU. (A slot of a GPU that holds vGPUs is
-published without conditions; one the scheduler gives away while a force-deleted claim still holds
-it is refused at prepare and prepared once that claim is unprepared, as the kubelet retries.)
+kubelet unprepares them, at the end of the step, or as soon as the scheduler waits on a verdict for
+a device one still holds (the agent withholds it until the unprepare; the kubelet does not wait on
+the scheduler). What a stream must show: no prepare refused for a claim the agent confirmed, never
+two sizes on one GPU. (A slot of a GPU that holds vGPUs is published without conditions; one the
+scheduler gives away while a force-deleted claim still holds it is refused at prepare and prepared
+once that claim is unprepared, as the kubelet retries.)
 """
 
 from __future__ import annotations
@@ -117,9 +119,16 @@ def _verdict(c: SimCluster, w: Workload, allocations: list[dict]) -> bool | None
     return True if ok else None
 
 
-def wait_verdict(c: SimCluster, w: Workload, allocations: list[dict]) -> bool:
+def wait_verdict(c: SimCluster, w: Workload, allocations: list[dict], lagging: list[Workload] | None = None) -> bool:
+    """PreBind's wait. Meanwhile the kubelet goes on: a force-deleted pod (``lagging``) still prepared
+    with a device of ``allocations`` is unprepared (the agent withholds that device's verdict until
+    then), the others after this step's prepares."""
     deadline = time.monotonic() + VERDICT_WAIT
+    wanted = {r["device"] for a in allocations for r in a["devices"]["results"]}
     while (v := _verdict(c, w, allocations)) is None:
+        for old in [x for x in lagging or [] if wanted & {d.device for d in x.devices}]:
+            lagging.remove(old)  # type: ignore[union-attr]
+            c.teardown(old)
         if time.monotonic() > deadline:
             raise AssertionError(f"no binding verdict for {w.name} in {VERDICT_WAIT}s")
         time.sleep(0.002)
@@ -190,7 +199,7 @@ def run_stream(c: SimCluster, seed: int, steps: int, *, discovery_faults: float 
                 c._reserve(w, claims, allocations)
                 planned.append((w, allocations))
             for w, allocations in planned:
-                if not wait_verdict(c, w, allocations):
+                if not wait_verdict(c, w, allocations, lagging):
                     out.counts["refused"] += 1
                     for name, _ in w.claims:  # the scheduler drops the allocation
                         c.resource.patch_namespaced_resource_claim_status(

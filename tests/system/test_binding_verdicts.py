@@ -159,3 +159,83 @@ def test_a_failed_binding_round_is_tried_again_without_waiting_for_a_claim_chang
 
     bind_loop(Cache(), active=lambda: True, bind=bind, stop=stop, retry_seconds=0)
     assert calls == ["bind", "bind", "wait"]
+
+
+def test_a_device_still_prepared_for_a_force_deleted_pods_claim_is_not_confirmed_until_its_unprepare(cluster):
+    """#36.2, "a claim the agent confirmed must prepare": a pod on GPU 1 is force-deleted, its claim
+    goes before the kubelet unprepares it, and the scheduler, whose ResourceSlice informer is behind
+    its claim informer (the slices from before the pod's prepare: GPU 1 empty, every size under
+    binding conditions), gives the same 2 GiB slot to a new claim. Before the fix the agent
+    confirmed it (the size matched the vGPU still there) and prepare refused it: "already prepared
+    for" another claim, a pod stuck after its binding. Now its verdict waits for the unprepare,
+    which answers it, and the confirmed claim prepares."""
+    from dra_bridge.scheduling.allocator import Allocator
+    from dra_bridge.scheduling.taints import tainted_slices
+
+    c = cluster
+    before = c.slices()  # GPU 1 empty: every size, each slot under binding conditions
+    x = c.launch(on_gpu("T4-2Q", 1, 1), name="x")
+    assert x.phase == "Running", x.reason
+    for name, _ in x.claims:  # kubectl delete pod --force: the claim goes, still prepared here
+        c.resource.delete_namespaced_resource_claim(name, c.namespace)
+    c.daemon.bind()  # the round the deletion brings
+    y = c.submit(on_gpu("T4-2Q", 1, 2), name="y")
+    stale = Allocator(tainted_slices(before, c.taint_rules()), c.classes(), c.selectors)
+    for claim in c.claims():
+        stale.reserve(claim)
+    claims = c.claim_objects(y)
+    _, allocations = stale.allocate(claims, node=c.node)
+    (result,) = allocations[0]["devices"]["results"]
+    assert result["bindingConditions"] and result["device"] == x.devices[0].device  # the slot x still holds
+    c._reserve(y, claims, allocations)
+    ((y_claim, _),) = y.claims
+    c.daemon.bind()  # the round the allocation brings
+    assert conditions(c, y_claim) == {}  # withheld: neither confirmed nor refused
+    assert not any(c.kubelet.unprepare(x.claim_refs()).values())  # the kubelet gets to the force-deleted pod
+    c.daemon.bind()  # the round the unprepare brings
+    assert conditions(c, y_claim) == {"SizeAssigned": "True", "SizeConflict": "False"}
+    c.rest("PATCH", c.pod_path(y.namespace, y.pod), {"spec": {"nodeName": c.node}}, patch=True)
+    assert c.run(y), y.reason
+    assert [v.type_name for v in c.inventory().gpu(GPU1).vgpus] == ["GRID T4-2Q"]
+
+
+def test_an_unprepare_wakes_the_binding_loop(cluster):
+    """The allocation withheld above is answered by the round after the unprepare; nothing about
+    the claims changes then (the claim went before), so the unprepare itself wakes the loop."""
+    import threading
+
+    c = cluster
+
+    class Cache:
+        changed = threading.Event()
+
+    x = c.launch(on_gpu("T4-2Q", 1, 1), name="x")
+    c.daemon.claim_cache = Cache()  # type: ignore[assignment]
+    assert not c.daemon.claim_cache.changed.is_set()
+    c.release(x)
+    assert c.daemon.claim_cache.changed.is_set()
+
+
+def test_a_discovery_torn_by_a_prepare_does_not_publish_every_size_of_a_gpu_holding_a_vgpu(cluster, monkeypatch):
+    """A discovery without the node lock, concurrent with a prepare, saw GPU 1's new 2 GiB vGPU and
+    the other sizes still available: a T4 (no NVML mode) is then inferred to be in mixed-size mode,
+    and that resync published every size of GPU 1 without binding conditions. The scheduler gave a
+    1 GiB slot there; the next resync narrowed GPU 1 to 2 GiB again and the slot was gone at its
+    prepare ("no longer exists on this node"; a stream under load, seed 15). A read that infers
+    mixed-size mode is made again under the node lock, which the prepare holds."""
+    import dra_bridge.agent.daemon as daemon_module
+
+    c = cluster
+    x = c.launch(on_gpu("T4-2Q", 1, 1), name="x")
+    assert x.phase == "Running", x.reason
+    real = daemon_module.discover
+
+    def torn(*a, **kw):  # once: the GPU's vGPU with the availability read before it was made
+        monkeypatch.setattr(daemon_module, "discover", real)
+        inv = real(*a, **kw)
+        gpus = [g.model_copy(update={"mixed_size": True}) if g.address == GPU1 else g for g in inv.gpus]
+        return inv.model_copy(update={"gpus": gpus})
+
+    monkeypatch.setattr(daemon_module, "discover", torn)
+    c.daemon.resync()
+    assert list(gpu_sizes(c, 1)) == ["2Gi"]
