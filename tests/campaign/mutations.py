@@ -116,7 +116,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("u", "a held device withdrawn on a fault (the VM's vGPU leaves the slices, #40.4)", (
         Patch("dra_bridge/pool/health.py",
               "        if taints:\n            devices.append(",
-              "        if taints and d.name not in held:  # MUTATION (u)\n            devices.append("),)),
+              "        if d.name in held:\n            continue  # MUTATION (u)\n"
+              "        if taints:\n            devices.append("),)),
 )
 
 #: libvirt holders (h): a libvirt that goes unread (libvirt-python missing, issue 36) removes what its domains name
