@@ -15,6 +15,9 @@ What must hold, checked by each step after the agent's resync (design: :mod:`dra
 The agent's health clock is the world's :class:`~tests.campaign.healthclock.HealthClock`, so a step
 moves time past the quiet period without waiting. Faults are raised with the simulator's ``sim health``
 (the same host file NVML and sysfs are read from).
+
+Mutations ``t`` (the health taint never set) and ``u`` (a held device withdrawn on a fault) of
+:mod:`tests.campaign.mutations` are caught at step 5 of seed 1 (300 steps, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -125,16 +128,19 @@ class HealthFault:
             return Checks()
         vgpus = _vgpus_held(world, gpu)
         fault, kind = _raise(world, gpu, gpus[gpu], self.fault)
+        flapping: list[str] = []  # within the quiet period after a clear: still tainted (hysteresis)
         if self.flap:
             for step in ("raised", "cleared"):
                 if not _resync(world, f"{fault} {step}"):
                     return Checks()
+                if step == "cleared":
+                    flapping = sick_published(world, gpu, kind)
                 world.health_clock.now += DEFAULT_QUIET_SECONDS / 4
                 world.node.host.health(gpu, fault, clear=step == "raised", xid=48)
                 world.log.append(f"health: {fault} {'cleared' if step == 'raised' else 'raised again'} on {gpu}")
         if not _resync(world, f"{fault} on {gpu}"):
             return Checks()
-        return Checks(problems=sick_published(world, gpu, kind) + _kept(world, gpu, vgpus))
+        return Checks(problems=flapping + sick_published(world, gpu, kind) + _kept(world, gpu, vgpus))
 
 
 @dataclass(frozen=True)
