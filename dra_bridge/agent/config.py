@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -24,6 +25,9 @@ class ServeConfig(BaseModel):
     health_quiet_seconds: float = Field(300.0, ge=0, description=(
         "an unhealthy GPU is tainted at the first problem seen and untainted only after this long without one "
         "(a flapping GPU does not flap the slices)"))
+    gpu_lost_effect: Literal["NoSchedule", "NoExecute"] = Field("NoSchedule", description=(
+        "the effect of a lost GPU's taint (gpu-lost): NoExecute (opt-in) has kube-controller-manager evict the "
+        "pods whose claims hold the GPU; the other health taints are always NoSchedule"))
     device_plugin: bool = Field(False, description="also serve the classic device plugin for non-DRA GPUs")
     resource_prefix: str = "nvidia.com/"
     layout_label: str | None = Field(None, description="node label naming the layout to apply (else `layout`)")

@@ -105,7 +105,8 @@ class Daemon(LayoutSync):
         self.cordon = NodeCordon(api_client, cfg.node_name, wake=self.trigger)  # vgpuctl cordon, from a watch
         self.claim_cache: ClaimCache | None = None  # the binding loop's watch of the claims
         self._bind_lock = threading.Lock()
-        self.health = GpuHealthWatch(self.io, api_client, cfg.node_name, cfg.health_quiet_seconds, self.env)
+        self.health = GpuHealthWatch(self.io, api_client, cfg.node_name, cfg.health_quiet_seconds, self.env,
+                                     lost_effect=cfg.gpu_lost_effect)
         self.driver.gpu_health = self.health.messages  # the kubelet's health service says it per device
         self.driver.touched = self._touched  # a claim's GPUs are read again, not the whole node
         self._driver_label: str | None = None  # the host driver version last labelled ("": none to read)

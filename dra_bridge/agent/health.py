@@ -25,7 +25,7 @@ from dra_bridge.api.names import ANNOTATION_HEALTH
 from dra_bridge.apiclient.errors import brief, report_level
 from dra_bridge.apiclient.events import record_node_event
 from dra_bridge.apiclient.nodes import set_node_annotation
-from dra_bridge.pool.health import GPU_LOST, UNMONITORED, XID, Change, HealthTracker, Problem, problems_text
+from dra_bridge.pool.health import GPU_LOST, NO_SCHEDULE, UNMONITORED, XID, Change, HealthTracker, Problem, problems_text
 from dra_bridge.pool.pcihealth import CONFIG_HEAD, TEXT_FILES, PciReading, PciSeen, pci_problems
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
@@ -80,13 +80,15 @@ def read_pci(io: HostIO, env: HostEnv, address: str) -> PciReading:
 
 
 class GpuHealthWatch:
-    def __init__(self, io: HostIO, api_client: Any, node: str, quiet: float, env: HostEnv | None = None):
-        # api_client: the kubernetes ApiClient, or None; env: the host's paths (None: the real host's)
+    def __init__(self, io: HostIO, api_client: Any, node: str, quiet: float, env: HostEnv | None = None,
+                 lost_effect: str = NO_SCHEDULE):
+        # api_client: the kubernetes ApiClient, or None; env: the host's paths (None: the real host's);
+        # lost_effect: the gpu-lost taint's effect (serve --gpu-lost-effect)
         self.io = io
         self.env = env or HostEnv()
         self.api_client = api_client
         self.node = node
-        self.tracker = HealthTracker(quiet)
+        self.tracker = HealthTracker(quiet, lost_effect)
         self.clock: Callable[[], float] = time.monotonic  # tests swap it, to step over the quiet period
         self._annotated: str | None = ""  # as on the node; "": not known yet (a restart clears a stale one)
         self._pci: dict[str, PciSeen] = {}  # GPU on vfio-pci -> what its last reads showed (AER counters, link)

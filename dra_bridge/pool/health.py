@@ -1,13 +1,14 @@
 """A sick GPU steps aside by itself, and comes back by itself (issue #33). Pure, no I/O.
 
-What the agent's watch saw on a GPU (:class:`Problem`: a critical Xid, ECC page retirement pending
-a reset, the GPU lost, a GPU that stops answering; for a GPU on vfio-pci what the kernel shows:
-:mod:`dra_bridge.pool.pcihealth`) becomes a device taint under the driver's own domain, named as NVIDIA's
-DRA driver names them (``<driver>/xid``, ``/gpu-lost``, ``/unmonitored``; the kernel's own ``/aer``,
-``/pci-link``, ``/pci-reset``), effect ``NoSchedule`` (escalating to ``NoExecute`` is the admin's,
-through a DeviceTaintRule). On a server that drops device taints the GPU's free devices are withdrawn
-instead, as a cordon does. A device a prepared claim holds stays published either way: health never
-removes or rebinds a device in use.
+What the agent's watch saw on a GPU (:class:`Problem`: a critical Xid, ECC page retirement pending a
+reset, the GPU lost, a GPU that stops answering; for a GPU on vfio-pci what the kernel shows:
+:mod:`dra_bridge.pool.pcihealth`) becomes a device taint under the driver's own domain, named as
+NVIDIA's DRA driver names them (``<driver>/xid``, ``/gpu-lost``, ``/unmonitored``; the kernel's own
+``/aer``, ``/pci-link``, ``/pci-reset``), effect ``NoSchedule`` (escalating to ``NoExecute`` is the
+admin's, through a DeviceTaintRule, or for a lost GPU the agent's opt-in ``serve --gpu-lost-effect
+NoExecute``: kube-controller-manager then evicts the pods whose claims hold it). On a server that drops
+device taints the GPU's free devices are withdrawn instead, as a cordon does. A device a prepared claim
+holds stays published either way: health never removes or rebinds a device in use.
 
 Hysteresis (:class:`HealthTracker`): a GPU turns unhealthy at the first problem seen, and healthy
 again only after ``quiet`` seconds without one, so a flapping GPU does not flap the slices. NVIDIA's
@@ -25,7 +26,7 @@ from dra_bridge.pool.model import Pool
 XID, GPU_LOST, UNMONITORED = "xid", "gpu-lost", "unmonitored"
 #: every kind a taint names: NVML's, and the kernel's for a passed-through GPU (pcihealth.AER, PCI_LINK, PCI_RESET)
 KINDS = (XID, GPU_LOST, UNMONITORED, "aer", "pci-link", "pci-reset")
-NO_SCHEDULE = "NoSchedule"
+NO_SCHEDULE, NO_EXECUTE = "NoSchedule", "NoExecute"
 #: the quiet period after the last problem before a GPU counts as healthy again (serve --health-quiet-seconds)
 DEFAULT_QUIET_SECONDS = 300.0
 
@@ -66,8 +67,9 @@ class HealthTracker:
     """The published health of each GPU, from observations in time order (``now``: seconds, monotonic
     or wall clock, the caller's; ``wall``: the matching wall-clock time for ``timeAdded``)."""
 
-    def __init__(self, quiet: float = DEFAULT_QUIET_SECONDS):
+    def __init__(self, quiet: float = DEFAULT_QUIET_SECONDS, lost_effect: str = NO_SCHEDULE):
         self.quiet = quiet
+        self.lost_effect = lost_effect  # a lost GPU's taint: NoSchedule, or NoExecute where the admin opted in
         self._sick: dict[str, _State] = {}
         self._added: dict[str, str] = {}  # gpu -> RFC 3339 time the taint was added
 
@@ -110,11 +112,12 @@ class HealthTracker:
         state = self._sick.get(gpu)
         if state is None:
             return []
-        return [health_taint(p, driver, self._added.get(gpu)) for p in state.problems.values()]
+        return [health_taint(p, driver, self._added.get(gpu), self.lost_effect if p.kind == GPU_LOST else NO_SCHEDULE)
+                for p in state.problems.values()]
 
 
-def health_taint(problem: Problem, driver: str, since: str | None) -> dict[str, str]:
-    out = {"key": f"{driver}/{problem.kind}", "effect": NO_SCHEDULE}
+def health_taint(problem: Problem, driver: str, since: str | None, effect: str = NO_SCHEDULE) -> dict[str, str]:
+    out = {"key": f"{driver}/{problem.kind}", "effect": effect}
     if problem.value:
         out["value"] = problem.value
     if since:

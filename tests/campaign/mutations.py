@@ -109,6 +109,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         Patch("mdev_manager/migplan.py",
               "    recorded = kept_ids | {v.id for v in busy if v.id in saved_ids}\n",
               "    recorded = kept_ids  # MUTATION (j)\n"),)),
+    Mutation("t", "health taint never set (a faulted GPU's devices published as healthy, #40.4)", (
+        Patch("dra_bridge/pool/health.py",
+              "    sick = tracker.unhealthy()\n    if not sick:\n",
+              "    sick = {}  # MUTATION (t)\n    if not sick:\n"),)),
+    Mutation("u", "a held device withdrawn on a fault (the VM's vGPU leaves the slices, #40.4)", (
+        Patch("dra_bridge/pool/health.py",
+              "        if taints:\n            devices.append(",
+              "        if d.name in held:\n            continue  # MUTATION (u)\n"
+              "        if taints:\n            devices.append("),)),
 )
 
 #: libvirt holders (h): a libvirt that goes unread (libvirt-python missing, issue 36) removes what its domains name

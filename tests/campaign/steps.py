@@ -963,6 +963,9 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
                       st.integers(0, 2**32 - 1), st.sampled_from([0.02, 0.1, 0.3, 0.7]),
                       st.one_of(st.none(), st.none(), st.integers(0, 15)))),
     ]
+    from tests.campaign import health_steps  # its steps build on this module's helpers
+
+    kinds += health_steps.kinds(n)  # GPU health faults, during prepares, on held GPUs, recovery (#40.4)
     table = [strategy for weight, strategy in kinds for _ in range(weight)]
     stride = next(s for s in range(31, len(table)) if _coprime(s, len(table)))  # the zero example visits every kind
 

@@ -44,6 +44,7 @@ from mdev_manager.sim import HostSpec
 from mdev_manager.sim.kernel import SimHost
 from mdev_manager.sim.node import SimNode, sim_node
 from tests.campaign.faults import Disk, FaultIO, Killed
+from tests.campaign.healthclock import HealthClock
 from tests.campaign.sched import Aborted, SchedLock, SchedNodeLock, SchedRLock, Scheduler, Stderr
 from tests.support.kubelet import protos
 from tests.support.kubelet.fake_kubelet import DraClient
@@ -101,6 +102,8 @@ class World:
     serial: int = 0
     starts: int = 0
     log: list[str] = field(default_factory=list)  # what the last step saw (for a failure report)
+    health: dict[str, set[str]] = field(default_factory=dict)  # GPU -> the health faults raised on it (sim health)
+    health_clock: HealthClock = field(default_factory=HealthClock)  # the agent's health clock (no waiting)
 
     # ------------------------------------------------------------------ set-up
     @classmethod
@@ -212,6 +215,7 @@ class World:
         daemon.publisher.sleep = lambda _s: None  # backoff and Retry-After: the order matters, not the wait
         daemon.publisher.rand = random.Random(self.rng.random()).random
         daemon.publisher.timeout = 2.0
+        daemon.health.clock = self.health_clock  # the quiet period passes when a step says so
 
     def _wrap_served(self, daemon: Daemon) -> None:
         """What the plugin's gRPC threads call: a kill there ends the call as the kubelet would see a

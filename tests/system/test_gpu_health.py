@@ -165,3 +165,34 @@ def test_a_flapping_gpu_does_not_flap_the_slices():
         sick = want_sick
     flips = sum(1 for a, b in zip(bad, bad[1:], strict=False) if a != b)
     assert transitions <= 2 * 6 and flips > 10 * transitions  # hundreds of flips, a few transitions
+
+
+def test_opt_in_no_execute_for_a_lost_gpu_only(tmp_path):
+    """``serve --gpu-lost-effect NoExecute`` (#40.4): a lost GPU's taint is NoExecute (the device-taint
+    eviction controller evicts its pods: test_real_health.py), the other health taints stay NoSchedule."""
+    from vgpuctl.main import build_parser
+
+    args = build_parser("serve").parse_args(["serve", "--gpu-lost-effect", "NoExecute"])
+    assert args.gpu_lost_effect == "NoExecute"
+    assert build_parser("serve").parse_args(["serve"]).gpu_lost_effect == "NoSchedule"
+    srv = LocalApiServer(version="1.36", feature_gates={}).start()
+    try:
+        short, cleanup = short_root(tmp_path)
+        node = sim_node(tmp_path / "host", "default")
+        set_boot_id(node, str(uuid.uuid4()))
+        srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node, "labels": {}}})
+        layout = tmp_path / "layouts.yaml"
+        layout.write_text(yaml.safe_dump({"version": "vgpuctl/v1", "layouts": {"default": [{"all": True, "mode": "dra"}]}}))
+        cfg = ServeConfig(node_name=node.node, layout_file=layout, metrics_port=None, kubelet_root=short / "k",
+                          cdi_root=tmp_path / "cdi", gpu_lost_effect="NoExecute")
+        daemon = Daemon(cfg, node.env, node.io, srv.api_client())
+        daemon.resync()
+        node.host.health(L40S, "lost")
+        node.host.health(T4A, "xid", xid=48)
+        daemon.resync()
+        effects = {(daemon._pool.device(d["name"]).gpu, t["key"], t["effect"]) for d in _devices(srv, node).values()
+                   for t in d.get("taints", [])}
+        assert effects == {(L40S, f"{DRIVER}/gpu-lost", "NoExecute"), (T4A, f"{DRIVER}/xid", "NoSchedule")}
+        cleanup()
+    finally:
+        srv.stop()

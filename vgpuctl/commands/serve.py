@@ -34,6 +34,10 @@ def add_arguments(sv: argparse.ArgumentParser) -> None:
     sv.add_argument("--health-quiet-seconds", type=float, default=300.0, metavar="SECONDS",
                     help="an unhealthy GPU (critical Xid, ECC pages pending, lost, not answering) is tainted at "
                          "once and untainted after this long without a problem (default %(default)s)")
+    sv.add_argument("--gpu-lost-effect", choices=("NoSchedule", "NoExecute"), default="NoSchedule",
+                    help="the effect of a lost GPU's taint (vgpu.kubevirt.io/gpu-lost): NoExecute (opt-in, device "
+                         "taints on the server) has kube-controller-manager evict the pods whose claims hold the "
+                         "GPU; other health taints stay NoSchedule (default %(default)s)")
     sv.add_argument("--sizes-by-first-allocation", action="store_true",
                     help="servers keeping counters but neither compatibility groups nor binding conditions: offer "
                          "every vGPU size of an empty GPU and republish it with its first allocation's size (an "
@@ -64,7 +68,7 @@ def run(args) -> int:
                       device_plugin=args.device_plugin, resource_prefix=args.resource_prefix,
                       layout_label=args.layout_label, state_label=args.state_label,
                       sizes_by_first_allocation=args.sizes_by_first_allocation,
-                      health_quiet_seconds=args.health_quiet_seconds)
+                      health_quiet_seconds=args.health_quiet_seconds, gpu_lost_effect=args.gpu_lost_effect)
     daemon = Daemon(cfg, host.env, host.io, api).start()
     daemon.run()
     return 0
