@@ -95,10 +95,12 @@ def records(daemon: Daemon) -> list:
 def storm_devices(daemon: Daemon) -> list[str]:
     """``PER_GPU`` devices per GPU that make an L40S-1Q, in a scheduler's fill order."""
     by_gpu: dict[str, list[str]] = {}
+    inv = daemon.inventory
+    assert inv is not None, "the agent has not discovered the node yet"
     for dev in daemon._pool.devices:
         if dev.kind != "vgpu":
             continue
-        gpu = daemon.inventory.gpu(dev.gpu)
+        gpu = inv.gpu(dev.gpu)
         t = next((t for t in gpu.types if t.name.endswith(PROFILE)), None) if gpu else None
         if t is not None and (dev.type_id == t.id or t.id in dev.type_choices.values()):
             by_gpu.setdefault(dev.gpu, []).append(dev.name)
