@@ -227,7 +227,7 @@ def stream(board: str, n: int, *, lifetime: float | None = None, seed: int = SEE
     return out
 
 
-def run(boards: Sequence[str] = ("L40S", "H100-80GB"), fleet: int = 32) -> list[str]:
+def run(boards: Sequence[str] = ("L40S", "H100-80GB"), fleet: int = 32, scheduler: bool = True) -> list[str]:
     lines = ["Packing one seeded stream of C-series claims: mixed-size placements (vgpuctl column, first fit) "
              "vs equal-size (peer column); bound: perfect bin packing", HEADER]
     for board in boards:
@@ -247,7 +247,7 @@ def run(boards: Sequence[str] = ("L40S", "H100-80GB"), fleet: int = 32) -> list[
             lines.append(row(f"{board} x{fleet} {what}: refused of {len(claims)}", str(m.refused), str(e.refused),
                              m.refused / e.refused if e.refused else None,
                              f"fluid {b.refused}; GiB refused {m.refused_gib} / {e.refused_gib} / {b.refused_gib}"))
-    return lines + scheduled(boards)
+    return lines + (scheduled(boards) if scheduler else [])
 
 
 def scheduled(boards: Sequence[str], fleet: int = 4) -> list[str]:
