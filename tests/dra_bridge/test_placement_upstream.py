@@ -122,3 +122,15 @@ def test_mig_placements_are_allocated_together_exactly_when_nvml_creates_them(mi
         whole = next(d for d in devices if d.kind == "passthrough")
         assert co([whole.name]) and not any(co([whole.name, d.name]) for d in rng.sample(placements, 4))
         assert accepted >= 6 and refused >= 6, (accepted, refused)
+
+
+def test_without_the_program_the_model_stands_in_saying_so_and_ci_fails(monkeypatch):
+    from tests.support import upstream_allocator as ua
+
+    monkeypatch.setattr(ua, "why_unavailable", lambda minor: "Go is not installed")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.warns(ua.ModelFallback, match="Kubernetes 1.34: the Python scheduler model stands in .*Go is not"):
+        assert ua.real_or_model("1.34") is None
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the upstream allocator: Go is not installed"):
+        ua.real_or_model("1.34")
