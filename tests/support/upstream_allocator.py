@@ -257,6 +257,18 @@ def real_or_model(minor: str) -> UpstreamAllocator | None:
     return None
 
 
+def model_of(slices: list[dict], classes: list[dict], claims: list[dict], features: Any, selectors: Any = None) -> Any:
+    """The model over exactly the snapshot the upstream allocator is given (the agent republishes
+    concurrently: a second read of the API may see other slices), allocated claims reserved."""
+    from dra_bridge.scheduling.allocator import Allocator
+    from dra_bridge.scheduling.selectors import default_selectors
+
+    alloc = Allocator(slices, classes, selectors or default_selectors(), features=features)
+    for claim in claims:
+        alloc.reserve(claim)
+    return alloc
+
+
 @functools.cache
 def _known_gates(up: UpstreamAllocator) -> frozenset[str]:
     return frozenset(up.gates())
@@ -270,13 +282,14 @@ def use_upstream(c: Any, up: UpstreamAllocator | None, differences: list[str] | 
         return
     from dra_bridge.scheduling.taints import tainted_slices
 
-    model_allocator = type(c).allocator.__get__(c)  # the model, whatever c.allocator is set to later
     known = _known_gates(up)
     gates = {k: v for k, v in c.srv.feature_gates.items() if k in known}
 
     def scheduler() -> UpstreamScheduler:
-        return UpstreamScheduler(up, tainted_slices(c.slices(), c.taint_rules()), c.classes(), c.claims(), gates,
-                                 model=model_allocator() if differences is not None else None,
+        slices, classes, claims = tainted_slices(c.slices(), c.taint_rules()), c.classes(), c.claims()
+        return UpstreamScheduler(up, slices, classes, claims, gates,
+                                 model=None if differences is None else model_of(slices, classes, claims,
+                                                                                 c.scheduler_features(), c.selectors),
                                  differences=differences)
 
     c.allocator = scheduler
