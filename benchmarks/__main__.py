@@ -19,12 +19,20 @@ def parser() -> argparse.ArgumentParser:
                "mixed-size claims on L40S and H100 fleets, mixed-size placements vs equal-size mode.")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help=f"benchmarks to run, any of {', '.join(ALL)} (default: all)")
+    p.add_argument("--allocator", choices=("auto", "upstream", "model"), default="auto",
+                   help="the scheduler allocator race and packing measure: upstream (Kubernetes' own, "
+                        "build/oracle/allocator-<minor>), model (the Python model), auto (upstream where built; "
+                        "default); each prints which one ran")
     return p
 
 
 def main(argv: list[str]) -> int:
     p = parser()
-    names = p.parse_args(argv).names or ALL  # -h: help, exit 0; an unknown option: usage, exit 2
+    args = p.parse_args(argv)  # -h: help, exit 0; an unknown option: usage, exit 2
+    names = args.names or ALL
+    from benchmarks import common
+
+    common.ALLOCATOR = args.allocator
     unknown = [n for n in names if n not in ALL]
     if unknown:  # (choices= with nargs="*" rejects the empty default on Python 3.11)
         p.error(f"unknown benchmark {', '.join(map(repr, unknown))} (choose from {', '.join(ALL)})")

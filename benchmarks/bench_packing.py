@@ -31,12 +31,22 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from dra_bridge.api.names import VGPU_CLASS
+from dra_bridge.pool.devices import build_pool
+from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+from dra_bridge.scheduling.selectors import default_selectors
 from mdev_manager import catalog_placements
+from tests.support.upstream_allocator import UpstreamScheduler
 
-from .common import HEADER, row
+from .common import HEADER, row, scheduler_allocator
+
+DRIVER = "vgpu.kubevirt.io"
 
 Table = Mapping[int, Sequence[int]]
 
@@ -110,11 +120,15 @@ class _Equal:
             self.gpus[g][0] = 0
 
 
-def simulate(policy: str, slots: int, table: Table, claims: Sequence[tuple[int, float, float]],
+def simulate(policy: str | _Scheduler, slots: int, table: Table, claims: Sequence[tuple[int, float, float]],
              fleet: int | None) -> Outcome:
     """Feed ``claims`` (size, arrival, departure) in arrival order to ``policy`` (``mixed``,
-    ``equal`` or ``bound``) on ``fleet`` GPUs (None: as many as needed)."""
-    state = _Mixed(slots, table) if policy == "mixed" else _Equal(slots, table) if policy == "equal" else None
+    ``equal``, ``bound`` or a :class:`_Scheduler`, whose fleet is fixed) on ``fleet`` GPUs (None:
+    as many as needed)."""
+    state: Any = (_Mixed(slots, table) if policy == "mixed" else _Equal(slots, table) if policy == "equal"
+                  else None)
+    if isinstance(policy, _Scheduler):
+        state = policy
     out, in_use, touched = Outcome(), 0, set()
     leaving: list[tuple[float, int, int, tuple[int, int]]] = []  # (departure, k, size, where): a heap
     capacity = math.inf if fleet is None else fleet * slots
@@ -139,6 +153,68 @@ def simulate(policy: str, slots: int, table: Table, claims: Sequence[tuple[int, 
     return out
 
 
+class _Scheduler:
+    """The fleet as the agent publishes it (``build_slices`` of ``fleet`` GPUs of ``board`` in
+    mixed-size mode, Kubernetes 1.36), each claim allocated by the scheduler's allocator
+    (Kubernetes' own where built, else the Python model: :func:`common.scheduler_allocator`): a
+    request for a vGPU of ``size`` slots (``placementSize``) from the vGPU DeviceClass."""
+
+    def __init__(self, board: str, fleet: int, up: Any) -> None:
+        from dra_bridge.pool.policy import policy_from_layout
+        from dra_bridge.pool.slices import build_slices
+        from kubevirt_templates.render import render
+        from mdev_manager.config import parse_config
+        from mdev_manager.discovery import discover
+        from mdev_manager.reconcile import reconcile
+        from mdev_manager.sim.hostspec import GpuGroup, HostSpec
+        from mdev_manager.sim.node import sim_node
+
+        layouts = parse_config({"version": "vgpuctl/v1",
+                                "layouts": {"default": [{"all": True, "mode": "dra", "mixedSize": True}]}})
+        with tempfile.TemporaryDirectory(prefix="vgpack") as d:
+            sim = sim_node(Path(d) / "h", HostSpec(name=board, node="n-pack", gpus=[GpuGroup(board=board, count=fleet)]))
+            reconcile(sim.env, sim.io, layouts, node="n-pack")
+            inv = discover(sim.env, sim.io)
+        self.pool = build_pool(inv, policy_from_layout(inv, layouts), DRIVER, server_version=(1, 36))
+        self.slices = build_slices(self.pool, driver=DRIVER, node_name="n-pack", pool_name="n-pack", generation=1,
+                                   server_version=(1, 36))
+        self.classes = [o for o in render("deviceclasses") if o["kind"] == "DeviceClass"]
+        self.up, self.held, self.k = up, [], 0
+        self.sched = UpstreamScheduler(up, self.slices, self.classes, []) if up is not None else None
+
+    def place(self, size: int, fleet: int | None) -> tuple[int, int] | None:
+        self.k += 1
+        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": f"c{self.k}", "namespace": "default", "uid": f"u{self.k}"},
+                 "spec": {"devices": {"requests": [{"name": "vgpu", "exactly": {
+                     "deviceClassName": VGPU_CLASS, "selectors": [{"cel": {"expression":
+                         f'device.attributes["{DRIVER}"].placementSize == {size}'}}]}}]}}}
+        if self.sched is not None:
+            try:
+                _, (allocation,) = self.sched.allocate([claim])
+            except Unsatisfiable:
+                return None
+        else:
+            alloc = Allocator(self.slices, self.classes, default_selectors())
+            for c in self.held:
+                alloc.reserve(c)
+            try:
+                _, (allocation,) = alloc.allocate([claim])
+            except Unsatisfiable:
+                return None
+            self.held.append(dict(claim, status={"allocation": allocation}))
+        dev = self.pool.device(allocation["devices"]["results"][0]["device"])
+        assert dev is not None and dev.slots is not None and dev.slots.size == size, dev
+        gpus = sorted({d.gpu for d in self.pool.devices})
+        return gpus.index(dev.gpu), self.k
+
+    def free(self, where: tuple[int, int]) -> None:
+        name = f"c{where[1]}"
+        if self.sched is not None:
+            self.sched.allocated = [c for c in self.sched.allocated if c["metadata"]["name"] != name]
+        self.held = [c for c in self.held if c["metadata"]["name"] != name]
+
+
 def stream(board: str, n: int, *, lifetime: float | None = None, seed: int = SEED) -> list[tuple[int, float, float]]:
     """``n`` claims (size, arrival, departure): one a time unit, staying ``lifetime`` on average
     (exponential; None: for ever)."""
@@ -151,7 +227,7 @@ def stream(board: str, n: int, *, lifetime: float | None = None, seed: int = SEE
     return out
 
 
-def run(boards: Sequence[str] = ("L40S", "H100-80GB"), fleet: int = 32) -> list[str]:
+def run(boards: Sequence[str] = ("L40S", "H100-80GB"), fleet: int = 32, scheduler: bool = True) -> list[str]:
     lines = ["Packing one seeded stream of C-series claims: mixed-size placements (vgpuctl column, first fit) "
              "vs equal-size (peer column); bound: perfect bin packing", HEADER]
     for board in boards:
@@ -171,4 +247,23 @@ def run(boards: Sequence[str] = ("L40S", "H100-80GB"), fleet: int = 32) -> list[
             lines.append(row(f"{board} x{fleet} {what}: refused of {len(claims)}", str(m.refused), str(e.refused),
                              m.refused / e.refused if e.refused else None,
                              f"fluid {b.refused}; GiB refused {m.refused_gib} / {e.refused_gib} / {b.refused_gib}"))
+    return lines + (scheduled(boards) if scheduler else [])
+
+
+def scheduled(boards: Sequence[str], fleet: int = 4) -> list[str]:
+    """The mixed column's first fit checked by the scheduler's allocator on the slices a fleet of
+    ``fleet`` GPUs publishes (smaller: every claim is a request over every device of the fleet)."""
+    up, which = scheduler_allocator("1.36")
+    lines = [f"The same on {fleet} published GPUs, each claim allocated by the scheduler; {which}"]
+    for board in boards:
+        slots, table, _ = placement_table(board)
+        mean = sum(s * w for s, w in MIX[board].items()) / sum(MIX[board].values())
+        over = stream(board, round(1.25 * fleet * slots / mean))
+        churn = stream(board, 300, lifetime=fleet * slots / mean)
+        for what, claims in (("125%", over), ("churn 100%", churn)):
+            got = simulate(_Scheduler(board, fleet, up), slots, table, claims, fleet)
+            first = simulate("mixed", slots, table, claims, fleet)
+            lines.append(row(f"{board} x{fleet} {what}: refused of {len(claims)}", str(got.refused),
+                             str(first.refused), got.refused / first.refused if first.refused else None,
+                             f"scheduler vs first fit; GiB refused {got.refused_gib} / {first.refused_gib}"))
     return lines

@@ -3,8 +3,9 @@ mix vGPU sizes on one equal-size GPU reach prepare.
 
 8 x T4 in ``dra`` mode, Kubernetes 1.36 shape with binding conditions (every size of an empty
 GPU). Each round allocates 24 claims of random T4 sizes from ONE snapshot of the slices (as two
-scheduler instances, or binding cycles running behind allocations, would), with the scheduler
-model; the counters keep every GPU within its framebuffer, but nothing in the slices keeps two
+scheduler instances, or binding cycles running behind allocations, would), with Kubernetes'
+own allocator (1.36) where its program is built, else the scheduler model (``--allocator``);
+the counters keep every GPU within its framebuffer, but nothing in the slices keeps two
 sizes off one GPU. Then the agent's decision (``agent.binder.decide``) runs over the allocations:
 each refused one fails at PreBind and is retried; whatever it would confirm reaches prepare.
 Peer: the same slices without binding conditions, where every mixing allocation reaches prepare
@@ -37,8 +38,9 @@ from mdev_manager.discovery import discover
 from mdev_manager.reconcile import reconcile
 from mdev_manager.sim.hostspec import GpuGroup, HostSpec
 from mdev_manager.sim.node import sim_node
+from tests.support.upstream_allocator import UpstreamScheduler
 
-from .common import HEADER, row
+from .common import HEADER, row, scheduler_allocator
 
 DRIVER = "vgpu.kubevirt.io"
 ROUNDS, CLAIMS = 20, 24
@@ -66,8 +68,11 @@ def run() -> list[str]:
     rng = random.Random(14)
     allocated = mixing = refused = confirmed_mixing = 0
     decide_s: list[float] = []
+    up, which = scheduler_allocator("1.36")
     for _ in range(ROUNDS):
-        alloc = Allocator(slices, classes, default_selectors())  # one snapshot for the whole round
+        # one snapshot for the whole round: Kubernetes' own allocator (1.36 defaults) or the model
+        alloc = (Allocator(slices, classes, default_selectors()) if up is None
+                 else UpstreamScheduler(up, slices, classes, []))
         claims = []
         for i in range(CLAIMS):
             claim = _claim(rng.choice(SIZES), i)
@@ -97,7 +102,7 @@ def run() -> list[str]:
         confirmed_mixing += sum(len(s) - 1 for s in sizes_ok.values())
     reach = confirmed_mixing  # allocations of a second size the agent would let through
     lines = [f"Scheduler race, 8 x T4 at 1.36 (binding conditions): {ROUNDS} rounds x {CLAIMS} claims of random "
-             "sizes from one snapshot", HEADER,
+             f"sizes from one snapshot; {which}", HEADER,
              row("allocations mixing sizes on a GPU", f"{mixing} of {allocated}", "same", None,
                  "what the counters alone let through"),
              row("mixing allocations reaching prepare", str(reach), str(mixing), None,

@@ -7,6 +7,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from mdev_manager.sim.node import sim_node
 from tests.support.kubelet.fake_kubelet import FakeKubelet
@@ -54,4 +55,28 @@ def row(name: str, ours: str, peer: str, ratio: float | None, note: str = "") ->
 
 
 HEADER = f"{'measure':44} {'vgpuctl':>14} {'peer':>14} {'ratio':>9}"
-__all__ = ["percentile", "best_of", "sim_host", "register_plugin", "row", "HEADER", "statistics"]
+
+#: which scheduler allocator the race and packing benchmarks measure: "auto" (Kubernetes' own
+#: allocator where its program is built, else the Python model), "upstream" or "model"
+#: (``python -m benchmarks --allocator ...``)
+ALLOCATOR = "auto"
+
+
+def scheduler_allocator(minor: str) -> tuple[Any, str]:
+    """(the running upstream allocator of ``minor``, or None for the Python scheduler model; a line
+    saying which one the benchmark ran and why)."""
+    from tests.support.upstream_allocator import binary_path, running, why_unavailable
+
+    if ALLOCATOR == "model":
+        return None, "allocator: the Python scheduler model (--allocator model)"
+    why = why_unavailable(minor)
+    if why is None:
+        up = running(minor)
+        return up, f"allocator: Kubernetes' own, k8s.io/dynamic-resource-allocation {minor} ({binary_path(minor)})"
+    if ALLOCATOR == "upstream":
+        raise RuntimeError(f"--allocator upstream: {why}")
+    return None, f"allocator: the Python scheduler model (the upstream allocator is not available: {why})"
+
+
+__all__ = ["percentile", "best_of", "sim_host", "register_plugin", "row", "HEADER", "statistics", "ALLOCATOR",
+           "scheduler_allocator"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from benchmarks.bench_packing import placement_table, run, simulate
+import pytest
+
+from benchmarks.bench_packing import _Scheduler, placement_table, run, simulate
+from tests.support.upstream_allocator import real_or_model
 
 L40S = placement_table("L40S")[:2]
 
@@ -37,7 +40,7 @@ def test_departures_free_their_slots():
 
 
 def test_the_benchmark_prints_a_row_per_measure():
-    lines = run(fleet=4)
+    lines = run(fleet=4, scheduler=False)
     assert len(lines) == 2 + 2 * 3 and all("bound" in ln or "fluid" in ln for ln in lines[2:])
 
 
@@ -48,3 +51,16 @@ def test_the_tables_are_the_catalogs():
     for board in ("L40S", "H100-80GB"):
         assert placement_table(board) == (catalog_placements.slots(board), catalog_placements.placements(board),
                                           "catalog")
+
+
+@pytest.mark.go
+def test_the_scheduler_packs_as_first_fit_on_published_gpus():
+    """The benchmark's first fit is what the scheduler does with the published slices: Kubernetes'
+    own allocator (1.36, the benchmark's; the model where Go is absent) on one and two published
+    L40S in mixed-size mode refuses what first fit refuses."""
+    up = real_or_model("1.36")
+    for stream, fleet in ((claims(*[4] * 13), 1), (claims(24, 8, 16), 1), (claims(8, 16, 24, 48, 4), 2),
+                          ([(8, 0.0, 1.5), (24, 1.0, float("inf")), (16, 5.0, float("inf"))], 1)):
+        got = simulate(_Scheduler("L40S", fleet, up), *L40S, stream, fleet)
+        assert got == simulate("mixed", *L40S, stream, fleet), stream
+    assert simulate(_Scheduler("L40S", 1, up), *L40S, claims(*[4] * 13), 1).refused == 5

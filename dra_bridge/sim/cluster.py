@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dra_bridge.api.compat import taint_rule_api
+from dra_bridge.api.compat import taint_rule_api, version_tuple
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.apiclient.errors import api_exception, missing_ok
 from dra_bridge.apiclient.objects import body, raw, sanitize
@@ -36,6 +36,7 @@ from dra_bridge.apiclient.workloads import WorkloadApi
 from dra_bridge.conformance import healthcheck
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.objects import devices_by_key
+from dra_bridge.scheduling.pools import Features
 from dra_bridge.scheduling.selectors import Selectors, default_selectors
 from dra_bridge.scheduling.taints import tainted_slices
 from dra_bridge.sim.kubelet import KubeletClient, node_object, prepare_errors, workload_devices
@@ -210,10 +211,18 @@ class SimCluster:
                 raise
             return []
 
+    def scheduler_features(self) -> Features:
+        """What kube-scheduler of this cluster's minor acts on: the server's resolved gates (a
+        cluster's components run with the same gates) and the minor's own result shape."""
+        assert self.srv is not None
+        return Features.from_gates(self.srv.feature_gates, version_tuple(self.version))
+
     def allocator(self) -> Allocator:
         """The scheduler model over the API's current slices (with the DeviceTaintRules' taints, as
-        kube-scheduler sees them) and classes, with every allocated claim reserved."""
-        alloc = Allocator(tainted_slices(self.slices(), self.taint_rules()), self.classes(), self.selectors)
+        kube-scheduler sees them) and classes, with every allocated claim reserved; gated and shaped
+        as this cluster's minor (:meth:`scheduler_features`)."""
+        alloc = Allocator(tainted_slices(self.slices(), self.taint_rules()), self.classes(), self.selectors,
+                          features=self.scheduler_features())
         for c in self.claims():
             alloc.reserve(c)
         return alloc

@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -189,10 +190,13 @@ class UpstreamScheduler:
     model's allocator)."""
 
     def __init__(self, up: UpstreamAllocator, slices: list[dict], classes: list[dict], allocated: list[dict],
-                 gates: dict[str, bool] | None = None) -> None:
+                 gates: dict[str, bool] | None = None, model: Any = None,
+                 differences: list[str] | None = None) -> None:
         self.up, self.slices, self.classes, self.gates = up, slices, classes, gates
         self.allocated = [c for c in allocated if (c.get("status") or {}).get("allocation")]
         self.nodes = sorted({s["spec"]["nodeName"] for s in slices if s["spec"].get("nodeName")})
+        # the model over the same snapshot: each answer is compared whole (detail()), differences listed
+        self.model, self.differences = model, differences if differences is not None else []
 
     def allocate(self, claims: list[dict], node: str | None = None) -> tuple[str, list[dict]]:
         from dra_bridge.scheduling.allocator import AllocationError, Unsatisfiable
@@ -204,8 +208,149 @@ class UpstreamScheduler:
             if answer["status"] == "allocated":
                 self.allocated += [dict(c, status={"allocation": a}) for c, a in zip(claims, answer["allocations"],
                                                                                      strict=True)]
+                self._compare(claims, node, f"{n}: {[detail(a) for a in answer['allocations']]}")
                 return n, answer["allocations"]
             if answer["status"] == "error" and not answer.get("perNode"):
+                self._compare(claims, node, f"error {answer['error']}")
                 raise AllocationError(f"upstream allocator: {answer['error']}")
             reasons.append(f"{n}: " + (answer.get("error") or "the claims do not fit (upstream allocator)"))
+        self._compare(claims, node, "unsatisfiable")
         raise Unsatisfiable("; ".join(reasons))
+
+    def _compare(self, claims: list[dict], node: str | None, upstream: str) -> None:
+        """The model's answer over the same snapshot, in the same words as ``upstream``'s: the node
+        and every result's detail(), "unsatisfiable" or "error ...". The first difference is
+        listed and comparing stops (from there the two snapshots hold different allocations)."""
+        from dra_bridge.scheduling.allocator import AllocationError, Unsatisfiable
+
+        if self.model is None:
+            return
+        try:
+            n, allocations = self.model.allocate(claims, node=node)
+            model = f"{n}: {[detail(a) for a in allocations]}"
+        except Unsatisfiable:
+            model = "unsatisfiable"
+        except AllocationError as exc:
+            model = f"error {exc}"
+        if model != upstream and not (model.startswith("error") and upstream.startswith("error")):
+            names = [c["metadata"]["name"] for c in claims]
+            self.differences.append(f"Kubernetes {self.up.minor}, claims {names}:\n  upstream: {upstream}\n"
+                                    f"  model:    {model}")
+            self.model = None
+
+
+class ModelFallback(UserWarning):
+    """A test meant for the upstream allocator ran on the Python model (Go absent), as it says."""
+
+
+def real_or_model(minor: str) -> UpstreamAllocator | None:
+    """The running upstream allocator of ``minor`` (one process per minor for the session); None
+    where Go is absent, with a :class:`ModelFallback` warning saying the Python model stands in.
+    Under CI a missing program fails the test."""
+    why = why_unavailable(minor)
+    if why is None:
+        return running(minor)
+    if in_ci():
+        pytest.fail(f"CI must run the upstream allocator: {why}")
+    warnings.warn(ModelFallback(f"Kubernetes {minor}: the Python scheduler model stands in for the upstream "
+                                f"allocator: {why}"), stacklevel=2)
+    return None
+
+
+def model_of(slices: list[dict], classes: list[dict], claims: list[dict], features: Any, selectors: Any = None) -> Any:
+    """The model over exactly the snapshot the upstream allocator is given (the agent republishes
+    concurrently: a second read of the API may see other slices), allocated claims reserved."""
+    from dra_bridge.scheduling.allocator import Allocator
+    from dra_bridge.scheduling.selectors import default_selectors
+
+    alloc = Allocator(slices, classes, selectors or default_selectors(), features=features)
+    for claim in claims:
+        alloc.reserve(claim)
+    return alloc
+
+
+@functools.cache
+def _known_gates(up: UpstreamAllocator) -> frozenset[str]:
+    return frozenset(up.gates())
+
+
+def use_upstream(c: Any, up: UpstreamAllocator | None, differences: list[str] | None = None) -> None:
+    """Make simulated cluster ``c`` schedule with ``up`` (None: keep the model), with the cluster's
+    own gates; with ``differences`` each allocation is also made by the model over the same
+    snapshot and every difference in the whole result is appended there."""
+    if up is None:
+        return
+    from dra_bridge.scheduling.taints import tainted_slices
+
+    known = _known_gates(up)
+    gates = {k: v for k, v in c.srv.feature_gates.items() if k in known}
+
+    def scheduler() -> UpstreamScheduler:
+        slices, classes, claims = tainted_slices(c.slices(), c.taint_rules()), c.classes(), c.claims()
+        return UpstreamScheduler(up, slices, classes, claims, gates,
+                                 model=None if differences is None else model_of(slices, classes, claims,
+                                                                                 c.scheduler_features(), c.selectors),
+                                 differences=differences)
+
+    c.allocator = scheduler
+
+
+PROBE_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "probe"},
+               "spec": {}}
+
+
+class CoAllocation:
+    """Whether the upstream allocator (None: the model, ``Allocator``) allocates every named device
+    at once from ``slices`` on ``node``: one claim with a request per name (``device.name == ...``).
+    The placement tests ask it where they asked ``co_allocatable``; ``asked`` counts the sets.
+    CEL has no ``device.name``, so each device of a copy of the slices carries its name as one
+    more attribute, ``probeName`` (the allocator reads attributes only through selectors)."""
+
+    def __init__(self, up: UpstreamAllocator | None, slices: list[dict], node: str,
+                 gates: dict[str, bool] | None = None, driver: str = "vgpu.kubevirt.io",
+                 devices: set[str] | None = None) -> None:
+        self.up, self.node, self.gates, self.driver = up, node, gates, driver
+        self.slices = json.loads(json.dumps(slices))
+        for s in self.slices:
+            if devices is not None and s["spec"].get("devices"):  # only these (a smaller request)
+                s["spec"]["devices"] = [d for d in s["spec"]["devices"] if d["name"] in devices]
+            for d in s["spec"].get("devices") or []:
+                d.setdefault("attributes", {})["probeName"] = {"string": d["name"]}
+        self.asked = 0
+
+    def claim(self, names: list[str]) -> dict:
+        requests = [{"name": f"r{i}", "exactly": {"deviceClassName": "probe", "selectors": [{"cel": {
+            "expression": f'device.driver == "{self.driver}" && device.attributes["{self.driver}"].probeName == "{n}"'}}]}}
+            for i, n in enumerate(names)]
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "probe", "namespace": "default", "uid": "probe-uid"},
+                "spec": {"devices": {"requests": requests}}}
+
+    def __call__(self, names: list[str]) -> bool:
+        self.asked += 1
+        claim = self.claim(list(names))
+        if self.up is None:
+            from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
+            from dra_bridge.scheduling.pools import Features
+            from dra_bridge.scheduling.selectors import default_selectors
+
+            try:
+                Allocator(self.slices, [PROBE_CLASS], default_selectors(),
+                          features=Features.from_gates(self.gates or {})).allocate([claim], node=self.node)
+                return True
+            except Unsatisfiable:
+                return False
+        answer = self.up.allocate(slices=self.slices, classes=[PROBE_CLASS], claims=[claim], node=self.node,
+                                  gates=self.gates)
+        if answer["status"] == "error":
+            raise AssertionError(f"upstream allocator {self.up.minor}: {answer['error']}")
+        return answer["status"] == "allocated"
+
+
+def keeping_counters(minor: str) -> dict[str, bool]:
+    """The gates under which a server and scheduler of ``minor`` keep what ``build_pool(...,
+    server_version=minor)`` publishes: counters (DRAPartitionableDevices, alpha before 1.36) and on
+    1.37 compatibility groups (DRADeviceCompatibilityGroups, alpha; with it off the server drops
+    them and the agent publishes another shape)."""
+    return {"1.34": {"DRAPartitionableDevices": True}, "1.35": {"DRAPartitionableDevices": True},
+            "1.37": {"DRADeviceCompatibilityGroups": True}}.get(minor, {})

@@ -109,19 +109,24 @@ UPSTREAM_SHAPES = [("1.36", {}, "mig-node", LAYOUT, False), ("1.37", GROUPS, "mi
                          ids=[f"{v}-{p}{'-shared' if isinstance(c, tuple) else ''}" for v, _, p, _, c in UPSTREAM_SHAPES])
 def test_every_allocation_the_real_allocator_makes_is_prepared(version, gates, preset, layout, churn):
     """The same guarantee with the scheduler's allocations made by k8s.io/dynamic-resource-allocation
-    (tests/oracle) instead of the model."""
+    (tests/oracle) instead of the model; the model, asked the same over the same snapshot, answers
+    the same whole result (node, devices, tolerations, configs, binding conditions)."""
     from dra_bridge.scheduling.taints import tainted_slices
-    from tests.support.upstream_allocator import UpstreamAllocator, UpstreamScheduler, require
+    from tests.support.upstream_allocator import UpstreamAllocator, UpstreamScheduler, model_of, require
 
+    differences: list[str] = []  # each allocation made again by the model, compared whole (#39.1)
     with UpstreamAllocator(version, require(version)) as up:
         known = up.gates()
         flips = {k: v for k, v in gates.items() if k in known}
 
         def scheduler(c: SimCluster) -> UpstreamScheduler:
-            return UpstreamScheduler(up, tainted_slices(c.slices(), c.taint_rules()), c.classes(), c.claims(), flips)
+            slices, classes, claims = tainted_slices(c.slices(), c.taint_rules()), c.classes(), c.claims()
+            return UpstreamScheduler(up, slices, classes, claims, flips, differences=differences,
+                                     model=model_of(slices, classes, claims, c.scheduler_features()))
 
         fill_and_check(version, gates, preset, layout, scheduler, churn)
         assert up.requests > 0
+    assert differences == []
 
 
 def fill_and_check(version, gates, preset, layout, scheduler=None, churn: bool | tuple[str, ...] = False):
