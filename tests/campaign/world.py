@@ -343,15 +343,21 @@ class World:
         self.log.append(f"unprepare {claim.ref.name} ({claim.ref.uid[:8]}): {(err or 'ok')[:400]}")
         return err
 
-    def kubelet_reprepare(self) -> list[str]:
+    def kubelet_reprepare(self, order: int = 0) -> list[str]:
         """After the agent (or the node) restarts, the kubelet prepares its pods' claims again and
-        unprepares those of pods that are going; the unprepares that failed."""
-        for claim in list(self.prepared.values()) + list(self.pending.values()):
-            self.prepare(claim)
+        unprepares those of pods that are going; the unprepares that failed. ``order`` (not 0): in
+        an order drawn from it, prepares and unprepares mixed (the kubelet's pod workers run in
+        parallel: any order is possible)."""
+        acts = [("prepare", c) for c in list(self.prepared.values()) + list(self.pending.values())]
+        acts += [("unprepare", c) for c in self.terminating.values()]
+        if order:
+            random.Random(order).shuffle(acts)
+            self.log.append("kubelet retries in order: " + ", ".join(f"{v} {c.ref.name}" for v, c in acts))
         failed = []
-        for claim in list(self.terminating.values()):
-            err = self.unprepare(claim)
-            if err:
+        for verb, claim in acts:
+            if verb == "prepare":
+                self.prepare(claim)
+            elif err := self.unprepare(claim):
                 failed.append(f"unprepare of {claim.ref.name} ({claim.ref.uid[:8]}): {err[:300]}")
         return failed
 
@@ -410,7 +416,7 @@ class World:
         self.fio.disarm()
         return self.fio.dead
 
-    def reboot(self, *, power_loss: bool = False, first: Claim | None = None) -> list[str]:
+    def reboot(self, *, power_loss: bool = False, first: Claim | None = None, order: int = 0) -> list[str]:
         """A cold boot: the kernel forgets every vGPU and VF, tmpfs (/var/run/cdi) is empty, the agent
         and every VM are gone; with ``power_loss``, writes no fsync made durable may be lost too.
         The agent starts again and the kubelet prepares its pods' claims (``first``: a new pod's claim
@@ -427,7 +433,7 @@ class World:
         self.start_daemon()
         if first is not None:
             self.prepare(first)
-        return self.kubelet_reprepare()
+        return self.kubelet_reprepare(order)
 
 
 def _stop(daemon: Daemon) -> None:
