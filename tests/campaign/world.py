@@ -93,6 +93,10 @@ class World:
     told: dict[str, str] = field(default_factory=dict)  # uid -> boot id in which prepare last answered ok
     pending: dict[str, Claim] = field(default_factory=dict)  # the kubelet still has to prepare these
     terminating: dict[str, Claim] = field(default_factory=dict)  # their pods are going: to unprepare
+    # uids whose metadata path (it is the claim's name's) a later claim of the same name was prepared
+    # on: each lost its metadata CDI device on purpose, and keeps no file there once that claim goes
+    superseded: set[str] = field(default_factory=set)
+    named: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (namespace, name) -> uids prepared
     vms: dict[int, Holder] = field(default_factory=dict)  # simulated QEMU pid -> what it holds
     domains: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # libvirt: name -> (mdevs, pci)
     hostile: list[str] = field(default_factory=list)  # hostile claims the plugin prepared (a violation)
@@ -319,6 +323,7 @@ class World:
             self.prepared[claim.ref.uid] = claim
             self.told[claim.ref.uid] = self.boot_id()
             self.pending.pop(claim.ref.uid, None)
+            self._supersede(claim)
             answered = sorted((tuple(d["request_names"]), d["device_name"]) for d in devices)
             self.log.append(f"prepared {claim.ref.name} ({claim.ref.uid[:8]}): {answered}")
         else:
@@ -327,6 +332,15 @@ class World:
             self.told.pop(claim.ref.uid, None)
             self.log.append(f"prepare {claim.ref.name} ({claim.ref.uid[:8]}) refused: {err[:400]}")
         return err
+
+    def _supersede(self, claim: Claim) -> None:
+        """A prepared claim the API server holds under its name owns the name's metadata path: every
+        other claim ever prepared under that name has lost it (claimfiles.write_metadata)."""
+        uids = self.named.setdefault((claim.ref.namespace, claim.ref.name), set())
+        stored = self.srv.get_object("resourceclaims", claim.ref.name, claim.ref.namespace)
+        if stored is not None and stored["metadata"]["uid"] == claim.ref.uid:
+            self.superseded |= uids - {claim.ref.uid}
+        uids.add(claim.ref.uid)
 
     def unprepare(self, claim: Claim) -> str | None:
         """NodeUnprepareResources: the pod is going; the kubelet retries until it succeeds."""
