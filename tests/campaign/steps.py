@@ -128,9 +128,10 @@ class EditLayout:
             else self.name
 
     def run(self, world: World) -> Checks:
-        world.layouts[self.target(world)] = json.loads(json.dumps(list(self.entries)))
+        name = self.target(world)
+        world.layouts[name] = json.loads(json.dumps(list(self.entries)))
         world.write_layouts()
-        return _resynced(world, f"resync after editing {self.name}", world.selected)
+        return _resynced(world, f"resync after editing {name}", world.selected)
 
 
 def _node_digest(world: World) -> str:
