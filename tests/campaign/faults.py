@@ -9,7 +9,9 @@ and a hand-run ``vgpuctl`` get a :class:`FaultIO` and see nothing else.
   checkpoint). Death is :class:`Killed`, a ``BaseException`` no handler in the code under test
   catches, and the transport stays dead: any call a ``finally`` block makes afterwards raises
   again, so nothing reaches the disk after the kill, as with ``kill -9``. ``torn``: the write
-  in flight is half done (an atomic write leaves its temporary file half written, never renamed).
+  in flight is half done (an atomic write leaves its temporary file half written, never renamed);
+  a sysfs write, one write(2), is taken by the kernel whole and the process dies before it reads
+  the answer (a vGPU made that the caller's records may not know of: its next try meets EEXIST).
 * ``fail_kernel(n, errno)``: the kernel refuses write number ``n`` to sysfs with ``errno``
   (EBUSY, EINVAL, ENOSPC, EEXIST, EIO), once; the caller must cope.
 * ``fail_file(n, errno, match)``: the disk refuses file write number ``n`` (to a path containing
@@ -22,6 +24,7 @@ and a hand-run ``vgpuctl`` get a :class:`FaultIO` and see nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import errno as errnos
 import os
 import random
@@ -172,8 +175,10 @@ class FaultIO(SimIO):
     def write(self, path: Path, data: str) -> None:
         torn = self._before_write(path)
         if self._is_kernel(path):
-            if torn:  # a sysfs write is one write(2): the kernel took it or not; here it did not
-                raise Killed(f"killed at {path}")
+            if torn:  # a sysfs write is one write(2): the kernel took it (torn), then the process died
+                with contextlib.suppress(OSError):  # before it read the answer
+                    super().write(path, data)
+                raise Killed(f"killed right after the kernel took {path}")
             if self.lock_file is not None and flock_free(self.lock_file):
                 self.unlocked.append(f"{path} written while nobody held the node lock")
             n, self.kernel_writes = self.kernel_writes, self.kernel_writes + 1

@@ -102,10 +102,15 @@ def claims(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
                     bad.append(f"{who}: passthrough GPU {d.gpu} is not on vfio-pci ({g.driver if g else 'gone'})")
         # a metadata file taken over by a claim of the same name made since (the path is the name's, KEP-5304):
         # this claim's CDI device for it is gone on purpose (a container of it started now would mount the
-        # newer claim's device), and the plugin refuses to answer for this claim again
-        taken = _taken_over(rec, cp)
+        # newer claim's device), and the plugin refuses to answer for this claim again. That stays so once
+        # the newer claim is unprepared and its file removed with it (seed 1, step 107: ClaimGone old-later,
+        # then the new claim unprepared first): ``world.superseded`` remembers the take-over, and the
+        # shared file may then be missing, never another claim's content under this claim's uid
+        superseded = uid in world.superseded
+        taken = _taken_over(rec, cp) or superseded
         for f in rec.cdi_files + rec.metadata_files:
-            if not Path(f).is_file() and not (taken and f"_metadata_{uid}_" in Path(f).name):
+            gone_on_purpose = f"_metadata_{uid}_" in Path(f).name or (superseded and f in rec.metadata_files)
+            if not Path(f).is_file() and not (taken and gone_on_purpose):
                 bad.append(f"{who}: file {f} is missing")
         names = set()
         for f in rec.cdi_files:
@@ -120,7 +125,7 @@ def claims(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
             for cdi_id in d.cdi_ids:
                 if cdi_id not in names and not (taken and "/metadata=" in cdi_id):
                     bad.append(f"{who}: CDI id {cdi_id} of {d.device} is in no spec of the claim")
-        bad += _metadata(rec, cp)
+        bad += _metadata(rec, cp, superseded=superseded)
     # no whole GPU under a claim while another claim holds a vGPU on it
     whole = {d.gpu: uid for uid, rec in cp.claims.items() for d in rec.devices if d.kind == "passthrough"}
     for uid, rec in cp.claims.items():
@@ -154,11 +159,14 @@ def _taken_over(rec, cp: Checkpoint) -> bool:
     return False
 
 
-def _metadata(rec, cp: Checkpoint) -> list[str]:
+def _metadata(rec, cp: Checkpoint, *, superseded: bool = False) -> list[str]:
     """Each metadata file parses and names a prepared claim of this name, with that claim's devices
-    (two claims of one name prepared at once, a re-created claim, share the path: the newer is named)."""
+    (two claims of one name prepared at once, a re-created claim, share the path: the newer is named);
+    a superseded claim's file may be missing (the newer claim's, unprepared with it)."""
     bad = []
     for f in rec.metadata_files:
+        if superseded and not Path(f).exists():
+            continue
         try:
             doc = json.loads(Path(f).read_text().splitlines()[0])
             uid = doc["metadata"]["uid"]

@@ -109,6 +109,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         Patch("mdev_manager/migplan.py",
               "    recorded = kept_ids | {v.id for v in busy if v.id in saved_ids}\n",
               "    recorded = kept_ids  # MUTATION (j)\n"),)),
+    # issue 36, point 5: the fixes of issue 29 the campaign did not walk into
+    Mutation("k", "the GPU numbering kept only by serve (a hand-run apply numbers GPUs by PCI position)", (
+        Patch("vgpuctl/commands/node.py",
+              "                                    on_step=on_step, stop=signals.pending, read_back=True)\n",
+              "                                    on_step=on_step, stop=signals.pending, read_back=True,\n"
+              "                                    ids={})  # MUTATION (k)\n"),)),
+    Mutation("l", "reboot placements: a claim of an earlier boot holds no placement or VF until re-created", (
+        Patch("dra_bridge/kubeletplugin/driver.py",
+              "        taken = self._recorded_vfs(ref.uid)\n",
+              "        taken: set[str] = set()  # MUTATION (l)\n"),
+        Patch("dra_bridge/kubeletplugin/overlap.py",
+              "    after a reboot could take another's placement).\"\"\"\n",
+              "    after a reboot could take another's placement).\"\"\"\n    return None  # MUTATION (l)\n"))),
+    Mutation("m", "a GPU off the bus gives up its number (the middle GPU's index moves onto the last)", (
+        Patch("mdev_manager/plan.py",
+              "    numbers |= {a: n for a, n in inv.gone_numbers.items()",
+              "    numbers |= {} and {a: n for a, n in inv.gone_numbers.items()  # MUTATION (m)\n"
+              "               "),)),
+    Mutation("n", "EEXIST adoption removed (a vGPU made before a crash fails its claim's prepare for good)", (
+        Patch("mdev_manager/executor.py",
+              "            if where == (parent, type_id):\n",
+              "            if False:  # MUTATION (n)\n"),)),
     Mutation("t", "health taint never set (a faulted GPU's devices published as healthy, #40.4)", (
         Patch("dra_bridge/pool/health.py",
               "    sick = tracker.unhealthy()\n    if not sick:\n",

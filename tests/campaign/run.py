@@ -147,7 +147,7 @@ LIBVIRT_SELECT = "layout selections under libvirt-held vGPUs"
 def situations(world: World, step) -> list[str]:
     """What the node is in as ``step`` starts that CI's seeds must reach (:data:`LIBVIRT_EDIT`)."""
     what = LIBVIRT_SELECT if isinstance(step, SelectLayout) else \
-        LIBVIRT_EDIT if isinstance(step, EditLayout) and step.name == world.selected else None
+        LIBVIRT_EDIT if isinstance(step, EditLayout) and step.target(world) == world.selected else None
     named = {d.lower() for mdevs, pcis in world.domains.values() for d in [*mdevs, *pcis]}
     if what is None or not named:
         return []

@@ -6,9 +6,8 @@ Each step is a frozen dataclass (its ``repr`` is the line a failing sequence pri
 node's state at run time (which device, which claim) are drawn as plain integers and taken modulo
 what exists then, so every drawn sequence is runnable and shrinks well.
 
-GPU removal (``vgpuctl sim unplug|replug``, not in the simulator yet) slots in as one more kind in
-:func:`steps` (``GpuUnplug(pick)`` / ``GpuReplug``), beside :class:`Reboot`: the invariants already
-hold for a GPU that is gone (a claim on it must fail, not land on another board).
+GPU removal is :class:`tests.campaign.gone.GpuGone` (the first, middle or last GPU off the bus and
+back, applied by hand by index while the agent is stopped).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import shutil
 import sys
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hypothesis import strategies as st
@@ -116,15 +115,23 @@ class SelectLayout:
 
 @dataclass(frozen=True)
 class EditLayout:
-    """The admin edits one layout of the mounted ConfigMap; the agent resyncs."""
+    """The admin edits one layout of the mounted ConfigMap; the agent resyncs. With ``selected`` the
+    edit is to the layout the node runs (``name`` where that is ``dra``): what a domain or a VM holds
+    there must stay (issue 29), drawn often enough that CI's seeds get there (issue 36)."""
 
     name: str
     entries: tuple
+    selected: bool = False
+
+    def target(self, world: World) -> str:
+        return world.selected if self.selected and world.selected in world.layouts and world.selected != "dra" \
+            else self.name
 
     def run(self, world: World) -> Checks:
-        world.layouts[self.name] = json.loads(json.dumps(list(self.entries)))
+        name = self.target(world)
+        world.layouts[name] = json.loads(json.dumps(list(self.entries)))
         world.write_layouts()
-        return _resynced(world, f"resync after editing {self.name}", world.selected)
+        return _resynced(world, f"resync after editing {name}", world.selected)
 
 
 def _node_digest(world: World) -> str:
@@ -583,11 +590,13 @@ class Reboot:
     unprepares that claim after the boot (its devices died with the old boot); ``first``: a new pod
     is admitted as the node comes up, before the old pods' claims are prepared again, its claim
     allocated a free slot beside one of theirs (same GPU, same size): the device the old claim had
-    is free on the node now, and the new claim may well get it."""
+    is free on the node now, and the new claim may well get it; ``order``: the kubelet prepares
+    (and unprepares) its claims again in an order drawn from it (0: as it knows them)."""
 
     power_loss: bool = False
     evict: int | None = None
     first: int | None = None
+    order: int = 0
 
     def run(self, world: World) -> Checks:
         victim = _pick(_prepared(world), self.evict) if self.evict is not None else None
@@ -603,7 +612,7 @@ class Reboot:
             free = [n for n in _devices(world) if n.startswith(family) and n not in held]
             if free:
                 newcomer = world.new_claim([_pick(free, self.first)])
-        failed = world.reboot(power_loss=self.power_loss, first=newcomer)
+        failed = world.reboot(power_loss=self.power_loss, first=newcomer, order=self.order)
         world.log.append("rebooted")
         return Checks(problems=[f"after the reboot (no VM left): {f}" for f in failed])
 
@@ -693,7 +702,9 @@ DISK_TARGETS = ("checkpoint", "state", "metadata", "any")
 class DiskFault:
     """The disk refuses a file write (ENOSPC, EIO) to the checkpoint, the saved state (mdevctl
     definitions, vendor records, MIG and layout records), the claim files or any, during the
-    agent's prepare, unprepare or resync, or a hand-run apply."""
+    agent's prepare, unprepare or resync, or a hand-run apply; then the disk is well again and the
+    node recovers: the agent's clean resync (or the admin's apply again) must leave it as its
+    layout says, with true labels (or exit status)."""
 
     errno: str
     target: str
@@ -713,12 +724,12 @@ class DiskFault:
             io.fail_file(self.after, code, self._match(world))
             rc, out, err = world.vgpuctl_with(io, "apply", "--layout", self.name)
             world.log.append(f"apply with {self.errno} on {self.target}: exit {rc} {io.failed}\n{err[-800:]}")
-            return Checks()
+            return Admin("apply", self.name).run(world)  # the disk is well again
         world.fio.fail_file(self.after, code, self._match(world))
         _during(world, self.during, self.pick)
         world.log.append(f"disk fault {self.errno} on {self.target}: {world.fio.failed[-1:] or 'not reached'}")
         world.fio.disarm()
-        return Checks()
+        return _resynced(world, "resync once the disk is well", world.selected)
 
 
 @dataclass(frozen=True)
@@ -916,8 +927,9 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
     Kinds are weighted as a busy node sees them: mostly claims, resyncs and layout changes, a
     fault or a race every few steps. The kind is drawn as an index rotated by the position, so
     hypothesis's simplest example (all draws zero, which it tries first) is a sweep over every
-    kind, not fifty resyncs. GPU removal slots in here (``GpuUnplug``, ``GpuReplug``) once the
-    simulator has ``vgpuctl sim unplug|replug``."""
+    kind, not fifty resyncs."""
+    from tests.campaign.gone import PLACES, GpuGone  # it builds on this module's steps
+
     name = st.sampled_from(layouts)
     n = st.integers(0, 1000)
     during = st.sampled_from(["prepare", "unprepare", "resync"])
@@ -932,6 +944,7 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
         (9, st.builds(Unprepare, n)),
         (6, st.builds(SelectLayout, name)),
         (4, edit),
+        (4, edit.map(lambda e: replace(e, selected=True))),
         (6, st.builds(Admin, st.just("apply"), name)),
         (2, st.builds(Admin, st.sampled_from(["plan", "restore"]), name)),
         (3, st.builds(KubeletRetry)),
@@ -940,18 +953,19 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
                       st.tuples(n))),
         (6, st.builds(VmStart, n, st.sampled_from(["group", "cdev"]))),
         (3, st.builds(VmStop, n)),
-        (5, st.builds(LibvirtDefine, n)),
+        (8, st.builds(LibvirtDefine, n)),
         (2, st.builds(LibvirtUndefine, n)),
         (5, st.builds(KillAgent, st.sampled_from(["prepare", "unprepare", "resync", "bind", "start"]),
                       st.integers(0, 12), n, st.booleans(), st.sampled_from(["any", "any", "checkpoint"]))),
         (3, st.builds(KillApply, name, st.integers(0, 30), st.booleans())),
-        (4, st.builds(Reboot, st.booleans(), st.one_of(st.none(), n), st.one_of(st.none(), n))),
+        (4, st.builds(Reboot, st.booleans(), st.one_of(st.none(), n), st.one_of(st.none(), n), n)),
         (2, st.builds(PowerCut, st.sampled_from(["prepare", "unprepare", "resync", "apply"]), st.integers(0, 20), n,
                       name)),
         (4, st.builds(CorruptCheckpoint, st.sampled_from(CORRUPTIONS))),
         (3, st.builds(KernelFault, st.sampled_from(sorted(KERNEL_ERRNOS)), during, st.integers(0, 6), n)),
         (3, st.builds(DiskFault, st.sampled_from(sorted(DISK_ERRNOS)), st.sampled_from(DISK_TARGETS),
-                      st.sampled_from(["prepare", "unprepare", "resync", "apply"]), st.integers(0, 4), n, name)),
+                      st.sampled_from(["prepare", "unprepare", "resync", "apply"]), st.integers(0, 15), n, name)),
+        (6, st.builds(GpuGone, st.sampled_from(PLACES), name)),
         (4, st.builds(ApiFault, st.sampled_from(["status", "status", "timeout", "outage"]),
                       st.sampled_from([None, "create", "update", "get", "list", "patch", "delete"]),
                       st.sampled_from([None, "resourceslices", "resourceclaims", "nodes"]),

@@ -94,6 +94,10 @@ class World:
     told: dict[str, str] = field(default_factory=dict)  # uid -> boot id in which prepare last answered ok
     pending: dict[str, Claim] = field(default_factory=dict)  # the kubelet still has to prepare these
     terminating: dict[str, Claim] = field(default_factory=dict)  # their pods are going: to unprepare
+    # uids whose metadata path (it is the claim's name's) a later claim of the same name was prepared
+    # on: each lost its metadata CDI device on purpose, and keeps no file there once that claim goes
+    superseded: set[str] = field(default_factory=set)
+    named: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (namespace, name) -> uids prepared
     vms: dict[int, Holder] = field(default_factory=dict)  # simulated QEMU pid -> what it holds
     domains: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # libvirt: name -> (mdevs, pci)
     hostile: list[str] = field(default_factory=list)  # hostile claims the plugin prepared (a violation)
@@ -324,6 +328,7 @@ class World:
             self.prepared[claim.ref.uid] = claim
             self.told[claim.ref.uid] = self.boot_id()
             self.pending.pop(claim.ref.uid, None)
+            self._supersede(claim)
             answered = sorted((tuple(d["request_names"]), d["device_name"]) for d in devices)
             self.log.append(f"prepared {claim.ref.name} ({claim.ref.uid[:8]}): {answered}")
         else:
@@ -332,6 +337,15 @@ class World:
             self.told.pop(claim.ref.uid, None)
             self.log.append(f"prepare {claim.ref.name} ({claim.ref.uid[:8]}) refused: {err[:400]}")
         return err
+
+    def _supersede(self, claim: Claim) -> None:
+        """A prepared claim the API server holds under its name owns the name's metadata path: every
+        other claim ever prepared under that name has lost it (claimfiles.write_metadata)."""
+        uids = self.named.setdefault((claim.ref.namespace, claim.ref.name), set())
+        stored = self.srv.get_object("resourceclaims", claim.ref.name, claim.ref.namespace)
+        if stored is not None and stored["metadata"]["uid"] == claim.ref.uid:
+            self.superseded |= uids - {claim.ref.uid}
+        uids.add(claim.ref.uid)
 
     def unprepare(self, claim: Claim) -> str | None:
         """NodeUnprepareResources: the pod is going; the kubelet retries until it succeeds."""
@@ -348,15 +362,21 @@ class World:
         self.log.append(f"unprepare {claim.ref.name} ({claim.ref.uid[:8]}): {(err or 'ok')[:400]}")
         return err
 
-    def kubelet_reprepare(self) -> list[str]:
+    def kubelet_reprepare(self, order: int = 0) -> list[str]:
         """After the agent (or the node) restarts, the kubelet prepares its pods' claims again and
-        unprepares those of pods that are going; the unprepares that failed."""
-        for claim in list(self.prepared.values()) + list(self.pending.values()):
-            self.prepare(claim)
+        unprepares those of pods that are going; the unprepares that failed. ``order`` (not 0): in
+        an order drawn from it, prepares and unprepares mixed (the kubelet's pod workers run in
+        parallel: any order is possible)."""
+        acts = [("prepare", c) for c in list(self.prepared.values()) + list(self.pending.values())]
+        acts += [("unprepare", c) for c in self.terminating.values()]
+        if order:
+            random.Random(order).shuffle(acts)
+            self.log.append("kubelet retries in order: " + ", ".join(f"{v} {c.ref.name}" for v, c in acts))
         failed = []
-        for claim in list(self.terminating.values()):
-            err = self.unprepare(claim)
-            if err:
+        for verb, claim in acts:
+            if verb == "prepare":
+                self.prepare(claim)
+            elif err := self.unprepare(claim):
                 failed.append(f"unprepare of {claim.ref.name} ({claim.ref.uid[:8]}): {err[:300]}")
         return failed
 
@@ -415,7 +435,7 @@ class World:
         self.fio.disarm()
         return self.fio.dead
 
-    def reboot(self, *, power_loss: bool = False, first: Claim | None = None) -> list[str]:
+    def reboot(self, *, power_loss: bool = False, first: Claim | None = None, order: int = 0) -> list[str]:
         """A cold boot: the kernel forgets every vGPU and VF, tmpfs (/var/run/cdi) is empty, the agent
         and every VM are gone; with ``power_loss``, writes no fsync made durable may be lost too.
         The agent starts again and the kubelet prepares its pods' claims (``first``: a new pod's claim
@@ -432,7 +452,7 @@ class World:
         self.start_daemon()
         if first is not None:
             self.prepare(first)
-        return self.kubelet_reprepare()
+        return self.kubelet_reprepare(order)
 
 
 def _stop(daemon: Daemon) -> None:

@@ -222,3 +222,41 @@ def test_a_stale_file_does_not_give_a_layout_device_to_a_claim(node, paths, srv)
     rebuilt = make_driver(node, paths, srv.api_client(), pool).cp.claims
     held = {d.vgpu_id for r in rebuilt.values() for d in r.devices}
     assert dev.vgpu_id not in held
+
+
+def test_a_power_cut_after_an_unprepare_leaves_no_claim_for_a_rebuild_to_find(node, paths):
+    """Issue 36 (the campaign, seed 1 with #36.5's steps): claim A on an L40S VF is unprepared and B
+    prepared on the same VF; the power fails, B is re-prepared after the reboot, the checkpoint is
+    corrupted and rebuilt from the files with no claim list to read. A's files must not come back with
+    the page cache: a rebuild took its metadata for a prepared claim holding B's VF (one device, two
+    claims). Fails without the ``io.sync()`` in ``Driver.unprepare``."""
+    from mdev_manager.reconcile import reconcile
+    from tests.dra_bridge.test_claim_recreated import PageCacheIO
+    from tests.support.dra import DRA_LAYOUT, DictClaims, claim_object
+
+    a_uid, b_uid = "6f1c1c2e-0000-4000-8000-00000000d001", "6f1c1c2e-0000-4000-8000-00000000d002"
+    io = PageCacheIO(node.host)
+    pool = node.build_pool()
+    claims = DictClaims()
+    dev = devices_of(pool, L40S, "vgpu")[0]
+    a = claims.add(claim_object("vm-a", [("gpu", dev)], node=node.node), uid=a_uid)
+    drv = make_driver(node, paths, claims, pool, io=io)
+    assert drv.prepare([a])[a_uid].error is None
+    io.sync()  # A's files long written back
+    assert drv.unprepare([a]) == {a_uid: None}
+    del claims.claims[(a.namespace, a.name)]  # deleted once unprepared
+    b = claims.add(claim_object("vm-b", [("gpu", dev)], node=node.node), uid=b_uid)
+    assert drv.prepare([b])[b_uid].error is None
+    (vf,) = {d.vgpu_id for d in drv.cp.claims[b_uid].devices}
+    io.power_loss()
+    node.host.reboot()
+    shutil.rmtree(paths.cdi_root)  # tmpfs
+    assert reconcile(node.env, node.io, DRA_LAYOUT, node=node.node).ok
+    drv = make_driver(node, paths, claims, node.build_pool(), io=io)
+    drv.recover()
+    assert drv.prepare([b])[b_uid].error is None  # the kubelet re-prepares B
+    assert {d.vgpu_id for d in drv.cp.claims[b_uid].devices} == {vf}
+    paths.checkpoint.write_text("{")
+    rebuilt = make_driver(node, paths, claims, node.build_pool(), io=io).cp.claims
+    owners = sorted(uid for uid, rec in rebuilt.items() if any(d.vgpu_id == vf for d in rec.devices))
+    assert owners == [b_uid], owners

@@ -120,6 +120,23 @@ def test_the_new_uid_unprepared_first_then_the_old(node, paths, vm):
     assert node.mdevs() == set()
 
 
+@pytest.mark.parametrize("api_has", ["new", "none"])
+def test_the_old_uid_stays_unanswered_once_the_new_claim_is_unprepared(node, paths, vm, api_has):
+    """The shared file left with the new claim; the old claim (its pod lingering) is not given a
+    metadata file back, nor answered, whether the API holds the new claim or none of the name (the
+    campaign's invariant relies on this: seed 1, step 107)."""
+    drv, claims, _pool, old, new = vm
+    assert drv.prepare([new])[NEW].error is None
+    assert drv.unprepare([new]) == {NEW: None}
+    if api_has == "none":
+        del claims.claims[("default", "vm-gpu")]
+    error = drv.prepare([old])[OLD].error
+    assert error and (f"now uid {NEW}" in error if api_has == "new" else "cannot be read" in error)
+    assert not meta_file(paths).exists() and specs_of(paths, OLD) == {claim_spec(OLD)}
+    assert drv.unprepare([old]) == {OLD: None}
+    assert list(paths.cdi_root.iterdir()) == [] and not (paths.metadata_dir / "default_vm-gpu").exists()
+
+
 def test_the_old_uid_is_not_answered_with_the_new_claims_metadata(node, paths, vm):
     """A container of the old pod started now would mount the new claim's file (its vGPU's UUID)."""
     drv, _claims, _pool, old, new = vm
