@@ -69,14 +69,14 @@ MUTATIONS: tuple[Mutation, ...] = (
               '    held = [_Held(_owner(rec), d.pool, d.device, d.kind, d.gpu, _record_span(d))\n'),)),
     Mutation("c", "node lock a no-op", (
         Patch("mdev_manager/host/lock.py",
-              '        waiting, ``on_wait`` is told once whom the caller waits for."""\n',
-              '        waiting, ``on_wait`` is told once whom the caller waits for."""\n'
+              '        caller waits for."""\n',
+              '        caller waits for."""\n'
               '        yield  # MUTATION (c)\n        return\n'),)),
     Mutation("d", "boot-id check always true (a record of an earlier boot is taken as this boot's)", (
         Patch("dra_bridge/kubeletplugin/driver.py",
               "        if boot is None or rec.boot_id == boot:\n            return True\n",
               "        if True:  # MUTATION (d)\n            return True\n"),
-        Patch("dra_bridge/kubeletplugin/driver.py",
+        Patch("dra_bridge/kubeletplugin/refcheck.py",
               "    return boot is None or rec.boot_id is None or rec.boot_id == boot\n",
               "    return True  # MUTATION (d)\n"))),
     Mutation("e", "claim-name checks removed (path safety: names unchecked, paths not contained)", tuple(
@@ -123,7 +123,7 @@ MUTATIONS: tuple[Mutation, ...] = (
               "    after a reboot could take another's placement).\"\"\"\n",
               "    after a reboot could take another's placement).\"\"\"\n    return None  # MUTATION (l)\n"))),
     Mutation("m", "a GPU off the bus gives up its number (the middle GPU's index moves onto the last)", (
-        Patch("mdev_manager/plan.py",
+        Patch("mdev_manager/selection.py",
               "    numbers |= {a: n for a, n in inv.gone_numbers.items()",
               "    numbers |= {} and {a: n for a, n in inv.gone_numbers.items()  # MUTATION (m)\n"
               "               "),)),
