@@ -179,7 +179,8 @@ class _Scheduler:
         self.slices = build_slices(self.pool, driver=DRIVER, node_name="n-pack", pool_name="n-pack", generation=1,
                                    server_version=(1, 36))
         self.classes = [o for o in render("deviceclasses") if o["kind"] == "DeviceClass"]
-        self.up, self.held, self.k = up, [], 0
+        self.up, self.k = up, 0
+        self.held: list[dict] = []
         self.sched = UpstreamScheduler(up, self.slices, self.classes, []) if up is not None else None
 
     def place(self, size: int, fleet: int | None) -> tuple[int, int] | None:
