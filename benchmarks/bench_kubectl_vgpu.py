@@ -34,10 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _plugin() -> list[str]:
-    """The plugin as pip installs it (``kubectl-vgpu`` beside the interpreter), else the same entry point."""
-    exe = Path(sys.executable).with_name("kubectl-vgpu")
-    if exe.exists():
-        return [str(exe)]
+    """The plugin's entry point as pip's ``kubectl-vgpu`` wrapper calls it, from this checkout."""
     return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); from vgpuctl.main import "
                                   "kubectl_plugin; sys.exit(kubectl_plugin())"]
 
