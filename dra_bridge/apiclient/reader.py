@@ -20,6 +20,7 @@ import base64
 import http.client
 import json
 import os
+import re
 import ssl
 import tempfile
 from collections.abc import Collection
@@ -100,10 +101,12 @@ class JsonReader:
         raise AssertionError("unreachable")
 
     def _down(self, exc: BaseException) -> Exception:
+        # an SSL error's reason is its code alone (CERTIFICATE_VERIFY_FAILED): its text says why
+        why = re.sub(r" \(_ssl\.c:\d+\)$", "", str(exc)) if isinstance(exc, ssl.SSLError) else _reason(exc)
         if not self._answered:  # the first request: what check_reachable says
-            return ApiUnreachable(f"API server {self.server} does not answer ({_reason(exc)}); check the server "
+            return ApiUnreachable(f"API server {self.server} does not answer ({why}); check the server "
                                   "address in the kubeconfig and that the cluster is up")
-        return ApiGone(f"the API server at {self.server} did not answer ({_reason(exc)}); check that it is up "
+        return ApiGone(f"the API server at {self.server} did not answer ({why}); check that it is up "
                        "and reachable")
 
     def get(self, path: str, missing: Collection[int] = ()) -> dict[str, Any] | None:
