@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Collection
 from typing import Any
 
 from kubernetes import client, config
@@ -144,37 +143,3 @@ def plain_http_client(url: str) -> client.ApiClient:
     """An ``ApiClient`` for :func:`plain_http_configuration`; the caller closes it."""
     return compact_json(client.ApiClient(plain_http_configuration(url)))
 
-
-class ClientReader:
-    """:class:`~dra_bridge.apiclient.reader.Reader` through a client: where the kubeconfig needs the
-    client's loader (exec plugins, proxies, in-cluster), the same plain JSON reads."""
-
-    def __init__(self, api: client.ApiClient, timeout: float | None = None) -> None:
-        self.api, self.timeout = api, timeout
-        self._version: tuple[int, int] | None = None
-
-    def get(self, path: str, missing: Collection[int] = ()) -> dict[str, Any] | None:
-        from dra_bridge.apiclient.errors import ApiAnswer
-
-        method, url, headers, _, _ = self.api.param_serialize(
-            "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
-        resp = self.api.call_api(method, url, headers, _request_timeout=self.timeout)
-        data = resp.read()
-        if resp.status in missing:
-            return None
-        if resp.status >= 400:
-            raise ApiAnswer(resp.status, resp.reason or "", (data or b"").decode(errors="replace"))
-        answer: dict[str, Any] = json.loads(data)
-        return answer
-
-    def version(self) -> tuple[int, int]:
-        from dra_bridge.apiclient.reader import server_version
-
-        if self._version is None:
-            info = self.get("/version")
-            assert info is not None
-            self._version = server_version(info)
-        return self._version
-
-    def close(self) -> None:
-        self.api.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 if TYPE_CHECKING:
     from kubernetes.client.exceptions import ApiException
@@ -23,7 +23,7 @@ class ApiAnswer(Exception):
         self.status, self.reason, self.body = status, reason, body
 
 
-def is_api_error(exc: BaseException) -> bool:
+def is_api_error(exc: BaseException) -> TypeGuard[ApiAnswer | ApiException]:
     """Whether ``exc`` is an API server's error answer (an :class:`ApiAnswer`, or the client's
     ``ApiException`` where the client is loaded: unloaded, none can have been raised)."""
     return isinstance(exc, ApiAnswer) or ("kubernetes" in sys.modules and isinstance(exc, api_exception()))
@@ -39,7 +39,7 @@ def api_exception() -> type[ApiException]:
 
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status of an API error, ``None`` for anything else."""
-    return exc.status if is_api_error(exc) else None  # type: ignore[attr-defined]  # both have it
+    return exc.status if is_api_error(exc) else None
 
 
 def missing_ok(call: Callable[..., Any], *args: Any, **kw: Any) -> bool:

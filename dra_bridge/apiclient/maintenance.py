@@ -91,7 +91,7 @@ class MaintenanceApi:
     # ------------------------------------------------------------ reading
     def state(self) -> ClusterState:
         """:func:`read_state` through this client."""
-        from dra_bridge.apiclient.client import ClientReader
+        from dra_bridge.apiclient.reader import ClientReader
 
         return read_state(ClientReader(self.api_client), self.rule_api_version)
 

@@ -8,7 +8,7 @@ context) and, where it is a plain one (a server, its CA or ``insecure-skip-tls-v
 certificate and key or a bearer token, inline or in files), reads through one kept-alive
 ``http.client`` connection. Anything else (exec and auth-provider plugins, a proxy from the
 environment, ``tls-server-name``, a token file, impersonation, the in-cluster service account) goes
-through the client's own loader and transport (:class:`~dra_bridge.apiclient.client.ClientReader`),
+through the client's own loader and transport (:class:`ClientReader`),
 as before. Errors are the client's one lines: a kubeconfig to fix, a server that does not answer or
 refuses the credentials (:class:`~.kubeconfig.ApiUnreachable`), an API error answer
 (:class:`~.errors.ApiAnswer`).
@@ -24,7 +24,7 @@ import re
 import ssl
 import tempfile
 from collections.abc import Collection
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from dra_bridge.apiclient.errors import ApiAnswer
@@ -37,6 +37,9 @@ from dra_bridge.apiclient.kubeconfig import (
     _reason,
 )
 from mdev_manager.yamlfile import load_yaml
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 _CLUSTER_KEYS = {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify",
                  "extensions"}
@@ -134,13 +137,44 @@ class JsonReader:
         self._conn.close()
 
 
+class ClientReader:
+    """:class:`~dra_bridge.apiclient.reader.Reader` through a client: where the kubeconfig needs the
+    client's loader (exec plugins, proxies, in-cluster), the same plain JSON reads."""
+
+    def __init__(self, api: ApiClient, timeout: float | None = None) -> None:
+        self.api, self.timeout = api, timeout
+        self._version: tuple[int, int] | None = None
+
+    def get(self, path: str, missing: Collection[int] = ()) -> dict[str, Any] | None:
+        method, url, headers, _, _ = self.api.param_serialize(
+            "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+        resp = self.api.call_api(method, url, headers, _request_timeout=self.timeout)
+        data = resp.read()
+        if resp.status in missing:
+            return None
+        if resp.status >= 400:
+            raise ApiAnswer(resp.status, resp.reason or "", (data or b"").decode(errors="replace"))
+        answer: dict[str, Any] = json.loads(data)
+        return answer
+
+    def version(self) -> tuple[int, int]:
+        if self._version is None:
+            info = self.get("/version")
+            assert info is not None
+            self._version = server_version(info)
+        return self._version
+
+    def close(self) -> None:
+        self.api.close()
+
+
 def open_reader(kubeconfig: str | None, context: str | None = None, timeout: float = PROBE_TIMEOUT) -> Reader:
     """A reader for the cluster the kubeconfig names (kubectl's order), known to answer: its
     ``version()`` is read here."""
     reader: Reader
     plain = None if _in_cluster(kubeconfig) or _proxied() else _plain(kubeconfig, context)
     if plain is None:
-        from dra_bridge.apiclient.client import ClientReader, connect  # the client's loader (~1 s)
+        from dra_bridge.apiclient.client import connect  # the client's loader (~1 s)
 
         reader = ClientReader(connect(kubeconfig, timeout, context=context), timeout)
     else:

@@ -138,3 +138,24 @@ def test_what_the_reader_does_not_do_is_left_to_the_clients_loader(pki, server, 
                           ({"tls-server-name": "x"}, {}), ({"proxy-url": "http://p:1"}, {}),
                           ({}, {"client-certificate-data": _b64(pki / "client.crt")})):  # a certificate without its key
         assert _plain(_kubeconfig(tmp_path / "k2", server, {**ca, **cluster}, user), None) is None, (cluster, user)
+
+
+def test_the_clients_reader_reads_the_same():
+    """Where the client's loader is needed, :class:`ClientReader` reads the same plain JSON through it."""
+    from dra_bridge.apiclient.client import plain_http_client
+    from dra_bridge.apiclient.reader import ClientReader
+    from dra_bridge.sim.apiserver import LocalApiServer
+
+    srv = LocalApiServer(version="1.37").start()
+    try:
+        r = ClientReader(plain_http_client(srv.url))
+        assert r.version() == (1, 37)
+        names = [n["metadata"]["name"] for n in r.get("/api/v1/namespaces")["items"]]
+        assert "default" in names
+        assert r.get("/apis/kubevirt.io/v1/virtualmachineinstances", (404,)) is None
+        with pytest.raises(ApiAnswer) as err:
+            r.get("/api/v1/namespaces/nope")
+        assert err.value.status == 404
+        r.close()
+    finally:
+        srv.stop()
