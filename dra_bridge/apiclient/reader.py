@@ -117,7 +117,11 @@ class JsonReader:
         if status == 401 and not self._answered:
             raise ApiUnreachable(f"API server {self.server} refused the credentials (401 Unauthorized); check the "
                                  "user's token or certificate in the kubeconfig")
-        self._answered = True
+        if not self._answered:  # the probe's timeout; the reads after it wait as the client's do (no limit)
+            self._answered = True
+            self._conn.timeout = None
+            if self._conn.sock is not None:
+                self._conn.sock.settimeout(None)
         if status in missing:
             return None
         if status >= 400:
@@ -176,7 +180,7 @@ def open_reader(kubeconfig: str | None, context: str | None = None, timeout: flo
     if plain is None:
         from dra_bridge.apiclient.client import connect  # the client's loader (~1 s)
 
-        reader = ClientReader(connect(kubeconfig, timeout, context=context), timeout)
+        reader = ClientReader(connect(kubeconfig, timeout, context=context))  # probed there; reads: no limit
     else:
         reader = JsonReader(plain["server"], tls=plain.get("tls"), token=plain.get("token"), timeout=timeout)
     try:
