@@ -6,7 +6,8 @@ import argparse
 import importlib
 import sys
 
-ALL = ["cli", "discovery", "agent", "prepare", "storm", "size", "race", "node", "dra", "allocator", "packing"]
+ALL = ["cli", "kubectl-vgpu", "discovery", "agent", "prepare", "storm", "size", "race", "node", "dra", "allocator",
+       "packing"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -16,7 +17,8 @@ def parser() -> argparse.ArgumentParser:
         epilog="node: discovery and apply against Debian's mdevctl on a FUSE-mounted simulated host (needs root "
                "for the mount namespace); dra: API writes per resync and prepare latency; allocator: 10,000 "
                "claims on 1,000 nodes with and without the selector cache; packing: one seeded stream of "
-               "mixed-size claims on L40S and H100 fleets, mixed-size placements vs equal-size mode.")
+               "mixed-size claims on L40S and H100 fleets, mixed-size placements vs equal-size mode; kubectl-vgpu: "
+               "the whole plugin process on 1 and 100 simulated nodes, CPU and wall, beside #37's bounds.")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help=f"benchmarks to run, any of {', '.join(ALL)} (default: all)")
     p.add_argument("--allocator", choices=("auto", "upstream", "model"), default="auto",
@@ -38,7 +40,7 @@ def main(argv: list[str]) -> int:
         p.error(f"unknown benchmark {', '.join(map(repr, unknown))} (choose from {', '.join(ALL)})")
     for name in names:
         try:
-            mod = importlib.import_module(f"benchmarks.bench_{name}")
+            mod = importlib.import_module(f"benchmarks.bench_{name.replace('-', '_')}")
         except ModuleNotFoundError as exc:
             print(f"{name}: not available ({exc})", file=sys.stderr)
             continue

@@ -251,11 +251,11 @@ def exit_code(exc: BaseException) -> int:
 def _api_error(exc: BaseException) -> str | None:
     """An API server's answer or a dead connection to it, in one line (the client's own ``str`` dumps
     headers and bodies): ``the API server answered 404 NotFound: configmaps "x" not found``."""
-    if "kubernetes" not in sys.modules and "urllib3" not in sys.modules:
-        return None  # neither loaded: no such error can have happened
-    from dra_bridge.apiclient.errors import api_exception, brief  # start-up: only on an error
+    if not {"kubernetes", "urllib3", "dra_bridge.apiclient.errors"} & sys.modules.keys():
+        return None  # none loaded: no such error can have happened
+    from dra_bridge.apiclient.errors import brief, is_api_error  # start-up: only on an error
 
-    if isinstance(exc, api_exception()):
+    if is_api_error(exc):
         return f"the API server answered {brief(exc)}"
     urllib3 = sys.modules.get("urllib3.exceptions")
     if urllib3 is not None and isinstance(exc, urllib3.HTTPError):

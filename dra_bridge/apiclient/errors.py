@@ -6,11 +6,27 @@ when an exception reaches the handler; :func:`status_of` answers for any excepti
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 if TYPE_CHECKING:
     from kubernetes.client.exceptions import ApiException
+
+
+class ApiAnswer(Exception):
+    """An API server's error answer to a plain JSON read (:mod:`.reader`), with the fields of the
+    client's ``ApiException`` that this module reads (``status``, ``reason``, ``body``)."""
+
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        super().__init__(f"{status} {reason}")
+        self.status, self.reason, self.body = status, reason, body
+
+
+def is_api_error(exc: BaseException) -> TypeGuard[ApiAnswer | ApiException]:
+    """Whether ``exc`` is an API server's error answer (an :class:`ApiAnswer`, or the client's
+    ``ApiException`` where the client is loaded: unloaded, none can have been raised)."""
+    return isinstance(exc, ApiAnswer) or ("kubernetes" in sys.modules and isinstance(exc, api_exception()))
 
 
 def api_exception() -> type[ApiException]:
@@ -23,7 +39,7 @@ def api_exception() -> type[ApiException]:
 
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status of an API error, ``None`` for anything else."""
-    return exc.status if isinstance(exc, api_exception()) else None
+    return exc.status if is_api_error(exc) else None
 
 
 def missing_ok(call: Callable[..., Any], *args: Any, **kw: Any) -> bool:
@@ -41,7 +57,7 @@ def missing_ok(call: Callable[..., Any], *args: Any, **kw: Any) -> bool:
 def brief(exc: BaseException) -> str:
     """One line for a log: ``404 NotFound: nodes "x" not found`` for an API error (whose ``str`` dumps
     the response headers and body), ``str(exc)`` for anything else."""
-    if not isinstance(exc, api_exception()):
+    if not is_api_error(exc):
         return str(exc)
     node = missing_node(exc)
     if node is not None:

@@ -11,11 +11,15 @@ KubeVirt is installed (none elsewhere).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dra_bridge.api.compat import taint_rule_api
 from dra_bridge.api.names import ANNOTATION_CORDON, ANNOTATION_CORDON_APPLIED, ANNOTATION_HEALTH
 from dra_bridge.apiclient.errors import api_exception
 from dra_bridge.apiclient.objects import raw
+
+if TYPE_CHECKING:
+    from dra_bridge.apiclient.reader import Reader
 
 _RULE_APIS = {"v1alpha3": "ResourceV1alpha3Api", "v1beta2": "ResourceV1beta2Api", "v1": "ResourceV1Api"}
 
@@ -45,6 +49,31 @@ def migration_object(namespace: str, vmi: str) -> dict:
             "spec": {"vmiName": vmi}}
 
 
+def read_state(reader: Reader, rule_api_version: str) -> ClusterState:
+    """Slices, claims and pods of every namespace (capacity counts them all), VMIs (none where KubeVirt
+    is not installed or not readable), taint rules (none where not served), every node's cordon: one
+    LIST each, as plain JSON."""
+    def items(path: str, missing: tuple[int, ...] = ()) -> list[dict]:
+        answer = reader.get(path, missing)
+        return list((answer or {}).get("items") or [])
+
+    st = ClusterState(slices=items("/apis/resource.k8s.io/v1/resourceslices"))
+    st.claims = items("/apis/resource.k8s.io/v1/resourceclaims")
+    st.pods = items("/api/v1/pods")
+    st.vmis = items("/apis/kubevirt.io/v1/virtualmachineinstances", (403, 404))
+    st.rules = items(f"/apis/{rule_api_version}/devicetaintrules", (404,))
+    st.node_objects = items("/api/v1/nodes")
+    for n in st.node_objects:
+        meta = n.get("metadata") or {}
+        st.nodes.append(meta.get("name", ""))
+        notes = meta.get("annotations") or {}
+        for key, out in ((ANNOTATION_CORDON, st.cordons), (ANNOTATION_CORDON_APPLIED, st.applied),
+                         (ANNOTATION_HEALTH, st.healths)):
+            if notes.get(key):
+                out[meta.get("name", "")] = notes[key]
+    return st
+
+
 class MaintenanceApi:
     """The calls; ``kubernetes`` is imported when one is made."""
 
@@ -61,32 +90,10 @@ class MaintenanceApi:
 
     # ------------------------------------------------------------ reading
     def state(self) -> ClusterState:
-        """Slices, claims and pods of every namespace (capacity counts them all), VMIs, taint rules,
-        every node's cordon."""
-        st = ClusterState(slices=raw(self.resource.list_resource_slice)["items"])
-        st.claims = raw(self.resource.list_resource_claim_for_all_namespaces)["items"]
-        st.pods = raw(self.core.list_pod_for_all_namespaces)["items"]
-        st.vmis = self.vmis()
-        st.rules = self.taint_rules()
-        st.node_objects = raw(self.core.list_node)["items"]
-        for n in st.node_objects:
-            meta = n.get("metadata") or {}
-            st.nodes.append(meta.get("name", ""))
-            notes = meta.get("annotations") or {}
-            for key, out in ((ANNOTATION_CORDON, st.cordons), (ANNOTATION_CORDON_APPLIED, st.applied),
-                             (ANNOTATION_HEALTH, st.healths)):
-                if notes.get(key):
-                    out[meta.get("name", "")] = notes[key]
-        return st
+        """:func:`read_state` through this client."""
+        from dra_bridge.apiclient.reader import ClientReader
 
-    def vmis(self) -> list[dict]:
-        """KubeVirt's VirtualMachineInstances ([] where KubeVirt is not installed, or not readable)."""
-        try:
-            return self.custom.list_cluster_custom_object("kubevirt.io", "v1", "virtualmachineinstances")["items"]
-        except api_exception() as exc:
-            if exc.status in (403, 404):
-                return []
-            raise
+        return read_state(ClientReader(self.api_client), self.rule_api_version)
 
     def node_cordon(self, node: str) -> str | None:
         """The node's cordon annotation (a missing node: ValueError, a name to fix)."""

@@ -18,10 +18,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from dra_bridge.api.compat import TAINT_EFFECTS
 from dra_bridge.api.names import TAINT_KEY_CORDON
-from dra_bridge.pool.model import Pool
+
+if TYPE_CHECKING:  # pydantic: the agent's, not kubectl vgpu's
+    from dra_bridge.pool.model import Pool
 
 NODE = "*"  # the key of a whole-node cordon
 NO_SCHEDULE, NO_EXECUTE = TAINT_EFFECTS

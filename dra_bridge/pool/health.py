@@ -20,8 +20,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from dra_bridge.pool.model import Pool
+if TYPE_CHECKING:  # pydantic: the agent's, not kubectl vgpu's (which reads KINDS)
+    from dra_bridge.pool.model import Pool
 
 XID, GPU_LOST, UNMONITORED = "xid", "gpu-lost", "unmonitored"
 #: every kind a taint names: NVML's, and the kernel's for a passed-through GPU (pcihealth.AER, PCI_LINK, PCI_RESET)

@@ -33,7 +33,8 @@ from dra_bridge.api.quantity import format_quantity, parse_quantity
 from dra_bridge.scheduling.allocator import Allocator, Unsatisfiable
 from dra_bridge.scheduling.objects import dev_attr
 from dra_bridge.scheduling.pools import Amount, Device, State, read_pools
-from dra_bridge.scheduling.selectors import Selectors, default_selectors
+from dra_bridge.scheduling.probesel import ProbeSelectors
+from dra_bridge.scheduling.selectors import Selectors
 from mdev_manager.yamlfile import load_yaml
 
 CAPACITY_CLASS = "vgpuctl-capacity-probe"
@@ -140,8 +141,8 @@ def compute(slices: list[dict], claims: list[dict], *, driver: str = DEFAULT_DRI
             nodes: list[str] | None = None) -> CapacityReport:
     """Per node and GPU of ``driver``: counters used, who holds what, and how many more of each
     published profile the scheduler would allocate now."""
-    if selectors is None:
-        selectors = default_selectors()
+    if selectors is None:  # the probes' own selectors in Python where CEL would answer the same
+        selectors = ProbeSelectors()
     claims = _allocated(claims)
     pools = read_pools(slices)
     report = CapacityReport(gpus=[])

@@ -125,9 +125,13 @@ def build_views(slices: list[dict], claims: list[dict], pods: Sequence[dict] = (
     devs = devices_by_key(seen)
     holders = _holders(claims, pods, vmis)
     parsed = {n: _parse(t) for n, t in (cordons or {}).items()}
+    by_gpu: dict[tuple, list] = {}  # (pool, GPU) -> its devices, in one pass (not one per GPU: 100 nodes)
+    for k, d in devs.items():
+        if k[0] == driver:
+            by_gpu.setdefault((k[1], dev_gpu(d)), []).append((k, d))
     views = []
     for g in report.gpus:
-        mine = [(k, d) for k, d in devs.items() if k[0] == driver and k[1] == g.pool and dev_gpu(d) == g.gpu]
+        mine = by_gpu.get((g.pool, g.gpu), [])
         v = GpuView(node=g.node, index=g.index, address=g.gpu, product=g.product, devices=len(mine),
                     profiles=g.profiles)
         v.kinds = sorted({"mig" if dev_attr(d, ATTR_MIG_BACKED, driver) else dev_attr(d, ATTR_TYPE, driver) or "?"

@@ -152,3 +152,41 @@ def test_the_zsh_script_offers_the_same(tmp_path):
     assert out[0] == "NoSchedule NoExecute"
     assert "reset:rebuild the simulated host" in out[1] and out[2] == "files"
     assert subprocess.run(["zsh", "-n", str(script)]).returncode == 0
+
+
+#: what ``kubectl vgpu`` never loads (#37: <= 0.3 s of CPU on one node, ``python -m benchmarks kubectl-vgpu``):
+#: the Kubernetes client (its package loads config, dynamic and validation modules, and each typed API its
+#: pydantic models), pydantic, the CEL package (it loads its own CLI: typer, prompt_toolkit), rich when not
+#: redrawing a terminal, urllib3 (one http.client connection does), grpc, the templates
+PLUGIN_NEVER_LOADS = {"kubernetes", "pydantic", "cel", "typer", "prompt_toolkit", "rich", "urllib3", "grpc", "jinja2",
+                      "dra_bridge.apiclient.client", "dra_bridge.scheduling.cel", "dra_bridge.pool.model"}
+
+
+@pytest.mark.parametrize("output", ["", "wide", "json"])
+def test_kubectl_vgpu_reads_the_cluster_without_the_kubernetes_client(cluster, output):
+    """The plugin against a plain kubeconfig: its holders and free profiles shown, one GET of /version and
+    one LIST of each kind it reads (no per-node request), none of the heavy modules loaded."""
+    c = cluster
+    argv = ["--kubeconfig", str(c.kc)] + (["-o", output] if output else [])
+    code = ("import json, sys\n"
+            "from dra_bridge.apiclient import reader\n"
+            "paths = []\n"
+            "get = reader.JsonReader.get\n"
+            "def counted(self, path, missing=()):\n"
+            "    paths.append(path)\n"
+            "    return get(self, path, missing)\n"
+            "reader.JsonReader.get = counted\n"
+            "from vgpuctl.main import kubectl_plugin\n"
+            f"rc = kubectl_plugin({argv!r})\n"
+            "print(json.dumps({'rc': rc, 'paths': paths, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**c.env, "PYTHONPATH": str(ROOT)})
+    report = json.loads(p.stderr.strip().splitlines()[-1])
+    assert report["rc"] == 0, p.stderr[-2000:]
+    assert "default/vm-b" in p.stdout and "team-a/w1" in p.stdout  # it really read the cluster
+    assert report["paths"] == ["/version", "/apis/resource.k8s.io/v1/resourceslices",
+                               "/apis/resource.k8s.io/v1/resourceclaims", "/api/v1/pods",
+                               "/apis/kubevirt.io/v1/virtualmachineinstances",
+                               "/apis/resource.k8s.io/v1/devicetaintrules", "/api/v1/nodes"]
+    heavy = {m for m in report["modules"] if m in PLUGIN_NEVER_LOADS or m.split(".")[0] in PLUGIN_NEVER_LOADS}
+    assert heavy == set(), f"kubectl vgpu loads {sorted(heavy)}: import them where they are needed"

@@ -14,39 +14,60 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dra_bridge.apiclient.maintenance import ClusterState, MaintenanceApi
+from dra_bridge.api.compat import taint_rule_api
+from dra_bridge.apiclient.maintenance import ClusterState, MaintenanceApi, read_state
 from dra_bridge.pool.cordon import NODE, parse_cordon
 from dra_bridge.scheduling.classic import ClassicNode, VmTargets, classic_nodes, short
 from dra_bridge.scheduling.gpuview import GpuView, build_views
 from vgpuctl.cli import options
 from vgpuctl.output.tables import fit, fit_lines, short_model
 
+if TYPE_CHECKING:
+    from dra_bridge.apiclient.reader import Reader
+
 _SHORT_PCI = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 @dataclass
 class Session:
-    """A connection to the cluster for one command."""
+    """A connection to the cluster for one command: ``m`` makes the calls of cordon and drain;
+    a read-only session (``kubectl vgpu``) has a plain JSON ``reader`` instead (no Kubernetes client)."""
 
     api: object
     version: tuple[int, int]
-    m: MaintenanceApi
+    m: MaintenanceApi | None
     driver: str
     namespace: str | None = None
     last: ClusterState | None = None  # the ClusterState the last views came from
+    reader: Reader | None = None
 
     @classmethod
-    def open(cls, args) -> Session:
+    def open(cls, args, *, write: bool = True) -> Session:
+        namespace = getattr(args, "namespace", None)
+        if not write:
+            from dra_bridge.apiclient.kubeconfig import PROBE_TIMEOUT
+            from dra_bridge.apiclient.reader import open_reader
+
+            reader = open_reader(args.kubeconfig or None, args.context, PROBE_TIMEOUT)
+            return cls(None, reader.version(), None, args.driver, namespace, reader=reader)
         from dra_bridge.apiclient.publisher import server_version
 
         api = options.connect(args)
         version = server_version(api)
-        return cls(api, version, MaintenanceApi(api, version), args.driver, getattr(args, "namespace", None))
+        return cls(api, version, MaintenanceApi(api, version), args.driver, namespace)
+
+    def state(self) -> ClusterState:
+        """What the cluster holds now: one LIST of each kind."""
+        if self.reader is not None:
+            return read_state(self.reader, taint_rule_api(self.version))
+        assert self.m is not None
+        return self.m.state()
 
     def views(self, nodes: list[str] | None = None) -> list[GpuView]:
         """The GPUs (of ``nodes``); with a namespace, only its holders are listed (all count)."""
-        st = self.last = self.m.state()
+        st = self.last = self.state()
         views = build_views(st.slices, st.claims, st.pods, st.vmis, st.rules, st.cordons, st.applied,
                             driver=self.driver, nodes=nodes, healths=st.healths)
         if self.namespace:
@@ -54,10 +75,9 @@ class Session:
                 v.holders = [h for h in v.holders if h.claim.startswith(f"{self.namespace}/")]
         return views
 
-
     def classic(self, nodes: list[str] | None = None) -> list[ClassicNode]:
         """The device-plugin side of the state the last views came from (``nodes``: only theirs)."""
-        st = self.last or self.m.state()
+        st = self.last or self.state()
         out = classic_nodes(st.node_objects, st.pods, st.vmis)
         return [c for c in out if not nodes or c.node in nodes]
 

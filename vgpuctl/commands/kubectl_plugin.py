@@ -93,9 +93,8 @@ def render(views: list[GpuView], fmt: str, classic: list[ClassicNode] | None = N
 
 def run(args) -> int:
     from vgpuctl.cli.gpus import Session
-    from vgpuctl.output.terminal import Terminal
 
-    s = Session.open(args)
+    s = Session.open(args, write=False)  # plain JSON reads: no Kubernetes client to import
     nodes = sorted({t.partition("/")[0] for t in args.targets}) or None
 
     def text() -> str:
@@ -104,11 +103,12 @@ def run(args) -> int:
         return render(views, args.output, s.classic(), nodes)
 
     first = text()
-    term = Terminal()
     if not args.watch:
         print(first)
         return 0
-    return _watch(term, text, first, args.interval, args.watch_count)
+    from vgpuctl.output.terminal import Terminal  # rich: only to redraw
+
+    return _watch(Terminal(), text, first, args.interval, args.watch_count)
 
 
 def _watch(term: Terminal, text, first: str, interval: float, count: int | None) -> int:
