@@ -165,7 +165,11 @@ class SimulatedNode:
                                               cwd=ROOT, env=self.env(), start_new_session=True)
         serve = self.vgpuctl("serve", "--kubeconfig", str(self.kubeconfig), "--node-name", self.node,
                              "-f", str(self.layout_path), "--layout", self.layout, "--cdi-root",
-                             str(self.cdi_root), "--metrics-port", "0", "--plain-logs", "--resync", str(self.resync))
+                             str(self.cdi_root), "--metrics-port", "0", "--plain-logs", "--resync", str(self.resync),
+                             # as deploy/base/daemonset.yaml runs it: the node label picks the layout, the
+                             # agent reports the layout's state (doctor warns on a node left unlabelled)
+                             "--layout-label", "vgpu.kubevirt.io/config",
+                             "--state-label", "vgpu.kubevirt.io/config.state")
         with open(self.serve_log, "wb") as log:
             self.serve = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env(),
                                           start_new_session=True)

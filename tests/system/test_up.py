@@ -86,6 +86,12 @@ def test_up_brings_up_a_joined_node_and_ctrl_c_stops_it_all(tmp_path):
         gpus = subprocess.run([sys.executable, "-m", "vgpuctl", "gpus", "--kubeconfig", str(kubeconfig)], cwd=ROOT,
                               env=env, capture_output=True, text=True, timeout=120)
         assert gpus.returncode == 0 and "sim-node-1" in gpus.stdout, gpus.stdout + gpus.stderr
+        # the agent runs as the DaemonSet runs it: it reports the layout's state on the Node, so doctor
+        # has nothing to warn about there (it warned "config.state=unlabelled" before)
+        doctor = subprocess.run([sys.executable, "-m", "vgpuctl", "doctor", "--kubeconfig", str(kubeconfig), "-o",
+                                 "json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        findings = {f["check"]: (f["status"], f["detail"]) for f in json.loads(doctor.stdout)}
+        assert not [c for c, (st, d) in findings.items() if "unlabelled" in d], findings
         up.send_signal(signal.SIGINT)
         assert up.wait(60) == 0, log.read_text()
         assert [p for p in children if alive(p)] == []
