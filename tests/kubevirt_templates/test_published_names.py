@@ -49,15 +49,16 @@ PRESETS = [p for p in preset_names() if p != "bench-large"]  # bench-large: many
 @cache
 def published(preset: str, layout: str) -> tuple[dict[str, Any], tuple[dict[str, Any], ...]]:
     """(the node's inventory as ``discover -o json`` writes it, the slices the agent publishes)."""
-    tmp = tempfile.mkdtemp(prefix="vgpuctl-names-")
-    sim = sim_node(Path(tmp), preset)
-    entries = [LAYOUTS[layout]]
-    if layout == "mixed-size":
-        entries = [{**LAYOUTS[layout], "pciAddress": g.address, "mixedSize": _has_placements(g)}
-                   for g in discover(sim.env, sim.io, node=sim.node).gpus]
-    out = reconcile(sim.env, sim.io, parse_config({"version": "vgpuctl/v1", "layouts": {"default": entries}}))
-    assert out.ok, out
-    inv = discover(sim.env, sim.io, node=sim.node)
+    # a simulated host is some 13,000 files: removed once read (654 of them once filled /dev/shm's inodes)
+    with tempfile.TemporaryDirectory(prefix="vgpuctl-names-") as tmp:
+        sim = sim_node(Path(tmp), preset)
+        entries = [LAYOUTS[layout]]
+        if layout == "mixed-size":
+            entries = [{**LAYOUTS[layout], "pciAddress": g.address, "mixedSize": _has_placements(g)}
+                       for g in discover(sim.env, sim.io, node=sim.node).gpus]
+        out = reconcile(sim.env, sim.io, parse_config({"version": "vgpuctl/v1", "layouts": {"default": entries}}))
+        assert out.ok, out
+        inv = discover(sim.env, sim.io, node=sim.node)
     pool = build_pool(inv, PoolPolicy.default(), D, server_version=(1, 37))
     slices = build_slices(pool, driver=D, node_name=inv.node, pool_name=inv.node, generation=1, server_version=(1, 37))
     return inv.model_dump(mode="json"), tuple(slices)
