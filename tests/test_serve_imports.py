@@ -11,9 +11,12 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.support.imports import reachable, sources
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,3 +65,15 @@ def test_serve_path_loads_nothing_it_does_not_use_and_stays_within_budget():
     assert len(loaded) <= MAX_MODULES, (
         f"the serve path loads {len(loaded)} modules (budget {MAX_MODULES}): a new import at the top of a module "
         "on the path? Import it where it is used, or raise the budget with the reason")
+
+
+def test_the_agent_never_uses_the_generated_core_v1_client():
+    """``kubernetes.client.CoreV1Api``'s module imports every core/v1 model (235 modules, 20 MB in the agent, at its
+    first Node read): the agent's core/v1 calls go through :class:`dra_bridge.apiclient.core.CoreV1Api`."""
+    generated = re.compile(r"\bclient\.CoreV1Api\b|kubernetes\.client\.api\.core_v1_api|"
+                           r"from kubernetes\.client import [^\n]*\bCoreV1Api\b")
+    agent = reachable("vgpuctl.commands.serve")
+    assert "dra_bridge.apiclient.nodes" in agent and "dra_bridge.apiclient.core" in agent
+    found = sorted(name for name, path in sources().items()
+                   if name in agent - {"dra_bridge.apiclient.core"} and generated.search(path.read_text()))
+    assert found == [], f"{found} use the generated CoreV1Api: call dra_bridge.apiclient.core.CoreV1Api"
