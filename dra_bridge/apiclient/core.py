@@ -59,7 +59,7 @@ class CoreV1Api:
             headers["Content-Type"] = content_type or "application/json"
         params = [(_QUERY[k], v) for k, v in (query or {}).items() if v is not None]
         request = self.api_client.param_serialize(method=http, resource_path=path, path_params=path_params,
-                                                  query_params=params, header_params=headers, body=body,
+                                                  query_params=params, header_params=headers, body=body, post_params=[],
                                                   auth_settings=["BearerToken"])
         response = self.api_client.call_api(*request, _request_timeout=timeout)
         if not preload:  # as the generated method: an error status raises before the body is handed over
