@@ -172,7 +172,8 @@ def _node_of(preset: str) -> str:
 
 
 def _imports_rss() -> float:
-    code = ("import dra_bridge.agent.daemon, vgpuctl.commands.serve; "
+    # what serve imports before it serves: the agent, and the API client its ``connect`` imports
+    code = ("import vgpuctl.commands.serve, dra_bridge.agent.daemon, dra_bridge.apiclient.client; "
             "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout) / 1024

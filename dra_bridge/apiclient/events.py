@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from dra_bridge.api.names import DEFAULT_DRIVER
+from dra_bridge.apiclient.core import CoreV1Api
 from dra_bridge.apiclient.objects import body
 
 COMPONENT = "vgpuctl"
@@ -42,4 +43,4 @@ def node_event(node: str, reason: str, message: str, *, warning: bool = False, n
 def record_node_event(api_client: client.ApiClient, node: str, reason: str, message: str, *,
                       warning: bool = False) -> None:
     """Create the event; callers treat a failure as a log line, never as a failed resync."""
-    client.CoreV1Api(api_client).create_namespaced_event(NAMESPACE, body(node_event(node, reason, message, warning=warning)))
+    CoreV1Api(api_client).create_namespaced_event(NAMESPACE, body(node_event(node, reason, message, warning=warning)))

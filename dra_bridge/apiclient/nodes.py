@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from kubernetes import client
 
+from dra_bridge.apiclient.core import CoreV1Api
+
 
 def node_labels(api_client: client.ApiClient, node: str) -> dict[str, str]:
     """The node's labels as they are now."""
@@ -14,15 +16,15 @@ def node_labels(api_client: client.ApiClient, node: str) -> dict[str, str]:
 
 def node_metadata(api_client: client.ApiClient, node: str) -> tuple[dict[str, str], dict[str, str]]:
     """The node's (labels, annotations) as they are now, in one read."""
-    meta = client.CoreV1Api(api_client).read_node(node).metadata or client.V1ObjectMeta()
-    return dict(meta.labels or {}), dict(meta.annotations or {})
+    meta = CoreV1Api(api_client).read_node(node).get("metadata") or {}
+    return dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
 
 
 def set_node_label(api_client: client.ApiClient, node: str, key: str, value: str) -> None:
     """Set one label with a merge patch (the node's other labels are left alone)."""
-    client.CoreV1Api(api_client).patch_node(node, {"metadata": {"labels": {key: value}}})
+    CoreV1Api(api_client).patch_node(node, {"metadata": {"labels": {key: value}}})
 
 
 def set_node_annotation(api_client: client.ApiClient, node: str, key: str, value: str | None) -> None:
     """Set one annotation (None removes it) with a merge patch; the others are left alone."""
-    client.CoreV1Api(api_client).patch_node(node, {"metadata": {"annotations": {key: value}}})
+    CoreV1Api(api_client).patch_node(node, {"metadata": {"annotations": {key: value}}})

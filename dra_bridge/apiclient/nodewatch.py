@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dra_bridge.apiclient.core import CoreV1Api
 from dra_bridge.apiclient.objects import raw, watch_events
 from dra_bridge.apiclient.slicemirror import WatchMirror
 
@@ -24,9 +25,7 @@ class NodeWatch(WatchMirror):
 
     def __init__(self, api_client, node: str, *, on_change: Callable[[], None] | None = None,
                  timeout: float = 10.0):
-        from kubernetes import client
-
-        self.api = client.CoreV1Api(api_client)
+        self.api = CoreV1Api(api_client)
         self.node = node
         self.timeout = timeout
         self.on_change = on_change or (lambda: None)
