@@ -314,6 +314,8 @@ def test_cli_demo_rtxpro_node_shares_a_gpu_instance(tmp_path, capsys):
     assert hosts["vm-mig"] != hosts["pod-mig"]  # two vGPUs (two VFs), one instance
     (r,) = rep["refused"]
     assert r["workload"] == "vm-whole-b" and r["whole"]
+    assert any(line.startswith("GPU 0, 1, 2 (") and line.endswith("no whole GPU devices published")
+               for line in r["per_gpu"]), r["per_gpu"]  # not the model: GPU 3 of it publishes its whole GPU
     assert rep["teardown"]["vgpus_left"] == [] and rep["teardown"]["still_on_vfio"] == []
 
 
