@@ -11,7 +11,7 @@ from mdev_manager.config import ConfigError, GpuLayout, did_you_mean_type
 from mdev_manager.migplan import check_mig_layout
 from mdev_manager.models import Gpu, Usage, VgpuType, occupancy
 from mdev_manager.offers import NVIDIA, gpu_label, native_driver, offered_types, resolve_type
-from mdev_manager.placeplan import check_mixed_layout, refused, slot_map
+from mdev_manager.placeplan import board_name, check_mixed_layout, refused, slot_map
 
 
 def _mixed_hint(entry: GpuLayout) -> str:
@@ -116,7 +116,10 @@ def validate_layout(gpu: Gpu, entry: GpuLayout, i: int) -> dict[str, int]:
         detail = ", ".join(f"{t.short_name} ({t.framebuffer_mib} MiB)" for t, _ in active)
         mode = ("runs in mixed-size mode, but a reboot clears that: a layout mixing sizes declares it" if gpu.mixed_size
                 else "is in equal-size mode and holds one framebuffer size")
-        problems.append(f"{entry.at(i, 'vgpus')}: {gpu_label(gpu)} {mode}; this layout mixes {detail} ({_mixed_hint(entry)})")
+        hint = _mixed_hint(entry) if slot_map(gpu, types) is not None else (  # only a fix that works
+            f"board {board_name(gpu)} has no known mixed-size placement table, so no mixed-size mode: "
+            "give the GPU vGPUs of one size")
+        problems.append(f"{entry.at(i, 'vgpus')}: {gpu_label(gpu)} {mode}; this layout mixes {detail} ({hint})")
     elif smap is not None:
         if entry.mode == "vgpu":
             problems += check_mixed_layout(smap, active, entry.at(i, "vgpus"), gpu_label(gpu))

@@ -200,10 +200,15 @@ def preview(gpu: Gpu, entry: GpuLayout, offered: list[VgpuType], wanted: dict[st
             *(f"GPU {gpu.index} ({gpu.address}): {m}" for m in costs)]
 
 
+def board_name(gpu: Gpu) -> str:
+    """The GPU's board as the catalog names it (its model where the catalog has none)."""
+    board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
+    return board.key if board else gpu.model
+
+
 def refused(gpu: Gpu, label: str) -> str:
     """Why a GPU gets no mixed-size mode: its board's table is not known (nothing is guessed)."""
-    board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
-    return (f"{label}: board {board.key if board else gpu.model} has no known mixed-size placement table, so "
+    return (f"{label}: board {board_name(gpu)} has no known mixed-size placement table, so "
             f"vgpuctl does not run it in mixed-size mode; boards with one: {', '.join(catalog_placements.KNOWN)}")
 
 

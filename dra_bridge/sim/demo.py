@@ -299,9 +299,13 @@ def _refusal_detail(w: Workload, gpus: list[GpuView], profile: str) -> list[str]
                          + (f"{_human(free)} left" if free else "nothing left"))
         else:
             lines.append(f"{label}: free, yet refused (unexpected)")
-    others = sorted({g.model or "?" for g in gpus if not any(left["profile"] == profile for left in g.left)})
+    others: dict[str, list[str]] = {}  # model -> the GPUs of it that do not publish the profile (by number:
+    for g in gpus:  # another GPU of the same model may publish it, as rtxpro-node's GPU 3 its whole GPU)
+        if not any(left["profile"] == profile for left in g.left):
+            others.setdefault(g.model or "?", []).append("?" if g.index is None else str(g.index))
     if others:
-        lines.append(f"{', '.join(others)}: no {profile} devices published")
+        lines.append(", ".join(f"GPU {', '.join(idx)} ({model})" for model, idx in others.items())
+                     + f": no {profile} devices published")
     return lines
 
 

@@ -142,6 +142,17 @@ def test_a_board_without_a_known_table_is_refused_by_name(make_sim, preset, inde
     assert sim.discover().all_vgpus() == []
 
 
+def test_mixing_sizes_on_a_board_without_a_table_suggests_one_size_not_the_declaration(make_sim):
+    """newcomer finding 5: on a T4 (no known placement table) the fix offered for a mixed layout
+    is one size per GPU, not "add mixedSize: true", which the next run refuses."""
+    sim = make_sim("default")
+    with pytest.raises(ConfigError) as exc:
+        apply(sim, {"index": 0, "vgpus": {"T4-2Q": 4, "T4-4Q": 2}})
+    msg = str(exc.value)
+    assert "mixedSize" not in msg, msg
+    assert "board T4 has no known mixed-size placement table, so no mixed-size mode: give the GPU vGPUs of one size" in msg
+
+
 @pytest.mark.parametrize("vgpus, words", [
     ({"L40S-16Q": 3}, "3 x L40S-16Q do not fit"),  # 3 in equal-size mode, 2 placements in mixed-size mode
     ({"L40S-4Q": 9}, "9 x L40S-4Q do not fit"),

@@ -91,7 +91,7 @@ def test_a_cordoned_gpu_takes_no_new_claim_while_another_serves_and_uncordon_giv
         assert [d.gpu for d in pinned.devices] == [T4_0]
 
 
-def test_drain_lists_its_holders_evicts_pods_only_when_asked_and_waits_for_the_vm(capsys):
+def test_drain_lists_its_holders_evicts_pods_only_when_asked_and_waits_for_the_vm(capsys, monkeypatch):
     with SimCluster(version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
         for obj in t4("T4-8Q", 1, gpu_index=0) + t4("T4-8Q", 2, gpu_index=0, labels={"vm.kubevirt.io/name": "vm-a",
                                                                                  "kubevirt.io": "virt-launcher"}):
@@ -110,8 +110,19 @@ def test_drain_lists_its_holders_evicts_pods_only_when_asked_and_waits_for_the_v
         wait_for("both pods running", lambda: phase("w1") == phase("w2") == "Running")
         before = {v.id for v in c.inventory().all_vgpus()}
 
+        import vgpuctl.cli.gpus as gpus_module
+
+        wait_until, said = gpus_module.wait_until, []
+
+        def waiting(*a, **kw):  # what a pipe (a CI log) has shown when the wait starts (newcomer finding 6)
+            said.append(capsys.readouterr().out)
+            print(said[-1], end="")
+            return wait_until(*a, **kw)
+
+        monkeypatch.setattr(gpus_module, "wait_until", waiting)
         code, out = vg(capsys, c, "drain", f"{c.node}/0", "--timeout", "0")  # lists, evicts nothing
         assert code == 3, out
+        assert "waiting up to 0s for 2 holder(s) to leave:" in said[-1] and "pod default/w1" in said[-1], said
         assert "pod default/w1" in out and "VM default/vm-a" in out and "not migratable" in out and "not drained" in out
         assert phase("w1") == "Running" and {v.id for v in c.inventory().all_vgpus()} == before
 

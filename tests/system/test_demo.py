@@ -184,6 +184,25 @@ def test_demo_explains_the_refusal(report):
     assert "no T4-8Q devices published" in text
 
 
+def test_refusal_names_the_gpus_that_publish_nothing_of_the_profile_not_their_model():
+    """newcomer finding 8: on rtxpro-node, GPU 3 publishes the one whole GPU (held) while GPUs 0-2 of
+    the same model publish none; the refusal says so per GPU, not "MODEL: no whole GPU devices published"."""
+    model = "GB202GL [RTX PRO 6000 Blackwell Server Edition]"
+
+    def view(i: int, left: list[dict], holders=()) -> demo.GpuView:
+        return demo.GpuView(index=i, address=f"0000:{0x10 + 3 * i:02x}:00.0", model=model, framework="mdev-sriov",
+                            counter_set=None, memory_total=None, memory_used=0, vgpus_total=None, vgpus_used=0,
+                            holders=list(holders), left=left)
+
+    whole = demo.Holder(workload="vm-whole", owner="VM", kind="passthrough", profile="whole GPU", memory=None,
+                        device="gpu-3-passthrough", host_id="0000:19:00.0", iommu_group=None)
+    gpus = [view(i, [{"profile": "DC-1-6Q", "fits": 1, "of": 4}]) for i in range(3)]
+    gpus.append(view(3, [{"profile": "whole GPU", "fits": 0, "of": 1}], [whole]))
+    lines = demo._refusal_detail(None, gpus, "whole GPU")  # type: ignore[arg-type]
+    assert lines == ["GPU 3 (0000:19:00.0): the whole GPU is passed through to vm-whole",
+                     f"GPU 0, 1, 2 ({model}): no whole GPU devices published"], lines
+
+
 def test_demo_tears_everything_down(report):
     t = report.teardown
     assert t["vgpus_removed"] == 7 and t["gpus_returned"] == ["0000:13:00.0"]
@@ -295,6 +314,8 @@ def test_cli_demo_rtxpro_node_shares_a_gpu_instance(tmp_path, capsys):
     assert hosts["vm-mig"] != hosts["pod-mig"]  # two vGPUs (two VFs), one instance
     (r,) = rep["refused"]
     assert r["workload"] == "vm-whole-b" and r["whole"]
+    assert any(line.startswith("GPU 0, 1, 2 (") and line.endswith("no whole GPU devices published")
+               for line in r["per_gpu"]), r["per_gpu"]  # not the model: GPU 3 of it publishes its whole GPU
     assert rep["teardown"]["vgpus_left"] == [] and rep["teardown"]["still_on_vfio"] == []
 
 

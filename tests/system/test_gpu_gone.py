@@ -241,3 +241,16 @@ def test_restore_says_which_saved_vgpus_it_could_not_restore_and_exits_3(capsys)
     capsys.readouterr()
     assert main(["--simulate", "restore"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "6 devices restored"
+
+
+def test_discover_reports_a_gpu_that_left_the_bus(capsys):
+    """newcomer finding 1: after ``sim unplug`` on a fresh simulated node, the ``discover`` table
+    names the GPU off the bus (its number, address, what waits for it), not "3 GPUs" and silence;
+    the others keep their numbers."""
+    assert main(["--simulate", "sim", "unplug", T4B]) == 0
+    capsys.readouterr()
+    assert main(["--simulate", "discover"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 GPUs, 1 off the bus" in out, out
+    assert f"GPU 1 {T4B}: off the bus; the layout entries naming it wait for it" in out, out
+    assert f"2 {A100}" in out, out

@@ -166,6 +166,15 @@ def test_capacity_without_a_cluster_says_it_is_an_example(capsys):
     assert err.startswith("note: simulated example cluster")
 
 
+def test_capacity_says_what_a_mixed_size_gpu_has_in_use(capsys):
+    """newcomer finding 2: the example cluster's L40S (mixed-size: placement counters ``slots-*``,
+    no memory counter) shows in IN USE what its three workloads hold, as ``demo`` [4] does, not "-"."""
+    code, out, err = run(capsys, "capacity", "-o", "wide")
+    assert code == 0, err
+    (l40s,) = [line for line in out.splitlines() if "0000:19:00.0" in line]
+    assert "32 GiB of 48 GiB, 3 vGPUs" in l40s, out
+
+
 def test_capacity_honours_simulate(tmp_path, capsys):
     """``--simulate``: the simulated node's own slices, its prepared claims counted, not the demo's."""
     node = make_node(tmp_path)

@@ -157,6 +157,17 @@ def _human(q: str | None) -> str:
 
 
 def usage_text(g: GpuCapacity) -> str:
+    """What is in use: memory (a mixed-size GPU counts 1 GiB slots, pool/placements.py, as ``demo``
+    does), shares, vGPUs."""
+    from dra_bridge.scheduling.capacity import WHOLE_GPU
+
+    slots = sum(int(v) for k, v in g.totals.items() if k.startswith("slots-"))
+    if slots:  # no memory or vgpus counter: the placement counters add up to the GPU's memory
+        held = sum(int(v) for k, v in g.used.items() if k.startswith("slots-"))
+        whole = any(h.get("profile") == WHOLE_GPU for h in g.holders)
+        n = sum(1 for h in g.holders if h.get("profile") != WHOLE_GPU)
+        return f"{_human(str(held * 2**30))} of {_human(str(slots * 2**30))}, " + (
+            "passed through whole" if whole else f"{n} vGPU{'s' if n != 1 else ''}")
     if "memory" in g.totals:
         out = f"{_human(g.used.get('memory'))} of {_human(g.totals['memory'])}"
     elif "share" in g.totals:

@@ -9,7 +9,8 @@ the agent is down. Either way the scheduler allocates nothing new there, and the
 (``--wait``) until the published slices show it: exit 0, or 3 while the agent has not republished.
 
 ``drain`` cordons, then lists the GPU's holders (claims, pods, VMs with their live-migration state)
-and waits for them to go (``--timeout``, progress on a terminal). It evicts pods only when asked
+and waits for them to go (``--timeout``, progress on a terminal, else the holders once at the start).
+It evicts pods only when asked
 (``--evict``: policy/v1 Evictions, so PodDisruptionBudgets decide; a VM's virt-launcher pod only
 when the VM can live-migrate, which KubeVirt answers with a migration) or through ``--effect
 NoExecute`` (the cluster's device-taint controller evicts, VMs included). It never touches a device
@@ -291,6 +292,8 @@ def run_drain(args) -> int:
                       + (f"; {moving}" if moving else
                          f"; VMs: {', '.join(f'{h.vm} ({h.migration})' for h in vms[:3])}" if vms else ""))
 
+    if not term.tty:  # no live status line: say at the start what the wait is for (stderr beside -o json)
+        _waiting_for(args, first)
     with _Status(term) as status:
         done = wait_until(drained, args.timeout, progress, every=1.0)
     outcomes = migrations.finish(done) if migrations is not None else []
@@ -381,6 +384,20 @@ class Migrations:
             o = self.outcomes[vm]
             out.append(MigrationOutcome(vm, "timed-out", o.node, o.reason) if o.result == "running" else o)
         return out
+
+
+def _waiting_for(args, first) -> None:
+    """Where no status line shows progress (a pipe, a CI log): the holders the drain waits for, once,
+    before it waits (the report follows at the end)."""
+    from vgpuctl.cli.gpus import holder_rows
+
+    n = sum(len(v.holders) for v in first)
+    if not n:
+        return
+    block = (fit_lines(f"waiting up to {args.timeout:g}s for {n} holder(s) to leave"
+                       + (" (evicting their pods)" if args.evict else "") + ":")
+             + "\n" + holder_rows(first, wide=args.output == "wide"))
+    print(block, file=sys.stderr if args.output in ("json", "yaml") else sys.stdout, flush=True)
 
 
 class _Status:

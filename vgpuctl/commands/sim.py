@@ -110,7 +110,13 @@ def run(args) -> int:
         whole_sim_node(root, ref, args.sim_dir).host.reboot()
         print(f"simulated host {ref} rebooted: VFs and vGPUs are gone, definitions stay")
     elif args.sim_cmd in ("unplug", "replug"):
-        host = whole_sim_node(root, ref, args.sim_dir).host
+        node = whole_sim_node(root, ref, args.sim_dir)
+        host = node.host
+        if args.sim_cmd == "unplug":  # as the node's agent would have: number the GPUs first, so the one
+            from mdev_manager import numbering  # that leaves is reported gone (GPU N), not forgotten
+            from mdev_manager.discovery import gpu_ids
+
+            numbering.record(node.env, node.io, gpu_ids(node.env, node.io))
         try:
             (host.unplug if args.sim_cmd == "unplug" else host.replug)(args.address)
         except OSError as exc:  # no such GPU (or not unplugged): the address is bad input

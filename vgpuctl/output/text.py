@@ -35,9 +35,12 @@ def inventory_table(inv: Inventory, types: bool = False, wide: bool = False) -> 
         rows.append([str(g.index), g.address, model(g), g.driver or "-", g.framework, vfs,
                      "-" if g.numa_node is None else str(g.numa_node),
                      "-" if g.iommu_group is None else str(g.iommu_group), str(len(g.vgpus))])
-    out = [f"Node {inv.node}: {len(inv.gpus)} GPUs" + (" (iommufd)" if inv.iommufd else ""),
+    out = [f"Node {inv.node}: {len(inv.gpus)} GPUs" + (f", {len(inv.gone)} off the bus" if inv.gone else "")
+           + (" (iommufd)" if inv.iommufd else ""),
            fit(["GPU", "ADDRESS", "MODEL", "DRIVER", "FRAMEWORK", "VFS", "NUMA", "IOMMU", "VGPUS"], rows,
                fold=("MODEL",), wide=wide)]
+    out += [fit_lines(f"GPU {inv.gone_numbers.get(a, '?')} {a}: off the bus; the layout entries naming it wait "
+                      "for it (apply exits 3 until it is back)") for a in inv.gone]
     index = {g.address: g.index for g in inv.gpus}
     gpus = {g.address: g for g in inv.gpus}
     placed = any(v.placement_id is not None for v in inv.all_vgpus())
