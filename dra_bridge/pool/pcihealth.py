@@ -17,8 +17,9 @@ sysfs-bus-pci-devices-aer_stats describe them) and this module decides:
   just bound to vfio-pci, or found there when the agent starts) is an error on this boot that nobody
   has reported, so it is reported too, its message saying it was found at the first look, and lifted
   after the quiet period if it does not grow. An agent restart says it once more: a repeat, never a miss
-  (an error raised between the bind and the first read cannot be told from an older one). The ABI warns the errors may be counted at the link partner (the root port)
-  instead: only the GPU's own counters are read here.
+  (an error raised between the bind and the first read cannot be told from an older one). The ABI
+  warns the errors may be counted at the link partner (the root port) instead: only the GPU's own
+  counters are read here.
 * ``current_link_width`` against what it was when the watch first read it -> ``pci-link``. Not against
   ``max_link_width``: that is the card's capability, and a x16 card in a x8 slot trains x8 for good.
   ``current_link_speed`` "Unknown" (Linux prints it when the link status names no speed: the link is

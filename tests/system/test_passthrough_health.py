@@ -204,3 +204,22 @@ def test_an_aer_error_counted_before_the_watchs_first_look_is_reported(tmp_path,
     node.host.health(T4A, "aer-fatal")
     daemon.resync()
     assert all(_taints(srv, daemon, T4A).values())  # a later one is news as before
+
+
+def test_sim_health_says_when_the_watch_for_the_gpus_driver_does_not_read_the_fault(agent, capsys):
+    """``raised`` alone would promise a taint the agent never gives: the kernel's faults on a GPU NVML
+    watches, NVML's on one on vfio-pci. Exit 0 still: the fault is raised."""
+    srv, node, daemon, clock = agent
+    sim = ["--simulate", "default", "--sim-dir", str(node.root), "sim", "health"]
+    capsys.readouterr()
+    assert main([*sim, T4B, "aer-fatal"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(
+        f"aer-fatal raised; note: GPU {T4B} is on nvidia: the agent watches it through NVML, not its AER, link or "
+        "config files")
+    assert main([*sim, T4A, "xid"]) == 0
+    assert f"Xid 79 raised; note: GPU {T4A} is on vfio-pci: the agent watches it through the kernel's" in \
+        capsys.readouterr().out
+    daemon.resync()
+    assert not any(_taints(srv, daemon, T4A).values()) and not any(_taints(srv, daemon, T4B).values())
+    assert main([*sim, T4A, "aer-fatal"]) == 0  # one the watch reads: no note
+    assert capsys.readouterr().out.rstrip().endswith("aer-fatal raised")
