@@ -12,8 +12,14 @@ sysfs-bus-pci-devices-aer_stats describe them) and this module decides:
   error type and a last ``TOTAL_ERR_FATAL`` / ``TOTAL_ERR_NONFATAL`` line (the ABI notes the total may
   differ from the sum: several errors can share one message). Counters only grow; any of them growing
   since the last read is an event -> ``aer`` (value ``fatal`` or ``nonfatal``), lifted after the quiet
-  period as an Xid is. The ABI warns the errors may be counted at the link partner (the root port)
-  instead: only the GPU's own counters are read here.
+  period as an Xid is. The counters count from the function's enumeration (boot or hot-plug), not from
+  its bind, and nothing else reports them: a counter already non-zero at the watch's first read (a GPU
+  just bound to vfio-pci, or found there when the agent starts) is an error on this boot that nobody
+  has reported, so it is reported too, its message saying it was found at the first look, and lifted
+  after the quiet period if it does not grow. An agent restart says it once more: a repeat, never a miss
+  (an error raised between the bind and the first read cannot be told from an older one). The ABI
+  warns the errors may be counted at the link partner (the root port) instead: only the GPU's own
+  counters are read here.
 * ``current_link_width`` against what it was when the watch first read it -> ``pci-link``. Not against
   ``max_link_width``: that is the card's capability, and a x16 card in a x8 slot trains x8 for good.
   ``current_link_speed`` "Unknown" (Linux prints it when the link status names no speed: the link is
@@ -109,13 +115,17 @@ def fell_off(config: bytes | None) -> bool:
 
 
 def _grew(kind: str, before: dict[str, int] | None, now: dict[str, int] | None) -> str | None:
-    """Which counters grew since the last read, for people (``Completion Timeout +1``); None if none."""
-    if before is None or now is None:
+    """Which counters grew since the last read (``before`` None: the first read of them, so since boot),
+    for people (``Completion Timeout +1``); None if none."""
+    if now is None:
         return None
-    grew = [f"{n} +{c - before.get(n, 0)}" for n, c in now.items() if c > before.get(n, 0)]
+    first, before = before is None, before or {}
+    grew = [f"{n} {'' if first else '+'}{c - before.get(n, 0)}" for n, c in now.items() if c > before.get(n, 0)]
     if not grew:
         return None
     named = [g for g in grew if not g.startswith("TOTAL_")] or grew
+    if first:
+        return f"{kind} AER errors counted since boot or hot-plug, found at the watch's first look ({', '.join(named)})"
     return f"{kind} AER errors reported ({', '.join(named)})"
 
 

@@ -29,8 +29,10 @@ def test_formats():
 
 
 def test_aer_counters_growing_since_the_last_read_are_an_event():
-    found, seen = pci_problems(reading(aer_dev_fatal=FATAL.format(n=5)), None)
-    assert found == []  # counters already there at the first read are history, not news
+    found, seen = pci_problems(reading(), None)
+    assert found == []
+    found, seen = pci_problems(reading(aer_dev_fatal=FATAL.format(n=5)), seen)
+    assert kinds(found) == [("aer", "fatal")] and "Completion Timeout +5" in found[0].detail
     found, seen = pci_problems(reading(aer_dev_fatal=FATAL.format(n=6)), seen)
     assert kinds(found) == [("aer", "fatal")] and "Completion Timeout +1" in found[0].detail
     found, seen = pci_problems(reading(aer_dev_fatal=FATAL.format(n=6)), seen)
@@ -67,3 +69,16 @@ def test_reset_methods_gone_is_a_fault_none_from_the_start_is_the_board():
 def test_nothing_readable_is_unmonitored_and_one_file_is_enough_to_watch():
     assert kinds(pci_problems(PciReading(), None)[0]) == [("unmonitored", None)]
     assert pci_problems(PciReading(config=HEAD), None)[0] == []
+
+
+def test_counters_already_non_zero_at_the_first_read_are_reported_once():
+    """They count from boot, not from the bind: an error nobody has reported (issue: newcomer item 3)."""
+    found, seen = pci_problems(reading(aer_dev_fatal=FATAL.format(n=2)), None)
+    assert kinds(found) == [("aer", "fatal")]
+    assert "found at the watch's first look (Completion Timeout 2)" in found[0].detail
+    assert pci_problems(reading(aer_dev_fatal=FATAL.format(n=2)), seen)[0] == []  # not growing: the quiet period runs
+    found, _ = pci_problems(reading(aer_dev_nonfatal=FATAL.format(n=1).replace("FATAL", "NONFATAL")), None)
+    assert kinds(found) == [("aer", "nonfatal")]
+    assert pci_problems(reading(), None)[0] == []  # all zero: nothing happened
+    _, unread = pci_problems(reading(aer_dev_fatal=None, aer_dev_nonfatal=None), None)  # no AER files yet
+    assert kinds(pci_problems(reading(aer_dev_fatal=FATAL.format(n=1)), unread)[0]) == [("aer", "fatal")]

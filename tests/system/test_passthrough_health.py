@@ -38,9 +38,21 @@ class Clock:
 
 
 @pytest.fixture
-def agent(tmp_path, request):
+def agent(bound):
+    """As :func:`bound`, after the agent's first look at the passed-through GPU."""
+    srv, node, daemon, clock = bound
+    daemon.resync()
+    return bound
+
+
+@pytest.fixture
+def bound(tmp_path, request):
     """The agent on the default simulated node, whole GPUs offered for passthrough, T4A passed through to
-    a prepared claim (bound to vfio-pci)."""
+    a prepared claim (bound to vfio-pci), before the agent's next look at its GPUs."""
+    return _start(tmp_path, request)
+
+
+def _start(tmp_path, request, fault_before_bind: str | None = None):
     short, cleanup = short_root(tmp_path)
     request.addfinalizer(cleanup)
     srv = LocalApiServer(version="1.36", feature_gates={}).start()
@@ -58,11 +70,14 @@ def agent(tmp_path, request):
     clock = Clock()
     daemon.health.clock = clock
     daemon.resync()
+    if fault_before_bind:
+        node.host.health(T4A, fault_before_bind)
+        daemon.resync()  # NVML watches the GPU now: it reads no AER counter
+        assert _events(srv, node) == []
     whole = next(d.name for d in daemon._pool.devices if d.gpu == T4A and d.kind == "passthrough")
     ref = add_claim(srv, "vm-pt", [("gpu", whole)], node=node.node)
     assert daemon.driver.prepare([ref])[ref.uid].error is None
     assert _driver(node, T4A) == "vfio-pci" and _driver(node, T4B) == "nvidia"
-    daemon.resync()  # the first look at the passed-through GPU: what it shows now is its baseline
     return srv, node, daemon, clock
 
 
@@ -168,3 +183,43 @@ def test_kernel_faults_on_a_gpu_on_nvidias_driver_change_nothing(agent):
     daemon.resync()
     assert _taints(srv, daemon, T4B) == before and not any(before.values())
     assert _events(srv, node) == []
+
+
+@pytest.mark.parametrize("when", ["after the bind", "before the bind"])
+def test_an_aer_error_counted_before_the_watchs_first_look_is_reported(tmp_path, request, when):
+    """The AER counters count from boot, not from the bind: one already non-zero at the first look is an
+    error nobody reported (raised between the bind and the first look, or while on NVIDIA's driver), not a
+    baseline. Reported once, with the count, and lifted after the quiet period when it does not grow."""
+    srv, node, daemon, clock = _start(tmp_path, request, "aer-fatal" if when == "before the bind" else None)
+    if when == "after the bind":  # before the agent's first look at it on vfio-pci
+        node.host.health(T4A, "aer-fatal")
+    daemon.resync()
+    after = _taints(srv, daemon, T4A)
+    assert after and all(ts and ts[0]["key"] == f"{DRIVER}/aer" and ts[0]["value"] == "fatal" for ts in after.values())
+    ((reason, message),) = _events(srv, node)
+    assert reason == "GpuUnhealthy" and T4A in message and "first look (Completion Timeout 1)" in message
+    clock.now += QUIET
+    daemon.resync()
+    assert not any(_taints(srv, daemon, T4A).values())  # not growing: lifted after the quiet period
+    node.host.health(T4A, "aer-fatal")
+    daemon.resync()
+    assert all(_taints(srv, daemon, T4A).values())  # a later one is news as before
+
+
+def test_sim_health_says_when_the_watch_for_the_gpus_driver_does_not_read_the_fault(agent, capsys):
+    """``raised`` alone would promise a taint the agent never gives: the kernel's faults on a GPU NVML
+    watches, NVML's on one on vfio-pci. Exit 0 still: the fault is raised."""
+    srv, node, daemon, clock = agent
+    sim = ["--simulate", "default", "--sim-dir", str(node.root), "sim", "health"]
+    capsys.readouterr()
+    assert main([*sim, T4B, "aer-fatal"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(
+        f"aer-fatal raised; note: GPU {T4B} is on nvidia: the agent watches it through NVML, not its AER, link or "
+        "config files")
+    assert main([*sim, T4A, "xid"]) == 0
+    assert f"Xid 79 raised; note: GPU {T4A} is on vfio-pci: the agent watches it through the kernel's" in \
+        capsys.readouterr().out
+    daemon.resync()
+    assert not any(_taints(srv, daemon, T4A).values()) and not any(_taints(srv, daemon, T4B).values())
+    assert main([*sim, T4A, "aer-fatal"]) == 0  # one the watch reads: no note
+    assert capsys.readouterr().out.rstrip().endswith("aer-fatal raised")

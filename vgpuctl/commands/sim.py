@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -122,20 +123,48 @@ def run(args) -> int:
         except OSError as exc:  # no such GPU (or not unplugged): the address is bad input
             raise ValueError(f"sim {args.sim_cmd} {args.address}: {exc.strerror}") from None
     elif args.sim_cmd == "health":
+        node = sim_node(root, ref, reuse=True)
         try:
-            sim_node(root, ref, reuse=True).host.health(args.address, args.fault, xid=args.xid, clear=args.clear)
+            node.host.health(args.address, args.fault, xid=args.xid, clear=args.clear)
         except OSError as exc:
             raise ValueError(f"sim health {args.address}: {exc.strerror}") from None
         if args.fault == "xid" and args.clear:  # clearing drops every queued Xid, whichever --xid says
             what = "every queued Xid cleared"
         else:
             what = f"{f'Xid {args.xid}' if args.fault == 'xid' else args.fault} {'cleared' if args.clear else 'raised'}"
+            if not args.clear:
+                what += _unseen(args.address, args.fault, _bound_driver(node.env.pci(args.address)))
         print(f"GPU {args.address} of simulated host {ref}: {what}")
     if args.sim_cmd == "unplug":
         print(f"GPU {args.address} left the bus of simulated host {ref}: its functions, VFs and vGPUs are gone")
     elif args.sim_cmd == "replug":
         print(f"GPU {args.address} is back on the bus of simulated host {ref}, cold (no VFs, no vGPUs)")
     return 0
+
+
+
+#: the faults NVML reports (the agent reads them for a GPU on NVIDIA's driver); the rest the kernel's sysfs
+#: shows (read for a GPU on vfio-pci)
+NVML_FAULTS = ("xid", "ecc", "lost", "hang")
+
+
+def _bound_driver(function: Path) -> str | None:
+    link = function / "driver"
+    return Path(os.readlink(link)).name if os.path.islink(link) else None
+
+
+def _unseen(address: str, fault: str, driver: str | None) -> str:
+    """A note when the agent's health watch does not read what ``fault`` changed on a GPU bound to
+    ``driver`` (it reads NVML on NVIDIA's driver, sysfs on vfio-pci): "raised" alone would promise a taint."""
+    if driver == "nvidia" and fault not in NVML_FAULTS:
+        return f"; note: GPU {address} is on nvidia: the agent watches it through NVML, not its AER, link or config files"
+    if driver == "vfio-pci" and fault in NVML_FAULTS:
+        return (f"; note: GPU {address} is on vfio-pci: the agent watches it through the kernel's AER, link and "
+                "config files, not NVML")
+    if driver not in ("nvidia", "vfio-pci"):
+        return (f"; note: GPU {address} is on {driver or 'no driver'}: the agent's health watch reads only GPUs on "
+                "nvidia (NVML) or vfio-pci (sysfs)")
+    return ""
 
 
 class _Stopped(BaseException):
