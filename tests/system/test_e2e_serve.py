@@ -289,9 +289,13 @@ def test_no_execute_cordon_evicts_and_the_node_side_unprepares(cp, k, short_base
     from tests.system.test_real_controlplane import evicted
 
     with SimulatedNode(cp.kubeconfig_path, "default", short_base / "n", node_name="evict-node") as node:
-        cap = capacity.compute(cp.objects("resourceslices"), cp.objects("resourceclaims"), driver=DRIVER)
-        l40s = next(g for g in cap.gpus if g.node == node.node and g.index == 3)
-        prof = next(p for p in l40s.profiles if p.profile.endswith("L40S-8Q") or p.profile == "L40S-8Q")
+        def published_l40s():  # the node's slices may still be coming when it says ready: wait for the L40S's
+            cap = capacity.compute(cp.objects("resourceslices"), cp.objects("resourceclaims"), driver=DRIVER)
+            g = next((g for g in cap.gpus if g.node == node.node and g.index == 3), None)
+            p = next((p for p in g.profiles if p.profile.endswith("L40S-8Q")), None) if g else None
+            return (g, p) if p else None
+
+        l40s, prof = wait_for(published_l40s, "the L40S published with its L40S-8Q profile")
         apply(k, template("l40s-x", l40s, prof), pod("evicted", "l40s-x", node.node))
         wait_for(lambda: phase(cp, "evicted") == "Running", "Running")
         assert len(host_vgpus(node)) == 1
