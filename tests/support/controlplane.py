@@ -284,3 +284,18 @@ def controlplane():
     """One real control plane (default 1.37 gates) for the test module."""
     with RealControlPlane() as cp:
         yield cp
+
+
+def poll(pred, what: str, timeout: float = 60.0, every: float = 0.1):
+    """``pred()``'s first truthy value, asked every ``every`` seconds (what the real servers do has no
+    event these tests can wait on: a pod's phase, a condition the scheduler writes); an AssertionError
+    naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s")
+        time.sleep(every)
+

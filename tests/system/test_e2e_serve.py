@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -33,7 +32,7 @@ from dra_bridge.scheduling.objects import dev_gpu, devices_by_key
 from mdev_manager.discovery import discover
 from mdev_manager.sim.node import sim_node
 from tests.controlplane.up import SimulatedNode
-from tests.support.controlplane import RealControlPlane, unavailable
+from tests.support.controlplane import RealControlPlane, poll, unavailable
 from tests.support.deploy import Kubectl, needs_kubectl
 
 pytestmark = [pytest.mark.go, needs_kubectl]
@@ -52,14 +51,7 @@ PRESETS = ["default", "mixed-node", "mig-node", "rtxpro-node"]
 
 
 def wait_for(pred, what: str, timeout: float = WAIT):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        time.sleep(0.2)
+    return poll(pred, what, timeout, 0.2)
 
 
 def render(*args: str) -> str:

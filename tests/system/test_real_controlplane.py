@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ from mdev_manager.discovery import discover
 from mdev_manager.sim import SimIO
 from mdev_manager.sim.hostspec import preset_names
 from mdev_manager.sim.node import sim_node
-from tests.support.controlplane import RealControlPlane
+from tests.support.controlplane import RealControlPlane, poll
 from tests.support.deploy import NAMESPACE, OVERLAYS, Kubectl, needs_kubectl
 from tests.support.dra import DRIVER, assert_consistent_pool, make_node, pool_slices, short_tmp
 
@@ -47,14 +46,7 @@ PRESETS = [p for p in preset_names() if p != "bench-large"]
 
 
 def wait_for(pred, what: str, timeout: float = WAIT):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        time.sleep(0.1)
+    return poll(pred, what, timeout)
 
 
 def render(*args: str) -> str:

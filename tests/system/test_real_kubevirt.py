@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -33,7 +32,7 @@ from dra_bridge.apiclient.client import compact_json
 from dra_bridge.apiclient.maintenance import migration_object
 from dra_bridge.sim.kubelet import KubeletClient
 from tests.support import kubevirt
-from tests.support.controlplane import RealControlPlane, plural
+from tests.support.controlplane import RealControlPlane, plural, poll
 from tests.support.dra import make_node, short_tmp
 from tests.system.test_real_controlplane import Serving, make_daemon, node_for
 
@@ -59,15 +58,7 @@ def cp():
 
 
 def wait_for(pred, what: str, timeout: float = 60.0):
-    pause = threading.Event()
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        pause.wait(0.1)
+    return poll(pred, what, timeout)
 
 
 def vgpuctl(cp, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
