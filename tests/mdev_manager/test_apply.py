@@ -864,7 +864,8 @@ def test_device_manager_errors_name_its_own_fields(make_sim):
                                                                           doc["vgpu-configs"]["x"][2]]}}, "x"))
     problems = exc.value.problems
     assert any(p.startswith("vgpu-configs.x[0].vgpu-devices.T4-3Q: ") for p in problems), problems
+    # a T4 has no mixed-size mode at all (no placement table): the fix is one size, not a declaration
     assert any(p.startswith("vgpu-configs.x[1].vgpu-devices: ") and "equal-size" in p
-               and "cannot declare mixed-size mode" in p for p in problems), problems
+               and "no mixed-size mode: give the GPU vGPUs of one size" in p for p in problems), problems
     assert not any("gpus[" in p or ".vgpus" in p for p in problems), problems
     assert sim.discover().all_vgpus() == []

@@ -95,6 +95,9 @@ def test_whichever_command_runs_first_numbers_the_gpus(node, tmp_path, first):
 def test_a_new_gpu_is_numbered_after_the_others(node):
     n, run = node
     assert run("sim", "unplug", T4A)[0] == 0
+    # `sim unplug` records the numbering first, as the node's agent would have; a GPU this node never
+    # saw is one that was off the bus before anything numbered the node
+    n.io.remove(n.env.gpu_ids)
     assert run("discover")[0] == 0  # numbers the three GPUs present: 0, 1, 2
     assert run("sim", "replug", T4A)[0] == 0
     code, out, _err = run("discover", "-o", "json")
