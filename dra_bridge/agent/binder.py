@@ -21,12 +21,20 @@ offered whole at once, not at the next claim change (#36.3).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING, Any
 
 from dra_bridge.api.quantity import parse_quantity
 from dra_bridge.pool.devices import SIZE_ASSIGNED, SIZE_CONFLICT
 from dra_bridge.pool.model import Pool, PoolPolicy
+
+if TYPE_CHECKING:  # the API side, named for its types only: this module decides, it does not call
+    from dra_bridge.apiclient.claims import ApiClaimSource
+    from dra_bridge.apiclient.claimwatch import ClaimCache
+    from dra_bridge.kubeletplugin.state import ClaimRecord
+    from mdev_manager.models import Inventory
 
 
 @dataclass(frozen=True)
@@ -162,7 +170,7 @@ def status_entries(verdicts: list[Verdict], *, driver: str, pool_name: str, now:
     return out
 
 
-def host_sizes(inventory, prepared=()) -> dict[str, set[int]]:
+def host_sizes(inventory: Inventory | None, prepared: Iterable[ClaimRecord] = ()) -> dict[str, set[int]]:
     """GPU -> framebuffer sizes (MiB) of the time-sliced vGPUs on it now: those the last discovery
     saw, and those the claims in the kubelet plugin's checkpoint (``prepared``: its records) hold,
     which are current where the discovery is not (a prepare since, a claim deleted before its
@@ -183,7 +191,7 @@ def host_sizes(inventory, prepared=()) -> dict[str, set[int]]:
     return out
 
 
-def prepared_devices(records, pool_name: str) -> dict[str, str]:
+def prepared_devices(records: Iterable[ClaimRecord], pool_name: str) -> dict[str, str]:
     """Device -> the uid of the claim prepared with it, of this node's pool, from the kubelet
     plugin's checkpoint records (every state: a ``preparing`` record may have made its vGPU)."""
     return {d.device: rec.uid for rec in records for d in rec.devices if d.pool == pool_name}
@@ -223,7 +231,7 @@ class SizeBinder:
             self.assigned = assigned
             return changed
 
-    def bind(self, claims, pool: Pool, held: dict[str, set[int]],
+    def bind(self, claims: ApiClaimSource, pool: Pool, held: dict[str, set[int]],
              allocated: list[dict] | None = None, prepared: dict[str, str] | None = None,
              ) -> tuple[list[Verdict], bool]:
         """One round: (verdicts written, whether a GPU's size changed, so the pool must be republished).
@@ -277,7 +285,8 @@ def _results(claim: dict) -> list[dict]:
     return (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
 
 
-def bind_loop(cache, *, active, bind, stop, retry_seconds: float) -> None:
+def bind_loop(cache: ClaimCache, *, active: Callable[[], bool], bind: Callable[[list[dict[str, Any]]], Any],
+              stop: threading.Event, retry_seconds: float) -> None:
     """The agent's binding rounds: while ``active()``, one LIST, then each change of the watched
     claims (``cache``: a :class:`~dra_bridge.apiclient.claimwatch.ClaimCache`), or a minute without one,
     is a round of ``bind(claims)``; otherwise it looks again every ``retry_seconds``. A round that

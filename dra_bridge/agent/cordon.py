@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from dra_bridge.api.compat import KeptFields
 from dra_bridge.api.names import ANNOTATION_CORDON, ANNOTATION_CORDON_APPLIED
@@ -19,17 +20,21 @@ from dra_bridge.apiclient.nodes import set_node_annotation
 from dra_bridge.pool.cordon import Cordon, cordoned_pool, parse_cordon
 from dra_bridge.pool.model import Pool
 
+if TYPE_CHECKING:  # the watch and the publisher load the Kubernetes client: only where they run
+    from dra_bridge.apiclient.nodewatch import NodeWatch
+    from dra_bridge.apiclient.publisher import Publisher, SyncResult
+
 log = logging.getLogger(__name__)
 
 
 class NodeCordon:
     """The cordon in force on this node, and what publishing it means for a pool."""
 
-    def __init__(self, api_client, node: str, wake: Callable[[], None]):
+    def __init__(self, api_client: Any, node: str, wake: Callable[[], None]) -> None:
         self.api_client = api_client
         self.node = node
         self.wake = wake
-        self._watch = None
+        self._watch: NodeWatch | None = None
         self._text: str | None = None
         self._cordon: Cordon = {}
         self._said: str | None = None
@@ -48,11 +53,14 @@ class NodeCordon:
 
     def _changed(self) -> None:
         """A node event: wake the agent only when the cordon itself changed (its own patches are events too)."""
+        watch = self._watch
+        if watch is None:
+            return
         try:
-            text = (self._watch.snapshot().get(self.node) or {}).get("annotations", {}).get(ANNOTATION_CORDON)
+            text = (watch.snapshot().get(self.node) or {}).get("annotations", {}).get(ANNOTATION_CORDON)
         except Exception:  # noqa: BLE001 - a lost watch: the next resync reads again
             text = self._text
-        if text != self._text or not self._watch.synced:
+        if text != self._text or not watch.synced:
             self.wake()
 
     def key(self) -> str | None:
@@ -84,7 +92,7 @@ class NodeCordon:
             self._said = said
         return out
 
-    def publish(self, publisher, pool: Pool, kept: KeptFields, in_use: Iterable[str]):
+    def publish(self, publisher: Publisher, pool: Pool, kept: KeptFields, in_use: Iterable[str]) -> SyncResult:
         """Publish ``pool`` as the cordon wants it, then say so on the node (``cordon.applied``: the
         cordon text acted on), once per change, so ``vgpuctl cordon`` knows when it took effect."""
         result = publisher.sync(self.published(pool, kept, in_use))

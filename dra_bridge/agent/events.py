@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dra_bridge.apiclient.errors import brief
 from dra_bridge.apiclient.events import record_node_event
 from mdev_manager.config import ConfigError
 from mdev_manager.executor import StepResult
+from mdev_manager.models import Blocked
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ def layout_event(layout: str, *, changed: int, failed: str | None = None, blocke
 class LayoutEvents:
     """Records the Events :func:`layout_event` decides on, remembering the last one."""
 
-    def __init__(self, api_client, node: str):
+    def __init__(self, api_client: Any, node: str) -> None:
         self.api_client = api_client
         self.node = node
         self.last: LayoutEvent | None = None
@@ -113,7 +116,7 @@ def one_line(exc: BaseException) -> str:
     return " ".join(text.split()) or type(exc).__name__
 
 
-def blocked_reason(layout: str, blocked) -> str:
+def blocked_reason(layout: str, blocked: Sequence[Blocked]) -> str:
     """One line for the annotation and the Event: which devices in use, and which GPUs that left the
     bus, hold back which layout."""
     used = [b for b in blocked if not b.gone]

@@ -7,12 +7,20 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from dra_bridge.agent.capacity import counters_in_use
+
+if TYPE_CHECKING:
+    from dra_bridge.api.compat import KeptFields
+    from dra_bridge.kubeletplugin.state import ClaimRecord
+    from dra_bridge.pool.model import Pool
+    from mdev_manager.models import Inventory
 
 
 class JsonFormatter(logging.Formatter):
@@ -41,7 +49,7 @@ LAYOUT_STATES = ("success", "pending", "failed")
 
 
 class Metrics:
-    def __init__(self):
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.resyncs = Counter("vgpuctl_resyncs_total", "Resyncs run", ["result"], registry=r)
@@ -75,7 +83,7 @@ class Metrics:
                                       "consume of a GPU's shared counters", ["gpu", "counter_set", "counter"],
                                       registry=r)
 
-    def set_fields_kept(self, kept) -> None:
+    def set_fields_kept(self, kept: KeptFields) -> None:
         for field in ("counters", "compatibility_groups", "binding_conditions", "taints"):
             value = getattr(kept, field)
             if value is None:
@@ -90,7 +98,7 @@ class Metrics:
         for (gpu, profile), n in sorted(free.items()):
             self.gpu_free_vgpus.labels(gpu, profile).set(n)
 
-    def set_node(self, inv, pool, claims: dict) -> None:
+    def set_node(self, inv: Inventory, pool: Pool, claims: dict[str, ClaimRecord]) -> None:
         """What a resync found: GPUs, vGPUs (per type), prepared claims, the shared counters they use.
         Labelled series are replaced: a GPU, type or counter set that went away must not linger."""
         vgpus = inv.all_vgpus()
@@ -116,11 +124,11 @@ class Metrics:
 class ProbeServer:
     """``/metrics``, ``/healthz`` (process alive) and ``/readyz`` (first resync done, plugin up)."""
 
-    def __init__(self, metrics: Metrics, ready, host: str = "0.0.0.0", port: int = 8080):
+    def __init__(self, metrics: Metrics, ready: Callable[[], bool], host: str = "0.0.0.0", port: int = 8080) -> None:
         registry = metrics.registry
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self) -> None:  # noqa: N802
                 if self.path == "/metrics":
                     body, ctype, code = generate_latest(registry), CONTENT_TYPE_LATEST, 200
                 elif self.path == "/healthz":
@@ -136,7 +144,7 @@ class ProbeServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):
+            def log_message(self, *args: Any) -> None:
                 pass
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)

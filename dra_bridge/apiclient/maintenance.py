@@ -11,7 +11,7 @@ KubeVirt is installed (none elsewhere).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from dra_bridge.api.compat import taint_rule_api
 from dra_bridge.api.names import ANNOTATION_CORDON, ANNOTATION_CORDON_APPLIED, ANNOTATION_HEALTH
@@ -77,7 +77,7 @@ def read_state(reader: Reader, rule_api_version: str) -> ClusterState:
 class MaintenanceApi:
     """The calls; ``kubernetes`` is imported when one is made."""
 
-    def __init__(self, api_client, version: tuple[int, int]):
+    def __init__(self, api_client: Any, version: tuple[int, int]) -> None:
         from kubernetes import client
 
         self.api_client = api_client
@@ -154,8 +154,8 @@ class MaintenanceApi:
         (None, the server's refusal)."""
         body = migration_object(namespace, vmi)
         try:
-            made = self.custom.create_namespaced_custom_object("kubevirt.io", "v1", namespace,
-                                                               "virtualmachineinstancemigrations", body)
+            made = cast(dict[str, Any], self.custom.create_namespaced_custom_object(
+                "kubevirt.io", "v1", namespace, "virtualmachineinstancemigrations", body))
         except api_exception() as exc:
             from dra_bridge.apiclient.errors import brief
 
@@ -171,7 +171,8 @@ class MaintenanceApi:
 
     def _kubevirt_object(self, namespace: str, plural: str, name: str) -> dict | None:
         try:
-            obj: dict = self.custom.get_namespaced_custom_object("kubevirt.io", "v1", namespace, plural, name)
+            obj = cast(dict[str, Any], self.custom.get_namespaced_custom_object(
+                "kubevirt.io", "v1", namespace, plural, name))
         except api_exception() as exc:
             if exc.status == 404:
                 return None
@@ -182,7 +183,10 @@ class MaintenanceApi:
         """Ask for the pod's eviction (policy/v1, so PodDisruptionBudgets and KubeVirt's eviction
         webhook decide); None when accepted, else the server's refusal (429: a budget or a VM's
         migration; 404: gone already counts as done)."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
+        from kubernetes import client
+
+        body = client.V1Eviction(api_version="policy/v1", kind="Eviction",
+                                 metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
         try:
             self.core.create_namespaced_pod_eviction(pod, namespace, body)
         except api_exception() as exc:

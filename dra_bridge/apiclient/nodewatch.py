@@ -9,7 +9,8 @@ DaemonSet's ``nodes: list, watch`` (a field selector does not narrow RBAC).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from dra_bridge.apiclient.core import CoreV1Api
 from dra_bridge.apiclient.objects import raw, watch_events
@@ -23,8 +24,8 @@ class NodeWatch(WatchMirror):
 
     what = "node"
 
-    def __init__(self, api_client, node: str, *, on_change: Callable[[], None] | None = None,
-                 timeout: float = 10.0):
+    def __init__(self, api_client: Any, node: str, *, on_change: Callable[[], None] | None = None,
+                 timeout: float = 10.0) -> None:
         self.api = CoreV1Api(api_client)
         self.node = node
         self.timeout = timeout
@@ -56,7 +57,7 @@ class NodeWatch(WatchMirror):
             self.list_and_watch()
         return dict((self.snapshot().get(self.node) or {}).get("annotations") or {})
 
-    def _watch_node(self, version: str | None):
+    def _watch_node(self, version: str | None) -> Iterator[dict[str, Any]]:
         yield from watch_events(self.api.list_node(
             watch=True, field_selector=self._selector, resource_version=version, allow_watch_bookmarks=True,
             timeout_seconds=WATCH_SECONDS, _preload_content=False, _request_timeout=(self.timeout, WATCH_SECONDS + 30)))
