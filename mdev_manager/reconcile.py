@@ -84,8 +84,9 @@ def gone_blocked(plan: Plan) -> list[Blocked]:
 
 
 def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None,
-               node: str, ids: dict[str, Numbered] | None = None) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
-    inv = discover(env, io, node=node, ids=ids)
+               node: str, ids: dict[str, Numbered] | None = None, inv: Inventory | None = None,
+               ) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
+    inv = inv if inv is not None else discover(env, io, node=node, ids=ids)
     usage = collect_usage(env, io, usage_extra, inv=inv)
     defs, problems = persist.load_definitions(env, io)
     records = persist.load_vendor_vfio(env, io)
@@ -98,7 +99,7 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
               usage_extra: Usage | None = None, node: str = "", max_rounds: int = 8,
               on_step: Callable[[object], None] | None = None, final_inventory: bool = True,
               stop: Callable[[], str | None] | None = None, read_back: bool = False,
-              ids: dict[str, Numbered] | None = None) -> Outcome:
+              ids: dict[str, Numbered] | None = None, inventory: Inventory | None = None) -> Outcome:
     """Run rounds until nothing structural is left (``max_rounds``: a passed-through GPU going to MIG-backed
     vGPUs takes five: driver, VFs, MIG mode, GPU instances, vGPUs); ``final_inventory`` discovers the result
     once more.
@@ -108,14 +109,17 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
     failure, not a "matches". ``stop()`` (a pending signal) ends the work before the next write, or
     before the next round is planned; a stopped outcome has no inventory (the node was not read back).
     ``ids``: the node's GPU numbering where the caller read it (else discovery reads it); an entry
-    naming a numbered GPU that left the bus waits (``blocked``)."""
+    naming a numbered GPU that left the bus waits (``blocked``). ``inventory``: the node as the caller
+    discovered it under the same lock a moment ago, planned on in the first round instead of a
+    second discovery (the later rounds and the read-back discover again)."""
     out = Outcome()
     for _ in range(max_rounds):
         why = stop() if stop and out.rounds else None
         if why:  # asked to stop while the last round ran: the next one is not even planned
             out.stopped = why
             break
-        inv, plan, warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, ids)
+        inv, plan, warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, ids,
+                                                                 inventory if not out.rounds else None)
         out.inventory = inv
         out.warnings = sorted(set(out.warnings + warnings))
         if dry_run:

@@ -21,6 +21,7 @@ import yaml
 
 from mdev_manager import catalog, persist
 from mdev_manager.config import ConfigError, load_config, parse_config
+from mdev_manager.discovery import discover
 from mdev_manager.models import MdevDefinition
 from mdev_manager.plan import offered_types, resolve_type, select_gpus
 from mdev_manager.reconcile import reconcile
@@ -869,3 +870,33 @@ def test_device_manager_errors_name_its_own_fields(make_sim):
                and "no mixed-size mode: give the GPU vGPUs of one size" in p for p in problems), problems
     assert not any("gpus[" in p or ".vgpus" in p for p in problems), problems
     assert sim.discover().all_vgpus() == []
+
+
+class ListingIO(SimIO):
+    """Counts the listings of the PCI bus: one per discovery of the node."""
+
+    def __init__(self, host, bus: Path):
+        super().__init__(host)
+        self.bus, self.listings = str(bus), 0
+
+    def listdir(self, path):
+        self.listings += str(path) == self.bus
+        return super().listdir(path)
+
+
+def test_apply_plans_its_first_round_on_the_inventory_it_was_given(make_sim, tmp_path):
+    """``vgpuctl apply`` discovers the node under its lock (to show what was there); the first round
+    plans on that inventory instead of discovering the node a second time, to the same result."""
+    layouts = load_config(EXAMPLE_LAYOUT)
+    outcomes, listings = [], []
+    for given in (False, True):
+        sim = copy_sim(make_sim("default"), tmp_path / f"host-{given}")
+        io = ListingIO(sim.host, sim.env.pci_devices)
+        inv = discover(sim.env, io, node="test-node") if given else None
+        io.listings = 0
+        out = reconcile(sim.env, io, layouts, node="test-node", read_back=True, inventory=inv)
+        assert out.ok and not out.unapplied, out
+        outcomes.append(vgpu_counts(sim.discover()))
+        listings.append(io.listings)
+    assert outcomes[0] == outcomes[1] and sum(outcomes[0].values()) > 0
+    assert listings[1] == listings[0] - 1, listings

@@ -217,7 +217,7 @@ def run_apply(args) -> int:
                     applied.record(env, io, layouts, name=args.layout, source=str(args.file), by="vgpuctl apply")
                 with term.progress("applying", len(first.actions)) as on_step:
                     out = reconcile(env, io, layouts, node=node, usage_extra=_claims_usage(args, host),
-                                    on_step=on_step, stop=signals.pending, read_back=True)
+                                    on_step=on_step, stop=signals.pending, read_back=True, inventory=before)
         except NodeLockBusy as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_LOCK_BUSY
