@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -141,5 +140,6 @@ def sim_dir_for(ref: str) -> Path:
 
 
 def dump(obj, fmt: str) -> str:
-    data = obj.model_dump(mode="json", by_alias=True)
-    return json.dumps(data, indent=2) if fmt == "json" else yaml.safe_dump(data, sort_keys=False)
+    if fmt == "json":  # pydantic's own encoder: json.dumps with an indent falls back to pure Python (4 s for 7 MB)
+        return obj.model_dump_json(indent=2, by_alias=True)
+    return yaml.safe_dump(obj.model_dump(mode="json", by_alias=True), sort_keys=False)
