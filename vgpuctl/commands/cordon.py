@@ -292,8 +292,8 @@ def run_drain(args) -> int:
                       + (f"; {moving}" if moving else
                          f"; VMs: {', '.join(f'{h.vm} ({h.migration})' for h in vms[:3])}" if vms else ""))
 
-    if not term.tty:  # no live status line: say at the start what the wait is for (stderr beside -o json)
-        _waiting_for(args, first)
+    if not term.tty and args.timeout > 0:  # no live status line: say at the start what the wait is for
+        _waiting_for(args, first)  # (stderr beside -o json); with no wait, the report alone lists them
     with _Status(term) as status:
         done = wait_until(drained, args.timeout, progress, every=1.0)
     outcomes = migrations.finish(done) if migrations is not None else []
