@@ -124,7 +124,8 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
         out.warnings = sorted(set(out.warnings + warnings))
         if dry_run:
             if plan.structural():
-                plan.notes.append("after the driver and VF steps, vgpuctl discovers the GPUs again and plans their vGPUs")
+                plan.notes.append("these are round 1's steps: after the driver and VF steps, vgpuctl discovers the "
+                                  "GPUs again and plans their vGPUs in round 2 (apply counts the steps of each round)")
             out.rounds.append(Round(plan=plan))
             return out
         if not plan.actions:

@@ -67,7 +67,7 @@ COMMANDS: dict[str, Command] = {
                            "Five checks of GPU sharing through DRA; against the simulated cluster unless "
                            "--kubeconfig or --context is given or $KUBECONFIG is set: then against that cluster, "
                            "where it creates a namespace for its workloads and deletes it at the end. Prints a "
-                           "table and writes JUnit XML."),
+                           "table (-o json, yaml); --junit FILE also writes JUnit XML."),
     "doctor": Command("vgpuctl.commands.doctor", "check a cluster for the DRA bridge: PASS / WARN / FAIL with fixes",
                       "Reads the API server (its version, and which DRA fields it keeps, found by a dry-run "
                       "ResourceSlice), KubeVirt's CR, the DeviceClasses and each GPU node's agent state. Exit 0 "

@@ -69,7 +69,34 @@ def server_version(info: dict[str, Any]) -> tuple[int, int]:
     return int(info["major"]), int("".join(ch for ch in str(info["minor"]) if ch.isdigit()))
 
 
-class JsonReader:
+class _JsonGets:
+    """What both readers share over their one raw GET (``_fetch``): ``missing`` statuses answer None,
+    other error statuses raise :class:`~.errors.ApiAnswer`, and the server's version is asked once."""
+
+    _version: tuple[int, int] | None = None
+
+    def _fetch(self, path: str) -> tuple[int, str, bytes]:
+        raise NotImplementedError
+
+    def get(self, path: str, missing: Collection[int] = ()) -> dict[str, Any] | None:
+        status, reason, data = self._fetch(path)
+        if status in missing:
+            return None
+        if status >= 400:
+            raise ApiAnswer(status, reason, data.decode(errors="replace"))
+        answer: dict[str, Any] = json.loads(data)
+        return answer
+
+    def version(self) -> tuple[int, int]:
+        """The server's version, asked once."""
+        if self._version is None:
+            info = self.get("/version")
+            assert info is not None
+            self._version = server_version(info)
+        return self._version
+
+
+class JsonReader(_JsonGets):
     """GETs through one kept-alive connection to ``server`` (``https``: with ``tls``)."""
 
     def __init__(self, server: str, *, tls: ssl.SSLContext | None = None, token: str | None = None,
@@ -86,7 +113,6 @@ class JsonReader:
         else:
             self._conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=timeout)
         self._answered = False
-        self._version: tuple[int, int] | None = None
 
     def _request(self, path: str) -> tuple[int, str, bytes]:
         for attempt in (1, 2):  # a kept-alive connection the server closed meanwhile: once more, anew
@@ -112,7 +138,7 @@ class JsonReader:
         return ApiGone(f"the API server at {self.server} did not answer ({why}); check that it is up "
                        "and reachable")
 
-    def get(self, path: str, missing: Collection[int] = ()) -> dict[str, Any] | None:
+    def _fetch(self, path: str) -> tuple[int, str, bytes]:
         status, reason, data = self._request(path)
         if status == 401 and not self._answered:
             raise ApiUnreachable(f"API server {self.server} refused the credentials (401 Unauthorized); check the "
@@ -122,51 +148,24 @@ class JsonReader:
             self._conn.timeout = None
             if self._conn.sock is not None:
                 self._conn.sock.settimeout(None)
-        if status in missing:
-            return None
-        if status >= 400:
-            raise ApiAnswer(status, reason, data.decode(errors="replace"))
-        answer: dict[str, Any] = json.loads(data)
-        return answer
-
-    def version(self) -> tuple[int, int]:
-        """The server's version, asked once."""
-        if self._version is None:
-            info = self.get("/version")
-            assert info is not None
-            self._version = server_version(info)
-        return self._version
+        return status, reason, data
 
     def close(self) -> None:
         self._conn.close()
 
 
-class ClientReader:
+class ClientReader(_JsonGets):
     """:class:`~dra_bridge.apiclient.reader.Reader` through a client: where the kubeconfig needs the
     client's loader (exec plugins, proxies, in-cluster), the same plain JSON reads."""
 
     def __init__(self, api: ApiClient, timeout: float | None = None) -> None:
         self.api, self.timeout = api, timeout
-        self._version: tuple[int, int] | None = None
 
-    def get(self, path: str, missing: Collection[int] = ()) -> dict[str, Any] | None:
+    def _fetch(self, path: str) -> tuple[int, str, bytes]:
         method, url, headers, _, _ = self.api.param_serialize(
             "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
         resp = self.api.call_api(method, url, headers, _request_timeout=self.timeout)
-        data = resp.read()
-        if resp.status in missing:
-            return None
-        if resp.status >= 400:
-            raise ApiAnswer(resp.status, resp.reason or "", (data or b"").decode(errors="replace"))
-        answer: dict[str, Any] = json.loads(data)
-        return answer
-
-    def version(self) -> tuple[int, int]:
-        if self._version is None:
-            info = self.get("/version")
-            assert info is not None
-            self._version = server_version(info)
-        return self._version
+        return resp.status, resp.reason or "", resp.read() or b""
 
     def close(self) -> None:
         self.api.close()

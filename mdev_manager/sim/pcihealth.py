@@ -8,7 +8,9 @@ last), ``current_link_speed`` / ``max_link_speed`` (``16.0 GT/s PCIe``), ``curre
 ``max_link_width``, ``reset_method``. The faults change them as the hardware would look:
 
 * ``aer-fatal`` / ``aer-nonfatal``: an uncorrectable error counted (Completion Timeout and the total
-  grow by one). Counters never go down: clearing does nothing, the error was an event.
+  grow by one). The kernel never lowers them while the function stays enumerated; clearing sets the
+  file's counters back to 0, as a reboot or hot-plug would (the error was an event: what the agent
+  raised for it lifts after its quiet period either way).
 * ``link``: the link retrained narrower and slower (x8 at 8.0 GT/s); clearing restores it.
 * ``fell-off``: the function no longer answers: config space reads all ones, and so does the link
   status (speed ``Unknown``, width 63); clearing brings it back.
@@ -75,12 +77,12 @@ def fault(fdir: Path, kind: str, *, clear: bool = False) -> None:
         raise err(errno.ENODEV, f"{fdir.name} has no PCI health files (a host built before they were simulated: "
                                 "`vgpuctl sim reset` rebuilds it)")
     if kind in ("aer-fatal", "aer-nonfatal"):
-        if not clear:  # a counter the kernel never lowers
-            name = "aer_dev_fatal" if kind == "aer-fatal" else "aer_dev_nonfatal"
-            counts = _counts(fdir / name)
+        name = "aer_dev_fatal" if kind == "aer-fatal" else "aer_dev_nonfatal"
+        counts = {} if clear else _counts(fdir / name)  # cleared: counted from 0 again, as after a re-enumeration
+        if not clear:
             for key in ("Completion Timeout", _TOTAL[name]):
                 counts[key] = counts.get(key, 0) + 1
-            (fdir / name).write_text(_aer(name, counts))
+        (fdir / name).write_text(_aer(name, counts))
         return
     if kind == "link":
         speed, width = (SPEED, WIDTH) if clear else DEGRADED

@@ -11,6 +11,7 @@ from dra_bridge.scheduling.selectors import CelSelectors
 from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.demo import WORKLOADS, render_workload
 from dra_bridge.sim.scenarios import simulated_capacity
+from vgpuctl.commands.capacity import usage_text
 from vgpuctl.main import main
 
 DRV = "vgpu.kubevirt.io"
@@ -85,6 +86,8 @@ def test_whole_gpu_held_leaves_nothing():
     r = capacity.compute(t4_slices(groups=True), [claim("pt", "gpu-0-passthrough")], selectors=CelSelectors())
     assert fits(r, 0) == {"T4-4Q": 0, "T4-8Q": 0, "whole GPU": 0}
     assert r.gpu("n1", 0).holders[0]["profile"] == "whole GPU"
+    # its counters are all taken, by no vGPU: the table says what holds it ("4 of 4 vGPUs" before)
+    assert usage_text(r.gpu("n1", 0)) == "16 GiB of 16 GiB, passed through whole"
 
 
 def test_incomplete_pools_and_old_generations_do_not_count():

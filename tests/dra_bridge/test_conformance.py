@@ -92,6 +92,25 @@ def test_junit_and_table(passing):
     assert all(len(line) <= 80 for line in text.splitlines())  # 80 columns (issue #26)
 
 
+def test_the_junit_report_is_written_only_where_asked(tmp_path, monkeypatch, capsys):
+    """``vgpuctl conformance`` wrote vgpuctl-conformance.xml into the working directory unasked; now
+    only ``--junit FILE`` writes XML, to FILE (the run itself is stood in for: what is written matters)."""
+    import dra_bridge.sim.scenarios
+
+    rep = ConformanceReport(cluster="simulated", namespace="ns",
+                            checks=[CheckResult(n, f"check {n}", "passed", "ok") for n in range(1, 6)])
+    monkeypatch.setattr(dra_bridge.sim.scenarios, "run_conformance_simulated", lambda **kw: rep)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["conformance"]) == 0
+    assert list(tmp_path.iterdir()) == [] and "JUnit XML" not in capsys.readouterr().out
+    report = tmp_path / "out" / "r.xml"
+    report.parent.mkdir()
+    assert main(["conformance", "--junit", str(report)]) == 0
+    assert ET.parse(report).getroot().find("testsuite").get("tests") == "5"
+    assert f"JUnit XML: {report}" in capsys.readouterr().out and os.listdir(tmp_path) == ["out"]
+
+
 def test_junit_reports_failures_errors_and_skips():
     rep = ConformanceReport(cluster="c", namespace="ns", checks=[
         CheckResult(1, "one", "passed", "ok"), CheckResult(2, "two", "failed", "bad <thing> & more", ["e1"]),

@@ -22,8 +22,12 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from dra_bridge.sim.kubelet import KubeletClient
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.37"
@@ -299,3 +303,24 @@ def poll(pred, what: str, timeout: float = 60.0, every: float = 0.1):
             raise AssertionError(f"{what}: not within {timeout}s")
         time.sleep(every)
 
+
+
+@pytest.fixture(autouse=True, scope="module")
+def openssl_needed():
+    """The node side (tests/controlplane/nodeside.py) makes its kubelet's serving certificate with the
+    openssl command: a module that runs it imports this autouse fixture."""
+    if shutil.which("openssl") is None:
+        unavailable("openssl not installed: the node side makes its kubelet certificate with it (apt install openssl)")
+
+
+def prepare_claims(cp: RealControlPlane, kubelet: KubeletClient, pod: dict) -> dict:
+    """The kubelet's prepare for a pod bound to its node: each of its claims through ``kubelet``
+    (:class:`~dra_bridge.sim.kubelet.KubeletClient`), every answer without an error."""
+    ns = pod["metadata"]["namespace"]
+    refs = []
+    for st in pod["status"]["resourceClaimStatuses"]:
+        claim = cp.get_object("resourceclaims", st["resourceClaimName"], ns)
+        refs.append((ns, claim["metadata"]["uid"], claim["metadata"]["name"]))
+    answers = kubelet.prepare(refs)
+    assert {u: a["error"] for u, a in answers.items()} == {r[1]: "" for r in refs}
+    return answers

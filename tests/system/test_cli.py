@@ -90,11 +90,17 @@ def test_plan_has_no_dry_run(simdir, capsys):
 
 
 def test_apply_then_apply_again_says_zero_changes(simdir, capsys):
+    code, out, err = run(capsys, "--simulate", "plan", "-f", str(EXAMPLE_LAYOUT))
+    planned = int(out.strip().splitlines()[-1].split()[0])
+    assert code == 0 and "these are round 1's steps" in " ".join(out.split()), out
     code, out, err = run(capsys, "--simulate", "apply", "-f", str(EXAMPLE_LAYOUT), "-v")
     assert code == 0, err
     last = out.strip().splitlines()[-1]
     n = int(last.split()[0])
     assert n > 0 and last.endswith("changes; node matches the layout")
+    # plan counts round 1's steps, apply every round's: it says how many in each (19 and 39 read as a contradiction)
+    rounds = out.strip().splitlines()[-2]
+    assert rounds == f"steps taken: {planned} in round 1 (the steps plan counts), {n - planned} in round 2", out
     assert out.count("[ok]") == n and "FAILED" not in out
     sim = open_sim(simdir / "default")
     inv = sim.discover()

@@ -115,18 +115,22 @@ def test_drain_lists_its_holders_evicts_pods_only_when_asked_and_waits_for_the_v
         wait_until, said = gpus_module.wait_until, []
 
         def waiting(*a, **kw):  # what a pipe (a CI log) has shown when the wait starts (newcomer finding 6)
-            said.append(capsys.readouterr().out)
-            print(said[-1], end="")
+            now = capsys.readouterr()
+            said.append(now.out + now.err)
+            print(now.out, end="")
             return wait_until(*a, **kw)
 
         monkeypatch.setattr(gpus_module, "wait_until", waiting)
         code, out = vg(capsys, c, "drain", f"{c.node}/0", "--timeout", "0")  # lists, evicts nothing
         assert code == 3, out
-        assert "waiting up to 0s for 2 holder(s) to leave:" in said[-1] and "pod default/w1" in said[-1], said
+        assert "waiting up to" not in out and out.count("pod default/w1") == 1, out  # no wait: the report alone
         assert "pod default/w1" in out and "VM default/vm-a" in out and "not migratable" in out and "not drained" in out
         assert phase("w1") == "Running" and {v.id for v in c.inventory().all_vgpus()} == before
 
         code, out = vg(capsys, c, "drain", f"{c.node}/0", "--evict", "--timeout", "5", "-o", "json")
+        # a pipe is told at the start what the wait is for (stderr beside -o json)
+        assert "waiting up to 5s for 2 holder(s) to leave (evicting their pods):" in said[-1], said
+        assert "pod default/w1" in said[-1], said
         report = json.loads(out[:out.rindex("}") + 1])
         assert code == 3 and report["evicted"] == {"default/w1": "accepted"}  # the VM's pod is not evicted
         assert [h["vm"] for g in report["gpus"] for h in g["holders"]] == ["default/vm-a"]

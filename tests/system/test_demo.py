@@ -217,8 +217,10 @@ def test_demo_text(report):
     out = " ".join(text.split())  # long lines go on below, in 80 columns
     for needle in ("[1] node manager", "[2] DRA bridge", "vm-t4-a", "[4] per physical GPU", "left: 2 x A100-1-5C",
                    "VM  vm-t4-a", "pod pod-t4", "VM vm-t4-a and pod pod-t4 draw on the same 16 GiB",
-                   "[5] refused", "VM vm-t4-c asked for a T4-8Q vGPU and stays Pending", "host clean", "done in"):
+                   "[5] refused", "VM vm-t4-c asked for a T4-8Q vGPU and stays Pending", "host clean", "done in",
+                   "0000:13:00.0 T4 (mdev) [####################] 16 GiB of 16 GiB, passed through whole"):
         assert " ".join(needle.split()) in out, needle
+    assert "16 of 16 vGPUs" not in out  # the passed-through T4 holds no vGPU
 
 
 def test_demo_svg_is_well_formed(report):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,17 +31,14 @@ from dra_bridge.scheduling.objects import dev_gpu, devices_by_key
 from mdev_manager.discovery import discover
 from mdev_manager.sim.node import sim_node
 from tests.controlplane.up import SimulatedNode
-from tests.support.controlplane import RealControlPlane, poll, unavailable
+from tests.support.controlplane import (
+    RealControlPlane,
+    openssl_needed,  # noqa: F401 (an autouse fixture)
+    poll,
+)
 from tests.support.deploy import Kubectl, needs_kubectl
 
 pytestmark = [pytest.mark.go, needs_kubectl]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _openssl():
-    """The node side makes its kubelet's serving certificate with the openssl command."""
-    if shutil.which("openssl") is None:
-        unavailable("openssl not installed: the node side makes its kubelet certificate with it (apt install openssl)")
 
 
 VGPUCTL = [sys.executable, "-m", "vgpuctl"]

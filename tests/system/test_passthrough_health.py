@@ -223,3 +223,27 @@ def test_sim_health_says_when_the_watch_for_the_gpus_driver_does_not_read_the_fa
     assert not any(_taints(srv, daemon, T4A).values()) and not any(_taints(srv, daemon, T4B).values())
     assert main([*sim, T4A, "aer-fatal"]) == 0  # one the watch reads: no note
     assert capsys.readouterr().out.rstrip().endswith("aer-fatal raised")
+
+
+def test_sim_health_clear_sets_an_aer_count_back_to_zero_and_says_so(agent, capsys):
+    """``--clear`` of an AER fault said "cleared" and left the count as it was (a counter, not a state):
+    it sets the file's counters back to 0, as a reboot or hot-plug would, and says that. The taint it
+    raised lifts after the quiet period; an error counted after the clear is news."""
+    srv, node, daemon, clock = agent
+    sim = ["--simulate", "default", "--sim-dir", str(node.root), "sim", "health", T4A]
+    fatal = node.env.pci(T4A) / "aer_dev_fatal"
+    assert main([*sim, "aer-fatal"]) == 0
+    daemon.resync()
+    assert all(_taints(srv, daemon, T4A).values()) and "TOTAL_ERR_FATAL 1" in fatal.read_text()
+    capsys.readouterr()
+    assert main([*sim, "aer-fatal", "--clear"]) == 0
+    assert "aer-fatal count set back to 0 (as after a reboot or hot-plug" in capsys.readouterr().out
+    assert all(line.endswith(" 0") for line in fatal.read_text().splitlines()), fatal.read_text()
+    daemon.resync()
+    assert all(_taints(srv, daemon, T4A).values())  # within the quiet period: still tainted
+    clock.now += QUIET
+    daemon.resync()
+    assert not any(_taints(srv, daemon, T4A).values())
+    assert main([*sim, "aer-fatal"]) == 0  # counted again from 0: news
+    daemon.resync()
+    assert all(_taints(srv, daemon, T4A).values())

@@ -32,7 +32,7 @@ from dra_bridge.apiclient.client import compact_json
 from dra_bridge.apiclient.maintenance import migration_object
 from dra_bridge.sim.kubelet import KubeletClient
 from tests.support import kubevirt
-from tests.support.controlplane import RealControlPlane, plural, poll
+from tests.support.controlplane import RealControlPlane, plural, poll, prepare_claims
 from tests.support.dra import make_node, short_tmp
 from tests.system.test_real_controlplane import Serving, make_daemon, node_for
 
@@ -252,18 +252,12 @@ def vmi_for(vm: dict, node: str, migratable: bool) -> dict:
 
 def run_as_kubelet(cp, kubelet: KubeletClient, pod: dict) -> None:
     """What the kubelet does for a pod bound to its node: prepare its claims, report it running."""
-    ns = pod["metadata"]["namespace"]
-    refs = []
-    for st in pod["status"]["resourceClaimStatuses"]:
-        claim = cp.get_object("resourceclaims", st["resourceClaimName"], ns)
-        refs.append((ns, claim["metadata"]["uid"], claim["metadata"]["name"]))
-    answers = kubelet.prepare(refs)
-    assert {u: a["error"] for u, a in answers.items()} == {r[1]: "" for r in refs}
+    prepare_claims(cp, kubelet, pod)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     status = {**pod["status"], "phase": "Running", "startTime": now,
               "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
                              for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]}
-    cp.rest("PUT", cp.path("pods", pod["metadata"]["name"], ns) + "/status", {**pod, "status": status})
+    cp.rest("PUT", cp.path("pods", pod["metadata"]["name"], pod["metadata"]["namespace"]) + "/status", {**pod, "status": status})
 
 
 def test_drain_migrate_runs_end_to_end_with_kubevirts_objects(cp, tmp_path):

@@ -34,7 +34,7 @@ from dra_bridge.api.names import LABEL_VGPU_HOST_DRIVER
 from dra_bridge.apiclient.client import api_client_from
 from dra_bridge.sim.kubelet import KubeletClient
 from mdev_manager.sim import SimIO
-from tests.support.controlplane import RealControlPlane
+from tests.support.controlplane import RealControlPlane, prepare_claims
 from tests.support.deploy import DEPLOY, NAMESPACE, SERVICE_ACCOUNT, Kubectl, agent, build, needs_kubectl, one
 from tests.support.dra import DRIVER, assert_consistent_pool, make_node, pool_slices, short_tmp
 from tests.system.test_rbac import rbac_of
@@ -179,19 +179,6 @@ def _each_claim_status_grant_is_needed(k, api, claim: dict) -> dict[str, int]:
     return refused
 
 
-
-def _prepare(cp, kubelet, pod: dict) -> dict:
-    """The kubelet's part this test needs: prepare each claim of a pod bound to the node (its phase is
-    not written: the agent's rights are what is tested here)."""
-    ns = pod["metadata"]["namespace"]
-    refs = []
-    for st in pod["status"]["resourceClaimStatuses"]:
-        claim = cp.get_object("resourceclaims", st["resourceClaimName"], ns)
-        refs.append((ns, claim["metadata"]["uid"], claim["metadata"]["name"]))
-    answers = kubelet.prepare(refs)
-    assert {u: a["error"] for u, a in answers.items()} == {r[1]: "" for r in refs}
-    return answers
-
 def test_the_agent_as_its_own_service_account_on_the_real_api_server(cp, k, tmp_path):
     objs = build("dra")
     layouts = one(objs, "ConfigMap")["data"]["layouts.yaml"]
@@ -237,7 +224,7 @@ def test_the_agent_as_its_own_service_account_on_the_real_api_server(cp, k, tmp_
                 vm = wait_for(lambda: (p := cp.get_object("pods", "vm-rbac", "default"))["spec"].get("nodeName")
                               and p.get("status", {}).get("resourceClaimStatuses") and p, "vm-rbac bound", 90)
                 assert vm["spec"]["nodeName"] == node.node
-                answers = _prepare(cp, kubelet, vm)
+                answers = prepare_claims(cp, kubelet, vm)
                 (claim_name,) = [s["resourceClaimName"] for s in vm["status"]["resourceClaimStatuses"]]
                 claim = cp.get_object("resourceclaims", claim_name, "default")
                 (result,) = claim["status"]["allocation"]["devices"]["results"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,18 +19,10 @@ import pytest
 
 from tests.controlplane.up import ROOT, wait_line
 from tests.support import controlplane as cpmod
-from tests.support.controlplane import unavailable
+from tests.support.controlplane import openssl_needed  # noqa: F401 (an autouse fixture)
 from tests.support.deploy import Kubectl, needs_kubectl
 
 pytestmark = [pytest.mark.go, needs_kubectl]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _openssl():
-    """The node side makes its kubelet's serving certificate with the openssl command."""
-    if shutil.which("openssl") is None:
-        unavailable("openssl not installed: the node side makes its kubelet certificate with it (apt install openssl)")
-
 
 
 def descendants(pid: int) -> set[int]:

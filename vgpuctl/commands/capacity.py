@@ -174,7 +174,9 @@ def usage_text(g: GpuCapacity) -> str:
         out = f"{g.used.get('share')} of {g.totals['share']} shares"
     else:
         out = "-"
-    if "vgpus" in g.totals:
+    if any(h.get("profile") == WHOLE_GPU for h in g.holders):  # its counters all taken, by no vGPU
+        out += ", passed through whole"
+    elif "vgpus" in g.totals:
         out += f", {g.used.get('vgpus', 0)} of {g.totals['vgpus']} vGPUs"
     return out
 

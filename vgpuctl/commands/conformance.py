@@ -23,8 +23,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     from dra_bridge.conformance import DEFAULT_IMAGE
 
     options.add_kubeconfig(c, "run against a real cluster (so does a set $KUBECONFIG alone)")
-    c.add_argument("--junit", default="vgpuctl-conformance.xml", metavar="FILE",
-                   help="JUnit XML report (default %(default)s; '' for none)")
+    c.add_argument("--junit", default="", metavar="FILE",
+                   help="also write the report as JUnit XML to FILE (default: none)")
     options.add_output(c)
     c.add_argument("--json-events", metavar="FILE",
                    help="also write the run as Go's test2json events (what `go test -json` prints, the JSON "

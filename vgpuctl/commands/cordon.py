@@ -9,12 +9,12 @@ the agent is down. Either way the scheduler allocates nothing new there, and the
 (``--wait``) until the published slices show it: exit 0, or 3 while the agent has not republished.
 
 ``drain`` cordons, then lists the GPU's holders (claims, pods, VMs with their live-migration state)
-and waits for them to go (``--timeout``, progress on a terminal, else the holders once at the start).
-It evicts pods only when asked
-(``--evict``: policy/v1 Evictions, so PodDisruptionBudgets decide; a VM's virt-launcher pod only
-when the VM can live-migrate, which KubeVirt answers with a migration) or through ``--effect
-NoExecute`` (the cluster's device-taint controller evicts, VMs included). It never touches a device
-on the node: a vGPU in use stays. Exit 0 once nothing holds the GPUs, 3 when holders remain.
+and waits for them to go (``--timeout``, progress on a terminal, else the holders once as it starts to
+wait; with no wait the report alone lists them). It evicts pods only when asked (``--evict``:
+policy/v1 Evictions, so PodDisruptionBudgets decide; a VM's virt-launcher pod only when the VM can
+live-migrate, which KubeVirt answers with a migration) or through ``--effect NoExecute`` (the
+cluster's device-taint controller evicts, VMs included). It never touches a device on the node: a
+vGPU in use stays. Exit 0 once nothing holds the GPUs, 3 when holders remain.
 ``--migrate`` creates a VirtualMachineInstanceMigration per LiveMigratable VM and reports each; a whole
 node's drain counts its device-plugin pods as holders too, and is refused before anything is cordoned
 when a VM there has no node to go to (:mod:`dra_bridge.scheduling.classic` says why per node).
@@ -292,8 +292,8 @@ def run_drain(args) -> int:
                       + (f"; {moving}" if moving else
                          f"; VMs: {', '.join(f'{h.vm} ({h.migration})' for h in vms[:3])}" if vms else ""))
 
-    if not term.tty:  # no live status line: say at the start what the wait is for (stderr beside -o json)
-        _waiting_for(args, first)
+    if not term.tty and args.timeout > 0:  # no live status line: say at the start what the wait is for
+        _waiting_for(args, first)  # (stderr beside -o json); with no wait, the report alone lists them
     with _Status(term) as status:
         done = wait_until(drained, args.timeout, progress, every=1.0)
     outcomes = migrations.finish(done) if migrations is not None else []

@@ -129,7 +129,8 @@ def text(rep: DemoReport) -> str:
         L.append(f"    GPU {g.index}  {g.address}  {short_model(g.model)}  ({g.framework})  "
                  f"{_bar(g.memory_used, g.memory_total)} "
                  f"{_human(g.memory_used)} of {_human(g.memory_total)}, "
-                 + (f"{g.slices_used} of {g.slices_total} memory slices (MIG)" if g.slices_total
+                 + ("passed through whole" if any(h.kind == "passthrough" for h in g.holders)
+                    else f"{g.slices_used} of {g.slices_total} memory slices (MIG)" if g.slices_total
                     else f"{len(g.holders)} vGPUs on {g.slots_total} slots of 1 GiB (mixed-size)" if g.slots_total
                     else f"{g.vgpus_used} of {g.vgpus_total} vGPUs"))
         for h in g.holders:

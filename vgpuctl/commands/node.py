@@ -267,7 +267,23 @@ def _print_outcome(args, term: Terminal, layouts: list[GpuLayout], before: Inven
     term.print(Text(f"{'Plan' if args.dry_run else 'Applied'}: {where}", style="bold"),
                *summary(before, layouts, out.rounds, out.blocked, names, after=out.inventory, verbose=verbose,
                         wide=args.output == "wide"))
+    rounds = _rounds(out)
+    if rounds:
+        term.print(Text(rounds))
     term.print(_verdict(args.dry_run, out, verbose))
+
+
+def _rounds(out: Outcome) -> str:
+    """Where apply took steps in more than one round: how many in each, so its count of changes (steps
+    taken) reads against plan's (the first round's steps: later ones are planned once the GPUs are
+    read again)."""
+    taken = [r.report.changed for r in out.rounds if r.report]
+    if sum(1 for n in taken if n) < 2:
+        return ""
+    from vgpuctl.output.tables import fit_lines
+
+    return fit_lines("steps taken: " + ", ".join(f"{n} in round {i}" + (" (the steps plan counts)" if i == 1 else "")
+                                                 for i, n in enumerate(taken, 1) if n))
 
 
 def _converging(blocked) -> str:

@@ -45,7 +45,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     health.add_argument("--xid", type=int, default=79,
                         help="the Xid number of an xid fault to raise (default %(default)s; --clear clears every "
                              "queued Xid)")
-    health.add_argument("--clear", action="store_true", help="clear the fault instead of raising it")
+    health.add_argument("--clear", action="store_true",
+                        help="clear the fault instead of raising it (an AER count: set back to 0)")
     for sp in (pr, m, reset, reboot, unplug, replug, health):
         options.add_host_options(sp, suppress=True)
     a = ssub.add_parser("apiserver", help="run a local Kubernetes API server in the foreground until SIGTERM",
@@ -130,6 +131,9 @@ def run(args) -> int:
             raise ValueError(f"sim health {args.address}: {exc.strerror}") from None
         if args.fault == "xid" and args.clear:  # clearing drops every queued Xid, whichever --xid says
             what = "every queued Xid cleared"
+        elif args.fault.startswith("aer-") and args.clear:  # a counter, not a state: what clearing did to it
+            what = (f"{args.fault} count set back to 0 (as after a reboot or hot-plug; the kernel never lowers it "
+                    "otherwise); a taint the agent raised for it lifts after its quiet period")
         else:
             what = f"{f'Xid {args.xid}' if args.fault == 'xid' else args.fault} {'cleared' if args.clear else 'raised'}"
             if not args.clear:
