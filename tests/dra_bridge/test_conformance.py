@@ -540,3 +540,16 @@ def test_a_pod_without_a_claim_names_no_claim_and_pods_are_deleted_gracefully():
     b.api = _FakeApi()
     b.stop(Run(name="p", template="tmpl"), wait=False)
     assert b.api.deleted == [("p", "ns", {})]
+
+
+@pytest.mark.parametrize("flag", ["--junit", "--json-events"])
+def test_a_report_file_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, capsys, flag):
+    """A typo in the report's directory ended a whole run (minutes, namespaces made) with a traceback-free
+    exit 1 only when it came to write: now one line and exit 2 before the first check."""
+    missing = tmp_path / "no-such-dir" / "r.xml"
+    assert main(["conformance", flag, str(missing)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flag in err[0] and "does not exist" in err[0], err
+    assert main(["conformance", flag, str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

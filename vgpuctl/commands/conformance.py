@@ -54,6 +54,8 @@ def run(args) -> int:
     if args.print_healthcheck:
         print(healthcheck.SCRIPT, end="")
         return 0
+    for flag, path in (("--junit", args.junit), ("--json-events", args.json_events)):
+        _writable(flag, path)  # before the checks run (minutes, namespaces made), not after
     kw = dict(profile=args.profile, node=args.node, max_workloads=args.max_workloads)
     if options.reads_cluster(args, env=True):  # $KUBECONFIG set: its cluster, as kubectl reads it
         from dra_bridge.scheduling.selectors import default_selectors
@@ -83,6 +85,19 @@ def run(args) -> int:
     if args.junit and not machine:
         print(f"JUnit XML: {args.junit}")
     return 0 if rep.ok else 1
+
+
+def _writable(flag: str, path: str | None) -> None:
+    """A report file that could not be written is bad input, said before anything runs."""
+    if not path:
+        return
+    where = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: is a directory: name a file to write the report to")
+    if not os.path.isdir(where):
+        raise ValueError(f"{flag} {path}: directory {where} does not exist: create it, or name a file in one that does")
+    if not os.access(where, os.W_OK):
+        raise ValueError(f"{flag} {path}: directory {where} is not writable: name a file in one you can write")
 
 
 def table(rep: ConformanceReport) -> str:
