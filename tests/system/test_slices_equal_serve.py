@@ -61,7 +61,7 @@ def _slices_cli(capsys, sim_dir: Path, layout: Path, version: str, gates: str) -
                  "--server-version", version, "--feature-gates", gates])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "scratch copy" in err  # the cold node needed the agent's setup first
+    assert "taken in memory" in err  # the cold node needed the agent's setup first
     return json.loads(out)["items"]
 
 

@@ -12,8 +12,6 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +38,6 @@ class Host:
     kubelet_root: Path = DEFAULT_KUBELET_ROOT
     preset: str | None = None
     sim_root: Path | None = None
-    #: simulated only: a throw-away copy of this host, where a command may show what a change would do
-    scratch: Callable[[], AbstractContextManager[Host]] | None = None
 
     @property
     def simulated(self) -> bool:
