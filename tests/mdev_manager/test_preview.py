@@ -128,7 +128,7 @@ def test_expected_copies_only_the_gpus_a_step_touches(tmp_path):
     inv = discover(node.env, node.io)
     first = inv.gpus[0]
     out = expected(inv, Plan(actions=[EnableVfs(gpu=first.address, count=16)]))
-    assert out.inventory.gpus[1:] == inv.gpus[1:] and all(a is b for a, b in zip(out.inventory.gpus[1:], inv.gpus[1:]))
+    assert all(a is b for a, b in zip(out.inventory.gpus[1:], inv.gpus[1:], strict=True))
     assert len(out.inventory.gpus[0].vfs) == 16 and not first.vfs and not first.types  # the original is untouched
     assert out.inventory.gpus[0].framework == "mdev-sriov" and out.inventory.gpus[0].types
     assert any("VFs at devfn offset 4" in a for a in out.assumptions)  # the guess is said
