@@ -231,25 +231,27 @@ def _enable_vfs(gpu: Gpu, count: int, notes: dict[str, list[int]]) -> None:
 
 
 def _bind(gpu: Gpu, address: str, driver: str | None, notes: dict[str, list[int]]) -> None:
-    new = driver or native_driver(gpu)
-    if address != gpu.address:
-        if driver is None:
-            new = gpu.iommu_group_drivers.get(address) if gpu.iommu_group_drivers.get(address) not in (
-                None, "vfio-pci") else "(its native driver)"
+    """``driver`` None: back to the native driver (a function already on one keeps it: only its
+    override goes, as the executor does it)."""
+    current = gpu.driver if address == gpu.address else gpu.iommu_group_drivers.get(address)
+    new = driver or (current if current not in (None, "vfio-pci") else None)
+    if new is None:
+        if address == gpu.address:
+            new = native_driver(gpu)
+        else:  # a companion function (audio, ...): the kernel picks its driver
+            new = "(its native driver)"
             _note(notes, gpu, f"{address} back on its native driver (the kernel picks which)")
-        gpu.iommu_group_drivers[address] = new
-        if driver:
-            gpu.iommu_group_overrides[address] = driver
-        else:
-            gpu.iommu_group_overrides.pop(address, None)
-        return
-    gpu.driver, gpu.driver_override = new, driver
-    if address in gpu.iommu_group_drivers:
+    if address in gpu.iommu_group_drivers or address != gpu.address:
         gpu.iommu_group_drivers[address] = new
     if driver:
         gpu.iommu_group_overrides[address] = driver
     else:
         gpu.iommu_group_overrides.pop(address, None)
+    if address != gpu.address:
+        return
+    gpu.driver, gpu.driver_override = new, driver
+    if new == current:  # only a leftover override went: what the GPU offers is unchanged
+        return
     board = _board(gpu)
     if driver == "vfio-pci" or new is None:
         gpu.parents, gpu.types, gpu.vgpus, gpu.framework = [], [], [], "none"
@@ -260,7 +262,8 @@ def _bind(gpu: Gpu, address: str, driver: str | None, notes: dict[str, list[int]
         if gpu.mig is None and catalog_mig.has_mig(board.key):
             gpu.mig = MigState(enabled=False, pending=False, memory_slices=catalog_mig.MEMORY_SLICES[board.key],
                                profiles=list(catalog_mig.mig_profiles(board.key)))
-            _note(notes, gpu, "back on nvidia in MIG mode off, its profiles from vgpuctl's catalog")
+            _note(notes, gpu, "back on nvidia in MIG mode off, its MIG profiles from vgpuctl's catalog, its NVML UUID "
+                              "unknown until then")
         if gpu.placements is None and catalog_placements.placements(board.key) is not None:
             gpu.placements = VgpuPlacements(enabled=False, slots=0)
     if gpu.framework == "mdev" and board is not None:
@@ -279,7 +282,7 @@ def _retype(gpu: Gpu, notes: dict[str, list[int]]) -> None:
     known = {t.id: t for p in gpu.parents for t in p.types}
     fw = gpu.framework
     specs = [(t, t.mdev_id(board.driver) if fw in ("mdev", "mdev-sriov") else str(t.num)) for t in board.types]
-    left = {tid: _room(gpu, board, t, tid, known) for t, tid in specs}
+    left = {tid: _room(gpu, board, t, tid) for t, tid in specs}
 
     def mdev_types(available: dict[str, int]) -> list[VgpuType]:
         out = []
@@ -310,7 +313,7 @@ def _retype(gpu: Gpu, notes: dict[str, list[int]]) -> None:
         gpu.vendor_id, types, gpu.vgpus)
 
 
-def _room(gpu: Gpu, board: BoardSpec, t: TypeSpec, tid: str, known: dict[str, VgpuType]) -> int:
+def _room(gpu: Gpu, board: BoardSpec, t: TypeSpec, tid: str) -> int:
     """How many more vGPUs of ``t`` the GPU takes now (the driver's rules)."""
     mig_on = gpu.mig is not None and gpu.mig.enabled
     if mig_on or t.mig_backed:
