@@ -62,6 +62,7 @@ CASES = [  # preset, layout file, layout, the layout applied before (None: a col
     ("mig-node", "mig-layout.yaml", "default", "dra", ()),  # GPU instances and MIG-backed vGPUs on a MIG node
     ("b200-node", "b200-layout.yaml", "dra", "default", ()),  # vGPUs and instances removed again
     ("rtxpro-node", "rtxpro-layout.yaml", "dra", "default", (3,)),  # a passed-through GPU back on nvidia
+    ("default", "layout.yaml", "dra", "default", ()),  # a passed-through T4 back to mdev on its PF, vGPUs removed
 ]
 
 
