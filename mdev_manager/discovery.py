@@ -29,18 +29,20 @@ from mdev_manager.models import (
     VgpuPlacements,
     VgpuType,
     VirtualFunction,
-    held_types,
-    occupancy,
 )
-from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, mig_profile_of, short_type_name
+from mdev_manager.names import is_mig_backed, mig_profile_of
 from mdev_manager.numbering import Numbered
-from mdev_manager.placeplan import creatable, held
+from mdev_manager.typeset import (  # noqa: F401  infer_mixed_size: read from here too
+    cap_by_occupancy,
+    cap_by_placements,
+    infer_mixed_size,
+    mdev_type,
+    merge_types,
+    vendor_type,
+)
 
 log = logging.getLogger(__name__)
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_MAX_INSTANCE = re.compile(r"max_instance=(\d+)")
-_FRAMEBUFFER = re.compile(r"framebuffer=(\d+)M")
-_GVT_GM = re.compile(r"(low|high)_gm_size:\s*(\d+)MB")
 
 
 class HostReadError(OSError):
@@ -165,24 +167,6 @@ def read_function(env: HostEnv, io: HostIO, addr: str, dirs: DeviceDirs | None =
     )
 
 
-def _framebuffer(name: str, description: str) -> int | None:
-    m = _FRAMEBUFFER.search(description)
-    if m:
-        return int(m.group(1))
-    gm = dict((k, int(v)) for k, v in _GVT_GM.findall(description))
-    if gm:
-        return gm.get("low", 0) + gm.get("high", 0)
-    return framebuffer_mib_from_name(name)
-
-
-def _max_instances(name: str, description: str) -> int | None:
-    m = _MAX_INSTANCE.search(description)
-    if m:
-        return int(m.group(1))
-    known = catalog.known_type(name)
-    return known.max_instances if known else None
-
-
 _TYPE_ATTRS = ["name", "description", "device_api", "available_instances"]
 
 
@@ -199,13 +183,7 @@ def read_mdev_types(env: HostEnv, io: HostIO, parent: str, dirs: DeviceDirs | No
     for tid, a in listed.items():
         name = a["name"] or tid
         desc = a["description"] or ""
-        out.append(VgpuType(
-            id=tid, name=name, short_name=short_type_name(name), framework="mdev", description=desc,
-            device_api=a["device_api"] or "vfio-pci",
-            available_instances=_int(a["available_instances"]) or 0,
-            max_instances=_max_instances(name, desc), framebuffer_mib=_framebuffer(name, desc),
-            mig_backed=is_mig_backed(name), gpu_instance_profile=mig_profile_of(name),
-        ))
+        out.append(mdev_type(tid, name, desc, a["device_api"] or "vfio-pci", _int(a["available_instances"]) or 0))
     return out
 
 
@@ -218,13 +196,6 @@ def parse_creatable(text: str) -> list[tuple[str, str]]:
             if tid.isdigit():
                 out.append((tid, name))
     return out
-
-
-def _vendor_type(tid: str, name: str, available: int) -> VgpuType:
-    return VgpuType(id=tid, name=name, short_name=short_type_name(name), framework="vendor-vfio",
-                    available_instances=available, max_instances=_max_instances(name, ""),
-                    framebuffer_mib=framebuffer_mib_from_name(name), mig_backed=is_mig_backed(name),
-                    gpu_instance_profile=mig_profile_of(name))
 
 
 def placement_value(text: str | None) -> int | None:
@@ -251,47 +222,6 @@ def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str, dirs: DeviceDirs
     return out
 
 
-def _merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, vendor_vfio: bool) -> list[VgpuType]:
-    merged: dict[str, VgpuType] = {}
-    for p in parents:
-        for t in p.types:
-            if t.id in merged:
-                merged[t.id].available_instances += t.available_instances
-            else:
-                merged[t.id] = t.model_copy()
-    if vendor_vfio and board:
-        # creatable_vgpu_types lists only what fits now; the board's full list comes from the catalog.
-        for spec in board.types:
-            merged.setdefault(str(spec.num), _vendor_type(str(spec.num), spec.name, 0))
-    if board:
-        for t in merged.values():  # the board's own entry, where a short name is shared (DC-8C)
-            t.inferred = list(catalog.inferred_of(t.id, board))
-            if t.mig_backed:
-                t.gpu_instance_profile = catalog.gi_profile_of(t.name, board)
-                known = catalog.known_type(t.name, board)
-                t.max_per_instance = known.max_per_instance if known else None
-    return sorted(merged.values(), key=lambda t: (t.framebuffer_mib or 0, t.name))
-
-
-def _cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> None:
-    """On VFs each parent reads 0 or 1, so their sum overstates what the GPU still holds.
-
-    Cap it by occupancy: each vGPU of type t uses 1/max(t) of the GPU (vgpu-types.md).
-    """
-    used = occupancy((t, 1) for t in held_types(types, vgpus))
-    for t in types:
-        if t.max_instances:
-            t.available_instances = min(t.available_instances, max(0, int((1 - used) * t.max_instances)))
-
-
-def _cap_by_placements(types: list[VgpuType], vgpus: list[Vgpu], smap: VgpuPlacements) -> None:
-    """In mixed-size mode only placements limit a type: at most one vGPU per creatable placement."""
-    taken = held(vgpus, smap)
-    for t in types:
-        if not t.mig_backed:
-            t.available_instances = min(t.available_instances, len(creatable(smap, taken, t.id)))
-
-
 def _placements(io: HostIO, addr: str, fields: dict, types: list[VgpuType]) -> VgpuPlacements | None:
     """NVML's mixed-size mode of an NVIDIA GPU on its driver and its time-sliced types' placements
     (NVML names a type by the number in its id: ``nvidia-468`` and ``468`` are type 468)."""
@@ -300,31 +230,6 @@ def _placements(io: HostIO, addr: str, fields: dict, types: list[VgpuType]) -> V
     numbers = {t.id: int(n) for t in types if not t.mig_backed and (n := t.id.rsplit("-", 1)[-1]).isdigit()}
     raw = VgpuModes(io.nvml()).state(addr, numbers)
     return None if raw is None else VgpuPlacements.model_validate(raw)
-
-
-def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -> bool | None:
-    """Whether an NVIDIA GPU runs in mixed-size mode, as far as sysfs shows it (None: cannot tell);
-    used where NVML reports no mode for the GPU (no library, or a board NVML has no mode for).
-
-    No attribute says (NVML sets the mode), but in equal-size mode, once a vGPU
-    exists, every type of another framebuffer size reads 0 available (kernel.md). So a GPU
-    holding vGPUs that still offers another size is in mixed-size mode; one that offers
-    none of another size although there is room for it is in equal-size mode.
-    """
-    if vendor_id != "0x10de":
-        return None
-    held = held_types(types, vgpus)
-    if not held:
-        return None
-    sizes = {t.framebuffer_mib for t in held}
-    other = [t for t in types if not t.mig_backed and t.framebuffer_mib and t.max_instances
-             and t.framebuffer_mib not in sizes]
-    if any(t.available_instances > 0 for t in other):
-        return True
-    free = 1 - occupancy((t, 1) for t in held)
-    if any(occupancy([(t, 1)]) <= free for t in other):
-        return False
-    return None  # full, or nothing of another size would fit anyway
 
 
 def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs: DeviceDirs | None = None,
@@ -358,7 +263,7 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
         elif io.exists(vd / "nvidia" / "creatable_vgpu_types"):
             framework = "vendor-vfio"
             listed = parse_creatable(read_attr(io, vd / "nvidia" / "creatable_vgpu_types", "") or "")
-            parents.append(MdevParent(address=vf.address, types=[_vendor_type(t, n, 1) for t, n in listed]))
+            parents.append(MdevParent(address=vf.address, types=[vendor_type(t, n, 1) for t, n in listed]))
             current = read_attr(io, vd / "nvidia" / "current_vgpu_type", "0") or "0"
             if current != "0":
                 known = next((n for t, n in listed if t == current), None)
@@ -372,12 +277,12 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
                                   gpu_instance=gi if known and is_mig_backed(known) and gi != NO_GPU_INSTANCE else None,
                                   placement_id=placement_value(read_attr(io, vd / "nvidia" / "placement_id"))))
     board = catalog.match_board(fields["vendor_id"], fields["device_id"], fields.get("subsystem_device_id"))
-    types = _merge_types(parents, board, framework == "vendor-vfio")
+    types = merge_types(parents, board, framework == "vendor-vfio")
     placements = _placements(io, addr, fields, types)
     if placements is not None and placements.enabled:
-        _cap_by_placements(types, vgpus, placements)
+        cap_by_placements(types, vgpus, placements)
     elif framework in ("mdev-sriov", "vendor-vfio"):
-        _cap_by_occupancy(types, vgpus)
+        cap_by_occupancy(types, vgpus)
     mig = _mig_state(io, addr, fields, types, vgpus)
     group_members = []
     if fields.get("iommu_group") is not None:

@@ -1,9 +1,10 @@
 """A copy-on-write view of the host: reads fall through, writes stay in memory (previews).
 
-``vgpuctl slices -f``, ``plan`` and ``capacity`` show what the node agent does once the node
-matches a layout without changing the node. They run the agent's own code over an
-:class:`OverlayIO`: a file the agent writes (a saved definition, a record, the checkpoint) is
-kept in memory and read back from there; a file it removes is hidden; the host is never written.
+``vgpuctl slices -f`` and ``capacity`` show what the node agent does once the node matches a
+layout without changing the node (:mod:`mdev_manager.preview`). The steps that only record state
+run through the agent's executor over an :class:`OverlayIO`: a file the agent writes (a saved
+definition, a record) is kept in memory and read back from there; a file it removes is hidden;
+the host is never written.
 
 What a write to the kernel does (``sriov_numvfs`` making VFs, ``create`` making an mdev, an NVML
 call making a GPU instance) is the kernel's to say, and a preview cannot ask it. Those writes go to

@@ -226,8 +226,30 @@ def test_a_preview_without_kernel_steps_runs_over_the_overlay(simdir, capsys, tm
     capsys.readouterr()
     before = snapshot(simdir / "default")
     code, shown, err = slices(capsys, "-f", str(layout), "-o", "json")
-    assert code == 0 and "scratch copy" not in err, err
+    assert code == 0 and "taken in memory" in err, err
     assert snapshot(simdir / "default") == before and not lost.exists()
     assert main(["--simulate", "default", "apply", "-f", str(layout)]) == 0 and lost.exists()
     capsys.readouterr()
     assert slices(capsys, "-f", str(layout), "-o", "json")[1] == shown
+
+
+def test_a_real_host_previews_the_agents_setup_too(simdir, capsys, tmp_path, monkeypatch):
+    """Off --simulate (a plain sysfs tree, the real host's transport) a node that does not match yet is
+    previewed in memory as the simulated one is (#37.6; before, exit 3: "apply it first"); nothing
+    is written, not even the kubelet's GPU numbering."""
+    from tests.mdev_manager.test_overlay import snapshot
+
+    main(["--simulate", "default", "discover"])
+    capsys.readouterr()
+    host = simdir / "default"
+    before = snapshot(host)
+    monkeypatch.setenv("NODE_NAME", NODE)
+    layout = Path(__file__).resolve().parents[2] / "examples" / "layout.yaml"
+    code = main(["--sys-root", str(host / "sys"), "--dev-root", str(host / "dev"), "--mdevctl-root",
+                 str(host / "etc/mdevctl.d"), "--state-root", str(host / "var/lib/vgpuctl"), "slices", "-f",
+                 str(layout), "--layout", "dra", "-o", "json", "--kubelet-root", str(tmp_path / "kl")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "taken in memory" in err and "IOMMU groups unknown" in err, err
+    devices = [d for i in json.loads(out)["items"] for d in i["spec"].get("devices", [])]
+    assert any(d["attributes"]["profile"]["string"].startswith("L40S-") for d in devices)  # the L40S's VFs, foreseen
+    assert snapshot(host) == before and not (tmp_path / "kl").exists()

@@ -11,8 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +37,6 @@ class Host:
     kubelet_root: Path = DEFAULT_KUBELET_ROOT
     preset: str | None = None
     sim_root: Path | None = None
-    #: simulated only: a throw-away copy of this host, where a command may show what a change would do
-    scratch: Callable[[], AbstractContextManager[Host]] | None = None
 
     @property
     def simulated(self) -> bool:

@@ -6,11 +6,6 @@ after :func:`vgpuctl.cli.extras.require_sim` has checked the extra is installed.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from mdev_manager.sim import load_host
@@ -22,13 +17,6 @@ from vgpuctl.cli.host import Host, sim_dir_for
 def sim_root(args) -> Path:
     """Where the simulated host lives: ``--sim-dir``, else one directory per preset."""
     return Path(args.sim_dir) if args.sim_dir else sim_dir_for(args.simulate)
-
-
-def _in_memory() -> str | None:
-    """Where a scratch copy is cheapest: a memory filesystem (its thousands of VF files made and removed
-    without a disk), else the default temporary directory."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
 def whole_sim_node(root: Path, ref: str, sim_dir: str | None = None, **kw) -> SimNode:
@@ -51,19 +39,4 @@ def open_simulated(args) -> Host:
     kubelet = Path(args.kubelet_root) if getattr(args, "kubelet_root", None) else root / "kubelet"
     node = load_host(args.simulate).node
 
-    @contextmanager
-    def scratch() -> Iterator[Host]:
-        """A copy of the simulated host (its kubelet directory too, for the prepared claims) in a
-        temporary directory, removed afterwards: changes there leave the host as it was."""
-        with tempfile.TemporaryDirectory(prefix="vgpuctl-scratch-", dir=_in_memory()) as tmp:
-            copy = Path(tmp) / "host"
-            shutil.copytree(root, copy, symlinks=True)
-            copied_kubelet = copy / "kubelet"
-            if not kubelet.is_relative_to(root) and kubelet.exists():
-                shutil.copytree(kubelet, copied_kubelet, symlinks=True, dirs_exist_ok=True)
-            s = sim_node(copy, None, libvirt_uri=args.libvirt_uri)
-            yield Host(env=s.env, io=s.io, node=node, kubelet_root=copied_kubelet, preset=args.simulate,
-                       sim_root=copy)
-
-    return Host(env=sim.env, io=sim.io, node=node, kubelet_root=kubelet, preset=args.simulate, sim_root=root,
-                scratch=scratch)
+    return Host(env=sim.env, io=sim.io, node=node, kubelet_root=kubelet, preset=args.simulate, sim_root=root)

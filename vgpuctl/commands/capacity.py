@@ -95,11 +95,11 @@ def simulated_node(args) -> tuple[CapacityReport, str]:
     shape = shape_for(args)
     host = open_host(args)
     layouts, what = node_layouts(args, host)
-    with set_up(host, layouts, what, args.driver) as ready:
-        paths = ready.paths(args.driver)
-        slices, warnings = node_slices(ready.env, ready.io, ready.node, paths=paths, shape=shape, layouts=layouts)
-        claims = prepared_claims(ready.io, paths)
-        others = _not_through_dra(ready, layouts)
+    inv = set_up(host, layouts, what, args.driver)
+    paths = host.paths(args.driver)
+    slices, warnings = node_slices(host.env, host.io, host.node, paths=paths, shape=shape, layouts=layouts, inv=inv)
+    claims = prepared_claims(host.io, paths)
+    others = _not_through_dra(host, layouts, inv)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     report = compute(slices, claims, driver=args.driver, nodes=args.node)
@@ -109,14 +109,15 @@ def simulated_node(args) -> tuple[CapacityReport, str]:
     return report, source
 
 
-def _not_through_dra(host, layouts) -> list[str]:
-    """One note per GPU the layout keeps out of DRA (vgpu, passthrough, unmanaged), with what it holds."""
+def _not_through_dra(host, layouts, inv=None) -> list[str]:
+    """One note per GPU the layout keeps out of DRA (vgpu, passthrough, unmanaged), with what it holds
+    (``inv``: the node as the agent leaves it, else read)."""
     if layouts is None:
         return []
     from mdev_manager.discovery import discover
     from mdev_manager.plan import select_gpus
 
-    inv = discover(host.env, host.io)
+    inv = inv if inv is not None else discover(host.env, host.io)
     notes = []
     for addr, entry in sorted(select_gpus(inv, layouts).items()):
         if entry.mode == "dra":

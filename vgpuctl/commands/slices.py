@@ -14,8 +14,6 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from dra_bridge.api import compat
@@ -27,6 +25,7 @@ if TYPE_CHECKING:  # loaded where used: a command's -h stays light
     from mdev_manager.config import GpuLayout
     from mdev_manager.host.env import HostEnv
     from mdev_manager.host.io import HostIO
+    from mdev_manager.models import Inventory
     from vgpuctl.cli.host import Host
 
 
@@ -49,15 +48,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape: Shape,
-                layouts: list[GpuLayout] | None = None) -> tuple[list[dict], list[str]]:
+                layouts: list[GpuLayout] | None = None, inv: Inventory | None = None) -> tuple[list[dict], list[str]]:
     """(slices, warnings): what this node's agent publishes in ``shape`` (the agent's own
-    :func:`~dra_bridge.pool.shape.node_pool`). Shared with ``capacity``."""
+    :func:`~dra_bridge.pool.shape.node_pool`) for the node as read, or as ``inv`` (a preview's).
+    Shared with ``capacity``."""
     from dra_bridge.pool.shape import node_pool
     from dra_bridge.pool.slices import plan_slices
     from mdev_manager import numbering
     from mdev_manager.discovery import discover
 
-    inv = discover(env, io, node=node, ids=numbering.load(env, io, paths.gpu_ids))  # read, never written here
+    if inv is None:
+        inv = discover(env, io, node=node, ids=numbering.load(env, io, paths.gpu_ids))  # read, never written here
     pool = node_pool(inv, layouts, paths.driver, shape)
     plan = plan_slices(pool, driver=paths.driver, node_name=node, pool_name=node, generation=1,
                        server_version=shape.version)
@@ -112,66 +113,42 @@ def node_layouts(args: argparse.Namespace, host: Host) -> tuple[list[GpuLayout] 
         return None, "no layout (every GPU offered)"
     return rec.layouts(), rec.describe()
 
-@contextmanager
-def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str) -> Iterator[Host]:
-    """The node as the agent makes it before it publishes: ``host`` when it matches ``layouts``; else the
-    host behind a copy-on-write overlay with the layout applied there by the agent's rounds, where no
-    step needs the kernel's answer (records, saved definitions); else, on a simulated host, a scratch
-    copy with the layout applied as the agent applies it (nothing changes on the host); on a real one
-    :class:`NotSetUp` (a preview of the kernel's answer would be a guess)."""
-    from mdev_manager.reconcile import plan_once, reconcile
+def set_up(host: Host, layouts: list[GpuLayout] | None, what: str, driver: str, node: str = "") -> Inventory | None:
+    """The node as the agent leaves it before it publishes: None where it matches ``layouts`` (or there
+    is none: the node is read as it is); else its inventory once the agent's rounds took their steps,
+    in memory (:func:`mdev_manager.preview.preview`: the same planner, the kernel's steps applied to the
+    inventory read once; the node is never written). The same on a real host as on a simulated one."""
+    from mdev_manager.discovery import discover
+    from mdev_manager.preview import preview
     from vgpuctl.cli.host import NotSetUp, numbering_of, prepared_usage
 
     if layouts is None:
-        yield host
-        return
-    usage = prepared_usage(host, driver)
-    _, plan, _ = plan_once(host.env, host.io, layouts, usage, host.node, numbering_of(host, driver))
-    if not plan.actions:
-        yield host
-        return
-    if not plan.structural():  # no step that changes what a GPU offers: the agent's rounds run over a
-        preview = _over_overlay(host, layouts, usage, driver)  # copy-on-write view, where no step needs the kernel
-        if preview is not None:
-            yield preview
-            return
-    if host.scratch is None:
-        raise NotSetUp(f"the node does not match {what} yet ({len(plan.actions)} steps: {plan.actions[0].describe()}"
-                       f"{', ...' if len(plan.actions) > 1 else ''}); the node agent applies it before it publishes, "
-                       "so apply it first (vgpuctl apply -f FILE --layout NAME, or let vgpuctl serve run), then "
-                       "run slices again")
-    print(f"note: the simulated node does not match {what} yet: these are the slices the agent publishes once it "
-          f"has applied it ({len(plan.actions)} steps, taken on a scratch copy; the node is unchanged)", file=sys.stderr)
-    with host.scratch() as copy:
-        out = reconcile(copy.env, copy.io, layouts, usage_extra=prepared_usage(copy, driver), node=copy.node,
-                        final_inventory=False, ids=numbering_of(copy, driver))
-        if not out.ok:
-            raise NotSetUp(f"applying {what} on a scratch copy of the simulated node failed; vgpuctl --simulate "
-                           "apply shows why")
-        yield copy
+        return None
+    ids = numbering_of(host, driver)
+    inv = discover(host.env, host.io, node=node or host.node, ids=ids)
+    pv = preview(host.env, host.io, layouts, usage_extra=prepared_usage(host, driver), node=node or host.node,
+                 ids=ids, inventory=inv)
+    if not pv.plans:
+        return inv
+    if not pv.ok:
+        why = "; ".join(pv.failed) if pv.failed else "its rounds did not end"
+        raise NotSetUp(f"the node does not match {what} yet and the agent's steps could not be previewed ({why}); "
+                       "apply it first (vgpuctl apply -f FILE --layout NAME, or let vgpuctl serve run), then run "
+                       "this again")
+    print(f"note: the node does not match {what} yet: this is what the agent publishes once it has applied it "
+          f"({pv.steps} steps, taken in memory; the node is unchanged)", file=sys.stderr)
+    for assumed in pv.assumptions:
+        print(f"note: assumed until the kernel answers: {assumed}", file=sys.stderr)
+    return pv.inventory
 
 
-def _over_overlay(host: Host, layouts: list[GpuLayout], usage, driver: str) -> Host | None:
-    """The host seen through a copy-on-write overlay (:class:`~mdev_manager.host.overlay.OverlayIO`) with the
-    layout applied there by the agent's own rounds; None where a step needs the kernel's answer."""
-    from dataclasses import replace
-
-    from mdev_manager.host.overlay import OverlayIO
-    from mdev_manager.reconcile import reconcile
-    from vgpuctl.cli.host import numbering_of
-
-    overlay = OverlayIO(host.io, kernel_roots=(host.env.sys_root, host.env.dev_root))
-    out = reconcile(host.env, overlay, layouts, usage_extra=usage, node=host.node, final_inventory=False,
-                    ids=numbering_of(host, driver))
-    return replace(host, io=overlay, scratch=None) if out.ok and not overlay.refused else None
-
-
-def why_empty(host: Host, layouts: list[GpuLayout] | None, what: str) -> str:
-    """Why a node publishes no device, and what layout would make it publish some."""
+def why_empty(host: Host, layouts: list[GpuLayout] | None, what: str, inv: Inventory | None = None) -> str:
+    """Why a node publishes no device (``inv``: the node as the agent leaves it, else read), and what
+    layout would make it publish some."""
     from mdev_manager.discovery import discover
     from mdev_manager.plan import select_gpus
 
-    inv = discover(host.env, host.io, node=host.node)
+    inv = inv if inv is not None else discover(host.env, host.io, node=host.node)
     if not inv.gpus:
         return "no device to publish: the node has no GPU"
     if layouts is None:
@@ -207,11 +184,11 @@ def run(args: argparse.Namespace) -> int:
     host = open_host(args)
     node = node or host.node
     layouts, what = node_layouts(args, host)
-    with set_up(host, layouts, what, args.driver) as ready:
-        slices, warnings = node_slices(ready.env, ready.io, node, paths=ready.paths(args.driver), shape=shape,
-                                       layouts=layouts)
-        if not any(s.get("spec", {}).get("devices") for s in slices):
-            print(f"note: {why_empty(ready, layouts, what)}", file=sys.stderr)
+    inv = set_up(host, layouts, what, args.driver, node)
+    slices, warnings = node_slices(host.env, host.io, node, paths=host.paths(args.driver), shape=shape,
+                                   layouts=layouts, inv=inv)
+    if not any(s.get("spec", {}).get("devices") for s in slices):
+        print(f"note: {why_empty(host, layouts, what, inv)}", file=sys.stderr)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     doc = {"apiVersion": "v1", "kind": "List", "items": slices}
