@@ -261,7 +261,12 @@ def _merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, ven
                 merged[t.id] = t.model_copy()
     if vendor_vfio and board:
         # creatable_vgpu_types lists only what fits now; the board's full list comes from the catalog.
+        # A type whose catalog id is a placeholder ("id" inferred) is left out where the driver lists
+        # it by name under its real id: one type, the driver's id.
+        listed = {short_type_name(t.name).lower() for t in merged.values()}
         for spec in board.types:
+            if "id" in spec.inferred and spec.short_name.lower() in listed:
+                continue
             merged.setdefault(str(spec.num), _vendor_type(str(spec.num), spec.name, 0))
     if board:
         for t in merged.values():  # the board's own entry, where a short name is shared (DC-8C)
