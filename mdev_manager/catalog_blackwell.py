@@ -93,7 +93,9 @@ def _dc_mig() -> list[TypeSpec]:
 
 
 # RTX PRO 4500 BSE (PCI 10de:2c3a): MIG-backed types and ids from the driver's
-# vgpuSmcTypeIdMappings for 0x2C3A10DE (DC-1-* on the half-GPU instance 1g.16gb, DC-2-* on the whole
+# vgpuSmcTypeIdMappings for 0x2C3A10DE (g_vgpu_resman_specific.h of a release newer than 595.45.04,
+# read in forks of open-gpu-kernel-modules: zaclanzon @ 722ae845, 580.173.02; wozeparrot @ d0f2587b)
+# (DC-1-* on the half-GPU instance 1g.16gb, DC-2-* on the whole
 # GPU 2g.32gb). Rows: (GiB, max per GPU, {series: type id}, the series a source counts). Counts from
 # vgpu-device-manager v0.5.0 (DC-1-16, DC-2-8, DC-2-32: C and Q) and NVIDIA AI Enterprise's Table 52
 # (DC-2-16C: 2; its "1" for DC-1-16C and "2" for DC-1-8C are per GPU instance); the rest by the
