@@ -271,6 +271,9 @@ def _merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, ven
     if board:
         for t in merged.values():  # the board's own entry, where a short name is shared (DC-8C)
             t.inferred = list(catalog.inferred_of(t.id, board))
+            own = catalog.known_type(t.name, board) if vendor_vfio else None
+            if own is not None:  # vendor VFIO prints no maximum: the GPU's own board's, not a namesake's
+                t.max_instances = own.max_instances
             if t.mig_backed:
                 t.gpu_instance_profile = catalog.gi_profile_of(t.name, board)
                 known = catalog.known_type(t.name, board)

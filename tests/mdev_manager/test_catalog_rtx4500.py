@@ -124,6 +124,17 @@ def test_a_placeholder_gives_way_to_the_drivers_own_id(make_sim):
     assert any(t.id == str(by_short(RTX4500)["DC-16Q"].num) for t in types)  # the others stay
 
 
+def test_a_driver_name_the_catalog_lacks_still_gets_its_own_boards_maximum(make_sim):
+    """Vendor VFIO prints no maximum: the catalog's is taken, by PCI ids, never the RTX PRO 6000's
+    for a shared short name (DC-16Q: 2 on the 4500, 6 on the 6000) when the long name is new."""
+    sim = make_sim(host("RTX-PRO-4500-BSE"))
+    for f in sim.root.rglob("creatable_vgpu_types"):
+        f.write_text(f.read_text().replace("NVIDIA RTX PRO 4500 Blackwell ", "NVIDIA RTX PRO 4500 BSE "))
+    types = {t.short_name: t for t in sim.discover().gpus[0].types}
+    assert types["DC-16Q"].name == "NVIDIA RTX PRO 4500 BSE DC-16Q"
+    assert (types["DC-16Q"].max_instances, types["DC-8C"].max_instances) == (2, 4)
+
+
 def test_mig_profiles_and_placements_inside_an_instance():
     profiles = {p.name: p for p in mig_profiles(RTX4500.key)}
     assert {n: p.instances for n, p in profiles.items()} == {"1g.16gb": 2, "2g.32gb": 1}
