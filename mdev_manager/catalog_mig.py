@@ -114,6 +114,15 @@ _RTX_PRO_6000: list[Row] = [
     ("4g.96gb+gfx", 49, 1, 95000, 188, 4, 4, 4, 4, 1, (0,), 4),
 ]
 
+# RTX PRO 4500 BSE 32GB (GB203): MIG user guide "Supported GPUs" (max 2 instances); the profile
+# names 1g.16gb and 2g.32gb from NVIDIA AI Enterprise's Table 52 and the driver's type table (DC-1-*
+# on the half-GPU partition, DC-2-* on the whole GPU). No -lgip output was found: ids, memory sizes,
+# SMs, engines and the 2-slot geometry are inferred (the 6000's 1g id 14, the whole GPU's id 0).
+_RTX_PRO_4500: list[Row] = [
+    ("1g.16gb", 14, 2, 15744, 41, 1, 1, 1, 1, 0, (0, 1), 1),
+    ("2g.32gb", 0, 1, 31616, 82, 2, 2, 2, 2, 1, (0,), 2),
+]
+
 # B200 180GB: -lgip rows 1g.23gb (19, 7, 22 GiB, 18 SMs), +me (20), 1g.45gb (15, 4, 44.25 GiB),
 # 2g.45gb (14, 3) (NVIDIA/mig-parted#166, #187); 3g/4g/7g counts from mig-parted's config, their
 # ids (9/5/0), sizes and the whole geometry inferred from H100/H200 (same ids, counts and ratios).
@@ -155,6 +164,7 @@ _GB200: list[Row] = [
 #: What the Blackwell tables infer (shown by vgpuctl discover --types; NVML's own answers win).
 MIG_INFERRED: dict[str, tuple[str, ...]] = {
     "RTX-PRO-6000-BSE": ("MIG placements", "MIG profile ids of 2g/4g and -me variants", "MIG engines"),
+    "RTX-PRO-4500-BSE": ("MIG placements", "MIG profile ids", "MIG memory sizes", "MIG engines"),
     "B200": ("MIG placements", "MIG profile ids of 3g/4g/7g", "MIG engines"),
     "B300": ("MIG placements", "MIG profile ids", "MIG engines"),
     "GB200": ("MIG placements", "MIG profile ids of 3g/4g/7g", "MIG engines"),
@@ -168,6 +178,7 @@ MIG_TABLES: dict[str, list[Row]] = {
     "H100-NVL": _H100_NVL,
     "H200": _H200,
     "RTX-PRO-6000-BSE": _RTX_PRO_6000,
+    "RTX-PRO-4500-BSE": _RTX_PRO_4500,
     "B200": _B200,
     "B300": _B300,
     "GB200": _GB200,

@@ -40,7 +40,7 @@ from mdev_manager import catalog
 SLOT_MIB = 1024  # one slot is 1 GiB; a vGPU's placementSize is its framebuffer in GiB
 
 #: Boards placed by Blackwell's rule, read from the driver's code (no table is published).
-BLACKWELL = ("RTX-PRO-6000-BSE",)
+BLACKWELL = ("RTX-PRO-6000-BSE", "RTX-PRO-4500-BSE")
 #: Boards whose placements NVIDIA publishes (and the rule reproduces), and the Blackwell ones: catalog keys.
 KNOWN = ("L40S", "L40", "L4", "H100-80GB", "H100-NVL", "A100-40GB", "A100D-80GB", *BLACKWELL)
 

@@ -63,11 +63,19 @@ def merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, vend
                 merged[t.id] = t.model_copy()
     if vendor_vfio and board:
         # creatable_vgpu_types lists only what fits now; the board's full list comes from the catalog.
+        # A type whose catalog id is a placeholder ("id" inferred) is left out where the driver lists
+        # it by name under its real id: one type, the driver's id.
+        listed = {short_type_name(t.name).lower() for t in merged.values()}
         for spec in board.types:
+            if "id" in spec.inferred and spec.short_name.lower() in listed:
+                continue
             merged.setdefault(str(spec.num), vendor_type(str(spec.num), spec.name, 0))
     if board:
         for t in merged.values():  # the board's own entry, where a short name is shared (DC-8C)
             t.inferred = list(catalog.inferred_of(t.id, board))
+            own = catalog.known_type(t.name, board) if vendor_vfio else None
+            if own is not None:  # vendor VFIO prints no maximum: the GPU's own board's, not a namesake's
+                t.max_instances = own.max_instances
             if t.mig_backed:
                 t.gpu_instance_profile = catalog.gi_profile_of(t.name, board)
                 known = catalog.known_type(t.name, board)

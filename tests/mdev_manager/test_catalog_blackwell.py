@@ -69,8 +69,9 @@ def test_mig_time_slicing_types_name_their_instance_and_its_share(short, profile
 
 
 def test_gb100_boards_take_a_whole_instance_and_every_profile_exists():
-    assert RTX.mig_timeslicing and not any(b.mig_timeslicing for b in (B200, B300, GB200))
-    for b in (RTX, B200, B300, GB200):
+    rtx4500 = catalog.board("RTX-PRO-4500-BSE")
+    assert RTX.mig_timeslicing and rtx4500.mig_timeslicing and not any(b.mig_timeslicing for b in (B200, B300, GB200))
+    for b in (RTX, rtx4500, B200, B300, GB200):
         names = {p.name for p in mig_profiles(b.key)}
         for t in b.types:
             if t.mig_backed:
@@ -134,7 +135,7 @@ def test_discover_types_shows_what_is_inferred(make_sim):
     assert types["DC-2-12Q"]["gpu_instance_profile"] == "2g.48gb"
 
 
-@pytest.mark.parametrize("key", ["RTX-PRO-6000-BSE", "B200", "B300", "GB200"])
+@pytest.mark.parametrize("key", ["RTX-PRO-6000-BSE", "RTX-PRO-4500-BSE", "B200", "B300", "GB200"])
 def test_nvml_probe_puts_the_driver_beside_the_catalog(make_sim, key):
     from mdev_manager.nvmlprobe import differences, probe
 
@@ -144,7 +145,8 @@ def test_nvml_probe_puts_the_driver_beside_the_catalog(make_sim, key):
     assert differences(rec, board) == []  # the simulated driver is built from the catalog
     # a real driver that answers otherwise: each difference named, inferred ones said so
     rec.vgpu_types[-1].max_instances += 1
-    full = {"RTX-PRO-6000-BSE": 1521, "B200": 9950, "B300": 9952, "GB200": 9951}[key]  # ids the catalog infers
+    full = {"RTX-PRO-6000-BSE": 1521, "RTX-PRO-4500-BSE": 9966, "B200": 9950, "B300": 9952,
+            "GB200": 9951}[key]  # ids the catalog infers
     renumbered = next(t for t in rec.vgpu_types if t.id == full)
     renumbered.id = 1600
     rec.mig.profiles[0]["placements"] = rec.mig.profiles[0]["placements"][:1]

@@ -114,3 +114,7 @@ def test_folding_keeps_fixed_columns_whole_and_list_items_together():
     assert wrap("a, bb, ccc", 6) == ["a, bb,", "ccc"]
     assert [short_model(m) for m in ("AD102GL [L40S]", "GA100 [A100 PCIe 40GB]", "TU104GL [Tesla T4]",
                                      "GH100 [H100 SXM5 80GB]", None)] == ["L40S", "A100 40GB", "T4", "H100 80GB", "?"]
+    # the Blackwell boards' long names would wrap the MODEL column (#38): the edition is shortened
+    assert [short_model(m) for m in ("GB202GL [RTX PRO 6000 Blackwell Server Edition]",
+                                     "GB203 [RTX PRO 4500 Blackwell Server Edition]")] == [
+        "RTX PRO 6000", "RTX PRO 4500"]

@@ -17,15 +17,20 @@ WIDTH = 80
 GAP = 2
 _MIN_FOLD = 8
 _BRAND = re.compile(r"\b(Tesla|NVIDIA|PCIe|SXM\d?|NVL|HGX)\b\s*")
+#: The Blackwell data-center edition, left out: "RTX PRO 4500 BSE" would still wrap discover's MODEL
+#: column, and the Server Edition is the one these boards come in on a vGPU host (``-o wide`` and
+#: ``-o json`` keep it; the workstation editions keep their longer names).
+_EDITION = re.compile(r"\bBlackwell Server Edition\b")
 
 
 def short_model(product: str | None) -> str:
     """``AD102GL [L40S]`` -> ``L40S``, ``GA100 [A100 PCIe 40GB]`` -> ``A100 40GB``, ``TU104GL [Tesla T4]``
-    -> ``T4``: the marketing name in the PCI database's brackets, without brand and form factor."""
+    -> ``T4``, ``... [RTX PRO 6000 Blackwell Server Edition]`` -> ``RTX PRO 6000``: the marketing
+    name in the PCI database's brackets, without brand and form factor (``-o json`` keeps it whole)."""
     if not product:
         return "?"
     m = re.search(r"\[([^\]]+)\]", product)
-    name = _BRAND.sub("", m.group(1) if m else product).strip()
+    name = _EDITION.sub("", _BRAND.sub("", m.group(1) if m else product)).strip()
     return " ".join(name.split()) or product
 
 

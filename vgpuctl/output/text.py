@@ -88,8 +88,9 @@ def inventory_table(inv: Inventory, types: bool = False, wide: bool = False) -> 
                 head.append("INFERRED")
                 rows = [[*r, ",".join(t.inferred) or "-"] for r, t in zip(rows, g.types, strict=True)]
             out += ["", f"Types on GPU {g.index} ({g.address}):", fit(head, rows, fold=("NAME",), wide=wide)]
-            if (note := inferred_note(g)):
-                out.append(fit_lines(note))
+            for note in (inferred_note(g), placeholder_note(g)):
+                if note:
+                    out.append(fit_lines(note))
         else:
             free = ", ".join(f"{t.short_name} {t.available_instances}" for t in offered if t.available_instances)
             line = f"GPU {g.index} can still create: {free or 'nothing'}"
@@ -103,6 +104,17 @@ def inferred_note(g: Gpu) -> str | None:
         return None
     return (f"GPU {g.index}: vgpuctl's catalog infers {', '.join(g.inferred)} of this board (the driver's own "
             "values win on a real host; vgpuctl nvml-probe compares them)")
+
+
+def placeholder_note(g: Gpu) -> str | None:
+    """Types whose id NVIDIA publishes nowhere: the catalog's id is a placeholder or a guess, so the
+    type's id (and on a real host the whole type list) is the driver's, never the catalog's."""
+    ids = [t.id for t in g.types if "id" in t.inferred]
+    if not ids:
+        return None
+    return (f"GPU {g.index}: NVIDIA publishes no id for the {len(ids)} type(s) marked 'id' ({', '.join(ids[:3])}"
+            f"{', ...' if len(ids) > 3 else ''}): the catalog's are placeholders; a real host's types and ids "
+            "come from its driver only")
 
 
 def _slots_of(g: Gpu, type_id: str, placement: int | None) -> str:
