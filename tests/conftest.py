@@ -120,7 +120,7 @@ def holder(request, hold):
 #: Tests of several seconds each (node id prefixes, longest first). Under xdist they start first, so
 #: that the workers end together instead of one finishing a campaign alone; order only, nothing skips.
 LONG_FIRST = (
-    "tests/system/test_e2e_serve.py",  # one control plane, seven tests, nodes as processes (~6 min)
+    "tests/system/test_e2e_serve.py",  # a control plane per minor (1.37, 1.34), eight tests each, nodes as processes
     "tests/system/test_campaign.py",
     "tests/system/test_real_rbac.py",  # one test: a control plane, the DaemonSet's pod, a claim (~35 s)
     "tests/system/test_real_kubevirt.py",  # a control plane with KubeVirt's CRDs; drain --migrate (~3 min)
