@@ -120,7 +120,7 @@ def holder(request, hold):
 #: Tests of several seconds each (node id prefixes, longest first). Under xdist they start first, so
 #: that the workers end together instead of one finishing a campaign alone; order only, nothing skips.
 LONG_FIRST = (
-    "tests/system/test_e2e_serve.py",  # one control plane, seven tests, nodes as processes (~6 min)
+    "tests/system/test_e2e_serve.py",  # a control plane per minor (1.37, 1.34), eight tests each, nodes as processes
     "tests/system/test_campaign.py",
     "tests/system/test_real_rbac.py",  # one test: a control plane, the DaemonSet's pod, a claim (~35 s)
     "tests/system/test_real_kubevirt.py",  # a control plane with KubeVirt's CRDs; drain --migrate (~3 min)
@@ -154,7 +154,7 @@ SHARED_FIXTURES = {
 def pytest_collection_modifyitems(config, items):
     """In an xdist worker (each collects the same list, the controller hands out indices into it):
     the long tests first, each module's tests kept in their order; the users of a shared fixture
-    in one group."""
+    (of one of its values, where it is parametrized) in one group."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
 
@@ -166,7 +166,10 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::")[0]
         fixture = SHARED_FIXTURES.get(path)
         if fixture in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(f"{path}::{fixture}"))
+            # a parametrized fixture (a control plane per Kubernetes minor): one group per value, so
+            # the minors' control planes can run on two workers side by side
+            param = getattr(getattr(item, "callspec", None), "params", {}).get(fixture)
+            item.add_marker(pytest.mark.xdist_group(f"{path}::{fixture}" + (f"[{param}]" if param else "")))
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; without xdist it is never called

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes import client
@@ -77,13 +78,27 @@ class ApiClaimSource:
                 name, namespace, body(patch), _content_type="application/merge-patch+json",
                 _request_timeout=self.timeout)
         except ApiException as exc:
-            said = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
-            if exc.status == 422 and "field cannot be modified once set" in said:
+            if exc.status == 422 and allocation_refused(exc.body):
                 raise UnwritableClaimStatus(namespace, name) from None
             if exc.status != 409:
                 raise
             return False
         return True
+
+
+def allocation_refused(answer: bytes | str | None) -> bool:
+    """Whether a 422 answer to our patch of ``status.devices`` is the server refusing a change of
+    ``status.allocation`` (which the patch never names: the allocation it re-encodes differs from the
+    stored bytes). Read from the Status' causes, its field; the words differ by version (1.37: "field
+    cannot be modified once set", 1.34: "field is immutable"), so they are only a fallback."""
+    said = answer.decode(errors="replace") if isinstance(answer, bytes) else str(answer or "")
+    try:
+        causes = ((json.loads(said) or {}).get("details") or {}).get("causes") or []
+    except (ValueError, AttributeError):
+        causes = []
+    if any(isinstance(c, dict) and c.get("field") == "status.allocation" for c in causes):
+        return True
+    return "status.allocation" in said and ("cannot be modified once set" in said or "field is immutable" in said)
 
 
 class UnwritableClaimStatus(RuntimeError):
@@ -92,13 +107,14 @@ class UnwritableClaimStatus(RuntimeError):
     An opaque config's ``parameters`` are stored as the bytes first sent (protobuf storage) and an
     allocation is compared byte for byte, while a JSON write (any patch, or a PUT) carries them
     compacted: parameters first sent with spaces (Python's ``json.dumps`` default) or in another key
-    order make every later JSON status write "modify" the allocation (seen on 1.37.2; only protobuf
-    clients, kube-scheduler and the kubelet, are spared). Nothing the agent sends can change that."""
+    order make every later JSON status write "modify" the allocation (seen on 1.37.2 and 1.34.12; only
+    protobuf clients, kube-scheduler and the kubelet, are spared). Nothing the agent sends can change that."""
 
     def __init__(self, namespace: str, name: str):
         super().__init__(
-            f"claim {namespace}/{name}: the API server refuses every status write over JSON (422 "
-            "'status.allocation: field cannot be modified once set'): the opaque config parameters it copied "
+            f"claim {namespace}/{name}: the API server refuses every status write over JSON (422 on "
+            "status.allocation: 'field cannot be modified once set' or 'field is immutable'): the opaque config "
+            "parameters it copied "
             "from the claim's template or DeviceClass were sent with spaces or another key order and are kept "
             "byte for byte; create those with kubectl (or compact JSON) and re-create the claim")
         self.claim = f"{namespace}/{name}"

@@ -141,7 +141,7 @@ class Conformance:
     # ------------------------------------------------------------ check 1
     def check1(self, res: CheckResult) -> str:
         cap = self.b.capacity()
-        cands = []
+        cands, over = [], []
         for g in cap.gpus:
             if self.node and g.node != self.node:
                 continue
@@ -152,11 +152,19 @@ class Conformance:
                                     f"devices published, {p.fits} allocatable now")
                 if p.fits >= 2 and p.fits <= self.max_workloads:
                     cands.append((p.fits, g.node or "", g.index if g.index is not None else 1 << 30, g, p))
+                elif p.fits > self.max_workloads:
+                    over.append((p.fits, g.index if g.index is not None else 1 << 30, p.profile, g.gpu))
         if not cands:
+            # a GPU that offers only its smallest size (no shared counters: 1.34 and 1.35 default gates)
+            # holds more than the default; say how many would do rather than only that none does
+            fewest = ""
+            if over:
+                n, _, prof, gpu = min(over)
+                fewest = f"; the fewest on one GPU: {n} {prof} on {gpu}: rerun with --max-workloads {n} or a larger --profile"
             raise CheckFailed("no physical GPU exposes two or more allocatable logical GPUs"
                               + (f" of profile {self.profile}" if self.profile else "")
                               + (f" on node {self.node}" if self.node else "")
-                              + f" (at most {self.max_workloads} considered)")
+                              + f" (at most {self.max_workloads} considered){fewest}")
         fits, _, _, g, p = min(cands, key=lambda c: c[:3])
         self.target = Target(node=g.node, gpu=g.gpu, index=g.index, product=g.product, counter_set=g.counter_set,
                              profile=p.profile, fits=fits, published=p.published)
@@ -274,7 +282,10 @@ class Conformance:
                  if p.kind == "passthrough" and p.fits >= 1 and g.node == t.node]
         a_whole = next((p for g, p in whole if g.gpu == t.gpu), None)
         if a_whole is None:
-            raise CheckFailed(f"GPU {t.gpu} publishes no allocatable whole-GPU device")
+            raise CheckFailed(f"GPU {t.gpu} publishes no allocatable whole-GPU device" + (
+                "" if t.counter_set else ", nor shared counters: where the API server drops them (1.34 and 1.35 "
+                "default gates) a GPU offers its vGPUs or itself whole, never both, so the two cannot be accounted "
+                "together; enable DRAPartitionableDevices"))
         others = sorted((g for g, _ in whole if g.gpu != t.gpu),
                         key=lambda g: (g.product != t.product, g.index if g.index is not None else 1 << 30))
         tmpl_whole_a = self.b.template(f"whole-gpu-a-{random_suffix()}", self.b.passthrough_class,

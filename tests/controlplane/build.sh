@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the real control plane of one Kubernetes version (tests/controlplane/k8s-X.Y/) into
 # build/controlplane/k8s-X.Y/controlplane; called by .ci/run and by tests/support/controlplane.py.
-#   tests/controlplane/build.sh [1.37]
+#   tests/controlplane/build.sh [1.37 | 1.34]
 # The version kube-apiserver reports (/version, what kubectl and vgpuctl doctor read) is the
 # k8s.io/kubernetes module's, stamped as Kubernetes' own build does (-X ...component-base/version).
 # -p 2: CI machines are shared. Go's build cache makes a rebuild take seconds (a link, ~1 min).

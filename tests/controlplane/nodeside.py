@@ -334,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sys-root", required=True, type=Path, help="the simulated host's sysfs (the health check's /sys)")
     ap.add_argument("--state-dir", required=True, type=Path, help="the node side's own files (its certificate)")
     ap.add_argument("--driver", default=DEFAULT_DRIVER)
+    ap.add_argument("--kubelet-version", help="the Node's kubeletVersion (default: the API server's own version)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="node-side %(levelname)s %(message)s", stream=sys.stderr)
     from dra_bridge.apiclient.client import connect
@@ -345,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = NodeSide(connect(args.kubeconfig), args.node_name, kubelet_root=args.kubelet_root, cdi_root=args.cdi_root,
                   sys_root=args.sys_root, state_dir=args.state_dir, driver=args.driver)
     try:
+        # a kubelet no newer than its API server (the version skew policy): the server's own, as kubeadm pairs them
+        ns.kubelet_version = args.kubelet_version or ns.rest("GET", "/version")["gitVersion"]
         ns.register_node()
         announced = False
         while not stop.is_set():

@@ -1,9 +1,10 @@
 """One command: the real control plane with a simulated GPU node joined to it, until Ctrl-C.
 
-    python -m tests.controlplane.up [--preset mig-node]
+    python -m tests.controlplane.up [--preset mig-node] [--kubernetes 1.34]
 
-starts Kubernetes 1.37's etcd, kube-apiserver, kube-scheduler and kube-controller-manager
-(``build/controlplane/``, built by ``.ci/run`` or here when Go is installed), then for the node:
+starts Kubernetes 1.37's (or ``--kubernetes``'s: 1.34, the oldest supported minor) etcd,
+kube-apiserver, kube-scheduler and kube-controller-manager (``build/controlplane/``, built by
+``.ci/run``, or here when Go is installed), then for the node:
 the node side (:mod:`tests.controlplane.nodeside`: the Node registered with its name and
 allocatable, Ready, no not-ready taint left, pods bound to it prepared through the plugin and their
 logs served) and the agent as a user runs it, ``vgpuctl --simulate PRESET serve`` with the
@@ -231,17 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="default", choices=preset_names(), help="the simulated host (default %(default)s)")
     ap.add_argument("--node-side", help="another node side's command line, in place of tests.controlplane.nodeside")
     ap.add_argument("--feature-gates", default="", help="the control plane's, e.g. DRADeviceCompatibilityGroups=true")
-    args = ap.parse_args(argv)
-
     from tests.support import controlplane as cpmod
 
-    if not cpmod.BINARY.exists():
+    ap.add_argument("--kubernetes", default=cpmod.K8S_VERSION, choices=cpmod.MINORS,
+                    help="the control plane's Kubernetes minor (default %(default)s)")
+    args = ap.parse_args(argv)
+
+    exe = cpmod.binary_path(args.kubernetes)
+    if not exe.exists():
         why = cpmod.go_missing()
         if why:
-            print(f"error: {cpmod.BINARY} is not built and cannot be: {why}", file=sys.stderr)
+            print(f"error: {exe} is not built and cannot be: {why}", file=sys.stderr)
             return 2
-        print(f"building {cpmod.BINARY} (Go; minutes the first time)", flush=True)
-        cpmod.build()
+        print(f"building {exe} (Go; minutes the first time)", flush=True)
+        cpmod.build(args.kubernetes)
     stop = threading.Event()
 
     def on_signal(*_: object) -> None:
@@ -254,11 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     gates = dict((k, v.lower() == "true") for k, _, v in (g.partition("=") for g in args.feature_gates.split(",") if g))
-    cp = cpmod.RealControlPlane(gates)
+    cp = cpmod.RealControlPlane(gates, minor=args.kubernetes)
     node: SimulatedNode | None = None
     try:
         cp.start()
-        print(f"control plane: Kubernetes 1.37 at {cp.url} (pid {cp.proc.pid if cp.proc else '?'}, "
+        print(f"control plane: Kubernetes {cp.minor} at {cp.url} (pid {cp.proc.pid if cp.proc else '?'}, "
               f"ready in {cp.started_in:.1f}s)", flush=True)
         node = SimulatedNode(cp.kubeconfig_path, args.preset,
                              node_side=shlex.split(args.node_side) if args.node_side else None).start()

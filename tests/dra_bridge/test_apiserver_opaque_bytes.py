@@ -152,15 +152,52 @@ def test_a_status_patch_is_taken_only_where_the_parameters_were_stored_compact(s
         assert "field cannot be modified once set" in out["message"]
 
 
-def test_the_agent_names_a_claim_whose_status_no_json_write_can_change(srv):
+@pytest.mark.parametrize("version", ["1.34", "1.37"])
+def test_the_agent_names_a_claim_whose_status_no_json_write_can_change(version):
     """What the agent says when the server refuses it for that reason: the claim, why, and the fix, in
-    one line (not the raw API error with its headers, every second)."""
+    one line (not the raw API error with its headers, every second). On 1.34 too, whose server words
+    the refusal otherwise ("field is immutable"): the agent raised the raw 422 there."""
     from dra_bridge.apiclient.claims import ApiClaimSource, UnwritableClaimStatus
 
-    allocate(srv, make_claim(srv, SPACED), SPACED)
-    entry = add_device_status({"status": {}})["status"]["devices"][0]
-    with pytest.raises(UnwritableClaimStatus) as caught:
-        ApiClaimSource(srv.api_client()).set_device_status("default", "opaque-config", [entry])
+    with LocalApiServer(version=version) as srv:
+        allocate(srv, make_claim(srv, SPACED), SPACED)
+        entry = add_device_status({"status": {}})["status"]["devices"][0]
+        with pytest.raises(UnwritableClaimStatus) as caught:
+            ApiClaimSource(srv.api_client()).set_device_status("default", "opaque-config", [entry])
     text = str(caught.value)
     assert "\n" not in text and text.startswith("claim default/opaque-config: ")
     assert "byte for byte" in text and "kubectl" in text
+
+
+def test_the_1_34_server_words_the_refusal_as_field_is_immutable():
+    """kube-apiserver 1.34.12's ``ValidateImmutableField`` (not 1.37's declarative "cannot be modified
+    once set"), on the same field: what the real 1.34 server answered (tests/system/test_real_controlplane.py)."""
+    with LocalApiServer(version="1.34") as srv:
+        allocate(srv, make_claim(srv, SPACED), SPACED)
+        entries = add_device_status({"status": {}})["status"]["devices"]
+        code, out = patch(srv, json.dumps({"status": {"devices": entries}}, **COMPACT), "application/merge-patch+json")
+    assert code == 422, out
+    assert out["message"].endswith("status.allocation: Invalid value: null: field is immutable"), out
+    assert out["details"]["causes"][0]["field"] == "status.allocation"
+
+
+#: The 422 bodies the real servers answered (values shortened): 1.37.2 and 1.34.12
+REFUSED_1_37 = ('{"kind":"Status","status":"Failure","message":"ResourceClaim.resource.k8s.io \\"c\\" is invalid: '
+                'status.allocation: Invalid value: null: field cannot be modified once set","reason":"Invalid",'
+                '"details":{"causes":[{"reason":"FieldValueInvalid","message":"Invalid value: null: field cannot be '
+                'modified once set","field":"status.allocation"}]},"code":422}')
+REFUSED_1_34 = ('{"kind":"Status","status":"Failure","message":"ResourceClaim.resource.k8s.io \\"c\\" is invalid: '
+                'status.allocation: Invalid value: {\\"Devices\\":{}}: field is immutable","reason":"Invalid",'
+                '"details":{"causes":[{"reason":"FieldValueInvalid","message":"Invalid value: {\\"Devices\\":{}}: '
+                'field is immutable","field":"status.allocation"}]},"code":422}')
+OTHER_422 = ('{"kind":"Status","status":"Failure","message":"status.devices[0].conditions: Too many","reason":'
+             '"Invalid","details":{"causes":[{"reason":"FieldValueTooMany","field":"status.devices[0].conditions"}]},'
+             '"code":422}')
+
+
+@pytest.mark.parametrize(("body", "refused"), [(REFUSED_1_37, True), (REFUSED_1_34, True), (REFUSED_1_34.encode(), True),
+                                               (OTHER_422, False), ("not json", False), (None, False)])
+def test_the_allocation_refusal_is_told_apart_on_either_version(body, refused):
+    from dra_bridge.apiclient.claims import allocation_refused
+
+    assert allocation_refused(body) is refused

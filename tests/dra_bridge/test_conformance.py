@@ -553,3 +553,17 @@ def test_a_report_file_that_cannot_be_written_is_refused_before_anything_runs(tm
     assert main(["conformance", flag, str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_on_1_34_defaults_check_1_names_the_max_workloads_that_would_do_and_check_4_the_missing_counters():
+    """Without shared counters (1.34's default gates) each GPU offers one size only, its smallest: a T4
+    holds 16, more than the default 8 workloads, and check 1 said only that no GPU had several logical
+    GPUs (found on the real 1.34 control plane, tests/system/test_e2e_serve.py). It names what would do;
+    given that, checks 1-3 and 5 pass, and check 4 fails saying why: no GPU offers itself whole beside
+    its vGPUs without counters."""
+    rep = run_conformance_simulated(version="1.34", feature_gates={})
+    assert statuses(rep)[1] == "failed"
+    assert "the fewest on one GPU: 16 " in detail(rep, 1) and "--max-workloads 16" in detail(rep, 1), detail(rep, 1)
+    rep = run_conformance_simulated(version="1.34", feature_gates={}, max_workloads=16)
+    assert statuses(rep) == {1: "passed", 2: "passed", 3: "passed", 4: "failed", 5: "passed"}, rep.to_dict()
+    assert "nor shared counters" in detail(rep, 4) and "DRAPartitionableDevices" in detail(rep, 4)

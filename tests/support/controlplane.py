@@ -1,9 +1,12 @@
 """A real Kubernetes control plane for tests: etcd, kube-apiserver, kube-scheduler and
-kube-controller-manager from Kubernetes 1.37 in one Go process (tests/controlplane/k8s-1.37).
+kube-controller-manager of one Kubernetes minor in one Go process (tests/controlplane/k8s-X.Y), for
+the newest and the oldest supported minor (:data:`MINORS`, each with its own default gates).
 
-``.ci/run`` builds the program into ``build/controlplane/``; :func:`binary` builds it here when it is
-missing and Go is installed (Go's build cache makes that quick after the first time). Where Go is
-absent the tests that need it skip, saying so; under ``CI=true`` they fail instead.
+``.ci/run`` builds each program into ``build/controlplane/``; :func:`binary` builds the newest here
+when it is missing and Go is installed (Go's build cache makes that quick after the first time); an
+older minor not built is skipped, saying how to build it (a cold build takes many minutes). Where Go
+is absent the tests that need it skip, saying so; under ``CI=true`` they fail instead. Tests run on
+every minor through a fixture parametrized with :data:`MINOR_PARAMS`.
 
 :class:`RealControlPlane` offers the part of :class:`~dra_bridge.sim.apiserver.LocalApiServer`
 the tests use (``api_client()``, ``kubeconfig(path)``, ``objects()``, ``add()``, ...), so helpers
@@ -30,9 +33,23 @@ if TYPE_CHECKING:
     from dra_bridge.sim.kubelet import KubeletClient
 
 ROOT = Path(__file__).resolve().parents[2]
-K8S_VERSION = "1.37"
-SOURCE = ROOT / "tests" / "controlplane" / f"k8s-{K8S_VERSION}"
-BINARY = ROOT / "build" / "controlplane" / f"k8s-{K8S_VERSION}" / "controlplane"
+#: The minors with a control-plane program: the newest supported and the oldest (issue #39.2)
+MINORS = ("1.37", "1.34")
+K8S_VERSION = MINORS[0]  # the default: the newest
+#: ``params=`` for a fixture that runs its tests on every minor (ids ``k8s-1.37``, ``k8s-1.34``)
+MINOR_PARAMS = [pytest.param(m, id=f"k8s-{m}") for m in MINORS]
+
+
+def source(minor: str = K8S_VERSION) -> Path:
+    return ROOT / "tests" / "controlplane" / f"k8s-{minor}"
+
+
+def binary_path(minor: str = K8S_VERSION) -> Path:
+    return ROOT / "build" / "controlplane" / f"k8s-{minor}" / "controlplane"
+
+
+SOURCE = source()
+BINARY = binary_path()
 START_TIMEOUT = 180.0  # a cold etcd + apiserver start takes seconds; a loaded CI machine, more
 
 
@@ -50,29 +67,38 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def build() -> Path:
+def build(minor: str = K8S_VERSION) -> Path:
     """``tests/controlplane/build.sh``: ``go build -p 2`` with the version stamped (CI is shared)."""
-    subprocess.run([str(ROOT / "tests" / "controlplane" / "build.sh"), K8S_VERSION], check=True)
-    return BINARY
+    subprocess.run([str(ROOT / "tests" / "controlplane" / "build.sh"), minor], check=True)
+    return binary_path(minor)
 
 
-def binary() -> Path:
-    """The built program; built now when missing. Skips (fails under CI=true) without Go."""
-    if BINARY.exists():
-        return BINARY
+def binary(minor: str = K8S_VERSION) -> Path:
+    """The built program of ``minor``; the newest built now when missing. Skips (fails under
+    CI=true) without Go, and for an older minor not built (its cold build takes many minutes: not
+    something a test run starts unasked; ``.ci/run`` builds it)."""
+    exe = binary_path(minor)
+    if exe.exists():
+        return exe
     why = go_missing()
     if why:
         unavailable(why)
+    if minor != K8S_VERSION:
+        unavailable(f"the Kubernetes {minor} control plane is not built ({exe.relative_to(ROOT)}): "
+                    f"tests/controlplane/build.sh {minor} builds it (.ci/run does)")
     try:
-        return build()
+        return build(minor)
     except subprocess.CalledProcessError as exc:  # a build failure is a failure, not a skip
-        pytest.fail(f"building {SOURCE} failed: {exc}")
+        pytest.fail(f"building {source(minor)} failed: {exc}")
 
 
 class RealControlPlane:
-    """The Go program started with ``feature_gates``; ``with RealControlPlane() as cp: ...``."""
+    """The Go program of Kubernetes ``minor`` started with ``feature_gates``;
+    ``with RealControlPlane() as cp: ...``."""
 
-    def __init__(self, feature_gates: Mapping[str, bool] | None = None, *, extra: list[str] | None = None):
+    def __init__(self, feature_gates: Mapping[str, bool] | None = None, *, extra: list[str] | None = None,
+                 minor: str = K8S_VERSION):
+        self.minor = minor
         self.feature_gates = dict(feature_gates or {})
         self.extra = list(extra or [])
         self.proc: subprocess.Popen | None = None
@@ -81,6 +107,19 @@ class RealControlPlane:
         self.started_in = 0.0
         self._paths: dict[str, tuple[str, bool]] | None = None
         self._client = None
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """``(1, 34)``: the minor this control plane runs."""
+        major, minor = self.minor.split(".")
+        return int(major), int(minor)
+
+    def kept(self):
+        """What this server keeps of the DRA fields vgpuctl publishes, with its default gates (given
+        ``feature_gates`` applied): :func:`dra_bridge.api.compat.kept_by_gates`."""
+        from dra_bridge.api import compat
+
+        return compat.kept_by_gates(self.version, compat.resolve(self.version, self.feature_gates))
 
     # ------------------------------------------------------------------ life cycle
 
@@ -98,7 +137,7 @@ class RealControlPlane:
         return self.dir / "controlplane.log"
 
     def start(self, exe: Path | None = None) -> RealControlPlane:
-        exe = exe or binary()
+        exe = exe or binary(self.minor)
         self._dir = tempfile.TemporaryDirectory(prefix="cp-")
         args = [str(exe), "--kubeconfig-out", str(self.kubeconfig_path), "--data-dir", str(self.dir / "data")]
         if self.feature_gates:

@@ -1,5 +1,6 @@
-"""End to end as a user runs it (issue #39.4): the real control plane of Kubernetes 1.37
-(tests/controlplane), ``vgpuctl --simulate PRESET serve`` as a process with the preset's ``dra``
+"""End to end as a user runs it (issue #39.4): the real control plane of Kubernetes 1.37 and of
+1.34, each with its default gates (tests/controlplane; issue #39.2: the newest and the oldest supported
+minor), ``vgpuctl --simulate PRESET serve`` as a process with the preset's ``dra``
 layout, and the node side (tests/controlplane/nodeside.py) as a process: it registered the Node, it
 prepares the pods kube-scheduler binds there through the plugin's sockets and sets their phase. No
 test here writes a pod's status; pods and templates go in with kubectl.
@@ -7,14 +8,16 @@ test here writes a pod's status; pods and templates go in with kubectl.
 Per preset: every GPU filled by the real scheduler, each pod Running with the vGPU its claim names
 on the host; one more stays Pending with the scheduler's reason; freeing a GPU lets it run; a pod
 deleted outright has its vGPU removed. On ``default``: the agent refuses a second vGPU size on a GPU
-at bind time (binding conditions), and ``vgpuctl conformance --kubeconfig`` passes 5 of 5, pod logs
-read through the API server from the node side's kubelet endpoint.
+at bind time (binding conditions, where the server keeps them; where it keeps no counters, 1.34's
+defaults, a GPU offers one size and a pod of another stays Pending), and ``vgpuctl conformance
+--kubeconfig`` passes 5 of 5, pod logs read through the API server from the node side's kubelet endpoint.
 
 Skipped where Go is absent (failed under ``CI=true``): tests/support/controlplane.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -32,6 +35,7 @@ from mdev_manager.discovery import discover
 from mdev_manager.sim.node import sim_node
 from tests.controlplane.up import SimulatedNode
 from tests.support.controlplane import (
+    MINOR_PARAMS,
     RealControlPlane,
     openssl_needed,  # noqa: F401 (an autouse fixture)
     poll,
@@ -54,9 +58,10 @@ def render(*args: str) -> str:
     return subprocess.run([*VGPUCTL, "render", *args], capture_output=True, text=True, check=True).stdout
 
 
-@pytest.fixture(scope="module")
-def cp():
-    with RealControlPlane() as c:
+@pytest.fixture(scope="module", params=MINOR_PARAMS)
+def cp(request):
+    """One control plane per minor, its default gates: every test here runs on each."""
+    with RealControlPlane(minor=request.param) as c:
         yield c
 
 
@@ -218,6 +223,11 @@ def test_a_second_size_on_a_gpu_is_refused_at_bind_time(cp, k, short_base):
     """Two sizes allocated on one equal-size T4 while the agent is paused (both wait in PreBind for
     its binding conditions); resumed, the agent confirms the first and refuses the second, which the
     scheduler then finds no room for: it stays Pending, never bound."""
+    kept = cp.kept()
+    missing = [w for w, on in (("counters", kept.counters), ("binding conditions", kept.binding_conditions)) if not on]
+    if missing:
+        pytest.skip(f"Kubernetes {cp.minor}'s default gates keep no {' nor '.join(missing)}: a GPU offers one size "
+                    "(test_without_counters_a_gpu_offers_one_size...)")
     with SimulatedNode(cp.kubeconfig_path, "default", short_base / "n", node_name="bind-node") as node:
         cap = capacity.compute(cp.objects("resourceslices"), cp.objects("resourceclaims"), driver=DRIVER)
         t4 = next(g for g in cap.gpus if g.node == node.node and g.index == 0)
@@ -245,6 +255,33 @@ def test_a_second_size_on_a_gpu_is_refused_at_bind_time(cp, k, short_base):
         cleanup(cp, k, node.node)
 
 
+def test_without_counters_a_gpu_offers_one_size_and_a_pod_of_another_stays_pending(cp, k, short_base):
+    """Where the server keeps no shared counters (1.34's defaults: DRAPartitionableDevices is alpha,
+    off), nothing can keep two sizes of an empty T4 apart, so the agent offers one vGPU type per GPU
+    and not the whole GPU (dra_bridge/pool/safe.py): a pod of that type runs, a pod asking another
+    type of the same T4 stays Pending with the scheduler's reason, and the host holds one size."""
+    if cp.kept().counters:
+        pytest.skip(f"Kubernetes {cp.minor}'s default gates keep counters: a GPU offers every size "
+                    "(test_a_second_size_on_a_gpu_is_refused_at_bind_time)")
+    with SimulatedNode(cp.kubeconfig_path, "default", short_base / "n", node_name="one-size-node") as node:
+        cap = capacity.compute(cp.objects("resourceslices"), cp.objects("resourceclaims"), driver=DRIVER)
+        t4 = next(g for g in cap.gpus if g.node == node.node and g.index == 0)
+        offered = [p for p in t4.profiles if p.kind == "vgpu"]  # the types of one size (T4-1Q, T4-1B, ...)
+        assert len({p.memory for p in offered}) == 1 and offered[0].memory == 1 << 30, t4.profiles
+        assert [p for p in t4.profiles if p.kind != "vgpu"] == [], t4.profiles
+        offered = [p for p in offered if p.profile == "T4-1Q"]
+        other = dataclasses.replace(offered[0], profile="T4-2Q")
+        offered = offered[0]
+        apply(k, template("t4-offered", t4, offered), template("t4-other", t4, other))
+        apply(k, pod("offered", "t4-offered", node.node), pod("other", "t4-other", node.node))
+        wait_for(lambda: phase(cp, "offered") == "Running", "offered Running")
+        reason = wait_for(lambda: unschedulable(cp, "other"), "other Pending")
+        assert "cannot allocate all claims" in reason, reason
+        assert not cp.get_object("pods", "other", "default")["spec"].get("nodeName")
+        assert len(host_vgpus(node)) == 1
+        cleanup(cp, k, node.node)
+
+
 def allocated_or_none(cp: RealControlPlane, name: str) -> bool:
     p = cp.get_object("pods", name, "default")
     for st in (p.get("status") or {}).get("resourceClaimStatuses") or []:
@@ -256,17 +293,25 @@ def allocated_or_none(cp: RealControlPlane, name: str) -> bool:
 
 def test_conformance_passes_on_the_real_control_plane(cp, k, short_base, tmp_path):
     """``vgpuctl conformance --kubeconfig``: 5 of 5, check 1 from the cluster's scheduler, each
-    workload's health check read from its log as the API server proxies it from the node side."""
+    workload's health check read from its log as the API server proxies it from the node side. Where
+    the server keeps no counters (1.34's defaults) a T4 offers 16 of its smallest size, so 16 workloads
+    (``--max-workloads 16``; check 1 says so by default), and check 4 fails, saying why: without
+    counters no GPU offers itself whole beside its vGPUs."""
+    counters = bool(cp.kept().counters)
     with SimulatedNode(cp.kubeconfig_path, "default", short_base / "n", node_name="conformance-node"):
         p = subprocess.run([*VGPUCTL, "conformance", "--kubeconfig", str(cp.kubeconfig_path), "--node",
-                            "conformance-node", "-o", "json", "--junit", ""], capture_output=True, text=True, timeout=900,
-                           cwd=tmp_path)
+                            "conformance-node", "-o", "json", "--junit", ""]
+                           + ([] if counters else ["--max-workloads", "16"]), capture_output=True, text=True,
+                           timeout=900, cwd=tmp_path)
         assert p.stdout, p.stderr
         rep = json.loads(p.stdout)
         checks = {c["number"]: (c["status"], c["detail"]) for c in rep["checks"]}
-        assert {n: s for n, (s, _) in checks.items()} == {n: "passed" for n in range(1, 6)}, checks
+        want = {n: "passed" if counters or n != 4 else "failed" for n in range(1, 6)}
+        assert {n: s for n, (s, _) in checks.items()} == want, checks
         assert "the cluster's scheduler allocates" in checks[1][1]
-        assert p.returncode == 0
+        if not counters:
+            assert "nor shared counters" in checks[4][1], checks[4]
+        assert p.returncode == (0 if counters else 1)
 
 
 def test_no_execute_cordon_evicts_and_the_node_side_unprepares(cp, k, short_base):
@@ -276,6 +321,9 @@ def test_no_execute_cordon_evicts_and_the_node_side_unprepares(cp, k, short_base
     which raised TypeError before) and its vGPU leaves the host."""
     from tests.system.test_real_controlplane import evicted
 
+    if not cp.kept().taints:
+        pytest.skip(f"Kubernetes {cp.minor}'s default gates keep no device taints (DRADeviceTaints is off): "
+                    "nothing evicts (tests/system/test_real_controlplane.py's cordon test: free devices withdrawn)")
     with SimulatedNode(cp.kubeconfig_path, "default", short_base / "n", node_name="evict-node") as node:
         def published_l40s():  # the node's slices may still be coming when it says ready: wait for the L40S's
             cap = capacity.compute(cp.objects("resourceslices"), cp.objects("resourceclaims"), driver=DRIVER)

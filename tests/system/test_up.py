@@ -53,13 +53,14 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_up_brings_up_a_joined_node_and_ctrl_c_stops_it_all(tmp_path):
-    cpmod.binary()  # skips without Go, as the other real-control-plane tests
+@pytest.mark.parametrize("minor", cpmod.MINOR_PARAMS)
+def test_up_brings_up_a_joined_node_and_ctrl_c_stops_it_all(minor, tmp_path):
+    cpmod.binary(minor)  # skips without Go (or, for an older minor, not built), as the other real-control-plane tests
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = tmp_path / "up.log"
     with open(log, "wb") as err:
-        up = subprocess.Popen([sys.executable, "-m", "tests.controlplane.up", "--preset", "default"], cwd=ROOT,
-                              env=env, stdout=subprocess.PIPE, stderr=err)
+        up = subprocess.Popen([sys.executable, "-m", "tests.controlplane.up", "--preset", "default", "--kubernetes",
+                               minor], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err)
     try:
         ready = wait_line(up, "ready", 300, "tests.controlplane.up", log)
         kubeconfig = Path(ready.split("KUBECONFIG=", 1)[1].split(";")[0])
@@ -71,6 +72,8 @@ def test_up_brings_up_a_joined_node_and_ctrl_c_stops_it_all(tmp_path):
         assert node["metadata"]["name"] == "sim-node-1"
         assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
         assert node["status"]["allocatable"]["pods"] == "110"
+        # its kubelet is the control plane's own version (no newer than the API server: the skew policy)
+        assert node["status"]["nodeInfo"]["kubeletVersion"].startswith(f"v{minor}."), node["status"]["nodeInfo"]
         assert not node["spec"].get("taints"), node["spec"]
         slices = json.loads(k("get", "resourceslices", "-o", "json").stdout)["items"]
         assert slices and {s["spec"]["nodeName"] for s in slices} == {"sim-node-1"}

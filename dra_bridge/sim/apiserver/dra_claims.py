@@ -248,18 +248,21 @@ def _same(new: Any, old: Any, key: str = "") -> bool:
     return bool(new == old)
 
 
-def allocation_update(status: dict, old_status: dict) -> list[FieldError]:
-    """A set allocation may be cleared but not changed (``+k8s:update=NoModify``, declarative
-    validation in 1.37: hence the wording, not ``field is immutable``)."""
+def allocation_update(status: dict, old_status: dict, minor: int = 37) -> list[FieldError]:
+    """A set allocation may be cleared but not changed. The words differ by version: 1.37's
+    declarative validation (``+k8s:update=NoModify``) says ``field cannot be modified once set``,
+    1.34's ``ValidateImmutableField`` says ``field is immutable`` (both seen on the real servers,
+    tests/system/test_real_controlplane.py; 1.35 and 1.36 are given 1.37's words, unchecked)."""
     new, old = status.get("allocation"), old_status.get("allocation")
     if new is None or old is None or _same(new, old):
         return []
-    return [invalid("status.allocation", None, "field cannot be modified once set")]
+    return [invalid("status.allocation", None,
+                    "field is immutable" if minor <= 34 else "field cannot be modified once set")]
 
 
 def validate_resource_claim(obj: dict, old: dict | None, minor: int) -> list[FieldError]:
     spec_errors = claim_spec(obj.get("spec") or {}, "spec") if old is None else []
-    update_errors = allocation_update(obj.get("status") or {}, old.get("status") or {}) if old is not None else []
+    update_errors = allocation_update(obj.get("status") or {}, old.get("status") or {}, minor) if old is not None else []
     return spec_errors + claim_status(obj.get("status") or {}) + update_errors
 
 
