@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import claimfiles, recovery, refcheck, specs
-from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, serialize
+from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, Serializer
 from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.effects import (
@@ -78,6 +78,10 @@ class Driver:
         self.store = CheckpointStore(paths.checkpoint, self.io)
         self._lock = threading.RLock()  # the checkpoint in memory: each change, and each read of all records
         self._save_lock = threading.Lock()  # saves in order: the file always ends as the latest snapshot
+        self._changes = 0  # each save's change number (under _lock); the file holds those up to _saved
+        self._saved = 0
+        self.writes = 0  # checkpoint files written (tests count them)
+        self._serialize = Serializer()  # (under _lock) unchanged records are not dumped again
         self.gpu_locks = GpuLocks()  # a claim's prepare and unprepare hold its GPUs' locks (.gpulocks)
         #: GPU -> why it is unhealthy, from the agent's health watch (None: presence on the bus only)
         self.gpu_health: Callable[[], Mapping[str, str]] | None = None
@@ -206,12 +210,24 @@ class Driver:
             del self.cp.claims[uid]
 
     def _save(self) -> None:
-        """Write the checkpoint: the snapshot is taken under the lock of the records, the file written
-        (fsync) outside it, so other GPUs' prepares change their records meanwhile."""
+        """The records as they are now, on disk (fsync) before this returns.
+
+        Group commit: each save numbers its change under the lock of the records, then waits for the
+        file. A writer snapshots every change made so far (under that lock) and writes it outside it,
+        so the calls of other GPUs' prepares that queued behind one write are all covered by the next
+        one: a storm of prepares writes the file once per batch, not once per change, and no call
+        returns before a write holding its change completed (a failed write covers no one)."""
+        with self._lock:
+            self._changes += 1
+            mine = self._changes
         with self._save_lock:
+            if self._saved >= mine:  # a write that began after this change holds it
+                return
             with self._lock:
-                text = serialize(self.cp)
+                text, upto = self._serialize(self.cp), self._changes
             self.store.write(text)
+            self._saved = upto
+            self.writes += 1
 
     def _gpus_of(self, uid: str) -> set[str]:
         rec = self.cp.claims.get(uid)
