@@ -63,6 +63,15 @@ class GpuStates:
         with self._lock:
             self._touched.update(gpus)
 
+    def gpu(self, address: str) -> Gpu | None:
+        """A GPU as last read (None: not read, or the whole node is to be read again). A prepare plans
+        on it instead of reading the GPU, and asks the host before it uses what it shows
+        (:func:`dra_bridge.kubeletplugin.effects.choose_parent`)."""
+        inv = self.inventory
+        if inv is None or self._whole:
+            return None
+        return inv.gpu(address)
+
     def invalidate(self) -> None:
         """Read the whole node at the next resync (a layout apply changed it)."""
         with self._lock:

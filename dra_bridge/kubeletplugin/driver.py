@@ -59,8 +59,9 @@ from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, P
 from mdev_manager import persist
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
+from mdev_manager.discovery import read_available
 from mdev_manager.host.io import HostIO, RealIO, read_attr
-from mdev_manager.models import Usage
+from mdev_manager.models import Gpu, Usage
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class Driver:
         self.gpu_health: Callable[[], Mapping[str, str]] | None = None
         #: told the GPUs a prepare or unprepare changed, after its effects (None: not known, every GPU)
         self.touched: Callable[[set[str] | None], None] | None = None
+        #: the agent's state of a GPU in memory (:mod:`dra_bridge.agent.gpustate`); None: each prepare reads it
+        self.gpu_state: Callable[[str], Gpu | None] | None = None
         self.cp: Checkpoint = self._load()
 
     # ------------------------------------------------------------ start-up
@@ -367,8 +370,9 @@ class Driver:
                     raise PrepareError(f"{where}: {exc}") from None
             # a vGPU needs its type's parents only; a whole GPU needs everything (its group, its VFs)
             key = (dev.gpu, type_id) if dev.kind == "vgpu" else dev.gpu
-            gpu = gpus.get(key) or read_one_gpu(self.env, self.io, dev.gpu,
-                                                only_types={type_id} if dev.kind == "vgpu" else None)
+            kept = None if key in gpus else self._kept(dev)
+            gpu = gpus.get(key) or kept or read_one_gpu(self.env, self.io, dev.gpu,
+                                                        only_types={type_id} if dev.kind == "vgpu" else None)
             if gpu is None:
                 raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
             want_mig = dev.placement is not None
@@ -390,6 +394,15 @@ class Driver:
                     if dev.placement is not None:
                         rec = plan_mig_vgpu(gpu, rec, dev.placement, dev.gpu_instance_profile, taken,
                                             prefer.get(dev.name), avoid or set(), dev.inside)
+                    elif gpu is kept:
+                        try:
+                            rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set(), self._available)
+                        except PrepareError:  # the state in memory misled (a change by hand): the GPU as it is
+                            gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types={type_id})
+                            if gpu is None:
+                                raise PrepareError(f"GPU {dev.gpu} of device {dev.name} is gone") from None
+                            gpus[key] = gpu
+                            rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
                     else:
                         rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
                     if dev.slots is not None:  # mixed-size: made at the device's placement
@@ -398,6 +411,21 @@ class Driver:
                     raise PrepareError(f"{where}: {exc}") from None
             records.append(rec)
         return records, gpus
+
+    def _kept(self, dev) -> Gpu | None:
+        """The agent's state of a vGPU device's GPU, where a prepare may plan on it instead of reading the
+        GPU: a vGPU chosen by its parents' free instances alone (each asked before it is chosen), not a
+        MIG-backed or mixed-size one (their GPU instances and placements are read as they are now)."""
+        if self.gpu_state is None or dev.kind != "vgpu" or dev.placement is not None or dev.slots is not None:
+            return None
+        gpu = self.gpu_state(dev.gpu)
+        if gpu is None or gpu.framework not in ("mdev", "mdev-sriov") or (gpu.mig is not None and gpu.mig.enabled) \
+                or (gpu.placements is not None and gpu.placements.enabled):
+            return None
+        return gpu
+
+    def _available(self, parent: str, type_id: str) -> int:
+        return read_available(self.env, self.io, parent, type_id)
 
     def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict) -> None:
         """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""
