@@ -44,6 +44,7 @@ from dra_bridge.kubeletplugin.effects import (
     plan_mig_vgpu,
     plan_placement,
     plan_vgpu,
+    read_available,
     read_one_gpu,
     release_passthrough,
     remove_vgpu,
@@ -59,7 +60,6 @@ from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, P
 from mdev_manager import persist
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
-from mdev_manager.discovery import read_available
 from mdev_manager.host.io import HostIO, RealIO, read_attr
 from mdev_manager.models import Gpu, Usage
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import errno
 import logging
 import uuid as uuidlib
+from collections.abc import Callable
 
 from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.actions import DisableVfs, EnableVfs
-from collections.abc import Callable
-
-from mdev_manager.discovery import read_available, read_function, read_gpu
+from mdev_manager.discovery import read_available as read_available  # asked before a parent is chosen
+from mdev_manager.discovery import read_function, read_gpu
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name
