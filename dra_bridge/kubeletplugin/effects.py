@@ -1,6 +1,7 @@
 """Node-side effects of a claim: create or remove a vGPU, bind or release a passthrough GPU.
 
-Decisions (which parent, which VF) are pure functions over a freshly read GPU; the
+Decisions (which parent, which VF) are pure functions over a freshly read GPU, or over the agent's
+state of it with each candidate parent asked before it is chosen (:func:`choose_parent`); the
 writes go through the node manager's executor, so the DRA path and the layout path
 touch the kernel the same way.
 """
