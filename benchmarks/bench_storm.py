@@ -55,7 +55,7 @@ def run() -> list[str]:
             row("prepare call p50", f"{p50:.0f} ms", "-", None, "what one pod waits for"),
             row("prepare call p99", f"{p99:.0f} ms", f"{BOUND_P99_MS:.0f} ms", p99 / BOUND_P99_MS),
             row("resyncs meanwhile / GPU reads", f"{resyncs:.0f} / {reads.get('gpu', 0)}", "-", None,
-                f"{reads.get('whole', 0)} whole-node reads"),
+                f"{reads.get('vgpus', 0)} reads of a GPU's vGPUs only, {reads.get('whole', 0)} whole-node reads"),
             row("all unprepared", f"{utotal:.1f} s", "-", None,
                 f"per call p50 {percentile(unprep, 50) * 1000:.0f} / p99 {percentile(unprep, 99) * 1000:.0f} ms")]
 
