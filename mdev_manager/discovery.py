@@ -187,6 +187,14 @@ def read_mdev_types(env: HostEnv, io: HostIO, parent: str, dirs: DeviceDirs | No
     return out
 
 
+def read_available(env: HostEnv, io: HostIO, parent: str, type_id: str) -> int:
+    """One parent's ``available_instances`` of one mdev type, read now (0: not offered there, or gone)."""
+    try:
+        return _int(read_attr(io, _dev_dir(env, io, parent) / "mdev_supported_types" / type_id / "available_instances")) or 0
+    except OSError:
+        return 0
+
+
 def parse_creatable(text: str) -> list[tuple[str, str]]:
     """``creatable_vgpu_types``: a header line, then ``<id> : <name>`` per line."""
     out = []

@@ -109,6 +109,7 @@ class Daemon(LayoutSync):
                                      lost_effect=cfg.gpu_lost_effect)
         self.driver.gpu_health = self.health.messages  # the kubelet's health service says it per device
         self.driver.touched = self._touched  # a claim's GPUs are read again, not the whole node
+        self.driver.gpu_state = self.gpu_states.gpu  # a prepare plans on the GPU's state in memory
         self._driver_label: str | None = None  # the host driver version last labelled ("": none to read)
         # the node's GPU numbering, which device names carry (an earlier release kept it in the data dir)
         numbering.adopt(self.env, self.io, self.paths.gpu_ids)

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from mdev_manager.discovery import discover, read_function, read_gpu
+from mdev_manager.gpurefresh import refresh_vgpus
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.fingerprint import gpu_prints, host_marks
 from mdev_manager.host.io import HostIO
@@ -50,11 +51,12 @@ class GpuStates:
     def __init__(self, env: HostEnv, io: HostIO, node: str):
         self.env, self.io, self.node = env, io, node
         self.inventory: Inventory | None = None
-        self.reads: Counter[str] = Counter()  # "whole" and "gpu" reads made (tests and the benchmark)
+        self.reads: Counter[str] = Counter()  # "whole", "gpu" and "vgpus" reads made (tests, the benchmark)
         self._lock = threading.Lock()
         self._touched: set[str] = set()
         self._whole = True
         self._prints: dict[str, str] = {}
+        self._fixed: dict[str, str] = {}  # each GPU's print without its mdevs: functions, drivers, VFs
         self._rest: str | None = None
         self._mdev_parent: dict[str, str] = {}
 
@@ -62,6 +64,15 @@ class GpuStates:
         """A prepare's or unprepare's effects changed these GPUs: read them again at the next resync."""
         with self._lock:
             self._touched.update(gpus)
+
+    def gpu(self, address: str) -> Gpu | None:
+        """A GPU as last read (None: not read, or the whole node is to be read again). A prepare plans
+        on it instead of reading the GPU, and asks the host before it uses what it shows
+        (:func:`dra_bridge.kubeletplugin.effects.choose_parent`)."""
+        inv = self.inventory
+        if inv is None or self._whole:
+            return None
+        return inv.gpu(address)
 
     def invalidate(self) -> None:
         """Read the whole node at the next resync (a layout apply changed it)."""
@@ -92,18 +103,34 @@ class GpuStates:
                 again = (touched & set(prints)) | {a for a, p in prints.items() if p != self._prints.get(a)}
                 if check:
                     again |= {g.address for g in inv.gpus if g.mig is not None and g.mig.enabled}
-                gpus = [self._read_gpu(g.address, g.index) if g.address in again else g for g in inv.gpus]
+                fixed = fixed_prints(marks, owners(inv))
+                mig = {g.address for g in inv.gpus if g.mig is not None and g.mig.enabled} if check else set()
+                gpus = [self._read_gpu(g, light=fixed.get(g.address) == self._fixed.get(g.address)
+                                       and g.address not in mig) if g.address in again else g for g in inv.gpus]
                 new = inv.model_copy(update={"gpus": gpus})
                 prints, rest = gpu_prints(marks, owners(new))  # a GPU read again may own other functions now
                 if rest == self._rest:
-                    self.inventory, self._prints = new, prints
+                    self.inventory, self._prints, self._fixed = new, prints, fixed_prints(marks, owners(new))
                     return new
         inv = discover(self.env, self.io, node=self.node)
         self.reads["whole"] += 1
         self._prints, self._rest = gpu_prints(marks, owners(inv))
+        self._fixed = fixed_prints(marks, owners(inv))
         self.inventory = inv
         return inv
 
-    def _read_gpu(self, address: str, index: int) -> Gpu:
+    def _read_gpu(self, gpu: Gpu, light: bool) -> Gpu:
+        """The GPU read again: ``light`` (its functions and drivers unchanged, a vGPU made or removed), only
+        its vGPUs, types' free instances and NVML's view (:func:`~mdev_manager.gpurefresh.refresh_vgpus`)."""
+        if light:
+            fresh = refresh_vgpus(self.env, self.io, gpu)
+            if fresh is not None:
+                self.reads["vgpus"] += 1
+                return fresh
         self.reads["gpu"] += 1
-        return read_gpu(self.env, self.io, address, index, read_function(self.env, self.io, address))
+        return read_gpu(self.env, self.io, gpu.address, gpu.index, read_function(self.env, self.io, gpu.address))
+
+
+def fixed_prints(marks: list[tuple[str, ...]], owner: dict[str, str]) -> dict[str, str]:
+    """Each GPU's print of the marks a vGPU's creation or removal leaves alone (all but the mdevs)."""
+    return gpu_prints([m for m in marks if len(m) < 2 or m[1] != "mdev"], owner)[0]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import claimfiles, recovery, refcheck, specs
-from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, serialize
+from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, Serializer
 from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.effects import (
@@ -44,6 +44,7 @@ from dra_bridge.kubeletplugin.effects import (
     plan_mig_vgpu,
     plan_placement,
     plan_vgpu,
+    read_available,
     read_one_gpu,
     release_passthrough,
     remove_vgpu,
@@ -60,7 +61,7 @@ from mdev_manager import persist
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, read_attr
-from mdev_manager.models import Usage
+from mdev_manager.models import Gpu, Usage
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,17 @@ class Driver:
         self.store = CheckpointStore(paths.checkpoint, self.io)
         self._lock = threading.RLock()  # the checkpoint in memory: each change, and each read of all records
         self._save_lock = threading.Lock()  # saves in order: the file always ends as the latest snapshot
+        self._changes = 0  # each save's change number (under _lock); the file holds those up to _saved
+        self._saved = 0
+        self.writes = 0  # checkpoint files written (tests count them)
+        self._serialize = Serializer()  # (under _lock) unchanged records are not dumped again
         self.gpu_locks = GpuLocks()  # a claim's prepare and unprepare hold its GPUs' locks (.gpulocks)
         #: GPU -> why it is unhealthy, from the agent's health watch (None: presence on the bus only)
         self.gpu_health: Callable[[], Mapping[str, str]] | None = None
         #: told the GPUs a prepare or unprepare changed, after its effects (None: not known, every GPU)
         self.touched: Callable[[set[str] | None], None] | None = None
+        #: the agent's state of a GPU in memory (:mod:`dra_bridge.agent.gpustate`); None: each prepare reads it
+        self.gpu_state: Callable[[str], Gpu | None] | None = None
         self.cp: Checkpoint = self._load()
 
     # ------------------------------------------------------------ start-up
@@ -206,12 +213,24 @@ class Driver:
             del self.cp.claims[uid]
 
     def _save(self) -> None:
-        """Write the checkpoint: the snapshot is taken under the lock of the records, the file written
-        (fsync) outside it, so other GPUs' prepares change their records meanwhile."""
+        """The records as they are now, on disk (fsync) before this returns.
+
+        Group commit: each save numbers its change under the lock of the records, then waits for the
+        file. A writer snapshots every change made so far (under that lock) and writes it outside it,
+        so the calls of other GPUs' prepares that queued behind one write are all covered by the next
+        one: a storm of prepares writes the file once per batch, not once per change, and no call
+        returns before a write holding its change completed (a failed write covers no one)."""
+        with self._lock:
+            self._changes += 1
+            mine = self._changes
         with self._save_lock:
+            if self._saved >= mine:  # a write that began after this change holds it
+                return
             with self._lock:
-                text = serialize(self.cp)
+                text, upto = self._serialize(self.cp), self._changes
             self.store.write(text)
+            self._saved = upto
+            self.writes += 1
 
     def _gpus_of(self, uid: str) -> set[str]:
         rec = self.cp.claims.get(uid)
@@ -351,8 +370,9 @@ class Driver:
                     raise PrepareError(f"{where}: {exc}") from None
             # a vGPU needs its type's parents only; a whole GPU needs everything (its group, its VFs)
             key = (dev.gpu, type_id) if dev.kind == "vgpu" else dev.gpu
-            gpu = gpus.get(key) or read_one_gpu(self.env, self.io, dev.gpu,
-                                                only_types={type_id} if dev.kind == "vgpu" else None)
+            kept = None if key in gpus else self._kept(dev)
+            gpu = gpus.get(key) or kept or read_one_gpu(self.env, self.io, dev.gpu,
+                                                        only_types={type_id} if dev.kind == "vgpu" else None)
             if gpu is None:
                 raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
             want_mig = dev.placement is not None
@@ -374,6 +394,15 @@ class Driver:
                     if dev.placement is not None:
                         rec = plan_mig_vgpu(gpu, rec, dev.placement, dev.gpu_instance_profile, taken,
                                             prefer.get(dev.name), avoid or set(), dev.inside)
+                    elif gpu is kept:
+                        try:
+                            rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set(), self._available)
+                        except PrepareError:  # the state in memory misled (a change by hand): the GPU as it is
+                            gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types={type_id})
+                            if gpu is None:
+                                raise PrepareError(f"GPU {dev.gpu} of device {dev.name} is gone") from None
+                            gpus[key] = gpu
+                            rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
                     else:
                         rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
                     if dev.slots is not None:  # mixed-size: made at the device's placement
@@ -382,6 +411,21 @@ class Driver:
                     raise PrepareError(f"{where}: {exc}") from None
             records.append(rec)
         return records, gpus
+
+    def _kept(self, dev) -> Gpu | None:
+        """The agent's state of a vGPU device's GPU, where a prepare may plan on it instead of reading the
+        GPU: a vGPU chosen by its parents' free instances alone (each asked before it is chosen), not a
+        MIG-backed or mixed-size one (their GPU instances and placements are read as they are now)."""
+        if self.gpu_state is None or dev.kind != "vgpu" or dev.placement is not None or dev.slots is not None:
+            return None
+        gpu = self.gpu_state(dev.gpu)
+        if gpu is None or gpu.framework not in ("mdev", "mdev-sriov") or (gpu.mig is not None and gpu.mig.enabled) \
+                or (gpu.placements is not None and gpu.placements.enabled):
+            return None
+        return gpu
+
+    def _available(self, parent: str, type_id: str) -> int:
+        return read_available(self.env, self.io, parent, type_id)
 
     def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict) -> None:
         """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""

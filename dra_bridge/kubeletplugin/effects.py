@@ -1,6 +1,7 @@
 """Node-side effects of a claim: create or remove a vGPU, bind or release a passthrough GPU.
 
-Decisions (which parent, which VF) are pure functions over a freshly read GPU; the
+Decisions (which parent, which VF) are pure functions over a freshly read GPU, or over the agent's
+state of it with each candidate parent asked before it is chosen (:func:`choose_parent`); the
 writes go through the node manager's executor, so the DRA path and the layout path
 touch the kernel the same way.
 """
@@ -10,16 +11,18 @@ from __future__ import annotations
 import errno
 import logging
 import uuid as uuidlib
+from collections.abc import Callable
 
 from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.rpc.types import ClaimRef
 from mdev_manager.actions import DisableVfs, EnableVfs
+from mdev_manager.discovery import read_available as read_available  # asked before a parent is chosen
 from mdev_manager.discovery import read_function, read_gpu
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, link_name
 from mdev_manager.host.nvml import NVML_ERROR_IN_USE, NVML_ERROR_NOT_FOUND, Mig, NvmlError
-from mdev_manager.models import Gpu, MigPlacement
+from mdev_manager.models import Gpu, MdevParent, MigPlacement
 from mdev_manager.plan import native_driver
 
 log = logging.getLogger(__name__)
@@ -39,21 +42,38 @@ def read_one_gpu(env: HostEnv, io: HostIO, address: str, index: int = 0,
 
 
 def choose_parent(gpu: Gpu, type_id: str, taken: set[str], first: str | None = None,
-                  avoid: set[str] = frozenset()) -> tuple[str, str]:
+                  avoid: set[str] = frozenset(), available: Callable[[str, str], int] | None = None
+                  ) -> tuple[str, str]:
     """(framework, parent) for a new vGPU of ``type_id``, ``first`` tried first (a re-creation
     keeps its parent where it can), parents in ``avoid`` last (VFs a layout record names: its
-    restore would want them back); PrepareError says why none fits."""
+    restore would want them back); PrepareError says why none fits.
+
+    ``available`` (parent, type -> free instances now): ``gpu`` is the agent's state in memory, read
+    before other claims' vGPUs were made or freed; what it shows only orders the parents (free first)
+    and each candidate is asked now, one attribute, before it is chosen. The parents other claims'
+    records hold (``taken``) are never asked: the records are current where the state may not be."""
     offered = next((t for t in gpu.types if t.id == type_id), None)
     if offered is None:
         raise PrepareError(f"GPU {gpu.address} does not offer vGPU type {type_id} (driver {gpu.driver}, "
                            f"framework {gpu.framework})")
     busy = {v.parent for v in gpu.vgpus} | taken
-    for p in sorted(gpu.parents, key=lambda p: (p.address != first, p.address in avoid)):
-        if gpu.framework != "mdev" and p.address in busy:
-            continue
-        t = next((t for t in p.types if t.id == type_id), None)
-        if t is not None and t.available_instances > 0:
-            return offered.framework, p.address
+    if available is None:
+        for p in sorted(gpu.parents, key=lambda p: (p.address != first, p.address in avoid)):
+            if gpu.framework != "mdev" and p.address in busy:
+                continue
+            t = next((t for t in p.types if t.id == type_id), None)
+            if t is not None and t.available_instances > 0:
+                return offered.framework, p.address
+    else:
+        def shown_free(p: MdevParent) -> bool:
+            t = next((t for t in p.types if t.id == type_id), None)
+            return t is not None and t.available_instances > 0 and (gpu.framework == "mdev" or p.address not in busy)
+
+        for p in sorted(gpu.parents, key=lambda p: (p.address != first, p.address in avoid, not shown_free(p))):
+            if gpu.framework != "mdev" and p.address in taken:
+                continue
+            if available(p.address, type_id) > 0:
+                return offered.framework, p.address
     held = sorted({v.type_name for v in gpu.vgpus})
     why = f"it holds {', '.join(held)}" if held else "it has no free instance"
     raise PrepareError(f"GPU {gpu.address} cannot create {offered.name} now: {why}")
@@ -188,9 +208,11 @@ def plan_mig_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, placement: MigPlacement, 
 
 
 def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str],
-              prefer: PreparedDeviceRecord | None = None, avoid: set[str] = frozenset()) -> PreparedDeviceRecord:
-    """Where the vGPU goes; ``prefer`` (the record from before a reboot) keeps its parent and mdev UUID."""
-    framework, parent = choose_parent(gpu, rec.type_id, taken, prefer.parent if prefer else None, avoid)
+              prefer: PreparedDeviceRecord | None = None, avoid: set[str] = frozenset(),
+              available: Callable[[str, str], int] | None = None) -> PreparedDeviceRecord:
+    """Where the vGPU goes; ``prefer`` (the record from before a reboot) keeps its parent and mdev UUID;
+    ``available``: ``gpu`` is the state kept in memory, each parent asked now (:func:`choose_parent`)."""
+    framework, parent = choose_parent(gpu, rec.type_id, taken, prefer.parent if prefer else None, avoid, available)
     if framework == "vendor-vfio":
         vgpu_id = parent  # a vendor-VFIO vGPU is known by its VF
     elif prefer is not None and prefer.framework == "mdev" and prefer.vgpu_id:

@@ -14,6 +14,7 @@ import pytest
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
 from dra_bridge.sim.apiserver import LocalApiServer
+from mdev_manager.discovery import discover
 from mdev_manager.host.lock import NodeLock, NodeLockBusy
 from mdev_manager.sim import SimIO
 from tests.support.dra import add_claim, make_node, short_tmp
@@ -55,14 +56,17 @@ def test_a_prepare_and_an_unprepare_make_the_next_resync_read_their_gpu_only(srv
     assert daemon.driver.prepare([ref])[ref.uid].error is None
 
     daemon.resync(force=False)
-    assert daemon.gpu_states.reads == {"whole": 1, "gpu": 1}, "a prepare made the next resync read more than its GPU"
+    # its vGPUs and free instances only (its functions and drivers are as they were), as a whole read finds them
+    assert daemon.gpu_states.reads == {"whole": 1, "vgpus": 1}, "a prepare made the next resync read more than its GPU"
     made = daemon.driver.cp.claims[ref.uid].devices[0].vgpu_id
     assert [v.gpu for v in daemon.inventory.all_vgpus() if v.id == made] == [dev.gpu]
+    assert daemon.inventory.gpu(dev.gpu) == discover(node.env, node.io, node=node.node).gpu(dev.gpu)
 
     assert daemon.driver.unprepare([ref])[ref.uid] is None
     daemon.resync(force=False)
-    assert daemon.gpu_states.reads == {"whole": 1, "gpu": 2}
+    assert daemon.gpu_states.reads == {"whole": 1, "vgpus": 2}
     assert not daemon.inventory.all_vgpus(), "the unprepared vGPU is still in the agent's state"
+    assert daemon.inventory.gpu(dev.gpu) == discover(node.env, node.io, node=node.node).gpu(dev.gpu)
 
 
 def test_a_vgpu_made_by_hand_is_read_on_its_gpu_and_a_new_function_reads_the_node(srv, base):
@@ -73,11 +77,12 @@ def test_a_vgpu_made_by_hand_is_read_on_its_gpu_and_a_new_function_reads_the_nod
     daemon.io.write(node.env.pci(t4.address) / "mdev_supported_types" / t.id / "create",
                     "0b7c6a3e-1d2f-4e5a-9b8c-7d6e5f4a3b2c")  # mdevctl start, by hand
     daemon.resync(force=False)
-    assert daemon.gpu_states.reads == {"whole": 1, "gpu": 1}
+    assert daemon.gpu_states.reads == {"whole": 1, "vgpus": 1}
     assert [v.gpu for v in daemon.inventory.all_vgpus()] == [t4.address]
+    assert daemon.inventory.gpu(t4.address) == discover(node.env, node.io, node=node.node).gpu(t4.address)
     # nothing changed: the safety-net check reads nothing (no GPU of this preset is in MIG mode)
     daemon.resync(force=True)
-    assert daemon.gpu_states.reads == {"whole": 1, "gpu": 1}
+    assert daemon.gpu_states.reads == {"whole": 1, "vgpus": 1}
     # a GPU that leaves the bus, and comes back (functions no known GPU owns): the whole node is read
     other = next(g for g in daemon.inventory.gpus if g.address != t4.address)
     node.host.unplug(other.address)
@@ -188,3 +193,17 @@ def test_two_claims_given_one_device_at_once_prepare_one(srv, base):
     assert "refused, nothing prepared" in (out2["out"][second.uid].error or "")
     assert list(daemon.driver.cp.claims) == [first.uid]
     assert len([v for v in node.inventory().all_vgpus() if v.gpu == dev.gpu]) == 1
+
+
+def test_a_gpu_whose_function_changed_driver_is_read_whole_not_only_its_vgpus(srv, base):
+    """The light read takes the GPU's functions from the last read: a VF unbound by hand (a mark other
+    than an mdev's changed) makes the GPU read whole."""
+    node = make_node(base, "default")
+    daemon = make_agent(node, srv, base)
+    gpu = next(g for g in daemon.inventory.gpus if g.framework == "mdev-sriov")
+    vf = gpu.vfs[-1]
+    daemon.io.write(node.env.pci_drivers / vf.driver / "unbind", vf.address)
+    daemon.gpu_states.touched({gpu.address})
+    daemon.resync(force=False)
+    assert daemon.gpu_states.reads == {"whole": 1, "gpu": 1}
+    assert daemon.inventory.gpu(gpu.address) == discover(node.env, node.io, node=node.node).gpu(gpu.address)

@@ -1,0 +1,58 @@
+"""A GPU read before, read again only where a vGPU's creation or removal changes it (#37).
+
+A claim's prepare or unprepare makes or removes one vGPU: its GPU's functions, drivers, VFs and the
+types each parent offers stay as they were; what changes is each parent's mdevs, each type's
+``available_instances`` (the kernel lowers other parents' too: equal-size mode, occupancy) and what
+NVML derives from them (placements, GPU instances). :func:`refresh_vgpus` reads those again and takes
+the rest from the GPU as last read: one attribute per type instead of four, no function re-read.
+The caller uses it only where the GPU's other fingerprint marks (functions, drivers) are unchanged;
+a parent whose type list differs from the one read before makes it read the GPU whole (None).
+"""
+
+from __future__ import annotations
+
+from mdev_manager import catalog
+from mdev_manager.discovery import (
+    DeviceDirs,
+    _cap_by_occupancy,
+    _cap_by_placements,
+    _int,
+    _merge_types,
+    _mig_state,
+    _placements,
+    infer_mixed_size,
+    read_mdevs,
+)
+from mdev_manager.host.env import HostEnv
+from mdev_manager.host.io import HostIO
+from mdev_manager.models import Gpu, MdevParent, Vgpu
+
+
+def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
+    """``gpu`` with its vGPUs, types' free instances, placements and GPU instances read now; None: it
+    is not an mdev GPU, or a parent's types are not the ones read before (read the GPU whole)."""
+    if gpu.framework not in ("mdev", "mdev-sriov"):
+        return None
+    dirs = DeviceDirs(env, io)
+    parents: list[MdevParent] = []
+    vgpus: list[Vgpu] = []
+    for p in gpu.parents:
+        free = io.read_children(dirs(p.address) / "mdev_supported_types", ["available_instances"])
+        if set(free) != {t.id for t in p.types}:
+            return None
+        parents.append(p.model_copy(update={"types": [
+            t.model_copy(update={"available_instances": _int(free[t.id]["available_instances"]) or 0})
+            for t in p.types]}))
+        vgpus += read_mdevs(env, io, p.address, gpu.address, dirs)
+    fields = {"vendor_id": gpu.vendor_id, "driver": gpu.driver}
+    board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
+    types = _merge_types(parents, board, False)
+    placements = _placements(io, gpu.address, fields, types)
+    if placements is not None and placements.enabled:
+        _cap_by_placements(types, vgpus, placements)
+    elif gpu.framework == "mdev-sriov":
+        _cap_by_occupancy(types, vgpus)
+    mig = _mig_state(io, gpu.address, fields, types, vgpus)
+    mixed = placements.enabled if placements is not None else infer_mixed_size(gpu.vendor_id, types, vgpus)
+    return gpu.model_copy(update={"parents": parents, "vgpus": vgpus, "types": types, "placements": placements,
+                                  "mig": mig, "mixed_size": mixed})
