@@ -12,20 +12,11 @@ a parent whose type list differs from the one read before makes it read the GPU 
 from __future__ import annotations
 
 from mdev_manager import catalog
-from mdev_manager.discovery import (
-    DeviceDirs,
-    _cap_by_occupancy,
-    _cap_by_placements,
-    _int,
-    _merge_types,
-    _mig_state,
-    _placements,
-    infer_mixed_size,
-    read_mdevs,
-)
+from mdev_manager.discovery import DeviceDirs, _int, _mig_state, _placements, read_mdevs
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.models import Gpu, MdevParent, Vgpu
+from mdev_manager.typeset import cap_by_occupancy, cap_by_placements, infer_mixed_size, merge_types
 
 
 def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
@@ -46,12 +37,12 @@ def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
         vgpus += read_mdevs(env, io, p.address, gpu.address, dirs)
     fields = {"vendor_id": gpu.vendor_id, "driver": gpu.driver}
     board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
-    types = _merge_types(parents, board, False)
+    types = merge_types(parents, board, False)
     placements = _placements(io, gpu.address, fields, types)
     if placements is not None and placements.enabled:
-        _cap_by_placements(types, vgpus, placements)
+        cap_by_placements(types, vgpus, placements)
     elif gpu.framework == "mdev-sriov":
-        _cap_by_occupancy(types, vgpus)
+        cap_by_occupancy(types, vgpus)
     mig = _mig_state(io, gpu.address, fields, types, vgpus)
     mixed = placements.enabled if placements is not None else infer_mixed_size(gpu.vendor_id, types, vgpus)
     return gpu.model_copy(update={"parents": parents, "vgpus": vgpus, "types": types, "placements": placements,
