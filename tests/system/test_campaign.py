@@ -17,6 +17,13 @@ steps. ``mutations --ci --only h`` on them
 (2026-12-07) catches libvirt holders ignored at steps 41, 35, 75 and 66.
 A longer run: ``python -m tests.campaign --steps 2000 --seed 1 --seed 2 --seed 3``.
 
+To choose the seeds again (a change to the step table changes every seed's draws):
+``python -m tests.campaign.predict --seed 1 --seed 2 ... --seed 12`` runs each seed at CI's steps and
+says whether it passes, at which step the selected layout is first blocked only by a libvirt domain
+(where (h) removes a device) and what it covered (LIBVIRT_EDIT); take four passing seeds that reach
+both, put those with LIBVIRT_EDIT in :data:`COVERS`, and confirm with
+``python -m tests.campaign.mutations --ci --no-baseline`` (every seed must catch every mutation).
+
 Seeds 4, 5 and 6 are there for the selected layout edited while a libvirt domain names a vGPU that
 exists (issue 29; :data:`tests.campaign.run.LIBVIRT_EDIT`, counted in ``Result.covered``), which
 seeds 1, 2, 3, 7 and 8 do not reach; :data:`COVERS` says which seed must reach what, so a change
