@@ -980,6 +980,10 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
     from tests.campaign import health_steps  # its steps build on this module's helpers
 
     kinds += health_steps.kinds(n)  # GPU health faults, during prepares, on held GPUs, recovery (#40.4)
+    from tests.campaign import binding, simbuild
+
+    kinds += binding.kinds(n)  # bursts of mixed sizes through the binding verdicts (#36.2)
+    kinds += simbuild.kinds()  # the simulated host rebuilt, the build interrupted by a signal (#36.5)
     table = [strategy for weight, strategy in kinds for _ in range(weight)]
     stride = next(s for s in range(31, len(table)) if _coprime(s, len(table)))  # the zero example visits every kind
 

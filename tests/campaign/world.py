@@ -279,7 +279,9 @@ class World:
             self.client = None
 
     def new_claim(self, devices: list[str], *, first_available: bool = False, name: str | None = None,
-                  requests: list[str] | None = None) -> Claim:
+                  requests: list[str] | None = None, binding: dict[str, dict] | None = None) -> Claim:
+        """A claim allocated ``devices``; ``binding``: device -> the binding conditions the scheduler copies
+        into its allocation result (``bindingConditions``, ``bindingFailureConditions``) from the slice."""
         if name is None:
             self.serial += 1
             name = f"claim-{self.serial}"
@@ -296,7 +298,7 @@ class World:
                "spec": {"devices": {"requests": spec_requests}},
                "status": {"allocation": {
                    "devices": {"results": [{"request": r, "driver": DEFAULT_DRIVER, "pool": self.node.node,
-                                            "device": d} for r, d in results]},
+                                            "device": d, **(binding or {}).get(d, {})} for r, d in results]},
                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                        {"key": "metadata.name", "operator": "In", "values": [self.node.node]}]}]}}}}
         valid = all(_dns_label(r) for r in requests)
