@@ -114,3 +114,39 @@ def test_gpu_gone_step_passes_where_each_gpu_leaves_the_bus(caplog):
                 assert any("is back" in line for line in world.log), world.log  # it did unplug
             finally:
                 world.close()
+
+
+@pytest.mark.libvirt
+@needs_libvirt
+def test_binding_burst_and_interrupted_rebuild_steps_pass_on_a_fresh_node(caplog):
+    """The campaign's steps of issue #36.5 that seeds reach a few times a run, each once on a node whose
+    GPUs are all offered with binding conditions: a burst of four sizes on the T4 confirms one size and
+    prepares it, refusing the others at binding (with mutation (v) of tests.campaign.mutations, the
+    verdict per claim, the mix is confirmed and its prepares refused: measured 2026-12-07); then the
+    host's rebuild, interrupted by SIGTERM after its second GPU, is refused by every command until the
+    reset again, after which the claim is prepared again on the rebuilt host."""
+    import contextlib
+    import shutil
+    import tempfile
+
+    from tests.campaign import invariants
+    from tests.campaign.binding import BindingBurst
+    from tests.campaign.run import DRA_ALL, seed_episode, seeded_process
+    from tests.campaign.simbuild import SimRebuild
+    from tests.campaign.world import World
+
+    caplog.set_level(logging.CRITICAL)
+    work = Path(tempfile.mkdtemp(prefix="bb", dir=short_root()))
+    with seeded_process(work), contextlib.ExitStack() as clean:
+        clean.callback(shutil.rmtree, work, True)
+        template = World.template(work / "template")
+        seed_episode(0)
+        (work / "e").mkdir()
+        world = World.create(work / "e", template, {"dra": DRA_ALL}, 0)
+        clean.callback(world.close)
+        assert invariants.check_all(world, BindingBurst(0, (0, 1, 2, 3), 5, 0.3).run(world)) == [], world.log
+        assert [c.devices for c in world.prepared.values()] == [["gpu-0-vgpu-1gb-0"]], world.log
+        assert sum("refused at binding" in line for line in world.log) == 3, world.log
+        assert invariants.check_all(world, SimRebuild("SIGTERM", 1).run(world)) == [], world.log
+        assert any(line.startswith("sim reset, SIGTERM after GPU 1: exit 143") for line in world.log), world.log
+        assert any(line.startswith("prepared claim-1") for line in world.log), world.log
