@@ -28,6 +28,7 @@ class Prediction:
     seed: int
     line: str = ""
     failed_at: int | None = None  # the run's own first violation (then what follows means little)
+    failure: str | None = None
     libvirt_only: list[tuple[int, str]] = field(default_factory=list)  # (step, device) where (h) removes
     covered: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  # dry runs that failed (a layout the node refuses)
@@ -69,7 +70,7 @@ def predict(seed: int, steps: int, episode_steps: int) -> Prediction:
             random.setstate(saved[2])
 
     result = run(steps, seed, episode_steps=episode_steps, shrink=False, observe=observe)
-    p.line, p.failed_at, p.covered = result.line, result.failed_at, result.covered
+    p.line, p.failed_at, p.covered, p.failure = result.line, result.failed_at, result.covered, result.failure
     return p
 
 
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         print(p.text(), flush=True)
         for e in p.errors[:3]:
             print(f"  dry run failed after {e}")
+        if p.failure:
+            print("  " + "\n  ".join(p.failure.splitlines()[:40]))
         code |= p.failed_at is not None
     return code
 

@@ -11,7 +11,9 @@ host; the agent then starts on it, the kubelet prepares its pods' claims again, 
 hold after the agent's resync.
 
 The signal is real (``os.kill`` of this process, taken by ``sim reset``'s own handlers); where it lands
-is the step's draw: after the build's GPU number ``after`` (counted from 0).
+is the step's draw: at the build's GPU number ``after`` (counted from 0), the last one being after the
+build's last check (the host is whole: sim reset says so, exit 128 + the signal's number, and commands
+work on it).
 """
 
 from __future__ import annotations
@@ -43,10 +45,13 @@ def signal_during_build(signum: int, after: int):
         built = [0]
 
         def one() -> None:
-            on_gpu()
             built[0] += 1
-            if built[0] == after + 1:
+            last = built[0] == len(spec.gpus)
+            if built[0] == after + 1 and not last:
                 os.kill(os.getpid(), signum)  # handled before the next bytecode, by sim reset's handler
+            on_gpu()  # sim reset stops at this GPU
+            if built[0] == after + 1 and last:
+                os.kill(os.getpid(), signum)  # after the last GPU's check: the build ends whole
 
         populate(self, spec, one)
 
@@ -87,12 +92,17 @@ class SimRebuild:
         world.vms.clear()
         signum = int(getattr(signal, self.signal))
         after = self.after % len(HOST.gpus)
+        whole = after == len(HOST.gpus) - 1  # the signal came after the last GPU's check: nothing is left to do
         with signal_during_build(signum, after):
             code, out, err = _vgpuctl(*sim, "sim", "reset")
-        world.log.append(f"sim reset, {self.signal} after GPU {after}: exit {code}\n{out}{err}")
+        world.log.append(f"sim reset, {self.signal} at GPU {after}: exit {code}\n{out}{err}")
         problems = []
-        if code != 128 + signum or len(err.splitlines()) != 1 or "incomplete" not in err or "sim reset" not in err:
-            problems.append(f"sim reset interrupted by {self.signal} exited {code}: {(out + err).strip()[-300:]!r}")
+        said = "is whole" if whole else "incomplete"
+        if code != 128 + signum or len(err.splitlines()) != 1 or said not in err or ("sim reset" in err) == whole:
+            problems.append(f"sim reset interrupted by {self.signal} at GPU {after} of {len(HOST.gpus)} exited {code}: "
+                            f"{(out + err).strip()[-300:]!r}")
+        if whole:
+            return _rebuilt(world, problems)
         for argv in (["discover"], ["apply", "-f", str(world.base / "layouts.yaml"), "--layout", world.selected]):
             code, out, err = _vgpuctl(*sim, *argv)
             world.log.append(f"vgpuctl {argv[0]} on the half-built host: exit {code}\n{out[-300:]}{err}")
@@ -103,16 +113,12 @@ class SimRebuild:
         world.log.append(f"sim reset again: exit {code} {out}{err}")
         if code != 0:
             return Checks(problems=[*problems, f"sim reset after an interrupted one exited {code}: {err[-300:]}"])
-        _reimaged(world)
-        failed = world.kubelet_reprepare()  # the pods bound to the node come back: their claims again
-        checks = _resynced(world, "resync on the rebuilt host", world.selected)
-        checks.problems += problems + [f"after the rebuild: {f}" for f in failed]
-        return checks
+        return _rebuilt(world, problems)
 
 
-def _reimaged(world: World) -> None:
-    """The world on the rebuilt host: booted once, no page cache, no domains, no health faults, tmpfs
-    empty; the agent started."""
+def _rebuilt(world: World, problems: list[str]) -> Checks:
+    """The world on the rebuilt host (booted once, no page cache, no domains, no health faults, tmpfs
+    empty), the agent started, the pods bound to the node back (their claims prepared again)."""
     world.node = sim_node(world.node.root, None, libvirt_uri=world.libvirt_uri)
     world.node.host.reboot()  # a boot id, as every real host has
     world.disk = Disk()
@@ -121,6 +127,10 @@ def _reimaged(world: World) -> None:
     world.health.clear()
     shutil.rmtree(world.paths.cdi_root, ignore_errors=True)
     world.start_daemon()
+    failed = world.kubelet_reprepare()
+    checks = _resynced(world, "resync on the rebuilt host", world.selected)
+    checks.problems += problems + [f"after the rebuild: {f}" for f in failed]
+    return checks
 
 
 def kinds() -> list[tuple[int, st.SearchStrategy]]:

@@ -273,6 +273,18 @@ class World:
             return
         self.client = DraClient(info.endpoint, "v1", RPC_TIMEOUT)
 
+    @staticmethod
+    def wait_for(event, timeout: float) -> bool:
+        """Whether ``event()`` came true within ``timeout`` seconds (what an agent's own thread does)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not event():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def kubelet_disconnect(self) -> None:
         if self.client is not None:
             self.client.close()

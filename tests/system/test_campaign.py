@@ -123,7 +123,7 @@ def test_binding_burst_and_interrupted_rebuild_steps_pass_on_a_fresh_node(caplog
     GPUs are all offered with binding conditions: a burst of four sizes on the T4 confirms one size and
     prepares it, refusing the others at binding (with mutation (v) of tests.campaign.mutations, the
     verdict per claim, the mix is confirmed and its prepares refused: measured 2026-12-07); then the
-    host's rebuild, interrupted by SIGTERM after its second GPU, is refused by every command until the
+    host's rebuild, interrupted by SIGTERM at its second GPU, is refused by every command until the
     reset again, after which the claim is prepared again on the rebuilt host."""
     import contextlib
     import shutil
@@ -148,5 +148,5 @@ def test_binding_burst_and_interrupted_rebuild_steps_pass_on_a_fresh_node(caplog
         assert [c.devices for c in world.prepared.values()] == [["gpu-0-vgpu-1gb-0"]], world.log
         assert sum("refused at binding" in line for line in world.log) == 3, world.log
         assert invariants.check_all(world, SimRebuild("SIGTERM", 1).run(world)) == [], world.log
-        assert any(line.startswith("sim reset, SIGTERM after GPU 1: exit 143") for line in world.log), world.log
+        assert any(line.startswith("sim reset, SIGTERM at GPU 1: exit 143") for line in world.log), world.log
         assert any(line.startswith("prepared claim-1") for line in world.log), world.log
