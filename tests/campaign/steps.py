@@ -276,10 +276,10 @@ class KubeletRestart:
     * ``forget``: lost its state: claims of pods already going are never unprepared (their API
       objects are garbage-collected), running pods' claims are prepared again;
     * ``unknown``: unprepares claims it never prepared (a made-up uid, a claim whose prepare failed);
-    * ``wipe``: finds ``plugins_registry`` wiped (the plugin's registration socket gone): the plugin's
-      socket keeper serves it again, and the kubelet's plugin watcher registers it once it is there
-      (waited for: registering before the keeper's thread got to it left the plugin unknown, so the
-      run hung on that thread's timing)."""
+    * ``wipe``: finds ``plugins_registry`` wiped (the plugin's registration socket gone): it makes the
+      directory again as it starts, the plugin's socket keeper serves the socket there again, and the
+      kubelet's plugin watcher registers the plugin once it is there (until then a kubelet call fails:
+      the plugin is not registered)."""
 
     kind: str
     pick: int = 0
@@ -287,6 +287,7 @@ class KubeletRestart:
     def run(self, world: World) -> Checks:
         if self.kind == "wipe":
             shutil.rmtree(world.paths.registration_dir, ignore_errors=True)
+            world.paths.registration_dir.mkdir(parents=True)  # the kubelet's own directory, made as it starts
             if not world.wait_for(world.paths.registration_socket.exists, 60.0):
                 return Checks(problems=["the registration socket was not served again 60 s after plugins_registry "
                                         "was wiped"])
