@@ -16,7 +16,8 @@ round (the watch's next event) answers what is left. What must hold:
   size mix ever reaches prepare;
 * every claim gets a verdict (the scheduler waits for one).
 
-Mutation ``v`` of :mod:`tests.campaign.mutations` (the verdict taken per claim, not per GPU) is caught.
+Mutation ``v`` of :mod:`tests.campaign.mutations` (the verdict taken per claim, not per GPU) is caught at
+step 51 of seed 1 (300 steps, 2026-12-07), the first burst on an empty GPU.
 """
 
 from __future__ import annotations
