@@ -140,6 +140,10 @@ MUTATIONS: tuple[Mutation, ...] = (
               "        if taints:\n            devices.append(",
               "        if d.name in held:\n            continue  # MUTATION (u)\n"
               "        if taints:\n            devices.append("),)),
+    Mutation("v", "binding verdict taken per claim, not per GPU (a round confirms a mix of sizes, #36.2)", (
+        Patch("dra_bridge/agent/binder.py",
+              "        have = assigned.setdefault(gpu, size) if size is not None else assigned.get(gpu)\n",
+              "        have = assigned.get(gpu, size)  # MUTATION (v)\n"),)),
 )
 
 #: libvirt holders (h): a libvirt that goes unread (libvirt-python missing, issue 36) removes what its domains name

@@ -156,9 +156,10 @@ def situations(world: World, step) -> list[str]:
 
 
 def run(total: int, seed_value: int, *, episode_steps: int = 50, shrink: bool = True,
-        workdir: Path | None = None, progress=None, trace=None) -> Result:
+        workdir: Path | None = None, progress=None, trace=None, observe=None) -> Result:
     """Run ``total`` steps with hypothesis seeded by ``seed_value``; ``trace`` (a text file) gets what
-    every step saw."""
+    every step saw; ``observe(world, n)`` is called after the run's step ``n``, before its invariants
+    (:mod:`.predict` looks at the node there)."""
     result = Result()
     digest = hashlib.sha256()
     t0 = time.monotonic()
@@ -211,6 +212,8 @@ def run(total: int, seed_value: int, *, episode_steps: int = 50, shrink: bool = 
                                 trace.write(f"--- step {result.steps}\n{seen}\n")
                             if progress:
                                 progress(result.steps, total)
+                            if observe is not None:
+                                observe(world, result.steps)
                         bad = invariants.check_all(world, checks, outside)
                         if bad:
                             if not failing["seen"]:

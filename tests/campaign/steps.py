@@ -276,8 +276,10 @@ class KubeletRestart:
     * ``forget``: lost its state: claims of pods already going are never unprepared (their API
       objects are garbage-collected), running pods' claims are prepared again;
     * ``unknown``: unprepares claims it never prepared (a made-up uid, a claim whose prepare failed);
-    * ``wipe``: finds ``plugins_registry`` wiped (the plugin's registration socket gone): it cannot
-      reach the plugin until the agent restarts."""
+    * ``wipe``: finds ``plugins_registry`` wiped (the plugin's registration socket gone): it makes the
+      directory again as it starts, the plugin's socket keeper serves the socket there again, and the
+      kubelet's plugin watcher registers the plugin once it is there (until then a kubelet call fails:
+      the plugin is not registered)."""
 
     kind: str
     pick: int = 0
@@ -285,6 +287,10 @@ class KubeletRestart:
     def run(self, world: World) -> Checks:
         if self.kind == "wipe":
             shutil.rmtree(world.paths.registration_dir, ignore_errors=True)
+            world.paths.registration_dir.mkdir(parents=True)  # the kubelet's own directory, made as it starts
+            if not world.wait_for(world.paths.registration_socket.exists, 60.0):
+                return Checks(problems=["the registration socket was not served again 60 s after plugins_registry "
+                                        "was wiped"])
         if self.kind == "forget":
             for uid, claim in list(world.terminating.items()):
                 del world.terminating[uid]
@@ -980,6 +986,10 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
     from tests.campaign import health_steps  # its steps build on this module's helpers
 
     kinds += health_steps.kinds(n)  # GPU health faults, during prepares, on held GPUs, recovery (#40.4)
+    from tests.campaign import binding, simbuild
+
+    kinds += binding.kinds(n)  # bursts of mixed sizes through the binding verdicts (#36.2)
+    kinds += simbuild.kinds()  # the simulated host rebuilt, the build interrupted by a signal (#36.5)
     table = [strategy for weight, strategy in kinds for _ in range(weight)]
     stride = next(s for s in range(31, len(table)) if _coprime(s, len(table)))  # the zero example visits every kind
 

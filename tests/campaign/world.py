@@ -273,13 +273,27 @@ class World:
             return
         self.client = DraClient(info.endpoint, "v1", RPC_TIMEOUT)
 
+    @staticmethod
+    def wait_for(event, timeout: float) -> bool:
+        """Whether ``event()`` came true within ``timeout`` seconds (what an agent's own thread does)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not event():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def kubelet_disconnect(self) -> None:
         if self.client is not None:
             self.client.close()
             self.client = None
 
     def new_claim(self, devices: list[str], *, first_available: bool = False, name: str | None = None,
-                  requests: list[str] | None = None) -> Claim:
+                  requests: list[str] | None = None, binding: dict[str, dict] | None = None) -> Claim:
+        """A claim allocated ``devices``; ``binding``: device -> the binding conditions the scheduler copies
+        into its allocation result (``bindingConditions``, ``bindingFailureConditions``) from the slice."""
         if name is None:
             self.serial += 1
             name = f"claim-{self.serial}"
@@ -296,7 +310,7 @@ class World:
                "spec": {"devices": {"requests": spec_requests}},
                "status": {"allocation": {
                    "devices": {"results": [{"request": r, "driver": DEFAULT_DRIVER, "pool": self.node.node,
-                                            "device": d} for r, d in results]},
+                                            "device": d, **(binding or {}).get(d, {})} for r, d in results]},
                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                        {"key": "metadata.name", "operator": "In", "values": [self.node.node]}]}]}}}}
         valid = all(_dns_label(r) for r in requests)
