@@ -43,6 +43,16 @@ def prepare_for_vgpu(plan: Plan, gpu: Gpu, usage: Usage) -> bool:
                 plan.actions.append(BindDriver(gpu=gpu.address, address=addr, driver=None))
         return True
     drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}
+    # a companion function (the HDA audio) left on vfio-pci with the GPU back on its driver: a return
+    # from passthrough stopped between the two rebinds (a killed agent, apply or unprepare)
+    stray = sorted(a for a, d in drivers.items() if a != gpu.address and d == "vfio-pci")
+    if stray and native:
+        if users := group_users(gpu, usage):
+            plan.skipped.append(Skip(device=stray[0], gpu=gpu.address, reason=(
+                f"on vfio-pci ({'; '.join(users)}); returned to its native driver when released")))
+        else:
+            plan.actions += [BindDriver(gpu=gpu.address, address=a, driver=None) for a in stray]
+            return True
     for addr, override in sorted(gpu.iommu_group_overrides.items()):
         if override == "vfio-pci" and drivers.get(addr) not in (None, "vfio-pci"):
             # left by an apply that stopped between driver_override and unbind: clear it, or the

@@ -900,3 +900,26 @@ def test_apply_plans_its_first_round_on_the_inventory_it_was_given(make_sim, tmp
         listings.append(io.listings)
     assert outcomes[0] == outcomes[1] and sum(outcomes[0].values()) > 0
     assert listings[1] == listings[0] - 1, listings
+
+
+def test_a_companion_function_left_on_vfio_pci_is_returned_with_the_gpu_already_back(make_sim):
+    """A return from passthrough stopped between the GPU's rebind and its audio function's (the
+    campaign's seed 10: the agent killed at the audio function's driver_override) left the audio on
+    vfio-pci with the GPU on nvidia; the next apply said the node matched. It now returns the audio
+    function too, and the node matches only then."""
+    sim = make_sim("workstation")
+    t4 = sim.discover().gpus[1]
+    audio = next(m for m in t4.iommu_group_members if m != t4.address)
+    assert apply(sim, layout({"index": 1, "mode": "passthrough"})).ok
+    # the GPU alone back on its driver, as the interrupted return left it
+    for path, data in ((sim.env.pci(t4.address) / "driver_override", "\n"),
+                       (sim.env.pci(t4.address) / "driver" / "unbind", t4.address),
+                       (sim.env.drivers_probe, t4.address)):
+        sim.io.write(path, data)
+    gpu = sim.discover().gpu(t4.address)
+    assert gpu.iommu_group_drivers == {t4.address: "nvidia", audio: "vfio-pci"}
+    out = apply(sim, layout({"index": 1, "vgpus": {"T4-4Q": 2}}), read_back=True)
+    assert out.ok and not out.unapplied, out
+    gpu = sim.discover().gpu(t4.address)
+    assert gpu.iommu_group_drivers == {t4.address: "nvidia", audio: "snd_hda_intel"}
+    assert vgpu_counts(sim.discover()) == Counter({(t4.address, type_id("T4", "T4-4Q")): 2})
