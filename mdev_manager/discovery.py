@@ -11,7 +11,7 @@ import errno
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from mdev_manager import catalog, numbering
@@ -199,14 +199,38 @@ def read_mdev_types(env: HostEnv, io: HostIO, parent: str, dirs: DeviceDirs | No
     for tid, a in listed.items():
         name = a["name"] or tid
         desc = a["description"] or ""
-        out.append(VgpuType(
-            id=tid, name=name, short_name=short_type_name(name), framework="mdev", description=desc,
-            device_api=a["device_api"] or "vfio-pci",
-            available_instances=_int(a["available_instances"]) or 0,
-            max_instances=_max_instances(name, desc), framebuffer_mib=_framebuffer(name, desc),
-            mig_backed=is_mig_backed(name), gpu_instance_profile=mig_profile_of(name),
-        ))
+        available = _int(a["available_instances"]) or 0
+        device_api = a["device_api"] or "vfio-pci"
+        out.append(_shared(_mdev_type, tid, name, desc, device_api, available))
     return out
+
+
+#: the records of the types the parents offer, one per distinct reading (see :func:`_shared`)
+_SHARED: dict[tuple[str | int, ...], VgpuType] = {}
+_SHARED_MOST = 4096
+
+
+def _mdev_type(tid: str, name: str, desc: str, device_api: str, available: int) -> VgpuType:
+    return VgpuType(id=tid, name=name, short_name=short_type_name(name), framework="mdev", description=desc,
+                    device_api=device_api, available_instances=available,
+                    max_instances=_max_instances(name, desc), framebuffer_mib=_framebuffer(name, desc),
+                    mig_backed=is_mig_backed(name), gpu_instance_profile=mig_profile_of(name))
+
+
+def _shared(build: Callable[..., VgpuType], *reading: str | int) -> VgpuType:
+    """One record per distinct type as a parent offers it (id, name, description, instances free).
+
+    A 16-GPU node with 32 VFs each offers 23 types per VF: 11,776 records, about 30 MB as one model
+    each, of which some 50 differ. They are shared across parents, GPUs and reads; :class:`VgpuType`
+    is frozen, so a record cannot be changed under another parent. Bounded: a host whose readings
+    keep changing starts over rather than growing."""
+    key = (build.__name__, *reading)
+    t = _SHARED.get(key)
+    if t is None:
+        if len(_SHARED) >= _SHARED_MOST:
+            _SHARED.clear()
+        t = _SHARED[key] = build(*reading)
+    return t
 
 
 def parse_creatable(text: str) -> list[tuple[str, str]]:
@@ -221,6 +245,10 @@ def parse_creatable(text: str) -> list[tuple[str, str]]:
 
 
 def _vendor_type(tid: str, name: str, available: int) -> VgpuType:
+    return _shared(_new_vendor_type, tid, name, available)
+
+
+def _new_vendor_type(tid: str, name: str, available: int) -> VgpuType:
     return VgpuType(id=tid, name=name, short_name=short_type_name(name), framework="vendor-vfio",
                     available_instances=available, max_instances=_max_instances(name, ""),
                     framebuffer_mib=framebuffer_mib_from_name(name), mig_backed=is_mig_backed(name),
@@ -252,44 +280,50 @@ def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str, dirs: DeviceDirs
 
 
 def _merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, vendor_vfio: bool) -> list[VgpuType]:
-    merged: dict[str, VgpuType] = {}
+    """The GPU's types: each offered type once, its free instances summed over the parents (new records:
+    the parents' are shared)."""
+    first: dict[str, VgpuType] = {}
+    free: dict[str, int] = {}
     for p in parents:
         for t in p.types:
-            if t.id in merged:
-                merged[t.id].available_instances += t.available_instances
-            else:
-                merged[t.id] = t.model_copy()
+            first.setdefault(t.id, t)
+            free[t.id] = free.get(t.id, 0) + t.available_instances
     if vendor_vfio and board:
         # creatable_vgpu_types lists only what fits now; the board's full list comes from the catalog.
         for spec in board.types:
-            merged.setdefault(str(spec.num), _vendor_type(str(spec.num), spec.name, 0))
-    if board:
-        for t in merged.values():  # the board's own entry, where a short name is shared (DC-8C)
-            t.inferred = list(catalog.inferred_of(t.id, board))
+            if str(spec.num) not in first:
+                first[str(spec.num)] = _vendor_type(str(spec.num), spec.name, 0)
+                free[str(spec.num)] = 0
+    merged = []
+    for tid, t in first.items():
+        update: dict[str, object] = {"available_instances": free[tid]}
+        if board:  # the board's own entry, where a short name is shared (DC-8C)
+            update["inferred"] = list(catalog.inferred_of(t.id, board))
             if t.mig_backed:
-                t.gpu_instance_profile = catalog.gi_profile_of(t.name, board)
+                update["gpu_instance_profile"] = catalog.gi_profile_of(t.name, board)
                 known = catalog.known_type(t.name, board)
-                t.max_per_instance = known.max_per_instance if known else None
-    return sorted(merged.values(), key=lambda t: (t.framebuffer_mib or 0, t.name))
+                update["max_per_instance"] = known.max_per_instance if known else None
+        merged.append(t.model_copy(update=update))
+    return sorted(merged, key=lambda t: (t.framebuffer_mib or 0, t.name))
 
 
-def _cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> None:
+def _capped(t: VgpuType, most: int) -> VgpuType:
+    return t if t.available_instances <= most else t.model_copy(update={"available_instances": most})
+
+
+def _cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> list[VgpuType]:
     """On VFs each parent reads 0 or 1, so their sum overstates what the GPU still holds.
 
     Cap it by occupancy: each vGPU of type t uses 1/max(t) of the GPU (vgpu-types.md).
     """
     used = occupancy((t, 1) for t in held_types(types, vgpus))
-    for t in types:
-        if t.max_instances:
-            t.available_instances = min(t.available_instances, max(0, int((1 - used) * t.max_instances)))
+    return [_capped(t, max(0, int((1 - used) * t.max_instances))) if t.max_instances else t for t in types]
 
 
-def _cap_by_placements(types: list[VgpuType], vgpus: list[Vgpu], smap: VgpuPlacements) -> None:
+def _cap_by_placements(types: list[VgpuType], vgpus: list[Vgpu], smap: VgpuPlacements) -> list[VgpuType]:
     """In mixed-size mode only placements limit a type: at most one vGPU per creatable placement."""
     taken = held(vgpus, smap)
-    for t in types:
-        if not t.mig_backed:
-            t.available_instances = min(t.available_instances, len(creatable(smap, taken, t.id)))
+    return [t if t.mig_backed else _capped(t, len(creatable(smap, taken, t.id))) for t in types]
 
 
 def _placements(io: HostIO, addr: str, fields: dict, types: list[VgpuType]) -> VgpuPlacements | None:
@@ -375,9 +409,9 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
     types = _merge_types(parents, board, framework == "vendor-vfio")
     placements = _placements(io, addr, fields, types)
     if placements is not None and placements.enabled:
-        _cap_by_placements(types, vgpus, placements)
+        types = _cap_by_placements(types, vgpus, placements)
     elif framework in ("mdev-sriov", "vendor-vfio"):
-        _cap_by_occupancy(types, vgpus)
+        types = _cap_by_occupancy(types, vgpus)
     mig = _mig_state(io, addr, fields, types, vgpus)
     group_members = []
     if fields.get("iommu_group") is not None:
