@@ -31,9 +31,9 @@ NOT_AT_SERVE_START = {
     "dra_bridge.apiclient.workloads", "dra_bridge.apiclient.clusterfacts", "dra_bridge.sim", "mdev_manager.sim",
 }
 
-#: 949 modules on Python 3.11 when written, the kubernetes package's __init__ included; headroom for
-#: Python versions and a few small modules, not for another library
-MAX_MODULES = 990
+#: 956 modules on Python 3.11 on 12-07, the kubernetes package's __init__ included (949 when written, budget 990
+#: then); headroom for a few small modules, not for another library
+MAX_MODULES = 965
 
 
 def _run_imports() -> list[str]:
