@@ -288,9 +288,9 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
     types = merge_types(parents, board, framework == "vendor-vfio")
     placements = _placements(io, addr, fields, types)
     if placements is not None and placements.enabled:
-        cap_by_placements(types, vgpus, placements)
+        types = cap_by_placements(types, vgpus, placements)
     elif framework in ("mdev-sriov", "vendor-vfio"):
-        cap_by_occupancy(types, vgpus)
+        types = cap_by_occupancy(types, vgpus)
     mig = _mig_state(io, addr, fields, types, vgpus)
     group_members = []
     if fields.get("iommu_group") is not None:

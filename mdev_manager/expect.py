@@ -305,9 +305,9 @@ def _retype(gpu: Gpu, notes: dict[str, list[int]]) -> None:
     types = merge_types(gpu.parents, board, fw == "vendor-vfio")
     gpu.placements = _placements(gpu, board, types)
     if gpu.placements is not None and gpu.placements.enabled:
-        cap_by_placements(types, gpu.vgpus, gpu.placements)
+        types = cap_by_placements(types, gpu.vgpus, gpu.placements)
     elif fw in ("mdev-sriov", "vendor-vfio"):
-        cap_by_occupancy(types, gpu.vgpus)
+        types = cap_by_occupancy(types, gpu.vgpus)
     gpu.types = types
     gpu.mixed_size = gpu.placements.enabled if gpu.placements is not None else infer_mixed_size(
         gpu.vendor_id, types, gpu.vgpus)

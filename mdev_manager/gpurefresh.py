@@ -40,9 +40,9 @@ def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
     types = merge_types(parents, board, False)
     placements = _placements(io, gpu.address, fields, types)
     if placements is not None and placements.enabled:
-        cap_by_placements(types, vgpus, placements)
+        types = cap_by_placements(types, vgpus, placements)
     elif gpu.framework == "mdev-sriov":
-        cap_by_occupancy(types, vgpus)
+        types = cap_by_occupancy(types, vgpus)
     mig = _mig_state(io, gpu.address, fields, types, vgpus)
     mixed = placements.enabled if placements is not None else infer_mixed_size(gpu.vendor_id, types, vgpus)
     return gpu.model_copy(update={"parents": parents, "vgpus": vgpus, "types": types, "placements": placements,

@@ -29,6 +29,11 @@ class _Model(BaseModel):
 
 
 class VgpuType(_Model):
+    """A vGPU type as a parent (or, summed, the GPU) offers it. Frozen: discovery shares one record among
+    every parent offering the same reading (:func:`mdev_manager.typeset._shared`); change a copy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
     id: str = Field(description="mdev type id (nvidia-222, i915-GVTg_V5_4) or vendor-VFIO decimal id (1145)")
     name: str = Field(description="full name as the driver prints it, e.g. 'GRID T4-1Q'")
     short_name: str = Field(description="last word of the name, e.g. 'T4-1Q'")

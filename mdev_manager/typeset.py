@@ -8,6 +8,7 @@ through these functions, so a preview's GPU reads as discovery would read the sa
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from mdev_manager import catalog
 from mdev_manager.models import MdevParent, Vgpu, VgpuPlacements, VgpuType, held_types, occupancy
@@ -37,69 +38,104 @@ def max_instances(name: str, description: str) -> int | None:
     return known.max_instances if known else None
 
 
-def mdev_type(tid: str, name: str, description: str, device_api: str, available: int) -> VgpuType:
-    """An mdev type as its ``mdev_supported_types/<tid>`` directory describes it."""
+#: the records of the types the parents offer, one per distinct reading (see :func:`_shared`)
+_SHARED: dict[tuple[str | int, ...], VgpuType] = {}
+_SHARED_MOST = 4096
+
+
+def _shared(build: Callable[..., VgpuType], *reading: str | int) -> VgpuType:
+    """One record per distinct type as a parent offers it (id, name, description, instances free).
+
+    A 16-GPU node with 32 VFs each offers 23 types per VF: 11,776 records, about 30 MB as one model
+    each, of which some 50 differ. They are shared across parents, GPUs and reads; :class:`VgpuType`
+    is frozen, so a record cannot be changed under another parent. Bounded: a host whose readings
+    keep changing starts over rather than growing."""
+    key = (build.__name__, *reading)
+    t = _SHARED.get(key)
+    if t is None:
+        if len(_SHARED) >= _SHARED_MOST:
+            _SHARED.clear()
+        t = _SHARED[key] = build(*reading)
+    return t
+
+
+def _new_mdev_type(tid: str, name: str, description: str, device_api: str, available: int) -> VgpuType:
     return VgpuType(id=tid, name=name, short_name=short_type_name(name), framework="mdev", description=description,
                     device_api=device_api, available_instances=available,
                     max_instances=max_instances(name, description), framebuffer_mib=framebuffer(name, description),
                     mig_backed=is_mig_backed(name), gpu_instance_profile=mig_profile_of(name))
 
 
-def vendor_type(tid: str, name: str, available: int) -> VgpuType:
-    """A vendor-VFIO type as a VF's ``creatable_vgpu_types`` line names it."""
+def _new_vendor_type(tid: str, name: str, available: int) -> VgpuType:
     return VgpuType(id=tid, name=name, short_name=short_type_name(name), framework="vendor-vfio",
                     available_instances=available, max_instances=max_instances(name, ""),
                     framebuffer_mib=framebuffer_mib_from_name(name), mig_backed=is_mig_backed(name),
                     gpu_instance_profile=mig_profile_of(name))
 
 
+def mdev_type(tid: str, name: str, description: str, device_api: str, available: int) -> VgpuType:
+    """An mdev type as its ``mdev_supported_types/<tid>`` directory describes it (a shared record)."""
+    return _shared(_new_mdev_type, tid, name, description, device_api, available)
+
+
+def vendor_type(tid: str, name: str, available: int) -> VgpuType:
+    """A vendor-VFIO type as a VF's ``creatable_vgpu_types`` line names it (a shared record)."""
+    return _shared(_new_vendor_type, tid, name, available)
+
+
 def merge_types(parents: list[MdevParent], board: catalog.BoardSpec | None, vendor_vfio: bool) -> list[VgpuType]:
-    merged: dict[str, VgpuType] = {}
+    """The GPU's types: each offered type once, its free instances summed over the parents (new records:
+    the parents' are shared)."""
+    first: dict[str, VgpuType] = {}
+    free: dict[str, int] = {}
     for p in parents:
         for t in p.types:
-            if t.id in merged:
-                merged[t.id].available_instances += t.available_instances
-            else:
-                merged[t.id] = t.model_copy()
+            first.setdefault(t.id, t)
+            free[t.id] = free.get(t.id, 0) + t.available_instances
     if vendor_vfio and board:
         # creatable_vgpu_types lists only what fits now; the board's full list comes from the catalog.
         # A type whose catalog id is a placeholder ("id" inferred) is left out where the driver lists
         # it by name under its real id: one type, the driver's id.
-        listed = {short_type_name(t.name).lower() for t in merged.values()}
+        listed = {short_type_name(t.name).lower() for t in first.values()}
         for spec in board.types:
             if "id" in spec.inferred and spec.short_name.lower() in listed:
                 continue
-            merged.setdefault(str(spec.num), vendor_type(str(spec.num), spec.name, 0))
-    if board:
-        for t in merged.values():  # the board's own entry, where a short name is shared (DC-8C)
-            t.inferred = list(catalog.inferred_of(t.id, board))
+            if str(spec.num) not in first:
+                first[str(spec.num)] = vendor_type(str(spec.num), spec.name, 0)
+                free[str(spec.num)] = 0
+    merged = []
+    for tid, t in first.items():
+        update: dict[str, object] = {"available_instances": free[tid]}
+        if board:  # the board's own entry, where a short name is shared (DC-8C)
+            update["inferred"] = list(catalog.inferred_of(t.id, board))
             own = catalog.known_type(t.name, board) if vendor_vfio else None
             if own is not None:  # vendor VFIO prints no maximum: the GPU's own board's, not a namesake's
-                t.max_instances = own.max_instances
+                update["max_instances"] = own.max_instances
             if t.mig_backed:
-                t.gpu_instance_profile = catalog.gi_profile_of(t.name, board)
+                update["gpu_instance_profile"] = catalog.gi_profile_of(t.name, board)
                 known = catalog.known_type(t.name, board)
-                t.max_per_instance = known.max_per_instance if known else None
-    return sorted(merged.values(), key=lambda t: (t.framebuffer_mib or 0, t.name))
+                update["max_per_instance"] = known.max_per_instance if known else None
+        merged.append(t.model_copy(update=update))
+    return sorted(merged, key=lambda t: (t.framebuffer_mib or 0, t.name))
 
 
-def cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> None:
+def _capped(t: VgpuType, most: int) -> VgpuType:
+    return t if t.available_instances <= most else t.model_copy(update={"available_instances": most})
+
+
+def cap_by_occupancy(types: list[VgpuType], vgpus: list[Vgpu]) -> list[VgpuType]:
     """On VFs each parent reads 0 or 1, so their sum overstates what the GPU still holds.
 
     Cap it by occupancy: each vGPU of type t uses 1/max(t) of the GPU (vgpu-types.md).
     """
     used = occupancy((t, 1) for t in held_types(types, vgpus))
-    for t in types:
-        if t.max_instances:
-            t.available_instances = min(t.available_instances, max(0, int((1 - used) * t.max_instances)))
+    return [_capped(t, max(0, int((1 - used) * t.max_instances))) if t.max_instances else t for t in types]
 
 
-def cap_by_placements(types: list[VgpuType], vgpus: list[Vgpu], smap: VgpuPlacements) -> None:
+def cap_by_placements(types: list[VgpuType], vgpus: list[Vgpu], smap: VgpuPlacements) -> list[VgpuType]:
     """In mixed-size mode only placements limit a type: at most one vGPU per creatable placement."""
     taken = held(vgpus, smap)
-    for t in types:
-        if not t.mig_backed:
-            t.available_instances = min(t.available_instances, len(creatable(smap, taken, t.id)))
+    return [t if t.mig_backed else _capped(t, len(creatable(smap, taken, t.id))) for t in types]
 
 
 def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -> bool | None:

@@ -12,7 +12,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dra_bridge.apiclient.objects import body, raw, sanitize
+from dra_bridge.apiclient import resource
+from dra_bridge.apiclient.objects import body, raw
 
 LIST_PAGE = 500  # claims per list request: a big cluster's claims in bounded pieces
 LIST_TIMEOUT = 10.0  # seconds per request: a rebuild must not hang on a black-holed server
@@ -23,11 +24,11 @@ class ApiClaimSource:
 
     def __init__(self, api_client: client.ApiClient, *, timeout: float = LIST_TIMEOUT) -> None:
         self.api_client = api_client
-        self.api = client.ResourceV1Api(api_client)
+        self.api = resource.ResourceV1Api(api_client)
         self.timeout = timeout
 
     def get(self, namespace: str, name: str) -> dict:
-        return sanitize(self.api_client, self.api.read_namespaced_resource_claim(name, namespace))
+        return raw(self.api.read_namespaced_resource_claim, name, namespace)
 
     def allocated(self, driver: str, pool: str) -> list[dict]:
         """Every ResourceClaim, in any namespace, with a device allocated from ``driver``'s ``pool``
@@ -120,7 +121,7 @@ class UnwritableClaimStatus(RuntimeError):
         self.claim = f"{namespace}/{name}"
 
 
-def list_all_claims(api: client.ResourceV1Api, timeout: float) -> dict[str, Any]:
+def list_all_claims(api: resource.ResourceV1Api, timeout: float) -> dict[str, Any]:
     """Every ResourceClaim in any namespace, in pages of ``LIST_PAGE``, as one LIST answer
     (``items`` and the list's ``metadata.resourceVersion``)."""
     items: list[dict] = []

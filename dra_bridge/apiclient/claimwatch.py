@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kubernetes import client
 
+from dra_bridge.apiclient import resource
 from dra_bridge.apiclient.claims import list_all_claims
 from dra_bridge.apiclient.objects import watch_events
 from dra_bridge.apiclient.slicemirror import WatchMirror
@@ -34,7 +35,7 @@ class ClaimCache(WatchMirror):
     what = "resourceclaim"
 
     def __init__(self, api_client: client.ApiClient, *, timeout: float = 10.0) -> None:
-        self.api = client.ResourceV1Api(api_client)
+        self.api = resource.ResourceV1Api(api_client)
         self.timeout = timeout
         super().__init__(lambda: list_all_claims(self.api, self.timeout), self._watch_claims)
 

@@ -29,31 +29,21 @@ _PATCH = "application/json-patch+json"
 #: keyword -> query parameter, for the keywords the agent passes
 _QUERY = {"field_selector": "fieldSelector", "resource_version": "resourceVersion", "watch": "watch",
           "allow_watch_bookmarks": "allowWatchBookmarks", "timeout_seconds": "timeoutSeconds",
-          "label_selector": "labelSelector"}
+          "label_selector": "labelSelector", "dry_run": "dryRun", "limit": "limit", "_continue": "continue"}
 
 
-class CoreV1Api:
-    """The subset of ``kubernetes.client.CoreV1Api`` the agent calls, answering plain JSON."""
+class LightApi:
+    """Calls made through the generated client's ``ApiClient`` on the generated methods' request lines
+    (``CALLS``: method -> (HTTP method, path)), answering plain JSON."""
+
+    CALLS: dict[str, tuple[str, str]] = {}
 
     def __init__(self, api_client: ApiClient) -> None:
         self.api_client = api_client
 
-    def read_node(self, name: str, *, _request_timeout: Any = None) -> dict[str, Any]:
-        return self._call("read_node", {"name": name}, timeout=_request_timeout)
-
-    def patch_node(self, name: str, body: Any, *, _request_timeout: Any = None) -> dict[str, Any]:
-        return self._call("patch_node", {"name": name}, body=body, content_type=_PATCH, timeout=_request_timeout)
-
-    def list_node(self, *, _preload_content: bool = True, _request_timeout: Any = None, **query: Any) -> Any:
-        """The NodeList (or, with ``_preload_content=False``, the HTTP response, its body unread: a watch)."""
-        return self._call("list_node", {}, query=query, preload=_preload_content, timeout=_request_timeout)
-
-    def create_namespaced_event(self, namespace: str, body: Any, *, _request_timeout: Any = None) -> dict[str, Any]:
-        return self._call("create_namespaced_event", {"namespace": namespace}, body=body, timeout=_request_timeout)
-
     def _call(self, name: str, path_params: dict[str, str], *, query: dict[str, Any] | None = None, body: Any = None,
               content_type: str | None = None, preload: bool = True, timeout: Any = None) -> Any:
-        http, path = CALLS[name]
+        http, path = self.CALLS[name]
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
@@ -70,3 +60,22 @@ class CoreV1Api:
             return raw
         response.read()
         return self.api_client.response_deserialize(response, {"2XX": "object"}).data
+
+
+class CoreV1Api(LightApi):
+    """The subset of ``kubernetes.client.CoreV1Api`` the agent calls, answering plain JSON."""
+
+    CALLS = CALLS
+
+    def read_node(self, name: str, *, _request_timeout: Any = None) -> dict[str, Any]:
+        return self._call("read_node", {"name": name}, timeout=_request_timeout)
+
+    def patch_node(self, name: str, body: Any, *, _request_timeout: Any = None) -> dict[str, Any]:
+        return self._call("patch_node", {"name": name}, body=body, content_type=_PATCH, timeout=_request_timeout)
+
+    def list_node(self, *, _preload_content: bool = True, _request_timeout: Any = None, **query: Any) -> Any:
+        """The NodeList (or, with ``_preload_content=False``, the HTTP response, its body unread: a watch)."""
+        return self._call("list_node", {}, query=query, preload=_preload_content, timeout=_request_timeout)
+
+    def create_namespaced_event(self, namespace: str, body: Any, *, _request_timeout: Any = None) -> dict[str, Any]:
+        return self._call("create_namespaced_event", {"namespace": namespace}, body=body, timeout=_request_timeout)

@@ -18,6 +18,7 @@ import uuid
 from kubernetes import client
 
 from dra_bridge.api.compat import COMPATIBILITY_GROUPS_SINCE, SPLIT_LAYOUT_SINCE, KeptFields
+from dra_bridge.apiclient import resource
 from dra_bridge.apiclient.objects import raw
 
 __all__ = ["ANNOTATION_DRA_FIELDS", "KeptFields", "observe", "probe_kept"]
@@ -84,7 +85,7 @@ def probe_kept(api_client: client.ApiClient, version: tuple[int, int], node: str
                driver: str = PROBE_DRIVER) -> KeptFields:
     """Which DRA field families the server keeps, by dry-run creates (nothing is stored). The agent
     probes as its own driver and node, the only slices its admission policy lets it write."""
-    api = client.ResourceV1Api(api_client)
+    api = resource.ResourceV1Api(api_client)
     kept = KeptFields()
     for body in _probe_slices(version, node, driver):
         kept = observe(kept, body, raw(api.create_resource_slice, body, dry_run="All"))

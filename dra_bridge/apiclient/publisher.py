@@ -138,10 +138,10 @@ class Publisher:
                  max_backoff: float = 5.0, timeout: float = 20.0, watch: bool = True,
                  sleep: Callable[[float], None] = time.sleep, rand: Callable[[], float] = random.random,
                  on_error: Callable[[str], None] | None = None):
-        from kubernetes import client
+        from dra_bridge.apiclient import resource
 
         self.api_client = api_client
-        self.api = client.ResourceV1Api(api_client)
+        self.api = resource.ResourceV1Api(api_client)
         self.driver = driver
         self.node_name = node_name
         self.pool_name = pool_name or node_name
@@ -343,7 +343,7 @@ class Publisher:
     def _replace(self, name: str, body: dict) -> None:
         def attempt():
             current = self.api.read_resource_slice(name, _request_timeout=self.timeout)
-            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             try:
                 self._written(name, body, raw(self.api.replace_resource_slice, name, body,
                                               _request_timeout=self.timeout))

@@ -547,9 +547,8 @@ def test_duplicate_gpu_index_is_refused():
 
 
 def test_non_nvidia_without_framebuffer_uses_a_share_counter():
-    types = [vtype("i915-GVTg_V5_4", "GVTg_V5_4", 5, fb=None), vtype("i915-GVTg_V5_8", "GVTg_V5_8", 7, fb=None)]
-    for t in types:
-        t.framebuffer_mib = None
+    types = [vtype(tid, name, n, fb=None).model_copy(update={"framebuffer_mib": None})
+             for tid, name, n in (("i915-GVTg_V5_4", "GVTg_V5_4", 5), ("i915-GVTg_V5_8", "GVTg_V5_8", 7))]
     gpu = make_gpu(0, "0000:00:02.0", "0x3e92", "UHD Graphics 630", "mdev", types, vendor="0x8086")
     pool = build_pool(inventory(gpu), PoolPolicy.default(), server_version=(1, 34))
     cs = pool.counter_sets[0]

@@ -239,3 +239,21 @@ def test_presets_discover(make_sim, preset):
         got[b.key] = got.get(b.key, 0) + 1
     assert got == want
     assert inv.iommufd == spec.iommufd
+
+
+def test_the_vfs_of_gpus_of_one_board_share_one_record_per_type_and_reading(make_sim):
+    """#37: 16 L40S x 32 VFs x 23 types were 11,776 type models (~30 MB in the agent). Parents offering the
+    same type with the same instances free share one frozen record; the GPU's summed types are its own."""
+    sim = make_sim(HostSpec(gpus=[GpuGroup(board="L40S", framework="mdev-sriov", vfs_enabled=True, count=2)]))
+    first, second = sim.discover(), sim.discover()
+    gpus = first.gpus + second.gpus
+    parents = [p for g in gpus for p in g.parents]
+    assert len(parents) == 4 * catalog.board("L40S").sriov_total_vfs
+    records = {id(t) for p in parents for t in p.types}
+    assert len(records) == len(parents[0].types)  # every VF free: one record per type, node-wide, across reads
+    assert all(p.types == parents[0].types for p in parents)
+    summed = {id(t) for g in gpus for t in g.types}
+    assert len(summed) == sum(len(g.types) for g in gpus) and not summed & records
+    assert {t.available_instances for t in first.gpus[0].types} != {1}  # summed over the VFs, not a VF's 1
+    with pytest.raises(ValueError, match="frozen"):
+        parents[0].types[0].available_instances = 0

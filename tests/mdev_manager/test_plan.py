@@ -211,8 +211,9 @@ def test_equal_size_skip_names_a_framebuffer_size_the_driver_does_not_tell(sim, 
     ids = sorted(create(sim, t4.address, tid("T4", "T4-2Q"), 2))
     usage = Usage(mdevs={u: ["libvirt domain vm1"] for u in ids})
     inv = sim.discover()
-    unknown = next(t for t in inv.gpus[0].types if t.short_name == "T4-1Q")
-    unknown.framebuffer_mib = None
+    g = inv.gpus[0]
+    unknown = next(t for t in g.types if t.short_name == "T4-1Q")
+    g.types = [t.model_copy(update={"framebuffer_mib": None}) if t is unknown else t for t in g.types]
     next(v for v in inv.gpus[0].vgpus if v.id == ids[0]).type_id = unknown.id
     plan = make_plan(inv, layout({"index": 0, "vgpus": {"T4-4Q": 1}}), usage=usage,
                      definitions=defs_for(t4.address, tid("T4", "T4-2Q"), ids), new_uuid=uuids())

@@ -32,6 +32,7 @@ _UNMAPPABLE = re.compile(r"\b(call_api|DynamicClient|CustomObjectsApi)\b")
 AUTHORIZATION_ONLY = {("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"): "vgpu.kubevirt.io"}
 Rule = tuple[str, str, str]
 CORE = Path("dra_bridge/apiclient/core.py")
+RESOURCE = Path("dra_bridge/apiclient/resource.py")
 
 
 @cache
@@ -115,9 +116,10 @@ def required_access() -> dict[Rule, list[str]]:
     need: dict[Rule, list[str]] = {}
     for f in SCANNED:
         rel = f.relative_to(ROOT)
-        # dra_bridge.apiclient.core makes core/v1 calls through call_api, each on the generated method's
-        # request line (test_the_agents_own_core_calls_are_the_generated_clients); calls to it map by its name
-        bad = None if rel == CORE else _UNMAPPABLE.search(f.read_text())
+        # dra_bridge.apiclient.core and .resource make core/v1 and resource/v1 calls through call_api, each on the
+        # generated method's request line (test_the_agents_own_core_calls_are_the_generated_clients); calls to
+        # them map by their names
+        bad = None if rel in (CORE, RESOURCE) else _UNMAPPABLE.search(f.read_text())
         assert bad is None, f"{rel}: {bad.group(1)} cannot be mapped to RBAC here; extend tests/system/test_rbac.py"
         for cls, method, watch, line in client_calls(f):
             reqs = requests_of(method)
@@ -171,6 +173,17 @@ def test_the_agents_own_core_calls_are_the_generated_clients():
     assert methods == set(core.CALLS)
     for name, request in core.CALLS.items():
         assert requests_of(name)["CoreV1Api"] == request, name
+
+
+def test_the_agents_own_resource_calls_are_the_generated_clients():
+    """The same for its light ``ResourceV1Api`` (#37.3: the generated one loads 71 model modules, ~5 MB)."""
+    from dra_bridge.apiclient import resource
+
+    assert RESOURCE in [p.relative_to(ROOT) for p in SCANNED]
+    methods = {n for n, f in vars(resource.ResourceV1Api).items() if callable(f) and not n.startswith("_")}
+    assert methods == set(resource.CALLS)
+    for name, request in resource.CALLS.items():
+        assert requests_of(name)["ResourceV1Api"] == request, name
 
 
 def test_the_scan_knows_the_class_each_call_is_made_on(tmp_path):
