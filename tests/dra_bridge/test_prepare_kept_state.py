@@ -79,10 +79,10 @@ def test_a_vf_taken_by_hand_since_the_state_was_read_is_not_chosen(srv, node, pa
 
 
 def test_a_state_showing_every_vf_full_does_not_refuse_a_free_one(srv, node, paths):
-    kept = node.gpu(GPU).model_copy(deep=True)
-    for p in kept.parents:
-        for t in p.types:
-            t.available_instances = 0  # as read before an unprepare freed them
+    gpu = node.gpu(GPU)
+    kept = gpu.model_copy(update={"parents": [  # as read before an unprepare freed them (types are frozen)
+        p.model_copy(update={"types": [t.model_copy(update={"available_instances": 0}) for t in p.types]})
+        for p in gpu.parents]})
     io = CountingIO(node.host)
     _prepare(srv, node, paths, kept, io)
     assert len(node.gpu(GPU).vgpus) == 1
