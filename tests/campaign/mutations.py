@@ -112,9 +112,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     # issue 36, point 5: the fixes of issue 29 the campaign did not walk into
     Mutation("k", "the GPU numbering kept only by serve (a hand-run apply numbers GPUs by PCI position)", (
         Patch("vgpuctl/commands/node.py",
-              "                                    on_step=on_step, stop=signals.pending, read_back=True)\n",
-              "                                    on_step=on_step, stop=signals.pending, read_back=True,\n"
-              "                                    ids={})  # MUTATION (k)\n"),)),
+              "                                    on_step=on_step, stop=signals.pending, read_back=True, inventory=before)\n",
+              "                                    on_step=on_step, stop=signals.pending, read_back=True, inventory=before,\n"
+              "                                    ids={})  # MUTATION (k)\n"),
+        Patch("vgpuctl/commands/node.py",
+              "                before = discover(env, io, node=node)\n",
+              "                before = discover(env, io, node=node, ids={})  # MUTATION (k)\n"),)),
     Mutation("l", "reboot placements: a claim of an earlier boot holds no placement or VF until re-created", (
         Patch("dra_bridge/kubeletplugin/driver.py",
               "        taken = self._recorded_vfs(ref.uid)\n",
