@@ -237,9 +237,12 @@ def test_the_real_scheduler_allocates_rendered_claims_and_the_plugin_prepares(cp
             if whole:
                 assert sum(g.driver == "vfio-pci" for g in inv.gpus) >= 1
             else:
-                reason = wait_for(lambda: next((c.get("message") for c in (cp.get_object(
+                # the pod was made before the node joined: its first attempt's "no nodes available to
+                # schedule pods" stands until the scheduler tries it again on the node's arrival
+                reason = wait_for(lambda: next((m for c in (cp.get_object(
                     "pods", "vfio-gpu", "default").get("status") or {}).get("conditions") or []
-                    if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"), None), "vfio-gpu Pending")
+                    if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                    and "no nodes available" not in (m := c.get("message") or "")), None), "vfio-gpu Pending", 120)
                 assert "cannot allocate all claims" in reason, reason
                 assert not cp.get_object("pods", "vfio-gpu", "default")["spec"].get("nodeName")
                 assert not [g for g in inv.gpus if g.driver == "vfio-pci"], inv.gpus
