@@ -33,8 +33,7 @@ from mdev_manager.models import (
 from mdev_manager.names import is_mig_backed, mig_profile_of
 from mdev_manager.numbering import Numbered
 from mdev_manager.typeset import (  # noqa: F401  infer_mixed_size: read from here too
-    cap_by_occupancy,
-    cap_by_placements,
+    capped,
     infer_mixed_size,
     mdev_type,
     merge_types,
@@ -287,10 +286,7 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
     board = catalog.match_board(fields["vendor_id"], fields["device_id"], fields.get("subsystem_device_id"))
     types = merge_types(parents, board, framework == "vendor-vfio")
     placements = _placements(io, addr, fields, types)
-    if placements is not None and placements.enabled:
-        types = cap_by_placements(types, vgpus, placements)
-    elif framework in ("mdev-sriov", "vendor-vfio"):
-        types = cap_by_occupancy(types, vgpus)
+    types = capped(types, vgpus, placements, framework)
     mig = _mig_state(io, addr, fields, types, vgpus)
     group_members = []
     if fields.get("iommu_group") is not None:

@@ -53,8 +53,7 @@ from mdev_manager.names import mig_profile_of
 from mdev_manager.offers import NVIDIA, native_driver
 from mdev_manager.placeplan import creatable, held
 from mdev_manager.typeset import (
-    cap_by_occupancy,
-    cap_by_placements,
+    capped,
     infer_mixed_size,
     mdev_type,
     merge_types,
@@ -304,11 +303,7 @@ def _retype(gpu: Gpu, notes: dict[str, list[int]]) -> None:
             vendor_type(tid, t.name, 1) for t, tid in specs if left[tid] > 0]) for vf in gpu.vfs]
     types = merge_types(gpu.parents, board, fw == "vendor-vfio")
     gpu.placements = _placements(gpu, board, types)
-    if gpu.placements is not None and gpu.placements.enabled:
-        types = cap_by_placements(types, gpu.vgpus, gpu.placements)
-    elif fw in ("mdev-sriov", "vendor-vfio"):
-        types = cap_by_occupancy(types, gpu.vgpus)
-    gpu.types = types
+    gpu.types = types = capped(types, gpu.vgpus, gpu.placements, fw)
     gpu.mixed_size = gpu.placements.enabled if gpu.placements is not None else infer_mixed_size(
         gpu.vendor_id, types, gpu.vgpus)
 

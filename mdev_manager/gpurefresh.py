@@ -16,7 +16,7 @@ from mdev_manager.discovery import DeviceDirs, _int, _mig_state, _placements, re
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.models import Gpu, MdevParent, Vgpu
-from mdev_manager.typeset import cap_by_occupancy, cap_by_placements, infer_mixed_size, merge_types
+from mdev_manager.typeset import capped, infer_mixed_size, merge_types
 
 
 def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
@@ -39,10 +39,7 @@ def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
     board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
     types = merge_types(parents, board, False)
     placements = _placements(io, gpu.address, fields, types)
-    if placements is not None and placements.enabled:
-        types = cap_by_placements(types, vgpus, placements)
-    elif gpu.framework == "mdev-sriov":
-        types = cap_by_occupancy(types, vgpus)
+    types = capped(types, vgpus, placements, gpu.framework)  # mdev or mdev-sriov here
     mig = _mig_state(io, gpu.address, fields, types, vgpus)
     mixed = placements.enabled if placements is not None else infer_mixed_size(gpu.vendor_id, types, vgpus)
     return gpu.model_copy(update={"parents": parents, "vgpus": vgpus, "types": types, "placements": placements,

@@ -138,6 +138,17 @@ def cap_by_placements(types: list[VgpuType], vgpus: list[Vgpu], smap: VgpuPlacem
     return [t if t.mig_backed else _capped(t, len(creatable(smap, taken, t.id))) for t in types]
 
 
+def capped(types: list[VgpuType], vgpus: list[Vgpu], placements: VgpuPlacements | None,
+           framework: str) -> list[VgpuType]:
+    """The GPU's summed types capped by what it holds: by placements in mixed-size mode, else by
+    occupancy where each parent (a VF) reads 0 or 1."""
+    if placements is not None and placements.enabled:
+        return cap_by_placements(types, vgpus, placements)
+    if framework in ("mdev-sriov", "vendor-vfio"):
+        return cap_by_occupancy(types, vgpus)
+    return types
+
+
 def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -> bool | None:
     """Whether an NVIDIA GPU runs in mixed-size mode, as far as sysfs shows it (None: cannot tell);
     used where NVML reports no mode for the GPU (no library, or a board NVML has no mode for).
