@@ -30,13 +30,13 @@ from mdev_manager.models import (
     VgpuType,
     VirtualFunction,
 )
-from mdev_manager.names import is_mig_backed, mig_profile_of
+from mdev_manager.names import is_mig_backed
 from mdev_manager.numbering import Numbered
 from mdev_manager.typeset import (  # noqa: F401  infer_mixed_size: read from here too
-    capped,
     infer_mixed_size,
+    link_instances,
     mdev_type,
-    merge_types,
+    summarise,
     vendor_type,
 )
 
@@ -284,9 +284,8 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
                                   gpu_instance=gi if known and is_mig_backed(known) and gi != NO_GPU_INSTANCE else None,
                                   placement_id=placement_value(read_attr(io, vd / "nvidia" / "placement_id"))))
     board = catalog.match_board(fields["vendor_id"], fields["device_id"], fields.get("subsystem_device_id"))
-    types = merge_types(parents, board, framework == "vendor-vfio")
-    placements = _placements(io, addr, fields, types)
-    types = capped(types, vgpus, placements, framework)
+    types, placements, mixed = summarise(parents, vgpus, framework, fields["vendor_id"], board,
+                                         lambda merged: _placements(io, addr, fields, merged))
     mig = _mig_state(io, addr, fields, types, vgpus)
     group_members = []
     if fields.get("iommu_group") is not None:
@@ -296,8 +295,7 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
     return Gpu(index=index, framework=framework, iommu_group_members=group_members,
                iommu_group_drivers=group_drivers, sriov_total_vfs=total,
                iommu_group_overrides={m: o for m, o in overrides.items() if o},
-               mixed_size=placements.enabled if placements is not None else infer_mixed_size(fields["vendor_id"], types,
-                                                                                             vgpus),
+               mixed_size=mixed,
                sriov_num_vfs=_int(read_attr(io, d / "sriov_numvfs")) or 0, vfs=vfs, parents=parents,
                types=types, vgpus=vgpus, mig=mig, placements=placements,
                inferred=[*board.inferred, *MIG_INFERRED.get(board.key, ())] if board else [], **fields)
@@ -307,30 +305,14 @@ NO_GPU_INSTANCE = 4294967295  # a VF's nvidia/gpu_instance_id with no GPU instan
 
 
 def _mig_state(io: HostIO, addr: str, fields: dict, types: list[VgpuType], vgpus: list[Vgpu]) -> MigState | None:
-    """NVML's view of an NVIDIA GPU on its driver, with each GPU instance's vGPU.
-
-    A vendor-VFIO VF names its instance (``nvidia/gpu_instance_id``); an mdev does not, so mdevs
-    of a profile are matched to that profile's remaining instances in id order (which one holds
-    which is then a guess; how many are held is not)."""
+    """NVML's view of an NVIDIA GPU on its driver, with each GPU instance's vGPUs
+    (:func:`~mdev_manager.typeset.link_instances`)."""
     if fields.get("vendor_id") != "0x10de" or fields.get("driver") != "nvidia":
         return None
     raw = Mig(io.nvml()).state(addr)
     mig = None if raw is None else MigState.model_validate(raw)
-    if mig is None or not mig.enabled:
-        return mig
-    by_id = {g.id: g for g in mig.instances}
-    for v in vgpus:
-        if v.gpu_instance in by_id:
-            held = by_id[v.gpu_instance]
-            held.vgpu = held.vgpu or v.id
-            held.vgpus.append(v.id)
-    profile_of = {t.id: t.gpu_instance_profile for t in types}
-    for v in vgpus:
-        name = profile_of.get(v.type_id) or mig_profile_of(v.type_name)
-        if v.gpu_instance is None and name and (prof := mig.profile(name)):
-            gi = next((g for g in mig.instances if g.profile_id == prof.id and g.vgpu is None), None)
-            if gi is not None:
-                gi.vgpu, gi.vgpus, v.gpu_instance = v.id, [v.id], gi.id
+    if mig is not None:
+        link_instances(mig, types, vgpus)
     return mig
 
 

@@ -49,16 +49,9 @@ from mdev_manager.models import (
     VgpuType,
     VirtualFunction,
 )
-from mdev_manager.names import mig_profile_of
 from mdev_manager.offers import NVIDIA, native_driver
 from mdev_manager.placeplan import creatable, held
-from mdev_manager.typeset import (
-    capped,
-    infer_mixed_size,
-    mdev_type,
-    merge_types,
-    vendor_type,
-)
+from mdev_manager.typeset import link_instances, mdev_type, summarise, vendor_type
 
 #: the kernel's steps (a write only the kernel or NVML answers); the others only record state
 KERNEL_STEPS = (EnableVfs, DisableVfs, BindDriver, CreateMdev, RemoveMdev, SetVgpuType, SetMigMode, CreateGpuInstance,
@@ -275,7 +268,8 @@ def _bind(gpu: Gpu, address: str, driver: str | None, notes: dict[str, list[int]
 def _retype(gpu: Gpu, notes: dict[str, list[int]]) -> None:
     """What each parent lists once the steps took effect, merged as discovery merges them."""
     board = _board(gpu)
-    _link_instances(gpu)
+    if gpu.mig is not None:  # on the types as they were: the rooms below count the free instances
+        link_instances(gpu.mig, gpu.types, gpu.vgpus)
     if board is None or gpu.driver in (None, "vfio-pci"):
         return
     known = {t.id: t for p in gpu.parents for t in p.types}
@@ -301,11 +295,8 @@ def _retype(gpu: Gpu, notes: dict[str, list[int]]) -> None:
         holds = {v.parent for v in gpu.vgpus}
         gpu.parents = [MdevParent(address=vf.address, types=[] if vf.address in holds else [
             vendor_type(tid, t.name, 1) for t, tid in specs if left[tid] > 0]) for vf in gpu.vfs]
-    types = merge_types(gpu.parents, board, fw == "vendor-vfio")
-    gpu.placements = _placements(gpu, board, types)
-    gpu.types = types = capped(types, gpu.vgpus, gpu.placements, fw)
-    gpu.mixed_size = gpu.placements.enabled if gpu.placements is not None else infer_mixed_size(
-        gpu.vendor_id, types, gpu.vgpus)
+    gpu.types, gpu.placements, gpu.mixed_size = summarise(gpu.parents, gpu.vgpus, fw, gpu.vendor_id, board,
+                                                          lambda merged: _placements(gpu, board, merged))
 
 
 def _room(gpu: Gpu, board: BoardSpec, t: TypeSpec, tid: str) -> int:
@@ -359,28 +350,3 @@ def _placements(gpu: Gpu, board: BoardSpec, types: list[VgpuType]) -> VgpuPlacem
             placed[t.id] = have
     slots = max((p + tp.size for tp in placed.values() for p in tp.ids), default=0)
     return VgpuPlacements(enabled=smap.enabled, slots=slots, types=placed)
-
-
-def _link_instances(gpu: Gpu) -> None:
-    """Each GPU instance's vGPUs, as discovery links them (a VF names its instance; an mdev takes the
-    next free instance of its profile)."""
-    mig = gpu.mig
-    if mig is None:
-        return
-    for g in mig.instances:
-        g.vgpu, g.vgpus = None, []
-    if not mig.enabled:
-        return
-    by_id = {g.id: g for g in mig.instances}
-    for v in gpu.vgpus:
-        if v.gpu_instance in by_id:
-            gi = by_id[v.gpu_instance]
-            gi.vgpu = gi.vgpu or v.id
-            gi.vgpus.append(v.id)
-    profile_of = {t.id: t.gpu_instance_profile for t in gpu.types}
-    for v in gpu.vgpus:
-        name = profile_of.get(v.type_id) or mig_profile_of(v.type_name)
-        if v.gpu_instance is None and name and (prof := mig.profile(name)):
-            free = next((g for g in mig.instances if g.profile_id == prof.id and g.vgpu is None), None)
-            if free is not None:
-                free.vgpu, free.vgpus, v.gpu_instance = v.id, [v.id], free.id

@@ -16,7 +16,7 @@ from mdev_manager.discovery import DeviceDirs, _int, _mig_state, _placements, re
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.models import Gpu, MdevParent, Vgpu
-from mdev_manager.typeset import capped, infer_mixed_size, merge_types
+from mdev_manager.typeset import summarise
 
 
 def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
@@ -37,10 +37,8 @@ def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
         vgpus += read_mdevs(env, io, p.address, gpu.address, dirs)
     fields = {"vendor_id": gpu.vendor_id, "driver": gpu.driver}
     board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
-    types = merge_types(parents, board, False)
-    placements = _placements(io, gpu.address, fields, types)
-    types = capped(types, vgpus, placements, gpu.framework)  # mdev or mdev-sriov here
+    types, placements, mixed = summarise(parents, vgpus, gpu.framework, gpu.vendor_id, board,
+                                         lambda merged: _placements(io, gpu.address, fields, merged))
     mig = _mig_state(io, gpu.address, fields, types, vgpus)
-    mixed = placements.enabled if placements is not None else infer_mixed_size(gpu.vendor_id, types, vgpus)
     return gpu.model_copy(update={"parents": parents, "vgpus": vgpus, "types": types, "placements": placements,
                                   "mig": mig, "mixed_size": mixed})

@@ -1,17 +1,20 @@
 """What a GPU's types read as: merged over its parents, capped by what its vGPUs already take. Pure.
 
-Discovery builds a GPU's ``types`` from what sysfs lists per parent (a PF, or each VF); a preview
-(:mod:`mdev_manager.expect`) builds them from the types it expects each parent to list. Both go
-through these functions, so a preview's GPU reads as discovery would read the same node.
+Discovery builds a GPU's ``types`` from what sysfs lists per parent (a PF, or each VF); the light
+re-read (:mod:`mdev_manager.gpurefresh`) from the free instances it reads again; a preview
+(:mod:`mdev_manager.expect`) from the types it expects each parent to list. All three summarise them
+with :func:`summarise` and link GPU instances with :func:`link_instances`, so a preview's GPU reads
+as discovery would read the same node, and a light re-read as a whole one.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 from mdev_manager import catalog
-from mdev_manager.models import MdevParent, Vgpu, VgpuPlacements, VgpuType, held_types, occupancy
+from mdev_manager.models import MdevParent, MigState, Vgpu, VgpuPlacements, VgpuType, held_types, occupancy
 from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, mig_profile_of, short_type_name
 from mdev_manager.placeplan import creatable, held
 
@@ -172,3 +175,51 @@ def infer_mixed_size(vendor_id: str, types: list[VgpuType], vgpus: list[Vgpu]) -
     if any(occupancy([(t, 1)]) <= free for t in other):
         return False
     return None  # full, or nothing of another size would fit anyway
+
+
+class Summary(NamedTuple):
+    """What a GPU's parents and vGPUs sum up to: its types, its mixed-size placements and mode."""
+
+    types: list[VgpuType]
+    placements: VgpuPlacements | None
+    mixed_size: bool | None
+
+
+def summarise(parents: list[MdevParent], vgpus: list[Vgpu], framework: str, vendor_id: str,
+              board: catalog.BoardSpec | None,
+              placements_of: Callable[[list[VgpuType]], VgpuPlacements | None]) -> Summary:
+    """The GPU's types merged over its parents and capped by its vGPUs, its placements and mixed-size mode.
+
+    ``placements_of`` gives the placements of the merged types (NVML's answer for discovery, the
+    catalog's and the last answer for a preview); its mode is the GPU's where it has one, else
+    inferred from what sysfs shows (:func:`infer_mixed_size`)."""
+    types = merge_types(parents, board, framework == "vendor-vfio")
+    placements = placements_of(types)
+    types = capped(types, vgpus, placements, framework)
+    mixed = placements.enabled if placements is not None else infer_mixed_size(vendor_id, types, vgpus)
+    return Summary(types, placements, mixed)
+
+
+def link_instances(mig: MigState, types: list[VgpuType], vgpus: list[Vgpu]) -> None:
+    """Each GPU instance's vGPUs, set on ``mig`` in place (its links before are dropped).
+
+    A vendor-VFIO VF names its instance (``nvidia/gpu_instance_id``); an mdev does not, so mdevs
+    of a profile are matched to that profile's remaining instances in id order (which one holds
+    which is then a guess; how many are held is not)."""
+    for g in mig.instances:
+        g.vgpu, g.vgpus = None, []
+    if not mig.enabled:
+        return
+    by_id = {g.id: g for g in mig.instances}
+    for v in vgpus:
+        if v.gpu_instance in by_id:
+            gi = by_id[v.gpu_instance]
+            gi.vgpu = gi.vgpu or v.id
+            gi.vgpus.append(v.id)
+    profile_of = {t.id: t.gpu_instance_profile for t in types}
+    for v in vgpus:
+        name = profile_of.get(v.type_id) or mig_profile_of(v.type_name)
+        if v.gpu_instance is None and name and (prof := mig.profile(name)):
+            free = next((g for g in mig.instances if g.profile_id == prof.id and g.vgpu is None), None)
+            if free is not None:
+                free.vgpu, free.vgpus, v.gpu_instance = v.id, [v.id], free.id
