@@ -6,41 +6,10 @@ from __future__ import annotations
 
 import uuid
 
-from mdev_manager.sim import SimIO
 from tests.support.dra import add_claim, devices_of, make_driver
+from tests.support.readcount import CountingIO
 
 GPU = "0000:16:00.0"  # A100: mdev on 16 VFs, MIG off
-
-
-class CountingIO(SimIO):
-    """The simulated host's transport, counting type directories read whole, NVML handles taken and
-    single ``available_instances`` reads."""
-
-    def __init__(self, host):
-        super().__init__(host)
-        self.type_dirs: list[str] = []
-        self.nvml_calls = 0
-        self.asked: list[str] = []
-
-    def read_attrs(self, directory, names):
-        if directory.parent.name == "mdev_supported_types":
-            self.type_dirs.append(directory.name)
-        return super().read_attrs(directory, names)
-
-    def read_children(self, directory, names):
-        out = super().read_children(directory, names)
-        if directory.name == "mdev_supported_types":
-            self.type_dirs.extend(out)
-        return out
-
-    def read(self, path):
-        if path.name == "available_instances":
-            self.asked.append(path.parent.parent.parent.name)
-        return super().read(path)
-
-    def nvml(self):
-        self.nvml_calls += 1
-        return super().nvml()
 
 
 def _prepare(srv, node, paths, kept, io, name="vm-a", index=0):

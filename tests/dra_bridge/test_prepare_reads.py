@@ -3,27 +3,8 @@ not every type of every VF; a whole GPU's answer reads the GPU's function, not i
 
 from __future__ import annotations
 
-from mdev_manager.sim import SimIO
 from tests.support.dra import add_claim, devices_of, make_driver
-
-
-class CountingIO(SimIO):
-    """The simulated host's transport, counting the type directories read (``mdev_supported_types/<id>``)."""
-
-    def __init__(self, host):
-        super().__init__(host)
-        self.type_dirs: list[str] = []
-
-    def read_attrs(self, directory, names):
-        if directory.parent.name == "mdev_supported_types":
-            self.type_dirs.append(directory.name)
-        return super().read_attrs(directory, names)
-
-    def read_children(self, directory, names):
-        out = super().read_children(directory, names)
-        if directory.name == "mdev_supported_types":
-            self.type_dirs.extend(out)
-        return out
+from tests.support.readcount import CountingIO
 
 
 def test_a_vgpu_prepare_reads_only_its_type_on_each_vf(srv, node, paths):
