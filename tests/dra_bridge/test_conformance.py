@@ -22,7 +22,7 @@ from dra_bridge.sim.controlplane import ControlPlane
 from dra_bridge.sim.scenarios import run_conformance_simulated
 from tests.support.upstream_allocator import real_or_model, use_upstream
 from vgpuctl.commands import conformance as conformance_cli
-from vgpuctl.main import main
+from vgpuctl.main import build_parser, main
 
 
 def statuses(rep: ConformanceReport) -> dict[int, str]:
@@ -92,23 +92,21 @@ def test_junit_and_table(passing):
     assert all(len(line) <= 80 for line in text.splitlines())  # 80 columns (issue #26)
 
 
-def test_the_junit_report_is_written_only_where_asked(tmp_path, monkeypatch, capsys):
+def test_the_junit_report_is_written_only_where_asked(tmp_path, capsys):
     """``vgpuctl conformance`` wrote vgpuctl-conformance.xml into the working directory unasked; now
-    only ``--junit FILE`` writes XML, to FILE (the run itself is stood in for: what is written matters)."""
-    import dra_bridge.sim.scenarios
-
+    only ``--junit FILE`` writes XML, to FILE (the run itself is given: what is written matters)."""
     rep = ConformanceReport(cluster="simulated", namespace="ns",
                             checks=[CheckResult(n, f"check {n}", "passed", "ok") for n in range(1, 6)])
-    monkeypatch.setattr(dra_bridge.sim.scenarios, "run_conformance_simulated", lambda **kw: rep)
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.chdir(tmp_path)
-    assert main(["conformance"]) == 0
-    assert list(tmp_path.iterdir()) == [] and "JUnit XML" not in capsys.readouterr().out
+    parser = build_parser("conformance")
+    here = sorted(os.listdir())
+    assert conformance_cli.report(parser.parse_args(["conformance"]), rep) == 0
+    assert sorted(os.listdir()) == here and "JUnit XML" not in capsys.readouterr().out
     report = tmp_path / "out" / "r.xml"
     report.parent.mkdir()
-    assert main(["conformance", "--junit", str(report)]) == 0
+    assert conformance_cli.report(parser.parse_args(["conformance", "--junit", str(report)]), rep) == 0
     assert ET.parse(report).getroot().find("testsuite").get("tests") == "5"
     assert f"JUnit XML: {report}" in capsys.readouterr().out and os.listdir(tmp_path) == ["out"]
+    assert sorted(os.listdir()) == here
 
 
 def test_junit_reports_failures_errors_and_skips():

@@ -125,14 +125,18 @@ def test_the_readmes_first_command_works_as_root_and_as_a_user(tmp_path):
         assert "apt-get install -y python3-venv" in calls and calls[-1] == "vgpuctl demo", calls
 
 
-def test_conformance_says_where_to_look_when_a_workload_times_out(monkeypatch):
+def test_conformance_says_where_to_look_when_a_workload_times_out():
     """Against a cluster without a scheduler a workload stayed Pending: "not Running after 15s" and no hint."""
     from dra_bridge.conformance.backend import KubeBackend, Run
 
-    backend = KubeBackend.__new__(KubeBackend)
+    class Unscheduled(KubeBackend):
+        """A cluster whose pods never change: each read of a workload finds it as it was."""
+
+        def refresh(self, r: Run) -> Run:
+            return r
+
+    backend = Unscheduled.__new__(Unscheduled)
     backend.namespace, backend.timeout, backend.poll = "ns", 0.0, 0.0
-    seen: dict = {}
-    monkeypatch.setattr(KubeBackend, "refresh", lambda self, r: seen.get("refresh", r))
     r = backend.wait(Run(name="w1", template="t1"))  # never scheduled: no PodScheduled condition
     assert r.phase == "Timeout"
     assert r.reason == ("not Running after 0s; no scheduler placed it or said why (no PodScheduled condition): "

@@ -45,8 +45,6 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import yaml
-
     from dra_bridge.conformance import healthcheck
     from dra_bridge.conformance.backend import KubeBackend
     from dra_bridge.conformance.checks import run_conformance
@@ -71,6 +69,14 @@ def run(args) -> int:
 
         rep = run_conformance_simulated(version=args.server_version, feature_gates=parse_gates(args.feature_gates),
                                         **kw)
+    return report(args, rep)
+
+
+def report(args: argparse.Namespace, rep: ConformanceReport) -> int:
+    """The report written where asked (``--junit``, ``--json-events``: nowhere else) and printed as
+    ``--output`` says; the exit code (1: not conformant)."""
+    import yaml
+
     if args.junit:
         with open(args.junit, "w") as f:
             f.write(junit(rep))
