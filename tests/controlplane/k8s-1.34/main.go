@@ -311,7 +311,10 @@ func startAPIServer(ctx context.Context, s settings, etcdURL string, port int, e
 	return nil
 }
 
-func waitForAPIServer(ctx context.Context, kubeconfig string, errs <-chan error) error {
+// waitFor polls the API server kubeconfig names until ready says so (2 minutes at most); an error
+// a component sends on errs ends the wait at once.
+func waitFor(ctx context.Context, kubeconfig string, errs <-chan error,
+	ready func(context.Context, kubernetes.Interface) bool) error {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return err
@@ -326,33 +329,26 @@ func waitForAPIServer(ctx context.Context, kubeconfig string, errs <-chan error)
 			return false, err
 		default:
 		}
+		return ready(ctx, client), nil
+	})
+}
+
+func waitForAPIServer(ctx context.Context, kubeconfig string, errs <-chan error) error {
+	return waitFor(ctx, kubeconfig, errs, func(ctx context.Context, client kubernetes.Interface) bool {
 		status := 0
 		client.CoreV1().RESTClient().Get().AbsPath("/readyz").Do(ctx).StatusCode(&status)
 		if status != 200 {
-			return false, nil
+			return false
 		}
 		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
+		return err == nil
 	})
 }
 
 func waitForDefaultServiceAccount(ctx context.Context, kubeconfig string, errs <-chan error) error {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		select {
-		case err := <-errs:
-			return false, err
-		default:
-		}
+	return waitFor(ctx, kubeconfig, errs, func(ctx context.Context, client kubernetes.Interface) bool {
 		_, err := client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
+		return err == nil
 	})
 }
 
