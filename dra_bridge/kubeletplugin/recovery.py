@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from dra_bridge.api.k8sname import dns_safe
 from dra_bridge.api.nodepaths import NodePaths
@@ -61,6 +63,7 @@ from mdev_manager.names import short_type_name
 
 PCI_ATTR = "resource.kubernetes.io/pciBusID"
 _DEVICE_NAME = re.compile(r"^gpu-(\d+)-(passthrough|vgpu-.+|mig-.+)$")  # dra_bridge.api.names: the GPU's stable number
+_Kind = Literal["vgpu", "passthrough"]  # a prepared device's (PreparedDeviceRecord.kind)
 
 
 @dataclass
@@ -105,8 +108,9 @@ def _group(node_path: str) -> int | None:
 
 def _brief(exc: BaseException) -> str:
     """An API error in one short line (the client's carry headers and bodies)."""
-    if isinstance(getattr(exc, "status", None), int):  # the client's ApiException: "(503)\nReason: ..."
-        line = f"HTTP {exc.status} {getattr(exc, 'reason', '') or ''}".strip()
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):  # the client's ApiException: "(503)\nReason: ..."
+        line = f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
     else:
         text = str(exc).strip().splitlines()
         line = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -154,8 +158,8 @@ def observe(paths: NodePaths, env: HostEnv, io: HostIO, claims: object = None, p
         for request in io.listdir(paths.metadata_dir / claim_dir):
             path = paths.metadata_dir / claim_dir / request / "metadata.json"
             doc = _json(io, path)
-            uid = ((doc.get("metadata") or {}).get("uid")) if isinstance(doc, dict) else None
-            if isinstance(uid, str):
+            uid = (doc.get("metadata") or {}).get("uid") if isinstance(doc, dict) else None
+            if isinstance(doc, dict) and isinstance(uid, str):
                 obs.metadata_docs.setdefault(uid, []).append((str(path), doc))
     return obs
 
@@ -191,7 +195,7 @@ def _devices(uid: str, obs: Observed, driver: str, pool: str) -> dict[str, dict]
 
 
 def _device_record(name: str, info: dict, inv: Inventory,
-                   layout_owned: set[str] = frozenset()) -> tuple[PreparedDeviceRecord, bool]:
+                   layout_owned: Set[str] = frozenset()) -> tuple[PreparedDeviceRecord, bool]:
     """The device's record and whether the host holds it (a layout's device is not the claim's:
     its vGPU id or group in an old file only means the device was made again for the layout)."""
     attrs = info.get("attributes") or {}
@@ -212,11 +216,11 @@ def _device_record(name: str, info: dict, inv: Inventory,
     return PreparedDeviceRecord(**base, kind="vgpu", gpu="", framework="mdev" if mdev else None, vgpu_id=mdev), False
 
 
-def _results(claim: dict | None, driver: str, pool: str, skipped: list[str]) -> list[tuple[str, str]]:
+def _results(claim: dict, driver: str, pool: str, skipped: list[str]) -> list[tuple[str, str]]:
     """(device, request) of each device the claim was allocated from this pool; names prepare would
     refuse are left out, each noted (one bad result must not cost a claim its other devices)."""
     out = []
-    for r in allocation_results(claim or {}):
+    for r in allocation_results(claim):
         if r.get("driver") != driver or r.get("pool") != pool:
             continue
         try:
@@ -240,7 +244,7 @@ def _api_identity(claim: dict, files: tuple[str, str], uid: str, notes: list[str
     return api
 
 
-def _published(device: str, published: Pool | None, obs: Observed) -> tuple[str | None, str, str | None]:
+def _published(device: str, published: Pool | None, obs: Observed) -> tuple[_Kind | None, str, str | None]:
     """(kind, GPU address, type id) of a device name: from the published pool, else from the GPU
     number the name carries (the plugin's stable numbers, else the PCI order the pool falls back to)."""
     if published is not None and (d := published.device(device)) is not None:
@@ -365,17 +369,17 @@ def rebuild(obs: Observed, *, driver: str, pool: str, boot_id: str | None, publi
         out.from_api.append(f"the request of {requests_filled} device{'s' * (requests_filled != 1)}")
 
     held = _Held()
-    for rec in out.claims.values():
-        for d in rec.devices:
+    for claim_rec in out.claims.values():
+        for d in claim_rec.devices:
             held.add(d)
     for uid, wanted in pending.items():  # devices of a known claim that no file names
-        rec = out.claims[uid]
+        claim_rec = out.claims[uid]
         for dev, request in wanted:
             d, shown = _attribute(dev, request, pool, obs, published, held)
-            rec.devices.append(d)
+            claim_rec.devices.append(d)
             present[uid].append(shown)
-            out.from_api.append(f"device {dev} of {_who(rec)}" + ("" if shown else " (not on the node)"))
-        rec.devices.sort(key=lambda d: d.device)
+            out.from_api.append(f"device {dev} of {_who(claim_rec)}" + ("" if shown else " (not on the node)"))
+        claim_rec.devices.sort(key=lambda d: d.device)
     files = set(obs.uids())
     for uid, claim in sorted(api.items()):  # claims no file names
         if uid in files:
@@ -396,10 +400,10 @@ def rebuild(obs: Observed, *, driver: str, pool: str, boot_id: str | None, publi
         out.claims[uid] = ClaimRecord(uid=uid, namespace=namespace, name=name, state="prepared",
                                       devices=sorted((d for d, _ in recs), key=lambda d: d.device))
         present[uid] = [False]  # its files are gone: never "of this boot" until prepare rewrites them
-        shown = ", ".join(f"{d.device} ({d.vgpu_id or d.gpu})" for d, here in recs if here)
-        out.from_api.append(f"{namespace}/{name} held without files: {shown}")
-    for uid, rec in out.claims.items():
-        rec.boot_id = boot_id if rec.devices and all(present[uid]) else None
+        on_node = ", ".join(f"{d.device} ({d.vgpu_id or d.gpu})" for d, here in recs if here)
+        out.from_api.append(f"{namespace}/{name} held without files: {on_node}")
+    for uid, claim_rec in out.claims.items():
+        claim_rec.boot_id = boot_id if claim_rec.devices and all(present[uid]) else None
     return out
 
 
@@ -407,7 +411,7 @@ def _who(rec: ClaimRecord) -> str:
     return f"{rec.namespace}/{rec.name}" if rec.namespace else f"uid {rec.uid}"
 
 
-def _fill_gpu(rec: PreparedDeviceRecord, published: tuple[str | None, str, str | None]) -> None:
+def _fill_gpu(rec: PreparedDeviceRecord, published: tuple[_Kind | None, str, str | None]) -> None:
     """A record the files could not place on a GPU (its vGPU gone with a reboot) learns its GPU and
     type from the published device, so a whole-GPU claim on that GPU still clashes with it."""
     kind, gpu, type_id = published

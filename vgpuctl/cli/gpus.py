@@ -58,6 +58,13 @@ class Session:
         version = server_version(api)
         return cls(api, version, MaintenanceApi(api, version), args.driver, namespace)
 
+    @property
+    def maintenance(self) -> MaintenanceApi:
+        """The calls of cordon and drain, which open the session to write (a read-only one has none)."""
+        if self.m is None:
+            raise RuntimeError("a read-only session makes no cordon or drain calls: Session.open(args, write=True)")
+        return self.m
+
     def state(self) -> ClusterState:
         """What the cluster holds now: one LIST of each kind."""
         if self.reader is not None:

@@ -35,7 +35,10 @@ from vgpuctl.cli import options
 from vgpuctl.output.tables import fit_lines
 
 if TYPE_CHECKING:  # loaded where used: a command's -h stays light
-    from dra_bridge.scheduling.gpuview import MigrationOutcome
+    from rich.status import Status
+
+    from dra_bridge.apiclient.maintenance import ClusterState
+    from dra_bridge.scheduling.gpuview import GpuView, MigrationOutcome
     from vgpuctl.cli.gpus import Session
     from vgpuctl.output.terminal import Terminal
 
@@ -102,63 +105,74 @@ def _rule(node: str, pool: str, driver: str, effect: str, since: str) -> dict:
 
 
 def _pools(s: Session, node: str) -> list[str]:
-    st = s.last or s.m.state()
-    return sorted({(x["spec"].get("pool") or {}).get("name") for x in st.slices
-                   if x["spec"].get("nodeName") == node and x["spec"].get("driver") == s.driver}) or [node]
+    st = s.last or s.maintenance.state()
+    names = ((x["spec"].get("pool") or {}).get("name") for x in st.slices
+             if x["spec"].get("nodeName") == node and x["spec"].get("driver") == s.driver)
+    return sorted({n for n in names if isinstance(n, str)}) or [node]
 
 
 def cordon(s: Session, targets: dict, effect: str, reason: str | None) -> list[str]:
     """Write the cordon; a whole node's also as DeviceTaintRules where served. Returns notes."""
     from dra_bridge.pool.cordon import NODE, CordonEntry, format_cordon, parse_cordon
 
+    m = s.maintenance
     notes = []
     since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for node, gpus in targets.items():
-        current = parse_cordon(s.m.node_cordon(node))
+        current = parse_cordon(m.node_cordon(node))
         for addr, index in gpus.items():
             current[addr] = CordonEntry(effect=effect, since=since, reason=reason, index=index)
-        s.m.set_cordon(node, format_cordon(current))
+        m.set_cordon(node, format_cordon(current))
         if NODE in gpus:
             for pool in _pools(s, node):
                 rule = _rule(node, pool, s.driver, effect, since)
-                rule["apiVersion"] = s.m.rule_api_version
-                if s.m.rules_served(rule):
-                    s.m.put_rule(rule)
+                rule["apiVersion"] = m.rule_api_version
+                if m.rules_served(rule):
+                    m.put_rule(rule)
                     notes.append(f"DeviceTaintRule {rule['metadata']['name']} taints pool {pool} "
-                                 f"({s.m.rule_api_version})")
+                                 f"({m.rule_api_version})")
     return notes
 
 
 def uncordon(s: Session, targets: dict) -> None:
     from dra_bridge.pool.cordon import NODE, format_cordon, parse_cordon
 
+    m = s.maintenance
     for node, gpus in targets.items():
-        current = parse_cordon(s.m.node_cordon(node))
+        current = parse_cordon(m.node_cordon(node))
         if NODE in current and NODE not in gpus:
             raise ValueError(f"node {node} is cordoned as a whole: vgpuctl uncordon --node {node}")
         left = {} if NODE in gpus else {a: e for a, e in current.items() if a not in gpus}
-        s.m.set_cordon(node, format_cordon(left))
+        m.set_cordon(node, format_cordon(left))
         if NODE in gpus:
-            for r in s.m.taint_rules():
+            for r in m.taint_rules():
                 if r["metadata"]["name"].startswith(RULE_PREFIX) and \
                         (r["metadata"].get("labels") or {}).get("vgpu.kubevirt.io/node") == node:
-                    s.m.delete_rule(r["metadata"]["name"])
+                    m.delete_rule(r["metadata"]["name"])
 
 
-def _targets(args, s: Session):
+def _last(s: Session) -> ClusterState:
+    """The cluster's state the session's last views came from (``s.views()`` reads it)."""
+    if s.last is None:
+        raise RuntimeError("no views read yet: Session.views() first")
+    return s.last
+
+
+def _targets(args: argparse.Namespace, s: Session) -> dict[str, dict[str, int | None]]:
     from vgpuctl.cli.gpus import resolve
 
     views = s.views()
-    return resolve(args.gpus, args.node, views, s.last.cordons, s.last.nodes)
+    st = _last(s)
+    return resolve(args.gpus, args.node, views, st.cordons, st.nodes)
 
 
-def _effective(s: Session, targets: dict, *, cordoned: bool) -> tuple[bool, list]:
+def _effective(s: Session, targets: dict, *, cordoned: bool) -> tuple[bool, list[GpuView]]:
     """Whether the change took effect: every target node's agent published the cordon as written
     (``cordon.applied``), or, cordoning, a DeviceTaintRule covers the GPU already."""
     from vgpuctl.cli.gpus import selected
 
     views = selected(s.views(list(targets)), targets)
-    st = s.last
+    st = _last(s)
     acted = all(st.applied.get(n) == st.cordons.get(n) for n in targets)
     if cordoned:
         ok = all(v.cordon_how == "rule" or (acted and v.cordon_how in ("taint", "withdrawn")) for v in views)
@@ -167,18 +181,20 @@ def _effective(s: Session, targets: dict, *, cordoned: bool) -> tuple[bool, list
     return ok, views
 
 
-def _await(s: Session, targets: dict, seconds: float, term: Terminal, *, cordoned: bool):
+def _await(s: Session, targets: dict, seconds: float, term: Terminal, *,
+           cordoned: bool) -> tuple[bool, list[GpuView]]:
     from vgpuctl.cli.gpus import wait_until
 
-    state = {}
+    last: tuple[bool, list[GpuView]] = (False, [])  # wait_until asks done() at least once
 
     def done() -> bool:
-        state["ok"], state["views"] = _effective(s, targets, cordoned=cordoned)
-        return state["ok"]
+        nonlocal last
+        last = _effective(s, targets, cordoned=cordoned)
+        return last[0]
 
     with term.status("waiting for the node agent to republish the GPUs"):
         wait_until(done, seconds)
-    return state["ok"], state["views"]
+    return last
 
 
 def _verdict(ok: bool, cordoned: bool, seconds: float, views=()) -> str:
@@ -281,7 +297,7 @@ def run_drain(args) -> int:
         for pod in plan.evict:
             if pod not in evicted:
                 ns, name = pod.split("/", 1)
-                evicted[pod] = s.m.evict(ns, name)
+                evicted[pod] = s.maintenance.evict(ns, name)
         state["views"], state["plan"] = views, plan
         return plan.done
 
@@ -344,7 +360,7 @@ class Migrations:
     once, followed to its end; a VM that cannot migrate is said so, with KubeVirt's reason."""
 
     def __init__(self, s: Session):
-        self.s = s
+        self.m = s.maintenance  # drain opens the session to write
         self.started: dict[str, str] = {}  # VM (ns/name) -> its migration's name
         self.outcomes: dict[str, MigrationOutcome] = {}
 
@@ -361,16 +377,16 @@ class Migrations:
                     why = (h.migration or "").removeprefix("not migratable").strip(" ()") or h.migration
                     self.outcomes[vm] = MigrationOutcome(vm, "not-migratable", reason=why)
                     continue
-                made, refused = self.s.m.migrate(ns, name)
+                made, refused = self.m.migrate(ns, name)
                 if made is None:
                     self.outcomes[vm] = MigrationOutcome(vm, "failed", reason=f"not created: {refused}")
                     continue
                 self.started[vm] = made
-            self.outcomes[vm] = migration_outcome(vm, self.s.m.migration(ns, self.started[vm]), self.s.m.vmi(ns, name))
+            self.outcomes[vm] = migration_outcome(vm, self.m.migration(ns, self.started[vm]), self.m.vmi(ns, name))
         for vm, made in self.started.items():  # a VM gone from the GPUs: its migration's last word
             if self.outcomes[vm].result == "running":
                 ns, name = vm.split("/", 1)
-                self.outcomes[vm] = migration_outcome(vm, self.s.m.migration(ns, made), self.s.m.vmi(ns, name))
+                self.outcomes[vm] = migration_outcome(vm, self.m.migration(ns, made), self.m.vmi(ns, name))
 
     def text(self) -> str:
         running = [o for o in self.outcomes.values() if o.result == "running"]
@@ -404,7 +420,8 @@ class _Status:
     """A live status line on a terminal; nothing in a pipe."""
 
     def __init__(self, term: Terminal):
-        self.term, self._status = term, None
+        self.term = term
+        self._status: Status | None = None
 
     def __enter__(self):
         if self.term.tty:
