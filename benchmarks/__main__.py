@@ -7,7 +7,7 @@ import importlib
 import sys
 
 ALL = ["cli", "kubectl-vgpu", "discovery", "agent", "prepare", "storm", "size", "race", "node", "dra", "allocator",
-       "packing"]
+       "packing", "claims"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -18,7 +18,9 @@ def parser() -> argparse.ArgumentParser:
                "for the mount namespace); dra: API writes per resync and prepare latency; allocator: 10,000 "
                "claims on 1,000 nodes with and without the selector cache; packing: one seeded stream of "
                "mixed-size claims on L40S and H100 fleets, mixed-size placements vs equal-size mode; kubectl-vgpu: "
-               "the whole plugin process on 1 and 100 simulated nodes, CPU and wall, beside #37's bounds.")
+               "the whole plugin process on 1 and 100 simulated nodes, CPU and wall, beside #37's bounds; claims: "
+               "claim to Running on the real control plane per GPU mode (mixed-size, MIG, equal-size), beside a "
+               "pod with no claim.")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help=f"benchmarks to run, any of {', '.join(ALL)} (default: all)")
     p.add_argument("--allocator", choices=("auto", "upstream", "model"), default="auto",
