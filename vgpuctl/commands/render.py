@@ -127,6 +127,7 @@ def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes
     from mdev_manager.plan import offered_types  # start-up cost (~80 ms): only for the inventories' types
 
     types, mig, products = [], set(), set()
+    boards: dict[str, str] = {}  # full name -> the board of the GPUs offering it
     for doc in inventories:
         try:
             inv = Inventory.model_validate(doc)
@@ -141,12 +142,13 @@ def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes
                     mig.add(t.short_name.lower())
                 else:
                     types.append((t.id, t.name))
+                    boards.setdefault(t.name, f"{gpu.model} (PCI device {gpu.device_id})")
     if simulated and len(inventories) == 1:
         where, listing = "the simulated node", "list them: vgpuctl --simulate discover --types"
     else:
         where, listing = "the given nodes", "list them: vgpuctl discover --types, on the node"
     return KnownTypes(tuple(types), source=where, listing=listing, mig_backed=frozenset(mig),
-                      products=tuple(sorted(products)))
+                      products=tuple(sorted(products)), boards=tuple(boards.items()))
 
 
 class SchemaUnavailable(Exception):
