@@ -34,7 +34,9 @@ class KnownTypes:
     profiles are those of the MIG-backed ``types``. ``boards``: (full name, the board of the GPUs
     offering it), where the types are GPUs' (an inventory): a short name is then written as the full
     name of those GPUs' type where a device-plugin resource is named after it (``DC-2-16Q``, a type
-    of the RTX PRO 6000 and the 4500 alike, each a resource of its own full name).
+    of the RTX PRO 6000 and the 4500 alike, each a resource of its own full name). ``instances``:
+    (full name, its GPU-instance profile) where the board says so (``DC-2-16Q`` lives on 2g.48gb on
+    the 6000, on 2g.32gb on the 4500); else the name's grammar tells it (``A100-3-20C``: 3g.20gb).
     """
 
     types: tuple[tuple[str, str], ...]
@@ -43,17 +45,18 @@ class KnownTypes:
     mig_backed: frozenset[str] = frozenset()
     products: tuple[str, ...] = ()
     boards: tuple[tuple[str, str], ...] = ()
+    instances: tuple[tuple[str, str], ...] = ()
     _by_ref: dict[str, tuple[str, str]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _instances: dict[str, tuple[str, set[str]]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _full: dict[str, dict[str, str]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        board = dict(self.boards)
+        board, on = dict(self.boards), dict(self.instances)
         for tid, name in self.types:
             short = short_type_name(name)
             for ref in (short, name, tid):  # a short name wins over an id spelled the same
                 self._by_ref.setdefault(ref.lower(), (name, short))
-            if (gi := mig_profile_of(name)) is not None:
+            if (gi := on.get(name) or mig_profile_of(name)) is not None:
                 self._instances.setdefault(gi.lower(), (gi, set()))[1].add(short)
             if name in board:
                 self._full.setdefault(short.lower(), {}).setdefault(name, board[name])

@@ -127,3 +127,17 @@ def test_the_python_api_refuses_it_too():
     with pytest.raises(RenderError, match=r"gpus\.DC-8C: DC-8C is a vGPU type of RTX-PRO-6000-BSE"):
         render("vm", {"name": "vm1", "gpus": {"DC-8C": 1}})
     assert render("vm", {"name": "vm1", "mode": "dra", "gpus": {"DC-8C": 1}})  # claims name no resource
+
+
+def test_a_gpu_instance_profile_is_the_boards_not_the_names_grammar(make_sim, tmp_path, simdir, capsys):
+    """DC-2-16Q is a 16 GiB vGPU on the 6000's 2g.48gb instance and on the 4500's 2g.32gb one: no GPU
+    has a 2g.16gb instance (what the name's grammar says), so no claim may select one."""
+    inv = inventory(make_sim, tmp_path, "RTX-PRO-4500-BSE")
+    cases = [(["--simulate", "rtxpro-node"], "2g.48gb", "2g.32gb"), (["--inventory", inv], "2g.32gb", "2g.48gb"),
+             ([], "2g.32gb", "")]  # the catalog: both boards' instances
+    for where, good, bad in cases:
+        code, out, err = run(capsys, "render", "claim-template", *where, "--set", f"profile={good}")
+        assert code == 0 and f'profile == "{good}"' in out, (where, err)
+        for wrong in filter(None, ("2g.16gb", bad)):
+            code, out, err = run(capsys, "render", "claim-template", *where, "--set", f"profile={wrong}")
+            assert code == 2 and f"profile: '{wrong}' is not a vGPU type" in err, (where, wrong, out)
