@@ -13,7 +13,7 @@ removed; a claim whose devices are all on the host gets the current boot id, one
 missing gets none (prepare re-creates it, see the driver). A passed-through GPU is recorded with
 nothing to give back (``rebound`` empty): which functions prepare moved cannot be told
 afterwards, and leaving a GPU on vfio-pci is safe where moving an admin's binding is not.
-A vGPU's place is kept as prepare recorded it (:func:`_place`): its GPU instance and its placement
+A vGPU's place is kept as prepare recorded it (:func:`.places.place`): its GPU instance and its placement
 inside it, or its mixed-size slots, from the node, else from the device the claim was allocated.
 
 What the API's claims add (:func:`_from_api`), decided by "never give one device to two claims,
@@ -52,14 +52,14 @@ from dra_bridge.kubeletplugin.paths import (
     check_request,
     check_uid,
 )
+from dra_bridge.kubeletplugin.places import place
 from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
-from dra_bridge.pool.devices import Pool, PoolDevice
-from dra_bridge.pool.migshare import inside_placements
+from dra_bridge.pool.devices import Pool
 from mdev_manager import numbering, persist
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Gpu, Inventory, Vgpu
+from mdev_manager.models import Inventory
 from mdev_manager.names import short_type_name
 
 PCI_ATTR = "resource.kubernetes.io/pciBusID"
@@ -404,7 +404,7 @@ def rebuild(obs: Observed, *, driver: str, pool: str, boot_id: str | None, publi
     for uid, rec in out.claims.items():
         rec.boot_id = boot_id if rec.devices and all(present[uid]) else None
         for d in rec.devices:
-            _place(d, obs.inventory, published)
+            place(d, obs.inventory, published)
     return out
 
 
@@ -420,48 +420,3 @@ def _fill_gpu(rec: PreparedDeviceRecord, published: tuple[str | None, str, str |
         return
     rec.kind, rec.gpu, rec.type_id = kind or rec.kind, gpu, rec.type_id or type_id
 
-
-def _place(rec: PreparedDeviceRecord, inv: Inventory, published: Pool | None) -> None:
-    """Where a rebuilt vGPU sits, as its prepare recorded it: its GPU instance (profile, memory
-    slices, id) and its placement inside a shared one (MIG time-slicing), or its mixed-size slots.
-    Without them the overlap refusal would not see the instance the claim holds, and its unprepare
-    would leave the instance its prepare made. Read from the node where the vGPU is there (NVML's
-    instances; the vGPU's ``gpu_instance_id`` and ``placement_id``, as discovery reads them), else
-    from the device the claim was allocated (a reboot took the vGPU: the record keeps its place
-    until prepare makes it there again)."""
-    if rec.kind != "vgpu" or not rec.gpu:
-        return
-    gpu = inv.gpu(rec.gpu)
-    dev = published.device(rec.device) if published is not None else None
-    vg = next((v for v in gpu.vgpus if v.id == rec.vgpu_id), None) if gpu is not None and rec.vgpu_id else None
-    update = _from_device(dev) if dev is not None and dev.gpu == rec.gpu else {}
-    if gpu is not None and vg is not None:
-        update = {**update, **_from_node(gpu, vg)} if vg.gpu_instance is not None or vg.placement_id is not None \
-            else {}  # on the node, in no instance and at no placement: nothing to hold beyond the vGPU
-    for name, value in update.items():
-        setattr(rec, name, value)
-
-
-def _from_node(gpu: Gpu, vg: Vgpu) -> dict[str, int]:
-    """A vGPU's GPU instance and placements as the node shows them."""
-    gi = next((i for i in gpu.mig.instances if i.id == vg.gpu_instance), None) if gpu.mig else None
-    if gi is not None:
-        out = {"gi_profile": gi.profile_id, "gi_start": gi.placement.start, "gi_size": gi.placement.size,
-               "gpu_instance": gi.id}
-        t = next((t for t in gpu.types if t.id == vg.type_id), None)
-        at = next((p for p in (inside_placements(gpu, t) if t else []) if p.start == vg.placement_id), None)
-        return {**out, "placement": at.start, "placement_size": at.size} if at is not None else out
-    sized = gpu.placements.types.get(vg.type_id) if gpu.placements and gpu.placements.enabled else None
-    if vg.gpu_instance is None and vg.placement_id is not None and sized is not None:
-        return {"placement": vg.placement_id, "placement_size": sized.size}
-    return {}
-
-
-def _from_device(dev: PoolDevice) -> dict[str, int]:
-    """The GPU instance and placements of the device a claim was allocated (prepare's intent)."""
-    if dev.placement is not None and dev.gpu_instance_profile is not None:
-        out = {"gi_profile": dev.gpu_instance_profile, "gi_start": dev.placement.start, "gi_size": dev.placement.size}
-        return {**out, "placement": dev.inside.start, "placement_size": dev.inside.size} if dev.inside else out
-    if dev.slots is not None:
-        return {"placement": dev.slots.start, "placement_size": dev.slots.size}
-    return {}

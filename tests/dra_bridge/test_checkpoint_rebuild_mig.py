@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from dra_bridge.pool.devices import GpuPolicy, PoolPolicy, build_pool
+from dra_bridge.pool.devices import GpuPolicy, Pool, PoolPolicy, build_pool
 from dra_bridge.pool.policy import policy_from_layout
 from mdev_manager.config import GpuLayout
 from mdev_manager.discovery import discover
@@ -81,17 +81,24 @@ def test_a_rebuilt_mig_claim_keeps_its_instance_and_placement(case, paths):
     assert instances(node) == set()  # each instance its prepare made is removed with it
 
 
-def test_after_a_reboot_a_rebuilt_mig_claim_still_holds_its_placement(case, paths):
-    """The vGPUs went with a reboot, then the checkpoint was corrupted: the records take the
-    instance and placements from the allocated device; no other claim gets them, and each claim
-    makes its vGPU there again."""
+@pytest.mark.parametrize("published", ["pool", "daemon-start"])
+def test_after_a_reboot_a_rebuilt_mig_claim_still_holds_its_placement(case, paths, published):
+    """The vGPUs went with a reboot, then the checkpoint was corrupted (a power cut): the records
+    take the instance and placements from the allocated device, or at the daemon's start (no pool
+    published yet) from its name and the GPU's MIG profiles; no other claim gets them, and each
+    claim makes its vGPU there again."""
     node, policy, devices, clash = case
+    if published == "daemon-start" and node.node == "sim-rtxpro":
+        pytest.skip("several types share a GB20x instance profile: a name alone does not tell the vGPU's "
+                    "placement size inside it (left open)")
     claims, pool, drv, refs = prepared(node, paths, policy, devices)
     before, made = placed(drv), instances(node)
     node.host.reboot()
     assert reconcile(node.env, node.io, MIG, node=node.node).ok and instances(node) == set()
     paths.checkpoint.write_text("{")
-    drv = make_driver(node, paths, claims, pool)
+    current = [pool if published == "pool" else Pool()]
+    drv = make_driver(node, paths, claims, lambda: current[0])
+    current[0] = pool
     unmade = {uid: [r[:5] + (None,) + r[6:] for r in recs] for uid, recs in before.items()}  # no instance yet
     assert placed(drv) == unmade
     other = claims.add(claim_object("vm-other", [("gpu", clash)], node=node.node), str(uuid.uuid4()))
