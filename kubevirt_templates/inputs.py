@@ -18,7 +18,8 @@ from dra_bridge.api.names import (
     profile_of,
 )
 from dra_bridge.api.quantity import parse_quantity
-from mdev_manager.catalog import known_type
+from kubevirt_templates.names import shared_type_problem
+from mdev_manager.catalog import known_type, namesakes
 from mdev_manager.models import Inventory
 
 DEFAULT_IMAGE = "quay.io/containerdisks/fedora:latest"
@@ -60,6 +61,12 @@ def _profile(v: str, field: str) -> str:
     return profile_of(v)
 
 
+def _type_ref(v: str, field: str) -> str:
+    """A profile as given: a full type name kept whole, as a device-plugin resource is named after it."""
+    _profile(v, field)
+    return v
+
+
 def _quantity(v: str, field: str, *, positive: bool = True) -> str:
     try:
         q = parse_quantity(str(v))
@@ -87,6 +94,7 @@ def _product(v: str, field: str) -> str:
 DnsLabel = Annotated[str, AfterValidator(lambda v, info: _dns_label(v, info.field_name))]
 DnsSubdomain = Annotated[str, AfterValidator(lambda v, info: _dns_subdomain(v, info.field_name))]
 Profile = Annotated[str, AfterValidator(lambda v, info: _profile(v, info.field_name))]
+TypeRef = Annotated[str, AfterValidator(lambda v, info: _type_ref(v, info.field_name))]
 Quantity = Annotated[str, AfterValidator(lambda v, info: _quantity(v, info.field_name))]
 Product = Annotated[str, AfterValidator(lambda v, info: _product(v, info.field_name))]
 ResourceDomain = Annotated[str, AfterValidator(_resource_domain)]
@@ -105,8 +113,9 @@ class DeviceClassesInput(DraNames):
     (``vgpu-t4-2q``): its slots, and the opaque VgpuConfig that makes a slot that type, so a
     claim that names the class needs no selector and no config of its own."""
 
-    profiles: list[Profile] = Field([], description="vGPU types to give a DeviceClass each (short names, e.g. T4-2Q; "
-                                    "a GPU-instance profile such as 1g.5gb too)")
+    profiles: list[TypeRef] = Field([], description="vGPU types to give a DeviceClass each (short names, e.g. T4-2Q; "
+                                    "a GPU-instance profile such as 1g.5gb too; with extended_resources, a name two "
+                                    "boards share (DC-8C) as the driver's full name, or with --inventory)")
     products: list[Product] = Field([], description="GPU products to give a whole-GPU DeviceClass each (pci.ids "
                                     "names, e.g. 'TU104GL [Tesla T4]')")
     extended_resources: bool = Field(False, description=(
@@ -121,8 +130,12 @@ class DeviceClassesInput(DraNames):
     @model_validator(mode="after")
     def _classic_names(self) -> DeviceClassesInput:
         if self.extended_resources:
+            named: dict[str, str] = {}  # the class (short name) -> the full name its resource is named after
             for p in self.profiles:
-                classic_type_name(p, "profiles")
+                full, short = classic_type_name(p, "profiles"), profile_of(p)
+                if named.setdefault(short, full) != full:
+                    raise ValueError(f"profiles: {named[short]!r} and {full!r} are both {short}, one DeviceClass "
+                                     "mapped to one device-plugin resource; list one of them")
             check_resource_name(f"{self.resource_domain}/{self.vfio_resource}")
         return self
 
@@ -264,9 +277,16 @@ class VmInput(DraNames):
 
 
 def classic_type_name(profile: str, field: str = "gpus") -> str:
-    """The full type name a classic resource is named after (``T4-1Q`` -> ``GRID T4-1Q``)."""
+    """The full type name a classic resource is named after (``T4-1Q`` -> ``GRID T4-1Q``), from the
+    catalog: no GPU is known here, so a short name two boards share is refused (the render's check
+    against a node's inventory writes it as that node's full name first)."""
     if " " in profile:
         return profile
+    shared = namesakes(profile)
+    if len({t.name for _, t in shared}) > 1:
+        raise ValueError(shared_type_problem(f"{field}.{profile}", profile,
+                                             [(f"{b.key} (PCI device {b.device_id})", t.name) for b, t in shared],
+                                             "in vgpuctl's catalog", inventory=True))
     t = known_type(profile)
     if t is not None:
         return t.name

@@ -5,6 +5,8 @@ KubeVirt CR permits exactly what the device plugin advertises.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def _hex(v: str) -> str:
     v = v.strip().lower()
@@ -17,4 +19,16 @@ def pci_vendor_selector(vendor_id: str, device_id: str) -> str:
     return f"{_hex(vendor_id)}:{_hex(device_id)}".upper()
 
 
-__all__ = ["pci_vendor_selector"]
+def shared_type_problem(key: str, name: str, boards: Sequence[tuple[str, str]], where: str, *,
+                        inventory: bool) -> str:
+    """Why ``name`` (at ``key``) cannot name a device-plugin resource: a short name several boards
+    share (``DC-2-16Q``: RTX PRO 6000 and 4500), each board's type a resource of its own full name.
+    ``boards``: (board, its full name) each; ``inventory``: an inventory would tell which is meant."""
+    labels = " and of ".join(b for b, _ in boards)
+    fix = "write the driver's full name (" + " or ".join(repr(f) for _, f in boards) + ")"
+    if inventory:
+        fix += ", or give the node's inventory (--inventory FILE or --simulate)"
+    return f"{key}: {name} is a vGPU type of {labels} {where}, each its own device-plugin resource; {fix}"
+
+
+__all__ = ["pci_vendor_selector", "shared_type_problem"]

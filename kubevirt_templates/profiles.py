@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_bridge.api.names import profile_of as short_type_name
+from kubevirt_templates.names import shared_type_problem
 from mdev_manager.names import mig_profile_of
 
 
@@ -30,7 +31,12 @@ class KnownTypes:
     catalog``, ``the simulated node``); ``listing`` says how to see them all; ``mig_backed`` are
     types that exist but are never published (they need MIG mode); ``products`` the GPU models
     (pci.ids names) whole GPUs publish as their ``profile`` and ``productName``. The GPU-instance
-    profiles are those of the MIG-backed ``types``.
+    profiles are those of the MIG-backed ``types``. ``boards``: (full name, the board of the GPUs
+    offering it), where the types are GPUs' (an inventory): a short name is then written as the full
+    name of those GPUs' type where a device-plugin resource is named after it (``DC-2-16Q``, a type
+    of the RTX PRO 6000 and the 4500 alike, each a resource of its own full name). ``instances``:
+    (full name, its GPU-instance profile) where the board says so (``DC-2-16Q`` lives on 2g.48gb on
+    the 6000, on 2g.32gb on the 4500); else the name's grammar tells it (``A100-3-20C``: 3g.20gb).
     """
 
     types: tuple[tuple[str, str], ...]
@@ -38,16 +44,35 @@ class KnownTypes:
     listing: str
     mig_backed: frozenset[str] = frozenset()
     products: tuple[str, ...] = ()
+    boards: tuple[tuple[str, str], ...] = ()
+    instances: tuple[tuple[str, str], ...] = ()
     _by_ref: dict[str, tuple[str, str]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _instances: dict[str, tuple[str, set[str]]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _full: dict[str, dict[str, str]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        board, on = dict(self.boards), dict(self.instances)
         for tid, name in self.types:
             short = short_type_name(name)
             for ref in (short, name, tid):  # a short name wins over an id spelled the same
                 self._by_ref.setdefault(ref.lower(), (name, short))
-            if (gi := mig_profile_of(name)) is not None:
+            if (gi := on.get(name) or mig_profile_of(name)) is not None:
                 self._instances.setdefault(gi.lower(), (gi, set()))[1].add(short)
+            if name in board:
+                self._full.setdefault(short.lower(), {}).setdefault(name, board[name])
+
+    def full_name(self, key: str, name: str, problems: list[str]) -> str:
+        """``name`` as the full name a device-plugin resource is named after, where the GPUs' boards
+        are known and these GPUs have one type of that short name; a short name two of their boards
+        share is a problem (one line: the boards, the full names); else unchanged."""
+        fulls = self._full.get(name.lower()) if " " not in name else None
+        if not fulls:
+            return name
+        if len(fulls) == 1:
+            return next(iter(fulls))
+        problems.append(shared_type_problem(key, name, [(b, f) for f, b in fulls.items()], f"on {self.source}",
+                                            inventory=False))
+        return name
 
     def instance_profile(self, ref: str) -> str | None:
         """``ref`` as NVIDIA spells a GPU-instance profile some MIG-backed type here takes; None if none."""
@@ -126,7 +151,7 @@ def check_types(kind: str, values: Mapping[str, Any], known: KnownTypes) -> tupl
             if name is None:
                 problems.append(known.problem(f"gpus.{ref}", ref))
             elif values.get("mode", "classic") == "classic":
-                name = _classic(known, f"gpus.{ref}", name, problems)
+                name = known.full_name(f"gpus.{ref}", _classic(known, f"gpus.{ref}", name, problems), problems)
             if name is not None and name in given:
                 problems.append(f"gpus.{ref}: names the same type as gpus.{given[name]} ({name}); list each type once")
             given.setdefault(name or ref, ref)
@@ -162,7 +187,7 @@ def check_types(kind: str, values: Mapping[str, Any], known: KnownTypes) -> tupl
             if name is None and isinstance(ref, str):
                 problems.append(known.problem(f"profiles.{ref}", ref))
             elif name is not None and values.get("extended_resources") in (True, "true"):
-                name = _classic(known, f"profiles.{ref}", name, problems)
+                name = known.full_name(f"profiles.{ref}", _classic(known, f"profiles.{ref}", name, problems), problems)
             profiles.append(name or ref)
         out["profiles"] = profiles
         if products:

@@ -18,6 +18,7 @@ import jinja2
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from dra_bridge.api.attributes import ATTR_DEVICE_ID
 from dra_bridge.api.k8sname import fit_dns_label
 from dra_bridge.api.names import profile_of, resource_name_for_pci, resource_name_for_type, type_is_mig_backed
 from dra_bridge.api.quantity import format_quantity
@@ -99,6 +100,18 @@ def profile_expression(driver: str, profile: str) -> str:
     return f"device.attributes[{cel_string(driver)}].vgpuTypes.contains({cel_string(' ' + profile + ' ')})"
 
 
+def board_expression(driver: str, type_name: str) -> str | None:
+    """The devices of the board whose type ``type_name`` (a full name) is, by PCI device id, where
+    another board has a type of its short name (``DC-2-16Q``: RTX PRO 6000 and 4500): a class mapped
+    to that board's device-plugin resource then selects that board's devices only. None elsewhere."""
+    shared = catalog.namesakes(profile_of(type_name))
+    board = next((b for b, t in shared if t.name == type_name), None)
+    if board is None or len(shared) < 2:
+        return None
+    device_id = "0x" + board.device_id.lower().removeprefix("0x").zfill(4)
+    return f"device.attributes[{cel_string(driver)}].{ATTR_DEVICE_ID} == {cel_string(device_id)}"
+
+
 def profile_type(profile: str) -> str | None:
     """The vGPU type a claim for ``profile`` asks prepare to make (its VgpuConfig): the type itself;
     none for a GPU-instance profile, whose placement makes the one MIG-backed type it carries."""
@@ -143,10 +156,16 @@ def render_deviceclasses(v: DeviceClassesInput) -> list[dict[str, Any]]:
         {"name": v.passthrough_class, "selectors": [class_expression(v.driver, "passthrough")],
          "config": _config(v.driver, resource=vfio), "extended": vfio},
     ]
-    for p in dict.fromkeys(v.profiles):
-        res = resource_name_for_type(classic_type_name(p, "profiles"), v.resource_domain) if ext else None
-        classes.append({"name": fit_dns_label("vgpu-", p, ""),
-                        "selectors": [class_expression(v.driver, "vgpu"), profile_expression(v.driver, p)],
+    first: dict[str, str] = {}  # a class per short name (what devices publish), in the order given
+    for given in v.profiles:
+        first.setdefault(profile_of(given), given)
+    for p, given in first.items():  # its resource named after the full name, where one is given
+        full = classic_type_name(given, "profiles") if ext else None
+        res = resource_name_for_type(full, v.resource_domain) if full else None
+        selectors = [class_expression(v.driver, "vgpu"), profile_expression(v.driver, p)]
+        if full and (board := board_expression(v.driver, full)):
+            selectors.append(board)
+        classes.append({"name": fit_dns_label("vgpu-", p, ""), "selectors": selectors,
                         "config": _config(v.driver, vgpu_type=profile_type(p), resource=res), "extended": res})
     for product in dict.fromkeys(v.products):
         res = resource_name_for_pci(product, v.resource_domain) if ext else None
@@ -485,6 +504,7 @@ __all__ = [
     "ALIASES",
     "KINDS",
     "RenderError",
+    "board_expression",
     "canonical_kind",
     "class_expression",
     "display_options",

@@ -236,6 +236,21 @@ def known_type(name: str, board_spec: BoardSpec | None = None) -> TypeSpec | Non
     return _by_name().get(name.lower()) or _by_name().get(short_type_name(name).lower())
 
 
+def namesakes(name: str) -> list[tuple[BoardSpec, TypeSpec]]:
+    """Each board's type of the short name ``name`` (``DC-2-16Q``: the RTX PRO 6000's and the RTX PRO
+    4500's), for a caller that knows no GPU to tell them apart by; [] for a full name (it names its
+    board) or an unknown one."""
+    short = name.strip().lower()
+    if short != short_type_name(name).lower():
+        return []
+    out = []
+    for b in BOARDS.values():
+        t = next((t for t in b.types if t.short_name.lower() == short), None)
+        if t is not None:
+            out.append((b, t))
+    return out
+
+
 def gi_profile_of(name: str, board_spec: BoardSpec | None = None) -> str | None:
     """The GPU-instance profile a MIG-backed type lives on: the catalog's word where the name's
     grammar says otherwise (DC-2-12Q: a 12 GiB vGPU on 2g.48gb), else the grammar (A100-3-20C: 3g.20gb)."""

@@ -13,6 +13,8 @@ removed; a claim whose devices are all on the host gets the current boot id, one
 missing gets none (prepare re-creates it, see the driver). A passed-through GPU is recorded with
 nothing to give back (``rebound`` empty): which functions prepare moved cannot be told
 afterwards, and leaving a GPU on vfio-pci is safe where moving an admin's binding is not.
+A vGPU's place is kept as prepare recorded it (:func:`.places.place`): its GPU instance and its placement
+inside it, or its mixed-size slots, from the node, else from the device the claim was allocated.
 
 What the API's claims add (:func:`_from_api`), decided by "never give one device to two claims,
 never remove a device in use":
@@ -52,6 +54,7 @@ from dra_bridge.kubeletplugin.paths import (
     check_request,
     check_uid,
 )
+from dra_bridge.kubeletplugin.places import place
 from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.pool.devices import Pool
 from mdev_manager import numbering, persist
@@ -404,6 +407,8 @@ def rebuild(obs: Observed, *, driver: str, pool: str, boot_id: str | None, publi
         out.from_api.append(f"{namespace}/{name} held without files: {on_node}")
     for uid, claim_rec in out.claims.items():
         claim_rec.boot_id = boot_id if claim_rec.devices and all(present[uid]) else None
+        for d in claim_rec.devices:
+            place(d, obs.inventory, published)
     return out
 
 
@@ -418,3 +423,4 @@ def _fill_gpu(rec: PreparedDeviceRecord, published: tuple[_Kind | None, str, str
     if rec.gpu or not gpu or (kind != rec.kind and rec.vgpu_id):
         return
     rec.kind, rec.gpu, rec.type_id = kind or rec.kind, gpu, rec.type_id or type_id
+

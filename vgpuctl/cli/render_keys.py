@@ -51,7 +51,7 @@ KEYS = {
         "  resource_domain           the device plugin's resource prefix (default: nvidia.com)"
     ),
     'deviceclasses': (
-        '  profiles=[A,B]            vGPU types to give a DeviceClass each (short names, e.g. T4-2Q; a GPU-instance profile such as 1g.5gb too) (default: none)\n'
+        "  profiles=[A,B]            vGPU types to give a DeviceClass each (short names, e.g. T4-2Q; a GPU-instance profile such as 1g.5gb too; with extended_resources, a name two boards share (DC-8C) as the driver's full name, or with --inventory) (default: none)\n"
         "  products=[A,B]            GPU products to give a whole-GPU DeviceClass each (pci.ids names, e.g. 'TU104GL [Tesla T4]') (default: none)\n"
         '  extended_resources=true|false  map each per-type and per-product class to the classic resource name (KEP-5004 extendedResourceName, Kubernetes 1.36+: nvidia.com/GRID_T4-2Q, nvidia.com/TU104GL_TESLA_T4) and the whole-GPU class to vfio_resource; VMs with gpus[].deviceName and pods asking for those resources are then served by DRA, on the same counters (default: false)\n'
         "  resource_domain           the classic resources' prefix (default: nvidia.com)\n"

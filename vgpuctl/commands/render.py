@@ -106,14 +106,16 @@ def catalog_types() -> KnownTypes:
     from kubevirt_templates.profiles import KnownTypes
     from mdev_manager import catalog
 
-    types = []
+    types, instances = [], []
     for b in catalog.BOARDS.values():
         for t in b.types:  # MIG-backed ones too: a GPU in MIG mode offers them at its placements
             types.append((str(t.num) if b.framework == "vendor-vfio" else t.mdev_id(b.driver), t.name))
+            if t.gi_profile:
+                instances.append((t.name, t.gi_profile))
     products = tuple(sorted({b.product_name for b in catalog.BOARDS.values() if b.product_name}))
     return KnownTypes(tuple(types), source=f"vgpuctl's catalog (boards {', '.join(sorted(catalog.BOARDS))})",
                       listing="for a node's own types give its inventory: --inventory FILE or --simulate",
-                      products=products)
+                      products=products, instances=tuple(instances))
 
 
 def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes:
@@ -127,6 +129,8 @@ def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes
     from mdev_manager.plan import offered_types  # start-up cost (~80 ms): only for the inventories' types
 
     types, mig, products = [], set(), set()
+    boards: dict[str, str] = {}  # full name -> the board of the GPUs offering it
+    instances: dict[str, str] = {}  # full name -> its GPU-instance profile
     for doc in inventories:
         try:
             inv = Inventory.model_validate(doc)
@@ -141,12 +145,16 @@ def node_types(inventories: list[dict[str, Any]], simulated: bool) -> KnownTypes
                     mig.add(t.short_name.lower())
                 else:
                     types.append((t.id, t.name))
+                    boards.setdefault(t.name, f"{gpu.model} (PCI device {gpu.device_id})")
+                    if t.gpu_instance_profile:  # the board's word (discovery), where the name's grammar errs
+                        instances.setdefault(t.name, t.gpu_instance_profile)
     if simulated and len(inventories) == 1:
         where, listing = "the simulated node", "list them: vgpuctl --simulate discover --types"
     else:
         where, listing = "the given nodes", "list them: vgpuctl discover --types, on the node"
     return KnownTypes(tuple(types), source=where, listing=listing, mig_backed=frozenset(mig),
-                      products=tuple(sorted(products)))
+                      products=tuple(sorted(products)), boards=tuple(boards.items()),
+                      instances=tuple(instances.items()))
 
 
 class SchemaUnavailable(Exception):
