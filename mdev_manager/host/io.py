@@ -99,8 +99,10 @@ class RealIO:
     def read_children(self, directory: Path, names: list[str]) -> dict[str, dict[str, str | None]]:
         """``read_attrs`` of every subdirectory of ``directory`` (an mdev parent's types).
 
-        Each subdirectory is opened relative to its parent's fd, so the path above them is
-        walked once for all of them.
+        Each attribute is opened as ``child/name`` relative to the parent's fd: the path above is
+        walked once for all of them, and no descriptor is opened for the child itself (an mdev
+        parent's 23 types: 23 fewer open/close pairs). A child none of whose attributes opens is
+        checked to be a directory, as before: a file, or one gone since the listing, is left out.
         """
         out: dict[str, dict[str, str | None]] = {}
         try:
@@ -109,14 +111,10 @@ class RealIO:
             return out
         try:
             for child in sorted(os.listdir(dfd)):
-                try:
-                    cfd = os.open(child, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
-                except OSError:
-                    continue  # a file, or gone since the listing
-                try:
-                    out[child] = _read_at(cfd, names)
-                finally:
-                    os.close(cfd)
+                got = _read_at(dfd, names, f"{child}/")
+                if all(v is None for v in got.values()) and not _is_dir_at(dfd, child):
+                    continue
+                out[child] = got
         finally:
             os.close(dfd)
         return out
@@ -291,11 +289,11 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _read_at(dfd: int, names: list[str]) -> dict[str, str | None]:
+def _read_at(dfd: int, names: list[str], prefix: str = "") -> dict[str, str | None]:
     out: dict[str, str | None] = dict.fromkeys(names)
     for name in names:
         try:
-            fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+            fd = os.open(prefix + name, os.O_RDONLY, dir_fd=dfd)
         except OSError:
             continue
         try:
@@ -305,6 +303,15 @@ def _read_at(dfd: int, names: list[str]) -> dict[str, str | None]:
         finally:
             os.close(fd)
     return out
+
+
+def _is_dir_at(dfd: int, name: str) -> bool:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 def read_attr(io: HostIO, path: Path, default: str | None = None) -> str | None:
