@@ -99,10 +99,13 @@ class RealIO:
     def read_children(self, directory: Path, names: list[str]) -> dict[str, dict[str, str | None]]:
         """``read_attrs`` of every subdirectory of ``directory`` (an mdev parent's types).
 
-        Each attribute is opened as ``child/name`` relative to the parent's fd: the path above is
-        walked once for all of them, and no descriptor is opened for the child itself (an mdev
-        parent's 23 types: 23 fewer open/close pairs). A child none of whose attributes opens is
-        checked to be a directory, as before: a file, or one gone since the listing, is left out.
+        Each subdirectory is opened relative to its parent's fd, so the path above them is walked
+        once for all of them. One attribute a child (each type's ``available_instances``) is opened
+        as ``child/name`` relative to the parent's fd instead: the same lookups, no descriptor for
+        the child (an mdev parent's 23 types: 23 fewer open/close pairs); a child whose attribute
+        does not open is checked to be a directory, as a file or one gone since the listing is
+        left out either way. (Several attributes keep the child's fd: on FUSE every ``child/``
+        prefix is one more lookup the daemon answers.)
         """
         out: dict[str, dict[str, str | None]] = {}
         try:
@@ -111,10 +114,20 @@ class RealIO:
             return out
         try:
             for child in sorted(os.listdir(dfd)):
-                got = _read_at(dfd, names, f"{child}/")
-                if all(v is None for v in got.values()) and not _is_dir_at(dfd, child):
+                if len(names) == 1:
+                    got = _read_at(dfd, names, f"{child}/")
+                    if got[names[0]] is None and not _is_dir_at(dfd, child):
+                        continue
+                    out[child] = got
                     continue
-                out[child] = got
+                try:
+                    cfd = os.open(child, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+                except OSError:
+                    continue  # a file, or gone since the listing
+                try:
+                    out[child] = _read_at(cfd, names)
+                finally:
+                    os.close(cfd)
         finally:
             os.close(dfd)
         return out
