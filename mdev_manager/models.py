@@ -136,6 +136,23 @@ class VgpuPlacements(_Model):
     types: dict[str, TypePlacements] = Field({}, description="type id -> its placements (none: never placed)")
 
 
+def held(vgpus: Iterable[Vgpu], smap: VgpuPlacements) -> dict[str, range]:
+    """The slots each vGPU with a placement holds."""
+    out = {}
+    for v in vgpus:
+        tp = smap.types.get(v.type_id)
+        if v.placement_id is not None and tp is not None:
+            out[v.id] = range(v.placement_id, v.placement_id + tp.size)
+    return out
+
+
+def creatable(smap: VgpuPlacements, taken: dict[str, range], type_id: str) -> list[int]:
+    """The type's placement ids whose slots no vGPU holds (what NVML calls creatable)."""
+    tp = smap.types.get(type_id)
+    used = {s for r in taken.values() for s in r}
+    return [p for p in tp.ids if used.isdisjoint(range(p, p + tp.size))] if tp else []
+
+
 def occupancy(counts: Iterable[tuple[VgpuType, int]]) -> Fraction:
     """Share of a physical GPU: each vGPU of type t takes 1/max(t) (vgpu-types.md)."""
     return sum((Fraction(n, t.max_instances) for t, n in counts if t.max_instances), Fraction(0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import uuid as _uuid
 
+NVIDIA = "0x10de"  # NVIDIA's PCI vendor id
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 MDEV_TYPE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 VENDOR_TYPE_ID = re.compile(r"^[1-9][0-9]{0,9}$")

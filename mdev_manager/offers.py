@@ -10,8 +10,7 @@ from __future__ import annotations
 from mdev_manager import catalog
 from mdev_manager.config import GpuLayout
 from mdev_manager.models import Gpu, VgpuType
-
-NVIDIA = "0x10de"
+from mdev_manager.names import NVIDIA  # noqa: F401  read from here too (plan, equalplan, ...)
 
 
 def offered_types(gpu: Gpu) -> list[VgpuType]:

@@ -36,7 +36,16 @@ from mdev_manager.actions import (
     Skip,
 )
 from mdev_manager.config import GpuLayout
-from mdev_manager.models import Gpu, MdevDefinition, TypePlacements, Usage, Vgpu, VgpuPlacements, VgpuType
+from mdev_manager.models import (  # noqa: F401  creatable, held: read from here too; in models, discovery loads no planner
+    Gpu,
+    MdevDefinition,
+    TypePlacements,
+    Usage,
+    VgpuPlacements,
+    VgpuType,
+    creatable,
+    held,
+)
 from mdev_manager.vgpusteps import clear_step, dormant_users, empty_gpu, forget_step, kept_for_its_domain, split_existing
 
 
@@ -57,16 +66,6 @@ def slot_map(gpu: Gpu, types: Iterable[VgpuType]) -> VgpuPlacements | None:
             size = catalog_placements.slot_size(board.key, t.framebuffer_mib) or 0
             table[t.id] = TypePlacements(size=size, ids=list(ids))
     return VgpuPlacements(enabled=bool(gpu.mixed_size), slots=catalog_placements.slots(board.key), types=table)
-
-
-def held(vgpus: Iterable[Vgpu], smap: VgpuPlacements) -> dict[str, range]:
-    """The slots each vGPU with a placement holds."""
-    out = {}
-    for v in vgpus:
-        tp = smap.types.get(v.type_id)
-        if v.placement_id is not None and tp is not None:
-            out[v.id] = range(v.placement_id, v.placement_id + tp.size)
-    return out
 
 
 def _mask(start: int, size: int) -> int:
@@ -119,13 +118,6 @@ def describe_map(smap: VgpuPlacements, types: dict[str, VgpuType]) -> str:
         name = types[tid].short_name.split("-")[-1] if tid in types else tid
         by_size.setdefault(tp.size, (name, tp.ids))
     return ", ".join(f"{name} at {'/'.join(map(str, ids))}" for _, (name, ids) in sorted(by_size.items(), reverse=True))
-
-
-def creatable(smap: VgpuPlacements, taken: dict[str, range], type_id: str) -> list[int]:
-    """The type's placement ids whose slots no vGPU holds (what NVML calls creatable)."""
-    tp = smap.types.get(type_id)
-    used = {s for r in taken.values() for s in r}
-    return [p for p in tp.ids if used.isdisjoint(range(p, p + tp.size))] if tp else []
 
 
 def check_mixed_layout(smap: VgpuPlacements, active: list[tuple[VgpuType, int]], where: str, label: str) -> list[str]:

@@ -14,9 +14,18 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from mdev_manager import catalog
-from mdev_manager.models import MdevParent, MigState, Vgpu, VgpuPlacements, VgpuType, held_types, occupancy
+from mdev_manager.models import (
+    MdevParent,
+    MigState,
+    Vgpu,
+    VgpuPlacements,
+    VgpuType,
+    creatable,
+    held,
+    held_types,
+    occupancy,
+)
 from mdev_manager.names import framebuffer_mib_from_name, is_mig_backed, mig_profile_of, short_type_name
-from mdev_manager.placeplan import creatable, held
 
 _MAX_INSTANCE = re.compile(r"max_instance=(\d+)")
 _FRAMEBUFFER = re.compile(r"framebuffer=(\d+)M")

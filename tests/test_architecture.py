@@ -186,3 +186,30 @@ def test_version_and_every_help_load_nothing_heavy(argv, tmp_path):
     heavy = {m for m in loaded - LIGHT_OF_OURS
              if m in HEAVY_AT_START or m.split(".")[0] in HEAVY_AT_START - {"importlib.metadata"}}
     assert heavy == set(), f"vgpuctl {' '.join(argv)} loads {sorted(heavy)}: import them where the command runs"
+
+
+def test_discover_as_json_loads_no_planner_no_yaml_no_tables(tmp_path):
+    """#37.3: ``vgpuctl discover -o json`` on a host (its whole process is benchmarked against ``mdevctl
+    types``) reads the node and prints it: the planner, the layout parser, YAML and the text tables load
+    only in the commands and outputs that use them."""
+    from mdev_manager.sim.node import sim_node
+
+    root = tmp_path / "host"
+    sim_node(root, "default")
+    code = ("import contextlib, io, json, sys\n"
+            "from vgpuctl.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    rc = main(['--sys-root', {str(root / 'sys')!r}, '--dev-root', {str(root / 'dev')!r},"
+            f" '--mdevctl-root', {str(root / 'etc/mdevctl.d')!r}, '--state-root', {str(root / 'var/lib/vgpuctl')!r},"
+            " 'discover', '-o', 'json'])\n"
+            "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    report = json.loads(p.stderr.strip().splitlines()[-1])
+    assert report["rc"] == 0, p.stderr[-2000:]
+    loaded = set(report["modules"])
+    assert "mdev_manager.discovery" in loaded
+    unwanted = {"mdev_manager.plan", "mdev_manager.placeplan", "mdev_manager.config", "mdev_manager.actions",
+                "mdev_manager.executor", "mdev_manager.persist", "vgpuctl.output.text", "yaml", "rich",
+                "dra_bridge.kubeletplugin.checkpoint"}
+    assert unwanted & loaded == set()

@@ -99,8 +99,13 @@ class RealIO:
     def read_children(self, directory: Path, names: list[str]) -> dict[str, dict[str, str | None]]:
         """``read_attrs`` of every subdirectory of ``directory`` (an mdev parent's types).
 
-        Each subdirectory is opened relative to its parent's fd, so the path above them is
-        walked once for all of them.
+        Each subdirectory is opened relative to its parent's fd, so the path above them is walked
+        once for all of them. One attribute a child (each type's ``available_instances``) is opened
+        as ``child/name`` relative to the parent's fd instead: the same lookups, no descriptor for
+        the child (an mdev parent's 23 types: 23 fewer open/close pairs); a child whose attribute
+        does not open is checked to be a directory, as a file or one gone since the listing is
+        left out either way. (Several attributes keep the child's fd: on FUSE every ``child/``
+        prefix is one more lookup the daemon answers.)
         """
         out: dict[str, dict[str, str | None]] = {}
         try:
@@ -109,6 +114,12 @@ class RealIO:
             return out
         try:
             for child in sorted(os.listdir(dfd)):
+                if len(names) == 1:
+                    got = _read_at(dfd, names, f"{child}/")
+                    if got[names[0]] is None and not _is_dir_at(dfd, child):
+                        continue
+                    out[child] = got
+                    continue
                 try:
                     cfd = os.open(child, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
                 except OSError:
@@ -291,11 +302,11 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _read_at(dfd: int, names: list[str]) -> dict[str, str | None]:
+def _read_at(dfd: int, names: list[str], prefix: str = "") -> dict[str, str | None]:
     out: dict[str, str | None] = dict.fromkeys(names)
     for name in names:
         try:
-            fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+            fd = os.open(prefix + name, os.O_RDONLY, dir_fd=dfd)
         except OSError:
             continue
         try:
@@ -305,6 +316,15 @@ def _read_at(dfd: int, names: list[str]) -> dict[str, str | None]:
         finally:
             os.close(fd)
     return out
+
+
+def _is_dir_at(dfd: int, name: str) -> bool:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 def read_attr(io: HostIO, path: Path, default: str | None = None) -> str | None:

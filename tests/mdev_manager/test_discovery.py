@@ -257,3 +257,49 @@ def test_the_vfs_of_gpus_of_one_board_share_one_record_per_type_and_reading(make
     assert {t.available_instances for t in first.gpus[0].types} != {1}  # summed over the VFs, not a VF's 1
     with pytest.raises(ValueError, match="frozen"):
         parents[0].types[0].available_instances = 0
+
+
+def test_a_gpus_vfs_read_each_type_name_once_and_every_parents_free_instances(make_sim):
+    """#37: the VFs of one GPU list one type table; discovery reads each type's name, description and
+    device_api on the GPU's first parent only, and every parent's ``available_instances`` (which differ:
+    a vGPU on one VF lowers only that VF's), with a type id a later VF alone lists read whole."""
+    from mdev_manager.discovery import DeviceDirs, discover
+    from mdev_manager.sim import SimIO
+
+    class Counting(SimIO):
+        def __init__(self, host):
+            super().__init__(host)
+            self.names: list[str] = []
+
+        def read_attrs(self, directory, names):
+            if directory.parent.name == "mdev_supported_types":
+                self.names += names
+            return super().read_attrs(directory, names)
+
+        def read_children(self, directory, names):
+            out = super().read_children(directory, names)
+            self.names += [n for _ in out for n in names]
+            return out
+
+    sim = make_sim(HostSpec(gpus=[GpuGroup(board="L40S", framework="mdev-sriov", vfs_enabled=True, count=2)]))
+    gpu = sim.discover().gpus[0]
+    vf = gpu.parents[3].address
+    t = gpu.parents[3].types[0]
+    Executor(sim.env, sim.io).create_mdev(vf, t.id, str(uuidlib.uuid4()))
+    extra = DeviceDirs(sim.env, sim.io)(gpu.parents[5].address) / "mdev_supported_types" / "nvidia-9999"
+    extra.mkdir()  # a type only this VF lists: read whole
+    for attr, value in (("name", "NVIDIA L40S-X"), ("description", "num_heads=1"), ("device_api", "vfio-pci"),
+                        ("available_instances", "1")):
+        (extra / attr).write_text(value + "\n")
+    io = Counting(sim.host)
+    inv = discover(sim.env, io)
+    n_types = len(gpu.parents[0].types)
+    n_parents = sum(len(g.parents) for g in inv.gpus)
+    assert io.names.count("name") == 2 * n_types + 1  # once per GPU, not once per VF
+    assert io.names.count("available_instances") == n_parents * n_types + 2  # the new type: listed, then whole
+    assert [(x.name, x.description) for x in inv.gpus[0].parents[5].types if x.id == "nvidia-9999"] == [
+        ("NVIDIA L40S-X", "num_heads=1")]
+    got = inv.gpus[0]
+    assert [p.types for p in got.parents] != [got.parents[0].types] * len(got.parents)
+    assert next(x for x in got.parents[3].types if x.id == t.id).available_instances == 0
+    assert all(x.name and x.description for p in got.parents for x in p.types)

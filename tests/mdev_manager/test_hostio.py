@@ -98,6 +98,20 @@ def test_read_children_reads_each_subdirectory(tmp_path):
     assert io.read_children(tmp_path / "absent", ["name"]) == {}
 
 
+def test_read_children_keeps_a_type_directory_without_the_attributes_asked(tmp_path):
+    """A child none of whose attributes opens is still listed when it is a directory (all None), and left
+    out when it is a file or a dangling link; with several attributes asked and with one (``child/name``)."""
+    base = tmp_path / "mdev_supported_types"
+    (base / "nvidia-1").mkdir(parents=True)
+    _attr(base / "nvidia-2/name", "GRID T4-2Q\n")
+    _attr(base / "a-file", "x")
+    (base / "dangling").symlink_to(tmp_path / "gone")
+    got = RealIO().read_children(base, ["name", "available_instances"])
+    assert got == {"nvidia-1": {"name": None, "available_instances": None},
+                   "nvidia-2": {"name": "GRID T4-2Q", "available_instances": None}}
+    assert RealIO().read_children(base, ["name"]) == {"nvidia-1": {"name": None}, "nvidia-2": {"name": "GRID T4-2Q"}}
+
+
 def test_read_attrs_missing_directory_gives_none(tmp_path):
     assert RealIO().read_attrs(tmp_path / "absent", ["a", "b"]) == {"a": None, "b": None}
 

@@ -14,10 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from dra_bridge.api.nodepaths import DEFAULT_KUBELET_ROOT, NodePaths
-from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from mdev_manager import numbering
 from mdev_manager.discovery import discover, gpu_ids, read_failed
 from mdev_manager.host.env import HostEnv
@@ -86,6 +83,8 @@ def _check_sys_root(args, host: Host) -> None:
 def prepared_usage(host: Host, driver: str) -> Usage:
     """Devices the kubelet plugin's prepared claims hold (its checkpoint, read-only): what a hand-run
     ``apply``, ``restore`` or ``slices`` must count as in use, as ``serve`` does."""
+    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+
     path = host.paths(driver).checkpoint
     try:
         cp = CheckpointStore(path, host.io).load()
@@ -138,4 +137,6 @@ def sim_dir_for(ref: str) -> Path:
 def dump(obj, fmt: str) -> str:
     if fmt == "json":  # pydantic's own encoder: json.dumps with an indent falls back to pure Python (4 s for 7 MB)
         return obj.model_dump_json(indent=2, by_alias=True)
+    import yaml
+
     return yaml.safe_dump(obj.model_dump(mode="json", by_alias=True), sort_keys=False)

@@ -132,7 +132,7 @@ def _writer(args, env: HostEnv) -> Iterator[None]:
 
 def no_gpu_message(inv: Inventory, env: HostEnv) -> str | None:
     """On a host with nothing to manage (a laptop, a CI runner), say so and how to try vgpuctl anyway."""
-    from mdev_manager.plan import NVIDIA
+    from mdev_manager.names import NVIDIA  # not the planner: discover loads no planning code
 
     if any(g.vendor_id == NVIDIA or g.types for g in inv.gpus):
         return None
@@ -143,7 +143,6 @@ def run_discover(args) -> int:
     from dra_bridge.api.names import DEFAULT_DRIVER
     from mdev_manager.discovery import discover
     from vgpuctl.cli.host import dump, number_gpus, open_host
-    from vgpuctl.output.text import inventory_table
 
     host = open_host(args)
     number_gpus(host, getattr(args, "driver", DEFAULT_DRIVER), writes=False)
@@ -156,6 +155,8 @@ def run_discover(args) -> int:
     elif hint and not inv.gpus:
         print(hint)
     else:
+        from vgpuctl.output.text import inventory_table  # the table's code (and the planner's offers): tables only
+
         print(inventory_table(inv, types=args.types, wide=args.output == "wide") + (f"\nnote: {hint}" if hint else ""))
     return 0
 
