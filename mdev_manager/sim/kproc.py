@@ -38,6 +38,7 @@ _P = TypeVar("_P", bound="ProcIO")
 
 def serve(root: Path, address: str) -> None:
     """Answer kernel writes on ``address`` until a client sends ``("stop",)``."""
+    SimHost.remember_attrs = True  # this process writes the capacity files: it may remember them
     host = SimHost(root)
     listener = Listener(address, family="AF_UNIX")
     stopping = threading.Event()

@@ -55,6 +55,11 @@ class IncompleteHost(ValueError):
 class SysfsTree(HostLocks):
     """The sysfs tree of a simulated host rooted at ``root`` (``sys/``, ``dev/``, ``proc/``, ``etc/``, ``.sim/``)."""
 
+    #: remember the capacity files this object wrote (:meth:`_refresh_attr`): set by the kernel's own
+    #: process (:mod:`.kproc`), which writes them all; off elsewhere, where its memory would be counted
+    #: as the caller's (an in-process ``serve --simulate``)
+    remember_attrs = False
+
     def __init__(self, root: Path, *, building: bool = False):
         self.root = Path(root)
         self.sys = self.root / "sys"
@@ -62,6 +67,7 @@ class SysfsTree(HostLocks):
         self._sys_real = os.path.realpath(self.sys)
         self._lock = threading.RLock()
         self._tls = threading.local()  # per thread: the node lock's depth, a GPU write's own copy of the state
+        self._seen: dict[str, tuple[str, tuple[int, int]]] | None = {} if self.remember_attrs else None
         try:
             # JSON: what the tree cannot say
             self._state: dict[str, Any] = json.loads((self.root / ".sim/state.json").read_text())
@@ -221,6 +227,27 @@ class SysfsTree(HostLocks):
             f.write(value)
         os.replace(tmp, path)
 
+    def _refresh_attr(self, path: str, value: str) -> None:
+        """:meth:`_write` for :meth:`_refresh`, which sets every type's capacity on every parent of a GPU at
+        each change (736 files on a 32-VF L40S): with ``remember_attrs``, a file this object last saw holding
+        ``value`` and untouched since (the same inode and mtime: a write replaces the file or changes its
+        mtime, whoever makes it) is not opened again. Same files, same content as :meth:`_write`."""
+        seen = self._seen
+        if seen is None:
+            return self._write(path, value)
+        known = seen.get(path)
+        if known is not None and known[0] == value:
+            try:
+                st = os.stat(path)
+                if (st.st_ino, st.st_mtime_ns) == known[1]:
+                    return None
+            except FileNotFoundError:
+                pass
+        self._write(path, value)
+        st = os.stat(path)
+        seen[path] = (value, (st.st_ino, st.st_mtime_ns))
+        return None
+
     def _driver(self, addr: str) -> str | None:
         link = self._fdir(addr) / "driver"
         return os.path.basename(os.readlink(link)) if os.path.lexists(link) else None
@@ -311,7 +338,7 @@ class SysfsTree(HostLocks):
             types_dir = os.path.join(self._fdir(gpu["pf"]), "mdev_supported_types")
             if os.path.isdir(types_dir):
                 for tid, num, _, _ in facts:
-                    self._write(os.path.join(types_dir, tid, "available_instances"), f"{rem[num]}\n")
+                    self._refresh_attr(os.path.join(types_dir, tid, "available_instances"), f"{rem[num]}\n")
             return
         for vf in self._vfs(gpu):
             vdir = self._fdir(vf)
@@ -319,7 +346,7 @@ class SysfsTree(HostLocks):
             if fw == "mdev-sriov" and os.path.isdir(types_dir):
                 has = any(UUID.match(n) for n in os.listdir(vdir))
                 for tid, num, _, _ in facts:
-                    self._write(os.path.join(types_dir, tid, "available_instances"),
+                    self._refresh_attr(os.path.join(types_dir, tid, "available_instances"),
                                 f"{0 if has else min(1, rem[num])}\n")
             elif fw == "vendor-vfio" and (vdir / "nvidia").exists():
                 current = (vdir / "nvidia/current_vgpu_type").read_text().strip()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from mdev_manager.sim.kernel import SimHost
 from mdev_manager.sim.kproc import kernel_process
 from tests.mdev_manager.test_sim_kernel import U1, U2, gpu_of, link_base, type_dir
 
@@ -149,3 +150,18 @@ def test_the_kernel_in_its_own_process_answers_as_the_model_in_process(sim, monk
         outside.touch()
         io.write(outside, "plain file")  # not sysfs: an ordinary file write, here
         assert outside.read_text() == "plain file"
+
+
+def test_the_kernel_process_remembers_capacity_files_but_rewrites_one_changed_behind_its_back(sim, monkeypatch):
+    """The kernel's own process skips re-reading the capacity files it wrote (``remember_attrs``); a file
+    another writer changed since (another process's model, a rebind) is still set right."""
+    monkeypatch.setattr(SimHost, "remember_attrs", True)
+    host = SimHost(sim.root)
+    t4 = gpu_of(sim, "T4")
+    two, four = type_dir(sim, t4, "T4", "T4-2Q"), type_dir(sim, t4, "T4", "T4-4Q")
+    host.write(two / "create", U1)
+    assert (four / "available_instances").read_text() == "0\n"  # equal-size: another size no longer fits
+    (four / "available_instances").write_text("3\n")  # behind its back
+    host.write(two / "create", U2)
+    assert (four / "available_instances").read_text() == "0\n"
+    assert (two / "available_instances").read_text() == "6\n"
