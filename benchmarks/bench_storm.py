@@ -21,6 +21,7 @@ call waited for a GPU lock or for the checkpoint file. ``--per-gpu N`` (or
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -50,11 +51,11 @@ def run() -> list[str]:
         with agent.reg.client("v1", timeout=300) as client:
             io.take()
             load0, k0, c0, n0 = os.getloadavg()[0], io.kernel_cpu(), time.process_time(), counts(daemon, waits)
-            r0 = thread_cpu(agent.loop)
+            r0, t0 = thread_cpu(agent.loop), threads_cpu()
             prep, total = storm(lambda ref: client.prepare([(ref.namespace, ref.uid, ref.name)])[ref.uid]["error"],
                                 refs)
             load1, k1, c1, n1 = os.getloadavg()[0], io.kernel_cpu(), time.process_time(), counts(daemon, waits)
-            r1 = thread_cpu(agent.loop)
+            r1, t1 = thread_cpu(agent.loop), threads_cpu()
             kernel = io.take()
             made = [d.vgpu_id for r in records(daemon) for d in r.devices]
             assert len(made) == len(refs) and len(set(made)) == len(made) and all(made), "a claim not prepared"
@@ -79,6 +80,9 @@ def run() -> list[str]:
             row("prepare call p99 (wall)", f"{p99:.0f} ms", f"{BOUND_P99_MS:.0f} ms", p99 / BOUND_P99_MS),
             row("CPU of the storm: this process", f"{c1 - c0:.1f} s", "-", None,
                 "the agent, the kubelet model's gRPC client and the local API server (one process)"),
+            row("  of it, by thread", " / ".join(f"{v:.1f}" for v in by_thread(t0, t1).values()) + " s", "-", None,
+                " / ".join(by_thread(t0, t1)) + " (threads alive at the end; the rest: the process's C threads "
+                "and threads that ended)"),
             row("CPU of the storm: simulated kernel", kcpu, "-", None,
                 "its own process" if k0 is not None else "in this process: inside the figure above"),
             row("prepare CPU per call (agent's thread)", f"{percentile(cpu, 50) * 1000:.1f} / "
@@ -97,6 +101,33 @@ def run() -> list[str]:
 def thread_cpu(thread) -> float:
     """A live thread's CPU seconds so far (Linux: its own CPU clock)."""
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+#: a thread's part in the storm, by its name: the agent's gRPC workers (ThreadPoolExecutor prefix) and
+#: grpc's server loop, the local API server's request threads, the kubelet model's calling threads
+KINDS = (("agent gRPC", ("dra-vgpu.kubevirt.io", "(_serve)")),
+         ("API server", ("local-apiserver", "(process_request_thread)")),
+         ("kubelet model", ("ThreadPoolExecutor",)))
+
+
+def threads_cpu() -> dict[tuple[int | None, str], float]:
+    out = {}
+    for t in threading.enumerate():
+        try:
+            out[(t.ident, t.name)] = time.clock_gettime(time.pthread_getcpuclockid(t.ident or 0))
+        except OSError:  # ended meanwhile
+            pass
+    return out
+
+
+def by_thread(t0: dict[tuple[int | None, str], float], t1: dict[tuple[int | None, str], float]) -> dict[str, float]:
+    """CPU seconds between two :func:`threads_cpu` snapshots, by kind of thread (else: the agent's others:
+    its resync loop, binding rounds, watches)."""
+    out = {kind: 0.0 for kind, _ in KINDS} | {"agent other": 0.0}
+    for key, cpu in t1.items():
+        kind = next((k for k, marks in KINDS if any(m in key[1] for m in marks)), "agent other")
+        out[kind] += cpu - t0.get(key, 0.0)
+    return out
 
 
 def count_waits(daemon: Daemon) -> dict[str, int]:

@@ -66,15 +66,26 @@ class HostLocks:
             yield
             return
         with self._lock:
-            with open(self.root / ".sim/lock", "a") as lf:
-                fcntl.flock(lf, fcntl.LOCK_EX)
+            with self._entered(fcntl.LOCK_EX):
                 self._tls.depth = getattr(self._tls, "depth", 0) + 1
                 try:
                     self._state = self._load()
                     yield
                 finally:
                     self._tls.depth -= 1
-                    fcntl.flock(lf, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _entered(self, mode: int) -> Iterator[None]:
+        """Hold the node lock in ``mode``, entered through a turnstile (``.sim/lock.gate``): a whole-host
+        writer waiting for the GPU writes in flight keeps new ones from starting meanwhile, so a storm of
+        them never starves it (a flock grants a shared request while an exclusive one waits)."""
+        with open(self.root / ".sim/lock", "a") as lf:
+            with self._flock("lock.gate", fcntl.LOCK_EX):
+                fcntl.flock(lf, mode)
+            try:
+                yield
+            finally:
+                fcntl.flock(lf, fcntl.LOCK_UN)
 
     def _holds_node_lock(self) -> bool:
         return getattr(self._tls, "depth", 0) > 0
@@ -103,7 +114,7 @@ class HostLocks:
 
         The write works on its own copy of the state (``state`` is per thread meanwhile) and, as it leaves,
         puts its GPU's record into the state file under the short node-wide section."""
-        with self._flock("lock", fcntl.LOCK_SH), self._flock(f"lock.{pf}", fcntl.LOCK_EX):
+        with self._entered(fcntl.LOCK_SH), self._flock(f"lock.{pf}", fcntl.LOCK_EX):
             self._tls.state = self._load()
             self._tls.gpu = pf
             try:

@@ -165,3 +165,33 @@ def test_the_kernel_process_remembers_capacity_files_but_rewrites_one_changed_be
     host.write(two / "create", U2)
     assert (four / "available_instances").read_text() == "0\n"
     assert (two / "available_instances").read_text() == "6\n"
+
+
+def test_a_whole_host_write_waiting_for_a_gpu_write_is_not_overtaken_by_later_ones(sim, monkeypatch):
+    """A flock grants a shared request while an exclusive one waits: without a turnstile, a storm of GPU
+    writes would keep a whole-host write (or NVML's view of the host) waiting for the whole storm."""
+    a, b = gpu_of(sim, "T4", 0), gpu_of(sim, "T4", 1)
+    held = Held(sim, a, monkeypatch)
+    waiting, order = threading.Event(), []
+    real_flock = fcntl.flock
+
+    def flock(f, mode):
+        if mode == fcntl.LOCK_EX and threading.current_thread().name == "whole-host" \
+                and os.path.basename(f.name) == "lock":
+            waiting.set()  # holding the turnstile, about to wait for the GPU write in flight
+        return real_flock(f, mode)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+    def whole_host() -> None:
+        sim.host.upgrade_driver("999.1")
+        order.append("whole host")
+
+    t = threading.Thread(target=whole_host, name="whole-host", daemon=True)
+    t.start()
+    assert waiting.wait(WAIT)
+    done, out = in_thread(lambda: (sim.io.write(type_dir(sim, b, "T4", "T4-2Q") / "create", U2), order.append("gpu")))
+    held.finish()
+    t.join(WAIT)
+    assert done.wait(WAIT) and not isinstance(out[0], BaseException), out
+    assert order == ["whole host", "gpu"]
