@@ -27,6 +27,14 @@ def parser() -> argparse.ArgumentParser:
                    help="the scheduler allocator race and packing measure: upstream (Kubernetes' own, "
                         "build/oracle/allocator-<minor>), model (the Python model), auto (upstream where built; "
                         "default); each prints which one ran")
+    p.add_argument("--sim-kernel", choices=("process", "in-process"), default="process",
+                   help="prepare and storm: run the simulated kernel in a process of its own (default: as a real "
+                        "kernel is no part of the agent's process) or in-process, beside the agent under its GIL "
+                        "(the figures then include the model's Python); each prints which")
+    p.add_argument("--per-gpu", type=int, metavar="N",
+                   help="storm: claims per GPU (default 32, or VGPUCTL_BENCH_STORM_PER_GPU): 2 for a quick run")
+    p.add_argument("--claims", type=int, metavar="N",
+                   help="prepare: claims per round (default 200, or VGPUCTL_BENCH_CLAIMS)")
     return p
 
 
@@ -37,6 +45,12 @@ def main(argv: list[str]) -> int:
     from benchmarks import common
 
     common.ALLOCATOR = args.allocator
+    common.SIM_KERNEL = args.sim_kernel
+    for key in ("per_gpu", "claims"):
+        n = getattr(args, key)
+        if n is not None and n < 1:
+            p.error(f"--{key.replace('_', '-')} {n}: give a count of 1 or more")
+        common.SIZES[key] = n
     unknown = [n for n in names if n not in ALL]
     if unknown:  # (choices= with nargs="*" rejects the empty default on Python 3.11)
         p.error(f"unknown benchmark {', '.join(map(repr, unknown))} (choose from {', '.join(ALL)})")

@@ -61,6 +61,16 @@ HEADER = f"{'measure':44} {'vgpuctl':>14} {'peer':>14} {'ratio':>9}"
 #: (``python -m benchmarks --allocator ...``)
 ALLOCATOR = "auto"
 
+#: where the prepare and storm benchmarks run the simulated kernel: "process" (a process of its own, as
+#: a real kernel is no part of the agent's process: :mod:`mdev_manager.sim.kproc`) or "in-process" (in the
+#: benchmark's process, beside the agent, under its GIL: the figures then charge the model's Python to
+#: the agent); ``python -m benchmarks --sim-kernel ...``
+SIM_KERNEL = "process"
+
+#: sizes (``--claims``: the prepare benchmark's claims; ``--per-gpu``: the storm's claims per GPU); None: the
+#: benchmark's default (or its environment variable)
+SIZES: dict[str, int | None] = {"claims": None, "per_gpu": None}
+
 
 def scheduler_allocator(minor: str) -> tuple[Any, str]:
     """(the running upstream allocator of ``minor``, or None for the Python scheduler model; a line
@@ -79,4 +89,4 @@ def scheduler_allocator(minor: str) -> tuple[Any, str]:
 
 
 __all__ = ["percentile", "best_of", "sim_host", "register_plugin", "row", "HEADER", "statistics", "ALLOCATOR",
-           "scheduler_allocator"]
+           "SIM_KERNEL", "SIZES", "scheduler_allocator"]

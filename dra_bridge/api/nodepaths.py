@@ -17,6 +17,7 @@ Layout (kubelet's plugin watcher and DRA plugin conventions, ``../shared/referen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -72,9 +73,18 @@ class NodePaths:
 
     def owns(self, path: Path | str) -> bool:
         """True for a file the plugin may remove: strictly below the CDI root or the metadata dir."""
-        resolved = Path(path).resolve()
-        return any(resolved != root.resolve() and resolved.is_relative_to(root.resolve())
-                   for root in (self.cdi_root, self.metadata_dir))
+        return self.ownership()(path)
+
+    def ownership(self) -> Callable[[Path | str], bool]:
+        """:meth:`owns` for a claim's files checked together: the two roots resolved once, not twice per
+        file (an unprepare checks about ten paths; each resolve walks every component of a deep path)."""
+        roots = [root.resolve() for root in (self.cdi_root, self.metadata_dir)]
+
+        def owns(path: Path | str) -> bool:
+            resolved = Path(path).resolve()
+            return any(resolved != root and resolved.is_relative_to(root) for root in roots)
+
+        return owns
 
     def with_(self, **changes: object) -> NodePaths:
         return replace(self, **{k: Path(v) if k != "driver" else v for k, v in changes.items()  # type: ignore[arg-type]

@@ -77,7 +77,7 @@ def files_of(paths: NodePaths, rec: ClaimRecord) -> tuple[list[str], list[str]]:
                 metadata_files.append(str(metadata.host_file(paths.metadata_dir, rec.namespace, rec.name, request)))
     except UnsafeName:
         pass  # a record the checkpoint's validation let through cannot name a path; keep what is recorded
-    own = paths.owns
+    own = paths.ownership()
     return ([f for f in dict.fromkeys(cdi_files) if own(f)], [f for f in dict.fromkeys(metadata_files) if own(f)])
 
 
@@ -106,6 +106,7 @@ def remove(io: HostIO, paths: NodePaths, rec: ClaimRecord, others: Iterable[Clai
         if _named_for(paths.driver, f, rec.uid):  # a spec named for another uid is never this claim's
             io.remove(Path(f))
     namesakes = {f"{o.namespace}_{o.name}" for o in others if o.uid != rec.uid and o.namespace and o.name}
+    own = paths.ownership()
     for f in metadata_files:
         uid = owner(io, f)
         if uid not in (rec.uid, None) or (uid is None and Path(f).parent.parent.name in namesakes):
@@ -115,7 +116,7 @@ def remove(io: HostIO, paths: NodePaths, rec: ClaimRecord, others: Iterable[Clai
             continue
         io.remove(Path(f))
         for parent in (Path(f).parent, Path(f).parent.parent):  # the per-claim directories, once empty
-            if not paths.owns(parent):
+            if not own(parent):
                 continue
             try:
                 io.rmdir(parent)

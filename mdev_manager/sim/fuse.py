@@ -19,7 +19,10 @@ against a :class:`~.kernel.SimHost`:
   creating, removing or renaming anything fails (EACCES / EPERM).
 * As kernfs does, an attribute's content is taken when it is read at offset 0 and later
   reads of the same open file continue from that copy; the copy is taken under a shared
-  lock on the simulator's lock file, so a read never sees half of a concurrent write.
+  lock on the simulator's lock file, so a read never sees half of a concurrent whole-host
+  write. One GPU's writes (an mdev's create or remove) hold that lock shared too, beside
+  their GPU's own, as the kernel orders them per parent: a read may see such a device
+  being made, as on sysfs, and its attributes are replaced whole, never seen half-written.
 * The kernel caches neither attributes, entries nor negative lookups (timeouts 0): the
   tree changes underneath (``available_instances``, new mdev directories).
 
@@ -263,8 +266,9 @@ def mount(host: SimHost, mountpoint: Path, foreground: bool = True, allow_other:
 
     Single-threaded by default: every request runs Python under the GIL anyway, and
     libfuse's worker threads only fight over it (discovery through the mount is 2-4x
-    slower with ``threads=True``). Both are safe: SimHost serialises writers with its
-    lock, readers take it shared, and no handler ever calls back into the mount.
+    slower with ``threads=True``). Both are safe: SimHost orders writers with its locks
+    (whole-host writes one at a time, one GPU's writes per GPU), readers take the node's
+    shared, and no handler ever calls back into the mount.
     Attribute, entry and negative lookups are never cached by the kernel (timeouts 0),
     since the tree changes underneath.
     """

@@ -22,6 +22,10 @@ its device model) the way the kernel does and fails with the kernel's errno
   is creatable beside everything, its own old slots included (the driver reserves the new range,
   then frees the old). Mixed-size mode itself is switched through the simulated NVML.
 
+Writes are ordered as the kernel orders them (:mod:`.locking`): an mdev's create or remove and a VF's
+``current_vgpu_type`` under their GPU's lock, so writes to different GPUs proceed at once; every
+other write under the node lock.
+
 Points the references mark unconfirmed are settings here: the errno for a type missing from
 ``creatable_vgpu_types`` (``UNLISTED_TYPE_ERRNO``), writing a new type over a set one (EBUSY),
 and the errno of a refused placement write (``PLACEMENT_ERRNO``: in equal-size mode, or an id
@@ -114,7 +118,7 @@ class SimHost(SysfsTree):
         if len(text) != 36 or not UUID.match(text.lower()):
             raise err(errno.EINVAL, f"{raw!r} is not a UUID")
         uid = str(uuidlib.UUID(text))
-        if os.path.lexists(self.sys / "bus/mdev/devices" / uid):
+        if not self._claim_uuid(uid):
             raise err(errno.EEXIST, f"mdev {uid} exists")
         if int((type_dir / "available_instances").read_text()) < 1:
             raise err(errno.EUSERS, f"no instances of {type_dir.name} left on {parent}")
@@ -123,11 +127,11 @@ class SimHost(SysfsTree):
         self._first_fit(gpu, type_dir.name, uid)
         mdir = self._fdir(parent) / uid
         mdir.mkdir()
-        (mdir / "remove").write_text("")
+        self._write(mdir / "remove", "")
         if self._board(gpu).driver == "nvidia":
             (mdir / "nvidia").mkdir()
-            (mdir / "nvidia/placement_id").write_text(slots.read_value(gpu, uid))
-        (mdir / "uevent").write_text(f"MDEV_TYPE={type_dir.name}\n")
+            self._write(mdir / "nvidia/placement_id", slots.read_value(gpu, uid))
+        self._write(mdir / "uevent", f"MDEV_TYPE={type_dir.name}\n")
         self._link(mdir / "mdev_type", type_dir)
         grp = self._new_group()
         self._link(mdir / "iommu_group", self.sys / f"kernel/iommu_groups/{grp}")
@@ -210,14 +214,14 @@ class SimHost(SysfsTree):
         if value == 0:
             if current and self._busy(grp, self._fdir(vf)):
                 raise err(errno.EBUSY, f"vGPU on {vf} is in use")
-            (nv / "current_vgpu_type").write_text("0\n")
+            self._write(nv / "current_vgpu_type", "0\n")
             (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
             self._drop_cdevs(self._fdir(vf))
             (nv / "placement_id").unlink(missing_ok=True)
             slots.forget(gpu, vf)
             if current:
                 self._release_instance(gpu, vf)
-                (nv / "gpu_instance_id").write_text(f"{NO_INSTANCE}\n")
+                self._write(nv / "gpu_instance_id", f"{NO_INSTANCE}\n")
         else:
             if current:
                 raise err(errno.EBUSY, f"{vf} already holds vGPU type {current}")
@@ -227,11 +231,11 @@ class SimHost(SysfsTree):
             chosen = int((nv / "gpu_instance_id").read_text().strip() or NO_INSTANCE)
             gi = self._take_instance(gpu, str(value), vf, None if chosen == NO_INSTANCE else chosen)
             if gi is not None:
-                (nv / "gpu_instance_id").write_text(f"{gi}\n")
+                self._write(nv / "gpu_instance_id", f"{gi}\n")
             self._first_fit(gpu, str(value), vf)
-            (nv / "current_vgpu_type").write_text(f"{value}\n")
+            self._write(nv / "current_vgpu_type", f"{value}\n")
             inside = instances.placement_inside(gpu, vf)
-            (nv / "placement_id").write_text(slots.read_value(gpu, vf) if inside is None else f"{inside}\n")
+            self._write(nv / "placement_id", slots.read_value(gpu, vf) if inside is None else f"{inside}\n")
             (self.dev / "vfio" / str(grp)).touch()
             self._add_cdev(self._fdir(vf))
         self._refresh(gpu)
@@ -244,12 +248,28 @@ class SimHost(SysfsTree):
         rel = Path(os.path.relpath(os.path.realpath(p if p.is_absolute() else self.sys / p), self._sys_real))
         if rel.parts[:1] == ("..",):
             raise err(errno.EXDEV, f"{path} is outside the simulated sysfs")
-        with self._locked():
+        pf = None if self._holds_node_lock() else self._gpu_write(rel)
+        with self._locked() if pf is None else self._gpu_locked(pf):
             self._check_room(rel, raw)
             try:
                 self._dispatch(rel, raw)
             finally:
                 self._save()
+
+    def _gpu_write(self, rel: Path) -> str | None:
+        """The GPU (its PF) a write changes alone, taken under that GPU's lock (:meth:`_gpu_locked`): an
+        mdev's ``create`` or ``remove``, a VF's ``current_vgpu_type``; None for a write the whole host
+        orders (binding, SR-IOV, ``placement_id``, ...). Read without a lock: a function's GPU never
+        changes, and a function gone meanwhile is found so under the lock (ENOENT, as before)."""
+        name, parts = rel.name, rel.parts
+        if not (name == "create" and len(parts) >= 3 and parts[-3] == "mdev_supported_types"
+                or name == "remove" and len(parts) >= 2 and UUID.match(parts[-2])
+                or name == "current_vgpu_type" and parts[-2:-1] == ("nvidia",)):
+            return None
+        functions = self.state["functions"]
+        owner = next((x for x in reversed(parts[:-1]) if ADDR.match(x) and x in functions), None)
+        gpu = self._gpu_of(owner) if owner is not None else None
+        return gpu["pf"] if gpu is not None else None
 
     # ------------------------------------------------------------------ the simulator's own disk
     def room(self) -> tuple[int, int | None]:

@@ -15,14 +15,12 @@ rewrites the GPU's ``available_instances`` / ``creatable_vgpu_types`` (:meth:`Sy
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Self
@@ -31,6 +29,7 @@ from mdev_manager import catalog
 from mdev_manager.catalog import BoardSpec, TypeSpec
 from mdev_manager.sim import pcihealth, slots
 from mdev_manager.sim.hostspec import HostSpec
+from mdev_manager.sim.locking import HostLocks
 from mdev_manager.sim.procs import SimProcs, holding
 from mdev_manager.sim.rules import framebuffer, remaining, type_facts, type_index, vf_address
 
@@ -53,8 +52,13 @@ class IncompleteHost(ValueError):
                          "with sim reset")
 
 
-class SysfsTree:
+class SysfsTree(HostLocks):
     """The sysfs tree of a simulated host rooted at ``root`` (``sys/``, ``dev/``, ``proc/``, ``etc/``, ``.sim/``)."""
+
+    #: remember the capacity files this object wrote (:meth:`_refresh_attr`): set by the kernel's own
+    #: process (:mod:`.kproc`), which writes them all; off elsewhere, where its memory would be counted
+    #: as the caller's (an in-process ``serve --simulate``)
+    remember_attrs = False
 
     def __init__(self, root: Path, *, building: bool = False):
         self.root = Path(root)
@@ -62,15 +66,18 @@ class SysfsTree:
         self.dev = self.root / "dev"
         self._sys_real = os.path.realpath(self.sys)
         self._lock = threading.RLock()
+        self._tls = threading.local()  # per thread: the node lock's depth, a GPU write's own copy of the state
+        self._seen: dict[str, tuple[str, tuple[int, int]]] | None = {} if self.remember_attrs else None
         try:
-            self.state: dict[str, Any] = json.loads((self.root / ".sim/state.json").read_text())  # JSON: what the tree cannot say
+            # JSON: what the tree cannot say
+            self._state: dict[str, Any] = json.loads((self.root / ".sim/state.json").read_text())
         except FileNotFoundError:
             if (self.root / ".sim").is_dir():  # a build or removal that was interrupted
                 raise IncompleteHost(self.root) from None
             raise
         except json.JSONDecodeError:  # torn by an interruption
             raise IncompleteHost(self.root) from None
-        if self.state.get(BUILDING) and not building:
+        if self._state.get(BUILDING) and not building:
             raise IncompleteHost(self.root)
         self.procs = SimProcs(self.root)
         self.procs.dir.mkdir(exist_ok=True)  # hosts made before processes were simulated
@@ -116,14 +123,8 @@ class SysfsTree:
         build or removal was interrupted is refused: :class:`IncompleteHost`)."""
         return cls(root) if (Path(root) / ".sim").exists() else cls.create(root, spec)
 
-    def _save(self) -> None:
-        tmp = self.root / ".sim/state.json.tmp"
-        tmp.write_text(json.dumps(self.state))
-        os.replace(tmp, self.root / ".sim/state.json")
-
     def _new_group(self) -> int:
-        g = self.state["next_group"]
-        self.state["next_group"] = g + 1
+        g = self._bump("next_group")
         (self.sys / f"kernel/iommu_groups/{g}/devices").mkdir(parents=True, exist_ok=True)
         return g
 
@@ -226,6 +227,27 @@ class SysfsTree:
             f.write(value)
         os.replace(tmp, path)
 
+    def _refresh_attr(self, path: str, value: str) -> None:
+        """:meth:`_write` for :meth:`_refresh`, which sets every type's capacity on every parent of a GPU at
+        each change (736 files on a 32-VF L40S): with ``remember_attrs``, a file this object last saw holding
+        ``value`` and untouched since (the same inode and mtime: a write replaces the file or changes its
+        mtime, whoever makes it) is not opened again. Same files, same content as :meth:`_write`."""
+        seen = self._seen
+        if seen is None:
+            return self._write(path, value)
+        known = seen.get(path)
+        if known is not None and known[0] == value:
+            try:
+                st = os.stat(path)
+                if (st.st_ino, st.st_mtime_ns) == known[1]:
+                    return None
+            except FileNotFoundError:
+                pass
+        self._write(path, value)
+        st = os.stat(path)
+        seen[path] = (value, (st.st_ino, st.st_mtime_ns))
+        return None
+
     def _driver(self, addr: str) -> str | None:
         link = self._fdir(addr) / "driver"
         return os.path.basename(os.readlink(link)) if os.path.lexists(link) else None
@@ -251,18 +273,6 @@ class SysfsTree:
 
     def _type_by_id(self, gpu: dict, type_id: str) -> TypeSpec | None:
         return type_index(gpu["board"]).get(type_id)
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """One writer at a time, across threads (FUSE) and processes (CLI beside a mount)."""
-        with self._lock:
-            with open(self.root / ".sim/lock", "a") as lf:
-                fcntl.flock(lf, fcntl.LOCK_EX)
-                try:
-                    self.state = json.loads((self.root / ".sim/state.json").read_text())
-                    yield
-                finally:
-                    fcntl.flock(lf, fcntl.LOCK_UN)
 
     def holders(self, paths: set[str]) -> list[int]:
         """Pids holding any of ``paths`` open (the kernel's view of a busy vfio group):
@@ -328,7 +338,7 @@ class SysfsTree:
             types_dir = os.path.join(self._fdir(gpu["pf"]), "mdev_supported_types")
             if os.path.isdir(types_dir):
                 for tid, num, _, _ in facts:
-                    self._write(os.path.join(types_dir, tid, "available_instances"), f"{rem[num]}\n")
+                    self._refresh_attr(os.path.join(types_dir, tid, "available_instances"), f"{rem[num]}\n")
             return
         for vf in self._vfs(gpu):
             vdir = self._fdir(vf)
@@ -336,7 +346,7 @@ class SysfsTree:
             if fw == "mdev-sriov" and os.path.isdir(types_dir):
                 has = any(UUID.match(n) for n in os.listdir(vdir))
                 for tid, num, _, _ in facts:
-                    self._write(os.path.join(types_dir, tid, "available_instances"),
+                    self._refresh_attr(os.path.join(types_dir, tid, "available_instances"),
                                 f"{0 if has else min(1, rem[num])}\n")
             elif fw == "vendor-vfio" and (vdir / "nvidia").exists():
                 current = (vdir / "nvidia/current_vgpu_type").read_text().strip()
@@ -378,8 +388,7 @@ class SysfsTree:
         """
         if not (self.dev / "iommu").exists():
             return
-        n = self.state["next_vfio"]
-        self.state["next_vfio"] = n + 1
+        n = self._bump("next_vfio")
         cdev = device_dir / "vfio-dev" / f"vfio{n}"
         cdev.mkdir(parents=True, exist_ok=True)
         # the cdev's parent device, linked as sysfs links it: via the common ancestor, so it ends in its name

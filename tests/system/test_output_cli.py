@@ -112,7 +112,7 @@ def test_benchmarks_help_and_bad_arguments():
     p = bench("-h")
     assert p.returncode == 0 and p.stdout.startswith("usage: python -m benchmarks") and p.stderr == ""
     assert "node" in p.stdout and "allocator" in p.stdout
-    for bad in (["nope"], ["--nope"], ["node", "nope"]):
+    for bad in (["nope"], ["--nope"], ["node", "nope"], ["storm", "--per-gpu", "0"], ["--sim-kernel", "x"]):
         p = bench(*bad)
         assert p.returncode == 2 and "usage:" in p.stderr and p.stdout == "", bad
 
