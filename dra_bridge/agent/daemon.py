@@ -36,7 +36,7 @@ from dra_bridge.agent.cordon import NodeCordon
 from dra_bridge.agent.events import LayoutEvents, one_line
 from dra_bridge.agent.gpustate import GpuStates
 from dra_bridge.agent.health import GpuHealthWatch
-from dra_bridge.agent.hotplug import EventSource, Lost, UdevSource, Uevent, event_gpus
+from dra_bridge.agent.hotplug import EventSource, Lost, SocketSource, UdevSource, Uevent, event_gpus
 from dra_bridge.agent.layoutsync import LayoutSync, content_digest
 from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import LABEL_VGPU_HOST_DRIVER
@@ -425,7 +425,9 @@ class Daemon(LayoutSync):
     def _watch_events(self) -> None:
         """Take uevents from the event source; without one the periodic resync covers changes."""
         source = self.event_source
-        if source is None and self.env.sys_root == Path("/sys"):
+        if source is None and self.env.uevent_socket is not None:
+            source = SocketSource(self.env.uevent_socket)
+        elif source is None and self.env.sys_root == Path("/sys"):
             source = UdevSource()
         if source is None:
             return

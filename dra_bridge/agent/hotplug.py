@@ -12,15 +12,18 @@ or a message could not be read): the agent cannot know what it missed.
 Events are a shortcut, never the truth: the periodic check (fingerprints, then the safety net's
 whole read) stays, so a lost, late, duplicated or reordered event costs a read, never a wrong
 state. Sources (:class:`EventSource`) only deliver; :class:`UdevSource` is libudev's netlink
-monitor (``/sys`` only), and tests give the agent their own.
+monitor (``/sys`` only), :class:`SocketSource` a unix datagram socket a relay sends the kernel's
+messages to (``HostEnv.uevent_socket``), and tests give the agent their own.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import posixpath
 import re
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -122,9 +125,9 @@ def gpus_named(event: Uevent, owners: Mapping[str, str], physfn: str | None = No
 
 def event_gpus(event: Uevent, owners: Mapping[str, str], env: HostEnv, io: HostIO) -> frozenset[str] | None:
     """:func:`gpus_named`, reading a new function's ``physfn`` link where ``owners`` does not know it
-    (a VF just added: its PF is a GPU's). The only host read an event costs."""
+    (a VF just added, or bound to its driver: its PF is a GPU's). The only host read an event costs."""
     gpus = gpus_named(event, owners)
-    if gpus is None and event.subsystem == "pci" and event.action == "add":
+    if gpus is None and event.subsystem == "pci" and event.action != "remove":
         try:
             physfn = io.readlink(env.sys_root / event.devpath.lstrip("/") / "physfn")
         except OSError:  # no link (not a VF), or gone again: unknown, read everything
@@ -169,3 +172,53 @@ class UdevSource:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+class SocketSource:
+    """Uevents relayed to a unix datagram socket at ``path``, one kernel-format message a datagram
+    (:func:`parse_uevent`); a datagram that is none is delivered as :data:`LOST`. The socket is
+    made at :meth:`start` (a stale one replaced) and removed at :meth:`stop`."""
+
+    def __init__(self, path: os.PathLike[str] | str, buffer_bytes: int = 4 << 20):
+        self.path, self.buffer_bytes = os.fspath(path), buffer_bytes
+        self._sock: socket.socket | None = None
+        self._stop = threading.Event()
+
+    def start(self, deliver: Deliver) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            if os.path.lexists(self.path):
+                os.unlink(self.path)
+            sock.bind(self.path)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.buffer_bytes)
+        except OSError:
+            sock.close()
+            raise
+        sock.settimeout(1.0)  # to see stop(): a blocked recv is not woken by another thread's close
+        self._sock = sock
+        threading.Thread(target=self._loop, args=(sock, deliver), name="uevents", daemon=True).start()
+
+    def _loop(self, sock: socket.socket, deliver: Deliver) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = sock.recv(1 << 16)
+                except TimeoutError:
+                    continue
+                except OSError as exc:
+                    if not self._stop.is_set():
+                        deliver(Lost(f"uevent socket {self.path}: {exc}"))
+                    return
+                event = parse_uevent(data)
+                deliver(event if event is not None else Lost(f"unreadable uevent on {self.path}"))
+        finally:
+            sock.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sock is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass

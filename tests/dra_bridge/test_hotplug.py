@@ -102,7 +102,9 @@ def test_every_function_of_the_simulated_host_names_its_gpu(sim):
     vf = g.vfs[0].address
     unknown_vf = {k: v for k, v in owner.items() if k != vf}
     assert gpus_named(Uevent("add", "pci", devpath(sim, vf)), unknown_vf) is None
-    assert event_gpus(Uevent("add", "pci", devpath(sim, vf)), unknown_vf, sim.env, sim.io) == {g.address}
+    for action in ("add", "bind"):  # the kernel adds a VF, then binds it to its driver
+        assert event_gpus(Uevent(action, "pci", devpath(sim, vf)), unknown_vf, sim.env, sim.io) == {g.address}
+    assert event_gpus(Uevent("remove", "pci", devpath(sim, vf)), unknown_vf, sim.env, sim.io) is None  # gone: no link
     # a PF has no physfn link: unknown, read everything
     no_pf = {k: v for k, v in owner.items() if v != g.address}
     assert event_gpus(Uevent("add", "pci", devpath(sim, g.address)), no_pf, sim.env, sim.io) is None

@@ -206,8 +206,8 @@ def test_new_vfs_named_by_their_events_read_their_gpu_not_the_node(srv, base):
         vfs = sorted(os.path.basename(p) for p in os.listdir(node.env.pci(g.address)) if p.startswith("virtfn"))
         assert vfs, "no VFs were enabled"
         if i == 0:  # the first GPU's events arrive; the second's are lost
-            source.emit(*(Uevent("add", "pci", devpath(node, os.path.basename(os.readlink(
-                node.env.pci(g.address) / v)))) for v in vfs))
+            paths = [devpath(node, os.path.basename(os.readlink(node.env.pci(g.address) / v))) for v in vfs]
+            source.emit(*(Uevent(action, "pci", p) for p in paths for action in ("add", "bind")))
             daemon.resync(force=False)
             assert daemon.gpu_states.reads == {"whole": 1, "gpu": 1}, "the VFs' events made more than their GPU read"
             assert daemon.inventory.gpu(g.address).vfs
