@@ -1,8 +1,10 @@
 """``vgpuctl serve``: the node agent. Reconcile, publish, serve the kubelet, report health.
 
 One resync = reconcile the layout (when one is given; devices held by prepared claims
-count as in use) -> discover -> build the pool -> publish slices. It runs at start, on
-udev events where udev exists, and every ``resync_seconds``. SIGTERM stops the servers
+count as in use) -> discover -> build the pool -> publish slices. It runs at start, every
+``resync_seconds`` (skipped when nothing changed), and on uevents (:mod:`.hotplug`: udev where
+the host's ``/sys`` is, else the event source given): an event marks the GPUs it names to be read
+again and wakes the loop for a resync that reads only those, not a forced one. SIGTERM stops the servers
 and removes their sockets; vGPUs stay (the kubelet unprepares claims, not us).
 
 The layout is read again when the node label names another one or the file's content
@@ -34,6 +36,7 @@ from dra_bridge.agent.cordon import NodeCordon
 from dra_bridge.agent.events import LayoutEvents, one_line
 from dra_bridge.agent.gpustate import GpuStates
 from dra_bridge.agent.health import GpuHealthWatch
+from dra_bridge.agent.hotplug import EventSource, Lost, SocketSource, UdevSource, Uevent, event_gpus
 from dra_bridge.agent.layoutsync import LayoutSync, content_digest
 from dra_bridge.agent.observe import Metrics, ProbeServer
 from dra_bridge.api.names import LABEL_VGPU_HOST_DRIVER
@@ -67,7 +70,8 @@ log = logging.getLogger(__name__)
 
 
 class Daemon(LayoutSync):
-    def __init__(self, cfg: ServeConfig, env: HostEnv, io: HostIO | None = None, api_client=None):
+    def __init__(self, cfg: ServeConfig, env: HostEnv, io: HostIO | None = None, api_client=None,
+                 events: EventSource | None = None):
         self.cfg = cfg
         self.env = env
         self.io = io or RealIO()
@@ -119,7 +123,9 @@ class Daemon(LayoutSync):
         self._recorded: tuple[str, str | None] | None = None  # (layout, file digest) last recorded (applied.py)
         self._failed: tuple[str, str | None] | None = None  # (layout, file digest) rejected: not retried
         self._last_good: list[GpuLayout] | None = None  # the last layout applied: published while a new one fails
+        self.event_source = events  # None: udev where sys_root is /sys, else none (the periodic resync covers it)
         self._wake = threading.Event()
+        self._forced = threading.Event()  # a trigger (cordon): resync even if nothing seems changed
         self._stop = threading.Event()
         self._ready = False
         self._lock = threading.Lock()
@@ -144,6 +150,8 @@ class Daemon(LayoutSync):
         full_every = self.cfg.full_resync_seconds or 10 * self.cfg.resync_seconds
         if self._last_key is None or now - self._last_full >= full_every or \
                 self._probed_at is None or now - self._probed_at >= self.cfg.probe_seconds:
+            return False
+        if self.gpu_states.pending():  # a prepare or a uevent named GPUs to read again
             return False
         return self._resync_key() == self._last_key and self.publisher.is_current()
 
@@ -368,7 +376,7 @@ class Daemon(LayoutSync):
         if self.cfg.metrics_port is not None:
             self.probes = ProbeServer(self.metrics, lambda: self._ready and self.plugin.running,
                                       port=self.cfg.metrics_port).start()
-        self._watch_udev()
+        self._watch_events()
         self._ready = True
         return self
 
@@ -414,21 +422,36 @@ class Daemon(LayoutSync):
         else:
             self.gpu_states.touched(gpus)
 
-    def _watch_udev(self) -> None:
-        """Wake the loop on PCI / mdev uevents; without udev the periodic resync covers it."""
-        if self.env.sys_root != Path("/sys"):
+    def _watch_events(self) -> None:
+        """Take uevents from the event source; without one the periodic resync covers changes."""
+        source = self.event_source
+        if source is None and self.env.uevent_socket is not None:
+            source = SocketSource(self.env.uevent_socket)
+        elif source is None and self.env.sys_root == Path("/sys"):
+            source = UdevSource()
+        if source is None:
             return
         try:
-            import pyudev
+            source.start(self.on_event)
+            self.event_source = source
+        except Exception as exc:  # noqa: BLE001 - no udev (no netlink in this namespace): the periodic resync
+            log.info("uevents unavailable (%s); resyncing every %ss", one_line(exc), self.cfg.resync_seconds)
 
-            monitor = pyudev.Monitor.from_netlink(pyudev.Context())
-            monitor.filter_by("pci")
-            monitor.filter_by("mdev")
-            observer = pyudev.MonitorObserver(monitor, callback=lambda _dev: self._wake.set(), name="udev")
-            observer.daemon = True
-            observer.start()
-        except Exception as exc:
-            log.info("udev events unavailable (%s); resyncing every %ss", exc, self.cfg.resync_seconds)
+    def on_event(self, event: Uevent | Lost) -> None:
+        """A uevent: the GPUs it names are read again at the next resync (the whole node where it names
+        no function a GPU accounts for, or events were lost), and the loop is woken for it. Writes nothing."""
+        if isinstance(event, Lost):
+            log.info("%s: reading the whole node again", event.reason)
+            gpus = None
+        else:
+            gpus = event_gpus(event, self.gpu_states.owners(), self.env, self.io)
+        if gpus is None:
+            self.gpu_states.invalidate()
+        elif gpus:
+            self.gpu_states.touched(gpus)
+        else:
+            return
+        self._wake.set()
 
     def run(self) -> None:
         """Resync until stopped (SIGTERM/SIGINT when called from the main thread)."""
@@ -438,17 +461,20 @@ class Daemon(LayoutSync):
         binder = threading.Thread(target=self._bind_loop, name="bind", daemon=True)
         binder.start()
         while not self._stop.is_set():
-            woken = self._wake.wait(self.cfg.resync_seconds)  # an event (udev, trigger): do it all
+            self._wake.wait(self.cfg.resync_seconds)  # a uevent (its GPUs marked), a trigger, or the period
             self._wake.clear()
+            forced = self._forced.is_set()
+            self._forced.clear()
             if self._stop.is_set():
                 break
             try:
-                self.resync(force=woken)
+                self.resync(force=forced)
             except Exception:
                 pass  # logged and counted in resync; the next round tries again
         self._shutdown()
 
     def trigger(self) -> None:
+        self._forced.set()
         self._wake.set()
 
     def stop(self) -> None:
@@ -457,6 +483,8 @@ class Daemon(LayoutSync):
 
     def _shutdown(self) -> None:
         self._ready = False
+        if self.event_source is not None:
+            self.event_source.stop()
         self.plugin.stop()
         if self.device_plugins is not None:
             self.device_plugins.stop()

@@ -11,7 +11,8 @@ prepared. :class:`GpuStates` keeps the inventory of the last read and, at each r
   again each GPU whose fingerprint changed (a hand-made ``mdevctl start``, a rebind);
 * reads the whole node only at the first read, after a layout apply changed the node
   (:meth:`GpuStates.invalidate`), or when a function no known GPU owns came or went (a new GPU,
-  a GPU's new VFs seen before the GPU was read again);
+  a GPU's new VFs seen before the GPU was read again; where the GPU was touched, e.g. by a uevent
+  naming its VFs, it is read first, and the node only if functions are still unaccounted for);
 * on the periodic safety-net check (``check=True``), also reads again each GPU in MIG mode: its
   GPU instances live in the driver (NVML), not in sysfs, so no fingerprint shows them.
 
@@ -59,6 +60,21 @@ class GpuStates:
         self._fixed: dict[str, str] = {}  # each GPU's print without its mdevs: functions, drivers, VFs
         self._rest: str | None = None
         self._mdev_parent: dict[str, str] = {}
+        self._owners: tuple[Inventory | None, dict[str, str]] = (None, {})
+
+    def owners(self) -> dict[str, str]:
+        """Each PCI function the GPUs as last read account for -> its GPU (kept until the next read:
+        a storm of uevents maps each through it)."""
+        inv = self.inventory
+        if self._owners[0] is not inv:
+            self._owners = (inv, owners(inv) if inv is not None else {})
+        return self._owners[1]
+
+    def pending(self) -> bool:
+        """Whether the next :meth:`current` has something to read whatever the host's marks say: GPUs
+        touched, or the whole node."""
+        with self._lock:
+            return self._whole or bool(self._touched)
 
     def touched(self, gpus: Iterable[str]) -> None:
         """A prepare's or unprepare's effects changed these GPUs: read them again at the next resync."""
@@ -99,13 +115,15 @@ class GpuStates:
         present = {m[0] for m in marks if m[1] == "present"}
         if not whole and inv is not None and all(g.address in present for g in inv.gpus):
             prints, rest = gpu_prints(marks, owners(inv))
-            if rest == self._rest and set(prints) == {g.address for g in inv.gpus}:
+            # functions no GPU accounted for may be a touched GPU's (VFs a uevent named): read it, then judge
+            settled = rest == self._rest  # else a touched GPU's functions changed: read it whole
+            if (settled or touched) and set(prints) == {g.address for g in inv.gpus}:
                 again = (touched & set(prints)) | {a for a, p in prints.items() if p != self._prints.get(a)}
                 if check:
                     again |= {g.address for g in inv.gpus if g.mig is not None and g.mig.enabled}
                 fixed = fixed_prints(marks, owners(inv))
                 mig = {g.address for g in inv.gpus if g.mig is not None and g.mig.enabled} if check else set()
-                gpus = [self._read_gpu(g, light=fixed.get(g.address) == self._fixed.get(g.address)
+                gpus = [self._read_gpu(g, light=settled and fixed.get(g.address) == self._fixed.get(g.address)
                                        and g.address not in mig) if g.address in again else g for g in inv.gpus]
                 new = inv.model_copy(update={"gpus": gpus})
                 prints, rest = gpu_prints(marks, owners(new))  # a GPU read again may own other functions now

@@ -20,6 +20,9 @@ class HostEnv:
     state_root: Path = Path("/var/lib/vgpuctl")
     pci_ids: tuple[Path, ...] = (Path("/usr/share/misc/pci.ids"), Path("/usr/share/hwdata/pci.ids"))
     libvirt_uri: str | None = "qemu:///system"
+    #: a unix datagram socket the host's uevents are relayed to in the kernel's netlink format, where
+    #: the agent has no netlink socket of its own (None: udev's, on the host's /sys)
+    uevent_socket: Path | None = None
 
     # --- sysfs ---------------------------------------------------------------
     @property

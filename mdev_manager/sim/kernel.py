@@ -79,6 +79,7 @@ class SimHost(SysfsTree):
             slots.clear(gpu)  # the driver lets go of the GPU: its mixed-size mode is lost
         os.unlink(fdir / "driver")
         os.unlink(self.sys / "bus/pci/drivers" / driver / addr)
+        self._uevent("unbind", "pci", addr)
         shutil.rmtree(fdir / "mdev_supported_types", ignore_errors=True)
         shutil.rmtree(fdir / "nvidia", ignore_errors=True)
         if os.path.lexists(self.sys / "class/mdev_bus" / addr):
@@ -105,6 +106,7 @@ class SimHost(SysfsTree):
             os.unlink(self.sys / f"kernel/iommu_groups/{grp}/devices/{vf}")
             (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
             shutil.rmtree(fdir)
+            self._uevent("remove", "pci", vf)
             del self.state["functions"][vf]
         for name in os.listdir(self._fdir(gpu["pf"])):
             if name.startswith("virtfn"):
@@ -142,6 +144,7 @@ class SimHost(SysfsTree):
         (self.dev / "vfio" / str(grp)).touch()
         self._add_cdev(mdir)
         self._refresh(gpu)
+        self._uevent("add", "mdev", parent, uid, MDEV_TYPE=type_dir.name)
 
     def _remove_mdev(self, parent: str, uid: str) -> None:
         grp = self._vgpu_group(parent, uid)
@@ -566,4 +569,5 @@ class SimHost(SysfsTree):
             os.unlink(self.sys / f"kernel/iommu_groups/{grp}/devices/{addr}")
         self._drop_cdevs(fdir)
         shutil.rmtree(fdir)
+        self._uevent("remove", "pci", addr)
         del self.state["functions"][addr]

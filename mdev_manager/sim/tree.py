@@ -27,7 +27,7 @@ from typing import Any, Self
 
 from mdev_manager import catalog
 from mdev_manager.catalog import BoardSpec, TypeSpec
-from mdev_manager.sim import pcihealth, slots
+from mdev_manager.sim import pcihealth, slots, uevents
 from mdev_manager.sim.hostspec import HostSpec
 from mdev_manager.sim.locking import HostLocks
 from mdev_manager.sim.procs import SimProcs, holding
@@ -193,8 +193,14 @@ class SysfsTree(HostLocks):
         if physfn:
             self._link(fdir / "physfn", self._fdir(physfn))
         self.state["functions"][addr] = {"rel": f"{rel}/{addr}", "native": native, "group": grp}
+        self._uevent("add", "pci", addr)
 
     # ------------------------------------------------------------------ helpers
+    def _uevent(self, action: str, subsystem: str, addr: str, child: str = "", **env: str) -> None:
+        """Announce a change of function ``addr`` (or of its ``child``, an mdev) as the kernel does."""
+        devpath = "/" + self.state["functions"][addr]["rel"] + (f"/{child}" if child else "")
+        uevents.send(self.root, action, subsystem, devpath, **env)
+
     def _fdir(self, addr: str) -> Path:
         return self.sys / self.state["functions"][addr]["rel"]
 
@@ -362,6 +368,7 @@ class SysfsTree(HostLocks):
         self._link(self.sys / "bus/pci/drivers" / driver / addr, fdir)
         gpu = self._gpu_of(addr)
         fn = self.state["functions"][addr]
+        self._uevent("bind", "pci", addr, DRIVER=driver)
         if driver == "vfio-pci":
             self._add_cdev(fdir)
         self._update_group_node(fn["group"])  # another driver in the group makes it unusable
@@ -468,6 +475,7 @@ class SysfsTree(HostLocks):
         (self.dev / "vfio" / str(grp)).unlink(missing_ok=True)
         self._drop_cdevs(mdir)
         shutil.rmtree(mdir)
+        self._uevent("remove", "mdev", parent, uid)
         gpu = self._gpu_of(parent)
         if gpu is not None:
             slots.forget(gpu, uid)

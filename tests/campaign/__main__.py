@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, action="append", help="hypothesis seed (repeat for several runs)")
     p.add_argument("--episode-steps", type=int, default=50, help="steps per fresh node")
     p.add_argument("--no-shrink", action="store_true", help="report the first failing sequence as found")
+    p.add_argument("--uevent-faults", action="store_true",
+                   help="also draw the uevent fault steps (lost, duplicated, reordered, storms; #37.5): other draws")
     p.add_argument("-v", "--verbose", action="store_true", help="show the agent's log (warnings and up)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.episode_steps < 1:
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\rseed {s}: {done}/{total} steps, {took:.0f} s{left}  ", end="" if sys.stderr.isatty() else "\n",
                       file=sys.stderr, flush=True)
 
-        res = run(args.steps, s, episode_steps=args.episode_steps, shrink=not args.no_shrink, progress=progress)
+        res = run(args.steps, s, episode_steps=args.episode_steps, shrink=not args.no_shrink, progress=progress,
+                  uevents=args.uevent_faults)
         if sys.stderr.isatty():
             print(file=sys.stderr)
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(res.kinds.items()))

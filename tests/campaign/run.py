@@ -156,10 +156,10 @@ def situations(world: World, step) -> list[str]:
 
 
 def run(total: int, seed_value: int, *, episode_steps: int = 50, shrink: bool = True,
-        workdir: Path | None = None, progress=None, trace=None, observe=None) -> Result:
+        workdir: Path | None = None, progress=None, trace=None, observe=None, uevents: bool = False) -> Result:
     """Run ``total`` steps with hypothesis seeded by ``seed_value``; ``trace`` (a text file) gets what
     every step saw; ``observe(world, n)`` is called after the run's step ``n``, before its invariants
-    (:mod:`.predict` looks at the node there)."""
+    (:mod:`.predict` looks at the node there); ``uevents``: draw the uevent fault steps too."""
     result = Result()
     digest = hashlib.sha256()
     t0 = time.monotonic()
@@ -168,7 +168,8 @@ def run(total: int, seed_value: int, *, episode_steps: int = 50, shrink: bool = 
         with seeded_process(work):
             template = World.template(work / "template")
             gpus = gpu_types(template)
-            step_at = steps(["dra", *NAMES], st.builds(EditLayout, st.sampled_from(NAMES), layout(gpus).map(tuple)))
+            step_at = steps(["dra", *NAMES], st.builds(EditLayout, st.sampled_from(NAMES), layout(gpus).map(tuple)),
+                            uevents=uevents)
             failing = {"seen": False}
             phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
 

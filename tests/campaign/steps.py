@@ -927,8 +927,9 @@ class Concurrent:
 # --------------------------------------------------------------------------- strategies
 
 
-def steps(layouts: list[str], edit: st.SearchStrategy):
-    """``step(position)``: the strategy of an episode's step number ``position``.
+def steps(layouts: list[str], edit: st.SearchStrategy, uevents: bool = False):
+    """``step(position)``: the strategy of an episode's step number ``position``; ``uevents`` adds the
+    uevent faults (:mod:`.uevent_steps`).
 
     Kinds are weighted as a busy node sees them: mostly claims, resyncs and layout changes, a
     fault or a race every few steps. The kind is drawn as an index rotated by the position, so
@@ -990,6 +991,10 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
 
     kinds += binding.kinds(n)  # bursts of mixed sizes through the binding verdicts (#36.2)
     kinds += simbuild.kinds()  # the simulated host rebuilt, the build interrupted by a signal (#36.5)
+    if uevents:  # opt-in: a new kind changes every seed's draws, and CI's seeds were chosen on these
+        from tests.campaign import uevent_steps
+
+        kinds += uevent_steps.kinds(n)  # the kernel's uevents lost, duplicated, reordered, in a storm (#37.5)
     table = [strategy for weight, strategy in kinds for _ in range(weight)]
     stride = next(s for s in range(31, len(table)) if _coprime(s, len(table)))  # the zero example visits every kind
 

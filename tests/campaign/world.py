@@ -28,6 +28,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import yaml
@@ -108,6 +109,8 @@ class World:
     log: list[str] = field(default_factory=list)  # what the last step saw (for a failure report)
     health: dict[str, set[str]] = field(default_factory=dict)  # GPU -> the health faults raised on it (sim health)
     health_clock: HealthClock = field(default_factory=HealthClock)  # the agent's health clock (no waiting)
+    uevents: Any = None  # the agent's event source (.uevent_steps.CampaignEvents): steps deliver the kernel's events
+    host_seen: dict = field(default_factory=dict)  # the host's devices when the last uevents were delivered
 
     # ------------------------------------------------------------------ set-up
     @classmethod
@@ -124,6 +127,9 @@ class World:
                     api_url=srv.url)
         world.write_layouts()
         world.write_domains()
+        from tests.campaign.uevent_steps import CampaignEvents, look
+
+        world.uevents, world.host_seen = CampaignEvents(), look(node.env)
         world.start_daemon()
         return world
 
@@ -186,7 +192,7 @@ class World:
                 arm(self.fio)
             daemon = None
             try:
-                daemon = Daemon(self.config(), self.env, self.fio, self.api_client())
+                daemon = Daemon(self.config(), self.env, self.fio, self.api_client(), events=self.uevents)
                 self._instrument(daemon)
                 self.daemon = daemon.start()
                 self.fio.disarm()
