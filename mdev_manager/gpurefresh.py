@@ -15,8 +15,8 @@ from mdev_manager import catalog
 from mdev_manager.discovery import DeviceDirs, _int, _mig_state, _placements, read_mdevs
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Gpu, MdevParent, Vgpu
-from mdev_manager.typeset import summarise
+from mdev_manager.models import Gpu, MdevParent, Vgpu, VgpuType
+from mdev_manager.typeset import mdev_type, summarise
 
 
 def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
@@ -32,8 +32,7 @@ def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
         if set(free) != {t.id for t in p.types}:
             return None
         parents.append(p.model_copy(update={"types": [
-            t.model_copy(update={"available_instances": _int(free[t.id]["available_instances"]) or 0})
-            for t in p.types]}))
+            _with_free(t, _int(free[t.id]["available_instances"]) or 0) for t in p.types]}))
         vgpus += read_mdevs(env, io, p.address, gpu.address, dirs)
     fields = {"vendor_id": gpu.vendor_id, "driver": gpu.driver}
     board = catalog.match_board(gpu.vendor_id, gpu.device_id, gpu.subsystem_device_id)
@@ -42,3 +41,14 @@ def refresh_vgpus(env: HostEnv, io: HostIO, gpu: Gpu) -> Gpu | None:
     mig = _mig_state(io, gpu.address, fields, types, vgpus)
     return gpu.model_copy(update={"parents": parents, "vgpus": vgpus, "types": types, "placements": placements,
                                   "mig": mig, "mixed_size": mixed})
+
+
+def _with_free(t: VgpuType, available: int) -> VgpuType:
+    """``t`` with ``available`` instances free: the shared record of that reading (:func:`~mdev_manager.typeset.mdev_type`)
+    where ``t`` is one as read, else a copy. A copy per parent and type brought back discovery's 11,776 records on a
+    16 x 32-VF node once claims had touched every GPU (~17 MB in the agent: #37)."""
+    if t.available_instances == available:
+        return t
+    if t.framework == "mdev" and t == mdev_type(t.id, t.name, t.description, t.device_api, t.available_instances):
+        return mdev_type(t.id, t.name, t.description, t.device_api, available)
+    return t.model_copy(update={"available_instances": available})

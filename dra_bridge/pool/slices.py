@@ -46,11 +46,23 @@ def counter_set_to_dict(cs: CounterSet) -> dict[str, Any]:
     return {"name": cs.name, "counters": {k: {"value": str(v)} for k, v in cs.counters.items()}}
 
 
-def device_to_dict(dev: PoolDevice, *, compatibility_groups: bool = False) -> dict[str, Any]:
+def device_to_dict(dev: PoolDevice, *, compatibility_groups: bool = False,
+                   shared: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
     """A pool device as a ResourceSlice ``spec.devices[]`` entry.
 
     ``compatibility_groups`` publishes ``consumesCounters[].compatibilityGroups`` (1.37+ only).
+    ``shared`` (one per build): devices holding the same attributes, capacity or consumption objects
+    (a slot's devices, :func:`~dra_bridge.pool.devices.renamed`) get one wire copy of each (#37: a
+    large node's slices are built at every full resync); nothing changes a built slice's parts in place.
     """
+    def part(what: str, obj: Any, make: Any) -> Any:
+        if shared is None:
+            return make(obj)
+        hit = shared.get((what, id(obj)))
+        if hit is None or hit[0] is not obj:  # (the object is kept with its copy: its id is not reused)
+            hit = shared[(what, id(obj))] = (obj, make(obj))
+        return hit[1]
+
     out: dict[str, Any] = {"name": dev.name}
     if dev.binding_conditions:
         out["bindingConditions"] = list(dev.binding_conditions)
@@ -58,21 +70,20 @@ def device_to_dict(dev: PoolDevice, *, compatibility_groups: bool = False) -> di
     if dev.taints:
         out["taints"] = [dict(t) for t in dev.taints]
     if dev.attributes:
-        out["attributes"] = {k: dict(v) for k, v in dev.attributes.items()}
+        out["attributes"] = part("attributes", dev.attributes, lambda a: {k: dict(v) for k, v in a.items()})
     if dev.capacity:
-        out["capacity"] = {k: {"value": v} for k, v in dev.capacity.items()}
+        out["capacity"] = part("capacity", dev.capacity, lambda c: {k: {"value": v} for k, v in c.items()})
     if dev.consumes:
-        consumes = []
-        for c in dev.consumes:
-            entry: dict[str, Any] = {
-                "counterSet": c.counter_set,
-                "counters": {k: {"value": v} for k, v in c.counters.items()},
-            }
-            if compatibility_groups and c.compatibility_groups:
-                entry["compatibilityGroups"] = list(c.compatibility_groups)
-            consumes.append(entry)
-        out["consumesCounters"] = consumes
+        out["consumesCounters"] = part("consumes", dev.consumes, lambda cs: [
+            _consumption(c, compatibility_groups) for c in cs])
     return out
+
+
+def _consumption(c: Any, compatibility_groups: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"counterSet": c.counter_set, "counters": {k: {"value": v} for k, v in c.counters.items()}}
+    if compatibility_groups and c.compatibility_groups:
+        entry["compatibilityGroups"] = list(c.compatibility_groups)
+    return entry
 
 
 def label_value(value: str) -> str:
@@ -334,6 +345,7 @@ def _combined_layout(pool: Pool, limits: Limits, plan: SlicePlan) -> list[tuple[
         packed.append((sets, devs))
 
     bodies: list[tuple[str, dict[str, Any]]] = []
+    shared: dict[tuple[str, int], Any] = {}  # one wire copy of a slot's common parts (device_to_dict)
     cur_sets: list[CounterSet] = []
     cur_devs: list[PoolDevice] = []
 
@@ -343,7 +355,7 @@ def _combined_layout(pool: Pool, limits: Limits, plan: SlicePlan) -> list[tuple[
             if cur_sets:
                 body["sharedCounters"] = [counter_set_to_dict(cs) for cs in cur_sets]
             if cur_devs:
-                body["devices"] = [device_to_dict(d) for d in cur_devs]
+                body["devices"] = [device_to_dict(d, shared=shared) for d in cur_devs]
             bodies.append(("combined", body))
 
     for sets, devs in packed:
@@ -359,12 +371,14 @@ def _combined_layout(pool: Pool, limits: Limits, plan: SlicePlan) -> list[tuple[
         cur_devs.extend(devs)
     flush()
     for i in range(0, len(free), limits.devices_per_slice):
-        bodies.append(("devices", {"devices": [device_to_dict(d) for d in free[i : i + limits.devices_per_slice]]}))
+        bodies.append(("devices", {"devices": [device_to_dict(d, shared=shared)
+                                                for d in free[i : i + limits.devices_per_slice]]}))
     return bodies
 
 
 def _split_layout(pool: Pool, limits: Limits, groups: bool) -> list[tuple[str, dict[str, Any]]]:
     bodies: list[tuple[str, dict[str, Any]]] = []
+    shared: dict[tuple[str, int], Any] = {}  # one wire copy of a slot's common parts (device_to_dict)
     per = limits.counter_sets_per_slice or len(pool.counter_sets) or 1
     for i in range(0, len(pool.counter_sets), per):
         sets = pool.counter_sets[i : i + per]
@@ -380,5 +394,6 @@ def _split_layout(pool: Pool, limits: Limits, groups: bool) -> list[tuple[str, d
         )
         for i in range(0, len(devs), cap):
             chunk = devs[i : i + cap]
-            bodies.append(("devices", {"devices": [device_to_dict(d, compatibility_groups=groups) for d in chunk]}))
+            bodies.append(("devices", {"devices": [device_to_dict(d, compatibility_groups=groups, shared=shared)
+                                                for d in chunk]}))
     return bodies

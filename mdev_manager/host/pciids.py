@@ -10,7 +10,6 @@ from functools import cache
 from pathlib import Path
 
 
-@cache
 def _text(path: Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8", errors="replace")
@@ -19,9 +18,12 @@ def _text(path: Path) -> str:
 
 
 @cache
-def _vendor(path: Path, vendor: str) -> tuple[str | None, dict[str, str]]:
-    """(vendor name, device id -> name) for one vendor's block of the file."""
+def _vendor(path: Path, vendor: str) -> tuple[str | None, dict[str, str]] | None:
+    """(vendor name, device id -> name) for one vendor's block of the file; None where the file cannot
+    be read or is empty. The file's text is not kept: the agent would hold its 1.3 MB for good (#37)."""
     text = _text(path)
+    if not text:
+        return None
     start = text.find(f"\n{vendor}  ")
     if start < 0:
         return None, {}
@@ -39,10 +41,12 @@ def _vendor(path: Path, vendor: str) -> tuple[str | None, dict[str, str]]:
 
 
 def lookup(paths: tuple[Path, ...], vendor_id: str, device_id: str) -> tuple[str | None, str | None]:
-    """(vendor name, device name) for ids like ``0x10de``/``0x1eb8``; None where unknown."""
+    """(vendor name, device name) for ids like ``0x10de``/``0x1eb8``, from the first of ``paths`` that can be
+    read; None where unknown."""
     v, d = vendor_id.lower().removeprefix("0x"), device_id.lower().removeprefix("0x")
     for path in paths:
-        if _text(Path(path)):
-            name, devices = _vendor(Path(path), v)
+        found = _vendor(Path(path), v)
+        if found is not None:
+            name, devices = found
             return name, devices.get(d)
     return None, None
