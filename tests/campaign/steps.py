@@ -597,7 +597,8 @@ class Reboot:
     are admitted as the node comes up, before the old pods' claims are prepared again, their claims
     allocated the free slots beside one of theirs (same GPU, same size; up to three): the device the
     old claim had is free on the node now, and a new claim may well get it, where its vGPU sat on a
-    VF (an SR-IOV GPU, chosen where a prepared claim has one) that VF too; ``order``: the kubelet
+    VF (an SR-IOV GPU, chosen where a prepared claim has one; where none has, a pod allocated a free
+    slot there started before the boot) that VF too; ``order``: the kubelet
     prepares (and unprepares) its claims again in an order drawn from it (0: as it knows them).
 
     A claim prepared before the boot and prepared again after it has its vGPUs on the VFs it had:
@@ -617,6 +618,8 @@ class Reboot:
             world.terminating[victim.ref.uid] = victim
             world.log.append(f"{victim.ref.name}'s pod deleted while the node is down")
         newcomers = []
+        if self.first is not None and not any(_vfs(world).values()):
+            _pod_on_vfs(world, self.first)
         on_vfs = _vfs(world)
         if self.first is not None and (old := _pick([c for c in _prepared(world) if on_vfs.get(c.ref.uid)]
                                                     or _prepared(world), self.first)) is not None:
@@ -631,6 +634,23 @@ class Reboot:
                  f"reboot and on {sorted(after.get(uid, {}).values())} after it"
                  for uid, c in world.prepared.items() if on_vfs.get(uid) and after.get(uid, {}) != on_vfs[uid]]
         return Checks(problems=[f"after the reboot (no VM left): {f}" for f in failed] + moved)
+
+
+def _pod_on_vfs(world: World, pick: int) -> None:
+    """A pod whose claim the scheduler allocated a free vGPU slot of an SR-IOV GPU (its vGPU on a VF),
+    of a size that GPU's claims have (one size per GPU), started before the reboot."""
+    from mdev_manager.discovery import discover
+
+    sriov = {g.address for g in discover(world.env, world.node.io).gpus if g.sriov_total_vfs}
+    pool = {d.name: d for d in world.daemon._pool.devices if d.kind == "vgpu" and d.gpu in sriov}
+    sizes: dict[str, set[str]] = {}
+    for c in _prepared(world):
+        for d in c.devices:
+            if d in pool:
+                sizes.setdefault(pool[d].gpu, set()).add(d.rsplit("-", 1)[0])
+    free = [n for n in _free_devices(world) if n in pool and n.rsplit("-", 1)[0] in sizes.get(pool[n].gpu, {n.rsplit("-", 1)[0]})]
+    if free:
+        world.prepare(world.new_claim([_pick(free, pick)]))
 
 
 def _vfs(world: World) -> dict[str, dict[str, str]]:
