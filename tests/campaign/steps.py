@@ -1002,8 +1002,6 @@ def steps(layouts: list[str], edit: st.SearchStrategy):
                       st.integers(0, 12), n, st.booleans(), st.sampled_from(["any", "any", "checkpoint"]))),
         (3, st.builds(KillApply, name, st.integers(0, 30), st.booleans())),
         (4, st.builds(Reboot, st.booleans(), st.one_of(st.none(), n), st.one_of(st.none(), n), n)),
-        # new pods admitted first beside a claim on VFs as the node comes up: the reboot placements (#36.5)
-        (3, st.builds(Reboot, st.booleans(), st.none(), n, n)),
         (2, st.builds(PowerCut, st.sampled_from(["prepare", "unprepare", "resync", "apply"]), st.integers(0, 20), n,
                       name)),
         (4, st.builds(CorruptCheckpoint, st.sampled_from(CORRUPTIONS))),
