@@ -47,6 +47,10 @@ class HostSpec(BaseModel):
     name: str = "sim"
     node: str = "sim-node-1"
     iommufd: bool = False
+    #: mdevctl's udev rule: a parent that appears (a GPU bound to its driver, VFs enabled) has its
+    #: ``start: auto`` definitions started by mdevctl at once, beside whatever enabled it (so an apply
+    #: that enables VFs can find the vGPUs it is about to create already made: EEXIST)
+    mdevctl_udev: bool = False
     #: what NVML's nvmlSystemGetDriverVersion answers: the host vGPU manager's version (two simulated
     #: nodes with different ones are no live-migration pair)
     driver_version: str = "580.95.02"

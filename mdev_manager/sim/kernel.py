@@ -35,7 +35,9 @@ vGPU in use is not moved (EBUSY): the facts are silent on both.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import shutil
 import uuid as uuidlib
@@ -251,12 +253,19 @@ class SimHost(SysfsTree):
         rel = Path(os.path.relpath(os.path.realpath(p if p.is_absolute() else self.sys / p), self._sys_real))
         if rel.parts[:1] == ("..",):
             raise err(errno.EXDEV, f"{path} is outside the simulated sysfs")
-        pf = None if self._holds_node_lock() else self._gpu_write(rel)
+        # mdevctl's udev rule (a host spec's ``mdevctl_udev``) may make vGPUs on any GPU before this write:
+        # such a host orders every write node-wide
+        udev = self.state["spec"].get("mdevctl_udev")
+        pf = None if udev or self._holds_node_lock() else self._gpu_write(rel)
         with self._locked() if pf is None else self._gpu_locked(pf):
             self._check_room(rel, raw)
+            if rel.name in ("create", "current_vgpu_type"):
+                self._udev_run()
+            before = self._parents()
             try:
                 self._dispatch(rel, raw)
             finally:
+                self._udev_queue(before)
                 self._save()
 
     def _gpu_write(self, rel: Path) -> str | None:
@@ -273,6 +282,45 @@ class SimHost(SysfsTree):
         owner = next((x for x in reversed(parts[:-1]) if ADDR.match(x) and x in functions), None)
         gpu = self._gpu_of(owner) if owner is not None else None
         return gpu["pf"] if gpu is not None else None
+
+    # ------------------------------------------------------------------ mdevctl's udev rule
+    def _parents(self) -> set[str]:
+        return set(os.listdir(self.sys / "class/mdev_bus")) if self.state["spec"].get("mdevctl_udev") else set()
+
+    def _udev_queue(self, before: set[str]) -> None:
+        """Queue the ``add`` events of the parents that appeared since ``before`` (udev runs them
+        later: :meth:`_udev_run`)."""
+        new = sorted(self._parents() - before)
+        if new:
+            self.state["udev_queue"] = [*self.state.get("udev_queue", []), *new]
+
+    def _udev_run(self) -> None:
+        """mdevctl's udev rule (``mdevctl start-parent-mdevs`` at a parent's ``add`` event), with
+        ``mdevctl_udev`` in the host's spec: each queued parent still there gets its ``start: auto``
+        definitions made (a failure is mdevctl's to log; its start of the others goes on). udev runs
+        beside the writer that made the parent appear, and its workers (a driver probe, then one
+        mdevctl per parent) are slower than that writer's next look: here they run just before the
+        next vGPU is made on the host, after the writer may have looked again and planned (its
+        create of a vGPU mdevctl made meanwhile meets EEXIST). A MIG-backed type needs its GPU instance first,
+        which mdevctl does not make: not started."""
+        queued = self.state.pop("udev_queue", [])
+        for parent in dict.fromkeys(queued):
+            pdir = self.root / "etc/mdevctl.d" / parent
+            gpu = self._gpu_of(parent)
+            if gpu is None or not os.path.lexists(self.sys / "class/mdev_bus" / parent) or not pdir.is_dir():
+                continue
+            for name in sorted(os.listdir(pdir)):
+                try:
+                    doc = json.loads((pdir / name).read_text())
+                    type_id, start = str(doc["mdev_type"]), doc["start"]
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+                t = self._type_by_id(gpu, type_id)
+                type_dir = self._fdir(parent) / "mdev_supported_types" / type_id
+                if start != "auto" or t is None or t.mig_backed or not type_dir.is_dir():
+                    continue
+                with contextlib.suppress(OSError):
+                    self._create_mdev(parent, type_dir, name)
 
     # ------------------------------------------------------------------ the simulator's own disk
     def room(self) -> tuple[int, int | None]:
@@ -442,6 +490,8 @@ class SimHost(SysfsTree):
                         self._bind(addr, initial)
             for gpu in self.state["gpus"]:
                 self._refresh(gpu)
+            self.state.pop("udev_queue", None)
+            self._udev_queue(set())  # at boot every parent appears
             self._save()
 
     def _new_boot_id(self) -> None:
@@ -521,6 +571,7 @@ class SimHost(SysfsTree):
         """A GPU that left the bus comes back (a rescan, ``echo 1 > /sys/bus/pci/rescan``): cold, as at
         boot, on its initial driver, without VFs or vGPUs."""
         with self._locked():
+            before = self._parents()
             gone = self.state.get("unplugged", {}).pop(pf, None)
             if gone is None:
                 raise err(errno.ENODEV, f"{pf} did not leave the bus")
@@ -541,6 +592,7 @@ class SimHost(SysfsTree):
                 if initial != "none":
                     self._bind(addr, initial, refresh=False)
             self._refresh(gpu)
+            self._udev_queue(before)
             self._save()
 
     def _identity(self, addr: str) -> dict:

@@ -56,9 +56,13 @@ def _held(world: World) -> dict[str, set[str]]:
 
 
 def _vgpus_held(world: World, gpu: str) -> set[str]:
+    """The vGPUs on ``gpu`` that claims' records name and that exist now (taken before a fault): a
+    record whose vGPU is not made again yet (of an earlier boot, its re-creation refused) names one
+    that no fault can remove."""
     cp = _checkpoint(world)
+    have = {v.id for v in discover(world.env, world.node.io, node=world.node.node).all_vgpus()}
     return {d.vgpu_id for rec in (cp.claims.values() if cp else ()) for d in rec.devices
-            if d.gpu == gpu and d.vgpu_id}
+            if d.gpu == gpu and d.vgpu_id and d.vgpu_id in have}
 
 
 def _published(world: World) -> dict[str, dict]:
@@ -163,6 +167,7 @@ class HealthDuringPrepare:
             world.prepare(claim)
             return Checks()
         driver, seen, inner = gpus[gpu], [], world.daemon.driver.prepare
+        vgpus = _vgpus_held(world, gpu)
 
         def prepare(claims):
             world.daemon.driver.prepare = inner  # once: a retry inside the call is not faulted again
@@ -177,7 +182,7 @@ class HealthDuringPrepare:
             world.daemon.driver.prepare = inner
         if not seen or not _resync(world, f"the prepare of {claim.ref.name}"):
             return Checks()
-        return Checks(problems=sick_published(world, gpu, seen[0][1]) + _kept(world, gpu, _vgpus_held(world, gpu)))
+        return Checks(problems=sick_published(world, gpu, seen[0][1]) + _kept(world, gpu, vgpus))
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ fails the run (there is no log-only finding).
 * claims: every claim the plugin calls prepared (this boot) has its devices on the host, as its
   own (no device in two claims, no whole GPU under a claim's vGPU), and its CDI specs and metadata
   files exist, parse and name those devices; a claim the kubelet was told (in this boot) is
-  prepared is recorded prepared and its devices exist, whatever the record's boot says; the
-  checkpoint parses; no claim with a hostile identity was ever prepared;
+  prepared is recorded prepared and its devices exist, whatever the record's boot says; no two
+  records, of any boot, name one VF or overlapping placements; the checkpoint parses; no claim
+  with a hostile identity was ever prepared;
 * devices: no vGPU exists that neither a definition (mdevctl format or vendor-VFIO record) nor
   a claim accounts for, and none is claimed by both; a device a VM holds (its vfio group or its
   cdev) or a libvirt domain names still exists; after an apply no fault touched, definitions and
@@ -126,6 +127,7 @@ def claims(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
                 if cdi_id not in names and not (taken and "/metadata=" in cdi_id):
                     bad.append(f"{who}: CDI id {cdi_id} of {d.device} is in no spec of the claim")
         bad += _metadata(rec, cp, superseded=superseded)
+    bad += _held_across_boots(cp)
     # no whole GPU under a claim while another claim holds a vGPU on it
     whole = {d.gpu: uid for uid, rec in cp.claims.items() for d in rec.devices if d.kind == "passthrough"}
     for uid, rec in cp.claims.items():
@@ -144,6 +146,50 @@ def claims(world: World, cp: Checkpoint, inv: Inventory) -> list[str]:
                 bad.append(f"the kubelet was told in this boot that {claim.ref.name} ({uid[:8]}) is prepared, but "
                            f"its devices {', '.join(gone)} do not exist (its record says boot {rec.boot_id})")
     return bad
+
+
+def _held_across_boots(cp: Checkpoint) -> list[str]:
+    """A claim's record holds its VF and its placement (memory slices, slots) whatever boot it is of
+    (docs/design.md, "A claim's record holds its placement"): after a reboot no claim prepared before
+    the earlier boot's claims are re-created (a new pod admitted first, a claim that was refused and
+    retried first) takes what their records name. Read from the records here, not through the plugin's
+    own overlap check."""
+    bad = []
+    vfs: dict[str, str] = {}
+    spans: list[tuple[str, str, tuple]] = []  # (uid, device, (gpu, kind, start, end, inside))
+    for uid, rec in cp.claims.items():
+        for d in rec.devices:
+            if d.kind != "vgpu":
+                continue
+            if d.parent and d.parent != d.gpu:
+                if vfs.get(d.parent, uid) != uid:
+                    bad.append(f"VF {d.parent} is named by the records of two claims: {vfs[d.parent]} and {uid} "
+                               f"({rec.namespace}/{rec.name}, {d.device}, boot {rec.boot_id})")
+                vfs[d.parent] = uid
+            if d.gi_start is not None:
+                inside = (d.gi_profile, d.type_id, d.placement, d.placement_size or 1) if d.placement is not None else None
+                span = (d.gpu, "memory slices", d.gi_start, d.gi_start + (d.gi_size or 1), inside)
+            elif d.placement is not None:
+                span = (d.gpu, "slots", d.placement, d.placement + (d.placement_size or 1), None)
+            else:
+                continue
+            for other_uid, other_dev, o in spans:
+                if other_uid != uid and _spans_clash(span, o):
+                    bad.append(f"{span[1]} {span[2]}-{span[3] - 1} of GPU {span[0]} ({d.device} of {uid}, boot "
+                               f"{rec.boot_id}) overlap {o[2]}-{o[3] - 1} ({other_dev} of {other_uid})")
+            spans.append((uid, d.device, span))
+    return bad
+
+
+def _spans_clash(a: tuple, b: tuple) -> bool:
+    """Two recorded placements on one GPU overlap; two vGPUs sharing one GPU instance (same profile,
+    slices and type) clash only where their placements inside it overlap."""
+    if a[:2] != b[:2] or not (a[2] < b[3] and b[2] < a[3]):
+        return False
+    ia, ib = a[4], b[4]
+    if ia is None or ib is None or a[2:4] != b[2:4] or ia[:2] != ib[:2]:
+        return True
+    return ia[2] < ib[2] + ib[3] and ib[2] < ia[2] + ia[3]
 
 
 def _taken_over(rec, cp: Checkpoint) -> bool:

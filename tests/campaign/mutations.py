@@ -130,7 +130,8 @@ MUTATIONS: tuple[Mutation, ...] = (
               "    numbers |= {a: n for a, n in inv.gone_numbers.items()",
               "    numbers |= {} and {a: n for a, n in inv.gone_numbers.items()  # MUTATION (m)\n"
               "               "),)),
-    Mutation("n", "EEXIST adoption removed (a vGPU made before a crash fails its claim's prepare for good)", (
+    Mutation("n", "EEXIST adoption removed (a saved vGPU mdevctl's udev rule made between an apply's look and its "
+                  "create fails the apply)", (
         Patch("mdev_manager/executor.py",
               "            if where == (parent, type_id):\n",
               "            if False:  # MUTATION (n)\n"),)),

@@ -593,11 +593,17 @@ class KillApply:
 class Reboot:
     """A cold boot; ``power_loss``: the power was cut, so writes no fsync made durable may be lost;
     ``evict``: the pod of one prepared claim was deleted while the node was down, so the kubelet
-    unprepares that claim after the boot (its devices died with the old boot); ``first``: a new pod
-    is admitted as the node comes up, before the old pods' claims are prepared again, its claim
-    allocated a free slot beside one of theirs (same GPU, same size): the device the old claim had
-    is free on the node now, and the new claim may well get it; ``order``: the kubelet prepares
-    (and unprepares) its claims again in an order drawn from it (0: as it knows them)."""
+    unprepares that claim after the boot (its devices died with the old boot); ``first``: new pods
+    are admitted as the node comes up, before the old pods' claims are prepared again, their claims
+    allocated the free slots beside one of theirs (same GPU, same size; up to three): the device the
+    old claim had is free on the node now, and a new claim may well get it, where its vGPU sat on a
+    VF (an SR-IOV GPU, chosen where a prepared claim has one; where none has, a pod allocated a free
+    slot there started before the boot) that VF too; ``order``: the kubelet
+    prepares (and unprepares) its claims again in an order drawn from it (0: as it knows them).
+
+    A claim prepared before the boot and prepared again after it has its vGPUs on the VFs it had:
+    its record holds them (docs/design.md, "A claim's record holds its placement"), whichever claim
+    the kubelet prepares first."""
 
     power_loss: bool = False
     evict: int | None = None
@@ -611,16 +617,47 @@ class Reboot:
             world.told.pop(victim.ref.uid, None)
             world.terminating[victim.ref.uid] = victim
             world.log.append(f"{victim.ref.name}'s pod deleted while the node is down")
-        newcomer = None
-        if self.first is not None and (old := _pick(_prepared(world), self.first)) is not None:
+        newcomers = []
+        if self.first is not None and not any(_vfs(world).values()):
+            _pod_on_vfs(world, self.first)
+        on_vfs = _vfs(world)
+        if self.first is not None and (old := _pick([c for c in _prepared(world) if on_vfs.get(c.ref.uid)]
+                                                    or _prepared(world), self.first)) is not None:
             family = old.devices[0].rsplit("-", 1)[0] + "-"  # gpu-2-vgpu-1gb-: the same GPU and size
             held = {d for c in world.claims_by_name() for d in c.devices}
             free = [n for n in _devices(world) if n.startswith(family) and n not in held]
-            if free:
-                newcomer = world.new_claim([_pick(free, self.first)])
-        failed = world.reboot(power_loss=self.power_loss, first=newcomer, order=self.order)
+            newcomers = [world.new_claim([n]) for n in free[:3]]
+        failed = world.reboot(power_loss=self.power_loss, first=newcomers, order=self.order)
         world.log.append("rebooted")
-        return Checks(problems=[f"after the reboot (no VM left): {f}" for f in failed])
+        after = _vfs(world)
+        moved = [f"claim {c.ref.name} ({uid[:8]}) had its vGPUs on VFs {sorted(on_vfs[uid].values())} before the "
+                 f"reboot and on {sorted(after.get(uid, {}).values())} after it"
+                 for uid, c in world.prepared.items() if on_vfs.get(uid) and after.get(uid, {}) != on_vfs[uid]]
+        return Checks(problems=[f"after the reboot (no VM left): {f}" for f in failed] + moved)
+
+
+def _pod_on_vfs(world: World, pick: int) -> None:
+    """A pod whose claim the scheduler allocated a free vGPU slot of an SR-IOV GPU (its vGPU on a VF),
+    of a size that GPU's claims have (one size per GPU), started before the reboot."""
+    from mdev_manager.discovery import discover
+
+    sriov = {g.address for g in discover(world.env, world.node.io).gpus if g.sriov_total_vfs}
+    pool = {d.name: d for d in world.daemon._pool.devices if d.kind == "vgpu" and d.gpu in sriov}
+    sizes: dict[str, set[str]] = {}
+    for c in _prepared(world):
+        for d in c.devices:
+            if d in pool:
+                sizes.setdefault(pool[d].gpu, set()).add(d.rsplit("-", 1)[0])
+    free = [n for n in _free_devices(world) if n in pool and n.rsplit("-", 1)[0] in sizes.get(pool[n].gpu, {n.rsplit("-", 1)[0]})]
+    if free:
+        world.prepare(world.new_claim([_pick(free, pick)]))
+
+
+def _vfs(world: World) -> dict[str, dict[str, str]]:
+    """The VFs the prepared claims' vGPUs sit on, as the plugin recorded them: uid -> device -> VF."""
+    cp = _checkpoint(world)
+    return {uid: {d.device: d.parent for d in rec.devices if d.kind == "vgpu" and d.parent and d.parent != d.gpu}
+            for uid, rec in (cp.claims.items() if cp else ()) if uid in world.prepared and rec.state == "prepared"}
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 #: One board of each vGPU framework: mdev on the PF (with its audio function in the IOMMU
 #: group), mdev on SR-IOV VFs (MIG-capable), NVIDIA's vendor-specific VFIO on VFs; iommufd, so
 #: a VM can hold a device's vfio cdev instead of its group.
-HOST = HostSpec(name="campaign", node="campaign-node", iommufd=True, gpus=[
+HOST = HostSpec(name="campaign", node="campaign-node", iommufd=True, mdevctl_udev=True, gpus=[
     {"board": "T4", "audio_function": True}, {"board": "A100-40GB"}, {"board": "L40S"}])
 
 NAMESPACE = "vms"
@@ -455,10 +455,10 @@ class World:
         self.fio.disarm()
         return self.fio.dead
 
-    def reboot(self, *, power_loss: bool = False, first: Claim | None = None, order: int = 0) -> list[str]:
+    def reboot(self, *, power_loss: bool = False, first: list[Claim] | None = None, order: int = 0) -> list[str]:
         """A cold boot: the kernel forgets every vGPU and VF, tmpfs (/var/run/cdi) is empty, the agent
         and every VM are gone; with ``power_loss``, writes no fsync made durable may be lost too.
-        The agent starts again and the kubelet prepares its pods' claims (``first``: a new pod's claim
+        The agent starts again and the kubelet prepares its pods' claims (``first``: new pods' claims
         before them)."""
         self.stop_daemon()
         if power_loss:
@@ -470,8 +470,8 @@ class World:
         self.vms.clear()
         shutil.rmtree(self.paths.cdi_root, ignore_errors=True)
         self.start_daemon()
-        if first is not None:
-            self.prepare(first)
+        for claim in first or []:
+            self.prepare(claim)
         return self.kubelet_reprepare(order)
 
 

@@ -152,3 +152,44 @@ def test_binding_burst_and_interrupted_rebuild_steps_pass_on_a_fresh_node(caplog
         assert invariants.check_all(world, SimRebuild("SIGTERM", 1).run(world)) == [], world.log
         assert any(line.startswith("sim reset, SIGTERM at GPU 1: exit 143") for line in world.log), world.log
         assert any(line.startswith("prepared claim-1") for line in world.log), world.log
+
+
+@pytest.mark.libvirt
+@needs_libvirt
+def test_after_a_reboot_new_pods_first_leave_the_old_claims_their_vfs(caplog):
+    """The campaign's Reboot with new pods admitted first (issue 36.5, the reboot placements): two
+    claims prepared on the A100 (mdev on VFs), the node reboots, three new pods' claims allocated the
+    free slots beside them are prepared before the old ones are prepared again. The new claims take
+    other VFs; the old claims get their own back (their records hold them). With mutation (l) of
+    tests.campaign.mutations (an earlier boot's record holds no VF) the new claims take the old
+    claims' VFs and the step says so."""
+    import contextlib
+    import shutil
+    import tempfile
+
+    from tests.campaign import invariants
+    from tests.campaign.run import DRA_ALL, seed_episode, seeded_process
+    from tests.campaign.steps import Reboot, _devices, _vfs
+    from tests.campaign.world import World
+
+    caplog.set_level(logging.CRITICAL)
+    work = Path(tempfile.mkdtemp(prefix="rb", dir=short_root()))
+    with seeded_process(work), contextlib.ExitStack() as clean:
+        clean.callback(shutil.rmtree, work, True)
+        template = World.template(work / "template")
+        seed_episode(0)
+        (work / "e").mkdir()
+        world = World.create(work / "e", template, {"dra": DRA_ALL}, 0)
+        clean.callback(world.close)
+        slots = sorted(n for n in _devices(world) if n.startswith("gpu-1-vgpu-4gb-"))  # A100-4C: ten a GPU
+        assert len(slots) >= 5, _devices(world)
+        old = [world.new_claim([n]) for n in slots[:2]]
+        assert all(world.prepare(c) is None for c in old), world.log
+        before = _vfs(world)
+        assert sorted(before) == sorted(c.ref.uid for c in old) and all(before.values()), before
+        assert invariants.check_all(world, Reboot(first=0).run(world)) == [], world.log
+        assert len(world.prepared) == 5 and not world.pending, world.log  # three new claims, then the old two
+        after = _vfs(world)
+        assert {uid: after[uid] for uid in before} == before
+        assert not {vf for m in before.values() for vf in m.values()} & \
+            {vf for uid, m in after.items() if uid not in before for vf in m.values()}
