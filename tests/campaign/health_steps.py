@@ -71,12 +71,23 @@ def _published(world: World) -> dict[str, dict]:
 
 
 def _raise(world: World, gpu: str, driver: str, pick: int) -> tuple[str, str]:
+    """Raise a fault on ``gpu``: (the fault, the taint kind it must give). On NVIDIA's driver a GPU
+    already lost or hung answers every NVML call with that error (NVML_ERROR_GPU_IS_LOST, _TIMEOUT),
+    so a fault raised beside it cannot be seen: the taint it must carry is the masking one's."""
     faults = NVML_FAULTS if driver == "nvidia" else PCI_FAULTS
     fault = _pick(sorted(faults), pick)
     world.node.host.health(gpu, fault, xid=48)
     world.health.setdefault(gpu, set()).add(fault)
     world.log.append(f"health: {fault} raised on {gpu} ({driver})")
-    return fault, faults[fault]
+    return fault, _masked(world, gpu, driver) or faults[fault]
+
+
+def _masked(world: World, gpu: str, driver: str) -> str | None:
+    """The taint kind of a lost or hung NVIDIA GPU (every NVML call fails), None otherwise."""
+    if driver != "nvidia":
+        return None
+    h = next((g.get("health") or {} for g in world.node.host.state["gpus"] if g["pf"] == gpu), {})
+    return NVML_FAULTS["lost"] if h.get("lost") else NVML_FAULTS["hang"] if h.get("hang") else None
 
 
 def _resync(world: World, what: str) -> bool:
