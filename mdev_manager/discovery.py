@@ -19,7 +19,7 @@ from mdev_manager.catalog_mig import MIG_INFERRED
 from mdev_manager.host import pciids
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, link_name, override_value, read_attr
-from mdev_manager.host.nvml import Mig, VgpuModes
+from mdev_manager.host.nvml import NO_GPU_INSTANCE, Mig, NvmlError, VgpuModes
 from mdev_manager.models import (
     Gpu,
     Inventory,
@@ -319,7 +319,6 @@ def read_gpu(env: HostEnv, io: HostIO, addr: str, index: int, fields: dict, dirs
                inferred=[*board.inferred, *MIG_INFERRED.get(board.key, ())] if board else [], **fields)
 
 
-NO_GPU_INSTANCE = 4294967295  # a VF's nvidia/gpu_instance_id with no GPU instance chosen (0xFFFFFFFF)
 
 
 def _mig_state(io: HostIO, addr: str, fields: dict, types: list[VgpuType], vgpus: list[Vgpu]) -> MigState | None:
@@ -330,8 +329,27 @@ def _mig_state(io: HostIO, addr: str, fields: dict, types: list[VgpuType], vgpus
     raw = Mig(io.nvml()).state(addr)
     mig = None if raw is None else MigState.model_validate(raw)
     if mig is not None:
+        if mig.enabled:
+            _instances_of_mdevs(io, addr, types, vgpus)
         link_instances(mig, types, vgpus)
     return mig
+
+
+def _instances_of_mdevs(io: HostIO, addr: str, types: list[VgpuType], vgpus: list[Vgpu]) -> None:
+    """Each MIG-backed mdev's GPU instance, as NVML says (sysfs names none for an mdev): set on the
+    vGPU in place. Without it an mdev is matched to its profile's instances in id order, a guess an
+    apply once acted on, destroying the instance a held vGPU sat in (refused by the driver, IN_USE)."""
+    backed = {t.id for t in types if t.gpu_instance_profile}
+    nvml = io.nvml()
+    for v in vgpus:
+        if v.gpu_instance is not None or (v.type_id not in backed and not is_mig_backed(v.type_name)):
+            continue
+        try:
+            gi = nvml.vgpu_gpu_instance_id(addr, v.id)
+        except NvmlError:
+            continue  # NVML cannot say: the match by profile stands
+        if gi != NO_GPU_INSTANCE:
+            v.gpu_instance = gi
 
 
 def is_gpu(fields: dict) -> bool:

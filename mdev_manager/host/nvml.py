@@ -41,6 +41,8 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x0000000000000008  # nvmlEventTypeXidCriticalError (nvml.h)
+#: a vGPU in no GPU instance (nvmlVgpuInstanceGetGpuInstanceId; a VF's nvidia/gpu_instance_id): 0xFFFFFFFF
+NO_GPU_INSTANCE = 0xFFFFFFFF
 
 NVML_GPU_INSTANCE_PROFILE_COUNT = 18  # NVML_GPU_INSTANCE_PROFILE_* constants 0..17 (nvml.h)
 NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED = 0, 1  # nvmlVgpuHeterogeneousMode_t.mode
@@ -77,6 +79,7 @@ class NvmlTransport(Protocol):
     def vgpu_type_supported_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]: ...
     def vgpu_type_creatable_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]: ...
     def vgpu_placement_id(self, bus_id: str, vgpu: str) -> int: ...
+    def vgpu_gpu_instance_id(self, bus_id: str, vgpu: str) -> int: ...
     # read-only facts for the probe (vgpuctl nvml-probe): which GPUs NVML sees, what each is
     def bus_ids(self) -> list[str]: ...
     def driver_version(self) -> str: ...
@@ -172,7 +175,7 @@ class NoNvml:
     mig_mode = set_mig_mode = gpu_instance_profiles = memory_slices = gpu_instances = _none
     create_gpu_instance = destroy_gpu_instance = uuid = _none
     vgpu_heterogeneous_mode = set_vgpu_heterogeneous_mode = vgpu_type_supported_placements = _none
-    vgpu_type_creatable_placements = vgpu_placement_id = _none
+    vgpu_type_creatable_placements = vgpu_placement_id = vgpu_gpu_instance_id = _none
     bus_ids = driver_version = device_info = supported_vgpu_types = _none
     critical_xids = retired_pages_pending = _none
 
@@ -320,12 +323,23 @@ class PynvmlTransport:
     def vgpu_placement_id(self, bus_id: str, vgpu: str) -> int:
         """The placement of the active vGPU instance whose mdev UUID is ``vgpu``. How NVML names the
         vGPU of a vendor-VFIO VF is unconfirmed: a VF address is answered NOT_FOUND, not guessed."""
+        lib, inst = self._active_vgpu(bus_id, vgpu)
+        return int(self._call(lib.nvmlVgpuInstanceGetPlacementId, inst))
+
+    def vgpu_gpu_instance_id(self, bus_id: str, vgpu: str) -> int:
+        """The GPU instance the active vGPU whose mdev UUID is ``vgpu`` runs in
+        (``nvmlVgpuInstanceGetGpuInstanceId``; 0xFFFFFFFF for a time-sliced vGPU): an mdev names none
+        in sysfs, so which of a profile's instances holds which MIG-backed mdev is NVML's to say."""
+        lib, inst = self._active_vgpu(bus_id, vgpu)
+        return int(self._call(lib.nvmlVgpuInstanceGetGpuInstanceId, inst))
+
+    def _active_vgpu(self, bus_id: str, vgpu: str) -> tuple[_Pynvml, object]:
         lib, h = self._handle(bus_id)
         for inst in self._call(lib.nvmlDeviceGetActiveVgpus, h):
             mdev = self._call(lib.nvmlVgpuInstanceGetMdevUUID, inst)
             mdev = mdev.decode() if isinstance(mdev, bytes) else str(mdev)
             if mdev.strip().lower() == vgpu.strip().lower():
-                return int(self._call(lib.nvmlVgpuInstanceGetPlacementId, inst))
+                return lib, inst
         raise NvmlError(NVML_ERROR_NOT_FOUND, f"no active vGPU instance {vgpu} on {bus_id}")
 
     # ------------------------------------------------------------------ read-only facts (the probe)

@@ -43,6 +43,7 @@ from mdev_manager.catalog import TypeSpec
 from mdev_manager.catalog_mig import MEMORY_SLICES, has_mig, mig_profiles
 from mdev_manager.catalog_placements import instance_placements
 from mdev_manager.host.nvml import (
+    NO_GPU_INSTANCE,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_IN_USE,
     NVML_ERROR_INSUFFICIENT_RESOURCES,
@@ -277,6 +278,19 @@ class SimNvml:
             if not slots.mixed(gpu):
                 return slots.INVALID_PLACEMENT_ID
             return gpu.get("placements", {}).get(vgpu.lower(), slots.INVALID_PLACEMENT_ID)
+
+    def vgpu_gpu_instance_id(self, bus_id: str, vgpu: str) -> int:
+        """The GPU instance a vGPU was made in (NVML's vGPU instance, found by its mdev UUID);
+        0xFFFFFFFF for one in none (time-sliced)."""
+        with self.host._locked():
+            gpu = self._gpu(bus_id)
+            me = vgpu.lower()
+            if me not in {v for _, v, _ in self.host._existing(gpu)}:
+                raise NvmlError(NVML_ERROR_NOT_FOUND, f"no vGPU {vgpu} on {bus_id}")
+            for gi in mig_record(gpu)["gis"] if "mig" in gpu else []:
+                if gi.get("vgpu") == me or me in (gi.get("shared") or {}):
+                    return int(gi["id"])
+            return NO_GPU_INSTANCE
 
     # ------------------------------------------------------------------ read-only facts (the probe)
     def bus_ids(self) -> list[str]:

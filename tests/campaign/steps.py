@@ -905,7 +905,8 @@ class Concurrent:
 
                 def job(kind=kind, args=args, label=label):
                     code, _out, err = world.vgpuctl_with(world.transport(), kind, *args, redirect=False)
-                    codes[label] = (kind, code, err)
+                    # with redirect=False its text went to this thread's buffers: what a failure said
+                    codes[label] = (kind, code, err or f"{err_streams.text()}{out_streams.text()}")
                     return code
             else:  # lib-apply: what vgpuctl apply does, through the library, under the node lock
 

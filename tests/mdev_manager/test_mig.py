@@ -207,6 +207,34 @@ def test_which_equal_instance_holds_which_mdev_is_not_a_change(mig):
     assert not same_record([{**saved[0], "vgpu": "0000:13:00.4"}] + saved[1:], saved)
 
 
+def _true_instances(sim, addr) -> dict[str, int]:
+    """vGPU -> the GPU instance the simulated driver made it in (its own record, not NVML's answer)."""
+    gpu = next(g for g in sim.host.state["gpus"] if g["pf"] == addr)
+    return {gi["vgpu"]: gi["id"] for gi in gpu["mig"]["gis"] if gi.get("vgpu")}
+
+
+def test_each_mig_backed_mdev_is_in_the_gpu_instance_nvml_names(mig):
+    """An mdev names no GPU instance in sysfs; NVML does (nvmlVgpuInstanceGetGpuInstanceId). Pairing a
+    profile's mdevs with its instances in id order went wrong once the first-made vGPU was removed, and
+    an apply keeping a held vGPU then destroyed the instance it sat in (refused by the driver, IN_USE:
+    the campaign's seed 1 with the reboot steps re-weighted, step 100)."""
+    three = layout({"pciAddress": A100_MDEV, "vgpus": {"A100-1-5C": 3}})
+    assert reconcile(mig.env, mig.io, three).matches
+    truth = _true_instances(mig, A100_MDEV)
+    first = min(truth, key=truth.get)
+    mig.host.write(f"bus/mdev/devices/{first}/remove", "1")
+    g = mig.discover().gpu(A100_MDEV)
+    assert {v.id: v.gpu_instance for v in g.vgpus} == _true_instances(mig, A100_MDEV)
+    assert {i.id: i.vgpu for i in g.mig.instances if i.vgpu} == {n: v for v, n in _true_instances(mig, A100_MDEV).items()}
+    # a held vGPU and a layout of one: the other vGPU and the free instances go, the held one's stays
+    held = max(g.vgpus, key=lambda v: truth[v.id])
+    pid = mig.host.spawn_holder([mig.env.vfio_group(held.iommu_group)])
+    out = reconcile(mig.env, mig.io, layout({"pciAddress": A100_MDEV, "vgpus": {"A100-1-5C": 1}}))
+    assert out.ok and out.matches, [r.report.failed for r in out.rounds if r.report]
+    assert [v.id for v in mig.discover().gpu(A100_MDEV).vgpus] == [held.id]
+    mig.host.kill(pid)
+
+
 def test_a_reboot_is_restored_at_the_same_placements(mig):
     reconcile(mig.env, mig.io, MIXED)
     before = {a: (placements(mig, a), types_on(mig, a)) for a in (A100_MDEV, A100_VFIO, H100)}

@@ -11,6 +11,7 @@ import ctypes
 import pytest
 
 from mdev_manager.host.nvml import (
+    NO_GPU_INSTANCE,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     NvmlError,
@@ -20,7 +21,8 @@ from mdev_manager.host.nvml import (
 
 CALLS = ["nvmlDeviceGetVgpuHeterogeneousMode", "nvmlDeviceSetVgpuHeterogeneousMode",
          "nvmlDeviceGetVgpuTypeSupportedPlacements", "nvmlDeviceGetVgpuTypeCreatablePlacements",
-         "nvmlVgpuInstanceGetPlacementId", "nvmlDeviceGetActiveVgpus", "nvmlVgpuInstanceGetMdevUUID"]
+         "nvmlVgpuInstanceGetPlacementId", "nvmlDeviceGetActiveVgpus", "nvmlVgpuInstanceGetMdevUUID",
+         "nvmlVgpuInstanceGetGpuInstanceId"]
 
 
 def test_the_calls_exist_in_nvidia_ml_py():
@@ -82,6 +84,9 @@ class FakeLib:
     def nvmlVgpuInstanceGetPlacementId(self, inst):
         return {7: 0, 9: 16}[inst]
 
+    def nvmlVgpuInstanceGetGpuInstanceId(self, inst):
+        return {7: 0xFFFFFFFF, 9: 3}[inst]
+
 
 @pytest.fixture
 def transport(monkeypatch):
@@ -105,4 +110,12 @@ def test_an_instance_is_found_by_its_mdev_uuid_only(transport):
     assert transport.vgpu_placement_id("0000:41:00.0", "BBBBBBBB-0000-4000-8000-000000000002") == 16
     with pytest.raises(NvmlError) as e:  # how NVML names a VF's vGPU is unconfirmed: not guessed
         transport.vgpu_placement_id("0000:41:00.0", "0000:41:00.4")
+    assert e.value.code == NVML_ERROR_NOT_FOUND
+
+
+def test_a_vgpus_gpu_instance_is_nvmls_answer_for_its_mdev_uuid(transport):
+    assert transport.vgpu_gpu_instance_id("0000:41:00.0", "bbbbbbbb-0000-4000-8000-000000000002") == 3
+    assert transport.vgpu_gpu_instance_id("0000:41:00.0", "aaaaaaaa-0000-4000-8000-000000000001") == NO_GPU_INSTANCE
+    with pytest.raises(NvmlError) as e:
+        transport.vgpu_gpu_instance_id("0000:41:00.0", "cccccccc-0000-4000-8000-000000000003")
     assert e.value.code == NVML_ERROR_NOT_FOUND
