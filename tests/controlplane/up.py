@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +60,26 @@ def layout_file(preset: str, base: Path) -> Path:
     path = base / "layout.yaml"
     path.write_text(DRA_LAYOUT)
     return path
+
+
+#: a Ctrl-C taken while a process is being spawned, raised once it is (:func:`spawning`)
+_spawn = {"depth": 0, "pending": False}
+
+
+@contextmanager
+def spawning():
+    """Spawn a process and keep it in hand before a Ctrl-C may interrupt: a KeyboardInterrupt raised
+    inside ``subprocess.Popen`` (after the fork, waiting for the exec) leaves the child running with
+    nobody to stop it (test_up found such a node side alive after ``up`` exited 130). :func:`main`'s
+    handler defers the interrupt meanwhile; it is raised here once the caller holds the process."""
+    _spawn["depth"] += 1
+    try:
+        yield
+    finally:
+        _spawn["depth"] -= 1
+    if _spawn["pending"] and not _spawn["depth"]:
+        _spawn["pending"] = False
+        raise KeyboardInterrupt
 
 
 def wait_line(proc: subprocess.Popen, prefix: str, timeout: float, what: str, log: Path) -> str:
@@ -161,9 +182,6 @@ class SimulatedNode:
         ns_args = ["--kubeconfig", str(self.kubeconfig), "--node-name", self.node, "--kubelet-root",
                    str(self.kubelet_root), "--cdi-root", str(self.cdi_root), "--sys-root", str(self.host_dir / "sys"),
                    "--state-dir", str(self.base / "node-side")]
-        with open(self.node_side_log, "wb") as log:
-            self.node_side = subprocess.Popen([*self.node_side_cmd, *ns_args], stdout=subprocess.PIPE, stderr=log,
-                                              cwd=ROOT, env=self.env(), start_new_session=True)
         serve = self.vgpuctl("serve", "--kubeconfig", str(self.kubeconfig), "--node-name", self.node,
                              "-f", str(self.layout_path), "--layout", self.layout, "--cdi-root",
                              str(self.cdi_root), "--metrics-port", "0", "--plain-logs", "--resync", str(self.resync),
@@ -171,10 +189,13 @@ class SimulatedNode:
                              # agent reports the layout's state (doctor warns on a node left unlabelled)
                              "--layout-label", "vgpu.kubevirt.io/config",
                              "--state-label", "vgpu.kubevirt.io/config.state")
-        with open(self.serve_log, "wb") as log:
-            self.serve = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env(),
-                                          start_new_session=True)
-        try:
+        try:  # from the first spawn on: whatever stops the start (Ctrl-C included) stops what it started
+            with open(self.node_side_log, "wb") as log, spawning():
+                self.node_side = subprocess.Popen([*self.node_side_cmd, *ns_args], stdout=subprocess.PIPE,
+                                                  stderr=log, cwd=ROOT, env=self.env(), start_new_session=True)
+            with open(self.serve_log, "wb") as log, spawning():
+                self.serve = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env(),
+                                              start_new_session=True)
             wait_line(self.node_side, "node-side ready", READY_TIMEOUT, "the node side", self.node_side_log)
             self._wait_published()
         except BaseException:
@@ -251,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(*_: object) -> None:
         """Before ``ready``: interrupt the start (its clean-up runs); after: end the wait."""
         if not ready.is_set():
+            if _spawn["depth"]:  # a process is being spawned: raised once it is held (spawning)
+                _spawn["pending"] = True
+                return
             raise KeyboardInterrupt
         stop.set()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.controlplane import up
 from tests.controlplane.up import ROOT, wait_line
 from tests.support import controlplane as cpmod
 from tests.support.controlplane import openssl_needed  # noqa: F401 (an autouse fixture)
@@ -117,3 +118,17 @@ def test_ctrl_c_while_it_starts_stops_what_it_started(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait(10)
+
+
+def test_a_ctrl_c_taken_while_a_process_is_spawned_is_raised_once_it_is_held():
+    """main()'s handler, during ``spawning()``, only marks the interrupt (``_spawn["pending"]``): a
+    KeyboardInterrupt inside ``subprocess.Popen`` would leave its child running with nobody to stop it.
+    It is raised as the block ends, after the caller holds the process, so the start's clean-up stops it."""
+    held = []
+    with pytest.raises(KeyboardInterrupt):
+        with up.spawning():
+            up._spawn["pending"] = True  # what the handler does for a Ctrl-C meanwhile
+            held.append("the process")  # the assignment the block exists for still happens
+    assert held == ["the process"] and up._spawn == {"depth": 0, "pending": False}
+    with up.spawning():  # nothing pending: nothing raised
+        pass
