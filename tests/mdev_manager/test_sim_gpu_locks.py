@@ -169,29 +169,43 @@ def test_the_kernel_process_remembers_capacity_files_but_rewrites_one_changed_be
 
 def test_a_whole_host_write_waiting_for_a_gpu_write_is_not_overtaken_by_later_ones(sim, monkeypatch):
     """A flock grants a shared request while an exclusive one waits: without a turnstile, a storm of GPU
-    writes would keep a whole-host write (or NVML's view of the host) waiting for the whole storm."""
+    writes would keep a whole-host write (or NVML's view of the host) waiting for the whole storm.
+
+    The order is the order in which the two writes take the node lock, recorded as each flock returns
+    (inside the critical section): recorded after each write returned, the whole-host write's record could
+    come second although it ran first."""
     a, b = gpu_of(sim, "T4", 0), gpu_of(sim, "T4", 1)
     held = Held(sim, a, monkeypatch)
     waiting, order = threading.Event(), []
     real_flock = fcntl.flock
+    who = {"whole-host": "whole host", "gpu-write": "gpu"}
 
     def flock(f, mode):
-        if mode == fcntl.LOCK_EX and threading.current_thread().name == "whole-host" \
-                and os.path.basename(f.name) == "lock":
+        name = threading.current_thread().name
+        node_lock = getattr(f, "name", None) is not None and os.path.basename(f.name) == "lock"
+        if mode == fcntl.LOCK_EX and name == "whole-host" and node_lock:
             waiting.set()  # holding the turnstile, about to wait for the GPU write in flight
-        return real_flock(f, mode)
+        got = real_flock(f, mode)
+        if node_lock and mode in (fcntl.LOCK_EX, fcntl.LOCK_SH) and name in who:
+            order.append(who[name])  # the node lock is held: the other write cannot take it meanwhile
+        return got
 
     monkeypatch.setattr(fcntl, "flock", flock)
-
-    def whole_host() -> None:
-        sim.host.upgrade_driver("999.1")
-        order.append("whole host")
-
-    t = threading.Thread(target=whole_host, name="whole-host", daemon=True)
+    t = threading.Thread(target=sim.host.upgrade_driver, args=("999.1",), name="whole-host", daemon=True)
     t.start()
     assert waiting.wait(WAIT)
-    done, out = in_thread(lambda: (sim.io.write(type_dir(sim, b, "T4", "T4-2Q") / "create", U2), order.append("gpu")))
+    out: list = []
+
+    def gpu_write() -> None:
+        try:
+            out.append(sim.io.write(type_dir(sim, b, "T4", "T4-2Q") / "create", U2))
+        except BaseException as exc:
+            out.append(exc)
+
+    g = threading.Thread(target=gpu_write, name="gpu-write", daemon=True)
+    g.start()
     held.finish()
     t.join(WAIT)
-    assert done.wait(WAIT) and not isinstance(out[0], BaseException), out
+    g.join(WAIT)
+    assert not t.is_alive() and not g.is_alive() and len(out) == 1 and not isinstance(out[0], BaseException), out
     assert order == ["whole host", "gpu"]
