@@ -363,6 +363,7 @@ class Daemon(LayoutSync):
                 device_plugin_dir=self.paths.device_plugin_dir,
                 pod_resources_socket=self.paths.pod_resources_socket,
                 node=self.cfg.node_name, exclude=lambda _inv: self._dp_exclude)
+        self._watch_events()  # before the first read: a change made while it runs is heard, not missed
         try:
             self.resync()
         except Exception as exc:  # logged in resync; the kubelet must still reach the plugin (unprepare)
@@ -376,7 +377,6 @@ class Daemon(LayoutSync):
         if self.cfg.metrics_port is not None:
             self.probes = ProbeServer(self.metrics, lambda: self._ready and self.plugin.running,
                                       port=self.cfg.metrics_port).start()
-        self._watch_events()
         self._ready = True
         return self
 

@@ -35,8 +35,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -48,6 +48,9 @@ from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.keep import in_place, write_order
 from dra_bridge.pool.slicecheck import check_pool_slices
 from dra_bridge.pool.slices import build_slices
+
+if TYPE_CHECKING:  # the kubernetes package loads on first use (a command's -h stays light)
+    from kubernetes import client
 
 log = logging.getLogger(__name__)
 RETRYABLE = {409, 429, 500, 502, 503, 504}
@@ -62,6 +65,8 @@ class ApiTimeout(TimeoutError):
 def retry_after(exc: BaseException) -> float | None:
     """The seconds an API error's ``Retry-After`` header asks for; ``None`` if absent or not seconds."""
     value = (getattr(exc, "headers", None) or {}).get("Retry-After")
+    if value is None:
+        return None
     try:
         seconds = float(value)
     except (TypeError, ValueError):
@@ -104,7 +109,7 @@ class SyncResult(BaseModel):
         return self.created + self.updated + self.deleted
 
 
-def server_version(api_client, timeout: float | None = None) -> tuple[int, int]:
+def server_version(api_client: client.ApiClient, timeout: float | None = None) -> tuple[int, int]:
     """(major, minor) from the API server's /version (``minor`` may carry a ``+``)."""
     from kubernetes import client
 
@@ -133,7 +138,7 @@ class Publisher:
     ``rand`` (jitter in [0, 1)) are injectable for tests; ``on_error`` hears of every failed request.
     """
 
-    def __init__(self, api_client, *, driver: str, node_name: str, pool_name: str | None = None,
+    def __init__(self, api_client: client.ApiClient, *, driver: str, node_name: str, pool_name: str | None = None,
                  version: tuple[int, int] | None = None, retries: int = 5, backoff: float = 0.05,
                  max_backoff: float = 5.0, timeout: float = 20.0, watch: bool = True,
                  sleep: Callable[[float], None] = time.sleep, rand: Callable[[], float] = random.random,
@@ -205,7 +210,7 @@ class Publisher:
         return self._retry("list resourceslices", lambda: raw(
             self.api.list_resource_slice, field_selector=self._selector, _request_timeout=self.timeout))
 
-    def _watch_raw(self, version: str | None):
+    def _watch_raw(self, version: str | None) -> Iterator[dict[str, Any]]:
         """Raw watch events of this driver's slices on this node, from ``version`` (one request; it
         ends at the server's timeout). An ``ERROR`` event is yielded as is (the mirror handles it)."""
         yield from watch_events(self.api.list_resource_slice(
@@ -341,7 +346,7 @@ class Publisher:
             self._replace(name, body)
 
     def _replace(self, name: str, body: dict) -> None:
-        def attempt():
+        def attempt() -> None:
             current = self.api.read_resource_slice(name, _request_timeout=self.timeout)
             body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             try:

@@ -56,6 +56,7 @@ from dra_bridge.kubeletplugin.state import Checkpoint, ClaimRecord, PreparedDevi
 from dra_bridge.pool.devices import Pool
 from dra_bridge.pool.dualmode import offers_both_modes
 from dra_bridge.pool.mixed import slot_sizes
+from dra_bridge.pool.model import PoolDevice
 from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
 from mdev_manager import persist
 from mdev_manager.executor import Executor
@@ -64,6 +65,8 @@ from mdev_manager.host.io import HostIO, RealIO, read_attr
 from mdev_manager.models import Gpu, Usage
 
 log = logging.getLogger(__name__)
+#: what a prepare read a GPU for: a vGPU type on it (its parents of that type), or the whole GPU (passthrough)
+GpuKey = str | tuple[str, str | None]
 
 
 class Driver:
@@ -345,11 +348,11 @@ class Driver:
         return self._answer(rec)
 
     def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool, prefer: dict[str, PreparedDeviceRecord],
-              claim: dict | None = None) -> tuple[list[PreparedDeviceRecord], dict]:
+              claim: dict | None = None) -> tuple[list[PreparedDeviceRecord], dict[GpuKey, Gpu]]:
         taken = self._recorded_vfs(ref.uid)
         avoid: set[str] | None = None  # VFs a layout record names (a restore would take them back)
         records = []
-        gpus = {}
+        gpus: dict[GpuKey, Gpu] = {}
         for r in results:
             where = f"claim {ref.namespace}/{ref.name} request {r.get('request')}"
             if r.get("pool") != self.pool_name:
@@ -362,17 +365,18 @@ class Driver:
                 raise PrepareError(f"{where}: device {dev.name} moved to GPU {dev.gpu} while the claim waited; "
                                    "the kubelet's next try prepares it")
             type_id = dev.type_id
-            if dev.kind == "vgpu" and dev.type_choices:  # a size slot: the claim's config picks the type
+            # a size slot (its type id: the default size): the claim's config picks the type
+            if dev.kind == "vgpu" and dev.type_choices and type_id is not None:
                 try:
                     wanted = requested_type(claim or {}, r.get("request", ""), self.paths.driver)
-                    type_id = pick_type(dev.type_choices, dev.type_id, wanted, dev.name)
+                    type_id = pick_type(dev.type_choices, type_id, wanted, dev.name)
                 except VgpuConfigError as exc:
                     raise PrepareError(f"{where}: {exc}") from None
             # a vGPU needs its type's parents only; a whole GPU needs everything (its group, its VFs)
-            key = (dev.gpu, type_id) if dev.kind == "vgpu" else dev.gpu
+            key: GpuKey = (dev.gpu, type_id) if dev.kind == "vgpu" else dev.gpu
+            only = {type_id} if dev.kind == "vgpu" and type_id is not None else None
             kept = None if key in gpus else self._kept(dev)
-            gpu = gpus.get(key) or kept or read_one_gpu(self.env, self.io, dev.gpu,
-                                                        only_types={type_id} if dev.kind == "vgpu" else None)
+            gpu = gpus.get(key) or kept or read_one_gpu(self.env, self.io, dev.gpu, only_types=only)
             if gpu is None:
                 raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
             want_mig = dev.placement is not None
@@ -382,7 +386,9 @@ class Driver:
                     switch_mig_mode(self.ex, gpu, want_mig)
                 except PrepareError as exc:
                     raise PrepareError(f"{where}: {exc}") from None
-                gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types={type_id})
+                gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types=only)
+                if gpu is None:
+                    raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
                 gpus = {k: g for k, g in gpus.items() if g.address != dev.gpu}  # read before the switch
             gpus[key] = gpu
             rec = PreparedDeviceRecord(request=r["request"], pool=r["pool"], device=dev.name, kind=dev.kind,
@@ -392,13 +398,15 @@ class Driver:
                     avoid = set(persist.load_vendor_vfio(self.env, self.io))
                 try:
                     if dev.placement is not None:
+                        if dev.gpu_instance_profile is None:  # the pool names both for a MIG-backed device
+                            raise PrepareError(f"device {dev.name} has a MIG placement but no GPU instance profile")
                         rec = plan_mig_vgpu(gpu, rec, dev.placement, dev.gpu_instance_profile, taken,
                                             prefer.get(dev.name), avoid or set(), dev.inside)
                     elif gpu is kept:
                         try:
                             rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set(), self._available)
                         except PrepareError:  # the state in memory misled (a change by hand): the GPU as it is
-                            gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types={type_id})
+                            gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types=only)
                             if gpu is None:
                                 raise PrepareError(f"GPU {dev.gpu} of device {dev.name} is gone") from None
                             gpus[key] = gpu
@@ -412,7 +420,7 @@ class Driver:
             records.append(rec)
         return records, gpus
 
-    def _kept(self, dev) -> Gpu | None:
+    def _kept(self, dev: PoolDevice) -> Gpu | None:
         """The agent's state of a vGPU device's GPU, where a prepare may plan on it instead of reading the
         GPU: a vGPU chosen by its parents' free instances alone (each asked before it is chosen), not a
         MIG-backed or mixed-size one (their GPU instances and placements are read as they are now)."""
@@ -427,7 +435,7 @@ class Driver:
     def _available(self, parent: str, type_id: str) -> int:
         return read_available(self.env, self.io, parent, type_id)
 
-    def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict) -> None:
+    def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict[GpuKey, Gpu]) -> None:
         """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""
         for d in placement_order(rec.devices):  # one at a time: create, then move to its placement
             if d.kind == "vgpu":

@@ -12,6 +12,7 @@ import errno
 import logging
 import uuid as uuidlib
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
 from dra_bridge.rpc.types import ClaimRef
@@ -42,7 +43,7 @@ def read_one_gpu(env: HostEnv, io: HostIO, address: str, index: int = 0,
 
 
 def choose_parent(gpu: Gpu, type_id: str, taken: set[str], first: str | None = None,
-                  avoid: set[str] = frozenset(), available: Callable[[str, str], int] | None = None
+                  avoid: AbstractSet[str] = frozenset(), available: Callable[[str, str], int] | None = None
                   ) -> tuple[str, str]:
     """(framework, parent) for a new vGPU of ``type_id``, ``first`` tried first (a re-creation
     keeps its parent where it can), parents in ``avoid`` last (VFs a layout record names: its
@@ -105,34 +106,50 @@ def create_instance(ex: Executor, rec: PreparedDeviceRecord) -> None:
     its instance (``placement`` inside it) joins the instance there, if another vGPU made it already."""
     if rec.gi_profile is None or rec.gpu_instance is not None:
         return
+    start, size = rec.gi_start, rec.gi_size
+    if start is None or size is None:  # planned with its profile (plan_mig_vgpu): a record without is corrupt
+        raise PrepareError(f"GPU {rec.gpu}: the record of {rec.device} names GPU instance profile {rec.gi_profile} "
+                           "but no placement")
     mig = Mig(ex.io.nvml())
     try:
         if rec.placement is not None:
             there = [gi["id"] for gi in (mig.state(rec.gpu) or {}).get("instances", [])
-                     if gi["profile_id"] == rec.gi_profile and gi["placement"]["start"] == rec.gi_start]
+                     if gi["profile_id"] == rec.gi_profile and gi["placement"]["start"] == start]
             if there:
                 rec.gpu_instance = there[0]
                 return
-        rec.gpu_instance = mig.create(rec.gpu, rec.gi_profile, rec.gi_start, rec.gi_size)
+        rec.gpu_instance = mig.create(rec.gpu, rec.gi_profile, start, size)
     except NvmlError as exc:
         raise PrepareError(f"GPU {rec.gpu}: GPU instance (profile {rec.gi_profile}) at memory slices "
-                           f"{rec.gi_start}-{rec.gi_start + rec.gi_size - 1} not created: {exc}") from None
+                           f"{start}-{start + size - 1} not created: {exc}") from None
+
+
+def vgpu_of(rec: PreparedDeviceRecord) -> tuple[str, str, str]:
+    """(parent, type id, vGPU id) of a vGPU's record: a planned vGPU has all three (:func:`plan_vgpu`,
+    :func:`plan_mig_vgpu`), so a record without one is corrupt, said in one line."""
+    if rec.parent is None or rec.type_id is None or rec.vgpu_id is None:
+        raise PrepareError(f"GPU {rec.gpu}: the record of {rec.device} names no vGPU (parent {rec.parent}, "
+                           f"type {rec.type_id}, id {rec.vgpu_id})")
+    return rec.parent, rec.type_id, rec.vgpu_id
 
 
 def create_vgpu(ex: Executor, gpu: Gpu, rec: PreparedDeviceRecord) -> None:
+    parent, type_id, vgpu_id = vgpu_of(rec)
     if rec.framework == "vendor-vfio":
-        ex.set_vgpu_type(rec.parent, rec.type_id, rec.gpu_instance)
+        ex.set_vgpu_type(parent, type_id, rec.gpu_instance)
     else:
-        ex.create_mdev(rec.parent, rec.type_id, rec.vgpu_id)
+        ex.create_mdev(parent, type_id, vgpu_id)
 
 
 def remove_vgpu(ex: Executor, env: HostEnv, io: HostIO, rec: PreparedDeviceRecord) -> None:
-    if rec.framework == "vendor-vfio":
-        cur = env.pci(rec.parent) / "nvidia" / "current_vgpu_type"
+    """The record's vGPU (a record without a parent made none), then its GPU instance."""
+    parent = rec.parent
+    if parent is not None and rec.framework == "vendor-vfio":
+        cur = env.pci(parent) / "nvidia" / "current_vgpu_type"
         if io.exists(cur) and io.read(cur).strip() == rec.type_id:
-            ex.set_vgpu_type(rec.parent, "0")
-    elif rec.vgpu_id:
-        ex.remove_mdev(rec.parent, rec.vgpu_id)
+            ex.set_vgpu_type(parent, "0")
+    elif parent is not None and rec.vgpu_id:
+        ex.remove_mdev(parent, rec.vgpu_id)
     remove_instance(ex, rec)
 
 
@@ -160,7 +177,7 @@ def remove_instance(ex: Executor, rec: PreparedDeviceRecord) -> None:
 
 
 def plan_mig_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, placement: MigPlacement, profile_id: int, taken: set[str],
-                  prefer: PreparedDeviceRecord | None = None, avoid: set[str] = frozenset(),
+                  prefer: PreparedDeviceRecord | None = None, avoid: AbstractSet[str] = frozenset(),
                   inside: MigPlacement | None = None) -> PreparedDeviceRecord:
     """A MIG-backed vGPU: its GPU instance at the allocated placement, then the vGPU on a free VF.
     ``inside``: the vGPU shares its instance (MIG time-slicing) at that placement inside it; an
@@ -174,7 +191,7 @@ def plan_mig_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, placement: MigPlacement, 
         if inside is None or (g.profile_id, g.placement) != (profile_id, placement):
             raise PrepareError(f"GPU {gpu.address}: memory slices {placement.start}-{placement.start + placement.size - 1} "
                                f"are held by GPU instance {g.id}" + (f" ({g.vgpu})" if g.vgpu else ""))
-        on = [v for v in gpu.vgpus if v.id in (g.vgpus or [g.vgpu]) or v.gpu_instance == g.id]
+        on = [v for v in gpu.vgpus if v.id in (g.vgpus or ([g.vgpu] if g.vgpu else [])) or v.gpu_instance == g.id]
         other = next((v for v in on if v.type_id != rec.type_id), None)
         if other is not None:
             raise PrepareError(f"GPU {gpu.address}: GPU instance {g.id} holds {other.type_name} ({other.id}); "
@@ -208,10 +225,12 @@ def plan_mig_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, placement: MigPlacement, 
 
 
 def plan_vgpu(gpu: Gpu, rec: PreparedDeviceRecord, taken: set[str],
-              prefer: PreparedDeviceRecord | None = None, avoid: set[str] = frozenset(),
+              prefer: PreparedDeviceRecord | None = None, avoid: AbstractSet[str] = frozenset(),
               available: Callable[[str, str], int] | None = None) -> PreparedDeviceRecord:
     """Where the vGPU goes; ``prefer`` (the record from before a reboot) keeps its parent and mdev UUID;
     ``available``: ``gpu`` is the state kept in memory, each parent asked now (:func:`choose_parent`)."""
+    if rec.type_id is None:  # a vGPU's record is made with the type its device offers
+        raise PrepareError(f"GPU {gpu.address}: {rec.device} names no vGPU type")
     framework, parent = choose_parent(gpu, rec.type_id, taken, prefer.parent if prefer else None, avoid, available)
     if framework == "vendor-vfio":
         vgpu_id = parent  # a vendor-VFIO vGPU is known by its VF

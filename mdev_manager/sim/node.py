@@ -15,6 +15,7 @@ from mdev_manager.host.env import HostEnv
 from mdev_manager.sim.hostspec import HostSpec, load_host
 from mdev_manager.sim.io import SimIO
 from mdev_manager.sim.kernel import SimHost
+from mdev_manager.sim.uevents import RELAY
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,25 @@ class SimNode:
         return self.spec.node
 
     def with_env(self, *, libvirt_uri: str | None = None, proc_root: Path | None = None) -> SimNode:
-        """The same host (and transport) seen through another environment, e.g. a libvirt URI."""
-        return SimNode(self.root, self.host, HostEnv.under(self.root, libvirt_uri=libvirt_uri, proc_root=proc_root),
-                       self.io)
+        """The same host (and transport) seen through another environment, e.g. a libvirt URI (the
+        uevent relay kept as it was)."""
+        env = HostEnv.under(self.root, libvirt_uri=libvirt_uri, proc_root=proc_root)
+        return SimNode(self.root, self.host, env.with_(uevent_socket=self.env.uevent_socket), self.io)
 
 
 def sim_node(root: Path | str, preset: str | Path | HostSpec | None = "default", *, reuse: bool = False,
              on_gpu: Callable[[], None] | None = None, libvirt_uri: str | None = None,
-             proc_root: Path | None = None) -> SimNode:
+             proc_root: Path | None = None, relay_uevents: bool = False) -> SimNode:
     """A simulated node under ``root``.
 
     ``preset`` is a preset name, a host YAML file or a :class:`HostSpec`: a fresh host is built
     from it (``FileExistsError`` if ``root`` holds one already), unless ``reuse`` is set, which
     opens the host found there and builds one only when there is none (state that persists
     between commands, as ``vgpuctl --simulate`` keeps it). ``preset=None`` opens the existing
-    host. ``libvirt_uri`` and ``proc_root`` go to :meth:`HostEnv.under`.
+    host. ``libvirt_uri`` and ``proc_root`` go to :meth:`HostEnv.under`. ``relay_uevents``: the
+    environment names the socket the host's kernel relays its uevents to (``HostEnv.uevent_socket``),
+    so an agent on it hears them as a real one hears udev's; off by default, as an agent listening
+    there also hears its own changes (what ``vgpuctl --simulate serve`` wants, not every test).
     """
     root = Path(root)
     if preset is None:
@@ -59,7 +64,10 @@ def sim_node(root: Path | str, preset: str | Path | HostSpec | None = "default",
     else:
         spec = preset if isinstance(preset, HostSpec) else load_host(preset)
         host = SimHost.open_or_create(root, spec) if reuse else SimHost.create(root, spec, on_gpu)
-    return SimNode(root, host, HostEnv.under(root, libvirt_uri=libvirt_uri, proc_root=proc_root), SimIO(host))
+    env = HostEnv.under(root, libvirt_uri=libvirt_uri, proc_root=proc_root)
+    if relay_uevents:
+        env = env.with_(uevent_socket=root / RELAY)
+    return SimNode(root, host, env, SimIO(host))
 
 
 __all__ = ["SimNode", "sim_node"]

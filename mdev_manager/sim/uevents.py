@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 RELAY = "run/uevents.sock"
+SUN_PATH_MAX = 107  # a unix socket's address: 108 bytes, NUL ended
 
 
 def message(action: str, subsystem: str, devpath: str, **env: str) -> bytes:
@@ -25,9 +26,20 @@ def send(root: Path, action: str, subsystem: str, devpath: str, **env: str) -> N
     path = os.path.join(root, RELAY)
     if not os.path.exists(path):
         return
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.settimeout(1.0)
+    fd = None
+    if len(os.fsencode(path)) > SUN_PATH_MAX:  # too long for an address: the same file through its directory
         try:
-            sock.sendto(message(action, subsystem, devpath, **env), path)
-        except OSError:  # no listener any more (a stale socket), or its buffer stayed full: lost
-            pass
+            fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+        except OSError:  # the host's directory went away meanwhile: lost
+            return
+        path = f"/proc/self/fd/{fd}/{os.path.basename(path)}"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(1.0)
+            try:
+                sock.sendto(message(action, subsystem, devpath, **env), path)
+            except OSError:  # no listener any more (a stale socket), or its buffer stayed full: lost
+                pass
+    finally:
+        if fd is not None:
+            os.close(fd)

@@ -6,6 +6,7 @@ host is simulated: it listens where its environment says."""
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import uuid
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from dra_bridge.agent.hotplug import Deliver, Lost, SocketSource, Uevent, parse_
 from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.discovery import discover
 from mdev_manager.sim import SimIO
-from mdev_manager.sim.uevents import RELAY, message
+from mdev_manager.sim.uevents import RELAY, message, send
 from tests.support.dra import make_node, pool_slices, published_devices, short_tmp
 
 
@@ -133,3 +134,22 @@ def test_vfs_enabled_by_hand_are_read_on_their_gpu_not_the_node(srv, base):
         assert_converged(daemon, node, srv)
     finally:
         daemon.event_source.stop()
+
+
+def test_a_relay_socket_past_the_address_limit_is_bound_and_reached(base):
+    """A simulated host's directory deep enough that ``<root>/run/uevents.sock`` is longer than a unix socket
+    address (108 bytes) still relays: both ends reach the file through its directory."""
+    root = base / ("d" * 60) / ("e" * 60)
+    path = root / RELAY
+    assert len(os.fsencode(path)) > 108
+    got: queue.Queue[Uevent | Lost] = queue.Queue()
+    source = SocketSource(path)
+    source.start(got.put)
+    try:
+        assert path.is_socket()
+        send(root, "remove", "pci", "/devices/pci0000:0f/0000:0f:01.0/0000:10:00.0")
+        event = got.get(timeout=60)
+        assert isinstance(event, Uevent) and (event.action, event.name) == ("remove", "0000:10:00.0")
+    finally:
+        source.stop()
+    assert not path.exists()

@@ -33,9 +33,11 @@ def whole_sim_node(root: Path, ref: str, sim_dir: str | None = None, **kw) -> Si
 def open_simulated(args) -> Host:
     """The simulated host of ``--simulate`` (state kept between commands): its kubelet directory
     is ``<sim dir>/kubelet`` unless ``--kubelet-root`` says otherwise, so ``serve --simulate`` and
-    ``apply --simulate`` on one simulated node read the same prepared claims."""
+    ``apply --simulate`` on one simulated node read the same prepared claims. Its environment names
+    the socket the simulated kernel relays uevents to, so ``serve`` hears a ``sim unplug`` or a VF
+    made by another command at once, as it hears udev's on a real host."""
     root = sim_root(args)
-    sim = whole_sim_node(root, args.simulate, args.sim_dir, libvirt_uri=args.libvirt_uri)
+    sim = whole_sim_node(root, args.simulate, args.sim_dir, libvirt_uri=args.libvirt_uri, relay_uevents=True)
     kubelet = Path(args.kubelet_root) if getattr(args, "kubelet_root", None) else root / "kubelet"
     node = load_host(args.simulate).node
 
