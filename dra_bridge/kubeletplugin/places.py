@@ -79,7 +79,7 @@ def _from_name(device: str, gpu: Gpu, type_id: str | None) -> dict[str, int | No
         at = next((p for p in prof.placements if p.start == start), None) if prof else None
         if prof is None or at is None:
             return {}
-        out = {"gi_profile": prof.id, "gi_start": start, "gi_size": at.size}
+        out: dict[str, int | None] = {"gi_profile": prof.id, "gi_start": start, "gi_size": at.size}
         if m.group(3) is None:
             return out
         inside = next((p for p in (inside_placements(gpu, t) if t else []) if p.start == int(m.group(3))), None)
@@ -92,10 +92,11 @@ def _from_name(device: str, gpu: Gpu, type_id: str | None) -> dict[str, int | No
     return {}
 
 
-def _from_device(dev: PoolDevice) -> dict[str, int]:
+def _from_device(dev: PoolDevice) -> dict[str, int | None]:
     """The GPU instance and placements of the device a claim was allocated (prepare's intent)."""
     if dev.placement is not None and dev.gpu_instance_profile is not None:
-        out = {"gi_profile": dev.gpu_instance_profile, "gi_start": dev.placement.start, "gi_size": dev.placement.size}
+        out: dict[str, int | None] = {"gi_profile": dev.gpu_instance_profile, "gi_start": dev.placement.start,
+                                      "gi_size": dev.placement.size}
         return {**out, "placement": dev.inside.start, "placement_size": dev.inside.size} if dev.inside else out
     if dev.slots is not None:
         return {"placement": dev.slots.start, "placement_size": dev.slots.size}
