@@ -329,7 +329,7 @@ class Driver:
         refcheck.check_results(ref, claim, results)
         pool = self.pool()
         clash = overlap(ref, results, self.pool_name, pool,  # under its GPUs' locks, before any write
-                        {r.uid: r for r in self.records()})
+                        {r.uid: r for r in self.records()}, before=prefer)
         if clash:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}) refused, nothing prepared: {clash}")
         records, gpus = self._plan(ref, results, pool, prefer or {}, claim)

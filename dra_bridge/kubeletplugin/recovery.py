@@ -14,7 +14,8 @@ missing gets none (prepare re-creates it, see the driver). A passed-through GPU 
 nothing to give back (``rebound`` empty): which functions prepare moved cannot be told
 afterwards, and leaving a GPU on vfio-pci is safe where moving an admin's binding is not.
 A vGPU's place is kept as prepare recorded it (:func:`.places.place`): its GPU instance and its placement
-inside it, or its mixed-size slots, from the node, else from the device the claim was allocated.
+inside it, or its mixed-size slots, from the node, else from the device the claim was allocated, else
+(the daemon's start) from the device's name: a shared instance whole where its vGPU's size is not known.
 
 What the API's claims add (:func:`_from_api`), decided by "never give one device to two claims,
 never remove a device in use":

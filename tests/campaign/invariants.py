@@ -167,7 +167,7 @@ def _held_across_boots(cp: Checkpoint) -> list[str]:
                                f"({rec.namespace}/{rec.name}, {d.device}, boot {rec.boot_id})")
                 vfs[d.parent] = uid
             if d.gi_start is not None:
-                inside = (d.gi_profile, d.type_id, d.placement, d.placement_size or 1) if d.placement is not None else None
+                inside = (d.gi_profile, d.type_id, d.placement, d.placement_size) if d.placement is not None else None
                 span = (d.gpu, "memory slices", d.gi_start, d.gi_start + (d.gi_size or 1), inside)
             elif d.placement is not None:
                 span = (d.gpu, "slots", d.placement, d.placement + (d.placement_size or 1), None)
@@ -183,13 +183,17 @@ def _held_across_boots(cp: Checkpoint) -> list[str]:
 
 def _spans_clash(a: tuple, b: tuple) -> bool:
     """Two recorded placements on one GPU overlap; two vGPUs sharing one GPU instance (same profile,
-    slices and type) clash only where their placements inside it overlap."""
+    slices and type) clash only where their placements inside it overlap. A record rebuilt without
+    its vGPU's type (a placement id, no size: the plugin holds its instance whole but for the claims
+    that shared it) clashes with what covers its placement id."""
     if a[:2] != b[:2] or not (a[2] < b[3] and b[2] < a[3]):
         return False
     ia, ib = a[4], b[4]
-    if ia is None or ib is None or a[2:4] != b[2:4] or ia[:2] != ib[:2]:
+    if ia is None or ib is None or a[2:4] != b[2:4] or ia[0] != ib[0]:
         return True
-    return ia[2] < ib[2] + ib[3] and ib[2] < ia[2] + ia[3]
+    if ia[1] is not None and ib[1] is not None and ia[1] != ib[1]:
+        return True
+    return ia[2] < ib[2] + (ib[3] or 1) and ib[2] < ia[2] + (ia[3] or 1)
 
 
 def _taken_over(rec, cp: Checkpoint) -> bool:

@@ -206,6 +206,40 @@ def test_overlap_lets_claims_share_an_instance_only_at_disjoint_placements_of_on
         "inside it" in asks("gpu-0-mig-1g24gb-14-0-at-6")
 
 
+def test_a_rebuilt_record_of_unknown_size_holds_its_instance_whole_but_for_those_that_shared_it(node):
+    """A record rebuilt at the daemon's start (its vGPU's type, so its size, unknown: a placement id,
+    no size) holds the whole instance against anyone, except a claim that held a device in that
+    instance before, asking a published placement apart from the held device's published one."""
+    from dra_bridge.kubeletplugin.overlap import overlap
+    from dra_bridge.kubeletplugin.state import ClaimRecord, PreparedDeviceRecord
+    from dra_bridge.rpc.types import ClaimRef
+
+    U1 = str(uuid.uuid4())
+    pool = pool_of(node)
+
+    def rec(name, at, size=None, gi_start=0):
+        return PreparedDeviceRecord(request="gpu", pool="p", device=name, kind="vgpu", gpu=GPU, gi_profile=14,
+                                    gi_start=gi_start, gi_size=1, placement=at, placement_size=size)
+
+    claims = {U1: ClaimRecord(uid=U1, namespace="default", name="a", devices=[rec("gpu-0-mig-1g24gb-14-0-at-12", 12)])}
+
+    def asks(device, before=None, in_pool=pool):
+        return overlap(ClaimRef(uid=str(uuid.uuid4()), namespace="default", name="b"), [{"pool": "p", "device": device}],
+                       "p", in_pool, claims, before=before)
+
+    why = asks("gpu-0-mig-1g24gb-14-0-at-6")  # a free placement: not while the instance is held whole
+    assert "takes the GPU instance at memory slices 0-0 of GPU 0000:10:00.0, held whole (the size of its vGPU at " \
+        "placement 12 is not known since a rebuild) until its claim prepares again of gpu-0-mig-1g24gb-14-0-at-12 " \
+        "prepared for claim default/a" in why, why
+    cotenant = {"gpu-0-mig-1g24gb-14-0-at-0": rec("gpu-0-mig-1g24gb-14-0-at-0", 0)}
+    assert asks("gpu-0-mig-1g24gb-14-0-at-0", cotenant) is None  # it shared the instance: beside it again
+    assert asks("gpu-0-mig-1g24gb-14-0-at-6", cotenant) is not None  # not the device it held there
+    elsewhere = {"gpu-0-mig-1g24gb-14-0-at-0": rec("gpu-0-mig-1g24gb-14-0-at-0", 0, gi_start=1)}
+    assert asks("gpu-0-mig-1g24gb-14-0-at-0", elsewhere) is not None  # its record was of another instance
+    eights = pool_of(node, PoolPolicy(gpus={GPU: GpuPolicy(vgpu_types=["DC-1-8Q"])}))  # at 0, 8, 16: no at 12
+    assert asks("gpu-0-mig-1g24gb-14-0-at-0", cotenant, eights) is not None  # the held device's size unknown still
+    assert "overlap 0-0" in asks("gpu-0-mig-2g48gb-5-0-at-0", cotenant)  # an instance over it
+
 def test_an_instance_holds_one_type_so_one_sharing_type_per_profile_is_offered(node):
     pool = pool_of(node, PoolPolicy(gpus={GPU: GpuPolicy(vgpu_types=["DC-1-6Q", "DC-1-12Q"])}))
     assert {d.attributes["vgpuType"]["string"] for d in pool.devices if d.gpu == GPU and d.kind == "vgpu"} == {"DC-1-6Q"}
