@@ -58,7 +58,6 @@ from mdev_manager import numbering
 from mdev_manager.config import ConfigError, GpuLayout
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
-from mdev_manager.host.fingerprint import fingerprint
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.host.lock import NodeLock
 from mdev_manager.models import Inventory, Usage
@@ -131,8 +130,9 @@ class Daemon(LayoutSync):
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ one resync
-    def _resync_key(self, claims_changed: int | None = None) -> tuple:
-        """What a resync's outcome depends on, cheaply: the host's fingerprint, the layout's name and
+    def _resync_key(self, claims_changed: int | None = None, host: str | None = None) -> tuple:
+        """What a resync's outcome depends on, cheaply: the host's fingerprint (``host``: as the resync
+        read it before it read any GPU, else read now), the layout's name and
         file content, the claims prepared (a count of prepares and unprepares), the fields the server keeps,
         the node's cordon (from a watch), the GPU sizes the binding rounds settled (a republish that
         failed is made again)."""
@@ -141,7 +141,7 @@ class Daemon(LayoutSync):
             name = node_metadata(self.api_client, self.cfg.node_name)[0].get(self.cfg.layout_label, name)
         digest = content_digest(self.cfg.layout_file) if self.cfg.layout_file else None
         claims = self._claims_changed if claims_changed is None else claims_changed
-        return (fingerprint(self.env, self.io), name, digest, claims, self.kept, self.cordon.key(),
+        return (host or self.gpu_states.read_host_print(), name, digest, claims, self.kept, self.cordon.key(),
                 self.health.tracker.key(), tuple(sorted(self.binder.assigned.items())))
 
     def _unchanged(self) -> bool:
@@ -169,7 +169,8 @@ class Daemon(LayoutSync):
                 result = self._resync(check)
             if check:
                 self._last_check = now
-            self._last_key, self._last_full = self._resync_key(claims), time.monotonic()
+            # the host as this resync read it (no second listing): a change made meanwhile shows next time
+            self._last_key, self._last_full = self._resync_key(claims, self.gpu_states.host_print), time.monotonic()
             return result
 
     def _resync(self, check: bool = False) -> dict:
