@@ -162,6 +162,7 @@ class Daemon(LayoutSync, EventWatch, ServerFields):
     def resync(self, force: bool = True) -> dict:
         """One resync. ``force=False`` (the periodic loop) skips it when :meth:`_unchanged` says so."""
         with self._lock:
+            polled = _health_key(self.inventory)
             self.health.poll(self.inventory)  # cheap NVML reads: a GPU turning sick makes the resync run
             if not force and self._unchanged():
                 self.metrics.resyncs.labels("unchanged").inc()
@@ -170,14 +171,15 @@ class Daemon(LayoutSync, EventWatch, ServerFields):
             now = time.monotonic()
             check = now - self._last_check >= (self.cfg.full_resync_seconds or 10 * self.cfg.resync_seconds)
             with self.metrics.resync_seconds.time():
-                result = self._resync(check)
+                result = self._resync(check, polled)
             if check:
                 self._last_check = now
             # the host as this resync read it (no second listing): a change made meanwhile shows next time
             self._last_key, self._last_full = self._resync_key(claims, self.gpu_states.host_print), time.monotonic()
             return result
 
-    def _resync(self, check: bool = False) -> dict:
+    def _resync(self, check: bool = False, polled: tuple | None = None) -> dict:
+        """``polled``: the GPUs whose health the caller just read (:func:`_health_key`): not read again."""
         rejected: ConfigError | None = None
         seen: Usage | None = None  # who used what when the layout was applied (None: not applied)
         try:
@@ -218,7 +220,8 @@ class Daemon(LayoutSync, EventWatch, ServerFields):
                 self._safe_warned = list(pool.warnings)
             self._pool, self.inventory = pool, inv
             held = {d.device for rec in self.driver.records() for d in rec.devices}  # stays published
-            self.health.poll(inv)
+            if _health_key(inv) != polled:  # GPUs came, went or changed driver since the caller's poll
+                self.health.poll(inv)
             healthy, _sick = healthy_pool(pool, self.health.tracker, self.cfg.driver, taints=self.kept.taints is True,
                                           in_use=held)
             result = self.cordon.publish(self.publisher, healthy, self.kept, held)
@@ -403,6 +406,12 @@ class Daemon(LayoutSync, EventWatch, ServerFields):
         self.publisher.close()
         self.cordon.stop()
         log.info("stopped; sockets removed, devices left in place")
+
+
+def _health_key(inv: Inventory | None) -> tuple | None:
+    """What a health poll of ``inv`` reads: each GPU and its driver (the same key: the same reads, so a
+    resync polls once, not twice ms apart; in the simulator each NVML read waits for the GPU writes in flight)."""
+    return None if inv is None else tuple((g.address, g.vendor_id, g.driver) for g in inv.gpus)
 
 
 def inferred_mixed(inv: Inventory) -> bool:

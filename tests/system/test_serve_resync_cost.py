@@ -114,3 +114,25 @@ def test_an_unchanged_pool_after_a_prepare_writes_nothing_and_a_slice_changed_be
     daemon.resync(force=False)
     assert victim in {s["metadata"]["name"] for s in srv.objects("resourceslices")}
     assert [w.name for w in slice_writes(srv)] == [victim]
+
+
+def test_a_resync_reads_each_gpus_health_once(srv, base):
+    """The poll before the resync and the one after its read are the same reads when the GPUs and their
+    drivers are unchanged: one NVML handle per NVIDIA GPU on its driver per resync, not two (counted through the
+transport)."""
+    node = make_node(base, "default")
+    daemon = make_agent(node, srv, base)
+    io: CountingIO = daemon.io  # type: ignore[assignment]
+    nvidia = [g for g in daemon.inventory.gpus if g.vendor_id == "0x10de" and g.driver == "nvidia"]
+    assert nvidia
+    dev = next(d for d in daemon._pool.devices if d.kind == "vgpu" and d.gpu not in {g.address for g in nvidia[1:]})
+    ref = add_claim(srv, "one", [("vgpu", dev.name)], node=node.node)
+    assert daemon.driver.prepare([ref])[ref.uid].error is None
+    io.nvml_calls = 0
+    daemon.resync(force=True)
+    reads = io.nvml_calls
+    io.nvml_calls = 0
+    daemon.resync(force=True)  # nothing changed: the GPUs' own reads (their NVML view) are skipped too
+    # one handle per GPU's health, one for the driver version the node is labelled with
+    assert io.nvml_calls == len(nvidia) + 1, "a resync read a GPU's health twice"
+    assert reads >= len(nvidia)
