@@ -20,6 +20,7 @@ agent's process, under its GIL); every report says which ran.
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import threading
@@ -151,12 +152,15 @@ def running_agent(resync_seconds: float, prefix: str) -> Iterator[Agent]:
         cfg = ServeConfig(node_name=sim.node, kubelet_root=Path(kl), cdi_root=Path(d) / "cdi", metrics_port=None,
                           resync_seconds=resync_seconds, health_poll_seconds=3600)
         daemon = Daemon(cfg, sim.env, io, srv.api_client()).start()
+        gc.collect()  # as vgpuctl serve does after the start: full collections then skip what the start built
+        gc.freeze()
         loop = threading.Thread(target=daemon.run, daemon=True)
         try:
             agent = Agent(srv, sim, io, daemon, register_plugin(Path(kl)), loop)
             agent.time_prepares()
             yield agent
         finally:
+            gc.unfreeze()
             daemon.stop()
             if loop.is_alive():
                 loop.join(timeout=120)

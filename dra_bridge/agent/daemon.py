@@ -18,47 +18,49 @@ its layout: devices in use that hold it back make it ``pending``, with the reaso
 ``vgpu.kubevirt.io/config.reason`` annotation. Events on the Node (:mod:`.events`) say when a
 layout is applied, blocked or failed; the metrics (:mod:`.observe`) carry the layout state and
 the free vGPUs per GPU and profile (:mod:`.capacity`).
+
+:class:`Daemon` holds the state; its parts live beside it: the layout (:mod:`.layoutsync`), the uevent
+watch (:mod:`.eventwatch`), what the API server keeps and the node is told (:mod:`.serverfields`).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import threading
 import time
-from pathlib import Path
+from typing import Any
 
 from dra_bridge.agent.binder import SizeBinder, bind_loop, host_sizes, prepared_devices
 from dra_bridge.agent.capacity import free_vgpus
 from dra_bridge.agent.config import ServeConfig  # also imported from here by vgpuctl serve and the tests
 from dra_bridge.agent.cordon import NodeCordon
 from dra_bridge.agent.events import LayoutEvents, one_line
+from dra_bridge.agent.eventwatch import EventWatch
 from dra_bridge.agent.gpustate import GpuStates
 from dra_bridge.agent.health import GpuHealthWatch
-from dra_bridge.agent.hotplug import EventSource, Lost, SocketSource, UdevSource, Uevent, event_gpus
+from dra_bridge.agent.hotplug import EventSource
 from dra_bridge.agent.layoutsync import LayoutSync, content_digest
 from dra_bridge.agent.observe import Metrics, ProbeServer
-from dra_bridge.api.names import LABEL_VGPU_HOST_DRIVER
+from dra_bridge.agent.serverfields import ServerFields
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.claims import ApiClaimSource
 from dra_bridge.apiclient.claimwatch import ClaimCache
-from dra_bridge.apiclient.errors import brief, report_level
-from dra_bridge.apiclient.kept import ANNOTATION_DRA_FIELDS, KeptFields, probe_kept
-from dra_bridge.apiclient.nodes import node_metadata, set_node_annotation, set_node_label
+from dra_bridge.apiclient.kept import KeptFields
+from dra_bridge.apiclient.nodes import node_metadata
 from dra_bridge.apiclient.publisher import Publisher
 from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.pool.cordon import withheld_classic
 from dra_bridge.pool.devices import Pool, PoolPolicy
 from dra_bridge.pool.health import healthy_pool
 from dra_bridge.pool.policy import policy_from_layout
-from dra_bridge.pool.shape import Shape, choose_shape, node_pool
+from dra_bridge.pool.shape import node_pool
 from dra_bridge.rpc.dra_grpc import KubeletPlugin
+from dra_bridge.rpc.types import ClaimRef, PrepareResult
 from mdev_manager import numbering
 from mdev_manager.config import ConfigError, GpuLayout
 from mdev_manager.discovery import discover
 from mdev_manager.host.env import HostEnv
-from mdev_manager.host.fingerprint import fingerprint
 from mdev_manager.host.io import HostIO, RealIO
 from mdev_manager.host.lock import NodeLock
 from mdev_manager.models import Inventory, Usage
@@ -69,8 +71,8 @@ from mdev_manager.usage import collect_usage
 log = logging.getLogger(__name__)
 
 
-class Daemon(LayoutSync):
-    def __init__(self, cfg: ServeConfig, env: HostEnv, io: HostIO | None = None, api_client=None,
+class Daemon(LayoutSync, EventWatch, ServerFields):
+    def __init__(self, cfg: ServeConfig, env: HostEnv, io: HostIO | None = None, api_client: Any = None,
                  events: EventSource | None = None):
         self.cfg = cfg
         self.env = env
@@ -90,7 +92,8 @@ class Daemon(LayoutSync):
         self._pool = Pool()
         self.inventory: Inventory | None = None
         self.gpu_states = GpuStates(env, self.io, cfg.node_name)  # each GPU's state, read again where it changed
-        self.driver = Driver(env=env, paths=self.paths, pool_name=cfg.node_name, claims=ApiClaimSource(api_client),
+        self.claim_api = ApiClaimSource(api_client)  # the driver's claims, and the binding rounds' writes
+        self.driver = Driver(env=env, paths=self.paths, pool_name=cfg.node_name, claims=self.claim_api,
                              pool=lambda: self._pool, io=self.io)
         # not serialised: the driver holds each claim's GPUs' locks, so claims on other GPUs go on meanwhile
         self.plugin = KubeletPlugin(cfg.driver, self.driver, cfg.kubelet_root,
@@ -131,8 +134,9 @@ class Daemon(LayoutSync):
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ one resync
-    def _resync_key(self, claims_changed: int | None = None) -> tuple:
-        """What a resync's outcome depends on, cheaply: the host's fingerprint, the layout's name and
+    def _resync_key(self, claims_changed: int | None = None, host: str | None = None) -> tuple:
+        """What a resync's outcome depends on, cheaply: the host's fingerprint (``host``: as the resync
+        read it before it read any GPU, else read now), the layout's name and
         file content, the claims prepared (a count of prepares and unprepares), the fields the server keeps,
         the node's cordon (from a watch), the GPU sizes the binding rounds settled (a republish that
         failed is made again)."""
@@ -141,7 +145,7 @@ class Daemon(LayoutSync):
             name = node_metadata(self.api_client, self.cfg.node_name)[0].get(self.cfg.layout_label, name)
         digest = content_digest(self.cfg.layout_file) if self.cfg.layout_file else None
         claims = self._claims_changed if claims_changed is None else claims_changed
-        return (fingerprint(self.env, self.io), name, digest, claims, self.kept, self.cordon.key(),
+        return (host or self.gpu_states.read_host_print(), name, digest, claims, self.kept, self.cordon.key(),
                 self.health.tracker.key(), tuple(sorted(self.binder.assigned.items())))
 
     def _unchanged(self) -> bool:
@@ -158,6 +162,7 @@ class Daemon(LayoutSync):
     def resync(self, force: bool = True) -> dict:
         """One resync. ``force=False`` (the periodic loop) skips it when :meth:`_unchanged` says so."""
         with self._lock:
+            polled = _health_key(self.inventory)
             self.health.poll(self.inventory)  # cheap NVML reads: a GPU turning sick makes the resync run
             if not force and self._unchanged():
                 self.metrics.resyncs.labels("unchanged").inc()
@@ -166,13 +171,15 @@ class Daemon(LayoutSync):
             now = time.monotonic()
             check = now - self._last_check >= (self.cfg.full_resync_seconds or 10 * self.cfg.resync_seconds)
             with self.metrics.resync_seconds.time():
-                result = self._resync(check)
+                result = self._resync(check, polled)
             if check:
                 self._last_check = now
-            self._last_key, self._last_full = self._resync_key(claims), time.monotonic()
+            # the host as this resync read it (no second listing): a change made meanwhile shows next time
+            self._last_key, self._last_full = self._resync_key(claims, self.gpu_states.host_print), time.monotonic()
             return result
 
-    def _resync(self, check: bool = False) -> dict:
+    def _resync(self, check: bool = False, polled: tuple | None = None) -> dict:
+        """``polled``: the GPUs whose health the caller just read (:func:`_health_key`): not read again."""
         rejected: ConfigError | None = None
         seen: Usage | None = None  # who used what when the layout was applied (None: not applied)
         try:
@@ -213,7 +220,8 @@ class Daemon(LayoutSync):
                 self._safe_warned = list(pool.warnings)
             self._pool, self.inventory = pool, inv
             held = {d.device for rec in self.driver.records() for d in rec.devices}  # stays published
-            self.health.poll(inv)
+            if _health_key(inv) != polled:  # GPUs came, went or changed driver since the caller's poll
+                self.health.poll(inv)
             healthy, _sick = healthy_pool(pool, self.health.tracker, self.cfg.driver, taints=self.kept.taints is True,
                                           in_use=held)
             result = self.cordon.publish(self.publisher, healthy, self.kept, held)
@@ -245,33 +253,7 @@ class Daemon(LayoutSync):
         usage = self.device_plugins.usage()
         return withheld_classic(gpus, cordon, () if usage.warnings else [*usage.mdevs, *usage.pci])
 
-    def _label_driver_version(self, inv: Inventory) -> None:
-        """The node's ``vgpu-host-driver-version.kubevirt.io/nvidia`` label: the host driver's version as
-        NVML reads it (never configured), set when it changes (a driver upgrade), so KubeVirt picks
-        live-migration targets with the same vGPU manager."""
-        if not any(g.vendor_id == "0x10de" for g in inv.gpus):
-            return
-        try:
-            version = self.io.nvml().driver_version()
-        except Exception as exc:  # noqa: BLE001 - no NVML (no driver loaded yet): no label, said once
-            if self._driver_label != "":
-                log.info("no host driver version to label the node with: %s", one_line(exc))
-                self._driver_label = ""
-            return
-        if version == self._driver_label:
-            return
-        if not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", version):
-            log.warning("host driver version %r is no label value; %s not set", version, LABEL_VGPU_HOST_DRIVER)
-        else:
-            try:
-                set_node_label(self.api_client, self.cfg.node_name, LABEL_VGPU_HOST_DRIVER, version)
-            except Exception as exc:  # noqa: BLE001 - a label is a report: publishing goes on (tried again at a restart
-                # or when the version changes, so an idle resync makes no request)
-                log.log(report_level(exc), "could not label node %s with %s (%s)", self.cfg.node_name,
-                        LABEL_VGPU_HOST_DRIVER, one_line(exc))
-        self._driver_label = version
-
-    def _free_vgpus(self, inv: Inventory, pool, layouts: list[GpuLayout] | None,
+    def _free_vgpus(self, inv: Inventory, pool: Pool, layouts: list[GpuLayout] | None,
                     seen: Usage | None) -> dict[tuple[str, str], int]:
         """Free vGPUs per GPU and profile. The users are the ones the layout's apply just saw
         (``seen``); the host is scanned only when no apply ran and a vgpu-mode GPU holds vGPUs."""
@@ -281,45 +263,6 @@ class Daemon(LayoutSync):
             usage = collect_usage(self.env, self.io, self._usage())
         return free_vgpus(inv, pool, vgpu_mode, usage)
 
-    # ------------------------------------------------------------ what the API server keeps
-    def _check_fields(self) -> None:
-        """Which DRA fields the server keeps, by a dry-run probe: at start and every ``probe_seconds``
-        (a server can be upgraded or have its gates changed under a running agent)."""
-        now = time.monotonic()
-        if self._probed_at is not None and now - self._probed_at < self.cfg.probe_seconds:
-            return
-        self._probed_at = now
-        try:
-            self._note_fields(probe_kept(self.api_client, self.publisher.version, self.cfg.node_name, self.cfg.driver))
-        except Exception as exc:  # noqa: BLE001 - no permission or no answer: the writes' answers still tell
-            log.info("could not probe which DRA fields the API server keeps (%s); judging by our writes", brief(exc))
-
-    def _note_fields(self, kept: KeptFields) -> None:
-        """Log a change, set the metric and the node annotation (one patch per change)."""
-        if kept != self.kept:
-            bad = False in (kept.counters, kept.compatibility_groups)
-            log.log(logging.WARNING if bad else logging.INFO, "the API server keeps: %s", kept.describe())
-            if kept.counters is False:
-                log.warning("shared counters are dropped: the scheduler cannot keep a GPU and its vGPUs apart; "
-                            "enable the DRAPartitionableDevices feature gate (vgpuctl doctor explains)")
-            self.kept = kept
-        self.metrics.set_fields_kept(kept)
-        self.metrics.api_lists.set(self.publisher.mirror.lists)
-        text = kept.annotation()
-        if text != self._kept_annotated:
-            try:
-                set_node_annotation(self.api_client, self.cfg.node_name, ANNOTATION_DRA_FIELDS, text)
-                self._kept_annotated = text
-            except Exception as exc:  # noqa: BLE001 - the annotation is a report; the publish goes on
-                log.log(report_level(exc), "could not annotate node %s with %s (%s)", self.cfg.node_name,
-                        ANNOTATION_DRA_FIELDS, brief(exc))
-
-    def shape(self) -> Shape:
-        """The pool's shape for this server, from what it keeps (:func:`~dra_bridge.pool.shape.choose_shape`,
-        the same decision ``vgpuctl slices`` makes from a version's gates)."""
-        return choose_shape(self.publisher.version, self.kept,
-                            sizes_by_first_allocation=self.cfg.sizes_by_first_allocation)
-
     def bind(self, claims: list[dict] | None = None) -> int:
         """Confirm or refuse the allocations waiting on our binding conditions (``claims``: as a
         watch keeps them; None: LIST); republish when a GPU's size was settled or freed. Returns
@@ -328,7 +271,7 @@ class Daemon(LayoutSync):
             return 0
         with self._bind_lock:
             records = self.driver.records()  # the claims prepared now: current where a discovery is not
-            verdicts, changed = self.binder.bind(self.driver.claims, self._pool, host_sizes(self.inventory, records),
+            verdicts, changed = self.binder.bind(self.claim_api, self._pool, host_sizes(self.inventory, records),
                                                  claims, prepared_devices(records, self.cfg.node_name))
             for v in verdicts:
                 (log.info if v.ok else log.warning)("claim %s/%s device %s: %s", v.namespace, v.claim, v.device,
@@ -359,7 +302,8 @@ class Daemon(LayoutSync):
             from dra_bridge.deviceplugin.manager import DevicePluginManager
 
             self.device_plugins = DevicePluginManager(
-                self.env, self.io, inventory=lambda: self.inventory, prefix=self.cfg.resource_prefix,
+                self.env, self.io, prefix=self.cfg.resource_prefix,
+                inventory=lambda: self.inventory or discover(self.env, self.io, node=self.cfg.node_name),
                 device_plugin_dir=self.paths.device_plugin_dir,
                 pod_resources_socket=self.paths.pod_resources_socket,
                 node=self.cfg.node_name, exclude=lambda _inv: self._dp_exclude)
@@ -387,7 +331,7 @@ class Daemon(LayoutSync):
         meanwhile, and a hand-run ``vgpuctl apply`` (or the agent's reconcile) waits for all of them."""
         inner, inner_unprepare = self.driver.prepare, self.driver.unprepare
 
-        def unprepare(claims):
+        def unprepare(claims: list[ClaimRef]) -> dict[str, str | None]:
             with self.node_lock.hold(shared=True):  # beside other claims' calls, each under its GPUs' locks
                 self._claim_changed()
                 out = inner_unprepare(claims)
@@ -395,7 +339,7 @@ class Daemon(LayoutSync):
                 self.claim_cache.changed.set()
             return out
 
-        def prepare(claims):
+        def prepare(claims: list[ClaimRef]) -> dict[str, PrepareResult]:
             t0 = time.perf_counter()
             with self.node_lock.hold(shared=True):
                 self._claim_changed()
@@ -407,8 +351,8 @@ class Daemon(LayoutSync):
                     self.metrics.prepare_errors.inc()
             return out
 
-        self.driver.prepare = prepare
-        self.driver.unprepare = unprepare
+        self.driver.prepare = prepare  # type: ignore[method-assign]
+        self.driver.unprepare = unprepare  # type: ignore[method-assign]
 
     def _claim_changed(self) -> None:
         with self._claims_lock:
@@ -421,37 +365,6 @@ class Daemon(LayoutSync):
             self.gpu_states.invalidate()
         else:
             self.gpu_states.touched(gpus)
-
-    def _watch_events(self) -> None:
-        """Take uevents from the event source; without one the periodic resync covers changes."""
-        source = self.event_source
-        if source is None and self.env.uevent_socket is not None:
-            source = SocketSource(self.env.uevent_socket)
-        elif source is None and self.env.sys_root == Path("/sys"):
-            source = UdevSource()
-        if source is None:
-            return
-        try:
-            source.start(self.on_event)
-            self.event_source = source
-        except Exception as exc:  # noqa: BLE001 - no udev (no netlink in this namespace): the periodic resync
-            log.info("uevents unavailable (%s); resyncing every %ss", one_line(exc), self.cfg.resync_seconds)
-
-    def on_event(self, event: Uevent | Lost) -> None:
-        """A uevent: the GPUs it names are read again at the next resync (the whole node where it names
-        no function a GPU accounts for, or events were lost), and the loop is woken for it. Writes nothing."""
-        if isinstance(event, Lost):
-            log.info("%s: reading the whole node again", event.reason)
-            gpus = None
-        else:
-            gpus = event_gpus(event, self.gpu_states.owners(), self.env, self.io)
-        if gpus is None:
-            self.gpu_states.invalidate()
-        elif gpus:
-            self.gpu_states.touched(gpus)
-        else:
-            return
-        self._wake.set()
 
     def run(self) -> None:
         """Resync until stopped (SIGTERM/SIGINT when called from the main thread)."""
@@ -493,6 +406,12 @@ class Daemon(LayoutSync):
         self.publisher.close()
         self.cordon.stop()
         log.info("stopped; sockets removed, devices left in place")
+
+
+def _health_key(inv: Inventory | None) -> tuple | None:
+    """What a health poll of ``inv`` reads: each GPU and its driver (the same key: the same reads, so a
+    resync polls once, not twice ms apart; in the simulator each NVML read waits for the GPU writes in flight)."""
+    return None if inv is None else tuple((g.address, g.vendor_id, g.driver) for g in inv.gpus)
 
 
 def inferred_mixed(inv: Inventory) -> bool:

@@ -17,11 +17,14 @@ prepared. :class:`GpuStates` keeps the inventory of the last read and, at each r
   GPU instances live in the driver (NVML), not in sysfs, so no fingerprint shows them.
 
 The marks are read before the GPUs, so a change made while a GPU is read shows in the next
-comparison; a GPU marked touched while it is read stays marked for the next resync.
+comparison; a GPU marked touched while it is read stays marked for the next resync. Their digest
+(:attr:`GpuStates.host_print`) is what the agent compares to skip a resync: one listing of the host
+per resync, not a second one after it (#37).
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -61,6 +64,12 @@ class GpuStates:
         self._rest: str | None = None
         self._mdev_parent: dict[str, str] = {}
         self._owners: tuple[Inventory | None, dict[str, str]] = (None, {})
+        self.host_print: str | None = None  # digest of the host's marks the last read started from
+
+    def read_host_print(self) -> str:
+        """The digest of the host's marks now (what :attr:`host_print` was at the last read, if nothing
+        changed since): the same reads as :func:`~mdev_manager.host.fingerprint.fingerprint`."""
+        return marks_digest(host_marks(self.env, self.io, self._mdev_parent))
 
     def owners(self) -> dict[str, str]:
         """Each PCI function the GPUs as last read account for -> its GPU (kept until the next read:
@@ -111,6 +120,7 @@ class GpuStates:
 
     def _read(self, touched: set[str], whole: bool, check: bool) -> Inventory:
         marks = host_marks(self.env, self.io, self._mdev_parent)
+        self.host_print = marks_digest(marks)
         inv = self.inventory
         present = {m[0] for m in marks if m[1] == "present"}
         if not whole and inv is not None and all(g.address in present for g in inv.gpus):
@@ -147,6 +157,10 @@ class GpuStates:
                 return fresh
         self.reads["gpu"] += 1
         return read_gpu(self.env, self.io, gpu.address, gpu.index, read_function(self.env, self.io, gpu.address))
+
+
+def marks_digest(marks: list[tuple[str, ...]]) -> str:
+    return hashlib.sha256(repr(marks).encode()).hexdigest()
 
 
 def fixed_prints(marks: list[tuple[str, ...]], owner: dict[str, str]) -> dict[str, str]:

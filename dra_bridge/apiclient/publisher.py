@@ -168,6 +168,7 @@ class Publisher:
         self.kept = KeptFields()
         self._seen: frozenset | None = None  # the mirror as our last sync left it
         self._last: Pool | None = None  # the pool our last complete sync published
+        self._generation = 0  # the generation our last complete sync left
 
     @property
     def version(self) -> tuple[int, int]:
@@ -267,9 +268,14 @@ class Publisher:
     def sync(self, pool: Pool) -> SyncResult:
         last, self._last = self._last, None  # unknown until this sync completes
         current = self.is_current()
+        if current and last is not None and pool == last:
+            # the pool we published, and the server holds it as we left it: no slice to build, hash or
+            # compare (#37: on a 16-GPU node that is most of a resync after a prepare that changed no slice)
+            self._last = last
+            return SyncResult(generation=self._generation)
         result = self._sync(pool, last if current else None)
         self._seen = self._mirror_key() if self.watch and self.mirror.synced else None
-        self._last = pool
+        self._last, self._generation = pool, result.generation
         return result
 
     def _sync(self, pool: Pool, last: Pool | None = None) -> SyncResult:

@@ -4,19 +4,27 @@ neither type directories nor NVML)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from mdev_manager.sim import SimIO
 
 
 class CountingIO(SimIO):
     """The simulated host's transport, counting type directories read whole (``type_dirs``: one
     ``mdev_supported_types/<id>`` per read), NVML handles taken (``nvml_calls``) and single
-    ``available_instances`` reads (``asked``: the parent's address of each)."""
+    ``available_instances`` reads (``asked``: the parent's address of each) and directories listed
+    (``listed``: by path)."""
 
     def __init__(self, host):
         super().__init__(host)
         self.type_dirs: list[str] = []
         self.nvml_calls = 0
         self.asked: list[str] = []
+        self.listed: Counter[str] = Counter()
+
+    def listdir(self, path):
+        self.listed[str(path)] += 1
+        return super().listdir(path)
 
     def read_attrs(self, directory, names):
         if directory.parent.name == "mdev_supported_types":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 from pathlib import Path
@@ -70,6 +71,11 @@ def run(args) -> int:
                       sizes_by_first_allocation=args.sizes_by_first_allocation,
                       health_quiet_seconds=args.health_quiet_seconds, gpu_lost_effect=args.gpu_lost_effect)
     daemon = Daemon(cfg, host.env, host.io, api).start()
+    # what the start built (the imports, the first inventory and pool) lives as long as the process: collected
+    # once, then frozen, so a full collection during a boot storm scans only what was made since (#37: 117 ms
+    # at most -> 40 ms, 0.51 -> 0.12 s of CPU over the storm benchmark)
+    gc.collect()
+    gc.freeze()
     daemon.run()
     return 0
 
