@@ -133,6 +133,27 @@ class HostLocks:
                 finally:
                     self._tls.state = self._tls.gpu = None
 
+    @contextmanager
+    def _gpu_read(self, pf: str) -> Iterator[None]:
+        """A read of one GPU's state that changes nothing (NVML's queries): the node lock and that GPU's
+        lock, both shared. A real NVML answers a query on one GPU while vGPUs are made on others; here it
+        waits only for a write to this GPU (or to the whole host) in progress, never for other GPUs'.
+        It reads its own copy of the state file, as their writes left it. A host that orders every
+        write node-wide (mdevctl's udev rule) reads under the node lock as before; so does a thread
+        already holding a lock (its own copy)."""
+        if getattr(self._tls, "gpu", None) is not None or self._holds_node_lock() \
+                or self._state.get("spec", {}).get("mdevctl_udev") \
+                or not any(g.get("pf") == pf for g in self._state.get("gpus", [])):  # no such GPU: said under the lock
+            with self._locked():
+                yield
+            return
+        with self._entered(fcntl.LOCK_SH), self._flock(f"lock.{pf}", fcntl.LOCK_SH):
+            self._tls.state = self._load()
+            try:
+                yield
+            finally:
+                self._tls.state = None
+
     def _bump(self, key: str) -> int:
         """The next number of a counter the whole host shares (an IOMMU group, a vfio cdev)."""
         if getattr(self._tls, "gpu", None) is None:

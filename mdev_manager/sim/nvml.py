@@ -67,6 +67,7 @@ class SimNvmlHost(Protocol):
     state: dict[str, Any]
 
     def _locked(self) -> AbstractContextManager[None]: ...
+    def _gpu_read(self, pf: str) -> AbstractContextManager[None]: ...
     def _existing(self, gpu: dict) -> list[tuple[str, str, str]]: ...
     def _refresh(self, gpu: dict) -> None: ...
     def _save(self) -> None: ...
@@ -128,8 +129,8 @@ class SimNvml:
         return gpu
 
     def _read(self, bus_id: str) -> dict:
-        self._gpu(bus_id)  # a GPU's board never changes: one without MIG answers without the lock
-        with self.host._locked():
+        gpu = self._gpu(bus_id)  # a GPU's board never changes: one without MIG answers without the lock
+        with self.host._gpu_read(gpu["pf"]):
             return self._gpu(bus_id)
 
     @staticmethod
@@ -232,8 +233,8 @@ class SimNvml:
         return size
 
     def vgpu_heterogeneous_mode(self, bus_id: str) -> int:
-        self._vgpu_gpu(bus_id, mig_check=False)  # a board without a table answers without the lock
-        with self.host._locked():
+        gpu = self._vgpu_gpu(bus_id, mig_check=False)  # a board without a table answers without the lock
+        with self.host._gpu_read(gpu["pf"]):
             return int(slots.mixed(self._vgpu_gpu(bus_id)))
 
     def set_vgpu_heterogeneous_mode(self, bus_id: str, mode: int) -> None:
@@ -256,13 +257,13 @@ class SimNvml:
         MIG-capable GPU (whose MIG mode refuses the call) is read under the lock."""
         gpu = self._vgpu_gpu(bus_id, mig_check=False)
         if has_mig(gpu["board"]):
-            with self.host._locked():
+            with self.host._gpu_read(gpu["pf"]):
                 gpu = self._vgpu_gpu(bus_id)
         size = self._type_size(gpu, type_id)
         return size, list(slots.supported(gpu["board"], str(type_id)))
 
     def vgpu_type_creatable_placements(self, bus_id: str, type_id: int) -> tuple[int, list[int]]:
-        with self.host._locked():
+        with self.host._gpu_read(bus_id.lower()):
             gpu = self._vgpu_gpu(bus_id)
             size = self._type_size(gpu, type_id)
             if not slots.mixed(gpu):
@@ -271,7 +272,7 @@ class SimNvml:
 
     def vgpu_placement_id(self, bus_id: str, vgpu: str) -> int:
         """A vGPU's placement, by mdev UUID or VF address (NVML's vGPU instance, found by its device)."""
-        with self.host._locked():
+        with self.host._gpu_read(bus_id.lower()):
             gpu = self._vgpu_gpu(bus_id)
             if vgpu.lower() not in {v for _, v, _ in self.host._existing(gpu)}:
                 raise NvmlError(NVML_ERROR_NOT_FOUND, f"no vGPU {vgpu} on {bus_id}")
@@ -282,7 +283,7 @@ class SimNvml:
     def vgpu_gpu_instance_id(self, bus_id: str, vgpu: str) -> int:
         """The GPU instance a vGPU was made in (NVML's vGPU instance, found by its mdev UUID);
         0xFFFFFFFF for one in none (time-sliced)."""
-        with self.host._locked():
+        with self.host._gpu_read(bus_id.lower()):
             gpu = self._gpu(bus_id)
             me = vgpu.lower()
             if me not in {v for _, v, _ in self.host._existing(gpu)}:
@@ -309,6 +310,11 @@ class SimNvml:
         return h
 
     def critical_xids(self, bus_id: str) -> list[int]:
+        """The Xids raised since the last call (NVML's event queue, drained). A GPU with none answers
+        under its read lock, as most calls do; one with some is drained under the node lock."""
+        with self.host._gpu_read(bus_id.lower()):
+            if not self._health(bus_id).get("xids"):
+                return []
         with self.host._locked():
             h = self._health(bus_id)
             xids = list(h.get("xids") or [])
@@ -318,7 +324,7 @@ class SimNvml:
             return xids
 
     def retired_pages_pending(self, bus_id: str) -> bool:
-        with self.host._locked():
+        with self.host._gpu_read(bus_id.lower()):
             return bool(self._health(bus_id).get("ecc"))
 
     def driver_version(self) -> str:

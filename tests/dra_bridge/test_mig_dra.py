@@ -74,6 +74,10 @@ class _InMemoryHost:
     def _locked(self):
         yield
 
+    @contextlib.contextmanager
+    def _gpu_read(self, pf):
+        yield
+
     def _existing(self, gpu):
         return []
 

@@ -209,3 +209,45 @@ def test_a_whole_host_write_waiting_for_a_gpu_write_is_not_overtaken_by_later_on
     g.join(WAIT)
     assert not t.is_alive() and not g.is_alive() and len(out) == 1 and not isinstance(out[0], BaseException), out
     assert order == ["whole host", "gpu"]
+
+
+def test_an_nvml_query_waits_for_a_write_to_its_gpu_only(sim, monkeypatch):
+    """A real NVML answers a query on one GPU while a vGPU is made on another: the simulated NVML reads
+    one GPU under that GPU's lock and the node lock, both shared. It never sees a write to its own GPU
+    half done: it waits for it (the order in which the write leaves and the query takes the GPU's lock
+    is recorded inside both critical sections)."""
+    a, b = gpu_of(sim, "T4", 0), gpu_of(sim, "T4", 1)
+    order: list[str] = []
+    inner = sim.host._refresh
+
+    def refresh(gpu: dict) -> None:  # inside the held create's critical section, once released
+        inner(gpu)
+        if gpu["pf"] == a:
+            order.append("write a")
+
+    monkeypatch.setattr(sim.host, "_refresh", refresh)
+    held = Held(sim, a, monkeypatch)  # its hold wraps the refresh above
+    nvml = sim.io.nvml()
+    done, out = in_thread(lambda: nvml.retired_pages_pending(b))
+    assert done.wait(WAIT) and out == [False], out  # answered while the create on the other GPU is in progress
+    assert held.thread.is_alive()
+
+    asking, real_flock = threading.Event(), fcntl.flock
+
+    def flock(f, mode):
+        mine = threading.current_thread().name == "nvml-a" and os.path.basename(getattr(f, "name", "")) == f"lock.{a}"
+        if mine:
+            asking.set()  # about to wait for GPU a's lock
+        got = real_flock(f, mode)
+        if mine and mode == fcntl.LOCK_SH:
+            order.append("read a")
+        return got
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    out_a: list = []
+    t = threading.Thread(target=lambda: out_a.append(nvml.retired_pages_pending(a)), name="nvml-a", daemon=True)
+    t.start()
+    assert asking.wait(WAIT)
+    held.finish()
+    t.join(WAIT)
+    assert out_a == [False] and order == ["write a", "read a"], (out_a, order)
