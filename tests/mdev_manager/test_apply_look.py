@@ -23,7 +23,10 @@ import yaml
 from mdev_manager.executor import Executor
 from mdev_manager.host.lock import NodeLock, lock_path
 from mdev_manager.reconcile import reconcile
+from mdev_manager.sim.io import SimIO
 from tests.support.dra import make_node
+from vgpuctl.cli import host as host_module  # the commands import open_host from it when they run
+from vgpuctl.cli.host import Host
 from vgpuctl.main import main
 
 T4 = "0000:10:00.0"
@@ -161,3 +164,48 @@ def test_a_vgpu_made_again_under_its_uuid_as_another_type_is_seen(tmp_path, caps
     out, err = capsys.readouterr()
     assert code == 0, (out, err)  # not "0 changes; node matches the layout" over a T4-1Q
     assert [v.type_name for v in node.inventory().gpu(T4).vgpus] == [vgpu.type_name]
+
+
+def test_a_vgpu_held_meanwhile_is_kept(tmp_path, capsys):
+    """The look before the lock looks for no users: they are scanned under the lock, right before the
+    plan that is run, so a VM that opened vGPUs while the apply waited keeps them (exit 3)."""
+    node = make_node(tmp_path)
+    from mdev_manager.config import load_config
+
+    assert reconcile(node.env, node.io, load_config(str(_layout(tmp_path, T4, {"T4-2Q": 8})), "default"),
+                     node=node.node).ok
+    held = node.inventory().gpu(T4).vgpus
+
+    def vm_starts():
+        node.host.spawn_holder([node.env.vfio_group(v.iommu_group) for v in held])
+
+    code = _apply_meanwhile(node, _layout(tmp_path, T4, {"T4-2Q": 4}), vm_starts)
+    out, err = capsys.readouterr()
+    assert code == 3, (out, err)
+    assert {v.id for v in node.inventory().gpu(T4).vgpus} == {v.id for v in held}
+    assert len(json.loads(out)["blocked"]) == 4
+
+
+class CountsProcScans(SimIO):
+    """The simulated host, counting the listings of ``/proc`` (one per look for users)."""
+
+    def __init__(self, host, proc: Path):
+        super().__init__(host)
+        self.proc, self.scans = proc, 0
+
+    def listdir(self, path: Path) -> list[str]:
+        if Path(path) == self.proc:
+            self.scans += 1
+        return super().listdir(path)
+
+
+def test_an_apply_looks_for_users_once(tmp_path, monkeypatch, capsys):
+    """Before the lock nothing is looked up (that plan is never run); under it once, for the plan that
+    is run; the read-back of a node that matches judges with those users."""
+    node = make_node(tmp_path)
+    io = CountsProcScans(node.host, node.env.proc_root)
+    monkeypatch.setattr(host_module, "open_host", lambda args: Host(env=node.env, io=io, node=node.node,
+                                                                 kubelet_root=node.root / "kubelet"))
+    assert main(["apply", "-f", str(_layout(tmp_path, T4, {"T4-2Q": 8}))]) == 0, capsys.readouterr()
+    assert io.scans == 1
+    assert len(node.inventory().gpu(T4).vgpus) == 8
