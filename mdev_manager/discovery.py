@@ -235,9 +235,14 @@ def read_mdevs(env: HostEnv, io: HostIO, parent: str, gpu: str, dirs: DeviceDirs
     out = []
     pdir = _dev_dir(env, io, parent, dirs)
     for name in io.listdir(pdir):
-        if not _UUID.match(name) or not io.exists(pdir / name / "mdev_type"):
+        if not _UUID.match(name):
             continue
-        tid = link_name(io, pdir / name / "mdev_type") or ""
+        try:  # the link read is the check that it is there: no lstat before it
+            tid = os.path.basename(io.readlink(pdir / name / "mdev_type").rstrip("/"))
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                continue  # no mdev_type: not an mdev (or gone meanwhile)
+            tid = ""  # there, but not a link (a hand-made tree)
         tname = read_attr(io, pdir / name / "mdev_type" / "name") or tid
         group = link_name(io, pdir / name / "iommu_group")
         out.append(Vgpu(id=name, framework="mdev", type_id=tid, type_name=tname, parent=parent, gpu=gpu,

@@ -169,6 +169,7 @@ class Executor:
         self.stop = stop
         self._records: dict[str, str] | None = None
         self._unsynced = False
+        self._layout_made = False  # mdevctl's scripts.d made once per run, not once per definition
         self._dirs: dict[str, Path] | None = None
 
     def _dev(self, address: str) -> Path:
@@ -181,7 +182,7 @@ class Executor:
         return d
 
     def run(self, plan: Plan) -> Report:
-        self._dirs = {}
+        self._dirs, self._layout_made = {}, False
         io = self.io
         if self.stop is not None:
             self.io = cast(HostIO, _StopBeforeWrites(io, self.stop))
@@ -256,8 +257,8 @@ class Executor:
             # Ordering (definition before device) is what crash safety needs; durability against
             # power loss comes from one sync at the end of the run (a reboot loses the devices too).
             persist.save_definition(env, io, MdevDefinition(uuid=a.uuid, parent=a.parent, mdev_type=a.type_id,
-                                                            start=a.start), durable=False)
-            self._unsynced = True
+                                                            start=a.start), durable=False, layout_made=self._layout_made)
+            self._unsynced = self._layout_made = True
         elif isinstance(a, CreateMdev):
             self.create_mdev(a.parent, a.type_id, a.uuid)
         elif isinstance(a, RemoveMdev):

@@ -7,15 +7,21 @@ NVML derives from them (placements, GPU instances). :func:`refresh_vgpus` reads 
 the rest from the GPU as last read: one attribute per type instead of four, no function re-read.
 The caller uses it only where the GPU's other fingerprint marks (functions, drivers) are unchanged;
 a parent whose type list differs from the one read before makes it read the GPU whole (None).
+
+``apply`` reuses what it read before the node lock, under it, where :func:`still_current` finds the
+node unchanged, and reads back only the GPUs it wrote (:func:`read_again`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from mdev_manager import catalog
-from mdev_manager.discovery import DeviceDirs, _int, _mig_state, _placements, read_mdevs
+from mdev_manager.discovery import DeviceDirs, _int, _mig_state, _placements, discover, read_function, read_gpu, read_mdevs
 from mdev_manager.host.env import HostEnv
+from mdev_manager.host.fingerprint import settled_print
 from mdev_manager.host.io import HostIO
-from mdev_manager.models import Gpu, MdevParent, Vgpu, VgpuType
+from mdev_manager.models import Gpu, Inventory, MdevParent, Vgpu, VgpuType
 from mdev_manager.typeset import mdev_type, summarise
 
 
@@ -52,3 +58,34 @@ def _with_free(t: VgpuType, available: int) -> VgpuType:
     if t.framework == "mdev" and t == mdev_type(t.id, t.name, t.description, t.device_api, t.available_instances):
         return mdev_type(t.id, t.name, t.description, t.device_api, available)
     return t.model_copy(update={"available_instances": available})
+
+
+def read_again(env: HostEnv, io: HostIO, inv: Inventory, addresses: Iterable[str],
+               light: Iterable[str] = ()) -> Inventory:
+    """``inv`` with the GPUs at ``addresses`` read now, each whole (functions, VFs, types, vGPUs, NVML's
+    view), the others as read before; those also in ``light`` (only vGPUs made or removed there) read
+    as :func:`refresh_vgpus` does where it can. A GPU that no longer reads (off the bus) makes it read
+    the whole node, as :func:`~mdev_manager.discovery.discover` words a failed read."""
+    wanted, light = set(addresses), set(light)
+    if not wanted:
+        return inv
+    dirs = DeviceDirs(env, io)
+
+    def read(g: Gpu) -> Gpu:
+        fresh = refresh_vgpus(env, io, g) if g.address in light else None
+        return fresh or read_gpu(env, io, g.address, g.index, read_function(env, io, g.address, dirs), dirs=dirs)
+
+    try:
+        gpus = [read(g) if g.address in wanted else g for g in inv.gpus]
+    except OSError:
+        return discover(env, io, node=inv.node)
+    return inv.model_copy(update={"gpus": gpus})
+
+
+def still_current(env: HostEnv, io: HostIO, inv: Inventory, seen: str) -> Inventory | None:
+    """``inv``, read after :func:`~mdev_manager.host.fingerprint.settled_print` gave ``seen``, if the node
+    shows no change since (its GPUs with state in the driver, MIG or mixed-size mode, read again: no
+    sysfs listing shows a GPU instance made); None: something changed, read the node whole."""
+    if settled_print(env, io) != seen:
+        return None
+    return read_again(env, io, inv, [g.address for g in inv.gpus if g.mig is not None or g.placements is not None])

@@ -95,14 +95,17 @@ def load_definitions(env: HostEnv, io: HostIO) -> tuple[list[MdevDefinition], li
     return defs, problems
 
 
-def save_definition(env: HostEnv, io: HostIO, d: MdevDefinition, durable: bool = True) -> Path:
+def save_definition(env: HostEnv, io: HostIO, d: MdevDefinition, durable: bool = True,
+                    layout_made: bool = False) -> Path:
     """Write (or replace) one definition atomically; returns its path.
 
-    ``durable=False`` leaves the fsync to the caller (the executor syncs once per run).
+    ``durable=False`` leaves the fsync to the caller (the executor syncs once per run);
+    ``layout_made``: :func:`ensure_layout` was done by the caller (once per run, not per file).
     """
     d = MdevDefinition.model_validate(d.model_dump())  # re-check a mutated model
     path = definition_path(env, d.parent, d.uuid)
-    ensure_layout(env, io)
+    if not layout_made:
+        ensure_layout(env, io)
     io.makedirs(path.parent)
     body = {"mdev_type": d.mdev_type, "start": d.start, "attrs": d.attrs}
     io.write_atomic(path, json.dumps(body, indent=2, sort_keys=True) + "\n", durable=durable)

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from mdev_manager import persist
-from mdev_manager.actions import Plan
+from mdev_manager.actions import CreateMdev, Plan, RemoveDefinition, RemoveMdev, SaveDefinition
 from mdev_manager.blocked import blocked_by_use
 from mdev_manager.config import GpuLayout
 from mdev_manager.discovery import discover
 from mdev_manager.executor import Executor, Report
+from mdev_manager.gpurefresh import read_again
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 from mdev_manager.models import Blocked, Inventory, Usage
@@ -29,6 +30,10 @@ from mdev_manager.plan import make_plan
 from mdev_manager.usage import collect_usage
 
 log = logging.getLogger(__name__)
+
+#: steps that make or remove an mdev (or its definition) and change nothing else of the GPU: its
+#: functions, drivers and types stay, so the read-back reads its vGPUs and free instances alone
+_VGPU_STEPS = (SaveDefinition, CreateMdev, RemoveMdev, RemoveDefinition)
 
 
 class Round(BaseModel):
@@ -73,8 +78,14 @@ class Outcome(BaseModel):
 
 
 def plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None = None,
-              node: str = "", ids: dict[str, Numbered] | None = None) -> tuple[Inventory, Plan, list[str]]:
-    inv, plan, warnings, _blocked, _usage = _plan_once(env, io, layouts, usage_extra, node, ids)
+              node: str = "", ids: dict[str, Numbered] | None = None, scan: bool = True,
+              ) -> tuple[Inventory, Plan, list[str]]:
+    """The node read and planned once. ``scan=False``: no look for users in ``/proc`` and libvirt (only
+    ``usage_extra``), for a plan that is a preview and never run (``apply``'s look before the node lock,
+    which rejects bad input and sizes the progress bar: the plan run is made under the lock, on users
+    scanned there)."""
+    inv, plan, warnings, _blocked, _usage = _plan_once(env, io, layouts, usage_extra, node, ids,
+                                                       usage=None if scan else Usage().merged(usage_extra))
     return inv, plan, warnings
 
 
@@ -85,9 +96,9 @@ def gone_blocked(plan: Plan) -> list[Blocked]:
 
 def _plan_once(env: HostEnv, io: HostIO, layouts: list[GpuLayout], usage_extra: Usage | None,
                node: str, ids: dict[str, Numbered] | None = None, inv: Inventory | None = None,
-               ) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
+               usage: Usage | None = None) -> tuple[Inventory, Plan, list[str], list[Blocked], Usage]:
     inv = inv if inv is not None else discover(env, io, node=node, ids=ids)
-    usage = collect_usage(env, io, usage_extra, inv=inv)
+    usage = usage if usage is not None else collect_usage(env, io, usage_extra, inv=inv)
     defs, problems = persist.load_definitions(env, io)
     records = persist.load_vendor_vfio(env, io)
     plan = make_plan(inv, layouts, usage, defs, records, passthrough=persist.load_passthrough(env, io),
@@ -106,13 +117,19 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
 
     ``read_back`` plans the node once more after the work: what that plan still wants to do is an
     effect the node does not show (``unapplied``), so a write the kernel took without effect is a
-    failure, not a "matches". ``stop()`` (a pending signal) ends the work before the next write, or
-    before the next round is planned; a stopped outcome has no inventory (the node was not read back).
+    failure, not a "matches". It reads again the GPUs the last round's steps named (the others were
+    read after the last write to them; where only vGPUs were made or removed, their vGPUs and free
+    instances), and judges with the users the last round was planned on; a
+    plan that still wants a step or keeps a device for its users is made again on users scanned now
+    (users only ever hold steps back: a plan with neither is the same whoever holds what).
+    ``stop()`` (a pending signal) ends the work before the next write, or before the next round is
+    planned; a stopped outcome has no inventory (the node was not read back).
     ``ids``: the node's GPU numbering where the caller read it (else discovery reads it); an entry
     naming a numbered GPU that left the bus waits (``blocked``). ``inventory``: the node as the caller
     discovered it under the same lock a moment ago, planned on in the first round instead of a
-    second discovery (the later rounds and the read-back discover again)."""
+    second discovery (the later rounds discover again)."""
     out = Outcome()
+    plan = Plan()
     for _ in range(max_rounds):
         why = stop() if stop and out.rounds else None
         if why:  # asked to stop while the last round ran: the next one is not even planned
@@ -146,10 +163,15 @@ def reconcile(env: HostEnv, io: HostIO, layouts: list[GpuLayout], *, dry_run: bo
         out.stopped = stop()  # the signal came with the last write: the read-back is skipped too
     if out.stopped:  # stopping is what was asked: no read-back, no inventory it would take a while to make
         out.inventory = None
-    elif read_back and not dry_run and executed:
-        inv, plan, _warnings, out.blocked, out.usage = _plan_once(env, io, layouts, usage_extra, node, ids)
-        out.inventory = inv
-        out.unapplied = [a.describe() for a in plan.actions]
+    elif read_back and not dry_run and executed and out.inventory is not None:
+        written = {a.gpu for a in plan.actions}
+        structural = {a.gpu for a in plan.actions if not isinstance(a, _VGPU_STEPS)}
+        inv = read_again(env, io, out.inventory, written, light=written - structural)
+        _, again, _w, blocked, usage = _plan_once(env, io, layouts, usage_extra, node, ids, inv, out.usage)
+        if again.actions or again.skipped:
+            _, again, _w, blocked, usage = _plan_once(env, io, layouts, usage_extra, node, ids, inv)
+        out.inventory, out.blocked, out.usage = inv, blocked, usage
+        out.unapplied = [a.describe() for a in again.actions]
     elif final_inventory:
         out.inventory = discover(env, io, node=node, ids=ids)
     return out

@@ -22,7 +22,6 @@ decides what they mean. The result types live in :mod:`mdev_manager.models`.
 from __future__ import annotations
 
 import logging
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from pydantic import BaseModel
@@ -141,6 +140,8 @@ def _pci_from_attrs(a: dict[str, str]) -> str | None:
 
 def parse_domain_devices(xml: str) -> tuple[set[str], set[str]]:
     """(mdev UUIDs, PCI addresses) a domain XML hands to its guest."""
+    import xml.etree.ElementTree as ET  # only where libvirt names domains: apply on a host without it loads none
+
     root = ET.fromstring(xml)
     mdevs: set[str] = set()
     pci: set[str] = set()

@@ -213,3 +213,24 @@ def test_discover_as_json_loads_no_planner_no_yaml_no_tables(tmp_path):
                 "mdev_manager.executor", "mdev_manager.persist", "vgpuctl.output.text", "yaml", "rich",
                 "dra_bridge.kubeletplugin.checkpoint"}
     assert unwanted & loaded == set()
+
+
+def test_apply_without_claims_or_libvirt_loads_neither_their_models_nor_xml(tmp_path):
+    """#37: ``vgpuctl apply`` on a node without prepared claims (no kubelet checkpoint) and without libvirt
+    domains loads neither the kubelet plugin's checkpoint models nor an XML parser (its whole process is
+    benchmarked against 256 mdevctl calls)."""
+    layout = tmp_path / "layout.json"
+    layout.write_text(json.dumps({"version": "vgpuctl/v1", "layouts": {"default": [
+        {"index": 0, "mode": "vgpu", "vgpus": {"T4-2Q": 2}}]}}))
+    code = ("import contextlib, io, json, sys\n"
+            "from vgpuctl.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    rc = main(['--simulate', 'apply', '-f', {str(layout)!r}])\n"
+            "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO), VGPUCTL_SIM_DIR=str(tmp_path / "sim")))
+    report = json.loads(p.stderr.strip().splitlines()[-1])
+    assert report["rc"] == 0, p.stderr[-2000:]
+    loaded = set(report["modules"])
+    assert "mdev_manager.executor" in loaded  # it did apply
+    assert {"dra_bridge.kubeletplugin.checkpoint", "dra_bridge.kubeletplugin.state", "xml.etree.ElementTree"} & loaded == set()

@@ -35,6 +35,36 @@ def fingerprint(env: HostEnv, io: HostIO) -> str:
     return h.hexdigest()
 
 
+def settled_print(env: HostEnv, io: HostIO) -> str:
+    """:func:`fingerprint` made exact for reusing an inventory read a moment before (``apply``'s look
+    before the node lock, reused under it): besides the functions, their drivers, the mdevs' names,
+    ``sriov_numvfs`` and the vendor-VFIO types, each mdev's parent and type (an mdev removed and made
+    again under its UUID elsewhere, or of another type, lists the same name), every function's
+    ``driver_override``, the GPU numbering and ``/dev/iommu``. What lives in the driver (MIG mode,
+    GPU instances, mixed-size mode and placements) shows in no sysfs listing: a GPU that has any is
+    read again by the caller (:func:`mdev_manager.gpurefresh.still_current`)."""
+    h = hashlib.sha256()
+
+    def add(*parts: object) -> None:
+        h.update(repr(parts).encode())
+
+    add("pci", sorted(io.listdir(env.pci_devices)))
+    for driver in sorted(io.listdir(env.pci_drivers)):
+        add("driver", driver, sorted(d for d in io.listdir(env.pci_drivers / driver) if ":" in d))
+    for uuid in sorted(io.listdir(env.mdev_devices)):
+        try:
+            add("mdev", uuid, io.readlink(env.mdev_devices / uuid), io.readlink(env.mdev_devices / uuid / "mdev_type"))
+        except OSError as exc:  # gone meanwhile, or not a link: what was read says so
+            add("mdev", uuid, exc.errno)
+    attrs = ["nvidia/current_vgpu_type", "sriov_numvfs", "driver_override"]
+    add("attrs", sorted(io.read_children(env.pci_devices, attrs).items()))
+    try:
+        add("ids", io.read(env.gpu_ids))
+    except FileNotFoundError:
+        add("ids", None)
+    add("iommufd", io.exists(env.iommufd))
+    return h.hexdigest()
+
 
 def host_marks(env: HostEnv, io: HostIO, mdev_parent: dict[str, str]) -> list[tuple[str, ...]]:
     """The same reads as :func:`fingerprint`, each mark ``(function, what...)`` naming the PCI

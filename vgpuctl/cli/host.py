@@ -83,9 +83,15 @@ def _check_sys_root(args, host: Host) -> None:
 def prepared_usage(host: Host, driver: str) -> Usage:
     """Devices the kubelet plugin's prepared claims hold (its checkpoint, read-only): what a hand-run
     ``apply``, ``restore`` or ``slices`` must count as in use, as ``serve`` does."""
+    path = host.paths(driver).checkpoint
+    try:
+        host.io.stat(path)
+    except FileNotFoundError:  # no checkpoint, no claims (the store's own answer), without loading its models
+        return Usage()
+    except OSError:
+        pass  # the store says what is wrong with it
     from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
 
-    path = host.paths(driver).checkpoint
     try:
         cp = CheckpointStore(path, host.io).load()
     except CheckpointCorrupt as exc:

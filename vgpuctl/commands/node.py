@@ -186,6 +186,8 @@ def run_apply(args) -> int:
     from mdev_manager import applied
     from mdev_manager.config import load_config
     from mdev_manager.discovery import discover
+    from mdev_manager.gpurefresh import still_current
+    from mdev_manager.host.fingerprint import settled_print
     from mdev_manager.host.lock import NodeLockBusy
     from mdev_manager.reconcile import plan_once, reconcile
     from vgpuctl.cli.host import dump, number_gpus, open_host
@@ -207,13 +209,17 @@ def run_apply(args) -> int:
                 env, io, layouts, dry_run=True, node=node, usage_extra=_claims_usage(args, host)))
         before = out.inventory
     else:
-        # a layout the node rejects is bad input: rejected before the lock file is made (nothing written)
+        # a layout the node rejects is bad input: rejected before the lock file is made (nothing written);
+        # no users are looked for: this plan is never run (the one run is made on users scanned under the lock)
         with term.status("reading the node and planning") if table else nullcontext():
-            _, first, _ = _no_gpu_guard(host, lambda: plan_once(env, io, layouts, _claims_usage(args, host), node))
+            seen = settled_print(env, io)
+            looked, first, _ = _no_gpu_guard(host, lambda: plan_once(env, io, layouts, _claims_usage(args, host),
+                                                                     node, scan=False))
         try:
             with _writer(args, env), StopSignals() as signals:
-                # under the lock: another writer may have changed the node while this one waited
-                before = discover(env, io, node=node)
+                # under the lock: another writer (or mdevctl, a rebind by hand) may have changed the node
+                # while this one waited; what was read before is planned on again only if nothing shows so
+                before = still_current(env, io, looked, seen) or discover(env, io, node=node)
                 if args.gpu is None:  # one GPU's entry is not what the node is for
                     applied.record(env, io, layouts, name=args.layout, source=str(args.file), by="vgpuctl apply")
                 with term.progress("applying", len(first.actions)) as on_step:
