@@ -109,10 +109,15 @@ def test_no_import_cycle_between_modules():
     assert cycles == []
 
 
-def _loaded_after(argv: list[str], tmp_path: Path) -> set[str]:
+def _modules_after(call: str, tmp_path: Path) -> set[str]:
+    """The modules a fresh interpreter holds once ``call`` (``main([...])`` or ``kubectl_plugin([...])`` of
+    vgpuctl.main) has returned 0, or exited 0 as argparse does after ``-h`` and ``--version``."""
     code = ("import json, sys\n"
-            "from vgpuctl.main import main\n"
-            f"rc = main({argv!r})\n"
+            "from vgpuctl.main import main, kubectl_plugin\n"
+            "try:\n"
+            f"    rc = {call}\n"
+            "except SystemExit as e:  # argparse's --version and -h\n"
+            "    rc = e.code\n"
             "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
     env = dict(os.environ, VGPUCTL_SIM_DIR=str(tmp_path / "sim"), PYTHONPATH=str(REPO))
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -121,7 +126,7 @@ def _loaded_after(argv: list[str], tmp_path: Path) -> set[str]:
     assert last.startswith("{"), p.stdout[-2000:] + p.stderr[-3000:]
     report = json.loads(last)
     assert report["rc"] == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    return {m.split(".")[0] for m in report["modules"]}
+    return set(report["modules"])
 
 
 @pytest.mark.parametrize("argv", [
@@ -130,7 +135,7 @@ def _loaded_after(argv: list[str], tmp_path: Path) -> set[str]:
     ["--simulate", "plan", "-f", str(REPO / "examples" / "layout.yaml")],
 ])
 def test_read_only_node_commands_load_neither_grpc_nor_kubernetes(argv, tmp_path):
-    loaded = _loaded_after(argv, tmp_path)
+    loaded = {m.split(".")[0] for m in _modules_after(f"main({argv!r})", tmp_path)}
     assert "mdev_manager" in loaded  # the command really ran in that process
     assert {"grpc", "kubernetes"} & loaded == set()
 
@@ -170,19 +175,7 @@ def _every_help() -> list[list[str]]:
 @pytest.mark.parametrize("argv", _every_help(), ids=" ".join)
 def test_version_and_every_help_load_nothing_heavy(argv, tmp_path):
     """#37.3: ``-h`` of every command loads the argument definitions alone, never the command's work."""
-    call = f"kubectl_plugin({argv[1:]!r})" if argv[0] == "plugin" else f"main({argv!r})"
-    code = ("import json, sys\n"
-            "from vgpuctl.main import main, kubectl_plugin\n"
-            "try:\n"
-            f"    rc = {call}\n"
-            "except SystemExit as e:  # argparse's --version and -h\n"
-            "    rc = e.code\n"
-            "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
-    report = json.loads(p.stderr.strip().splitlines()[-1])
-    assert report["rc"] == 0, p.stderr[-2000:]
-    loaded = set(report["modules"])
+    loaded = _modules_after(f"kubectl_plugin({argv[1:]!r})" if argv[0] == "plugin" else f"main({argv!r})", tmp_path)
     heavy = {m for m in loaded - LIGHT_OF_OURS
              if m in HEAVY_AT_START or m.split(".")[0] in HEAVY_AT_START - {"importlib.metadata"}}
     assert heavy == set(), f"vgpuctl {' '.join(argv)} loads {sorted(heavy)}: import them where the command runs"
@@ -196,18 +189,9 @@ def test_discover_as_json_loads_no_planner_no_yaml_no_tables(tmp_path):
 
     root = tmp_path / "host"
     sim_node(root, "default")
-    code = ("import contextlib, io, json, sys\n"
-            "from vgpuctl.main import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            f"    rc = main(['--sys-root', {str(root / 'sys')!r}, '--dev-root', {str(root / 'dev')!r},"
-            f" '--mdevctl-root', {str(root / 'etc/mdevctl.d')!r}, '--state-root', {str(root / 'var/lib/vgpuctl')!r},"
-            " 'discover', '-o', 'json'])\n"
-            "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
-    report = json.loads(p.stderr.strip().splitlines()[-1])
-    assert report["rc"] == 0, p.stderr[-2000:]
-    loaded = set(report["modules"])
+    argv = ["--sys-root", str(root / "sys"), "--dev-root", str(root / "dev"), "--mdevctl-root", str(root / "etc/mdevctl.d"),
+            "--state-root", str(root / "var/lib/vgpuctl"), "discover", "-o", "json"]
+    loaded = _modules_after(f"main({argv!r})", tmp_path)
     assert "mdev_manager.discovery" in loaded
     unwanted = {"mdev_manager.plan", "mdev_manager.placeplan", "mdev_manager.config", "mdev_manager.actions",
                 "mdev_manager.executor", "mdev_manager.persist", "vgpuctl.output.text", "yaml", "rich",

@@ -48,13 +48,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import mfusepy
 
+from mdev_manager.sim.child import child_env, wait_started
 from mdev_manager.sim.kernel import SimHost
 
 log = logging.getLogger(__name__)
@@ -308,10 +308,6 @@ def unmount(mountpoint: Path | str, lazy: bool = False) -> bool:
     return not in_mount_table(mountpoint)
 
 
-def _project_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
-
-
 @contextlib.contextmanager
 def mounted(host: SimHost | Path | str, mountpoint: Path | str, timeout: float = MOUNT_TIMEOUT,
             allow_other: bool = False, max_seconds: float | None = None, threads: bool = False,
@@ -332,8 +328,6 @@ def mounted(host: SimHost | Path | str, mountpoint: Path | str, timeout: float =
         raise RuntimeError(f"{mp} is already a mount point")
     if shutil.which(FUSERMOUNT) is None:
         raise RuntimeError(f"{FUSERMOUNT} not found")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_project_root(), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "mdev_manager.sim.fuse", str(root), str(mp)]
     if allow_other:
         cmd.append("--allow-other")
@@ -342,7 +336,8 @@ def mounted(host: SimHost | Path | str, mountpoint: Path | str, timeout: float =
     if stats is not None:
         cmd += ["--stats", str(stats)]
     log_file = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                            env=child_env())
 
     def daemon_log() -> str:
         log_file.seek(0)
@@ -354,13 +349,7 @@ def mounted(host: SimHost | Path | str, mountpoint: Path | str, timeout: float =
         watchdog.daemon = True
         watchdog.start()
     try:
-        deadline = time.monotonic() + timeout
-        while not os.path.ismount(mp):
-            if proc.poll() is not None:
-                raise RuntimeError(f"FUSE daemon exited with {proc.returncode} before mounting {mp}:\n{daemon_log()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{mp} not mounted after {timeout}s:\n{daemon_log()}")
-            time.sleep(0.02)
+        wait_started(proc, lambda: os.path.ismount(mp), timeout, "the FUSE daemon", f"mount {mp}", daemon_log)
         yield mp
     finally:
         if watchdog is not None:

@@ -29,6 +29,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import TypeVar
 
+from mdev_manager.sim.child import child_env, wait_started
 from mdev_manager.sim.io import SimIO
 from mdev_manager.sim.kernel import SimHost
 
@@ -133,20 +134,12 @@ def kernel_process(host: SimHost, io_class: type[_P] = ProcIO) -> Iterator[_P]: 
     """Run ``host``'s kernel model in a child process; yield the transport into it, stop it on exit."""
     with tempfile.TemporaryDirectory(prefix="vgk", dir="/tmp") as d:  # unix socket paths must stay short
         address = os.path.join(d, "k")
-        env = dict(os.environ)
-        project = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [project, env.get("PYTHONPATH")]))
         proc = subprocess.Popen([sys.executable, "-m", "mdev_manager.sim.kproc", str(host.root), address],
-                                stdin=subprocess.DEVNULL, env=env)
+                                stdin=subprocess.DEVNULL, env=child_env())
         io = io_class(host, address)
         try:
-            deadline = time.monotonic() + START_TIMEOUT
-            while not os.path.exists(address):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the simulated kernel's process exited with {proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the simulated kernel's process did not listen on {address}")
-                time.sleep(0.02)
+            wait_started(proc, lambda: os.path.exists(address), START_TIMEOUT, "the simulated kernel's process",
+                         f"listen on {address}")
             yield io
         finally:
             with contextlib.suppress(OSError, EOFError):

@@ -1,12 +1,12 @@
-"""Fixtures the DRA bridge's driver and checkpoint tests share (a test module may override them)."""
+"""Fixtures the DRA bridge's tests share (a test module may override them); ``base`` and ``srv`` are
+tests/support/dra.py's, shared with tests/system."""
 
 from __future__ import annotations
 
 import pytest
 
 from dra_bridge.api.nodepaths import NodePaths
-from dra_bridge.sim.apiserver import LocalApiServer
-from tests.support.dra import make_node
+from tests.support.dra import base, make_node, srv  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
@@ -19,10 +19,3 @@ def node(tmp_path):
 def paths(tmp_path):
     """The kubelet plugin's directories (kubelet root, CDI root) under the test's tmp dir."""
     return NodePaths.under(tmp_path / "plugin")
-
-
-@pytest.fixture
-def srv():
-    """A local API server of a GA DRA release (resource.k8s.io/v1)."""
-    with LocalApiServer(version="1.35") as server:
-        yield server

@@ -19,12 +19,6 @@ DRIVER = "gpu.example.com"
 
 # ----------------------------------------------------------------------------- helpers
 @pytest.fixture
-def srv():
-    with LocalApiServer(version="1.35") as server:
-        yield server
-
-
-@pytest.fixture
 def api(srv):
     return client.ResourceV1Api(srv.api_client())
 

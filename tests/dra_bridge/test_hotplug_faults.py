@@ -14,14 +14,11 @@ import threading
 import uuid
 from pathlib import Path
 
-import pytest
-
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.agent.hotplug import LOST, Deliver, Lost, Uevent
-from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.discovery import discover
 from mdev_manager.sim import SimIO
-from tests.support.dra import assert_consistent_pool, make_node, pool_slices, published_devices, short_tmp
+from tests.support.dra import assert_consistent_pool, make_node, pool_slices, published_devices
 
 
 class ScriptedSource:
@@ -61,18 +58,6 @@ class WatchedIO(SimIO):
         if self.watch is not None and directory.name == "mdev_supported_types" and directory.parent.name == self.watch:
             self.read_watched.set()
         return super().read_children(directory, names)
-
-
-@pytest.fixture
-def base():
-    with short_tmp("hf") as d:
-        yield d
-
-
-@pytest.fixture
-def srv():
-    with LocalApiServer(version="1.35") as s:
-        yield s
 
 
 def make_agent(node, srv, base: Path, watch: str | None = None) -> tuple[Daemon, ScriptedSource]:

@@ -12,15 +12,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.agent.hotplug import Deliver, Lost, SocketSource, Uevent, parse_uevent
-from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.discovery import discover
 from mdev_manager.sim import SimIO
 from mdev_manager.sim.uevents import RELAY, message, send
-from tests.support.dra import make_node, pool_slices, published_devices, short_tmp
+from tests.support.dra import make_node, pool_slices, published_devices
 
 
 class Heard:
@@ -45,18 +42,6 @@ class Heard:
     def wait_for(self, seen: Callable[[Uevent | Lost], bool]) -> None:
         with self._cond:
             assert self._cond.wait_for(lambda: any(seen(e) for e in self.events), 60), "the event never arrived"
-
-
-@pytest.fixture
-def base():
-    with short_tmp("hr") as d:
-        yield d
-
-
-@pytest.fixture
-def srv():
-    with LocalApiServer(version="1.35") as s:
-        yield s
 
 
 def relayed_agent(node, srv, base: Path, heard: bool = True) -> tuple[Daemon, Heard | None]:

@@ -1,4 +1,6 @@
-"""Shared helpers for the DRA bridge tests: simulated nodes, claims, slice checks.
+"""Shared helpers for the DRA bridge tests: simulated nodes, claims, slice checks, and the fixtures
+``base`` (a short temporary directory) and ``srv`` (a local API server), which the conftests of
+tests/dra_bridge and tests/system hand their modules (a module may override them).
 
 A :class:`SimNode` is a simulated host (built by :func:`mdev_manager.sim.node.sim_node`) prepared the way the daemon
 leaves it in ``dra`` mode (VFs enabled, no vGPUs), plus the pool the bridge would publish
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dra_bridge.api.names import DEFAULT_DRIVER
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.apiclient.claims import ApiClaimSource
@@ -28,6 +32,7 @@ from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.pool.devices import Pool, build_pool
 from dra_bridge.pool.policy import policy_from_layout
 from dra_bridge.rpc.types import ClaimRef
+from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.config import GpuLayout
 from mdev_manager.discovery import discover, read_function, read_gpu
 from mdev_manager.host.env import HostEnv
@@ -64,6 +69,20 @@ def short_tmp(prefix: str = "vg") -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A short temporary directory for a node and its agent (the kubelet's sockets go below it)."""
+    with short_tmp() as d:
+        yield d
+
+
+@pytest.fixture
+def srv() -> Iterator[LocalApiServer]:
+    """A local API server of a GA DRA release (resource.k8s.io/v1)."""
+    with LocalApiServer(version="1.35") as server:
+        yield server
 
 
 # --------------------------------------------------------------------------- simulated node

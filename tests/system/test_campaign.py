@@ -37,15 +37,20 @@ A run that fails only on bugs the campaign has found and that are not fixed yet
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.campaign import known
-from tests.campaign.run import LIBVIRT_EDIT, run
+from tests.campaign.run import DRA_ALL, LIBVIRT_EDIT, run, seed_episode, seeded_process
+from tests.campaign.world import World
 from tests.support.simnodes import needs_libvirt
 from tests.support.tmp import short_root
 
@@ -79,6 +84,37 @@ def test_campaign(seed, caplog):
             warnings.warn(f"seed {seed} did not reach {missed} this run: {result.covered}", stacklevel=1)
 
 
+@contextlib.contextmanager
+def _campaign_dir(prefix: str) -> Iterator[tuple[Path, Path]]:
+    """A run's directory (short, removed afterwards) and the campaign host's template in it, while the
+    process is seeded as the campaign seeds it: yields ``(work, template)``."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=short_root()))
+    with seeded_process(work), contextlib.ExitStack() as clean:
+        clean.callback(shutil.rmtree, work, True)
+        yield work, World.template(work / "template")
+
+
+@contextlib.contextmanager
+def _episode(work: Path, template: Path, name: str, layouts: dict[str, list[dict]] | None = None,
+             seed: int = 0) -> Iterator[World]:
+    """One episode's world in ``work/name``, a fresh copy of ``template`` (layouts: DRA on every GPU
+    unless given), seeded with ``seed``; closed afterwards."""
+    seed_episode(seed)
+    (work / name).mkdir()
+    world = World.create(work / name, template, layouts or {"dra": DRA_ALL}, seed)
+    try:
+        yield world
+    finally:
+        world.close()
+
+
+@contextlib.contextmanager
+def _fresh_world(prefix: str) -> Iterator[World]:
+    """One episode (seed 0) on a fresh campaign node whose GPUs are all offered through DRA."""
+    with _campaign_dir(prefix) as (work, template), _episode(work, template, "e") as world:
+        yield world
+
+
 @pytest.mark.libvirt
 @needs_libvirt
 def test_gpu_gone_step_passes_where_each_gpu_leaves_the_bus(caplog):
@@ -87,35 +123,22 @@ def test_gpu_gone_step_passes_where_each_gpu_leaves_the_bus(caplog):
     leave no violation. Seeds reach this step rarely; with mutation (k) or (m) of
     tests.campaign.mutations each of these three runs fails (the apply by index exits 2 or lays out
     the wrong GPU), measured 2026-12-07."""
-    import contextlib
-    import shutil
-    import tempfile
-
     from tests.campaign import invariants
     from tests.campaign.gone import PLACES, GpuGone
-    from tests.campaign.run import DRA_ALL, gpu_types, seed_episode, seeded_process
+    from tests.campaign.run import gpu_types
     from tests.campaign.steps import SelectLayout
-    from tests.campaign.world import World
 
     caplog.set_level(logging.CRITICAL)
-    work = Path(tempfile.mkdtemp(prefix="gg", dir=short_root()))
-    with seeded_process(work), contextlib.ExitStack() as clean:
-        clean.callback(shutil.rmtree, work, True)
-        template = World.template(work / "template")
+    with _campaign_dir("gg") as (work, template):
         first, middle, last = (g.address for g in gpu_types(template))
         layout = [{"pciAddress": first, "mode": "vgpu", "vgpus": {"T4-2Q": 2}},
                   {"pciAddress": middle, "mode": "vgpu", "vgpus": {"A100-4C": 2}},
                   {"pciAddress": last, "mode": "vgpu", "vgpus": {"L40S-8Q": 2}}]
         for i, where in enumerate(PLACES):
-            seed_episode(i)
-            (work / where).mkdir()
-            world = World.create(work / where, template, {"dra": DRA_ALL, "a": layout}, i)
-            try:
+            with _episode(work, template, where, {"dra": DRA_ALL, "a": layout}, i) as world:
                 assert invariants.check_all(world, SelectLayout("a").run(world)) == []
                 assert invariants.check_all(world, GpuGone(where, "a").run(world)) == [], where
                 assert any("is back" in line for line in world.log), world.log  # it did unplug
-            finally:
-                world.close()
 
 
 @pytest.mark.libvirt
@@ -127,25 +150,12 @@ def test_binding_burst_and_interrupted_rebuild_steps_pass_on_a_fresh_node(caplog
     verdict per claim, the mix is confirmed and its prepares refused: measured 2026-12-07); then the
     host's rebuild, interrupted by SIGTERM at its second GPU, is refused by every command until the
     reset again, after which the claim is prepared again on the rebuilt host."""
-    import contextlib
-    import shutil
-    import tempfile
-
     from tests.campaign import invariants
     from tests.campaign.binding import BindingBurst
-    from tests.campaign.run import DRA_ALL, seed_episode, seeded_process
     from tests.campaign.simbuild import SimRebuild
-    from tests.campaign.world import World
 
     caplog.set_level(logging.CRITICAL)
-    work = Path(tempfile.mkdtemp(prefix="bb", dir=short_root()))
-    with seeded_process(work), contextlib.ExitStack() as clean:
-        clean.callback(shutil.rmtree, work, True)
-        template = World.template(work / "template")
-        seed_episode(0)
-        (work / "e").mkdir()
-        world = World.create(work / "e", template, {"dra": DRA_ALL}, 0)
-        clean.callback(world.close)
+    with _fresh_world("bb") as world:
         assert invariants.check_all(world, BindingBurst(0, (0, 1, 2, 3), 5, 0.3).run(world)) == [], world.log
         assert [c.devices for c in world.prepared.values()] == [["gpu-0-vgpu-1gb-0"]], world.log
         assert sum("refused at binding" in line for line in world.log) == 3, world.log
@@ -163,24 +173,11 @@ def test_after_a_reboot_new_pods_first_leave_the_old_claims_their_vfs(caplog):
     other VFs; the old claims get their own back (their records hold them). With mutation (l) of
     tests.campaign.mutations (an earlier boot's record holds no VF) the new claims take the old
     claims' VFs and the step says so."""
-    import contextlib
-    import shutil
-    import tempfile
-
     from tests.campaign import invariants
-    from tests.campaign.run import DRA_ALL, seed_episode, seeded_process
     from tests.campaign.steps import Reboot, _devices, _vfs
-    from tests.campaign.world import World
 
     caplog.set_level(logging.CRITICAL)
-    work = Path(tempfile.mkdtemp(prefix="rb", dir=short_root()))
-    with seeded_process(work), contextlib.ExitStack() as clean:
-        clean.callback(shutil.rmtree, work, True)
-        template = World.template(work / "template")
-        seed_episode(0)
-        (work / "e").mkdir()
-        world = World.create(work / "e", template, {"dra": DRA_ALL}, 0)
-        clean.callback(world.close)
+    with _fresh_world("rb") as world:
         slots = sorted(n for n in _devices(world) if n.startswith("gpu-1-vgpu-4gb-"))  # A100-4C: ten a GPU
         assert len(slots) >= 5, _devices(world)
         old = [world.new_claim([n]) for n in slots[:2]]

@@ -124,18 +124,6 @@ def make_daemon(node, srv, base: Path, *, resync: float = 30.0, io=None, **kw) -
 
 
 @pytest.fixture
-def srv():
-    with LocalApiServer(version="1.35") as s:
-        yield s
-
-
-@pytest.fixture
-def base():
-    with short_tmp("vs") as d:
-        yield d
-
-
-@pytest.fixture
 def node(base):
     return make_node(base, "default")
 

@@ -13,23 +13,10 @@ import pytest
 
 from dra_bridge.agent.daemon import Daemon, ServeConfig
 from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
-from dra_bridge.sim.apiserver import LocalApiServer
 from mdev_manager.discovery import discover
 from mdev_manager.host.lock import NodeLock, NodeLockBusy
 from mdev_manager.sim import SimIO
-from tests.support.dra import add_claim, make_node, short_tmp
-
-
-@pytest.fixture
-def base():
-    with short_tmp("vp") as d:
-        yield d
-
-
-@pytest.fixture
-def srv():
-    with LocalApiServer(version="1.35") as s:
-        yield s
+from tests.support.dra import add_claim, make_node
 
 
 def make_agent(node, srv, base: Path) -> Daemon:
