@@ -79,13 +79,14 @@ def _measure(argv: list[str], peer: list[str] | None) -> tuple[float, float, flo
 
 def run() -> list[str]:
     from dra_bridge.sim.cluster import SimCluster
+    from kubevirt_templates.render import render as render_templates
     from tests.system.test_cordon import t4
 
     kubectl = _kubectl()
     lines = [f"kubectl vgpu, whole process against a local API server (in this process), median of {ROUNDS}; "
              f"{os.cpu_count()} CPUs; CPU: the child's user + system; peer: kubectl get resourceslices -o json "
              "(its CPU)", HEADER]
-    with SimCluster(version="1.37", health=False) as c:
+    with SimCluster(render=render_templates, version="1.37", health=False) as c:
         c.launch(t4("T4-8Q", 1, gpu_index=0), name="pod-a")
         assert c.base is not None and c.srv is not None
         kc = c.srv.kubeconfig(c.base / "kubeconfig")

@@ -16,6 +16,10 @@ Every part is the real one except the hardware, the API server and the scheduler
   means resolving the CDI ids the plugin answered into device nodes and mounts, as a container
   runtime would. :class:`~dra_bridge.sim.controlplane.ControlPlane` runs these controllers in a
   loop for pods created by API clients.
+
+The objects vgpuctl's templates make (DeviceClasses here; VMs, claim templates and pods in the demo)
+come from a :data:`Render` its caller hands in (``vgpuctl`` wires :func:`kubevirt_templates.render.render`),
+so the simulator sits beside the templates, not above them.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dra_bridge.api.compat import taint_rule_api, version_tuple
 from dra_bridge.api.names import DEFAULT_DRIVER
@@ -57,6 +61,11 @@ if TYPE_CHECKING:  # loaded by start(): see there
     from dra_bridge.sim.apiserver import LocalApiServer, ResourceType
 
 
+#: ``render(kind, values) -> objects``: vgpuctl's templates (``deviceclasses``, ``vm``, ``claim-template``,
+#: ``passthrough-pod``) rendered from their values, as ``vgpuctl render KIND`` renders them
+Render = Callable[[str, Mapping[str, Any]], list[dict[str, Any]]]
+
+
 def _resource_types() -> tuple[ResourceType, ...]:
     from dra_bridge.sim.apiserver import ResourceType  # start-up cost, as in start()
 
@@ -77,11 +86,12 @@ class SimCluster:
     """One simulated GPU node with the whole vgpuctl node agent, an in-process API server and the
     models of the control plane (see the module docstring). Use as a context manager."""
 
-    def __init__(self, *, preset: str = "default", layout: str = DEMO_LAYOUT, layout_name: str = "demo",
+    def __init__(self, *, render: Render, preset: str = "default", layout: str = DEMO_LAYOUT, layout_name: str = "demo",
                  version: str = "1.35", namespace: str = "default", driver: str = DEFAULT_DRIVER,
                  selectors: Selectors | None = None, validate: bool = True, base: Path | None = None, health: bool = True,
                  device_classes: dict | None = None, feature_gates: dict[str, bool] | None = None,
                  serve_options: dict | None = None) -> None:
+        self.render = render
         self.preset = preset
         self.layout_text = layout
         self.layout_name = layout_name
@@ -105,11 +115,10 @@ class SimCluster:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> SimCluster:
-        # start-up cost (the node agent's grpc and kubernetes client, the API server, the templates: ~1 s):
+        # start-up cost (the node agent's grpc and kubernetes client, the API server: ~1 s):
         # loaded when a cluster starts, not for `vgpuctl demo --help`
         from dra_bridge.agent.daemon import Daemon, ServeConfig
         from dra_bridge.sim.apiserver import LocalApiServer
-        from kubevirt_templates.render import render
         from mdev_manager.sim.node import sim_node
 
         t0 = time.perf_counter()
@@ -138,7 +147,7 @@ class SimCluster:
         self.timings["node agent"] = time.perf_counter() - t0 - self.timings["api"]
         self.kubelet = KubeletClient(self.base / "kl", self.driver).register()
         values = {**({"driver": self.driver} if self.driver != DEFAULT_DRIVER else {}), **self.device_classes}
-        for obj in render("deviceclasses", values):
+        for obj in self.render("deviceclasses", values):
             self.resource.create_device_class(body(obj))
         return self
 

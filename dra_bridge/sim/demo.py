@@ -33,7 +33,7 @@ from fractions import Fraction
 from dra_bridge.api.quantity import format_quantity, parse_quantity
 from dra_bridge.scheduling import capacity
 from dra_bridge.scheduling.selectors import Selectors
-from dra_bridge.sim.cluster import SimCluster
+from dra_bridge.sim.cluster import Render, SimCluster
 from dra_bridge.sim.workloads import DEMO_LAYOUT, Workload
 
 
@@ -114,9 +114,8 @@ def demo_device_classes(workloads: tuple[DemoWorkload, ...] = WORKLOADS) -> dict
     return {"profiles": classic, "extended_resources": True}
 
 
-def render_workload(w: DemoWorkload) -> list[dict]:
-    from kubevirt_templates.render import render  # start-up cost (jinja2, ~100 ms): not for `vgpuctl demo --help`
-
+def render_workload(w: DemoWorkload, render: Render) -> list[dict]:
+    """The objects ``w`` is made of (a VM; or a claim template and the pod that uses it), from ``render``."""
     if w.kind == "vm":
         return render("vm", {"name": w.name, "mode": "dra", **w.values})
     if w.kind == "classic-vm":
@@ -309,16 +308,16 @@ def _refusal_detail(w: Workload, gpus: list[GpuView], profile: str) -> list[str]
     return lines
 
 
-def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = None,
+def run_demo(version: str = "1.36", *, render: Render, feature_gates: dict[str, bool] | None = None,
              selectors: Selectors | None = None, progress: Callable[[str], None] | None = None,
              preset: str = "default") -> DemoReport:
     """Run the demo end to end on a server of ``version`` with ``feature_gates`` over that version's
-    defaults (as a real kube-apiserver of it runs); ``progress(str)`` is called as steps complete;
-    ``preset``: the simulated node (:data:`PRESETS`)."""
+    defaults (as a real kube-apiserver of it runs), its objects made by ``render`` (:data:`.cluster.Render`);
+    ``progress(str)`` is called as steps complete; ``preset``: the simulated node (:data:`PRESETS`)."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     spec_of = PRESETS[preset]
-    with SimCluster(version=version, selectors=selectors, device_classes=demo_device_classes(spec_of.workloads),
+    with SimCluster(render=render, version=version, selectors=selectors, device_classes=demo_device_classes(spec_of.workloads),
                     feature_gates=dict(feature_gates or {}), preset=preset, layout=spec_of.layout,
                     layout_name=spec_of.layout_name) as c:
         assert c.srv is not None and c.kubelet is not None and c.daemon is not None and c.base is not None  # started
@@ -338,7 +337,7 @@ def run_demo(version: str = "1.36", *, feature_gates: dict[str, bool] | None = N
         owners: dict[str, Workload] = {}
         launched: list[tuple[DemoWorkload, Workload]] = []
         for spec in spec_of.workloads:
-            w = c.launch(render_workload(spec), name=spec.name)
+            w = c.launch(render_workload(spec, render), name=spec.name)
             for claim, _ in w.claims:
                 owners[claim] = w
             launched.append((spec, w))

@@ -10,7 +10,7 @@ from dra_bridge.conformance.backend import KubeBackend
 from dra_bridge.conformance.checks import run_conformance
 from dra_bridge.conformance.report import ConformanceReport
 from dra_bridge.scheduling.capacity import CapacityReport, compute
-from dra_bridge.sim.cluster import SimCluster
+from dra_bridge.sim.cluster import Render, SimCluster
 from dra_bridge.sim.controlplane import ControlPlane
 from dra_bridge.sim.demo import WORKLOADS, demo_device_classes, render_workload
 from dra_bridge.sim.workloads import DEMO_LAYOUT
@@ -27,29 +27,31 @@ class ConformanceOptions(TypedDict, total=False):
 
 
 def simulated_capacity(version: str = "1.35", layout: str | None = None, workloads: bool = True,
-                       feature_gates: dict[str, bool] | None = None) -> CapacityReport:
+                       feature_gates: dict[str, bool] | None = None, *, render: Render) -> CapacityReport:
     """Capacity of the simulated cluster of ``vgpuctl demo``, with its workloads running (or none), on a
-    server of ``version`` with ``feature_gates`` over its defaults (None: every gate on)."""
-    with SimCluster(version=version, layout_name=layout or "demo", health=False,
+    server of ``version`` with ``feature_gates`` over its defaults (None: every gate on); ``render`` makes
+    the objects (:data:`.cluster.Render`)."""
+    with SimCluster(render=render, version=version, layout_name=layout or "demo", health=False,
                     device_classes=demo_device_classes(), feature_gates=feature_gates) as c:
         if workloads:
             for w in WORKLOADS:
-                c.launch(render_workload(w), name=w.name)
+                c.launch(render_workload(w, render), name=w.name)
         report = compute(c.slices(), c.claims(), driver=c.driver, selectors=c.selectors)
         report.notes.append(f"simulated cluster ({c.preset} node, layout {c.layout_name}, Kubernetes {version})"
                             + (", with the demo's workloads running" if workloads else ", empty"))
         return report
 
 
-def run_conformance_simulated(*, version: str = "1.37", feature_gates: dict[str, bool] | None = None,
+def run_conformance_simulated(*, render: Render, version: str = "1.37", feature_gates: dict[str, bool] | None = None,
                               layout: str = "mixed", layout_text: str | None = None, preset: str = "default",
                               prepare: Callable[[SimCluster], None] | None = None,
                               **kw: Unpack[ConformanceOptions]) -> ConformanceReport:
     """The checks against the simulated cluster (every GPU offering every profile, the L40S in
     mixed-size mode; a server of
     ``version`` with ``feature_gates`` over its defaults, None: every gate on). ``prepare(cluster)``
-    may change the cluster before the checks (the tests break each property this way)."""
-    with SimCluster(version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset,
+    may change the cluster before the checks (the tests break each property this way). ``render``
+    makes the objects (:data:`.cluster.Render`)."""
+    with SimCluster(render=render, version=version, layout=layout_text or DEMO_LAYOUT, layout_name=layout, preset=preset,
                     device_classes={"profiles": ["T4-1Q"], "extended_resources": True},
                     feature_gates=feature_gates) as c:
         if prepare is not None:

@@ -4,6 +4,7 @@ Each child runs ``python -m mdev_manager.sim.<module>`` from this checkout and i
 something appears outside it (a socket, a mount): :func:`wait_started` polls for that and fails
 with one message naming the child, what it was to do and (when given) its output, as soon as
 the child exits or the deadline passes, so a broken child never leaves its caller waiting.
+:func:`reap` ends one that was asked to stop, and does not wait forever on one that does not.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 POLL = 0.02
+TERM_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 
 
 def child_env() -> dict[str, str]:
@@ -42,3 +44,18 @@ def wait_started(proc: subprocess.Popen[bytes], ready: Callable[[], bool], timeo
             time.sleep(POLL)
             continue
         raise RuntimeError(f"{problem}:\n{output()}" if output is not None else problem)
+
+
+def reap(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``proc``, asked to stop, to exit; then SIGTERM it, and SIGKILL it
+    :data:`TERM_GRACE` seconds later."""
+    try:
+        proc.wait(timeout=timeout)
+        return
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+    try:
+        proc.wait(timeout=TERM_GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

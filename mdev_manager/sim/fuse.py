@@ -54,7 +54,7 @@ from typing import NoReturn, TypeVar
 
 import mfusepy
 
-from mdev_manager.sim.child import child_env, wait_started
+from mdev_manager.sim.child import child_env, reap, wait_started
 from mdev_manager.sim.kernel import SimHost
 
 log = logging.getLogger(__name__)
@@ -356,15 +356,7 @@ def mounted(host: SimHost | Path | str, mountpoint: Path | str, timeout: float =
             watchdog.cancel()
         if in_mount_table(mp) and not unmount(mp):
             unmount(mp, lazy=True)  # something still holds it open: detach now, free later
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        reap(proc, timeout)
         if in_mount_table(mp):  # the daemon died without unmounting: ENOTCONN until detached
             unmount(mp, lazy=True)
         log_file.close()

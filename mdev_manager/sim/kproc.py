@@ -29,7 +29,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import TypeVar
 
-from mdev_manager.sim.child import child_env, wait_started
+from mdev_manager.sim.child import child_env, reap, wait_started
 from mdev_manager.sim.io import SimIO
 from mdev_manager.sim.kernel import SimHost
 
@@ -149,11 +149,7 @@ def kernel_process(host: SimHost, io_class: type[_P] = ProcIO) -> Iterator[_P]: 
                     stopper.recv()
                     stopper.close()
             io.close()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            reap(proc, 10)
 
 
 def main(argv: list[str] | None = None) -> int:

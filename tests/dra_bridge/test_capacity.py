@@ -11,6 +11,7 @@ from dra_bridge.scheduling.selectors import CelSelectors
 from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.demo import WORKLOADS, render_workload
 from dra_bridge.sim.scenarios import simulated_capacity
+from kubevirt_templates.render import render
 from vgpuctl.commands.capacity import usage_text
 from vgpuctl.main import main
 
@@ -160,7 +161,7 @@ def test_cli_capacity_from_file(tmp_path, capsys):
 
 
 def test_simulated_cluster_with_the_demo_workloads():
-    r = simulated_capacity("1.35")
+    r = simulated_capacity("1.35", render=render)
     assert fits(r, 0) == {"T4-8Q": 0, "whole GPU": 0}
     assert fits(r, 1) == {"T4-8Q": 0, "whole GPU": 0}
     # the A100 in MIG mode holds a 3g.20gb at slices 0-3 (the VM) and a 1g.5gb at slice 4 (the pod):
@@ -179,8 +180,8 @@ def test_simulated_cluster_with_the_demo_workloads():
 def test_simulated_1_37_publishes_every_profile_and_honours_equal_size():
     """Server 1.37, every profile published with compatibility groups: a T4 holding one 8Q fits one
     more 8Q (and its 8A/8C siblings of the same size) and nothing smaller; the untouched T4 fits 16 x 1Q."""
-    with SimCluster(version="1.37", layout_name="all", health=False) as c:
-        c.launch(render_workload(WORKLOADS[0]), name="vm-t4-a")  # T4-8Q on GPU 0
+    with SimCluster(render=render, version="1.37", layout_name="all", health=False) as c:
+        c.launch(render_workload(WORKLOADS[0], render), name="vm-t4-a")  # T4-8Q on GPU 0
         r = capacity.compute(c.slices(), c.claims(), selectors=c.selectors)
     g0, g1 = fits(r, 0), fits(r, 1)
     assert g0["T4-8Q"] == 1 and g0["T4-8A"] == 1 and g0["T4-4Q"] == 0 and g0["T4-1Q"] == 0 and g0["whole GPU"] == 0
@@ -193,8 +194,8 @@ def test_simulated_1_37_publishes_every_profile_and_honours_equal_size():
 
 def test_cli_capacity_against_an_api_server(tmp_path, capsys):
     """--kubeconfig: slices and claims through the official client (here the simulated cluster's API)."""
-    with SimCluster(health=False) as c:
-        c.launch(render_workload(WORKLOADS[2]), name="vm-a100")
+    with SimCluster(render=render, health=False) as c:
+        c.launch(render_workload(WORKLOADS[2], render), name="vm-a100")
         kubeconfig = c.srv.kubeconfig(tmp_path / "kubeconfig")
         assert main(["capacity", "--kubeconfig", str(kubeconfig), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

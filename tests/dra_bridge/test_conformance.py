@@ -20,6 +20,7 @@ from dra_bridge.kubeletplugin import cdi
 from dra_bridge.sim.cluster import SimCluster
 from dra_bridge.sim.controlplane import ControlPlane
 from dra_bridge.sim.scenarios import run_conformance_simulated
+from kubevirt_templates.render import render
 from tests.support.upstream_allocator import real_or_model, use_upstream
 from vgpuctl.commands import conformance as conformance_cli
 from vgpuctl.main import build_parser, main
@@ -45,7 +46,7 @@ def passing():
     model compared with it on every allocation (issue #39.1)."""
     up = real_or_model("1.37")
     UPSTREAM["ran"] = up is not None
-    return run_conformance_simulated(prepare=lambda c: use_upstream(c, up, DIFFERENCES))
+    return run_conformance_simulated(render=render, prepare=lambda c: use_upstream(c, up, DIFFERENCES))
 
 
 # --------------------------------------------------------------------------- all pass
@@ -169,7 +170,7 @@ layouts:
       mode: dra
       vgpus: {L40S-48Q: 1}
 """
-    rep = run_conformance_simulated(layout="whole", layout_text=layout)
+    rep = run_conformance_simulated(render=render, layout="whole", layout_text=layout)
     assert statuses(rep) == {1: "failed", 2: "skipped", 3: "skipped", 4: "skipped", 5: "skipped"}
     assert "no physical GPU exposes two or more allocatable logical GPUs" in detail(rep, 1)
     assert not rep.ok and rep.cleanup == []
@@ -185,7 +186,7 @@ def test_check_2_fails_when_the_logical_gpus_are_not_on_the_gpu_the_slices_name(
                     attr["string"] = b if attr["string"] == a else a
         return slices
 
-    rep = run_conformance_simulated(prepare=lambda c: republish(c, swap))
+    rep = run_conformance_simulated(render=render, prepare=lambda c: republish(c, swap))
     st = statuses(rep)
     assert st[1] == "passed" and st[2] == "failed", rep.to_dict()
     d2 = detail(rep, 2)
@@ -195,7 +196,7 @@ def test_check_2_fails_when_the_logical_gpus_are_not_on_the_gpu_the_slices_name(
 
 
 def test_check_3_fails_when_counters_are_removed_from_the_slices():
-    rep = run_conformance_simulated(prepare=lambda c: republish(c, without_counters))
+    rep = run_conformance_simulated(render=render, prepare=lambda c: republish(c, without_counters))
     st = statuses(rep)
     assert st[1] == "passed" and st[2] == "passed" and st[3] == "failed", rep.to_dict()
     assert "one more logical GPU of any profile was allocated although the GPU was full" in detail(rep, 3)
@@ -204,7 +205,8 @@ def test_check_3_fails_when_counters_are_removed_from_the_slices():
 
 
 def test_check_4_fails_when_the_whole_gpu_is_not_accounted_with_its_vgpus():
-    rep = run_conformance_simulated(prepare=lambda c: republish(c, lambda s: without_counters(s, kinds=("passthrough",))))
+    rep = run_conformance_simulated(render=render,
+                                    prepare=lambda c: republish(c, lambda s: without_counters(s, kinds=("passthrough",))))
     st = statuses(rep)
     assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
     assert "not accounted against the same counters" in detail(rep, 4)
@@ -219,7 +221,7 @@ def test_check_4_fails_when_mig_placements_do_not_consume_their_memory_slices():
                         c["counters"] = {k: v for k, v in c["counters"].items() if not k.startswith("memory-slice-")}
         return slices
 
-    rep = run_conformance_simulated(prepare=lambda c: republish(c, strip))
+    rep = run_conformance_simulated(render=render, prepare=lambda c: republish(c, strip))
     st = statuses(rep)
     assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
     assert "the MIG-backed device consumes no memory-slice counter" in detail(rep, 4)
@@ -243,7 +245,7 @@ def test_check_4_fails_when_mixed_size_placements_consume_no_slots():
                     d.pop("consumesCounters", None)
         return slices
 
-    rep = run_conformance_simulated(prepare=lambda c: republish(c, strip))
+    rep = run_conformance_simulated(render=render, prepare=lambda c: republish(c, strip))
     st = statuses(rep)
     assert (st[1], st[2], st[3], st[4]) == ("passed", "passed", "passed", "failed"), rep.to_dict()
     d4 = detail(rep, 4)
@@ -259,7 +261,7 @@ def test_check_1_reads_statically_configured_gpus_from_node_allocatable():
         c.rest("PATCH", f"/api/v1/nodes/{c.node}/status",
                {"status": {"allocatable": {"cpu": "8", "nvidia.com/GRID_T4-1Q": "16"}}}, patch=True)
 
-    rep = run_conformance_simulated(prepare=advertise)
+    rep = run_conformance_simulated(render=render, prepare=advertise)
     assert statuses(rep)[1] == "passed", rep.to_dict()
     assert "Allocatable lists 16 statically configured logical GPUs (nvidia.com/GRID_T4-1Q)" in detail(rep, 1)
 
@@ -276,7 +278,7 @@ def test_check_5_fails_when_a_workload_health_check_fails(monkeypatch):
         return nodes
 
     monkeypatch.setattr(cdi, "vfio_nodes", lost_group_node)
-    rep = run_conformance_simulated()
+    rep = run_conformance_simulated(render=render)
     assert statuses(rep)[5] == "failed", rep.to_dict()
     assert "device node missing" in detail(rep, 5)
 
@@ -301,7 +303,7 @@ def test_cli_against_an_api_server_only(tmp_path, capsys):
     script, templates, pods, logs), here served by the simulated cluster and its control plane;
     afterwards nothing of it is left."""
     junit = tmp_path / "junit.xml"
-    with SimCluster(version="1.37", layout_name="all") as c, ControlPlane(c) as cp:
+    with SimCluster(render=render, version="1.37", layout_name="all") as c, ControlPlane(c) as cp:
         kubeconfig = c.srv.kubeconfig(tmp_path / "kubeconfig")
         rc = main(["conformance", "--kubeconfig", str(kubeconfig), "--junit", str(junit), "--timeout", "60",
                    "--settle", "1", "--namespace", "conf-test"])
@@ -323,7 +325,7 @@ def test_cli_print_healthcheck(capsys):
 
 
 def test_missing_device_classes_is_an_error_not_a_pass(tmp_path):
-    with SimCluster(health=False) as c:
+    with SimCluster(render=render, health=False) as c:
         backend = KubeBackend(c.api, vgpu_class="nope.example.com", timeout=5, poll=0.05)
         rep = run_conformance(backend)
     assert statuses(rep)[1] == "error" and "DeviceClass nope.example.com not found" in detail(rep, 1)
@@ -559,9 +561,9 @@ def test_on_1_34_defaults_check_1_names_the_max_workloads_that_would_do_and_chec
     GPUs (found on the real 1.34 control plane, tests/system/test_e2e_serve.py). It names what would do;
     given that, checks 1-3 and 5 pass, and check 4 fails saying why: no GPU offers itself whole beside
     its vGPUs without counters."""
-    rep = run_conformance_simulated(version="1.34", feature_gates={})
+    rep = run_conformance_simulated(render=render, version="1.34", feature_gates={})
     assert statuses(rep)[1] == "failed"
     assert "the fewest on one GPU: 16 " in detail(rep, 1) and "--max-workloads 16" in detail(rep, 1), detail(rep, 1)
-    rep = run_conformance_simulated(version="1.34", feature_gates={}, max_workloads=16)
+    rep = run_conformance_simulated(render=render, version="1.34", feature_gates={}, max_workloads=16)
     assert statuses(rep) == {1: "passed", 2: "passed", 3: "passed", 4: "failed", 5: "passed"}, rep.to_dict()
     assert "nor shared counters" in detail(rep, 4) and "DRAPartitionableDevices" in detail(rep, 4)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from dra_bridge.sim.scenarios import run_conformance_simulated
+from kubevirt_templates.render import render
 from tests.dra_bridge.test_conformance import detail, republish, statuses, without_counters
 from tests.support.upstream_allocator import MINORS, real_or_model, use_upstream
 
@@ -22,7 +23,7 @@ def test_the_five_checks_pass_with_the_upstream_allocator_scheduling(minor):
     up = real_or_model(minor)
     before = up.requests if up else 0
     differences: list[str] = []
-    rep = run_conformance_simulated(version=minor, prepare=lambda c: use_upstream(c, up, differences))
+    rep = run_conformance_simulated(render=render, version=minor, prepare=lambda c: use_upstream(c, up, differences))
     assert statuses(rep) == {n: "passed" for n in range(1, 6)}, rep.to_dict()
     assert rep.ok and rep.cleanup == []
     # check 1's count is the model's (capacity); check 3 fills the GPU with the scheduler's allocator
@@ -44,7 +45,7 @@ def test_check_3_fails_on_the_upstream_allocator_when_counters_are_removed():
         republish(c, without_counters)
         use_upstream(c, up)
 
-    rep = run_conformance_simulated(prepare=broken)
+    rep = run_conformance_simulated(render=render, prepare=broken)
     st = statuses(rep)
     assert st[1] == "passed" and st[2] == "passed" and st[3] == "failed", rep.to_dict()
     assert "one more logical GPU of any profile was allocated although the GPU was full" in detail(rep, 3)

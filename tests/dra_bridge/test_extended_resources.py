@@ -157,9 +157,9 @@ def test_prepare_sets_the_variable_virt_launcher_reads(tmp_path, paths, kind, va
 
 
 def test_a_classic_vm_and_a_dra_vm_share_one_gpus_counters_on_1_36():
-    with SimCluster(version="1.36", feature_gates={}, health=False,
+    with SimCluster(render=render, version="1.36", feature_gates={}, health=False,
                     device_classes={"profiles": ["T4-8Q"], "extended_resources": True}) as c:
-        dra = c.launch(render_workload(WORKLOADS[0]), name="vm-t4-a")  # T4-8Q through a claim template
+        dra = c.launch(render_workload(WORKLOADS[0], render), name="vm-t4-a")  # T4-8Q through a claim template
         classic = c.launch([CLASSIC_VM], name="vm-classic")
         assert dra.phase == classic.phase == "Running", (dra.reason, classic.reason)
         (d1,), (d2,) = dra.devices, classic.devices
@@ -182,7 +182,7 @@ def test_a_classic_vm_and_a_dra_vm_share_one_gpus_counters_on_1_36():
 
 
 def test_a_classic_vm_waits_where_the_server_drops_the_mapping():
-    with SimCluster(version="1.35", feature_gates={}, health=False,
+    with SimCluster(render=render, version="1.35", feature_gates={}, health=False,
                     device_classes={"profiles": ["T4-8Q"], "extended_resources": True}) as c:
         assert not any("extendedResourceName" in x["spec"] for x in c.classes())
         w = c.launch([CLASSIC_VM], name="vm-classic")

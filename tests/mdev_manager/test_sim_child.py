@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from mdev_manager.sim.child import child_env, wait_started
+from mdev_manager.sim import child
+from mdev_manager.sim.child import child_env, reap, wait_started
 
 
-def _child(code: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, env=child_env())
+def _child(code: str, **kw) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, env=child_env(), **kw)
 
 
 def test_a_child_that_exits_before_it_is_ready_fails_the_wait_with_its_status_and_output():
@@ -41,3 +43,24 @@ def test_the_wait_returns_once_the_child_is_ready():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_reap_waits_for_a_child_that_stops_on_its_own():
+    proc = _child("raise SystemExit(0)")
+    reap(proc, 60)
+    assert proc.returncode == 0
+
+
+def test_reap_terminates_a_child_that_does_not_stop_and_kills_one_that_ignores_sigterm(monkeypatch):
+    proc = _child("import time; time.sleep(3600)")
+    reap(proc, 0)
+    assert proc.returncode == -signal.SIGTERM
+    stubborn = _child("import signal, sys, time\n"
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      "print('ignoring', flush=True)\n"
+                      "time.sleep(3600)", stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ignoring\n"  # SIGTERM ignored now
+    monkeypatch.setattr(child, "TERM_GRACE", 0)
+    reap(stubborn, 0)
+    stubborn.stdout.close()
+    assert stubborn.returncode == -signal.SIGKILL

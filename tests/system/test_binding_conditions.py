@@ -44,7 +44,7 @@ def gpu_sizes(c: SimCluster, index: int) -> dict[str, list]:
 
 @pytest.fixture
 def cluster():
-    with SimCluster(version="1.36", feature_gates={}, layout=LAYOUT, layout_name="all", health=False) as c:
+    with SimCluster(render=render, version="1.36", feature_gates={}, layout=LAYOUT, layout_name="all", health=False) as c:
         yield c
 
 
@@ -92,7 +92,7 @@ def test_a_scheduler_race_on_one_gpu_fails_at_prebind_not_at_prepare(cluster):
 
 @pytest.mark.parametrize("gates", [{"DRADeviceBindingConditions": False}])
 def test_without_binding_conditions_one_size_per_gpu(gates):
-    with SimCluster(version="1.36", feature_gates=gates, layout=LAYOUT, layout_name="all", health=False) as c:
+    with SimCluster(render=render, version="1.36", feature_gates=gates, layout=LAYOUT, layout_name="all", health=False) as c:
         assert c.daemon.kept.binding_conditions is False
         assert len(gpu_sizes(c, 0)) == 1 and not any(gpu_sizes(c, 0).values())
 
@@ -132,7 +132,7 @@ def test_sizes_by_first_allocation_without_binding_conditions_has_a_window():
     conditions: every size of an empty GPU, no conditions; the agent republishes the GPU with the
     size of its first allocation once it sees it. Inside that window a second size is allocated and
     fails at prepare (never created on the host); after it, the GPU offers its size only."""
-    with SimCluster(version="1.36", feature_gates={"DRADeviceBindingConditions": False}, layout=LAYOUT,
+    with SimCluster(render=render, version="1.36", feature_gates={"DRADeviceBindingConditions": False}, layout=LAYOUT,
                     layout_name="all", health=False, serve_options={"sizes_by_first_allocation": True}) as c:
         sizes = gpu_sizes(c, 0)
         assert len(sizes) == 5 and not any(sizes.values())  # every size, no binding conditions
@@ -152,7 +152,7 @@ def test_sizes_by_first_allocation_without_binding_conditions_has_a_window():
 
 
 def test_without_the_option_one_size_per_gpu_and_no_window():
-    with SimCluster(version="1.36", feature_gates={"DRADeviceBindingConditions": False}, layout=LAYOUT,
+    with SimCluster(render=render, version="1.36", feature_gates={"DRADeviceBindingConditions": False}, layout=LAYOUT,
                     layout_name="all", health=False) as c:
         a = c.submit(on_gpu("T4-8Q", 0, 1), name="a")
         b = c.submit(on_gpu("T4-1Q", 0, 2), name="b")

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from dra_bridge.sim.cluster import SimCluster
+from kubevirt_templates.render import render
 from tests.support.bindstream import run_stream
 from tests.system.test_binding_conditions import LAYOUT
 
@@ -23,7 +24,7 @@ STEPS = 12
 def streams(scheduler=None) -> Counter:
     total: Counter = Counter()
     failures: list[str] = []
-    with SimCluster(version="1.37", feature_gates={}, layout=LAYOUT, layout_name="all", health=False) as c:
+    with SimCluster(render=render, version="1.37", feature_gates={}, layout=LAYOUT, layout_name="all", health=False) as c:
         assert c.daemon.shape().binding == "conditions"
         if scheduler is not None:
             c.allocator = lambda: scheduler(c)

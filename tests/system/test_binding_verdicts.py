@@ -23,7 +23,7 @@ GPU1 = "0000:13:00.0"
 
 @pytest.fixture
 def cluster():
-    with SimCluster(version="1.37", feature_gates={}, layout=LAYOUT, layout_name="all", health=False) as c:
+    with SimCluster(render=render, version="1.37", feature_gates={}, layout=LAYOUT, layout_name="all", health=False) as c:
         assert c.daemon.shape().binding == "conditions"
         yield c
 

@@ -70,7 +70,7 @@ def wait_for(what: str, cond, seconds: float = 30.0) -> None:
 
 
 def test_a_cordoned_gpu_takes_no_new_claim_while_another_serves_and_uncordon_gives_it_back(capsys):
-    with SimCluster(version="1.37", health=False) as c, agent_running(c):
+    with SimCluster(render=render, version="1.37", health=False) as c, agent_running(c):
         code, out = vg(capsys, c, "cordon", f"{c.node}/0", "--reason", "driver upgrade")
         assert code == 0, out
         assert f"{c.node}/0" in out and T4_0 in out and "NoSchedule" in out and "cordoned:" in out
@@ -92,7 +92,7 @@ def test_a_cordoned_gpu_takes_no_new_claim_while_another_serves_and_uncordon_giv
 
 
 def test_drain_lists_its_holders_evicts_pods_only_when_asked_and_waits_for_the_vm(capsys, monkeypatch):
-    with SimCluster(version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
+    with SimCluster(render=render, version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
         for obj in t4("T4-8Q", 1, gpu_index=0) + t4("T4-8Q", 2, gpu_index=0, labels={"vm.kubevirt.io/name": "vm-a",
                                                                                  "kubevirt.io": "virt-launcher"}):
             path = ("/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates" if obj["kind"] != "Pod"
@@ -146,7 +146,7 @@ def test_drain_lists_its_holders_evicts_pods_only_when_asked_and_waits_for_the_v
 
 
 def test_without_device_taints_the_agent_withdraws_the_free_devices_and_keeps_the_held_one(capsys):
-    with SimCluster(version="1.35", feature_gates={}, health=False) as c, agent_running(c):
+    with SimCluster(render=render, version="1.35", feature_gates={}, health=False) as c, agent_running(c):
         assert c.daemon.kept.taints is False  # 1.35's default gates drop devices[].taints
         held = c.launch(t4("T4-8Q", 1, gpu_index=0), name="held")
         assert held.phase == "Running", held.reason
@@ -169,7 +169,7 @@ def test_without_device_taints_the_agent_withdraws_the_free_devices_and_keeps_th
 
 
 def test_no_execute_lets_the_clusters_device_taint_controller_evict_and_a_toleration_stays(capsys):
-    with SimCluster(version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
+    with SimCluster(render=render, version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
         (t, pod) = t4("T4-8Q", 1, gpu_index=0)
         (t2, stays) = t4("T4-8Q", 2, gpu_index=0)
         t2["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
@@ -191,7 +191,7 @@ def test_no_execute_lets_the_clusters_device_taint_controller_evict_and_a_tolera
 
 def test_cordon_says_what_its_effect_does_to_what_runs_there(capsys):
     """NoSchedule keeps what runs; NoExecute, where the server keeps taints, has the cluster evict (issue #36)."""
-    with SimCluster(version="1.37", health=False) as c, agent_running(c):
+    with SimCluster(render=render, version="1.37", health=False) as c, agent_running(c):
         code, out = vg(capsys, c, "cordon", f"{c.node}/0")
         assert code == 0 and "what runs there keeps running" in out, out
         code, out = vg(capsys, c, "cordon", f"{c.node}/1", "--effect", "NoExecute")
@@ -203,7 +203,7 @@ def test_cordon_says_what_its_effect_does_to_what_runs_there(capsys):
     (["cordon"], "name a GPU"), (["cordon", "sim-node-1/7"], "node 'sim-node-1' publishes no such GPU; its GPUs: 0"),
     (["cordon", "0"], "which node?"), (["uncordon", "--node", "nowhere"], "node 'nowhere' not found")])
 def test_a_gpu_that_is_not_there_is_bad_input(capsys, message, args):
-    with SimCluster(version="1.37", health=False) as c:
+    with SimCluster(render=render, version="1.37", health=False) as c:
         code, out = vg(capsys, c, *args)
         assert code == 2 and message in out, out
 
@@ -232,7 +232,7 @@ def _running(c: SimCluster, *pods: str) -> bool:
 def test_drain_migrate_moves_the_migratable_vms_and_says_what_became_of_each(capsys):
     """Issue #33.3: per VM, migrated to node X, failed (reason) or not migratable (reason); a migration
     that does not end in time is said so; pods are left alone without --evict."""
-    with SimCluster(version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
+    with SimCluster(render=render, version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
         _vm_on_gpu0(c, 1, "vm-moves", migratable=True, plan="succeed:node-b")
         _vm_on_gpu0(c, 2, "vm-pinned", migratable=False)
         wait_for("both VMs' pods running", lambda: _running(c, "w1", "w2"))
@@ -253,7 +253,7 @@ def test_drain_migrate_moves_the_migratable_vms_and_says_what_became_of_each(cap
     ("hang", "timed-out", "VM default/vm-a: migration not finished in time (phase Running)"),
 ])
 def test_drain_migrate_reports_a_failed_or_unfinished_migration(capsys, plan, result, line):
-    with SimCluster(version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
+    with SimCluster(render=render, version="1.37", health=False) as c, agent_running(c), ControlPlane(c):
         _vm_on_gpu0(c, 1, "vm-a", migratable=True, plan=plan)
         wait_for("the VM's pod running", lambda: _running(c, "w1"))
         before = {v.id for v in c.inventory().all_vgpus()}

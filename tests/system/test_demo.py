@@ -18,6 +18,7 @@ from dra_bridge.scheduling.selectors import CelSelectors, SelectorError, default
 from dra_bridge.sim import demo
 from dra_bridge.sim.kubelet import resolve_cdi
 from dra_bridge.sim.workloads import pod_node
+from kubevirt_templates.render import render
 from vgpuctl.commands import demo as demo_cli
 from vgpuctl.main import main
 
@@ -28,7 +29,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 @pytest.fixture(scope="module")
 def report():
-    return demo.run_demo()
+    return demo.run_demo(render=render)
 
 
 def by_name(rep, name):
@@ -285,7 +286,8 @@ def test_demo_after_a_plain_install(tmp_path):
             "for m in ('kubernetes_validate', 'grpc_tools', 'pytest', 'tests'):\n"
             "    sys.modules[m] = None\n"
             "from dra_bridge.sim.demo import run_demo\n"
-            "rep = run_demo()\n"
+            "from kubevirt_templates.render import render\n"
+            "rep = run_demo(render=render)\n"
             "print(rep.cel, rep.ok, rep.problems)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout, whatever the environment has installed
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,

@@ -236,10 +236,11 @@ def test_kubectl_vgpu_json_keys_are_camel_case():
 
 def test_cordon_uncordon_json_and_capacity_from_kubeconfig_env(capsys, monkeypatch):
     from dra_bridge.sim.cluster import SimCluster
+    from kubevirt_templates.render import render as render_templates
     from tests.system.test_cordon import agent_running
 
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    with SimCluster(version="1.37", health=False) as c, agent_running(c):
+    with SimCluster(render=render_templates, version="1.37", health=False) as c, agent_running(c):
         kc = str(c.srv.kubeconfig(c.base / "kubeconfig"))
         code, out, err = run(capsys, ["cordon", f"{c.node}/0", "--kubeconfig", kc, "-o", "json"])
         assert code == 0, err

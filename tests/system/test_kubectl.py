@@ -126,8 +126,9 @@ def test_explain_reads_the_servers_openapi_v3_and_v2(k):
 
 def test_get_nodes_lists_the_simulated_node(tmp_path):
     from dra_bridge.sim.cluster import SimCluster
+    from kubevirt_templates.render import render as render_templates
 
-    with SimCluster(version="1.37", feature_gates={}) as c:  # its sockets under a short /tmp path
+    with SimCluster(render=render_templates, version="1.37", feature_gates={}) as c:  # its sockets under a short /tmp path
         k = Kubectl(c.srv.kubeconfig(tmp_path / "kubeconfig"), tmp_path)
         (row,) = k.table("nodes", "-o", "wide")
         assert (row["NAME"], row["STATUS"], row["VERSION"], row["INTERNAL-IP"]) == (

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from dra_bridge.sim.cluster import SimCluster
+from kubevirt_templates.render import render
 from tests.support.deploy import ROOT, kubectl, needs_kubectl
 from tests.system.test_cordon import agent_running, t4
 
@@ -34,7 +35,7 @@ def test_pip_installs_the_plugin_and_its_completion_as_executables():
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A VM and a pod on GPU 0 (another namespace), what pip would put on PATH, kubectl's HOME."""
-    with SimCluster(version="1.37", health=False, namespace="team-a") as c:
+    with SimCluster(render=render, version="1.37", health=False, namespace="team-a") as c:
         c.launch(t4("T4-8Q", 1, gpu_index=0), name="pod-a")
         c.namespace = "default"
         c.launch(t4("T4-8Q", 2, gpu_index=0, labels={"vm.kubevirt.io/name": "vm-b"}), name="vm-b")

@@ -138,7 +138,7 @@ def fill_and_check(version, gates, preset, layout, scheduler=None, churn: bool |
     vGPUs at once (MIG time-slicing)."""
     only = churn if isinstance(churn, tuple) else None
     rng = random.Random(f"{version}{sorted(gates.items())}{'' if preset == 'mig-node' else preset}{only or ''}")
-    with SimCluster(version=version, feature_gates=gates, layout=layout, layout_name="mixed", preset=preset,
+    with SimCluster(render=render, version=version, feature_gates=gates, layout=layout, layout_name="mixed", preset=preset,
                     health=False) as c:
         if scheduler is not None:
             c.allocator = lambda: scheduler(c)  # the scheduler's allocator, in place of the model
@@ -201,7 +201,7 @@ def test_a_claim_of_two_instances_runs_on_both():
     (KEP-5304), which the runtime gives it with the first device's CDI ids (the simulated kubelet
     read only each device's own ids, so the second device had no vGPU). host_problems, which the
     streams rely on, reports a vGPU on an instance other than its device's."""
-    with SimCluster(version="1.36", layout=B200, layout_name="mixed", preset="b200-node", health=False) as c:
+    with SimCluster(render=render, version="1.36", layout=B200, layout_name="mixed", preset="b200-node", health=False) as c:
         w = c.launch(workload("vgpu", "B200X-1-23C", 0, count=2), name="two")
         assert w.phase == "Running", w.reason
         assert c.host_problems(w) == []

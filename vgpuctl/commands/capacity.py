@@ -67,8 +67,9 @@ def run(args) -> int:
     else:
         require_sim("vgpuctl capacity's example cluster (give --kubeconfig or --from FILE for a real one)")
         from dra_bridge.sim.scenarios import simulated_capacity  # the [sim] extra
+        from kubevirt_templates.render import render
 
-        report = simulated_capacity(args.server_version, args.layout, workloads=not args.empty)
+        report = simulated_capacity(args.server_version, args.layout, workloads=not args.empty, render=render)
         if args.node:
             report.gpus = [g for g in report.gpus if g.node in args.node]
         source = EXAMPLE

@@ -66,8 +66,9 @@ def run(args) -> int:
     else:
         require_sim("vgpuctl conformance on the simulated cluster (give --kubeconfig for a real one)")
         from dra_bridge.sim.scenarios import run_conformance_simulated  # the [sim] extra
+        from kubevirt_templates.render import render
 
-        rep = run_conformance_simulated(version=args.server_version, feature_gates=parse_gates(args.feature_gates),
+        rep = run_conformance_simulated(render=render, version=args.server_version, feature_gates=parse_gates(args.feature_gates),
                                         **kw)
     return report(args, rep)
 

@@ -37,9 +37,10 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from dra_bridge.sim.demo import run_demo
+    from kubevirt_templates.render import render
 
     version_tuple(args.server_version)
-    rep = run_demo(args.server_version, feature_gates=parse_gates(args.feature_gates), preset=args.preset,
+    rep = run_demo(args.server_version, render=render, feature_gates=parse_gates(args.feature_gates), preset=args.preset,
                    progress=(lambda m: print(f"  ... {m}", file=sys.stderr, flush=True)) if args.verbose else None)
     if args.svg:
         with open(args.svg, "w") as f:
