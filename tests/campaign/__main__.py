@@ -30,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, action="append", help="hypothesis seed (repeat for several runs)")
     p.add_argument("--episode-steps", type=int, default=50, help="steps per fresh node")
     p.add_argument("--no-shrink", action="store_true", help="report the first failing sequence as found")
-    p.add_argument("--uevent-faults", action="store_true",
-                   help="also draw the uevent fault steps (lost, duplicated, reordered, storms; #37.5): other draws")
+    p.add_argument("--uevent-faults", dest="uevent_faults", action="store_true", default=True,
+                   help="draw the uevent fault steps (lost, duplicated, reordered, storms; #37.5): the default")
+    p.add_argument("--no-uevent-faults", dest="uevent_faults", action="store_false",
+                   help="draw no uevent fault steps: every seed draws other steps than in CI")
     p.add_argument("-v", "--verbose", action="store_true", help="show the agent's log (warnings and up)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.episode_steps < 1:
