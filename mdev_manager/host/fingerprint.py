@@ -14,20 +14,27 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
 
 
-def fingerprint(env: HostEnv, io: HostIO) -> str:
-    h = hashlib.sha256()
-
+def _functions(h: hashlib._Hash, env: HostEnv, io: HostIO) -> Callable[..., None]:
+    """Start ``h`` with the PCI functions present and each driver's bound functions (what both prints
+    read first); returns the ``add`` that feeds it more parts."""
     def add(*parts: object) -> None:
         h.update(repr(parts).encode())
 
     add("pci", sorted(io.listdir(env.pci_devices)))
     for driver in sorted(io.listdir(env.pci_drivers)):
         add("driver", driver, sorted(d for d in io.listdir(env.pci_drivers / driver) if ":" in d))
+    return add
+
+
+def fingerprint(env: HostEnv, io: HostIO) -> str:
+    h = hashlib.sha256()
+    add = _functions(h, env, io)
     add("mdev", sorted(io.listdir(env.mdev_devices)))
     for addr, attrs in io.read_children(env.pci_devices, ["nvidia/current_vgpu_type", "sriov_numvfs"]).items():
         if attrs["nvidia/current_vgpu_type"] not in (None, "0") or attrs["sriov_numvfs"] not in (None, "0"):
@@ -44,13 +51,7 @@ def settled_print(env: HostEnv, io: HostIO) -> str:
     GPU instances, mixed-size mode and placements) shows in no sysfs listing: a GPU that has any is
     read again by the caller (:func:`mdev_manager.gpurefresh.still_current`)."""
     h = hashlib.sha256()
-
-    def add(*parts: object) -> None:
-        h.update(repr(parts).encode())
-
-    add("pci", sorted(io.listdir(env.pci_devices)))
-    for driver in sorted(io.listdir(env.pci_drivers)):
-        add("driver", driver, sorted(d for d in io.listdir(env.pci_drivers / driver) if ":" in d))
+    add = _functions(h, env, io)
     for uuid in sorted(io.listdir(env.mdev_devices)):
         try:
             add("mdev", uuid, io.readlink(env.mdev_devices / uuid), io.readlink(env.mdev_devices / uuid / "mdev_type"))

@@ -293,6 +293,16 @@ def published_devices(slices: list[dict]) -> set[str]:
     return {d["name"] for s in slices for d in s["spec"].get("devices") or []}
 
 
+def gpu_addresses(slices: list[dict]) -> set[str]:
+    """The physical GPUs (PCI addresses) the published devices belong to."""
+    out = set()
+    for s in slices:
+        for d in s["spec"].get("devices") or []:
+            a = d.get("attributes") or {}
+            out.add((a.get("parentPciBusID") or a.get("resource.kubernetes.io/pciBusID"))["string"])
+    return out
+
+
 def assert_consistent_pool(slices: list[dict]) -> int:
     """Every slice of the pool: one generation, resourceSliceCount == number of slices. Returns it."""
     assert slices, "no slices published"

@@ -31,6 +31,7 @@ from tests.support.dra import (
     assert_consistent_pool,
     cdi_device,
     claim_object,
+    gpu_addresses,
     make_node,
     pool_slices,
     published_devices,
@@ -63,16 +64,6 @@ def is_socket(p: Path) -> bool:
 
 def sockets(kubelet_root: Path) -> list[Path]:
     return [p for p in kubelet_root.rglob("*.sock") if is_socket(p)]
-
-
-def gpu_addresses(slices: list[dict]) -> set[str]:
-    """The physical GPUs (PCI addresses) the published devices belong to."""
-    out = set()
-    for s in slices:
-        for d in s["spec"].get("devices") or []:
-            a = d.get("attributes") or {}
-            out.add((a.get("parentPciBusID") or a.get("resource.kubernetes.io/pciBusID"))["string"])
-    return out
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:

@@ -14,22 +14,12 @@ from pathlib import Path
 from dra_bridge.sim.apiserver import LocalApiServer
 from dra_bridge.sim.kubelet import node_object
 from mdev_manager.sim.uevents import RELAY
-from tests.support.dra import pool_slices, short_tmp
+from tests.support.dra import gpu_addresses, pool_slices, short_tmp
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "sim-node-1"
 T4B = "0000:13:00.0"
 WAIT = 60.0  # a bound for a loaded machine, not a timing: the wait ends on the server's next write
-
-
-def gpu_addresses(slices: list[dict]) -> set[str]:
-    """The physical GPUs (PCI addresses) the published devices belong to."""
-    out = set()
-    for s in slices:
-        for d in s["spec"].get("devices") or []:
-            a = d.get("attributes") or {}
-            out.add((a.get("parentPciBusID") or a.get("resource.kubernetes.io/pciBusID"))["string"])
-    return out
 
 
 def wait_for_pool(srv: LocalApiServer, proc: subprocess.Popen, pred, what: str, log: Path) -> None:
