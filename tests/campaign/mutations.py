@@ -116,7 +116,7 @@ MUTATIONS: tuple[Mutation, ...] = (
               "                                    on_step=on_step, stop=signals.pending, read_back=True, inventory=before,\n"
               "                                    ids={})  # MUTATION (k)\n"),
         Patch("vgpuctl/commands/node.py",
-              "                before = discover(env, io, node=node)\n",
+              "                before = still_current(env, io, looked, seen) or discover(env, io, node=node)\n",
               "                before = discover(env, io, node=node, ids={})  # MUTATION (k)\n"),)),
     Mutation("l", "reboot placements: a claim of an earlier boot holds no placement or VF until re-created", (
         Patch("dra_bridge/kubeletplugin/driver.py",
