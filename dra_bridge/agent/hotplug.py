@@ -32,13 +32,13 @@ from typing import Any, Final, Protocol
 
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO
+from mdev_manager.host.unixaddr import unix_address
 
 log = logging.getLogger(__name__)
 
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 MDEV_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 SUBSYSTEMS: Final = ("pci", "mdev")
-SUN_PATH_MAX: Final = 107  # a unix socket's address: 108 bytes, NUL ended
 
 
 @dataclass(frozen=True)
@@ -175,19 +175,6 @@ class UdevSource:
         self._stop.set()
 
 
-def _bind_unix(sock: socket.socket, path: str) -> None:
-    """``sock.bind(path)``; a path longer than a socket address holds is bound through an open
-    descriptor of its directory (``/proc/self/fd/N/name``: the same file, a short name)."""
-    if len(os.fsencode(path)) <= SUN_PATH_MAX:
-        sock.bind(path)
-        return
-    fd = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY)
-    try:
-        sock.bind(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
-    finally:
-        os.close(fd)
-
-
 class SocketSource:
     """Uevents relayed to a unix datagram socket at ``path``, one kernel-format message a datagram
     (:func:`parse_uevent`); a datagram that is none is delivered as :data:`LOST`. The socket is
@@ -204,7 +191,8 @@ class SocketSource:
         try:
             if os.path.lexists(self.path):
                 os.unlink(self.path)
-            _bind_unix(sock, self.path)
+            with unix_address(self.path) as address:  # a path past the address limit: through its directory
+                sock.bind(address)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.buffer_bytes)
         except OSError:
             sock.close()

@@ -11,8 +11,9 @@ import os
 import socket
 from pathlib import Path
 
+from mdev_manager.host.unixaddr import unix_address
+
 RELAY = "run/uevents.sock"
-SUN_PATH_MAX = 107  # a unix socket's address: 108 bytes, NUL ended
 
 
 def message(action: str, subsystem: str, devpath: str, **env: str) -> bytes:
@@ -26,20 +27,10 @@ def send(root: Path, action: str, subsystem: str, devpath: str, **env: str) -> N
     path = os.path.join(root, RELAY)
     if not os.path.exists(path):
         return
-    fd = None
-    if len(os.fsencode(path)) > SUN_PATH_MAX:  # too long for an address: the same file through its directory
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(1.0)
         try:
-            fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
-        except OSError:  # the host's directory went away meanwhile: lost
-            return
-        path = f"/proc/self/fd/{fd}/{os.path.basename(path)}"
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.settimeout(1.0)
-            try:
-                sock.sendto(message(action, subsystem, devpath, **env), path)
-            except OSError:  # no listener any more (a stale socket), or its buffer stayed full: lost
-                pass
-    finally:
-        if fd is not None:
-            os.close(fd)
+            with unix_address(path) as address:  # a path past the address limit: through its directory
+                sock.sendto(message(action, subsystem, devpath, **env), address)
+        except OSError:  # no listener any more (a stale socket), its buffer stayed full, or its directory went: lost
+            pass
