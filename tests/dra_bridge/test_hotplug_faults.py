@@ -14,11 +14,11 @@ import threading
 import uuid
 from pathlib import Path
 
-from dra_bridge.agent.daemon import Daemon, ServeConfig
+from dra_bridge.agent.daemon import Daemon
 from dra_bridge.agent.hotplug import LOST, Deliver, Lost, Uevent
 from mdev_manager.discovery import discover
 from mdev_manager.sim import SimIO
-from tests.support.dra import assert_consistent_pool, make_node, pool_slices, published_devices
+from tests.support.dra import assert_consistent_pool, make_node, pool_slices, published_devices, resync_agent
 
 
 class ScriptedSource:
@@ -63,14 +63,8 @@ class WatchedIO(SimIO):
 def make_agent(node, srv, base: Path, watch: str | None = None) -> tuple[Daemon, ScriptedSource]:
     """The agent as ``start()`` wires it, without its sockets; resyncs are called here (a period of an
     hour: only events and the test make it read)."""
-    cfg = ServeConfig(node_name=node.node, kubelet_root=base / "kl", cdi_root=base / "cdi", metrics_port=None,
-                      resync_seconds=3600, health_poll_seconds=3600, full_resync_seconds=3600)
     source = ScriptedSource()
-    daemon = Daemon(cfg, node.env, WatchedIO(node.host, watch), srv.api_client(), events=source)
-    daemon._wrap_prepare()
-    daemon.resync()
-    daemon._watch_events()
-    return daemon, source
+    return resync_agent(node, srv, base, WatchedIO(node.host, watch), events=source), source
 
 
 def devpath(node, address: str) -> str:

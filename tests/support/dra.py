@@ -218,6 +218,21 @@ def make_driver(node: SimNode, paths: NodePaths, claims: ClaimSource | Any, pool
     return Driver(env=node.env, paths=paths, pool_name=node.node, claims=source, pool=get_pool, io=io or node.io)
 
 
+def resync_agent(node: SimNode, srv: LocalApiServer, base: Path, io: Any, events: Any = None) -> Any:
+    """The agent (a ``Daemon``) as ``start()`` wires it over ``io``, without its sockets and threads, resynced
+    once: its periods are an hour, so only the test (and ``events``, a source it then starts) make it read."""
+    from dra_bridge.agent.daemon import Daemon, ServeConfig  # the agent's imports only where a test runs one
+
+    cfg = ServeConfig(node_name=node.node, kubelet_root=base / "kl", cdi_root=base / "cdi", metrics_port=None,
+                      resync_seconds=3600, health_poll_seconds=3600, full_resync_seconds=3600)
+    daemon = Daemon(cfg, node.env, io, srv.api_client(), events=events)
+    daemon._wrap_prepare()
+    daemon.resync()
+    if events is not None:
+        daemon._watch_events()
+    return daemon
+
+
 # --------------------------------------------------------------------------- files written by prepare
 
 

@@ -16,17 +16,12 @@ from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
 from mdev_manager.discovery import discover
 from mdev_manager.host.lock import NodeLock, NodeLockBusy
 from mdev_manager.sim import SimIO
-from tests.support.dra import add_claim, make_node
+from tests.support.dra import add_claim, make_node, resync_agent
 
 
 def make_agent(node, srv, base: Path) -> Daemon:
     """The agent as ``start()`` wires it, without its sockets and threads: resyncs are called here."""
-    cfg = ServeConfig(node_name=node.node, kubelet_root=base / "kl", cdi_root=base / "cdi", metrics_port=None,
-                      resync_seconds=3600, health_poll_seconds=3600, full_resync_seconds=3600)
-    daemon = Daemon(cfg, node.env, SimIO(node.host), srv.api_client())
-    daemon._wrap_prepare()
-    daemon.resync()
-    return daemon
+    return resync_agent(node, srv, base, SimIO(node.host))
 
 
 def vgpu_devices(daemon: Daemon, framework: str) -> list:

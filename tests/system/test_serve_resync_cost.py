@@ -7,35 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from dra_bridge.agent.daemon import Daemon, ServeConfig
-from dra_bridge.sim.apiserver import LocalApiServer
+from dra_bridge.agent.daemon import Daemon
 from mdev_manager.discovery import discover
-from tests.support.dra import add_claim, make_node, short_tmp
+from tests.support.dra import add_claim, make_node, resync_agent
 from tests.support.readcount import CountingIO
 from tests.system.test_serve import wait_until
 
 
-@pytest.fixture
-def base():
-    with short_tmp("vr") as d:
-        yield d
-
-
-@pytest.fixture
-def srv():
-    with LocalApiServer(version="1.35") as s:
-        yield s
-
-
 def make_agent(node, srv, base: Path) -> Daemon:
-    cfg = ServeConfig(node_name=node.node, kubelet_root=base / "kl", cdi_root=base / "cdi", metrics_port=None,
-                      resync_seconds=3600, health_poll_seconds=3600, full_resync_seconds=3600)
-    daemon = Daemon(cfg, node.env, CountingIO(node.host), srv.api_client())
-    daemon._wrap_prepare()
-    daemon.resync()
-    return daemon
+    return resync_agent(node, srv, base, CountingIO(node.host))
 
 
 def slice_writes(srv) -> list:
