@@ -168,7 +168,6 @@ class Publisher:
         self.kept = KeptFields()
         self._seen: frozenset | None = None  # the mirror as our last sync left it
         self._last: Pool | None = None  # the pool our last complete sync published
-        self._generation = 0  # the generation our last complete sync left
 
     @property
     def version(self) -> tuple[int, int]:
@@ -273,7 +272,7 @@ class Publisher:
         # every sync compares, cheaply where nothing changed (#37, left open)
         result = self._sync(pool, last if current else None)
         self._seen = self._mirror_key() if self.watch and self.mirror.synced else None
-        self._last, self._generation = pool, result.generation
+        self._last = pool
         return result
 
     def _sync(self, pool: Pool, last: Pool | None = None) -> SyncResult:
