@@ -94,6 +94,7 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
     after that claim's unprepare confirms it (the scheduler waits up to its binding timeout)."""
     confirmed = confirmed or {}
     prepared = prepared or {}
+    room = _Room(pool)
     assigned: dict[str, int] = {}
     mixed = {g for g, s in host_sizes.items() if len(s) > 1}  # not ours to settle: nothing more goes there
     for g, s in host_sizes.items():
@@ -109,6 +110,7 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
             known = confirmed.get((meta.get("uid") or "", device))
             if known is not None:
                 assigned.setdefault(*known)
+                room.take(device)
                 continue
             sized = _size_mib(pool, device)
             state = _status(claim, driver, pool_name, device)
@@ -116,6 +118,7 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
             if not r.get("bindingConditions") or state.get(f"{driver}/{SIZE_ASSIGNED}") == "True":
                 if sized and sized[1] is not None:
                     assigned.setdefault(sized[0], sized[1])
+                room.take(device)
                 continue
             if state.get(f"{driver}/{SIZE_CONFLICT}") == "True":
                 continue  # the scheduler drops it
@@ -134,13 +137,40 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
             continue
         have = assigned.setdefault(gpu, size) if size is not None else assigned.get(gpu)
         if size is not None and have == size:
+            if not room.take(device):  # the pool as read now: vGPUs no claim holds, or claims before it
+                verdicts.append(Verdict(ns, name, device, gpu, False, size,
+                                        f"GPU {gpu} has no room left for {device} now", uid))
+                continue
             if prepared.get(device, uid) != uid:
-                continue  # withheld: still prepared for another claim
+                continue  # withheld: still prepared for another claim (its room stays taken)
             verdicts.append(Verdict(ns, name, device, gpu, True, size, f"GPU {gpu} runs {size} MiB vGPUs", uid))
         else:
             verdicts.append(Verdict(ns, name, device, gpu, False, size,
                                     f"GPU {gpu} runs {have} MiB vGPUs (equal-size mode); {device} is {size} MiB", uid))
     return verdicts, assigned
+
+
+class _Room:
+    """What each counter set of the pool has left, as allocations are counted in: a verdict confirms an
+    allocation only while the counters published *now* hold it with everything counted before it. The
+    scheduler allocated from the slices it saw; vGPUs made since outside any claim take their room
+    from the counters at the next read (:func:`dra_bridge.pool.policy.with_outside`), and a confirmed
+    allocation must prepare (#36.2)."""
+
+    def __init__(self, pool: Pool):
+        self._devices = {d.name: d for d in pool.devices}
+        self._left = {c.name: {k: parse_quantity(str(v)) for k, v in c.counters.items()} for c in pool.counter_sets}
+
+    def take(self, device: str) -> bool:
+        """Count ``device`` in if it fits (True); a device not in the pool counts as nothing."""
+        dev = self._devices.get(device)
+        uses = [(u.counter_set, k, parse_quantity(str(v))) for u in (dev.consumes if dev else ())
+                for k, v in u.counters.items() if k in self._left.get(u.counter_set, {})]
+        if any(self._left[cs][k] < v for cs, k, v in uses):
+            return False
+        for cs, k, v in uses:
+            self._left[cs][k] -= v
+        return True
 
 
 def with_assigned(policy: PoolPolicy, assigned: dict[str, int]) -> PoolPolicy:

@@ -53,7 +53,7 @@ from dra_bridge.kubeletplugin.driver import Driver
 from dra_bridge.pool.cordon import withheld_classic
 from dra_bridge.pool.devices import Pool, PoolPolicy
 from dra_bridge.pool.health import healthy_pool
-from dra_bridge.pool.policy import policy_from_layout
+from dra_bridge.pool.policy import policy_from_layout, with_outside
 from dra_bridge.pool.shape import node_pool
 from dra_bridge.rpc.dra_grpc import KubeletPlugin
 from dra_bridge.rpc.types import ClaimRef, PrepareResult
@@ -198,6 +198,7 @@ class Daemon(LayoutSync, EventWatch, ServerFields):
                 self.gpu_states.touched(g.address for g in inv.gpus if g.mixed_size and g.placements is None)
                 with self.node_lock.hold():
                     inv = self.gpu_states.current(check=check)
+            records = self.driver.records()  # after the read: a vGPU being made is named here already
             numbering.record(self.env, self.io, [(g.address, g.vendor_id) for g in inv.gpus])
             self._label_driver_version(inv)
             policy = policy_from_layout(inv, layouts)
@@ -208,10 +209,12 @@ class Daemon(LayoutSync, EventWatch, ServerFields):
                 self._dp_exclude = set(policy.gpus) | (
                     {g.address for g in inv.gpus} if policy.others is not None else set())
                 self.device_plugins.refresh(inv, withheld=self._classic_cordon)
+            # vGPUs no claim holds keep their room from the claims (#36.2)
+            policy = with_outside(policy, inv, {d.vgpu_id for rec in records for d in rec.devices if d.vgpu_id})
             self._check_fields()
             shape = self.shape()
             if shape.binding:  # a GPU freed since the last binding round is offered whole now
-                self.binder.observe_host(self._pool, host_sizes(inv, self.driver.records()))
+                self.binder.observe_host(self._pool, host_sizes(inv, records))
             pool = node_pool(inv, layouts, self.cfg.driver, shape,
                              narrow=self.binder.policy, policy=policy)
             if not shape.counters and pool.warnings != self._safe_warned:  # said once per change
@@ -270,6 +273,10 @@ class Daemon(LayoutSync, EventWatch, ServerFields):
         if not self.shape().binding:
             return 0
         with self._bind_lock:
+            try:  # decide on the host as it is: a vGPU made by hand since the last resync takes its room
+                self.resync(force=False)
+            except Exception:  # noqa: BLE001 - said by resync; the GPUs it read are current all the same
+                pass
             records = self.driver.records()  # the claims prepared now: current where a discovery is not
             verdicts, changed = self.binder.bind(self.claim_api, self._pool, host_sizes(self.inventory, records),
                                                  claims, prepared_devices(records, self.cfg.node_name))

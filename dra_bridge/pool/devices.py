@@ -218,6 +218,11 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
         if size is not None and not kept:
             warnings.append(f"GPU {gpu.address}: no offered type has {size} MiB of framebuffer; no vGPU published")
         types = kept
+    by_id = {t.id: t for t in gpu.types}
+    outside = [by_id.get(tid) for tid in pol.outside_vgpus]
+    if equal_size and groups_supported and outside:  # no allocation shows their size to the scheduler
+        held = {type_framebuffer_mib(t) if t else None for t in outside}
+        types = [t for t in types if type_framebuffer_mib(t) in held] if len(held) == 1 and None not in held else []
     for t in types:
         n = type_max_instances(t, total_fb)
         fb = type_framebuffer_mib(t)
@@ -259,12 +264,17 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
         fmt = str
     vgpu_limit = gpu_vgpu_limit(gpu)
     counters["vgpus"] = vgpu_limit
+    left = (total_units, vgpu_limit)
+    if outside:
+        left = _take_outside(counters, share_counter, total_units, vgpu_limit, outside, total_fb, fmt)
+        pool.warnings.append(f"GPU {gpu.address}: {len(outside)} vGPU(s) no claim holds take their room from the "
+                             "claims (remove them, or let the layout do so once they are free)")
     pool.counter_sets.append(CounterSet(name=cs, counters=counters))
 
     common = _common_attributes(gpu, pcie_root)
 
     # --- passthrough: consumes the whole set, so it never co-allocates with a vGPU of this GPU
-    if pol.passthrough:
+    if pol.passthrough and not outside:  # a GPU holding vGPUs cannot be passed through
         attrs: dict[str, AttrValue] = {
             ATTR_TYPE: attr_string("passthrough"),
             ATTR_PROFILE: attr_string(gpu.model),
@@ -295,6 +305,8 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
     slots = size_slots(offered)
     for slot in slots:
         t, n, fb = slot[0]
+        if total_units // n > left[0] or left[1] < 1:
+            continue  # no room left for this size beside the vGPUs no claim holds
         middle = slot_name(slot, slots)
         # sizes kept apart by groups (1.37+), or by the agent's binding conditions (bind_sizes)
         groups = [compatibility_group(fb)] if equal_size and fb and not bind_sizes else []
@@ -331,6 +343,22 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
             binding_failure_conditions=conditions[1],
         )
         pool.devices += renamed(first, [vgpu_device_name(gpu.index, middle, k) for k in range(n)])
+
+
+def _take_outside(counters: dict[str, int | str], share_counter: str, total_units: int, vgpu_limit: int,
+                  outside: list[VgpuType | None], total_fb: int | None, fmt: Callable[[int], str]) -> tuple[int, int]:
+    """Take the share of each vGPU no claim holds (``outside``) from the GPU's counter set, as an
+    allocated slot of its type consumes it (rounded up; a type of unknown limit takes everything), so
+    what the counters leave is what claims can still get; (share, vGPUs) left, never below zero. A
+    device that consumes more than that is left out (it could never be allocated)."""
+    share, vgpus = total_units, vgpu_limit
+    for t in outside:
+        n = type_max_instances(t, total_fb) if t is not None else None
+        share -= -(-total_units // n) if n else total_units
+        vgpus -= 1
+    counters[share_counter] = fmt(max(0, share))
+    counters["vgpus"] = max(0, vgpus)
+    return max(0, share), max(0, vgpus)
 
 
 def renamed(first: PoolDevice, names: list[str]) -> list[PoolDevice]:

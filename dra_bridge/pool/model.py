@@ -70,6 +70,12 @@ class GpuPolicy(_Model):
         description="the GPU runs in mixed-size mode: vGPUs of different framebuffer sizes may "
         "share it (no equal-size restriction, no compatibility groups)",
     )
+    outside_vgpus: list[str] = Field(
+        default_factory=list,
+        description="type ids of the time-sliced vGPUs on the GPU that no prepared claim holds (made by "
+        "hand, or in use where the layout wanted them gone): they consume the GPU's counters as an "
+        "allocated slot of their type would, so the scheduler never allocates their room",
+    )
     mig_auto: bool = Field(
         False,
         description="a MIG-capable GPU offers its MIG-backed and its time-sliced vGPUs at once, "

@@ -32,3 +32,17 @@ def policy_from_layout(inv: Inventory, layouts: list[GpuLayout] | None) -> PoolP
                                mixed_size=size_mode(gpu, entry),
                                mig_auto=entry.mig_mode == "auto")
     return PoolPolicy(gpus=gpus)
+
+
+def with_outside(policy: PoolPolicy, inv: Inventory, claimed: set[str]) -> PoolPolicy:
+    """``policy`` with each offered GPU's time-sliced vGPUs that no prepared claim holds (``claimed``:
+    the vGPU ids the kubelet plugin's records name) as its ``outside_vgpus``: the published counters
+    leave their room out (a vGPU made by hand on a ``dra`` GPU, or one in use that the layout could not
+    remove), so the scheduler cannot allocate a slot the GPU cannot make."""
+    gpus = dict(policy.gpus)
+    for gpu in inv.gpus:
+        pol = policy.for_gpu(gpu.address)
+        outside = [v.type_id for v in gpu.vgpus if v.id not in claimed and v.gpu_instance is None]
+        if pol is not None and outside:
+            gpus[gpu.address.lower()] = pol.model_copy(update={"outside_vgpus": outside})
+    return policy.model_copy(update={"gpus": gpus})

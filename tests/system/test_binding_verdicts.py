@@ -110,7 +110,7 @@ def test_a_claim_deleted_before_its_unprepare_still_holds_its_gpus_size(cluster)
     assert [v.type_name for v in c.inventory().gpu(GPU1).vgpus] == ["GRID T4-1Q"]
 
 
-def test_a_gpu_freed_after_the_round_that_saw_its_claim_go_is_offered_whole_by_the_next_resync(cluster):
+def test_a_gpu_freed_after_the_round_that_saw_its_claim_go_is_offered_whole_by_the_next_resync(cluster, monkeypatch):
     """#36.3: the periodic resync after a prepare sees the vGPU; the claim is unprepared and deleted;
     the watch's round after the deletion still reads that discovery (the GPU holds 2 GiB); the next
     resync discovers the GPU empty. Before the fix it republished the GPU narrowed to 2 GiB, and
@@ -122,10 +122,97 @@ def test_a_gpu_freed_after_the_round_that_saw_its_claim_go_is_offered_whole_by_t
     c.daemon.resync(force=False)  # the periodic resync after the prepare
     assert c.daemon.inventory.gpu(GPU1).vgpus
     c.release(x)  # the kubelet unprepares, the claim is deleted
+    states = c.daemon.gpu_states
+    real = states.current
+
+    def failing(*a, **kw):  # the round's own read of the host fails: it decides on the last discovery
+        monkeypatch.setattr(states, "current", real)  # once
+        raise OSError("sysfs read failed")
+
+    monkeypatch.setattr(states, "current", failing)
     c.daemon.bind()  # the watch's round: the last discovery still shows the vGPU
     assert list(gpu_sizes(c, 1)) == ["2Gi"]
     c.daemon.resync(force=False)  # the next periodic resync (a prepare or unprepare makes it run)
     assert len(gpu_sizes(c, 1)) == 5
+
+
+def test_a_binding_round_reads_the_host_before_it_decides(cluster):
+    """The watch's round after a GPU is freed reads the host first (one listing of its marks), so the
+    GPU is offered whole by that round already, not by the next periodic resync."""
+    c = cluster
+    x = c.launch(on_gpu("T4-2Q", 1, 1), name="x")
+    assert x.phase == "Running", x.reason
+    c.daemon.resync(force=False)
+    c.release(x)
+    c.daemon.bind()
+    assert len(gpu_sizes(c, 1)) == 5
+
+
+def _by_hand(c: SimCluster, n: int, profile: str = "T4-2Q") -> list:
+    """``n`` vGPUs of ``profile`` made on GPU 1 outside any claim (``mdevctl start`` by hand); they appear
+    in no discovery of the agent's until it reads the host again."""
+    import uuid
+
+    t = next(t for t in c.inventory().gpu(GPU1).types if t.short_name == profile)
+    for _ in range(n):
+        c.io.write(c.env.pci(GPU1) / "mdev_supported_types" / t.id / "create", f"{uuid.uuid4()}\n")
+    return c.inventory().gpu(GPU1).vgpus
+
+
+def _allocate_from_one_snapshot(c: SimCluster, ws: list) -> list:
+    """The scheduler's allocations of ``ws`` from the slices as they are now (GPU 1 empty: every size, each
+    slot under binding conditions), written before any PreBind: what :meth:`SimCluster.schedule_together`
+    does, stopped before its binds so the host can change in between."""
+    alloc = c.allocator()
+    out = []
+    for w in ws:
+        claims = c.claim_objects(w)
+        chosen, allocations = alloc.allocate(claims)
+        assert all(r["bindingConditions"] for a in allocations for r in a["devices"]["results"])
+        c._reserve(w, claims, allocations)
+        out.append((w, claims, allocations, chosen))
+    return out
+
+
+def test_vgpus_made_by_hand_while_allocations_wait_are_seen_before_the_verdict(cluster):
+    """The campaign's seed 18 (#36.2): GPU 1 is filled by hand (8 x T4-2Q, ``mdevctl start``: not the
+    layout's, not a claim's; the agent leaves them alone) while two allocations there wait on the
+    agent's verdict, and the agent had not read the host since. Before the fix its round confirmed
+    both on that stale state (the size matched) and both prepares were refused ("cannot create"):
+    pods stuck after their binding. Now the round reads the host first and refuses both (the
+    scheduler tries again at once); the republished slices offer nothing on GPU 1, so they stay
+    Pending, and nothing was made for them."""
+    c = cluster
+    ws = [c.submit(on_gpu("T4-2Q", 1, i), name=f"w{i}") for i in range(2)]
+    planned = _allocate_from_one_snapshot(c, ws)
+    assert len(_by_hand(c, 8)) == 8
+    assert not any(c._bind(*p) for p in planned)
+    assert all("binding failed" in (w.reason or "") for w in ws), [w.reason for w in ws]
+    for w in ws:
+        assert not c.schedule(w) and w.phase == "Pending", w.reason
+    assert gpu_sizes(c, 1) == {}
+    assert not any(d["name"].startswith("gpu-1-") for sl in c.slices() for d in sl["spec"].get("devices") or [])
+    assert len(c.inventory().gpu(GPU1).vgpus) == 8
+
+
+def test_vgpus_made_by_hand_and_in_use_take_their_room_from_the_claims(cluster):
+    """As above, but the 7 hand-made vGPUs are in use (a VM holds them), so the layout keeps them: GPU 1
+    has room for one more T4-2Q. The round confirms the first allocation and refuses the second (the
+    scheduler tries it again at once) rather than confirm a claim its prepare must refuse; the
+    republished counters leave the hand-made vGPUs' room out, so the second pod stays Pending."""
+    c = cluster
+    ws = [c.submit(on_gpu("T4-2Q", 1, i), name=f"w{i}") for i in range(2)]
+    planned = _allocate_from_one_snapshot(c, ws)
+    held = _by_hand(c, 7)
+    c.host.spawn_holder([c.env.vfio_group(v.iommu_group) for v in held], comm="qemu-kvm")
+    first, second = (c._bind(*p) for p in planned)
+    assert first and not second
+    assert "has no room left" in (ws[1].reason or ""), ws[1].reason
+    assert c.run(ws[0]), ws[0].reason
+    assert len(c.inventory().gpu(GPU1).vgpus) == 8
+    assert not c.schedule(ws[1]) and ws[1].phase == "Pending", ws[1].reason
+    (cs,) = [s for sl in c.slices() for s in sl["spec"].get("sharedCounters") or [] if s["name"] == "gpu-1-counter-set"]
+    assert cs["counters"] == {"memory": {"value": "2Gi"}, "vgpus": {"value": "9"}}  # 16 GiB less the VM's 7 x 2 GiB
 
 
 def test_a_failed_binding_round_is_tried_again_without_waiting_for_a_claim_change():
