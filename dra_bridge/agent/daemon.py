@@ -193,12 +193,13 @@ class Daemon(LayoutSync, EventWatch, ServerFields):
                 rejected, layouts = exc, self._last_good
                 if layouts is None:
                     raise
+            before = self.driver.records()  # an unprepare drops its record after its vGPU: named here
             inv = self.gpu_states.current(check=check)  # only the GPUs that changed are read again
             if inferred_mixed(inv):  # maybe a read torn by a prepare: read those again with the host still
                 self.gpu_states.touched(g.address for g in inv.gpus if g.mixed_size and g.placements is None)
                 with self.node_lock.hold():
                     inv = self.gpu_states.current(check=check)
-            records = self.driver.records()  # after the read: a vGPU being made is named here already
+            records = self.driver.records()  # a prepare records its vGPU before making it: named here
             numbering.record(self.env, self.io, [(g.address, g.vendor_id) for g in inv.gpus])
             self._label_driver_version(inv)
             policy = policy_from_layout(inv, layouts)
@@ -210,7 +211,8 @@ class Daemon(LayoutSync, EventWatch, ServerFields):
                     {g.address for g in inv.gpus} if policy.others is not None else set())
                 self.device_plugins.refresh(inv, withheld=self._classic_cordon)
             # vGPUs no claim holds keep their room from the claims (#36.2)
-            policy = with_outside(policy, inv, {d.vgpu_id for rec in records for d in rec.devices if d.vgpu_id})
+            policy = with_outside(policy, inv, {d.vgpu_id for rec in (*before, *records) for d in rec.devices
+                                                if d.vgpu_id})
             self._check_fields()
             shape = self.shape()
             if shape.binding:  # a GPU freed since the last binding round is offered whole now

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import uuid as uuidlib
+from collections import Counter
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
@@ -75,8 +76,11 @@ def choose_parent(gpu: Gpu, type_id: str, taken: set[str], first: str | None = N
                 continue
             if available(p.address, type_id) > 0:
                 return offered.framework, p.address
-    held = sorted({v.type_name for v in gpu.vgpus})
-    why = f"it holds {', '.join(held)}" if held else "it has no free instance"
+    held = Counter(v.type_name for v in gpu.vgpus)
+    on = ", ".join(f"{n} x {name}" for name, n in sorted(held.items()))
+    why = f"no free instance beside the {on} it holds" if held else "no free instance"
+    if taken:
+        why += f" ({len(taken)} parent(s) taken by other claims' records)"
     raise PrepareError(f"GPU {gpu.address} cannot create {offered.name} now: {why}")
 
 

@@ -46,7 +46,7 @@ from dra_bridge.pool.model import (
     vgpu_types_attr,
 )
 from dra_bridge.pool.placements import PlacementCounters, PlacementError, encode
-from mdev_manager.models import Gpu, MigPlacement, TypePlacements, VgpuPlacements, VgpuType
+from mdev_manager.models import Gpu, MigPlacement, TypePlacements, VgpuPlacements, VgpuType, held
 from mdev_manager.names import short_type_name, type_series
 from mdev_manager.placeplan import slot_map
 
@@ -129,7 +129,18 @@ def add_mixed_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, types: list[VgpuType], s
     if vgpus:  # more vGPUs fit the slots than the board can make: each consumes one of its VFs too
         sets[0].counters[VGPUS] = limit
     pool.counter_sets += sets
-    if pol.passthrough:
+    outside = [v for v in gpu.vgpus if v.id in set(pol.outside_vgpus)]
+    if outside:  # vGPUs no claim holds: their slots (and VFs) are not the claims'
+        spans = held(outside, smap)
+        if len(spans) < len(outside) or (vgpus and limit - len(outside) < 1):
+            groups = []  # one of unknown slots, or no VF left: nothing can be offered safely
+        groups = [(tp.model_copy(update={"ids": [p for p in tp.ids if all(
+            p + tp.size <= r.start or r.stop <= p for r in spans.values())]}), members) for tp, members in groups]
+        pool.warnings.append(f"GPU {gpu.address}: {len(outside)} vGPU(s) no claim holds keep their slots from the "
+                             "claims (remove them, or let the layout do so once they are free)")
+        if vgpus:
+            sets[0].counters[VGPUS] = max(0, limit - len(outside))
+    if pol.passthrough and not outside:
         pool.devices.append(PoolDevice(
             name=passthrough_device_name(gpu.index), kind="passthrough", gpu=gpu.address,
             attributes={ATTR_TYPE: attr_string("passthrough"), ATTR_PROFILE: attr_string(gpu.model),

@@ -72,9 +72,10 @@ class GpuPolicy(_Model):
     )
     outside_vgpus: list[str] = Field(
         default_factory=list,
-        description="type ids of the time-sliced vGPUs on the GPU that no prepared claim holds (made by "
-        "hand, or in use where the layout wanted them gone): they consume the GPU's counters as an "
-        "allocated slot of their type would, so the scheduler never allocates their room",
+        description="ids of the time-sliced vGPUs on the GPU that no prepared claim holds (made by hand, "
+        "or in use where the layout wanted them gone): they consume the GPU's counters as an allocated "
+        "slot of their type would (their slots, in mixed-size mode), so the scheduler never allocates "
+        "their room",
     )
     mig_auto: bool = Field(
         False,

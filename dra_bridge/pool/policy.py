@@ -42,7 +42,7 @@ def with_outside(policy: PoolPolicy, inv: Inventory, claimed: set[str]) -> PoolP
     gpus = dict(policy.gpus)
     for gpu in inv.gpus:
         pol = policy.for_gpu(gpu.address)
-        outside = [v.type_id for v in gpu.vgpus if v.id not in claimed and v.gpu_instance is None]
+        outside = [v.id for v in gpu.vgpus if v.id not in claimed and v.gpu_instance is None]
         if pol is not None and outside:
             gpus[gpu.address.lower()] = pol.model_copy(update={"outside_vgpus": outside})
     return policy.model_copy(update={"gpus": gpus})

@@ -605,3 +605,32 @@ def test_policy_mixed_size_from_the_gpu_and_the_layout(shown, declared, mixed):
     assert pol.gpus[gpu.address].mixed_size is mixed
     pool = build_pool(inventory(gpu), pol, server_version=V136)
     assert sizes_of(pool, gpu) == ({"1Gi", "2Gi", "4Gi", "8Gi", "16Gi"} if mixed else {"1Gi"})
+
+
+@pytest.mark.parametrize("version", [V136, V137])
+def test_vgpus_no_claim_holds_take_their_room_from_the_gpus_counters(version):
+    """#36.2: vGPUs on a GPU that no prepared claim holds (made by hand, or in use where the layout wanted
+    them gone) are invisible to the scheduler, which would allocate their room to claims whose prepare
+    must then fail. Their share leaves the counters; what could never fit (the whole GPU, sizes larger
+    than the room left, other sizes of an equal-size GPU) is not published."""
+    from dra_bridge.pool.policy import with_outside
+
+    gpu = t4()
+    held = [Vgpu(id=f"00000000-0000-0000-0000-00000000000{k}", framework="mdev", type_id="nvidia-231",
+                 type_name="GRID T4-2Q", parent=gpu.address, gpu=gpu.address) for k in range(8)]
+    claimed = {held[6].id, held[7].id}  # two are a claim's
+    inv = inventory(gpu.model_copy(update={"vgpus": held}))
+    policy = with_outside(PoolPolicy.default(), inv, claimed)
+    assert policy.for_gpu(gpu.address).outside_vgpus == [v.id for v in held[:6]]
+    pool = build_pool(inv, policy, server_version=version)
+    assert [c.model_dump() for c in pool.counter_sets] == [
+        {"name": "gpu-0-counter-set", "counters": {"memory": "4Gi", "vgpus": 10}}]  # 16 GiB less 6 x 2 GiB
+    assert pool.device("gpu-0-passthrough") is None
+    assert {d.capacity["memory"] for d in pool.devices} == {"2Gi"}
+    slots = [d.name for d in pool.devices]
+    assert co_allocatable(pool, slots[:2]) and not co_allocatable(pool, slots[:3])
+    # the claims' own two are allocated devices the scheduler counts itself: not taken again
+    full = build_pool(inv, with_outside(PoolPolicy.default(), inv, set()), server_version=version)
+    assert full.devices == [] and full.counter_sets[0].counters == {"memory": "0Gi", "vgpus": 8}
+    assert build_pool(inv, with_outside(PoolPolicy.default(), inv, {v.id for v in held}),
+                      server_version=version).counter_sets[0].counters == {"memory": "16Gi", "vgpus": 16}

@@ -411,3 +411,27 @@ def test_after_a_reboot_a_new_claim_takes_no_vf_another_claims_record_names(node
     assert drv.cp.claims[y.uid].devices[0].parent != vf
     assert drv.prepare([p])[p.uid].error is None
     assert drv.cp.claims[p.uid].devices[0].parent == vf
+
+
+def test_a_vgpu_no_claim_holds_keeps_its_slots_from_the_claims(node, paths):
+    """#36.2 in mixed-size mode: a vGPU no prepared claim holds (here one a claim made, then taken as
+    made by hand) keeps its slots: no device overlapping them is published, nor the whole GPU; the
+    other placements stay offered. Named by a claim's record, every device is back (the allocation
+    the scheduler counts keeps its slots)."""
+    from dra_bridge.pool.policy import with_outside
+
+    claims = DictClaims()
+    drv = make_driver(node, paths, claims, lambda: pool_of(node))
+    ref = claims.add(claim_object("a", [("gpu", "gpu-0-vgpu-12gb-at-0")], node=node.node), str(uuid.uuid4()))
+    assert drv.prepare([ref])[ref.uid].error is None
+    inv = discover(node.env, node.io)
+    (v,) = inv.gpu(L40S).vgpus
+    everything = [d.name for d in pool_of(node).devices if d.gpu == L40S]
+    pool = build_pool(inv, with_outside(policy_from_layout(inv, LAYOUT), inv, set()), server_version=(1, 35))
+    left = [d for d in pool.devices if d.gpu == L40S]
+    assert left and all(d.kind == "vgpu" and disjoint(span(d), (0, 12)) for d in left)
+    assert {d.name for d in left} == {n for n in everything if (d := pool_of(node).device(n)).slots is not None
+                                      and disjoint(span(d), (0, 12))}
+    assert any(f"GPU {L40S}: 1 vGPU(s) no claim holds" in w for w in pool.warnings)
+    back = build_pool(inv, with_outside(policy_from_layout(inv, LAYOUT), inv, {v.id}), server_version=(1, 35))
+    assert [d.name for d in back.devices if d.gpu == L40S] == everything
