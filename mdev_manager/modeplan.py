@@ -16,6 +16,7 @@ from mdev_manager.actions import (
     EnableVfs,
     Plan,
     RemoveDefinition,
+    SaveMigRecord,
     SavePassthrough,
     SaveVendorRecord,
     Skip,
@@ -109,7 +110,9 @@ def plan_passthrough_record(plan: Plan, gpu: Gpu, mode: str, saved: dict[str, st
 
 
 def plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions: Sequence[MdevDefinition],
-                      records: dict[str, str]) -> None:
+                      records: dict[str, str], mig_record: list[dict] | None = None) -> None:
+    """Everything of the GPU's vGPUs goes (definitions, records, the record of their GPU instances:
+    ``mig_record``), then its VFs, then it is bound to vfio-pci; nothing while any of it is held."""
     parents = {gpu.address, *(vf.address for vf in gpu.vfs)}
     if gpu.sriov_total_vfs and not gpu.vfs:
         # VFs gone (a reboot): their saved vGPUs sit on the PF's bus, as restore assumes; forget
@@ -142,6 +145,11 @@ def plan_passthrough(plan: Plan, gpu: Gpu, usage: Usage, definitions: Sequence[M
             plan.actions.append(RemoveDefinition(gpu=gpu.address, parent=d.parent, uuid=d.uuid))
     for vf in sorted(set(records) & parents):
         plan.actions.append(SaveVendorRecord(gpu=gpu.address, vf=vf, type_id=None))
+    if mig_record:
+        # the GPU instances held the vGPUs just forgotten: nothing wants them back. Kept, restore
+        # found them missing for good (exit 3): NVML is the nvidia driver's library and lists no GPU
+        # bound to vfio-pci (discovery asks it about GPUs on nvidia only), so no MIG state is seen
+        plan.actions.append(SaveMigRecord(gpu=gpu.address, instances=[]))
     if gpu.sriov_num_vfs:
         plan.actions.append(DisableVfs(gpu=gpu.address))
     drivers = gpu.iommu_group_drivers or {gpu.address: gpu.driver}

@@ -88,7 +88,7 @@ def make_plan(
         if mixed_record and not (entry.mixed_size and entry.mode in ("vgpu", "dra")):
             plan.actions.append(SavePlacementRecord(gpu=addr, mixed=False))  # restore no longer sets the mode
         if entry.mode == "passthrough":
-            plan_passthrough(plan, gpu, usage, definitions, vendor_records or {})
+            plan_passthrough(plan, gpu, usage, definitions, vendor_records or {}, (mig_records or {}).get(addr))
         elif entry.mode in ("vgpu", "dra"):
             if prepare_for_vgpu(plan, gpu, usage):
                 plan.notes += preview(gpu, entry, offered_types(gpu), wanted.get(addr, {}))

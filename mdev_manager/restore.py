@@ -9,7 +9,7 @@ boards place them (offset 4, stride 1).
 
 Passthrough bindings come from the executor's record (``persist.load_passthrough``). A GPU
 that also has saved vGPUs is not rebound: a layout passing a GPU through forgets its vGPUs
-first, so saved vGPUs there are the newer decision. A GPU holding vGPUs or VFs, or a function
+first (and their GPU instances' record), so saved vGPUs there are the newer decision. A GPU holding vGPUs or VFs, or a function
 something uses, is never rebound; the next apply settles it.
 
 A device a prepared DRA claim holds (``usage``: the kubelet plugin's checkpoint) is the

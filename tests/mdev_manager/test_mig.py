@@ -27,7 +27,7 @@ from mdev_manager.migplan import place, same_record
 from mdev_manager.models import MigState, Usage
 from mdev_manager.plan import make_plan
 from mdev_manager.reconcile import reconcile
-from mdev_manager.restore import restore
+from mdev_manager.restore import restore, unrestored
 from tests.support.simnodes import layout, libvirt_node_xml, needs_libvirt
 
 A100_MDEV, A100_VFIO, H100, L40S = "0000:10:00.0", "0000:13:00.0", "0000:16:00.0", "0000:19:00.0"
@@ -337,6 +337,32 @@ def test_a_passed_through_gpu_gets_mig_backed_vgpus_back(mig):
                                                                               "A100-1-5C": 1}}))
     assert "do not fit" in e.value.problems[0]
     assert mig.discover().gpu(A100_VFIO).vgpus == []  # nothing made
+
+
+@pytest.mark.parametrize("addr", [A100_MDEV, A100_VFIO])
+def test_passing_a_mig_gpu_through_forgets_its_gpu_instances(mig, addr):
+    """A layout passing the GPU through forgets its vGPUs, and with them the record of their GPU
+    instances: on vfio-pci NVML does not see the GPU, so restore could never re-create them and said
+    "3 saved GPU instance(s), but NVML reports no MIG for it", exit 3, on a node where nothing was
+    missing (campaign seed 24, step 54: layout c's MIG vGPUs, then the agent applying layout b's
+    passthrough). A record an older apply left behind is forgotten by the next passthrough apply."""
+    assert reconcile(mig.env, mig.io, layout({"pciAddress": addr, "vgpus": {"A100-1-5C": 3}})).matches
+    saved = persist.load_mig(mig.env, mig.io)[addr]
+    assert len(saved) == 3
+    passed = layout({"pciAddress": addr, "mode": "passthrough"})
+    assert reconcile(mig.env, mig.io, passed).matches
+    assert mig.discover().gpu(addr).driver == "vfio-pci"
+    assert addr not in persist.load_mig(mig.env, mig.io)
+    assert unrestored(mig.env, mig.io) == []
+    mig.host.reboot()
+    restore(mig.env, mig.io)
+    assert mig.discover().gpu(addr).driver == "vfio-pci" and unrestored(mig.env, mig.io) == []
+
+    persist.save_mig(mig.env, mig.io, {addr: saved})  # left by an apply before this fix
+    assert any("NVML reports no MIG" in n for n in unrestored(mig.env, mig.io))
+    out = reconcile(mig.env, mig.io, passed)
+    assert out.matches and out.changed == 1 and persist.load_mig(mig.env, mig.io) == {}
+    assert unrestored(mig.env, mig.io) == []
 
 
 @pytest.mark.parametrize("entry, expect", [
