@@ -13,7 +13,7 @@ node-lock and libvirt-holder mutations on every seed. The seeds were chosen agai
 a weight-3 reboot with new pods first (the reboot placements, issue 36.5) joined the step table and
 the uevent fault steps became part of the default draws, which changed every seed's draws.
 ``python -m tests.campaign.predict`` at CI's steps (2026-12-07): seeds 3, 6, 9, 10, 11, 13, 14, 15,
-16, 17, 22 and (since its fix) 24 pass 100 steps (18 does not: the README says where); 6, 9, 13 and 17 reach a
+16, 17, 22 and (since their fixes) 18 and 24 pass 100 steps; 6, 9, 13 and 17 reach a
 selected layout blocked only by a libvirt domain (at steps 72, 48, 42 and 49) and edit the selected
 layout under a libvirt-held vGPU; `mutations --ci --no-baseline` caught libvirt holders ignored (h)
 at steps 72, 48, 42 and 40.
