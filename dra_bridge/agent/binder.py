@@ -110,7 +110,7 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
             known = confirmed.get((meta.get("uid") or "", device))
             if known is not None:
                 assigned.setdefault(*known)
-                room.take(device)
+                room.take(device, held=True)
                 continue
             sized = _size_mib(pool, device)
             state = _status(claim, driver, pool_name, device)
@@ -118,13 +118,18 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
             if not r.get("bindingConditions") or state.get(f"{driver}/{SIZE_ASSIGNED}") == "True":
                 if sized and sized[1] is not None:
                     assigned.setdefault(sized[0], sized[1])
-                room.take(device)
+                room.take(device, held=True)
                 continue
             if state.get(f"{driver}/{SIZE_CONFLICT}") == "True":
                 continue  # the scheduler drops it
             gpu, size = sized if sized else ("", None)
             waiting.append((_allocation_key(claim), meta.get("namespace", ""), meta.get("name", ""), device, gpu,
                             size, meta.get("uid") or ""))
+    live = {((c.get("metadata") or {}).get("uid") or "", r.get("device", "")) for c in claims
+            for r in _results(c)}
+    for device, uid in sorted(prepared.items()):  # a force-deleted pod's claim, prepared still: its vGPU is there
+        if (uid, device) not in live:
+            room.take(device, held=True)
     verdicts = []
     for _, ns, name, device, gpu, size, uid in sorted(waiting):
         if not gpu:
@@ -137,12 +142,12 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
             continue
         have = assigned.setdefault(gpu, size) if size is not None else assigned.get(gpu)
         if size is not None and have == size:
+            if prepared.get(device, uid) != uid:
+                continue  # withheld: still prepared for another claim (whose room is counted)
             if not room.take(device):  # the pool as read now: vGPUs no claim holds, or claims before it
                 verdicts.append(Verdict(ns, name, device, gpu, False, size,
                                         f"GPU {gpu} has no room left for {device} now", uid))
                 continue
-            if prepared.get(device, uid) != uid:
-                continue  # withheld: still prepared for another claim (its room stays taken)
             verdicts.append(Verdict(ns, name, device, gpu, True, size, f"GPU {gpu} runs {size} MiB vGPUs", uid))
         else:
             verdicts.append(Verdict(ns, name, device, gpu, False, size,
@@ -161,12 +166,14 @@ class _Room:
         self._devices = {d.name: d for d in pool.devices}
         self._left = {c.name: {k: parse_quantity(str(v)) for k, v in c.counters.items()} for c in pool.counter_sets}
 
-    def take(self, device: str) -> bool:
-        """Count ``device`` in if it fits (True); a device not in the pool counts as nothing."""
+    def take(self, device: str, *, held: bool = False) -> bool:
+        """Count ``device`` in if it fits (True); ``held`` (an allocation confirmed or bound already):
+        counted in whatever is left, so nothing after it fits where it does not. A device not in the
+        pool counts as nothing."""
         dev = self._devices.get(device)
         uses = [(u.counter_set, k, parse_quantity(str(v))) for u in (dev.consumes if dev else ())
                 for k, v in u.counters.items() if k in self._left.get(u.counter_set, {})]
-        if any(self._left[cs][k] < v for cs, k, v in uses):
+        if not held and any(self._left[cs][k] < v for cs, k, v in uses):
             return False
         for cs, k, v in uses:
             self._left[cs][k] -= v
