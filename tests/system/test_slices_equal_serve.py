@@ -171,3 +171,41 @@ def _agent_publishes(tmp_path: Path, node, layout: Path, version: str, gates: st
             return srv.objects("resourceslices")
     finally:
         cleanup()
+
+
+def test_a_vgpu_no_claim_holds_takes_its_room_in_both(tmp_path, capsys):
+    """A vGPU made by hand on a ``dra`` GPU (no claim's; the agent leaves it): ``slices`` reads the kubelet
+    plugin's checkpoint as the agent does, and both leave its room out of the GPU's counters (#36.2)."""
+    import uuid
+
+    from mdev_manager.discovery import discover
+
+    layout = tmp_path / "layout.yaml"
+    layout.write_text(yaml.safe_dump(LAYOUT))
+    vgpu = str(uuid.uuid4())
+    for name in ("cli-node", "agent-node"):
+        node = sim_node(tmp_path / name, PRESET)
+        t4 = discover(node.env, node.io).gpus[1]
+        q2 = next(t for t in t4.types if t.short_name == "T4-2Q")
+        node.io.write(node.env.pci(t4.address) / "mdev_supported_types" / q2.id / "create", vgpu + "\n")
+    code = main(["--simulate", PRESET, "--sim-dir", str(tmp_path / "cli-node"), "slices", "-f", str(layout), "-o",
+                 "json", "--server-version", "1.37"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    shown = json.loads(out)["items"]
+    node = sim_node(tmp_path / "agent-node", None)
+    root, cleanup = short_root(tmp_path)
+    try:
+        with LocalApiServer(version="1.37", feature_gates=parse_gates("")) as srv:
+            srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            cfg = ServeConfig(node_name=NODE, layout_file=layout, kubelet_root=root / "kl", cdi_root=root / "cdi",
+                              metrics_port=None)
+            Daemon(cfg, node.env, node.io, srv.api_client()).resync()
+            published = srv.objects("resourceslices")
+    finally:
+        cleanup()
+    assert sorted(map(_strip, shown), key=str) == sorted(map(_strip, published), key=str)
+    (gpu1,) = [c for s in shown for c in s["spec"].get("sharedCounters") or [] if c["name"] == "gpu-1-counter-set"]
+    assert gpu1["counters"] == {"memory": {"value": "14Gi"}, "vgpus": {"value": "15"}}
+    names = [d["name"] for s in shown for d in s["spec"].get("devices") or [] if d["name"].startswith("gpu-1-")]
+    assert names and all("-vgpu-2gb-" in n for n in names)  # its size only; not the whole GPU

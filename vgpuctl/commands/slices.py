@@ -52,6 +52,7 @@ def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape:
     """(slices, warnings): what this node's agent publishes in ``shape`` (the agent's own
     :func:`~dra_bridge.pool.shape.node_pool`) for the node as read, or as ``inv`` (a preview's).
     Shared with ``capacity``."""
+    from dra_bridge.pool.policy import policy_from_layout, with_outside
     from dra_bridge.pool.shape import node_pool
     from dra_bridge.pool.slices import plan_slices
     from mdev_manager import numbering
@@ -59,10 +60,26 @@ def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape:
 
     if inv is None:
         inv = discover(env, io, node=node, ids=numbering.load(env, io, paths.gpu_ids))  # read, never written here
-    pool = node_pool(inv, layouts, paths.driver, shape)
+    policy = policy_from_layout(inv, layouts)
+    claimed = _claimed_vgpus(io, paths)
+    if claimed is not None:  # as the agent publishes: vGPUs no prepared claim holds keep their room
+        policy = with_outside(policy, inv, claimed)
+    pool = node_pool(inv, layouts, paths.driver, shape, policy=policy)
     plan = plan_slices(pool, driver=paths.driver, node_name=node, pool_name=node, generation=1,
                        server_version=shape.version)
     return plan.slices, [*pool.warnings, *plan.warnings]
+
+
+def _claimed_vgpus(io: HostIO, paths: NodePaths) -> set[str] | None:
+    """The vGPU ids the kubelet plugin's prepared claims hold (its checkpoint, read-only); None where it
+    cannot be trusted (the agent rebuilds it at its start)."""
+    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
+
+    try:
+        cp = CheckpointStore(paths.checkpoint, io).load()
+    except CheckpointCorrupt:
+        return None
+    return {d.vgpu_id for c in cp.claims.values() for d in c.devices if d.vgpu_id}
 
 
 def _detected(args: argparse.Namespace) -> tuple[tuple[int, int], compat.KeptFields]:
