@@ -77,6 +77,55 @@ def _idle_resync(lines: list[str]) -> None:
                      f"peer: upstream's informer-based slice controller; a LIST would move {listed / 1e6:.2f} MB"))
 
 
+def _first_vgpu_once(in_place: bool) -> tuple[int, float, int]:
+    """(slice writes, CPU of the resync, slices) after the first vGPU on an empty GPU of the largest preset
+    at 1.36 (binding conditions: the GPU narrows to the size it settled). ``in_place=False``: the peer,
+    the publisher as it was before 12-08, which bumped the generation and wrote every slice."""
+    from dra_bridge.apiclient.publisher import Publisher
+    from tests.support.dra import add_claim
+
+    class Bumping(Publisher):
+        def _in_place(self, have, want, generation, membership):
+            return super()._in_place(have, want, generation, False)
+
+    base = "/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"
+    with tempfile.TemporaryDirectory(dir=base, prefix="vgfirst") as d, LocalApiServer(version="1.36") as srv:
+        srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "sim-large"}})
+        sim = sim_node(Path(d) / "host", "bench-large")
+        reconcile(sim.env, sim.io, DRA_ALL)
+        cfg = ServeConfig(node_name=sim.node, kubelet_root=Path(d) / "kl", cdi_root=Path(d) / "cdi", metrics_port=None,
+                          resync_seconds=3600.0, full_resync_seconds=3600)
+        daemon = Daemon(cfg, sim.env, sim.io, srv.api_client())
+        if not in_place:
+            daemon.publisher.__class__ = Bumping
+        try:
+            daemon.resync()
+            assert daemon.inventory is not None
+            gpu = daemon.inventory.gpus[len(daemon.inventory.gpus) // 2]
+            dev = next(x for x in daemon._pool.devices if x.gpu == gpu.address and x.binding_conditions)
+            ref = add_claim(srv, "first", [("vgpu", dev.name)], node=sim.node)
+            assert daemon.driver.prepare([ref])[ref.uid].error is None
+            srv.reset_counters()
+            cpu = _cpu(lambda: daemon.resync(force=False))
+            writes = sum(1 for w in srv.writes if w.resource == "resourceslices")
+            return writes, cpu, len(srv.objects("resourceslices"))
+        finally:
+            daemon.publisher.close()
+
+
+def _first_vgpu(lines: list[str], runs: int = 3) -> None:
+    ours, peer = [], []
+    for _ in range(runs):  # interleaved
+        ours.append(_first_vgpu_once(True))
+        peer.append(_first_vgpu_once(False))
+    (w, _, n), (pw, _, _) = min(ours, key=lambda r: r[1]), min(peer, key=lambda r: r[1])
+    cpu, pcpu = min(r[1] for r in ours), min(r[1] for r in peer)
+    lines.append(row("resync after the first vGPU on an empty GPU (1.36, largest preset): slice writes, CPU",
+                     f"{w} writes, {cpu * 1000:.0f} ms", f"{pw} writes, {pcpu * 1000:.0f} ms", cpu / pcpu,
+                     f"peer: the generation bumped, all {n} slices written (before 12-08); CPU of this process "
+                     "(the local API server in it), least of the interleaved runs"))
+
+
 def _rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -182,6 +231,7 @@ def _imports_rss() -> float:
 def run() -> list[str]:
     lines = ["Node agent at rest", HEADER]
     _idle_resync(lines)
+    _first_vgpu(lines)
     imports = _imports_rss()
     for preset, prepare in (("default", 0), ("bench-large", 0), ("bench-large", PREPARED)):
         mb, done = _serve_rss(preset, prepare=prepare)

@@ -44,7 +44,7 @@ from dra_bridge.apiclient.errors import api_exception, missing_ok
 from dra_bridge.apiclient.kept import KeptFields, observe
 from dra_bridge.apiclient.objects import raw, watch_events
 from dra_bridge.apiclient.slicemirror import Known, SliceMirror, content_digest
-from dra_bridge.pool.devices import Pool
+from dra_bridge.pool.devices import Pool, PoolDevice
 from dra_bridge.pool.keep import in_place, write_order
 from dra_bridge.pool.slicecheck import check_pool_slices
 from dra_bridge.pool.slices import build_slices
@@ -118,16 +118,34 @@ def server_version(api_client: client.ApiClient, timeout: float | None = None) -
 
 
 def comes_or_goes(last: Pool | None, pool: Pool) -> bool:
-    """Whether ``pool`` differs from ``last`` only by whole devices and counter sets gained or lost
-    (a GPU off the bus, or back), every one in both unchanged."""
+    """Whether ``pool`` differs from ``last`` only by whole devices and counter sets gained or lost (a GPU
+    off the bus, or back), or by devices lost and binding conditions dropped (a GPU narrowed to the size
+    its first vGPU settled: its other sizes go, the slots of its size are bound without a verdict now),
+    every other member unchanged. Written slice by slice, each state between offers the members of
+    both pools, no device the new pool adds a condition to, so nothing either pool forbids (a slot of
+    another size still published carries its conditions, which the agent refuses)."""
     if last is None:
         return False
     old_d, new_d = {d.name: d for d in last.devices}, {d.name: d for d in pool.devices}
     old_c, new_c = {c.name: c for c in last.counter_sets}, {c.name: c for c in pool.counter_sets}
-    if old_d.keys() == new_d.keys() and old_c.keys() == new_c.keys():
+    common = old_d.keys() & new_d.keys()
+    if not all(old_c[n] == new_c[n] for n in old_c.keys() & new_c.keys()) or \
+            not all(old_d[n] == new_d[n] or _unbound(old_d[n], new_d[n]) for n in common):
         return False
-    return all(old_d[n] == new_d[n] for n in old_d.keys() & new_d.keys()) and \
-        all(old_c[n] == new_c[n] for n in old_c.keys() & new_c.keys())
+    if old_d.keys() == new_d.keys() and old_c.keys() == new_c.keys():
+        return any(old_d[n] != new_d[n] for n in common)  # conditions dropped only
+    return True
+
+
+def _unbound(old: PoolDevice, new: PoolDevice) -> bool:
+    """``new`` is ``old`` without its binding conditions. (Binding conditions are published only where the
+    server keeps no compatibility groups, so the groups the pool model gives a settled size are not
+    published either: not compared.)"""
+    def plain(d: PoolDevice) -> PoolDevice:
+        return d.model_copy(update={"binding_conditions": [], "binding_failure_conditions": [], "consumes": [
+            c.model_copy(update={"compatibility_groups": []}) for c in d.consumes]})
+
+    return bool(old.binding_conditions) and not new.binding_conditions and plain(old) == plain(new)
 
 
 class Publisher:

@@ -119,3 +119,35 @@ transport)."""
     # one handle per GPU's health, one for the driver version the node is labelled with
     assert io.nvml_calls == len(nvidia) + 1, "a resync read a GPU's health twice"
     assert reads >= len(nvidia)
+
+
+def test_the_first_vgpu_on_an_empty_gpu_narrows_its_slices_in_place(base):
+    """1.36 defaults (binding conditions): the L40S, empty, offers every size under conditions in two device
+    slices. Its first vGPU settles its size: the other sizes go, that size's slots lose their conditions.
+    Before, that was a new generation and every slice of the node written again (33-34 PUTs on the
+    largest preset; the whole pool hidden from the scheduler until the last one); now its own slices are
+    written in place, one at a time, each state between a complete pool (#37)."""
+    from dra_bridge.sim.apiserver import LocalApiServer
+
+    with LocalApiServer(version="1.36") as srv:
+        node = make_node(base, "default")
+        daemon = make_agent(node, srv, base)
+        assert daemon.shape().binding == "conditions"
+        l40s = next(g for g in daemon.inventory.gpus if g.framework == "vendor-vfio")
+        before = {s["metadata"]["name"]: s for s in srv.objects("resourceslices")}
+        holding = {n for n, s in before.items() if any(d["name"].startswith(f"gpu-{l40s.index}-")
+                                                     for d in s["spec"].get("devices") or [])}
+        assert len(holding) == 2, "the L40S's devices fit one slice: the test proves nothing"
+        dev = next(d for d in daemon._pool.devices if d.gpu == l40s.address and d.kind == "vgpu"
+                   and d.binding_conditions and d.capacity["memory"] == "2Gi")
+        ref = add_claim(srv, "one", [("vgpu", dev.name)], node=node.node)
+        assert daemon.driver.prepare([ref])[ref.uid].error is None
+        srv.reset_counters()
+        daemon.resync(force=False)
+        after = {s["metadata"]["name"]: s for s in srv.objects("resourceslices")}
+        assert {w.name for w in slice_writes(srv)} == holding  # the L40S's two slices, nothing else
+        assert {s["spec"]["pool"]["generation"] for s in after.values()} == \
+            {s["spec"]["pool"]["generation"] for s in before.values()}
+        mine = [d for n in holding for d in after[n]["spec"].get("devices") or []]
+        assert mine and {d["capacity"]["memory"]["value"] for d in mine if "-vgpu-" in d["name"]} == {"2Gi"}
+        assert not any(d.get("bindingConditions") for d in mine)
