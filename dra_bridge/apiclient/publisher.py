@@ -7,7 +7,9 @@
 * A GPU that comes or goes (whole devices and counter sets gained or lost, every other one as
   last published): its slices are emptied or filled in place, one write at a time, at the same
   generation and slice count, so the scheduler never loses sight of a GPU that did not change
-  (:mod:`dra_bridge.pool.keep`; an emptied slice stays, for the next GPU to fill).
+  (:mod:`dra_bridge.pool.keep`; an emptied slice stays, for the next GPU to fill). The same for a GPU
+  narrowed to the size its first vGPU settled (devices lost, binding conditions dropped): its own
+  slices, not every slice at a new generation (34 writes on the largest preset before).
 * Slice count changed otherwise, or several slices changed: the generation is bumped and every slice
   rewritten; slices that no longer belong (this driver and node, including other pools)
   are deleted last. The scheduler ignores the older generation and
