@@ -120,3 +120,28 @@ def test_nine_gpus_one_leaves_from_the_first_counter_slice(tmp_path, version):
         pub.sync(left)
         assert_kept_through_every_write(rec.states, kept, "GPU gone")
         assert published_devices(pool_slices(srv)) == {d.name for d in left.devices}
+
+
+def test_which_changes_are_written_slice_by_slice():
+    """:func:`comes_or_goes`: whole members gained or lost, or devices lost and binding conditions dropped (a GPU
+    narrowed to its first vGPU's size) are written slice by slice; any other change of a member (a condition
+    added, a counter or a capacity changed) is one atomic generation."""
+    from dra_bridge.apiclient.publisher import comes_or_goes
+    from dra_bridge.pool.devices import PoolPolicy, build_pool
+    from tests.dra_bridge.test_devices import inventory, t4
+
+    inv = inventory(t4(0, "0000:3b:00.0"), t4(1, "0000:5e:00.0"))
+    empty = build_pool(inv, PoolPolicy.default(), server_version=(1, 36), binding_conditions=True)
+    narrowed = build_pool(inv, PoolPolicy.default().model_copy(update={"gpus": {
+        "0000:3b:00.0": PoolPolicy.default().others.model_copy(update={"equal_size_fb_mib": 2048})}}),
+        server_version=(1, 36), binding_conditions=True)
+    assert {d.capacity["memory"] for d in narrowed.devices if d.gpu == "0000:3b:00.0" and d.kind == "vgpu"} == {"2Gi"}
+    assert comes_or_goes(empty, narrowed)  # narrowed: in place
+    assert not comes_or_goes(narrowed, empty)  # conditions added back: a generation
+    assert not comes_or_goes(None, narrowed)
+    assert not comes_or_goes(empty, empty)
+    changed = narrowed.model_copy(deep=True)
+    changed.counter_sets[0].counters["vgpus"] = 15
+    assert not comes_or_goes(empty, changed)
+    gone = without(empty, "0000:5e:00.0")
+    assert comes_or_goes(empty, gone) and comes_or_goes(gone, empty)
