@@ -65,6 +65,20 @@ def _slices_cli(capsys, sim_dir: Path, layout: Path, version: str, gates: str) -
     return json.loads(out)["items"]
 
 
+def _published(tmp_path: Path, node, layout: Path, version: str, gates: str) -> list[dict]:
+    """The slices the agent publishes for ``node`` after one resync, against a local API server of ``version``."""
+    root, cleanup = short_root(tmp_path)  # the plugin's sockets live under the kubelet root
+    try:
+        with LocalApiServer(version=version, feature_gates=parse_gates(gates)) as srv:
+            srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            cfg = ServeConfig(node_name=NODE, layout_file=layout, kubelet_root=root / "kl", cdi_root=root / "cdi",
+                              metrics_port=None)
+            Daemon(cfg, node.env, node.io, srv.api_client()).resync()
+            return srv.objects("resourceslices")
+    finally:
+        cleanup()
+
+
 @pytest.mark.parametrize("version, gates", SHAPES)
 def test_slices_equal_what_the_agent_publishes(version, gates, tmp_path, capsys):
     layout = tmp_path / "layout.yaml"
@@ -78,16 +92,7 @@ def test_slices_equal_what_the_agent_publishes(version, gates, tmp_path, capsys)
 
     node = sim_node(tmp_path / "agent-node", PRESET)
     set_boot_id(node, "0c1e7c3e-0000-4000-8000-000000000001")
-    root, cleanup = short_root(tmp_path)  # the plugin's sockets live under the kubelet root
-    try:
-        with LocalApiServer(version=version, feature_gates=parse_gates(gates)) as srv:
-            srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-            cfg = ServeConfig(node_name=NODE, layout_file=layout, kubelet_root=root / "kl", cdi_root=root / "cdi",
-                              metrics_port=None)
-            Daemon(cfg, node.env, node.io, srv.api_client()).resync()
-            published = srv.objects("resourceslices")
-    finally:
-        cleanup()
+    published = _published(tmp_path, node, layout, version, gates)
     assert published, "the agent published nothing"
     assert sorted(map(_strip, shown), key=str) == sorted(map(_strip, published), key=str)
 
@@ -193,17 +198,7 @@ def test_a_vgpu_no_claim_holds_takes_its_room_in_both(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     shown = json.loads(out)["items"]
-    node = sim_node(tmp_path / "agent-node", None)
-    root, cleanup = short_root(tmp_path)
-    try:
-        with LocalApiServer(version="1.37", feature_gates=parse_gates("")) as srv:
-            srv.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-            cfg = ServeConfig(node_name=NODE, layout_file=layout, kubelet_root=root / "kl", cdi_root=root / "cdi",
-                              metrics_port=None)
-            Daemon(cfg, node.env, node.io, srv.api_client()).resync()
-            published = srv.objects("resourceslices")
-    finally:
-        cleanup()
+    published = _published(tmp_path, sim_node(tmp_path / "agent-node", None), layout, "1.37", "")
     assert sorted(map(_strip, shown), key=str) == sorted(map(_strip, published), key=str)
     (gpu1,) = [c for s in shown for c in s["spec"].get("sharedCounters") or [] if c["name"] == "gpu-1-counter-set"]
     assert gpu1["counters"] == {"memory": {"value": "14Gi"}, "vgpus": {"value": "15"}}
