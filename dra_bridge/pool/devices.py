@@ -218,8 +218,8 @@ def _add_time_sliced(pool: Pool, gpu: Gpu, pol: GpuPolicy, groups_supported: boo
         if size is not None and not kept:
             warnings.append(f"GPU {gpu.address}: no offered type has {size} MiB of framebuffer; no vGPU published")
         types = kept
-    by_id = {t.id: t for t in gpu.types}
-    outside = [by_id.get(v.type_id) for v in gpu.vgpus if v.id in set(pol.outside_vgpus)]
+    by_id, theirs = {t.id: t for t in gpu.types}, set(pol.outside_vgpus)
+    outside = [by_id.get(v.type_id) for v in gpu.vgpus if v.id in theirs]
     if equal_size and groups_supported and outside:  # no allocation shows their size to the scheduler
         held = {type_framebuffer_mib(t) if t else None for t in outside}
         types = [t for t in types if type_framebuffer_mib(t) in held] if len(held) == 1 and None not in held else []

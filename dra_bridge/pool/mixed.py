@@ -129,13 +129,15 @@ def add_mixed_gpu(pool: Pool, gpu: Gpu, pol: GpuPolicy, types: list[VgpuType], s
     if vgpus:  # more vGPUs fit the slots than the board can make: each consumes one of its VFs too
         sets[0].counters[VGPUS] = limit
     pool.counter_sets += sets
-    outside = [v for v in gpu.vgpus if v.id in set(pol.outside_vgpus)]
+    theirs = set(pol.outside_vgpus)
+    outside = [v for v in gpu.vgpus if v.id in theirs]
     if outside:  # vGPUs no claim holds: their slots (and VFs) are not the claims'
         spans = held(outside, smap)
         if len(spans) < len(outside) or (vgpus and limit - len(outside) < 1):
             groups = []  # one of unknown slots, or no VF left: nothing can be offered safely
-        groups = [(tp.model_copy(update={"ids": [p for p in tp.ids if all(
-            p + tp.size <= r.start or r.stop <= p for r in spans.values())]}), members) for tp, members in groups]
+        else:
+            groups = [(tp.model_copy(update={"ids": [p for p in tp.ids if all(
+                p + tp.size <= r.start or r.stop <= p for r in spans.values())]}), members) for tp, members in groups]
         pool.warnings.append(f"GPU {gpu.address}: {len(outside)} vGPU(s) no claim holds keep their slots from the "
                              "claims (remove them, or let the layout do so once they are free)")
         if vgpus:
