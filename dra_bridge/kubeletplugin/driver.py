@@ -1,12 +1,13 @@
 """The kubelet plugin's driver: NodePrepareResources / NodeUnprepareResources.
 
 Wiring only: claims come from a ClaimSource (:mod:`.claimsource`), devices from the
-published pool, effects from :mod:`.effects`, files from :mod:`.cdi` and :mod:`.metadata`,
-the records of prepared claims from :mod:`.prepared` (every change checkpointed before prepare
-answers), device health from :mod:`.health`. Prepare is idempotent: a prepared claim answers
-from the checkpoint and creates nothing new. A device another claim's record
-holds (the same device, or the same GPU whole against a vGPU on it) is refused before anything
-is made (:func:`overlap`): the scheduler can allocate one device twice.
+published pool, each claim's plan from :mod:`.claimplan`, effects from :mod:`.effects`, files
+from :mod:`.cdi` and :mod:`.metadata`, the records of prepared claims from :mod:`.prepared`
+(every change checkpointed before prepare answers), device health from :mod:`.health`.
+Prepare is idempotent: a prepared claim answers from the checkpoint and creates nothing new.
+A device another claim's record holds (the same device, or the same GPU whole against a vGPU
+on it) is refused before anything is made (:func:`overlap`): the scheduler can allocate one
+device twice.
 
 Three things the node can do behind the plugin's back are handled here:
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from dra_bridge.api.nodepaths import NodePaths
 from dra_bridge.kubeletplugin import claimfiles, refcheck, specs
 from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
-from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
+from dra_bridge.kubeletplugin.claimplan import GpuKey, plan_claim
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.effects import (
     PrepareError,
@@ -41,14 +42,9 @@ from dra_bridge.kubeletplugin.effects import (
     passthrough_moves,
     place_vgpu,
     placement_order,
-    plan_mig_vgpu,
-    plan_placement,
-    plan_vgpu,
-    read_available,
     read_one_gpu,
     release_passthrough,
     remove_vgpu,
-    switch_mig_mode,
 )
 from dra_bridge.kubeletplugin.gpulocks import GpuLocks
 from dra_bridge.kubeletplugin.health import device_health
@@ -56,19 +52,13 @@ from dra_bridge.kubeletplugin.overlap import overlap
 from dra_bridge.kubeletplugin.prepared import PreparedClaims, load_or_rebuild
 from dra_bridge.kubeletplugin.state import Checkpoint, ClaimRecord, PreparedDeviceRecord
 from dra_bridge.pool.devices import Pool
-from dra_bridge.pool.dualmode import offers_both_modes
-from dra_bridge.pool.mixed import slot_sizes
-from dra_bridge.pool.model import PoolDevice
 from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
-from mdev_manager import persist
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, read_attr
 from mdev_manager.models import Gpu, Usage
 
 log = logging.getLogger(__name__)
-#: what a prepare read a GPU for: a vGPU type on it (its parents of that type), or the whole GPU (passthrough)
-GpuKey = str | tuple[str, str | None]
 
 
 class Driver:
@@ -273,7 +263,10 @@ class Driver:
                         {r.uid: r for r in self.records()}, before=prefer)
         if clash:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}) refused, nothing prepared: {clash}")
-        records, gpus = self._plan(ref, results, pool, prefer or {}, claim)
+        taken = self.prepared.recorded_vfs(ref.uid)
+        records, gpus = plan_claim(ref, results, pool, prefer or {}, claim, taken, env=self.env, io=self.io, ex=self.ex,
+                                   pool_name=self.pool_name, driver=self.paths.driver, holds=self.gpu_locks.holds,
+                                   gpu_state=self.gpu_state)
         rec = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=records, boot_id=boot)
         self.prepared.put(rec)
         self.prepared.save()  # intent first: a crash from here on is undone by recover()
@@ -288,96 +281,8 @@ class Driver:
         self.prepared.save()
         return self._answer(rec)
 
-    def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool, prefer: dict[str, PreparedDeviceRecord],
-              claim: dict | None = None) -> tuple[list[PreparedDeviceRecord], dict[GpuKey, Gpu]]:
-        taken = self.prepared.recorded_vfs(ref.uid)
-        avoid: set[str] | None = None  # VFs a layout record names (a restore would take them back)
-        records = []
-        gpus: dict[GpuKey, Gpu] = {}
-        for r in results:
-            where = f"claim {ref.namespace}/{ref.name} request {r.get('request')}"
-            if r.get("pool") != self.pool_name:
-                raise PrepareError(f"{where}: device {r.get('device')} is in pool {r.get('pool')}, "
-                                   f"this node's pool is {self.pool_name}")
-            dev = pool.device(r.get("device", ""))
-            if dev is None:
-                raise PrepareError(f"{where}: device {r.get('device')} no longer exists on this node")
-            if not self.gpu_locks.holds(dev.gpu):  # its GPU's lock was taken for another pool: never unlocked
-                raise PrepareError(f"{where}: device {dev.name} moved to GPU {dev.gpu} while the claim waited; "
-                                   "the kubelet's next try prepares it")
-            type_id = dev.type_id
-            # a size slot (its type id: the default size): the claim's config picks the type
-            if dev.kind == "vgpu" and dev.type_choices and type_id is not None:
-                try:
-                    wanted = requested_type(claim or {}, r.get("request", ""), self.paths.driver)
-                    type_id = pick_type(dev.type_choices, type_id, wanted, dev.name)
-                except VgpuConfigError as exc:
-                    raise PrepareError(f"{where}: {exc}") from None
-            # a vGPU needs its type's parents only; a whole GPU needs everything (its group, its VFs)
-            key: GpuKey = (dev.gpu, type_id) if dev.kind == "vgpu" else dev.gpu
-            only = {type_id} if dev.kind == "vgpu" and type_id is not None else None
-            kept = None if key in gpus else self._kept(dev)
-            gpu = gpus.get(key) or kept or read_one_gpu(self.env, self.io, dev.gpu, only_types=only)
-            if gpu is None:
-                raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
-            want_mig = dev.placement is not None
-            if dev.kind == "vgpu" and gpu.mig is not None and gpu.mig.enabled != want_mig and \
-                    offers_both_modes(pool, dev.gpu):  # migMode: auto: this claim's mode is the GPU's now
-                try:
-                    switch_mig_mode(self.ex, gpu, want_mig)
-                except PrepareError as exc:
-                    raise PrepareError(f"{where}: {exc}") from None
-                gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types=only)
-                if gpu is None:
-                    raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
-                gpus = {k: g for k, g in gpus.items() if g.address != dev.gpu}  # read before the switch
-            gpus[key] = gpu
-            rec = PreparedDeviceRecord(request=r["request"], pool=r["pool"], device=dev.name, kind=dev.kind,
-                                       gpu=dev.gpu, type_id=type_id)
-            if dev.kind == "vgpu":
-                if gpu.framework == "vendor-vfio" and avoid is None:  # read once, only where a VF is the id
-                    avoid = set(persist.load_vendor_vfio(self.env, self.io))
-                try:
-                    if dev.placement is not None:
-                        if dev.gpu_instance_profile is None:  # the pool names both for a MIG-backed device
-                            raise PrepareError(f"device {dev.name} has a MIG placement but no GPU instance profile")
-                        rec = plan_mig_vgpu(gpu, rec, dev.placement, dev.gpu_instance_profile, taken,
-                                            prefer.get(dev.name), avoid or set(), dev.inside)
-                    elif gpu is kept:
-                        try:
-                            rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set(), self._available)
-                        except PrepareError:  # the state in memory misled (a change by hand): the GPU as it is
-                            gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types=only)
-                            if gpu is None:
-                                raise PrepareError(f"GPU {dev.gpu} of device {dev.name} is gone") from None
-                            gpus[key] = gpu
-                            rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
-                    else:
-                        rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
-                    if dev.slots is not None:  # mixed-size: made at the device's placement
-                        rec = plan_placement(gpu, rec, dev.slots, slot_sizes(pool, dev.gpu))
-                except PrepareError as exc:
-                    raise PrepareError(f"{where}: {exc}") from None
-            records.append(rec)
-        return records, gpus
-
-    def _kept(self, dev: PoolDevice) -> Gpu | None:
-        """The agent's state of a vGPU device's GPU, where a prepare may plan on it instead of reading the
-        GPU: a vGPU chosen by its parents' free instances alone (each asked before it is chosen), not a
-        MIG-backed or mixed-size one (their GPU instances and placements are read as they are now)."""
-        if self.gpu_state is None or dev.kind != "vgpu" or dev.placement is not None or dev.slots is not None:
-            return None
-        gpu = self.gpu_state(dev.gpu)
-        if gpu is None or gpu.framework not in ("mdev", "mdev-sriov") or (gpu.mig is not None and gpu.mig.enabled) \
-                or (gpu.placements is not None and gpu.placements.enabled):
-            return None
-        return gpu
-
-    def _available(self, parent: str, type_id: str) -> int:
-        return read_available(self.env, self.io, parent, type_id)
-
     def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict[GpuKey, Gpu]) -> None:
-        """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""
+        """Make the devices (on the GPUs :func:`.claimplan.plan_claim` read), then the CDI specs and metadata."""
         for d in placement_order(rec.devices):  # one at a time: create, then move to its placement
             if d.kind == "vgpu":
                 if d.gi_profile is not None:
