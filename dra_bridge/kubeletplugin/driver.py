@@ -86,10 +86,12 @@ class Driver:
 
     @property
     def cp(self) -> Checkpoint:
+        """The prepared claims' checkpoint in memory (the simulator, tests and benchmarks read it)."""
         return self.prepared.cp
 
     @property
     def store(self) -> CheckpointStore:
+        """The checkpoint's file."""
         return self.prepared.store
 
     @property
