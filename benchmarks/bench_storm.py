@@ -141,7 +141,7 @@ def count_waits(daemon: Daemon) -> dict[str, int]:
         return _Counted(inner_lock(key), waits, "gpu_waits")
 
     locks._lock = lock  # type: ignore[method-assign]
-    driver._save_lock = _Counted(driver._save_lock, waits, "save_waits")  # type: ignore[assignment]
+    driver.prepared._save_lock = _Counted(driver.prepared._save_lock, waits, "save_waits")  # type: ignore[assignment]
     return waits
 
 
@@ -170,7 +170,7 @@ class _Counted:
 
 def counts(daemon: Daemon, waits: dict[str, int]) -> dict[str, int]:
     driver = daemon.driver
-    return {"saves": driver._changes, "writes": driver.writes, **waits}
+    return {"saves": driver.prepared._changes, "writes": driver.writes, **waits}
 
 
 def gpu_reads(daemon: Daemon) -> dict[str, int]:

@@ -1,16 +1,18 @@
 """The kubelet plugin's driver: NodePrepareResources / NodeUnprepareResources.
 
 Wiring only: claims come from a ClaimSource (:mod:`.claimsource`), devices from the
-published pool, effects from :mod:`.effects`, files from :mod:`.cdi` and :mod:`.metadata`,
-and every change is checkpointed before prepare answers. Prepare is idempotent: a prepared
-claim answers from the checkpoint and creates nothing new. A device another claim's record
-holds (the same device, or the same GPU whole against a vGPU on it) is refused before anything
-is made (:func:`overlap`): the scheduler can allocate one device twice.
+published pool, each claim's plan from :mod:`.claimplan`, effects from :mod:`.effects`, files
+from :mod:`.cdi` and :mod:`.metadata`, the records of prepared claims from :mod:`.prepared`
+(every change checkpointed before prepare answers), device health from :mod:`.health`.
+Prepare is idempotent: a prepared claim answers from the checkpoint and creates nothing new.
+A device another claim's record holds (the same device, or the same GPU whole against a vGPU
+on it) is refused before anything is made (:func:`overlap`): the scheduler can allocate one
+device twice.
 
 Three things the node can do behind the plugin's back are handled here:
 
-* a corrupted checkpoint is moved aside and the state rebuilt from the node (:mod:`.recovery`);
-  the plugin keeps serving and removes nothing;
+* a corrupted checkpoint is moved aside and the state rebuilt from the node (:mod:`.prepared`,
+  :mod:`.recovery`); the plugin keeps serving and removes nothing;
 * a reboot takes every vGPU, VF and tmpfs CDI spec with it: a claim prepared in an earlier
   boot (its record carries the boot id) is re-created on its next prepare, same vGPU UUIDs
   where the kernel allows, before the kubelet is answered, or answered with an error; and
@@ -22,14 +24,13 @@ Three things the node can do behind the plugin's back are handled here:
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dra_bridge.api.nodepaths import NodePaths
-from dra_bridge.kubeletplugin import claimfiles, recovery, refcheck, specs
-from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, Serializer
-from dra_bridge.kubeletplugin.claimconfig import VgpuConfigError, pick_type, requested_type
+from dra_bridge.kubeletplugin import claimfiles, refcheck, specs
+from dra_bridge.kubeletplugin.checkpoint import CheckpointStore
+from dra_bridge.kubeletplugin.claimplan import GpuKey, plan_claim
 from dra_bridge.kubeletplugin.claimsource import ClaimSource, allocation_results
 from dra_bridge.kubeletplugin.effects import (
     PrepareError,
@@ -41,32 +42,23 @@ from dra_bridge.kubeletplugin.effects import (
     passthrough_moves,
     place_vgpu,
     placement_order,
-    plan_mig_vgpu,
-    plan_placement,
-    plan_vgpu,
-    read_available,
     read_one_gpu,
     release_passthrough,
     remove_vgpu,
-    switch_mig_mode,
 )
 from dra_bridge.kubeletplugin.gpulocks import GpuLocks
+from dra_bridge.kubeletplugin.health import device_health
 from dra_bridge.kubeletplugin.overlap import overlap
+from dra_bridge.kubeletplugin.prepared import PreparedClaims, load_or_rebuild
 from dra_bridge.kubeletplugin.state import Checkpoint, ClaimRecord, PreparedDeviceRecord
 from dra_bridge.pool.devices import Pool
-from dra_bridge.pool.dualmode import offers_both_modes
-from dra_bridge.pool.mixed import slot_sizes
-from dra_bridge.pool.model import PoolDevice
 from dra_bridge.rpc.types import ClaimRef, DeviceHealthRecord, PreparedDevice, PrepareResult
-from mdev_manager import persist
 from mdev_manager.executor import Executor
 from mdev_manager.host.env import HostEnv
 from mdev_manager.host.io import HostIO, RealIO, read_attr
 from mdev_manager.models import Gpu, Usage
 
 log = logging.getLogger(__name__)
-#: what a prepare read a GPU for: a vGPU type on it (its parents of that type), or the whole GPU (passthrough)
-GpuKey = str | tuple[str, str | None]
 
 
 class Driver:
@@ -79,13 +71,11 @@ class Driver:
         self.claims = claims
         self.pool = pool
         self.ex = Executor(env, self.io)
-        self.store = CheckpointStore(paths.checkpoint, self.io)
-        self._lock = threading.RLock()  # the checkpoint in memory: each change, and each read of all records
-        self._save_lock = threading.Lock()  # saves in order: the file always ends as the latest snapshot
-        self._changes = 0  # each save's change number (under _lock); the file holds those up to _saved
-        self._saved = 0
-        self.writes = 0  # checkpoint files written (tests count them)
-        self._serialize = Serializer()  # (under _lock) unchanged records are not dumped again
+        store = CheckpointStore(paths.checkpoint, self.io)
+        #: the prepared claims' records and their checkpoint (:mod:`.prepared`)
+        self.prepared = PreparedClaims(store, load_or_rebuild(
+            store, paths=paths, env=env, io=self.io, claims=claims, pool_name=pool_name, pool=pool,
+            boot_id=self.boot_id))
         self.gpu_locks = GpuLocks()  # a claim's prepare and unprepare hold its GPUs' locks (.gpulocks)
         #: GPU -> why it is unhealthy, from the agent's health watch (None: presence on the bus only)
         self.gpu_health: Callable[[], Mapping[str, str]] | None = None
@@ -93,61 +83,42 @@ class Driver:
         self.touched: Callable[[set[str] | None], None] | None = None
         #: the agent's state of a GPU in memory (:mod:`dra_bridge.agent.gpustate`); None: each prepare reads it
         self.gpu_state: Callable[[str], Gpu | None] | None = None
-        self.cp: Checkpoint = self._load()
+
+    @property
+    def cp(self) -> Checkpoint:
+        """The prepared claims' checkpoint in memory (the simulator, tests and benchmarks read it)."""
+        return self.prepared.cp
+
+    @property
+    def store(self) -> CheckpointStore:
+        """The checkpoint's file."""
+        return self.prepared.store
+
+    @property
+    def writes(self) -> int:
+        """Checkpoint files written (tests and benchmarks count them)."""
+        return self.prepared.writes
+
+    def records(self) -> list[ClaimRecord]:
+        """Every claim's record now (a copy of the list: other GPUs' prepares change it meanwhile)."""
+        return self.prepared.all()
+
+    def usage(self) -> Usage:
+        """Devices held by prepared claims count as in use for the node manager."""
+        return self.prepared.usage()
 
     # ------------------------------------------------------------ start-up
     def boot_id(self) -> str | None:
         """The kernel's id of this boot; None where the host has none (then every record counts as this boot's)."""
         return read_attr(self.io, self.env.boot_id) or None
 
-    def _load(self) -> Checkpoint:
-        try:
-            return self.store.load()
-        except CheckpointCorrupt as exc:
-            return self._rebuild(str(exc))
-
-    def _rebuild(self, why: str) -> Checkpoint:
-        """Move the untrusted file aside, rebuild from the node and the API server's claims allocated
-        here (:mod:`.recovery`), save; one log line says what happened and what came from the API."""
-        try:
-            kept = f"kept as {self.store.quarantine()}"
-        except OSError as exc:
-            kept = f"could not be moved aside ({exc.strerror or exc})"
-        try:
-            published = self.pool()  # empty while the daemon starts: device names then tell the GPU
-        except Exception:  # noqa: BLE001 - the pool is a hint; the rebuild goes on without it
-            published = None
-        obs = recovery.observe(self.paths, self.env, self.io, self.claims, self.pool_name)
-        out = recovery.rebuild(obs, driver=self.paths.driver, pool=self.pool_name, boot_id=self.boot_id(),
-                               published=published if published is not None and published.devices else None)
-        cp = Checkpoint(claims=out.claims)
-        try:
-            self.store.save(cp)
-            saved = ""
-        except OSError as exc:
-            saved = f"; the rebuilt checkpoint is not saved ({exc.strerror or exc})"
-        found = ", ".join(f"{refcheck.who(r)} ({refcheck.n(len(r.devices), 'device')}{refcheck.rebuilt_how(r)})"
-                          for r in out.claims.values()) or "none"
-        if obs.api is None:
-            sources = f"the CDI specs, metadata files and devices on the node (not the API server: {obs.api_error})"
-        else:
-            sources = (f"the CDI specs, metadata files, devices on the node and the API server's {len(obs.api)} "
-                       "claims allocated here")
-        api = f"; from the API server: {'; '.join(out.from_api)}" if out.from_api else ""
-        waiting = (f"; allocated here but not prepared (the kubelet prepares them): {', '.join(out.not_prepared)}"
-                   if out.not_prepared else "")
-        left = f"; left out: {'; '.join(out.skipped)}" if out.skipped else ""
-        log.warning("checkpoint %s cannot be trusted (%s), %s; recovered %d prepared claims from %s: %s%s%s%s%s",
-                    self.paths.checkpoint, why, kept, len(out.claims), sources, found, api, waiting, left, saved)
-        return cp
-
     def recover(self) -> list[str]:
         """Undo claims a crash left half-prepared (the kubelet prepares them again) or half-unprepared
         (the kubelet was unpreparing them: finish it)."""
         undone = []
-        with self._lock:
+        with self.prepared.lock:
             boot = self.boot_id()
-            for uid, rec in list(self.cp.claims.items()):
+            for uid, rec in list(self.prepared.cp.claims.items()):
                 if rec.state in ("preparing", "unpreparing"):
                     try:
                         self._undo(rec, boot)
@@ -155,10 +126,10 @@ class Driver:
                         log.warning("claim %s: left %s by a crash, not undone yet (%s); its devices stay "
                                     "in use until the kubelet's next prepare or unprepare", refcheck.who(rec), rec.state, exc)
                         continue
-                    self._drop(uid)
+                    self.prepared.drop(uid)
                     undone.append(uid)
             if undone:
-                self._save()
+                self.prepared.save()
         return undone
 
     # ------------------------------------------------------------ prepare
@@ -170,14 +141,14 @@ class Driver:
         for ref in creation_order(claims, {r.uid: r for r in self.records()}):
             keys, claim = self._lock_keys(ref)
             with self.gpu_locks.hold(keys):
-                before = self._gpus_of(ref.uid)
+                before = self.prepared.gpus_of(ref.uid)
                 try:
                     out[ref.uid] = PrepareResult(devices=self._prepare_one(ref, boot, claim))
                 except PrepareError as exc:
                     out[ref.uid] = PrepareResult(error=str(exc))
                 except OSError as exc:
                     out[ref.uid] = PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {exc}")
-                self._tell(None if out[ref.uid].error else before | self._gpus_of(ref.uid))
+                self._tell(None if out[ref.uid].error else before | self.prepared.gpus_of(ref.uid))
         return out
 
     def _lock_keys(self, ref: ClaimRef) -> tuple[set[str], dict | None]:
@@ -185,7 +156,7 @@ class Driver:
         devices allocated to it (the claim is read for them once, here, before any lock is waited for);
         and the claim as read (None: not read, or unreadable: the prepare reads it and says why)."""
         keys = {f"claim:{ref.namespace}/{ref.name}"}
-        rec = self.cp.claims.get(ref.uid)
+        rec = self.prepared.get(ref.uid)
         if rec is not None:
             keys |= {d.gpu for d in rec.devices}
             if rec.state == "prepared":
@@ -201,44 +172,6 @@ class Driver:
             return keys, None
         return keys, claim
 
-    # ------------------------------------------------------------ the checkpoint in memory and on disk
-    def records(self) -> list[ClaimRecord]:
-        """Every claim's record now (a copy of the list: other GPUs' prepares change it meanwhile)."""
-        with self._lock:
-            return list(self.cp.claims.values())
-
-    def _put(self, rec: ClaimRecord) -> None:
-        with self._lock:
-            self.cp.claims[rec.uid] = rec
-
-    def _drop(self, uid: str) -> None:
-        with self._lock:
-            del self.cp.claims[uid]
-
-    def _save(self) -> None:
-        """The records as they are now, on disk (fsync) before this returns.
-
-        Group commit: each save numbers its change under the lock of the records, then waits for the
-        file. A writer snapshots every change made so far (under that lock) and writes it outside it,
-        so the calls of other GPUs' prepares that queued behind one write are all covered by the next
-        one: a storm of prepares writes the file once per batch, not once per change, and no call
-        returns before a write holding its change completed (a failed write covers no one)."""
-        with self._lock:
-            self._changes += 1
-            mine = self._changes
-        with self._save_lock:
-            if self._saved >= mine:  # a write that began after this change holds it
-                return
-            with self._lock:
-                text, upto = self._serialize(self.cp), self._changes
-            self.store.write(text)
-            self._saved = upto
-            self.writes += 1
-
-    def _gpus_of(self, uid: str) -> set[str]:
-        rec = self.cp.claims.get(uid)
-        return {d.gpu for d in rec.devices} if rec else set()
-
     def _tell(self, gpus: set[str] | None) -> None:
         """The agent's per-GPU state reads these GPUs again (a failed prepare: every GPU, its undo may
         have changed any GPU it reached)."""
@@ -251,7 +184,7 @@ class Driver:
 
     def _prepare_one(self, ref: ClaimRef, boot: str | None, claim: dict | None = None) -> list[PreparedDevice]:
         refcheck.check_ref(ref)  # before anything is read, made or written
-        known = self.cp.claims.get(ref.uid)
+        known = self.prepared.get(ref.uid)
         if known and known.state == "prepared":
             refcheck.fill_identity(known, ref)
             taken = claimfiles.taken_over(self.io, self.paths, known)
@@ -272,8 +205,8 @@ class Driver:
             return self._recreate(ref, known, boot, f"in this boot but {', '.join(gone)} vanished since", claim)
         if known:  # a previous attempt failed or crashed half-way: start clean
             self._undo(known, boot)
-            self._drop(ref.uid)
-            self._save()
+            self.prepared.drop(ref.uid)
+            self.prepared.save()
         return self._prepare_new(ref, boot, claim=claim)
 
     def _of_this_boot(self, rec: ClaimRecord, boot: str | None) -> bool:
@@ -284,7 +217,7 @@ class Driver:
             return True
         if rec.boot_id is None and rec.devices and all(device_present(self.env, self.io, d) for d in rec.devices):
             rec.boot_id = boot
-            self._save()
+            self.prepared.save()
             return True
         return False
 
@@ -293,20 +226,20 @@ class Driver:
         """A claim whose devices are gone (a reboot, a removal behind our back): make them again
         before answering. Only when none of them is left: one that exists may be a VM's."""
         where = f"claim {ref.namespace}/{ref.name}"
-        held = self._held_elsewhere(ref.uid, boot)
+        held = self.prepared.held_elsewhere(ref.uid, boot)
         back = [d.vgpu_id or d.gpu for d in old.devices
                 if device_present(self.env, self.io, d) and (d.vgpu_id or d.gpu) not in held]
         if back:
             raise PrepareError(f"{where} was prepared {when} and its devices {', '.join(back)} exist: not "
                                "re-creating over them; unprepare the claim (delete its pod) to start clean")
-        self._drop(ref.uid)
+        self.prepared.drop(ref.uid)
         try:
             devices = self._prepare_new(ref, boot, prefer={d.device: d for d in old.devices}, claim=claim)
         except (PrepareError, OSError) as exc:
-            self._put(old)  # kept: the next prepare tries again with the same ids
-            self._save()
+            self.prepared.put(old)  # kept: the next prepare tries again with the same ids
+            self.prepared.save()
             raise PrepareError(f"{exc} (re-creating the devices it was prepared with {when})") from None
-        new = self.cp.claims[ref.uid]
+        new = self.prepared.cp.claims[ref.uid]
         same = sum(1 for d in new.devices if d.vgpu_id and d.vgpu_id == getattr(
             next((o for o in old.devices if o.device == d.device), None), "vgpu_id", None))
         log.info("%s: prepared %s; re-created %s (%s with the same id as before) and rewrote its CDI specs "
@@ -332,123 +265,38 @@ class Driver:
                         {r.uid: r for r in self.records()}, before=prefer)
         if clash:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} (uid {ref.uid}) refused, nothing prepared: {clash}")
-        records, gpus = self._plan(ref, results, pool, prefer or {}, claim)
+        taken = self.prepared.recorded_vfs(ref.uid)
+        records, gpus = plan_claim(ref, results, pool, prefer or {}, claim, taken, env=self.env, io=self.io, ex=self.ex,
+                                   pool_name=self.pool_name, driver=self.paths.driver, holds=self.gpu_locks.holds,
+                                   gpu_state=self.gpu_state)
         rec = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=records, boot_id=boot)
-        self._put(rec)
-        self._save()  # intent first: a crash from here on is undone by recover()
+        self.prepared.put(rec)
+        self.prepared.save()  # intent first: a crash from here on is undone by recover()
         try:
             self._apply(rec, claim, gpus)
         except (OSError, ValueError, PrepareError) as exc:
             self._undo(rec, boot)
-            self._drop(ref.uid)
-            self._save()
+            self.prepared.drop(ref.uid)
+            self.prepared.save()
             raise PrepareError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
         rec.state = "prepared"
-        self._save()
+        self.prepared.save()
         return self._answer(rec)
 
-    def _plan(self, ref: ClaimRef, results: list[dict], pool: Pool, prefer: dict[str, PreparedDeviceRecord],
-              claim: dict | None = None) -> tuple[list[PreparedDeviceRecord], dict[GpuKey, Gpu]]:
-        taken = self._recorded_vfs(ref.uid)
-        avoid: set[str] | None = None  # VFs a layout record names (a restore would take them back)
-        records = []
-        gpus: dict[GpuKey, Gpu] = {}
-        for r in results:
-            where = f"claim {ref.namespace}/{ref.name} request {r.get('request')}"
-            if r.get("pool") != self.pool_name:
-                raise PrepareError(f"{where}: device {r.get('device')} is in pool {r.get('pool')}, "
-                                   f"this node's pool is {self.pool_name}")
-            dev = pool.device(r.get("device", ""))
-            if dev is None:
-                raise PrepareError(f"{where}: device {r.get('device')} no longer exists on this node")
-            if not self.gpu_locks.holds(dev.gpu):  # its GPU's lock was taken for another pool: never unlocked
-                raise PrepareError(f"{where}: device {dev.name} moved to GPU {dev.gpu} while the claim waited; "
-                                   "the kubelet's next try prepares it")
-            type_id = dev.type_id
-            # a size slot (its type id: the default size): the claim's config picks the type
-            if dev.kind == "vgpu" and dev.type_choices and type_id is not None:
-                try:
-                    wanted = requested_type(claim or {}, r.get("request", ""), self.paths.driver)
-                    type_id = pick_type(dev.type_choices, type_id, wanted, dev.name)
-                except VgpuConfigError as exc:
-                    raise PrepareError(f"{where}: {exc}") from None
-            # a vGPU needs its type's parents only; a whole GPU needs everything (its group, its VFs)
-            key: GpuKey = (dev.gpu, type_id) if dev.kind == "vgpu" else dev.gpu
-            only = {type_id} if dev.kind == "vgpu" and type_id is not None else None
-            kept = None if key in gpus else self._kept(dev)
-            gpu = gpus.get(key) or kept or read_one_gpu(self.env, self.io, dev.gpu, only_types=only)
-            if gpu is None:
-                raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
-            want_mig = dev.placement is not None
-            if dev.kind == "vgpu" and gpu.mig is not None and gpu.mig.enabled != want_mig and \
-                    offers_both_modes(pool, dev.gpu):  # migMode: auto: this claim's mode is the GPU's now
-                try:
-                    switch_mig_mode(self.ex, gpu, want_mig)
-                except PrepareError as exc:
-                    raise PrepareError(f"{where}: {exc}") from None
-                gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types=only)
-                if gpu is None:
-                    raise PrepareError(f"{where}: GPU {dev.gpu} of device {dev.name} is gone")
-                gpus = {k: g for k, g in gpus.items() if g.address != dev.gpu}  # read before the switch
-            gpus[key] = gpu
-            rec = PreparedDeviceRecord(request=r["request"], pool=r["pool"], device=dev.name, kind=dev.kind,
-                                       gpu=dev.gpu, type_id=type_id)
-            if dev.kind == "vgpu":
-                if gpu.framework == "vendor-vfio" and avoid is None:  # read once, only where a VF is the id
-                    avoid = set(persist.load_vendor_vfio(self.env, self.io))
-                try:
-                    if dev.placement is not None:
-                        if dev.gpu_instance_profile is None:  # the pool names both for a MIG-backed device
-                            raise PrepareError(f"device {dev.name} has a MIG placement but no GPU instance profile")
-                        rec = plan_mig_vgpu(gpu, rec, dev.placement, dev.gpu_instance_profile, taken,
-                                            prefer.get(dev.name), avoid or set(), dev.inside)
-                    elif gpu is kept:
-                        try:
-                            rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set(), self._available)
-                        except PrepareError:  # the state in memory misled (a change by hand): the GPU as it is
-                            gpu = read_one_gpu(self.env, self.io, dev.gpu, only_types=only)
-                            if gpu is None:
-                                raise PrepareError(f"GPU {dev.gpu} of device {dev.name} is gone") from None
-                            gpus[key] = gpu
-                            rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
-                    else:
-                        rec = plan_vgpu(gpu, rec, taken, prefer.get(dev.name), avoid or set())
-                    if dev.slots is not None:  # mixed-size: made at the device's placement
-                        rec = plan_placement(gpu, rec, dev.slots, slot_sizes(pool, dev.gpu))
-                except PrepareError as exc:
-                    raise PrepareError(f"{where}: {exc}") from None
-            records.append(rec)
-        return records, gpus
-
-    def _kept(self, dev: PoolDevice) -> Gpu | None:
-        """The agent's state of a vGPU device's GPU, where a prepare may plan on it instead of reading the
-        GPU: a vGPU chosen by its parents' free instances alone (each asked before it is chosen), not a
-        MIG-backed or mixed-size one (their GPU instances and placements are read as they are now)."""
-        if self.gpu_state is None or dev.kind != "vgpu" or dev.placement is not None or dev.slots is not None:
-            return None
-        gpu = self.gpu_state(dev.gpu)
-        if gpu is None or gpu.framework not in ("mdev", "mdev-sriov") or (gpu.mig is not None and gpu.mig.enabled) \
-                or (gpu.placements is not None and gpu.placements.enabled):
-            return None
-        return gpu
-
-    def _available(self, parent: str, type_id: str) -> int:
-        return read_available(self.env, self.io, parent, type_id)
-
     def _apply(self, rec: ClaimRecord, claim: dict, gpus: dict[GpuKey, Gpu]) -> None:
-        """Make the devices (on the GPUs ``_plan`` read), then the CDI specs and metadata."""
+        """Make the devices (on the GPUs :func:`.claimplan.plan_claim` read), then the CDI specs and metadata."""
         for d in placement_order(rec.devices):  # one at a time: create, then move to its placement
             if d.kind == "vgpu":
                 if d.gi_profile is not None:
                     create_instance(self.ex, d)
-                    self._save()  # the instance's id, before its vGPU (crash safety)
+                    self.prepared.save()  # the instance's id, before its vGPU (crash safety)
                 create_vgpu(self.ex, gpus[(d.gpu, d.type_id)], d)
                 place_vgpu(self.ex, d)
             else:
                 gpu = gpus[d.gpu]
                 d.rebound = passthrough_moves(gpu)
                 d.vfs_disabled = gpu.sriov_num_vfs
-                self._save()  # what to give back, on disk before the first bind (crash safety)
+                self.prepared.save()  # what to give back, on disk before the first bind (crash safety)
                 bind_passthrough(self.ex, gpu)
         self._write_files(rec, claim)
 
@@ -473,7 +321,7 @@ class Driver:
             raise PrepareError(f"{where}: its CDI specs are gone and the claim cannot be read to write them again: "
                                f"{exc}") from None
         self._write_files(rec, claim)
-        self._save()
+        self.prepared.save()
         log.info("%s: prepared, its devices present; wrote its CDI specs and metadata again", where)
 
     # ------------------------------------------------------------ unprepare
@@ -481,10 +329,10 @@ class Driver:
         out: dict[str, str | None] = {}
         boot = self.boot_id()
         for ref in claims:
-            rec = self.cp.claims.get(ref.uid)
+            rec = self.prepared.get(ref.uid)
             keys = {f"claim:{ref.namespace}/{ref.name}"} | ({d.gpu for d in rec.devices} if rec else set())
             with self.gpu_locks.hold(keys):
-                rec = self.cp.claims.get(ref.uid)  # again under the locks: another call may have finished it
+                rec = self.prepared.get(ref.uid)  # again under the locks: another call may have finished it
                 if rec is None:
                     out[ref.uid] = None  # unknown claims are a no-op
                     continue
@@ -498,7 +346,7 @@ class Driver:
     def _unprepare_one(self, ref: ClaimRef, rec: ClaimRecord, boot: str | None) -> str | None:
         if rec.state != "unpreparing":  # intent first: a crash half-way is finished by recover()
             rec.state = "unpreparing"
-            self._save()
+            self.prepared.save()
         try:
             self._undo(rec, boot)
         except OSError as exc:
@@ -508,21 +356,9 @@ class Driver:
         # checkpoint, the API unreachable) took it for a prepared claim holding the device another
         # claim has since (found by the campaign, issue 36)
         self.io.sync()
-        self._drop(ref.uid)
-        self._save()
+        self.prepared.drop(ref.uid)
+        self.prepared.save()
         return None
-
-    def _recorded_vfs(self, uid: str) -> set[str]:
-        """The VFs other claims' records name as their vGPUs' parents, whatever their boot: a claim
-        prepared before a reboot gets its own VF back whichever claim the kubelet retries first (a
-        PF that parents many mdevs is no one's)."""
-        return {d.parent for other in self.records() if other.uid != uid
-                for d in other.devices if d.kind == "vgpu" and d.parent and d.parent != d.gpu}
-
-    def _held_elsewhere(self, uid: str, boot: str | None) -> set[str]:
-        """vGPU ids and GPUs that another claim of this boot (or of unknown boot) holds."""
-        return {d.vgpu_id or d.gpu for other in self.records()
-                if other.uid != uid and refcheck.may_be_live(other, boot) for d in other.devices}
 
     def _undo(self, rec: ClaimRecord, boot: str | None) -> None:
         """Remove what prepare made; tolerant of parts that were never made.
@@ -531,7 +367,7 @@ class Driver:
         goes by what the host shows), and never for a device another claim's record holds.
         """
         if refcheck.may_be_live(rec, boot):
-            held = self._held_elsewhere(rec.uid, boot)
+            held = self.prepared.held_elsewhere(rec.uid, boot)
             for d in rec.devices:
                 if (d.vgpu_id or d.gpu) in held:
                     continue
@@ -542,28 +378,9 @@ class Driver:
         # files by uid: a metadata file a re-created claim of the same name wrote stays (claimfiles)
         claimfiles.remove(self.io, self.paths, rec, self.records())
 
-    # ------------------------------------------------------------ for the node manager and health
-    def usage(self) -> Usage:
-        """Devices held by prepared claims count as in use for the node manager."""
-        with self._lock:
-            return self.cp.usage()
-
+    # ------------------------------------------------------------ for the kubelet's health service
     def health(self) -> list[DeviceHealthRecord]:
-        """A device is as healthy as its GPU: present on the PCI bus, and without a problem the agent's
-        health watch holds against it (a critical Xid, ECC pages pending, lost, unmonitored); the message
-        says which GPU and why."""
+        """Each published device's health (:mod:`.health`): as healthy as its GPU."""
         pool = self.pool()
         sick = dict(self.gpu_health()) if self.gpu_health is not None else {}
-        present: dict[str, bool] = {}
-        out = []
-        for dev in pool.devices:
-            if dev.gpu not in present:
-                present[dev.gpu] = self.io.exists(self.env.pci(dev.gpu))
-            if not present[dev.gpu]:
-                healthy, message = False, f"GPU {dev.gpu} is gone from the PCI bus"
-            elif dev.gpu in sick:
-                healthy, message = False, f"GPU {dev.gpu} is unhealthy: {sick[dev.gpu]}"
-            else:
-                healthy, message = True, f"GPU {dev.gpu} present"
-            out.append(DeviceHealthRecord(pool=self.pool_name, device=dev.name, healthy=healthy, message=message))
-        return out
+        return device_health(pool, self.pool_name, sick, self.env, self.io)

@@ -90,9 +90,9 @@ MUTATIONS: tuple[Mutation, ...] = (
                  '    """``path`` when it resolves (symlinks followed) to ``root`` or below it, else UnsafeName."""\n'
                  '    return Path(path)  # MUTATION (e)\n')])),
     Mutation("f", "rebuild keeping no claims (a corrupted checkpoint is replaced by an empty one)", (
-        Patch("dra_bridge/kubeletplugin/driver.py",
-              "        cp = Checkpoint(claims=out.claims)\n",
-              "        cp = Checkpoint(claims={})  # MUTATION (f)\n"),)),
+        Patch("dra_bridge/kubeletplugin/prepared.py",
+              "    cp = Checkpoint(claims=out.claims)\n",
+              "    cp = Checkpoint(claims={})  # MUTATION (f)\n"),)),
     Mutation("g", "exit 3 reported as 0 (a converging apply says the node matches)", (
         Patch("vgpuctl/commands/node.py",
               "EXIT_CONVERGING if out.blocked else 0)",
@@ -120,7 +120,7 @@ MUTATIONS: tuple[Mutation, ...] = (
               "                before = discover(env, io, node=node, ids={})  # MUTATION (k)\n"),)),
     Mutation("l", "reboot placements: a claim of an earlier boot holds no placement or VF until re-created", (
         Patch("dra_bridge/kubeletplugin/driver.py",
-              "        taken = self._recorded_vfs(ref.uid)\n",
+              "        taken = self.prepared.recorded_vfs(ref.uid)\n",
               "        taken: set[str] = set()  # MUTATION (l)\n"),
         Patch("dra_bridge/kubeletplugin/overlap.py",
               "    after a reboot could take another's placement).\"\"\"\n",

@@ -218,7 +218,7 @@ class World:
         s = self.sched
         daemon._lock = SchedLock(s, "agent: resync lock")
         daemon._bind_lock = SchedLock(s, "agent: bind lock")
-        daemon.driver._lock = SchedRLock(s, "plugin: driver lock")
+        daemon.driver.prepared.lock = SchedRLock(s, "plugin: driver lock")
         # one driver call at a time here: the scheduler does not see the GPU locks and the shared node lock
         daemon.plugin._driver_lock = SchedLock(s, "plugin: gRPC lock")
         daemon.node_lock = SchedNodeLock(self.env, daemon.node_lock.command, s)

@@ -71,13 +71,13 @@ def test_saves_queued_behind_a_write_share_the_next_one_and_none_returns_before_
         node, paths, srv):
     io = HeldIO(node.host)
     driver = make_driver(node, paths, srv.api_client(), node.build_pool(), io=io)
-    driver._save_lock = WatchedLock()
+    driver.prepared._save_lock = WatchedLock()
     assert driver.store.path.name.endswith(".json") and "checkpoint" in driver.store.path.name
     done: dict[int, int] = {}  # record -> how many writes had completed when its save returned
 
     def save(i: int) -> None:
-        driver._put(_record(i))
-        driver._save()
+        driver.prepared.put(_record(i))
+        driver.prepared.save()
         done[i] = len(io.texts)
 
     first = threading.Thread(target=save, args=(0,))
@@ -86,8 +86,8 @@ def test_saves_queued_behind_a_write_share_the_next_one_and_none_returns_before_
     rest = [threading.Thread(target=save, args=(i,)) for i in range(1, 6)]
     for t in rest:
         t.start()
-    with driver._save_lock.cond:  # every later save has numbered its change and waits for the file
-        assert driver._save_lock.cond.wait_for(lambda: driver._save_lock.waiting == 6, 30)
+    with driver.prepared._save_lock.cond:  # every later save has numbered its change and waits for the file
+        assert driver.prepared._save_lock.cond.wait_for(lambda: driver.prepared._save_lock.waiting == 6, 30)
     assert done == {}  # none answered while the first write is held
     io.release.set()
     for t in [first, *rest]:
