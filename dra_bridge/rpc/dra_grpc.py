@@ -343,8 +343,8 @@ class KubeletPlugin:
             if "registration" in names:
                 log.warning("registration socket %s is gone: serving it again for the kubelet to register the "
                             "plugin anew", self.registration_socket)
+            self._forget_registration()  # before the old socket goes: no one sees it gone and us registered
             self._stop_server(self._reg_server, grace=0)
-            self._forget_registration()
             self._reg_server = self._serve_registration()
             keeper.mark("registration")
 

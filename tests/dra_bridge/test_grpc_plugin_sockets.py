@@ -107,8 +107,8 @@ def test_a_removed_dra_socket_is_served_again_and_registered_anew(
         stream.get(timeout=5)
         plugin.dra_socket.unlink()
         assert stream.ended.wait(DEADLINE)
-    eventually(lambda: plugin.dra_socket.is_socket() and socket_identity(plugin.registration_socket) != reg,
-               "both sockets served again")
+    eventually(lambda: plugin.dra_socket.is_socket() and plugin.registration_socket.is_socket()
+               and socket_identity(plugin.registration_socket) != reg, "both sockets served again")
     assert not plugin.registered  # the kubelet has not registered the new socket yet: not claimed
     registers_and_prepares(kubelet, plugin, "uid-2")
     with DraClient(plugin.dra_socket) as client:
