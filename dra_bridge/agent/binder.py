@@ -125,8 +125,7 @@ def decide(claims: list[dict], pool: Pool, host_sizes: dict[str, set[int]], *, d
             gpu, size = sized if sized else ("", None)
             waiting.append((_allocation_key(claim), meta.get("namespace", ""), meta.get("name", ""), device, gpu,
                             size, meta.get("uid") or ""))
-    live = {((c.get("metadata") or {}).get("uid") or "", r.get("device", "")) for c in claims
-            for r in _results(c)}
+    live = _allocations(claims)
     for device, uid in sorted(prepared.items()):  # a force-deleted pod's claim, prepared still: its vGPU is there
         if (uid, device) not in live:
             room.take(device, held=True)
@@ -283,8 +282,7 @@ class SizeBinder:
         ours = [c for c in allocated if any(r.get("driver") == self.driver and r.get("pool") == self.pool_name
                                             for r in _results(c))]
         with self._lock:
-            live = {((c.get("metadata") or {}).get("uid") or "", r.get("device", "")) for c in ours
-                    for r in _results(c)}
+            live = _allocations(ours)
             self.confirmed = {k: v for k, v in self.confirmed.items() if k in live}
             self._allocated = ours
             verdicts, assigned = decide(ours, pool, held, driver=self.driver, pool_name=self.pool_name,
@@ -316,6 +314,11 @@ class SizeBinder:
 def _name(claim: dict) -> tuple[str, str]:
     meta = claim.get("metadata") or {}
     return meta.get("namespace", ""), meta.get("name", "")
+
+
+def _allocations(claims: list[dict]) -> set[tuple[str, str]]:
+    """(claim uid, device) of every allocation result of ``claims``."""
+    return {((c.get("metadata") or {}).get("uid") or "", r.get("device", "")) for c in claims for r in _results(c)}
 
 
 def _results(claim: dict) -> list[dict]:

@@ -20,6 +20,7 @@ from vgpuctl.cli.extras import require_sim
 from vgpuctl.output.tables import fit, fit_lines, short_model
 
 if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from dra_bridge.kubeletplugin.state import Checkpoint
     from dra_bridge.scheduling.capacity import CapacityReport, GpuCapacity
 
 
@@ -90,7 +91,7 @@ def simulated_node(args) -> tuple[CapacityReport, str]:
     ``vgpuctl slices``, with the claims its kubelet plugin has prepared counted as allocated."""
     from dra_bridge.scheduling.capacity import compute
     from vgpuctl.cli.host import open_host
-    from vgpuctl.commands.slices import node_layouts, node_slices, set_up, shape_for
+    from vgpuctl.commands.slices import node_layouts, node_slices, prepared_checkpoint, set_up, shape_for
 
     args.sizes_by_first_allocation, args.file = False, None
     shape = shape_for(args)
@@ -98,8 +99,10 @@ def simulated_node(args) -> tuple[CapacityReport, str]:
     layouts, what = node_layouts(args, host)
     inv = set_up(host, layouts, what, args.driver)
     paths = host.paths(args.driver)
-    slices, warnings = node_slices(host.env, host.io, host.node, paths=paths, shape=shape, layouts=layouts, inv=inv)
-    claims = prepared_claims(host.io, paths)
+    cp, untrusted = prepared_checkpoint(host.io, paths)
+    slices, warnings = node_slices(host.env, host.io, host.node, paths=paths, shape=shape, prepared=cp,
+                                   layouts=layouts, inv=inv)
+    claims = prepared_claims(cp, untrusted, paths)
     others = _not_through_dra(host, layouts, inv)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -132,16 +135,13 @@ def _not_through_dra(host, layouts, inv=None) -> list[str]:
     return notes
 
 
-def prepared_claims(io, paths: NodePaths) -> list[dict]:
-    """The kubelet plugin's prepared claims (its checkpoint, read-only) as allocated ResourceClaims."""
-    from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
-
-    path, driver = paths.checkpoint, paths.driver
-    try:
-        cp = CheckpointStore(path, io).load()
-    except CheckpointCorrupt as exc:
-        print(f"warning: the prepared-claims checkpoint {path} cannot be read ({exc}); no claim counted",
-              file=sys.stderr)
+def prepared_claims(cp: Checkpoint | None, untrusted: str | None, paths: NodePaths) -> list[dict]:
+    """The kubelet plugin's prepared claims (its checkpoint, :func:`~vgpuctl.commands.slices.prepared_checkpoint`;
+    ``untrusted``: why it could not be read) as allocated ResourceClaims."""
+    driver = paths.driver
+    if cp is None:
+        print(f"warning: the prepared-claims checkpoint {paths.checkpoint} cannot be read ({untrusted}); no claim "
+              "counted", file=sys.stderr)
         return []
     return [{"kind": "ResourceClaim",
              "metadata": {"name": c.name, "namespace": c.namespace, "uid": c.uid},

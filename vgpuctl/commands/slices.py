@@ -21,6 +21,7 @@ from dra_bridge.api.nodepaths import NodePaths
 from vgpuctl.cli import options
 
 if TYPE_CHECKING:  # loaded where used: a command's -h stays light
+    from dra_bridge.kubeletplugin.state import Checkpoint
     from dra_bridge.pool.shape import Shape
     from mdev_manager.config import GpuLayout
     from mdev_manager.host.env import HostEnv
@@ -47,11 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "but neither compatibility groups nor binding conditions")
 
 
-def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape: Shape,
+def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape: Shape, prepared: Checkpoint | None,
                 layouts: list[GpuLayout] | None = None, inv: Inventory | None = None) -> tuple[list[dict], list[str]]:
     """(slices, warnings): what this node's agent publishes in ``shape`` (the agent's own
-    :func:`~dra_bridge.pool.shape.node_pool`) for the node as read, or as ``inv`` (a preview's).
-    Shared with ``capacity``."""
+    :func:`~dra_bridge.pool.shape.node_pool`) for the node as read, or as ``inv`` (a preview's);
+    ``prepared``: the kubelet plugin's checkpoint (:func:`prepared_checkpoint`; None: it cannot be
+    trusted). Shared with ``capacity``."""
     from dra_bridge.pool.policy import policy_from_layout, with_outside
     from dra_bridge.pool.shape import node_pool
     from dra_bridge.pool.slices import plan_slices
@@ -61,25 +63,24 @@ def node_slices(env: HostEnv, io: HostIO, node: str, *, paths: NodePaths, shape:
     if inv is None:
         inv = discover(env, io, node=node, ids=numbering.load(env, io, paths.gpu_ids))  # read, never written here
     policy = policy_from_layout(inv, layouts)
-    claimed = _claimed_vgpus(io, paths)
-    if claimed is not None:  # as the agent publishes: vGPUs no prepared claim holds keep their room
-        policy = with_outside(policy, inv, claimed)
+    if prepared is not None:  # as the agent publishes: vGPUs no prepared claim holds keep their room
+        policy = with_outside(policy, inv, {d.vgpu_id for c in prepared.claims.values() for d in c.devices
+                                            if d.vgpu_id})
     pool = node_pool(inv, layouts, paths.driver, shape, policy=policy)
     plan = plan_slices(pool, driver=paths.driver, node_name=node, pool_name=node, generation=1,
                        server_version=shape.version)
     return plan.slices, [*pool.warnings, *plan.warnings]
 
 
-def _claimed_vgpus(io: HostIO, paths: NodePaths) -> set[str] | None:
-    """The vGPU ids the kubelet plugin's prepared claims hold (its checkpoint, read-only); None where it
-    cannot be trusted (the agent rebuilds it at its start)."""
+def prepared_checkpoint(io: HostIO, paths: NodePaths) -> tuple[Checkpoint | None, str | None]:
+    """(the kubelet plugin's checkpoint, read-only; None where it cannot be trusted, and why: the agent
+    rebuilds it at its start). Read once by ``slices`` and ``capacity``."""
     from dra_bridge.kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore
 
     try:
-        cp = CheckpointStore(paths.checkpoint, io).load()
-    except CheckpointCorrupt:
-        return None
-    return {d.vgpu_id for c in cp.claims.values() for d in c.devices if d.vgpu_id}
+        return CheckpointStore(paths.checkpoint, io).load(), None
+    except CheckpointCorrupt as exc:
+        return None, str(exc)
 
 
 def _detected(args: argparse.Namespace) -> tuple[tuple[int, int], compat.KeptFields]:
@@ -202,8 +203,9 @@ def run(args: argparse.Namespace) -> int:
     node = node or host.node
     layouts, what = node_layouts(args, host)
     inv = set_up(host, layouts, what, args.driver, node)
-    slices, warnings = node_slices(host.env, host.io, node, paths=host.paths(args.driver), shape=shape,
-                                   layouts=layouts, inv=inv)
+    paths = host.paths(args.driver)
+    slices, warnings = node_slices(host.env, host.io, node, paths=paths, shape=shape,
+                                   prepared=prepared_checkpoint(host.io, paths)[0], layouts=layouts, inv=inv)
     if not any(s.get("spec", {}).get("devices") for s in slices):
         print(f"note: {why_empty(host, layouts, what, inv)}", file=sys.stderr)
     for warning in warnings:
